@@ -1,0 +1,39 @@
+"""Options of the gated RMSNorm op, validated once so every backend sees the same meaning."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+ACTIVATIONS = {"silu": "silu", "swish": "silu", "sigmoid": "sigmoid"}
+
+
+@dataclass(frozen=True)
+class OpOptions:
+    """The op's knobs (SPEC §1). `activation` is stored normalised ("swish" -> "silu")."""
+
+    eps: float = 1e-6
+    group_size: int | None = None
+    norm_before_gate: bool = True
+    activation: str = "silu"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or not self.eps > 0:
+            raise ValueError(f"eps: expected a positive float, got {self.eps!r}")
+        if self.group_size is not None and (
+            isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size <= 0
+        ):
+            raise ValueError(f"group_size: expected None or a positive int, got {self.group_size!r}")
+        if not isinstance(self.norm_before_gate, bool):
+            raise TypeError(f"norm_before_gate: expected a bool, got {self.norm_before_gate!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation: expected one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        object.__setattr__(self, "eps", float(self.eps))
+        object.__setattr__(self, "activation", ACTIVATIONS[self.activation])
+
+    def check_width(self, d: int) -> None:
+        """Raise if group_size does not divide the row width d."""
+        if self.group_size is not None and d % self.group_size != 0:
+            raise ValueError(f"group_size: {self.group_size} does not divide the last dimension {d}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
