@@ -13,7 +13,7 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 __version__ = "0.1.0"
-__all__ = ["RMSNormGated", "rms_norm_gated", "__version__"]
+__all__ = ["RMSNormGated", "__version__", "rms_norm_gated"]
 
 
 def __getattr__(name: str) -> Any:

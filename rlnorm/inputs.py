@@ -52,6 +52,4 @@ def make_case(
     g_dy = torch.Generator().manual_seed(seed + DY_SEED_OFFSET)
     dy = torch.randn(rows, d, generator=g_dy)
     wd = weight_dtype or dtype
-    return Case(
-        x.to(dtype).to(device), z.to(dtype).to(device), w.to(wd).to(device), dy.to(dtype).to(device), seed
-    )
+    return Case(x.to(dtype).to(device), z.to(dtype).to(device), w.to(wd).to(device), dy.to(dtype).to(device), seed)

@@ -15,10 +15,11 @@ def gated_rmsnorm_math(
     x: torch.Tensor,
     z: torch.Tensor | None,
     w: torch.Tensor,
-    opts: OpOptions = OpOptions(),
+    opts: OpOptions | None = None,
     compute_dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """The op in `compute_dtype`, unrounded: the fp64 call of this is the accuracy oracle."""
+    opts = opts or OpOptions()
     d = x.shape[-1]
     opts.check_width(d)
     xf = x.to(compute_dtype)
@@ -38,7 +39,7 @@ def rms_norm_gated_reference(
     x: torch.Tensor,
     z: torch.Tensor | None,
     w: torch.Tensor,
-    opts: OpOptions = OpOptions(),
+    opts: OpOptions | None = None,
 ) -> torch.Tensor:
     """fp32 math, rounded once to x's dtype: the `reference` backend (autograd gives dx, dz, dw)."""
-    return gated_rmsnorm_math(x, z, w, opts, torch.float32).to(x.dtype)
+    return gated_rmsnorm_math(x, z, w, opts or OpOptions(), torch.float32).to(x.dtype)

@@ -1,0 +1,92 @@
+"""The yardsticks must be right before anything is measured with them."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from rlnorm.numerics import exact_sum, ordered_int, round_once, round_to_odd_fp32, ulp_distance
+
+
+def _neighbours(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    view = torch.int16 if r.element_size() == 2 else torch.int32
+    bits = r.view(view)
+    return (bits + 1).view(r.dtype), (bits - 1).view(r.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_once_is_nearest_even(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(3)
+    y = torch.randn(50_000, dtype=torch.float64, generator=g) * 3
+    r = round_once(y, dtype)
+    up, dn = _neighbours(r)
+    err = (r.double() - y).abs()
+    assert bool((err <= (up.double() - y).abs()).all())
+    assert bool((err <= (dn.double() - y).abs()).all())
+
+
+def test_round_once_catches_the_double_rounding_that_a_cast_makes() -> None:
+    # 1 + 2^-8 + 2^-30: float32 rounds the 2^-30 away, leaving a tie that bf16 breaks to even (down);
+    # the exact value is above the midpoint, so the correct bf16 answer is 1 + 2^-7.
+    y = torch.tensor([1 + 2**-8 + 2**-30], dtype=torch.float64)
+    assert y.to(torch.bfloat16).item() == 1.0  # the cast through float32 double-rounds
+    assert round_once(y, torch.bfloat16).item() == 1 + 2**-7
+
+
+def test_round_to_odd_keeps_sticky_bit_and_specials() -> None:
+    y = torch.tensor([1 + 2**-30, -(1 + 2**-30), 1.0, float("inf"), float("nan"), 2.0**-160], dtype=torch.float64)
+    r = round_to_odd_fp32(y)
+    bits = r.view(torch.int32)
+    assert bits[0] & 1 == 1 and bits[1] & 1 == 1
+    assert r[2].item() == 1.0 and r[3].item() == float("inf") and torch.isnan(r[4])
+    assert r[5].item() > 0  # below half the smallest subnormal: the odd neighbour, not zero
+
+
+def test_ulp_distance_counts_representable_values() -> None:
+    a = torch.tensor([1.0, 1.0, -0.0, 1.0, float("nan")], dtype=torch.bfloat16)
+    b = torch.tensor([1.0, 1.0078125, 0.0, -1.0, 1.0], dtype=torch.bfloat16)
+    d = ulp_distance(a, b)
+    assert d[:3].tolist() == [0, 1, 0]
+    assert d[3].item() == 2 * ordered_int(torch.tensor([1.0], dtype=torch.bfloat16)).item()
+    assert d[4].item() == torch.iinfo(torch.int64).max
+    with pytest.raises(TypeError, match="b: expected dtype"):
+        ulp_distance(a, b.float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_exact_sum_matches_fractions_over_wide_ranges(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(4)
+    v = torch.randn(257, 7, generator=g) * torch.exp2(torch.randint(-140, 100, (257, 7), generator=g).float())
+    v[:, 5] = torch.tensor([1e-45, -1e-45] * 128 + [1e-45])  # subnormals
+    v[:3, 6] = torch.tensor([3e38, -3e38, 2.0**-100])  # heavy cancellation leaves the tiny value
+    v[3:, 6] = 0
+    got = exact_sum(v.float(), dtype)
+    for j in range(v.shape[1]):
+        exact = sum(Fraction(float(a)) for a in v[:, j].tolist())
+        r = got[j : j + 1]
+        if not torch.isfinite(r).all():  # overflow: only right if the exact sum is beyond the largest finite
+            assert abs(exact) > torch.finfo(dtype).max
+            continue
+        err = abs(Fraction(float(r.item())) - exact)
+        for nb in _neighbours(r):
+            if torch.isfinite(nb).all():
+                assert err <= abs(Fraction(float(nb.item())) - exact), (j, dtype)
+    assert got[6].item() == torch.tensor(2.0**-100, dtype=torch.float32).to(dtype).item()
+
+
+def test_exact_sum_is_order_independent_where_a_float_fold_is_not() -> None:
+    v = torch.tensor([[1.0], [2.0**-24], [2.0**-24], [-1.0]], dtype=torch.float32)
+    fwd = float(v[0, 0] + v[1, 0] + v[2, 0] + v[3, 0])
+    assert fwd != float(v[1, 0] + v[2, 0] + v[0, 0] + v[3, 0])  # float32 addition is not associative
+    a = exact_sum(v)
+    b = exact_sum(v[[1, 2, 0, 3]])
+    assert torch.equal(a, b) and a.item() == 2.0**-23
+
+
+def test_exact_sum_rejects_bad_input() -> None:
+    with pytest.raises(TypeError, match="values: expected float32"):
+        exact_sum(torch.zeros(2, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="values: expected a 2-D"):
+        exact_sum(torch.zeros(2))
