@@ -1,0 +1,201 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Can this gated RMSNorm be reused for RL? A batch-invariance reuse check
+#
+# Qwen3-Next's Gated DeltaNet normalises its output with a gated RMSNorm,
+# `y = rmsnorm(x) * w * silu(z)`, on rows of width 128 in bf16. RL post-training needs the
+# trainer and the sampler to compute **bitwise the same** result for a row, whatever else is in
+# the batch: otherwise the policy that generated a sample is not the policy that is trained on it.
+#
+# This notebook checks existing implementations (and any candidate you name) against that
+# requirement, and measures what each costs in accuracy and time:
+#
+# 1. **Batch invariance**: is a row's output (and dx, dz) the same alone, inside a batch, in
+#    sub-batches of any size, at any position? Is dweight repeatable?
+# 2. **Contract gates**: a realistic packed/padded/chunked workload, in a child process each.
+# 3. **Accuracy and latency**: how often the output is the correctly rounded bf16 value, and the
+#    time against a same-shape `torch.add` (the memory roofline).
+# 4. **Agreement**: how often two backends give bitwise the same output.
+#
+# Every computation lives in the `rlnorm` package; this notebook only calls it and shows what it found.
+
+# %% Setup
+import pandas as pd
+from IPython.display import Image, Markdown, display
+
+import rlnorm
+from rlnorm import runner
+
+pd.set_option("display.width", 200)
+pd.set_option("display.max_columns", 30)
+_before_parameters = set(globals())
+
+# %% Parameters tags=["parameters"]
+# These literals are params/quick.yaml (a CPU finishes in minutes). `python -m rlnorm run FILE`
+# or `papermill -f FILE` overrides them; every name must be one the kit knows.
+name = "quick"
+output_dir = ""
+staging_dir = ""
+params_file = "params/quick.yaml"
+device = "auto"
+progress = True
+rfc = "RL-Align/RL-Kernel#428"
+d = 128
+eps = 1e-06
+group_size = None
+norm_before_gate = True
+activation = "silu"
+weight_dtype = "bfloat16"
+backends = [
+    "rlnorm",
+    "reference",
+    "transformers",
+    "fla_layernorm_gated",
+    "fla_fused_norm_gate",
+    "vllm",
+    "torch_compile",
+]
+custom_backends = []
+checks = [
+    "all_rows",
+    "dweight_repeatable",
+    "full_vs_sub_batches",
+    "batch_size_sweep",
+    "accuracy_latency",
+    "contract_gates",
+    "agreement",
+]
+all_rows_sizes = [7, 64, 257]
+all_rows_seeds = [3]
+dweight_rows = 257
+dweight_seed = 3
+sub_batches_rows = 1031
+sub_batch_sizes = [1, 7, 257, 515]
+sub_batches_seeds = [3]
+coverage = "all"
+sweep_n = 257
+sweep_sizes = [1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 256, 257]
+sweep_probe_rows = [0, 128, 256]
+sweep_seeds = [3]
+accuracy_rows = 4097
+accuracy_seed = 11
+timing = True
+timing_warmup = 2
+timing_iters = 5
+agreement_rows = 1031
+agreement_seed = 3
+gate_timeout_s = 600.0
+
+# %% [markdown]
+# ## The run's parameters
+#
+# Checked before any work: a name the kit does not know, or a value of the wrong type, stops the
+# run here with a message naming it (papermill itself would only warn).
+
+# %% Validate parameters
+params = runner.params_from_namespace(globals(), _before_parameters)
+run = runner.start_run(params)
+display(Markdown(f"**Run** `{params.name}` on **{run.device}** · rlnorm {rlnorm.__version__}"))
+pd.Series(params.as_dict(), dtype=object).to_frame("value")
+
+# %% [markdown]
+# ## Where it ran
+#
+# GPU, CUDA, the library versions and the commit: what someone needs to reproduce these numbers.
+
+# %% Environment
+pd.json_normalize(run.environment, sep=".").T.rename(columns={0: "value"})
+
+# %% [markdown]
+# ## Backends
+#
+# Each backend is loaded and probed with a tiny run on this device. One that cannot run here
+# (package missing, no GPU, an option it does not have) is **skipped with its reason**; it never
+# stops the run.
+
+# %% Load and probe backends
+runner.load_and_probe_backends(run)
+
+# %% [markdown]
+# ## Batch invariance, accuracy and latency
+#
+# * **all_rows**: every row computed alone vs inside the whole batch, bitwise (`fwd_differ` rows
+#   whose output differs, `rowgrad_differ` rows whose dx or dz differs).
+# * **dweight_repeatable**: the same batch twice gives bitwise the same dweight.
+# * **full_vs_sub_batches**: the full batch vs contiguous sub-batches of several sizes, covering
+#   every row (`coverage: all`) or the report's sample (`coverage: sampled`).
+# * **batch_size_sweep**: probe rows placed first, middle and last in batches of many sizes.
+# * **accuracy_latency**: fraction of outputs equal to the fp64 result rounded once to bf16, the
+#   gradients' relative error against fp64 autograd, and the median time (p20/p80 too).
+#
+# `batch_invariant` is true only when every one of these checks ran and found no difference. A
+# check that raised is listed under `errors` and the others still ran.
+
+# %% Run the checks
+runner.run_checks(run)
+
+# %% [markdown]
+# ## Contract gates
+#
+# A packed workload of 4 samples (11, 16, 13 and 19 tokens) run as one batch, in chunks of 7
+# tokens, each sample alone, padded left and right, permuted: every token's output and dx, dz
+# must be bitwise equal across these cells, and the backend's **own** dweight must equal the exact
+# aggregate of single-token runs. Each gate runs in a child process, so a crash or a hang is
+# recorded as a failed gate.
+
+# %% Contract gates
+runner.run_gates(run)
+
+# %% [markdown]
+# ## Cross-backend agreement
+#
+# Fraction of forward outputs that two backends compute bitwise alike on the same inputs. Two
+# batch-invariant kernels can still disagree with each other: swapping one for another between
+# sampler and trainer is only safe where this is 1.
+
+# %% Agreement matrix
+runner.run_agreement(run)
+
+# %% [markdown]
+# ## The artifact and the per-row records
+#
+# The JSON artifact keeps every key of the reference B200 report, so the two can be compared
+# directly (`notebooks/compare_runs.py`); the CSV lists every row that differed, with what is
+# needed to rebuild its batch (`notebooks/investigate_rows.py`).
+
+# %% Write artifact and records
+figures = runner.make_plots(run)
+display(Markdown(f"Artifact: `{run.artifact_path.name}` · records: `{runner.RECORDS_FILE}` ({len(run.records)} rows)"))
+runner.record_table(run)
+
+# %% [markdown]
+# ## Plots
+#
+# Rows that differ per backend and check; the error distributions (ulp distance to the correctly
+# rounded value, absolute error); forward and forward+backward latency with the roofline marked;
+# the agreement matrix; and the reference report's B200 results beside this run's where they
+# share a measure.
+
+# %% Plots
+for _name, _png in figures.items():
+    display(Markdown(f"### {_name.replace('_', ' ')}"))
+    display(Image(filename=str(_png)))
+
+# %% [markdown]
+# ## Verdict
+
+# %% Verdict
+display(Markdown(runner.verdict_markdown(run)))
+runner.finish(run)

@@ -1,0 +1,6 @@
+"""`python -m rlnorm run params/quick.yaml`: see rlnorm/cli.py."""
+
+from rlnorm.cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())

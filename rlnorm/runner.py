@@ -1,0 +1,498 @@
+"""The steps of the reuse-check notebook, each one function, so the notebook stays a thin narrative.
+
+A run never stops because one backend misbehaves: a backend that cannot run here is recorded as
+skipped with its reason, a check that raises is recorded in `results.<backend>.errors` and the
+other checks go on. Only bad parameters stop a run, and they stop it before any work is done.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from rlnorm.params import RunParams, load_params
+
+__all__ = [
+    "BI_CHECKS",
+    "RECORDS_FILE",
+    "Run",
+    "batch_invariant_verdict",
+    "finish",
+    "load_and_probe_backends",
+    "make_plots",
+    "params_from_namespace",
+    "record_table",
+    "run_agreement",
+    "run_checks",
+    "run_gates",
+    "start_run",
+    "verdict_markdown",
+    "write_artifact_and_records",
+]
+
+ARTIFACT_FILE = "rms_norm_gated_reuse_check.json"
+RECORDS_FILE = "records.csv"
+PLOTS_DIR = "plots"
+# the checks that decide `batch_invariant`, in the report's order
+BI_CHECKS = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
+# the CLI points this at a file it echoes to the terminal, so progress bars stay out of the notebook
+PROGRESS_ENV = "RLNORM_PROGRESS_FILE"
+
+
+@dataclass
+class Run:
+    """What one run has found so far; each notebook step adds to it."""
+
+    params: RunParams
+    device: str
+    started: float = field(default_factory=time.time)
+    backends: dict[str, Any] = field(default_factory=dict)  # key -> Backend (those that ran)
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> results.<key> of the artifact
+    records: list[dict[str, Any]] = field(default_factory=list)
+    agreement: dict[str, Any] | None = None
+    environment: dict[str, Any] = field(default_factory=dict)
+    artifact: dict[str, Any] | None = None
+    artifact_path: Path | None = None
+    plots: dict[str, str] = field(default_factory=dict)  # plot name -> path relative to the run folder
+    timings: dict[str, float] = field(default_factory=dict)  # step -> seconds
+
+    @property
+    def opts(self):
+        return self.params.op_options()
+
+    @property
+    def out(self) -> Path:
+        return self.params.write_dir
+
+    def ran(self) -> list[str]:
+        return [k for k, r in self.results.items() if r["status"] == "ran"]
+
+
+# -- parameters -----------------------------------------------------------------------------------
+def params_from_namespace(namespace: dict[str, Any], before: set[str]) -> RunParams:
+    """The notebook's parameters: every declared parameter in the namespace, plus every other public
+    name that appeared after the `before` snapshot (taken just above the parameters cell).
+
+    Papermill injects what it is given even when the notebook does not declare it (it only warns),
+    so such a name shows up here and is refused by name instead of being silently ignored.
+    """
+    declared = set(RunParams.__dataclass_fields__)
+    raw = {k: namespace[k] for k in declared if k in namespace}
+    raw.update(
+        (k, v)
+        for k, v in namespace.items()
+        if k not in before and not k.startswith("_") and k not in ("In", "Out", "exit", "quit", "get_ipython")
+    )
+    return load_params(raw)
+
+
+# -- progress ------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _progress_stream() -> Iterator[TextIO]:
+    """Where tqdm writes: the CLI's echo file when run from the CLI, else stderr (the notebook)."""
+    path = os.environ.get(PROGRESS_ENV)
+    if not path:
+        yield sys.stderr
+        return
+    try:
+        f = open(path, "a", buffering=1)
+    except OSError:
+        yield sys.stderr
+        return
+    try:
+        with contextlib.redirect_stderr(f):  # the checks' own tqdm bars follow sys.stderr too
+            yield f
+    finally:
+        f.close()
+
+
+def _bar(run: Run, total: int, desc: str, stream: TextIO) -> tqdm:
+    return tqdm(total=total, desc=desc, file=stream, disable=not run.params.progress, mininterval=1.0, leave=True)
+
+
+# -- steps ---------------------------------------------------------------------------------------
+def start_run(params: RunParams) -> Run:
+    """Resolve the device, create the output folder, read the environment."""
+    device = params.resolved_device()
+    if device == "cpu" and not torch.cuda.is_available():
+        # Triton only runs on the CPU interpreted; rlnorm's import set this unless the user chose otherwise
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    run = Run(params=params, device=device)
+    run.out.mkdir(parents=True, exist_ok=True)
+    from rlnorm.environment import collect_environment
+
+    run.environment = collect_environment(device)
+    return run
+
+
+def _blank_result(key: str, backend: Any | None) -> dict[str, Any]:
+    return {
+        "source": getattr(backend, "source", "") or key,
+        "backward": "full" if getattr(backend, "has_backward", False) else "none",
+        "status": "skipped",
+        "skip_reason": "",
+        "batch_invariance": {},
+        "accuracy_latency": None,
+        "contract_gates": None,
+        "errors": {},
+    }
+
+
+def load_and_probe_backends(run: Run) -> pd.DataFrame:
+    """Load every requested backend and probe it on the run's device; those that cannot run are skipped."""
+    from rlnorm.backends import describe_error, load_backend
+
+    opts = run.opts
+    specs = [*run.params.backends, *run.params.custom_backends]
+    with _progress_stream() as stream:
+        bar = _bar(run, len(specs), "probe backends", stream)
+        for spec in specs:
+            bar.set_postfix_str(spec)
+            try:
+                backend = load_backend(spec)
+            except Exception as exc:  # a custom path that does not resolve: say why, go on
+                res = _blank_result(spec, None)
+                res["status"] = "failed"
+                res["skip_reason"] = f"cannot load: {describe_error(exc)}"
+                run.results[spec] = res
+                bar.update()
+                continue
+            res = _blank_result(spec, backend)
+            try:
+                ok, why = backend.available(run.device)
+                if ok:
+                    ok, why = backend.supports(opts)
+                    why = f"does not support {opts.as_dict()}: {why}" if not ok else ""
+            except Exception as exc:  # available() promises not to raise; a custom one might
+                ok, why = False, f"probe raised {describe_error(exc)}"
+            if ok:
+                res["status"] = "ran"
+                run.backends[spec] = backend
+            else:
+                res["skip_reason"] = why
+            run.results[spec] = res
+            bar.update()
+        bar.close()
+    return backend_table(run)
+
+
+def backend_table(run: Run) -> pd.DataFrame:
+    """One line per backend: status, source, and why it was skipped."""
+    return pd.DataFrame(
+        [
+            {
+                "backend": k,
+                "status": r["status"],
+                "backward": r["backward"],
+                "source": r["source"],
+                "why": r["skip_reason"],
+            }
+            for k, r in run.results.items()
+        ]
+    ).set_index("backend")
+
+
+def _check_calls(run: Run) -> dict[str, Callable[[Any], Any]]:
+    """check name -> f(backend) calling rlnorm.checks with this run's sizes and seeds."""
+    from rlnorm import checks
+
+    p, opts, dev = run.params, run.opts, run.device
+    wdt = getattr(torch, p.weight_dtype)
+    common = {"opts": opts, "device": dev, "d": p.d, "weight_dtype": wdt, "progress": False}
+    return {
+        "all_rows": lambda b: checks.all_rows(b, sizes=p.all_rows_sizes, seeds=p.all_rows_seeds, **common),
+        "dweight_repeatable": lambda b: checks.dweight_repeatable(
+            b, rows=p.dweight_rows, seed=p.dweight_seed, **common
+        ),
+        "full_vs_sub_batches": lambda b: checks.full_vs_sub_batches(
+            b,
+            rows=p.sub_batches_rows,
+            sub_batch_sizes=p.sub_batch_sizes,
+            seeds=p.sub_batches_seeds,
+            coverage=p.coverage,
+            **common,
+        ),
+        "batch_size_sweep": lambda b: checks.batch_size_sweep(
+            b, n=p.sweep_n, sizes=p.sweep_sizes, probe_rows=p.sweep_probe_rows, seeds=p.sweep_seeds, **common
+        ),
+        "accuracy_latency": lambda b: checks.accuracy_latency(
+            b,
+            rows=p.accuracy_rows,
+            seed=p.accuracy_seed,
+            timing=p.timing,
+            warmup=p.timing_warmup,
+            iters=p.timing_iters,
+            **common,
+        ),
+    }
+
+
+def batch_invariant_verdict(bi: dict[str, Any]) -> bool | None:
+    """True when every batch-invariance check ran and all its differ counts are zero; False on any
+    difference; None when a check was not run or raised (no verdict from an incomplete run)."""
+
+    def counts(node: Any) -> Iterator[int]:
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k.endswith("differ") and isinstance(v, int) and not isinstance(v, bool):
+                    yield v
+                else:
+                    yield from counts(v)
+
+    if any(n > 0 for n in counts({k: bi.get(k) for k in BI_CHECKS})) or bi.get("dweight_repeatable") is False:
+        return False
+    # dweight_repeatable is None without a backward: present, and the forward checks decide
+    return True if all(name in bi for name in BI_CHECKS) else None
+
+
+def run_checks(run: Run) -> pd.DataFrame:
+    """Every selected check on every backend that ran; a check that raises is recorded, never fatal."""
+    from rlnorm.backends import describe_error
+
+    calls = _check_calls(run)
+    selected = [c for c in run.params.checks if c in calls]
+    pairs = [(k, c) for k in run.backends for c in selected]
+    t0 = time.time()
+    with _progress_stream() as stream:
+        bar = _bar(run, len(pairs), "checks", stream)
+        for key, name in pairs:
+            bar.set_postfix_str(f"{key}: {name}")
+            backend, res = run.backends[key], run.results[key]
+            try:
+                result = calls[name](backend)
+            except Exception as exc:
+                res["errors"][name] = describe_error(exc)
+            else:
+                if name == "accuracy_latency":
+                    res["accuracy_latency"] = result.summary
+                else:
+                    res["batch_invariance"][name] = result.summary
+                run.records.extend({"backend": key, "check": name, **r} for r in result.records)
+            bar.update()
+        bar.close()
+    for key in run.backends:
+        bi = run.results[key]["batch_invariance"]
+        if any(c in selected for c in BI_CHECKS):
+            bi["batch_invariant"] = batch_invariant_verdict(bi)
+    run.timings["checks"] = time.time() - t0
+    return check_table(run)
+
+
+def check_table(run: Run) -> pd.DataFrame:
+    """The headline numbers per backend, as an RFC reader scans them."""
+    rows = []
+    for key, r in run.results.items():
+        bi = r.get("batch_invariance") or {}
+        acc = r.get("accuracy_latency") or {}
+        ar = bi.get("all_rows") or {}
+        fvs = bi.get("full_vs_sub_batches") or {}
+        sweep = bi.get("batch_size_sweep") or {}
+        gates = r.get("contract_gates") or {}
+        rows.append(
+            {
+                "backend": key,
+                "status": r["status"],
+                "batch_invariant": bi.get("batch_invariant"),
+                "all_rows fwd_differ": sum(v.get("fwd_differ", 0) for v in ar.values()) if ar else None,
+                "all_rows rowgrad_differ": sum(v.get("rowgrad_differ", 0) or 0 for v in ar.values()) if ar else None,
+                "sub_batches fwd_differ": fvs.get("fwd_differ"),
+                "sweep differ": sweep.get("differ"),
+                "dweight_repeatable": bi.get("dweight_repeatable"),
+                "correctly_rounded": acc.get("fwd_correctly_rounded"),
+                "fwd_us": acc.get("fwd_us"),
+                "fwd_bwd_us": acc.get("fwd_bwd_us"),
+                "gate fwd": (gates.get("forward") or {}).get("passed"),
+                "gate grad": (gates.get("gradient") or {}).get("passed"),
+                "errors": "; ".join(f"{c}: {m}" for c, m in r.get("errors", {}).items()),
+            }
+        )
+    return pd.DataFrame(rows).set_index("backend")
+
+
+def run_gates(run: Run) -> pd.DataFrame:
+    """The contract gates of every backend that ran, each in a child process (crash or hang = failed gate)."""
+    from rlnorm.backends import describe_error
+
+    if "contract_gates" not in run.params.checks:
+        return check_table(run)
+    from rlnorm import gates
+
+    t0 = time.time()
+    with _progress_stream() as stream:
+        bar = _bar(run, len(run.backends), "contract gates", stream)
+        for key in run.backends:
+            bar.set_postfix_str(key)
+            res = run.results[key]
+            try:
+                res["contract_gates"] = gates.run_gates(
+                    key, opts=run.opts, device=run.device, timeout=run.params.gate_timeout_s
+                )
+            except Exception as exc:
+                res["errors"]["contract_gates"] = describe_error(exc)
+            bar.update()
+        bar.close()
+    run.timings["gates"] = time.time() - t0
+    return check_table(run)
+
+
+def run_agreement(run: Run) -> pd.DataFrame | None:
+    """Fraction of forward outputs bitwise equal between each pair of backends, same inputs."""
+    if "agreement" not in run.params.checks or not run.backends:
+        return None
+    from rlnorm import checks
+    from rlnorm.backends import describe_error
+
+    p = run.params
+    try:
+        run.agreement = checks.agreement_matrix(
+            list(run.backends.values()),
+            opts=run.opts,
+            device=run.device,
+            rows=p.agreement_rows,
+            seed=p.agreement_seed,
+            d=p.d,
+            weight_dtype=getattr(torch, p.weight_dtype),
+        )
+    except Exception as exc:
+        run.agreement = {"error": describe_error(exc)}
+        return None
+    a = run.agreement
+    return pd.DataFrame(a["equal_fraction"], index=a["backends"], columns=a["backends"])
+
+
+# the parameters that set the protocol's size: a run that shrinks any of them is a "quick" run
+PROTOCOL_FIELDS = (
+    "all_rows_sizes",
+    "all_rows_seeds",
+    "dweight_rows",
+    "sub_batches_rows",
+    "sub_batch_sizes",
+    "sub_batches_seeds",
+    "sweep_n",
+    "sweep_sizes",
+    "sweep_probe_rows",
+    "sweep_seeds",
+    "accuracy_rows",
+)
+
+
+def is_quick(params: RunParams) -> bool:
+    """True when the run is smaller than the SPEC §4 protocol (the report's `quick` key)."""
+    full = RunParams()
+    return any(getattr(params, f) != getattr(full, f) for f in PROTOCOL_FIELDS)
+
+
+def write_artifact_and_records(run: Run) -> Path:
+    """The per-row records CSV and the JSON artifact, both written atomically; the artifact is
+    validated against the schema before it is written."""
+    from rlnorm import artifact as art
+    from rlnorm import records as rec
+    from rlnorm.environment import git_commit, tracked_tree_dirty
+
+    out = run.out
+    rec.write_records(rec.records_frame(run.records), out / RECORDS_FILE)
+    run.artifact = art.build_artifact(
+        params=run.params.as_dict(),
+        environment=run.environment,
+        results=run.results,
+        agreement=run.agreement,
+        records_path=RECORDS_FILE,
+        plots=dict(run.plots),
+        quick=is_quick(run.params),
+        checks=list(run.params.checks),
+        commit=git_commit(),
+        dirty=tracked_tree_dirty(),
+        param_set=run.params.name,
+        rfc=run.params.rfc,
+        wall_time_s=round(time.time() - run.started, 1),
+    )
+    run.artifact_path = out / ARTIFACT_FILE
+    art.write_artifact(run.artifact, run.artifact_path, overwrite=True)
+    return run.artifact_path
+
+
+def make_plots(run: Run) -> dict[str, Path]:
+    """The SPEC §6 figures as PNGs under plots/ (titled from the artifact: GPU, commit, parameter set),
+    with the reference B200 report beside this run where they share a measure. {name: PNG path}."""
+    from rlnorm import plots
+    from rlnorm.records import records_frame
+
+    if run.artifact is None:
+        write_artifact_and_records(run)
+    seed_report = _seed_report()
+    paths = plots.plot_all(run.artifact, records_frame(run.records), run.out / PLOTS_DIR, seed_report=seed_report)
+    run.plots = {name: f"{PLOTS_DIR}/{Path(path).name}" for name, path in paths.items()}
+    write_artifact_and_records(run)  # again, now that the artifact can list the PNGs
+    return {name: Path(path) for name, path in paths.items()}
+
+
+def _seed_report() -> dict[str, Any] | None:
+    """The reference B200 report, read through the same reader as our artifacts (None if not shipped)."""
+    try:
+        from rlnorm.artifact import read_artifact
+        from rlnorm.compare import seed_report_path
+
+        return read_artifact(seed_report_path())
+    except Exception as exc:
+        import warnings
+
+        warnings.warn(f"the reference report is not shown beside this run: {exc}", RuntimeWarning, stacklevel=2)
+        return None
+
+
+def record_table(run: Run) -> pd.DataFrame:
+    """Differing rows per backend, check and tensor (the full list is in the records CSV)."""
+    from rlnorm.records import records_frame
+
+    df = records_frame(run.records)
+    if df.empty:
+        return pd.DataFrame({"differing rows": []})
+    return df.groupby(["backend", "check", "tensor"]).size().unstack("tensor", fill_value=0)
+
+
+def verdict_markdown(run: Run) -> str:
+    """One line per backend: the answer an RFC thread is looking for."""
+    lines = []
+    for key, r in run.results.items():
+        if r["status"] != "ran":
+            lines.append(f"- **{key}**: {r['status']}: {r['skip_reason']}")
+            continue
+        bi = (r.get("batch_invariance") or {}).get("batch_invariant")
+        verdict = {True: "batch invariant", False: "**not** batch invariant", None: "no verdict (checks missing)"}[bi]
+        acc = r.get("accuracy_latency") or {}
+        parts = [verdict]
+        if acc.get("fwd_correctly_rounded") is not None:
+            parts.append(f"correctly rounded {acc['fwd_correctly_rounded']:.5f}")
+        if acc.get("fwd_us") is not None:
+            parts.append(f"forward {acc['fwd_us']:.1f} us")
+        gates = r.get("contract_gates") or {}
+        if gates:
+            ok = all((gates.get(g) or {}).get("passed") for g in ("forward", "gradient"))
+            parts.append("gates passed" if ok else "**gates failed**")
+        if r.get("errors"):
+            parts.append(f"errors in {', '.join(r['errors'])}")
+        lines.append(f"- **{key}**: " + ", ".join(parts))
+    return "\n".join(lines)
+
+
+def finish(run: Run) -> dict[str, Any]:
+    """What the run wrote, for the notebook's last cell and the CLI's summary."""
+    run.timings["total"] = time.time() - run.started
+    return {
+        "run_dir": str(run.params.run_dir),
+        "artifact": ARTIFACT_FILE,
+        "records": RECORDS_FILE,
+        "plots": sorted(run.plots.values()),
+        "backends": {k: r["status"] for k, r in run.results.items()},
+        "seconds": round(run.timings["total"], 1),
+    }
