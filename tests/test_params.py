@@ -124,7 +124,7 @@ def test_all_errors_are_reported_at_once() -> None:
 def test_yaml_file_errors_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("- just\n- a list\n")
-    with pytest.raises(ParamsError, match="bad.yaml.*expected a mapping"):
+    with pytest.raises(ParamsError, match=r"bad\.yaml.*expected a mapping"):
         load_params(bad)
     with pytest.raises(ParamsError, match="cannot be read"):
         load_params(tmp_path / "missing.yaml")
