@@ -1,0 +1,207 @@
+"""Backward of the gated RMSNorm: dx, dz per row (batch invariant) and the exact dweight.
+
+Math (per group of G columns; a = act(z), a' its derivative; rstd recomputed from x, z):
+  norm_before_gate: xh = x*rstd,   y = xh*w*a   -> g = dy*w*a,  dx = rstd*(g - xh*mean(g*xh)),
+                    dz = dy*w*xh*a',   dweight contribution c = dy*xh*a
+  gate first:       u = x*a, uh = u*rstd, y = uh*w -> g = dy*w, du = rstd*(g - uh*mean(g*uh)),
+                    dx = du*a, dz = du*x*a',   c = dy*uh
+  z None:           a = 1 (plain RMSNorm)
+
+Batch invariance: a program owns TILES tiles of BLOCK_R whole rows; every reduction that
+feeds dx/dz runs along one row's own columns, and every launch parameter is a function of
+D alone (never of the number of rows), so a row's dx/dz bits cannot depend on its neighbours.
+dweight: each row's contribution c (fp32) goes through the exact fixed-point accumulator of
+`_dweight.py`; only integers are added across rows, so the result is order independent.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rlnorm.kernel import _dweight
+from rlnorm.kernel._dweight import accumulate_tile, add_tile_direct, count_nonfinite, flush_limbs
+from rlnorm.kernel._rounding import _round_fp32_to_out
+
+MAX_WIDTH = 8192  # widest row kept whole in registers by one program
+
+
+@triton.jit
+def _activation(z, ACTIVATION: tl.constexpr):
+    """(act(z), act'(z)) in fp32; ACTIVATION 0 = silu, 1 = sigmoid."""
+    s = 1.0 / (1.0 + tl.exp(-z))
+    if ACTIVATION == 0:
+        act = z * s
+        dact = s * (1.0 + z * (1.0 - s))
+    else:
+        act = s
+        dact = s * (1.0 - s)
+    return act, dact
+
+
+@triton.jit
+def _rms_norm_gated_bwd_kernel(
+    DY,
+    X,
+    Z,
+    W,
+    DX,
+    DZ,
+    CNT,
+    n_rows,
+    d,
+    group,
+    n_groups,
+    stride_dy,
+    stride_x,
+    stride_z,
+    stride_dx,
+    stride_dz,
+    eps,
+    HAS_Z: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    NUM_WIN: tl.constexpr,
+    NUM_SLOTS: tl.constexpr,
+    STRIPES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    TILES: tl.constexpr,
+):
+    """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
+    pid = tl.program_id(0)
+    cnt_ptr = CNT + (pid % STRIPES) * NUM_SLOTS * d  # stripe: spreads atomics, never changes the exact sum
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_c = tl.arange(0, BLOCK_C)
+    col = offs_g[:, None] * group + offs_c[None, :]  # [BLOCK_G, BLOCK_C]
+    col_mask = (offs_g[:, None] < n_groups) & (offs_c[None, :] < group)
+    w = tl.load(W + col, mask=col_mask, other=0.0).to(tl.float32)[None, :, :]  # [1, BLOCK_G, BLOCK_C]
+    acc_lo = tl.zeros([NUM_WIN, BLOCK_G, BLOCK_C], tl.int64)
+    acc_hi = tl.zeros([NUM_WIN, BLOCK_G, BLOCK_C], tl.int64)
+    for t in range(TILES):
+        rows = pid.to(tl.int64) * (TILES * BLOCK_R) + t * BLOCK_R + offs_r  # [BLOCK_R] int64 row offsets
+        mask = (rows < n_rows)[:, None, None] & col_mask[None, :, :]  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        r3 = rows[:, None, None]
+        c3 = col[None, :, :]
+        x = tl.load(X + r3 * stride_x + c3, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        dy = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0).to(tl.float32)
+        if HAS_Z:
+            z = tl.load(Z + r3 * stride_z + c3, mask=mask, other=0.0).to(tl.float32)
+            act, dact = _activation(z, ACTIVATION)
+        if HAS_Z and not NORM_BEFORE_GATE:
+            u = x * act
+        else:
+            u = x
+        # per-row, per-group statistics: reductions over this row's own columns only
+        mean_sq = tl.sum(u * u, axis=2) / group  # [BLOCK_R, BLOCK_G]
+        rstd = (1.0 / tl.sqrt_rn(mean_sq + eps))[:, :, None]  # [BLOCK_R, BLOCK_G, 1], correctly rounded sqrt
+        uh = u * rstd
+        if HAS_Z and NORM_BEFORE_GATE:
+            g = dy * w * act
+            contrib = dy * uh * act
+        else:
+            g = dy * w
+            contrib = dy * uh
+        c1 = (tl.sum(g * uh, axis=2) / group)[:, :, None]  # [BLOCK_R, BLOCK_G, 1]
+        du = rstd * (g - uh * c1)
+        if HAS_Z and not NORM_BEFORE_GATE:
+            dx = du * act
+            dz = du * x * dact
+        else:
+            dx = du
+            if HAS_Z:
+                dz = dy * w * uh * dact
+        # one explicit round-to-nearest-even per output (the interpreter's casts truncate)
+        tl.store(DX + r3 * stride_dx + c3, _round_fp32_to_out(dx, DX.dtype.element_ty), mask=mask)
+        if HAS_Z:
+            tl.store(DZ + r3 * stride_dz + c3, _round_fp32_to_out(dz, DZ.dtype.element_ty), mask=mask)
+        # dweight: this tile's fp32 contributions enter the exact integer accumulator
+        contrib = tl.where(mask, contrib, 0.0)
+        count_nonfinite(contrib, cnt_ptr, col, col_mask, d, NUM_WIN)
+        if TILES == 1:
+            add_tile_direct(contrib, cnt_ptr, col, col_mask, d, NUM_WIN)
+        else:
+            acc_lo, acc_hi = accumulate_tile(contrib, acc_lo, acc_hi, NUM_WIN)
+    if TILES > 1:
+        flush_limbs(cnt_ptr, acc_lo, acc_hi, col, col_mask, d, NUM_WIN)
+
+
+def bwd_config(d: int, group: int) -> dict[str, int]:
+    """Launch shape from the row width alone: never from the number of rows (batch invariance)."""
+    block_c = triton.next_power_of_2(group)
+    block_g = triton.next_power_of_2(d // group)
+    width = block_c * block_g
+    # about 2-4K elements per tile keeps x, z, dy and the temporaries in registers
+    block_r = max(1, min(32, 4096 // width))
+    # several tiles per program cut the dweight atomics; the register limbs cost
+    # 2 * NUM_WINDOWS int64 per column, affordable up to 1024 columns
+    tiles = 4 if width <= 1024 else 1
+    num_warps = 4 if width * block_r <= 4096 else 8
+    if width >= 4096:
+        num_warps = 16
+    return {"BLOCK_R": block_r, "BLOCK_G": block_g, "BLOCK_C": block_c, "TILES": tiles, "num_warps": num_warps}
+
+
+def rms_norm_gated_bwd(
+    dy: torch.Tensor,
+    x: torch.Tensor,
+    z: torch.Tensor | None,
+    w: torch.Tensor,
+    eps: float,
+    group_size: int | None,
+    norm_before_gate: bool,
+    activation: str,
+    config: dict[str, int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """dx, dz (x's / z's dtype; dz None when z is None) and the exact dweight (w's dtype).
+
+    Inputs are validated by the caller (api.py): dy, x, z are [rows, D] with a contiguous last
+    dimension, w is [D]; `activation` is already normalised ("silu" or "sigmoid"). `config`
+    overrides the launch shape for benchmarks only; every shape gives the same bits of dweight.
+    """
+    rows, d = x.shape
+    group = group_size or d
+    if activation not in ("silu", "sigmoid"):
+        raise ValueError(f"activation: expected 'silu' or 'sigmoid', got {activation!r}")
+    if d > MAX_WIDTH:
+        raise ValueError(f"x: last dimension {d} exceeds the kernel's limit of {MAX_WIDTH}")
+    if d % group:
+        raise ValueError(f"group_size: {group} does not divide the last dimension {d}")
+    dx = torch.empty((rows, d), dtype=x.dtype, device=x.device)
+    dz = None if z is None else torch.empty((rows, d), dtype=z.dtype, device=z.device)
+    counters = _dweight.new_counters(d, x.device)
+    cfg = dict(bwd_config(d, group), **(config or {}))
+    if rows > 0:
+        rows_per_program = cfg["BLOCK_R"] * cfg["TILES"]
+        grid = (triton.cdiv(rows, rows_per_program),)
+        _rms_norm_gated_bwd_kernel[grid](
+            dy,
+            x,
+            x if z is None else z,  # unused when HAS_Z is False
+            w,
+            dx,
+            dx if dz is None else dz,
+            counters,
+            rows,
+            d,
+            group,
+            d // group,
+            dy.stride(0),
+            x.stride(0),
+            0 if z is None else z.stride(0),
+            dx.stride(0),
+            0 if dz is None else dz.stride(0),
+            eps,
+            HAS_Z=z is not None,
+            NORM_BEFORE_GATE=bool(norm_before_gate),
+            ACTIVATION=0 if activation == "silu" else 1,
+            NUM_WIN=_dweight.NUM_WINDOWS,
+            NUM_SLOTS=_dweight.NUM_SLOTS,
+            STRIPES=_dweight.STRIPES,
+            **cfg,
+        )
+    dw = _dweight.finalize(counters, w.dtype)
+    return dx, dz, dw

@@ -1,0 +1,336 @@
+"""Exact, order-independent column sums of fp32 values: the dweight accumulator (SPEC §2).
+
+Why integers: a float sum depends on the order of its adds, so a parallel dweight made of
+float atomics or per-program partials changes with the batch's size, order and padding. Here
+every fp32 value is turned into an exact integer count of 2**-149 (the smallest subnormal), and
+integer adds are associative: the programs may add their partials in any order and the total
+is the same exact number. One finalize step rounds that number once to the weight's dtype.
+
+Layout of the fixed-point form. A finite fp32 value is m * 2**(s - 149) with an integer
+|m| < 2**24 and a shift s in 0..253 (the exponent field minus one; subnormals share s = 0).
+The shift range is cut into NUM_WINDOWS windows of WINDOW_BITS = 32 shifts: window k holds
+the values with s >> 5 == k as the int64 m << (s & 31) (|.| < 2**55) in units of 2**(32k - 149).
+A tile of at most 256 rows sums such values exactly in int64 (< 2**63). Each exact tile sum is
+split into a low 32-bit part (0 <= lo < 2**32) and a signed high part, and both are added
+(int64 atomics, any order) to per-column counters; per window the low part has weight
+2**(32k) and the high part 2**(32(k+1)), so the counters are the limbs of one base-2**32 number.
+
+Counters: int64 [STRIPES, NUM_SLOTS, D]; slot 2k is window k's low part, slot 2k+1 its high
+part, then three slots count NaN, +Inf and -Inf values (those have no integer form; they give
+the IEEE answer). Programs add into stripe pid % STRIPES, which only spreads same-address
+atomic traffic; the finalize kernel adds the stripes (exactly) before normalising.
+
+Bounds: the low counters stay below (number of tiles) * 2**32 and the high ones far below, so
+the sums are exact for fewer than 2**30 tiles (far beyond any tensor that fits in memory).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from rlnorm.kernel._rounding import _exact_cast
+
+NUM_WINDOWS = 8  # 8 windows x 32 shifts cover every finite fp32 exponent (s = 0..253)
+WINDOW_BITS = 32  # a window's values m << (s & 31) stay below 2**55: 256 of them sum exactly in int64
+NUM_SLOTS = 2 * NUM_WINDOWS + 3  # (low, high) per window, then NaN, +Inf, -Inf counts
+SLOT_NAN, SLOT_POS_INF, SLOT_NEG_INF = 2 * NUM_WINDOWS, 2 * NUM_WINDOWS + 1, 2 * NUM_WINDOWS + 2
+NUM_LIMBS = NUM_WINDOWS + 2  # base-2**32 limbs of the total: windows' low parts, last high part, headroom
+STRIPES = 8  # copies of the counters, chosen by pid: spreads atomic contention, never changes the sum
+MAX_TILE_ROWS = 256  # 256 * 2**55 < 2**63: a tile's per-window sum is exact in int64
+
+# (precision bits with the implicit one, smallest normal exponent + 149, largest exponent)
+_FORMATS = {
+    torch.float32: (24, -126 + 149, 127),
+    torch.bfloat16: (8, -126 + 149, 127),
+    torch.float16: (11, -14 + 149, 15),
+}
+
+
+@triton.jit
+def fixed_point(v):
+    """fp32 tile -> (signed int64 count of its window's quanta, window index), exactly; NaN/Inf -> 0."""
+    bits = v.to(tl.int32, bitcast=True)
+    exp_field = (bits >> 23) & 0xFF
+    finite = exp_field != 255
+    mant = (bits & 0x7FFFFF) | tl.where(exp_field > 0, 0x800000, 0)  # implicit one of normals
+    shift = tl.maximum(exp_field, 1) - 1  # subnormals have the scale of exponent field 1
+    win = shift >> 5  # window of 32 shifts
+    mag = mant.to(tl.int64) << (shift & 31).to(tl.int64)  # < 2**55: exact
+    count = tl.where(bits < 0, -mag, mag)
+    count = tl.where(finite, count, 0)  # NaN/Inf are counted in their own slots
+    return count, win
+
+
+@triton.jit
+def window_range(count, win, NUM_WIN: tl.constexpr):
+    """First and last window holding a non-zero value of the tile (empty range if none)."""
+    nonzero = count != 0
+    first = tl.min(tl.min(tl.min(tl.where(nonzero, win, NUM_WIN), axis=2), axis=1), axis=0)
+    last = tl.max(tl.max(tl.max(tl.where(nonzero, win, -1), axis=2), axis=1), axis=0)
+    return first, last
+
+
+@triton.jit
+def split_window_sum(count, win, k):
+    """Exact int64 column sum of window k's counts, split into (low 32 bits, signed high part)."""
+    part = tl.sum(tl.where(win == k, count, 0), axis=0)  # [BG, BC]: integer adds, any order, exact
+    hi = part >> 32  # arithmetic shift: floor division, so 0 <= lo < 2**32
+    lo = part - (hi << 32)
+    return lo, hi
+
+
+@triton.jit
+def accumulate_tile(v, acc_lo, acc_hi, NUM_WIN: tl.constexpr):
+    """Add a [BR, BG, BC] fp32 tile's exact column sums into register limbs [NUM_WIN, BG, BC]."""
+    count, win = fixed_point(v)
+    k_first, k_last = window_range(count, win, NUM_WIN)
+    sel = tl.arange(0, NUM_WIN)[:, None, None]  # [NUM_WIN, 1, 1]
+    for k in range(k_first, k_last + 1):  # typical data: 1-2 windows per tile
+        lo, hi = split_window_sum(count, win, k)
+        acc_lo = tl.where(sel == k, acc_lo + lo[None, :, :], acc_lo)  # < tiles * 2**32: no overflow
+        acc_hi = tl.where(sel == k, acc_hi + hi[None, :, :], acc_hi)
+    return acc_lo, acc_hi
+
+
+@triton.jit
+def flush_limbs(cnt_ptr, acc_lo, acc_hi, col, col_mask, d, NUM_WIN: tl.constexpr):
+    """Atomically add register limbs [NUM_WIN, BG, BC] into one stripe's counters (only non-zeros)."""
+    sel = tl.arange(0, NUM_WIN)[:, None, None]
+    offs = (2 * sel) * d + col[None, :, :]  # [NUM_WIN, BG, BC]
+    m = col_mask[None, :, :]
+    # integer atomics are associative: their order cannot change the counters' final values
+    tl.atomic_add(cnt_ptr + offs, acc_lo, mask=m & (acc_lo != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + offs + d, acc_hi, mask=m & (acc_hi != 0), sem="relaxed")
+
+
+@triton.jit
+def add_tile_direct(v, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr):
+    """Atomically add a [BR, BG, BC] tile's exact column sums, window by window (no registers kept)."""
+    count, win = fixed_point(v)
+    k_first, k_last = window_range(count, win, NUM_WIN)
+    for k in range(k_first, k_last + 1):
+        lo, hi = split_window_sum(count, win, k)
+        tl.atomic_add(cnt_ptr + (2 * k) * d + col, lo, mask=col_mask & (lo != 0), sem="relaxed")
+        tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, hi, mask=col_mask & (hi != 0), sem="relaxed")
+
+
+@triton.jit
+def count_nonfinite(v, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr):
+    """Count NaN, +Inf and -Inf per column (rare path: only when the tile holds one)."""
+    bits = v.to(tl.int32, bitcast=True)
+    any_nonfinite = tl.max(tl.max(tl.max(tl.where(((bits >> 23) & 0xFF) == 255, 1, 0), axis=2), axis=1), axis=0)
+    if any_nonfinite > 0:
+        n_nan = tl.sum((v != v).to(tl.int64), axis=0)  # [BG, BC]
+        n_pos = tl.sum((v == float("inf")).to(tl.int64), axis=0)
+        n_neg = tl.sum((v == float("-inf")).to(tl.int64), axis=0)
+        tl.atomic_add(cnt_ptr + (2 * NUM_WIN) * d + col, n_nan, mask=col_mask & (n_nan != 0), sem="relaxed")
+        tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 1) * d + col, n_pos, mask=col_mask & (n_pos != 0), sem="relaxed")
+        tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 2) * d + col, n_neg, mask=col_mask & (n_neg != 0), sem="relaxed")
+
+
+@triton.jit
+def _column_sum_kernel(
+    V,
+    CNT,
+    n_rows,
+    d,
+    stride_v,
+    NUM_WIN: tl.constexpr,
+    NUM_SLOTS: tl.constexpr,
+    STRIPES: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    TILES: tl.constexpr,
+):
+    """Accumulate raw fp32 values [n_rows, d] into the counters: the same path the backward uses."""
+    pid = tl.program_id(0)
+    pid_c = tl.program_id(1)
+    cnt_ptr = CNT + (pid % STRIPES) * NUM_SLOTS * d  # stripe: spreads atomics only
+    offs_r = tl.arange(0, BLOCK_R)
+    col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]  # [1, BC]: one group of the full width
+    col_mask = col < d
+    acc_lo = tl.zeros([NUM_WIN, 1, BLOCK_C], tl.int64)
+    acc_hi = tl.zeros([NUM_WIN, 1, BLOCK_C], tl.int64)
+    for t in range(TILES):
+        rows = pid.to(tl.int64) * (TILES * BLOCK_R) + t * BLOCK_R + offs_r  # int64 row offsets
+        mask = (rows < n_rows)[:, None, None] & col_mask[None, :, :]
+        v = tl.load(V + rows[:, None, None] * stride_v + col[None, :, :], mask=mask, other=0.0)  # [BR, 1, BC]
+        count_nonfinite(v, cnt_ptr, col, col_mask, d, NUM_WIN)
+        if TILES == 1:
+            add_tile_direct(v, cnt_ptr, col, col_mask, d, NUM_WIN)
+        else:
+            acc_lo, acc_hi = accumulate_tile(v, acc_lo, acc_hi, NUM_WIN)
+    if TILES > 1:
+        flush_limbs(cnt_ptr, acc_lo, acc_hi, col, col_mask, d, NUM_WIN)
+
+
+@triton.jit
+def _dweight_finalize_kernel(
+    CNT,
+    OUT,
+    d,
+    NUM_WIN: tl.constexpr,
+    NUM_SLOTS: tl.constexpr,
+    NUM_LIMBS: tl.constexpr,
+    STRIPES: tl.constexpr,
+    PREC: tl.constexpr,
+    EMIN_U: tl.constexpr,
+    EMAX: tl.constexpr,
+    SLOTS_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Per column: add the stripes, normalise the limbs (exact), round ONCE to OUT's dtype."""
+    pid = tl.program_id(0)
+    cols = pid * BLOCK + tl.arange(0, BLOCK)
+    cmask = cols < d
+    slot = tl.arange(0, SLOTS_PAD)[:, None]  # [SLOTS_PAD, 1]
+    tot = tl.zeros([SLOTS_PAD, BLOCK], tl.int64)
+    for s in tl.static_range(STRIPES):  # integer adds: exact in any order
+        tot += tl.load(
+            CNT + s * NUM_SLOTS * d + slot * d + cols[None, :], mask=(slot < NUM_SLOTS) & cmask[None, :], other=0
+        )
+    limb_id = tl.arange(0, 16)[:, None]  # [16, 1]; NUM_LIMBS <= 16
+    # pass 1: the sign. Carry propagation in base 2**32 with floor shifts leaves digits in
+    # [0, 2**32) and a final carry of -1 exactly when the total is negative.
+    carry = tl.zeros([BLOCK], tl.int64)
+    for i in tl.static_range(NUM_LIMBS):
+        raw = carry
+        if i < NUM_WIN:
+            raw += tl.sum(tl.where(slot == 2 * i, tot, 0), axis=0)  # window i's low part has weight 2**(32 i)
+        if i >= 1 and i <= NUM_WIN:
+            raw += tl.sum(tl.where(slot == 2 * i - 1, tot, 0), axis=0)  # window i-1's high part has weight 2**(32 i)
+        carry = raw >> 32
+    negative = carry < 0
+    sign = tl.where(negative, -1, 1).to(tl.int64)
+    # pass 2: digits of the magnitude (limbs times the sign, then the same propagation)
+    digits = tl.zeros([16, BLOCK], tl.int64)
+    carry = tl.zeros([BLOCK], tl.int64)
+    top = tl.full([BLOCK], -1, tl.int32)
+    top_digit = tl.zeros([BLOCK], tl.int64)
+    for i in tl.static_range(NUM_LIMBS):
+        raw = tl.zeros([BLOCK], tl.int64)
+        if i < NUM_WIN:
+            raw += tl.sum(tl.where(slot == 2 * i, tot, 0), axis=0)
+        if i >= 1 and i <= NUM_WIN:
+            raw += tl.sum(tl.where(slot == 2 * i - 1, tot, 0), axis=0)
+        raw = raw * sign + carry
+        carry = raw >> 32
+        digit = raw - (carry << 32)
+        digits = tl.where(limb_id == i, digit[None, :], digits)
+        top = tl.where(digit != 0, i, top)
+        top_digit = tl.where(digit != 0, digit, top_digit)
+    # leading bit: floor(log2) of the top digit read from its exact fp64 exponent field
+    lead_in_digit = ((top_digit.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1023
+    lead = 32 * top + lead_in_digit.to(tl.int32)  # absolute bit position, unit 2**-149
+    # quantum of the result (unit 2**-149): PREC bits below the leading bit, never below subnormals
+    q = tl.maximum(lead, EMIN_U) - (PREC - 1)
+    r = tl.maximum(q - 1, 0)  # keep one guard bit when rounding happens
+    kept = tl.zeros([BLOCK], tl.int64)  # floor(magnitude / 2**r) < 2**(PREC + 1)
+    sticky = tl.zeros([BLOCK], tl.int1)
+    for i in tl.static_range(NUM_LIMBS):
+        digit = tl.sum(tl.where(limb_id == i, digits, 0), axis=0)
+        pos = 32 * i - r  # where this digit's bit 0 lands relative to bit r
+        up = digit << tl.minimum(tl.maximum(pos, 0), 63).to(tl.int64)
+        down = digit >> tl.minimum(tl.maximum(-pos, 0), 63).to(tl.int64)
+        kept += tl.where(pos >= 0, up, down)  # digits are disjoint bit fields: floors add up
+        below = tl.minimum(tl.maximum(-pos, 0), 32).to(tl.int64)  # how many of its bits lie below r
+        low_mask = (tl.full([BLOCK], 1, tl.int64) << below) - 1
+        sticky = sticky | ((digit & low_mask) != 0)
+    rounding = q >= 1
+    guard = (kept & 1) != 0
+    mant = tl.where(rounding, kept >> 1, kept)
+    round_up = rounding & guard & (sticky | ((mant & 1) != 0))  # to nearest, ties to even
+    mant = mant + round_up.to(tl.int64)
+    scale = ((q - 149 + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)  # 2**(q - 149), exact
+    value = mant.to(tl.float64) * scale  # exact: mant has at most PREC + 1 bits
+    # exponent of the rounded result's leading bit (mant == 2**PREC after a carry): beyond EMAX -> Inf
+    overflow = (q - 149 + (PREC - 1) + (mant >> PREC).to(tl.int32)) > EMAX
+    value = tl.where(overflow, float("inf"), value)
+    value = tl.where(top < 0, 0.0, value)
+    value = tl.where(negative, -value, value)
+    n_nan = tl.sum(tl.where(slot == 2 * NUM_WIN, tot, 0), axis=0)
+    n_pos = tl.sum(tl.where(slot == 2 * NUM_WIN + 1, tot, 0), axis=0)
+    n_neg = tl.sum(tl.where(slot == 2 * NUM_WIN + 2, tot, 0), axis=0)
+    value = tl.where(n_neg > 0, float("-inf"), value)
+    value = tl.where(n_pos > 0, float("inf"), value)
+    value = tl.where((n_nan > 0) | ((n_pos > 0) & (n_neg > 0)), float("nan"), value)
+    # value is representable in OUT's dtype: fp64 -> fp32 is exact, then an exact (bitwise) cast
+    tl.store(OUT + cols, _exact_cast(value.to(tl.float32), OUT.dtype.element_ty), mask=cmask)
+
+
+def new_counters(d: int, device: torch.device | str) -> torch.Tensor:
+    """Zeroed int64 counters [STRIPES, NUM_SLOTS, d] for one dweight accumulation."""
+    return torch.zeros((STRIPES, NUM_SLOTS, d), dtype=torch.int64, device=device)
+
+
+def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The exact total of the counters, rounded once (to nearest even) to `dtype`: a [d] tensor."""
+    if dtype not in _FORMATS:
+        raise TypeError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
+    if counters.dtype != torch.int64 or counters.dim() != 3 or counters.shape[:2] != (STRIPES, NUM_SLOTS):
+        raise ValueError(f"counters: expected int64 [{STRIPES}, {NUM_SLOTS}, d], got {tuple(counters.shape)}")
+    d = counters.shape[2]
+    out = torch.empty(d, dtype=dtype, device=counters.device)
+    if d == 0:
+        return out
+    prec, emin_u, emax = _FORMATS[dtype]
+    # 128 columns per program on the GPU (registers); the CPU interpreter pays per program instead
+    block = 128 if counters.is_cuda else min(triton.next_power_of_2(d), 1024)
+    _dweight_finalize_kernel[(triton.cdiv(d, block),)](
+        counters.contiguous(),
+        out,
+        d,
+        NUM_WIN=NUM_WINDOWS,
+        NUM_SLOTS=NUM_SLOTS,
+        NUM_LIMBS=NUM_LIMBS,
+        STRIPES=STRIPES,
+        PREC=prec,
+        EMIN_U=emin_u,
+        EMAX=emax,
+        SLOTS_PAD=triton.next_power_of_2(NUM_SLOTS),
+        BLOCK=block,
+        num_warps=4,
+    )
+    return out
+
+
+def exact_column_sum(
+    values: torch.Tensor, dtype: torch.dtype = torch.float32, block_rows: int = 16, tiles: int = 1
+) -> torch.Tensor:
+    """Column sums of fp32 `values` [n, d], exact, rounded once to `dtype`, on values' device.
+
+    The same accumulation and finalize the backward uses, callable on any fp32 data (tests
+    craft wide exponent ranges, subnormals and cancellation here). `block_rows` and `tiles`
+    only change how the work is cut: the result is the same bits for every choice.
+    """
+    if values.dtype != torch.float32:
+        raise TypeError(f"values: expected float32, got {values.dtype}")
+    if values.dim() != 2:
+        raise ValueError(f"values: expected a 2-D [rows, columns] tensor, got shape {tuple(values.shape)}")
+    if not 1 <= block_rows <= MAX_TILE_ROWS or block_rows & (block_rows - 1):
+        raise ValueError(f"block_rows: expected a power of two in 1..{MAX_TILE_ROWS}, got {block_rows}")
+    if tiles < 1:
+        raise ValueError(f"tiles: expected >= 1, got {tiles}")
+    n, d = values.shape
+    if d and values.stride(1) != 1:
+        values = values.contiguous()
+    counters = new_counters(d, values.device)
+    if n and d:
+        block_c = min(triton.next_power_of_2(d), 256)
+        grid = (triton.cdiv(n, block_rows * tiles), triton.cdiv(d, block_c))
+        _column_sum_kernel[grid](
+            values,
+            counters,
+            n,
+            d,
+            values.stride(0),
+            NUM_WIN=NUM_WINDOWS,
+            NUM_SLOTS=NUM_SLOTS,
+            STRIPES=STRIPES,
+            BLOCK_R=block_rows,
+            BLOCK_C=block_c,
+            TILES=tiles,
+        )
+    return finalize(counters, dtype)
