@@ -1,0 +1,89 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Two reuse-check runs side by side
+#
+# Lay two artifacts next to each other, typically the reference report measured on a B200 (A) and
+# a run of this kit on another GPU (B): the environments, each backend's verdict per check, the
+# latency ratios B/A, the accuracy, and a list of what changed. Nothing is recomputed; both files
+# are read through the same reader, so the seed report and our artifacts compare field by field.
+
+# %% tags=["parameters"]
+artifact_a = ""  # artifact JSON or run folder; empty: the B200 seed report shipped with rlnorm
+artifact_b = ""  # artifact JSON or run folder; empty: the newest run under outputs/
+latency_move = 0.10  # report latency changes larger than this fraction
+accuracy_move = 1e-4  # report changes of fwd_correctly_rounded larger than this
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+from IPython.display import Markdown, display
+
+from rlnorm.compare import compare_runs, plot_comparison, seed_report_path
+from rlnorm.investigate import latest_run
+
+pd.set_option("display.width", 200)
+pd.set_option("display.max_columns", 30)
+path_a = artifact_a or seed_report_path()
+path_b = artifact_b or latest_run()
+cmp = compare_runs(path_a, path_b, latency_move=latency_move, accuracy_move=accuracy_move)
+print("A:", path_a)
+print("B:", path_b)
+
+# %% [markdown]
+# ## What changed
+# Backends present in one run only, verdicts that flipped, latency moves beyond `latency_move`,
+# and accuracy moves beyond `accuracy_move`.
+
+# %%
+display(Markdown("\n".join(f"- {c}" for c in cmp.changes) if cmp.changes else "*Nothing changed.*"))
+
+# %% [markdown]
+# ## Environments
+
+# %%
+cmp.environment
+
+# %% [markdown]
+# ## Verdicts per backend and check
+# `pass`: no row differed (or the gate passed); `FAIL (fwd N, grad M)`: N rows with a differing
+# output, M with differing gradients; `n/a`: not measured (for example no backward); `skipped` /
+# `failed`: the backend did not run, see its reason; `absent`: not in that run.
+
+# %%
+cmp.verdicts[[cmp.label_a, cmp.label_b, "changed"]]
+
+# %% [markdown]
+# ## Latency (microseconds) and ratios B/A
+# A ratio below 1 means B is faster. Different GPUs, library versions and protocols all move these.
+
+# %%
+cmp.latency
+
+# %% [markdown]
+# ## Accuracy
+# `fwd_correctly_rounded`: fraction of outputs equal to the fp64 result rounded once to bf16;
+# `grad_rel_err_*`: max |g - g64| / max |g64| per gradient.
+
+# %%
+cmp.accuracy
+
+# %% [markdown]
+# ## The picture
+# Left: latency ratio B/A per backend (log scale; the line at 1 = unchanged).
+# Right: the verdict grid, coloured by how each verdict moved from A to B.
+
+# %%
+fig = plot_comparison(cmp)
+display(fig)
+plt.close(fig)

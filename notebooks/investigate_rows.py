@@ -1,0 +1,148 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Which rows differ, and why
+#
+# A reuse-check run says, for example, `fwd_differ: 95`: 95 rows whose output was not bitwise the
+# same when computed inside a batch and alone. This notebook opens that run, lists the differing
+# rows, and takes one of them apart:
+#
+# 1. the row recomputed **alone** and **inside the exact batch** it was compared in (rebuilt from
+#    the record, so no check is rerun),
+# 2. which of its columns differ and by how many ulps (units in the last place of bf16),
+# 3. the row's normalisation statistic `rstd = 1/sqrt(mean(x^2) + eps)` in fp32 and fp64,
+# 4. the **correctly rounded** value (the fp64 result rounded once to bf16),
+# 5. how every other available backend computes the same row.
+#
+# Run it cell by cell in JupyterLab, or end to end with papermill (`-p run outputs/NAME`).
+
+# %% tags=["parameters"]
+run = ""  # run folder (outputs/NAME) or its artifact JSON; empty: the newest run under outputs/
+backend = None  # backend to look at; None: the first one with differing rows
+check = None  # check to look at; None: the first check of that backend with differing rows
+row_index = 0  # which line of the differing-rows table to explain
+others = None  # backends to compare on the same row; None: every backend that ran in this run
+device = "auto"  # where to recompute: auto (the GPU if there is one), cpu or cuda
+others_in_batch = None  # run the others on the whole batch too; None: on a GPU, or for small batches
+
+# %%
+import matplotlib.pyplot as plt
+import pandas as pd
+from IPython.display import Markdown, display
+
+from rlnorm.investigate import differing_rows, explain_row, failing_summary, latest_run, load_run, plot_row
+
+pd.set_option("display.width", 200)
+pd.set_option("display.max_columns", 30)
+the_run = load_run(run or latest_run())
+print("artifact:", the_run.location.artifact)
+print("records: ", the_run.location.records)
+
+# %% [markdown]
+# ## The run's backends
+# `status` says whether each backend ran here; a skipped one carries the reason, and has no rows below.
+
+# %%
+backends_table = pd.DataFrame(
+    [
+        {"backend": k, "status": v.get("status"), "skip_reason": v.get("skip_reason"), "source": v.get("source")}
+        for k, v in the_run.artifact["results"].items()
+    ]
+)
+backends_table
+
+# %% [markdown]
+# ## Differing records per backend, check and tensor
+# One record is one row whose output `y`, or gradient `dx` / `dz`, was not bitwise the same inside
+# the batch and alone (`dweight` records are whole-batch, not per row). `rows` counts distinct rows,
+# `max_ulp` is the largest difference in bf16 ulps.
+
+# %%
+summary_table = failing_summary(the_run.records)
+summary_table
+
+# %% [markdown]
+# ## The differing rows of the chosen backend and check
+# `case` names the comparison, `batch_start` / `batch_size` / `position` where the row sat in the
+# batch, `row` its index in the seeded case, `cols_differ` / `max_ulp` how much it moved.
+# Change `row_index` to pick another line.
+
+# %%
+table = differing_rows(the_run.records, backend, check) if len(the_run.records) else None
+if table is None:
+    display(Markdown("**No differing rows in this run:** every check passed, so there is nothing to drill into."))
+else:
+    display(Markdown(f"**{table.attrs['backend']}**, check **{table.attrs['check']}**: {len(table)} records"))
+    display(table.drop(columns=["rebuild"]).head(50))
+
+# %% [markdown]
+# ## One row, taken apart
+# The row is rebuilt from its record, then computed by the backend twice: alone (a batch of one)
+# and inside the very batch the check used. The paragraph says what differs and what follows.
+
+# %%
+explanation = None
+if table is not None:
+    if not 0 <= row_index < len(table):
+        raise ValueError(f"row_index: expected 0 <= row_index < {len(table)}, got {row_index}")
+    record = table.iloc[row_index]
+    explanation = explain_row(
+        record,
+        opts=the_run.opts,
+        others=the_run.ran_backends if others is None else others,
+        device=None if device == "auto" else device,
+        others_in_batch=others_in_batch,
+    )
+    display(Markdown(explanation.text))
+    for note in explanation.notes:
+        display(Markdown(f"*Note:* {note}"))
+    display(pd.Series(explanation.summary, name="value").to_frame())
+
+# %% [markdown]
+# ## The columns that differ
+# `alone` and `in_batch` are the backend's two results for the same inputs `x`, `z`;
+# `correctly_rounded` is what an exact computation rounded once gives. The ulp columns count bf16
+# values in between: 0 means bitwise equal.
+
+# %%
+if explanation is not None:
+    display(explanation.differing_columns)
+
+# %% [markdown]
+# ## The row's rstd, both ways
+# rstd recomputed from `x` in fp32 and in fp64 (and the relative error of the fp32 one). When the
+# backend exposes its own rstd, its value alone and in the batch is shown too: if those are equal,
+# the difference arises after the row statistic.
+
+# %%
+if explanation is not None:
+    display(explanation.rstd)
+
+# %% [markdown]
+# ## How every other backend computes this row
+# For each backend: how many of the row's columns it gets correctly rounded alone, its largest ulp
+# distance to the correctly rounded value, whether it equals this backend's alone / in-batch result,
+# and (when run on the batch) whether it is itself batch invariant on this row.
+
+# %%
+if explanation is not None:
+    display(explanation.others)
+
+# %% [markdown]
+# ## Per column: in the batch vs alone, and each vs correctly rounded
+
+# %%
+if explanation is not None:
+    fig = plot_row(explanation)
+    display(fig)
+    plt.close(fig)

@@ -1,0 +1,392 @@
+"""Two reuse-check artifacts side by side: verdicts, latency ratios, accuracy and what changed.
+
+The typical pair is the seed B200 report and a run of ours on another GPU; both load through the
+same reader (`rlnorm.artifact.read_artifact`), so every accessor here reads the report's shape and
+treats our NEW fields as optional. Nothing is recomputed: a comparison only reads two JSON files.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+# The checks a verdict is given for, in report order (gates are the contract_gates of SPEC §4).
+VERDICT_CHECKS = (
+    "all_rows",
+    "dweight_repeatable",
+    "full_vs_sub_batches",
+    "batch_size_sweep",
+    "batch_invariant",
+    "gate_forward",
+    "gate_gradient",
+)
+PASS, FAIL, NA = "pass", "FAIL", "n/a"
+DIFFER_KEYS = ("fwd_differ", "rowgrad_differ", "differ")
+
+
+@dataclass
+class Comparison:
+    """Everything `notebooks/compare_runs` shows; each table indexed by backend (and check)."""
+
+    label_a: str
+    label_b: str
+    environment: pd.DataFrame
+    verdicts: pd.DataFrame
+    latency: pd.DataFrame
+    accuracy: pd.DataFrame
+    changes: list[str] = field(default_factory=list)
+
+
+SEED_REPORT_NAME = "rms_norm_gated_b200.json"
+
+
+def seed_report_path() -> Path:
+    """The B200 seed report: shipped as package data (rlnorm/data/), else the repository's tests/data/."""
+    import importlib.resources
+
+    try:
+        shipped = importlib.resources.files("rlnorm").joinpath("data", SEED_REPORT_NAME)
+        if shipped.is_file():
+            return Path(str(shipped))
+    except (ModuleNotFoundError, FileNotFoundError):
+        pass
+    repo = Path(__file__).resolve().parent.parent / "tests" / "data" / SEED_REPORT_NAME
+    if repo.is_file():
+        return repo
+    raise FileNotFoundError(f"the seed report {SEED_REPORT_NAME} is neither in rlnorm/data/ nor in tests/data/")
+
+
+def load_artifact(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """An artifact as a dict from a dict, a JSON path or a run folder (its artifact JSON).
+
+    Reads through `rlnorm.artifact.read_artifact` when that module exists so our artifacts and the
+    seed report arrive in one shape; falls back to plain JSON (the seed report's own shape).
+    """
+    if isinstance(source, Mapping):
+        return dict(source)
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"source: expected an artifact dict, a JSON path or a run folder, got {type(source).__name__}")
+    from rlnorm.investigate import locate_run
+
+    path = locate_run(source).artifact
+    try:
+        from rlnorm.artifact import read_artifact
+    except ImportError:
+        read_artifact = None
+    if read_artifact is not None:
+        return dict(read_artifact(path))
+    with open(path) as f:
+        return json.load(f)
+
+
+def artifact_label(art: Mapping[str, Any], fallback: str) -> str:
+    """A short name for column headers: the GPU (or 'cpu') plus the run name when known."""
+    env = art.get("environment") or {}
+    gpu = env.get("gpu") or env.get("device") or "cpu"
+    name = art.get("name") or (art.get("params") or {}).get("name")
+    return f"{fallback}: {gpu}" + (f" ({name})" if name else "")
+
+
+def _differ_counts(node: Any) -> dict[str, int]:
+    """Sum every fwd_differ / rowgrad_differ / differ integer below `node` (any nesting: n, seed)."""
+    out = dict.fromkeys(DIFFER_KEYS, 0)
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            if k in DIFFER_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] += int(v)
+            elif isinstance(v, Mapping):
+                for kk, vv in _differ_counts(v).items():
+                    out[kk] += vv
+    return out
+
+
+def _count_verdict(node: Any) -> tuple[str, str]:
+    if not isinstance(node, Mapping) or not node:
+        return NA, ""
+    c = _differ_counts(node)
+    fwd, grad = c["fwd_differ"], c["rowgrad_differ"] + c["differ"]
+    if fwd == 0 and grad == 0:
+        return PASS, ""
+    parts = [f"fwd {fwd}"] if fwd else []
+    if c["rowgrad_differ"]:
+        parts.append(f"grad {c['rowgrad_differ']}")
+    if c["differ"]:
+        parts.append(f"differ {c['differ']}")
+    return FAIL, ", ".join(parts)
+
+
+def _bool_verdict(value: Any) -> tuple[str, str]:
+    if value is None:
+        return NA, ""
+    return (PASS, "") if bool(value) else (FAIL, "")
+
+
+def backend_verdicts(entry: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """check -> (pass/FAIL/n/a, detail) for one `results.<backend>` entry."""
+    status = entry.get("status", "ran")
+    if status != "ran":
+        reason = str(entry.get("skip_reason") or "")
+        return {c: (status, reason) for c in VERDICT_CHECKS}
+    bi = entry.get("batch_invariance") or {}
+    gates = entry.get("contract_gates") or {}
+    out = {
+        "all_rows": _count_verdict(bi.get("all_rows")),
+        "dweight_repeatable": _bool_verdict(bi.get("dweight_repeatable")),
+        "full_vs_sub_batches": _count_verdict(bi.get("full_vs_sub_batches")),
+        "batch_size_sweep": _count_verdict(bi.get("batch_size_sweep")),
+        "batch_invariant": _bool_verdict(bi.get("batch_invariant")),
+    }
+    for gate in ("forward", "gradient"):
+        g = gates.get(gate)
+        if not isinstance(g, Mapping):
+            out[f"gate_{gate}"] = (NA, "")
+            continue
+        verdict, _ = _bool_verdict(g.get("passed"))
+        failed = g.get("failed_lines") or []
+        detail = f"{len(failed)} failed lines" if failed else ""
+        if g.get("timed_out"):
+            detail = "timed out"
+        elif g.get("returncode") not in (0, None):
+            detail = f"returncode {g.get('returncode')}" + (f", {detail}" if detail else "")
+        out[f"gate_{gate}"] = (verdict, detail)
+    return out
+
+
+def _cell(verdict: tuple[str, str]) -> str:
+    v, detail = verdict
+    return f"{v} ({detail})" if detail and v == FAIL else v
+
+
+def _backends(a: Mapping, b: Mapping) -> list[str]:
+    ka, kb = list((a.get("results") or {}).keys()), list((b.get("results") or {}).keys())
+    return ka + [k for k in kb if k not in ka]
+
+
+def verdict_table(a: Mapping, b: Mapping, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
+    """Index (backend, check); columns label_a, label_b (verdict text) and `changed`."""
+    rows = []
+    ra, rb = a.get("results") or {}, b.get("results") or {}
+    for key in _backends(a, b):
+        va = backend_verdicts(ra[key]) if key in ra else dict.fromkeys(VERDICT_CHECKS, ("absent", ""))
+        vb = backend_verdicts(rb[key]) if key in rb else dict.fromkeys(VERDICT_CHECKS, ("absent", ""))
+        for check in VERDICT_CHECKS:
+            rows.append(
+                {
+                    "backend": key,
+                    "check": check,
+                    label_a: _cell(va[check]),
+                    label_b: _cell(vb[check]),
+                    "verdict_a": va[check][0],
+                    "verdict_b": vb[check][0],
+                    "changed": va[check][0] != vb[check][0],
+                }
+            )
+    return pd.DataFrame(rows).set_index(["backend", "check"])
+
+
+def _num(d: Any, *keys: str) -> float | None:
+    for k in keys:
+        if not isinstance(d, Mapping) or k not in d:
+            return None
+        d = d[k]
+    if isinstance(d, bool) or not isinstance(d, (int, float)):
+        return None
+    return float(d)
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return None if x is None or y is None or x == 0 else y / x
+
+
+def latency_table(a: Mapping, b: Mapping) -> pd.DataFrame:
+    """Per backend: fwd_us and fwd_bwd_us in a and b, and the ratios b/a (< 1: b is faster)."""
+    rows = []
+    ra, rb = a.get("results") or {}, b.get("results") or {}
+    for key in _backends(a, b):
+        al_a = (ra.get(key) or {}).get("accuracy_latency")
+        al_b = (rb.get(key) or {}).get("accuracy_latency")
+        row: dict[str, Any] = {"backend": key}
+        for m in ("fwd_us", "fwd_bwd_us"):
+            x, y = _num(al_a, m), _num(al_b, m)
+            row[f"{m}_a"], row[f"{m}_b"], row[f"{m}_ratio"] = x, y, _ratio(x, y)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("backend").astype(float)
+
+
+def accuracy_table(a: Mapping, b: Mapping) -> pd.DataFrame:
+    """Per backend: fraction correctly rounded, max abs error and grad_rel_err x/z/w, a and b."""
+    rows = []
+    ra, rb = a.get("results") or {}, b.get("results") or {}
+    for key in _backends(a, b):
+        al_a = (ra.get(key) or {}).get("accuracy_latency")
+        al_b = (rb.get(key) or {}).get("accuracy_latency")
+        row: dict[str, Any] = {"backend": key}
+        for m in ("fwd_correctly_rounded", "fwd_max_abs_err"):
+            row[f"{m}_a"], row[f"{m}_b"] = _num(al_a, m), _num(al_b, m)
+        for t in ("x", "z", "w"):
+            row[f"grad_rel_err_{t}_a"] = _num(al_a, "grad_rel_err", t)
+            row[f"grad_rel_err_{t}_b"] = _num(al_b, "grad_rel_err", t)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("backend").astype(float)
+
+
+def environment_table(a: Mapping, b: Mapping, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
+    """GPU, capability, CUDA, commit and library versions side by side."""
+
+    def flat(art: Mapping) -> dict[str, Any]:
+        env = art.get("environment") or {}
+        out = {k: env.get(k) for k in ("gpu", "capability", "cuda")}
+        for lib, ver in (env.get("libraries") or {}).items():
+            out[lib] = ver
+        out["commit"] = art.get("commit") or art.get("rl_kernel_commit")
+        out["tracked_tree_dirty"] = art.get("tracked_tree_dirty")
+        return out
+
+    fa, fb = flat(a), flat(b)
+    keys = list(fa) + [k for k in fb if k not in fa]
+    rows = [{"field": k, label_a: fa.get(k), label_b: fb.get(k), "same": fa.get(k) == fb.get(k)} for k in keys]
+    return pd.DataFrame(rows).set_index("field")
+
+
+def what_changed(
+    a: Mapping,
+    b: Mapping,
+    label_a: str = "a",
+    label_b: str = "b",
+    latency_move: float = 0.10,
+    accuracy_move: float = 1e-4,
+) -> list[str]:
+    """Plain sentences: backends in one run only, verdict flips, latency moves, accuracy moves."""
+    out: list[str] = []
+    ra, rb = a.get("results") or {}, b.get("results") or {}
+    for key in ra:
+        if key not in rb:
+            out.append(f"{key}: only in {label_a}")
+    for key in rb:
+        if key not in ra:
+            out.append(f"{key}: only in {label_b}")
+    verdicts = verdict_table(a, b, label_a, label_b)
+    for (key, check), row in verdicts.iterrows():
+        if row["changed"] and key in ra and key in rb:
+            out.append(f"{key} {check}: {row[label_a]} -> {row[label_b]}")
+    lat = latency_table(a, b)
+    for key, row in lat.iterrows():
+        for m in ("fwd_us", "fwd_bwd_us"):
+            r = row[f"{m}_ratio"]
+            if pd.notna(r) and abs(r - 1) > latency_move:
+                word = "faster" if r < 1 else "slower"
+                out.append(f"{key} {m}: {row[f'{m}_a']:.1f} -> {row[f'{m}_b']:.1f} us ({r:.2f}x, {word})")
+    acc = accuracy_table(a, b)
+    for key, row in acc.iterrows():
+        x, y = row["fwd_correctly_rounded_a"], row["fwd_correctly_rounded_b"]
+        if pd.notna(x) and pd.notna(y) and abs(y - x) > accuracy_move:
+            out.append(f"{key} fwd_correctly_rounded: {x:.6f} -> {y:.6f}")
+    return out
+
+
+def compare_runs(
+    a: str | Path | Mapping[str, Any],
+    b: str | Path | Mapping[str, Any],
+    latency_move: float = 0.10,
+    accuracy_move: float = 1e-4,
+) -> Comparison:
+    """Compare artifact a (e.g. the seed B200 report) with artifact b (e.g. an H200 run)."""
+    if not 0 <= latency_move:
+        raise ValueError(f"latency_move: expected a fraction >= 0, got {latency_move!r}")
+    art_a, art_b = load_artifact(a), load_artifact(b)
+    for name, art in (("a", art_a), ("b", art_b)):
+        if not isinstance(art.get("results"), Mapping):
+            raise ValueError(f"{name}: expected an artifact with a 'results' mapping, got keys {sorted(art)[:10]}")
+    la, lb = artifact_label(art_a, "A"), artifact_label(art_b, "B")
+    if la == lb:
+        lb += " (2)"
+    return Comparison(
+        label_a=la,
+        label_b=lb,
+        environment=environment_table(art_a, art_b, la, lb),
+        verdicts=verdict_table(art_a, art_b, la, lb),
+        latency=latency_table(art_a, art_b),
+        accuracy=accuracy_table(art_a, art_b),
+        changes=what_changed(art_a, art_b, la, lb, latency_move, accuracy_move),
+    )
+
+
+# colour per (verdict a, verdict b) class in the verdict grid
+_GRID_CLASSES = [
+    ("pass in both", "#4caf50"),
+    ("FAIL in both", "#e53935"),
+    ("FAIL -> pass", "#1e88e5"),
+    ("pass -> FAIL", "#fb8c00"),
+    ("n/a or absent", "#bdbdbd"),
+]
+
+
+def _grid_class(va: str, vb: str) -> int:
+    if va == PASS and vb == PASS:
+        return 0
+    if va == FAIL and vb == FAIL:
+        return 1
+    if va == FAIL and vb == PASS:
+        return 2
+    if va == PASS and vb == FAIL:
+        return 3
+    return 4
+
+
+def plot_comparison(cmp: Comparison):
+    """Left: latency ratio b/a per backend (log scale; 1 = unchanged). Right: verdict grid."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
+    fig, (ax_lat, ax_grid) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
+    lat = cmp.latency
+    keys = list(lat.index)
+    pos = np.arange(len(keys))
+    for off, m, colour in ((-0.2, "fwd_us", "#3949ab"), (0.2, "fwd_bwd_us", "#8e24aa")):
+        vals = lat[f"{m}_ratio"].to_numpy(dtype=float)
+        ok = np.isfinite(vals)
+        # bars grow from 1 (unchanged) up (slower) or down (faster) on a log axis
+        ax_lat.bar(pos[ok] + off, vals[ok] - 1.0, bottom=1.0, width=0.4, color=colour, label=m)
+        for p, v in zip(pos[ok] + off, vals[ok], strict=True):
+            ax_lat.annotate(f"{v:.2g}", (p, v), ha="center", va="bottom" if v >= 1 else "top", fontsize=7)
+    ax_lat.axhline(1.0, color="k", lw=0.8)
+    ax_lat.set_yscale("log")
+    ax_lat.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax_lat.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    finite = lat[["fwd_us_ratio", "fwd_bwd_us_ratio"]].to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    if finite.size:
+        ax_lat.set_ylim(min(finite.min(), 1.0) / 1.6, max(finite.max(), 1.0) * 1.6)
+    ax_lat.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
+    ax_lat.set_ylabel("latency ratio B / A  (< 1: B faster)")
+    ax_lat.set_title("latency, where both runs timed it", fontsize=10)
+    ax_lat.legend(fontsize=8)
+
+    v = cmp.verdicts
+    backends = list(dict.fromkeys(v.index.get_level_values(0)))
+    grid = np.full((len(backends), len(VERDICT_CHECKS)), 4)
+    for i, key in enumerate(backends):
+        for j, check in enumerate(VERDICT_CHECKS):
+            row = v.loc[(key, check)]
+            grid[i, j] = _grid_class(row["verdict_a"], row["verdict_b"])
+    cmap = ListedColormap([c for _, c in _GRID_CLASSES])
+    ax_grid.imshow(grid, cmap=cmap, vmin=0, vmax=len(_GRID_CLASSES) - 1, aspect="auto")
+    ax_grid.set_xticks(range(len(VERDICT_CHECKS)), VERDICT_CHECKS, rotation=35, ha="right", fontsize=8)
+    ax_grid.set_yticks(range(len(backends)), backends, fontsize=8)
+    ax_grid.set_title(f"verdicts, {cmp.label_a}  vs  {cmp.label_b}", fontsize=9)
+    ax_grid.legend(
+        handles=[Patch(color=c, label=n) for n, c in _GRID_CLASSES],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
+    fig.tight_layout()
+    return fig

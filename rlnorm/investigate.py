@@ -1,0 +1,517 @@
+"""Drill into the rows a check found differing: which rows, by how much, and why it matters.
+
+Someone reads "fwd_differ: 95" in an RFC and needs the rows behind it. A run folder holds the
+artifact and the per-row records; each record carries what `rlnorm.records.rebuild_case` needs to
+rebuild the exact batch that was compared, so one row is re-examined by recomputing that batch and
+the row alone, never by rerunning the check. `notebooks/investigate_rows` only calls this module.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from rlnorm.inputs import Case
+from rlnorm.numerics import round_once, ulp_distance
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+
+ROW_TENSORS = ("y", "dx", "dz")
+RECORD_COLUMNS = (
+    "backend",
+    "check",
+    "seed",
+    "case",
+    "batch_start",
+    "batch_size",
+    "position",
+    "row",
+    "tensor",
+    "cols_differ",
+    "max_abs",
+    "max_ulp",
+)
+
+
+# --------------------------------------------------------------------------------------------
+# locating a run
+# --------------------------------------------------------------------------------------------
+@dataclass
+class RunLocation:
+    """Where a run's pieces are: its folder, its artifact JSON and its per-row records (or None)."""
+
+    folder: Path
+    artifact: Path
+    records: Path | None
+
+
+def _is_artifact(path: Path) -> bool:
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("results"), dict)
+
+
+def locate_run(source: str | Path) -> RunLocation:
+    """A run folder (`outputs/NAME/`) or an artifact JSON path -> the artifact and records paths."""
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"source: expected a run folder or an artifact JSON path, got {type(source).__name__}")
+    path = Path(source)
+    if path.is_dir():
+        candidates = sorted(p for p in path.glob("*.json") if _is_artifact(p))
+        if not candidates:
+            raise ValueError(f"source: no artifact JSON (a file with a 'results' mapping) in folder {path}")
+        # prefer a file named like the folder or 'artifact', else the first
+        preferred = [p for p in candidates if p.stem in (path.name, "artifact") or "artifact" in p.stem]
+        artifact = (preferred or candidates)[0]
+    elif path.is_file():
+        if not _is_artifact(path):
+            raise ValueError(f"source: {path} is not an artifact JSON (no 'results' mapping)")
+        artifact = path
+    else:
+        raise ValueError(f"source: {path} does not exist")
+    folder = artifact.parent
+    with open(artifact) as f:
+        data = json.load(f)
+    records = None
+    rel = data.get("records")
+    if isinstance(rel, str) and rel:
+        cand = Path(rel) if Path(rel).is_absolute() else folder / rel
+        if cand.is_file():
+            records = cand
+    if records is None:
+        found = sorted(folder.glob("*records*.csv")) + sorted(folder.glob("*records*.parquet"))
+        records = found[0] if found else None
+    return RunLocation(folder=folder, artifact=artifact, records=records)
+
+
+def latest_run(root: str | Path = "outputs") -> Path:
+    """The most recently written run folder under `root` that holds an artifact (a default for notebooks)."""
+    root = Path(root)
+    folders = [p for p in root.glob("*") if p.is_dir() and any(_is_artifact(j) for j in p.glob("*.json"))]
+    if not folders:
+        raise ValueError(f"run: no run folder with an artifact under {root.resolve()}; pass run=PATH")
+    return max(folders, key=lambda p: p.stat().st_mtime)
+
+
+def load_records(path: str | Path | None) -> pd.DataFrame:
+    """The per-row record table (empty with the DESIGN columns when the run wrote none)."""
+    if path is None:
+        return pd.DataFrame(columns=[*RECORD_COLUMNS, "rebuild"])
+    try:
+        from rlnorm.records import read_records
+    except ImportError:
+        read_records = None
+    if read_records is not None:
+        return read_records(path)
+    path = Path(path)
+    if path.suffix == ".parquet":
+        return pd.read_parquet(path)
+    return pd.read_csv(path)
+
+
+@dataclass
+class Run:
+    """A loaded run: where it is, its artifact (dict) and its records (DataFrame)."""
+
+    location: RunLocation
+    artifact: dict[str, Any]
+    records: pd.DataFrame
+
+    @property
+    def opts(self) -> OpOptions:
+        return run_options(self.artifact)
+
+    @property
+    def ran_backends(self) -> list[str]:
+        """Backends whose checks ran in this run, in artifact order."""
+        res = self.artifact.get("results") or {}
+        return [k for k, v in res.items() if (v or {}).get("status", "ran") == "ran"]
+
+
+def load_run(source: str | Path) -> Run:
+    """Locate and read a run folder or artifact path."""
+    from rlnorm.compare import load_artifact
+
+    loc = locate_run(source)
+    return Run(location=loc, artifact=load_artifact(loc.artifact), records=load_records(loc.records))
+
+
+def run_options(artifact: Mapping[str, Any]) -> OpOptions:
+    """The op options a run used (from its parameters), defaults where it names none (the seed report)."""
+    params = artifact.get("params") or {}
+    src = params.get("op") if isinstance(params.get("op"), Mapping) else params
+    keys = ("eps", "group_size", "norm_before_gate", "activation")
+    return OpOptions(**{k: src[k] for k in keys if k in src})
+
+
+# --------------------------------------------------------------------------------------------
+# the differing rows
+# --------------------------------------------------------------------------------------------
+def failing_summary(records: pd.DataFrame) -> pd.DataFrame:
+    """Counts of differing records per backend, check and tensor, in record order."""
+    if records.empty:
+        return pd.DataFrame(columns=["backend", "check", "tensor", "records", "rows", "max_ulp"])
+    g = records.groupby(["backend", "check", "tensor"], sort=False)
+    out = g.agg(records=("tensor", "size"), rows=("row", "nunique"), max_ulp=("max_ulp", "max"))
+    return out.reset_index()
+
+
+def pick_failing(records: pd.DataFrame, backend: str | None = None, check: str | None = None) -> tuple[str, str]:
+    """The (backend, check) to show: the given ones, else the first backend/check with a differing row."""
+    if records.empty:
+        raise ValueError("records: this run recorded no differing rows (every check passed, or none ran)")
+    sel = records
+    if backend is not None:
+        if backend not in set(records["backend"]):
+            raise ValueError(
+                f"backend: {backend!r} has no differing rows; backends with some: {_uniq(records, 'backend')}"
+            )
+        sel = sel[sel["backend"] == backend]
+    if check is not None:
+        if check not in set(sel["check"]):
+            raise ValueError(
+                f"check: {check!r} has no differing rows for {backend or 'any backend'}; "
+                f"checks with some: {_uniq(sel, 'check')}"
+            )
+        sel = sel[sel["check"] == check]
+    # prefer a record that names a row (y/dx/dz) over a dweight one
+    row_level = sel[sel["tensor"].isin(ROW_TENSORS)]
+    first = (row_level if not row_level.empty else sel).iloc[0]
+    return str(first["backend"]), str(first["check"])
+
+
+def _uniq(df: pd.DataFrame, col: str) -> list[str]:
+    return [str(v) for v in dict.fromkeys(df[col])]
+
+
+def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None) -> pd.DataFrame:
+    """The differing rows of one backend and check (defaults: the first failing ones), row-level first.
+
+    The result's `attrs` name the backend and check chosen, so a notebook can say what it shows.
+    """
+    b, c = pick_failing(records, backend, check)
+    sel = records[(records["backend"] == b) & (records["check"] == c)].copy()
+    sel["_dw"] = ~sel["tensor"].isin(ROW_TENSORS)
+    sel = sel.sort_values("_dw", kind="stable").drop(columns="_dw").reset_index(drop=True)
+    sel.attrs["backend"], sel.attrs["check"] = b, c
+    return sel
+
+
+# --------------------------------------------------------------------------------------------
+# rebuilding one case
+# --------------------------------------------------------------------------------------------
+@dataclass
+class RebuiltRow:
+    """The exact batch that was compared, where the row sat in it, and the row alone."""
+
+    batch: Case
+    position: int
+    alone: Case
+    opts: OpOptions | None = None
+
+
+def rebuild(record: Mapping[str, Any]) -> RebuiltRow:
+    """`rlnorm.records.rebuild_case(record)` normalised to a RebuiltRow: the batch, the position, the row."""
+    from rlnorm.records import rebuild_case
+
+    got = rebuild_case(dict(record))
+    if isinstance(got, RebuiltRow):
+        return got
+    if isinstance(got, tuple):
+        batch, position, alone = got[:3]
+        return RebuiltRow(batch=batch, position=int(position), alone=alone)
+    batch = got.batch
+    alone = getattr(got, "alone", None) or getattr(got, "row_alone", None)
+    return RebuiltRow(batch=batch, position=int(got.position), alone=alone, opts=getattr(got, "opts", None))
+
+
+# --------------------------------------------------------------------------------------------
+# explaining one row
+# --------------------------------------------------------------------------------------------
+def _default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def compute_tensor(backend: Any, case: Case, opts: OpOptions, tensor: str) -> torch.Tensor:
+    """One of y, dx, dz for a whole case, from the backend's own forward / forward_backward."""
+    if tensor == "y":
+        return backend.forward(case.x, case.z, case.w, opts)
+    if tensor not in ROW_TENSORS:
+        raise ValueError(f"tensor: expected one of {ROW_TENSORS} (a per-row tensor), got {tensor!r}")
+    g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
+    out = getattr(g, tensor)
+    if out is None:
+        raise ValueError(f"tensor: the backend returned no {tensor} (z is None?)")
+    return out
+
+
+def correctly_rounded(case: Case, opts: OpOptions, tensor: str) -> torch.Tensor:
+    """The fp64 result (forward, or fp64 autograd for dx/dz) rounded ONCE to the output dtype."""
+    x = case.x.detach().cpu().to(torch.float64).requires_grad_(tensor == "dx")
+    z = None if case.z is None else case.z.detach().cpu().to(torch.float64).requires_grad_(tensor == "dz")
+    w = case.w.detach().cpu().to(torch.float64)
+    with torch.enable_grad():
+        y64 = gated_rmsnorm_math(x, z, w, opts, torch.float64)
+        if tensor == "y":
+            return round_once(y64.detach(), case.x.dtype)
+        leaf = x if tensor == "dx" else z
+        (g,) = torch.autograd.grad(y64, leaf, grad_outputs=case.dy.detach().cpu().to(torch.float64))
+    return round_once(g, case.x.dtype)
+
+
+def rstd_from_x(case: Case, opts: OpOptions, compute_dtype: torch.dtype) -> torch.Tensor:
+    """1/sqrt(mean(x^2) + eps) per row and group, in `compute_dtype` (x * act(z) when norm after gate)."""
+    xf = case.x.detach().cpu().to(compute_dtype)
+    if case.z is not None and not opts.norm_before_gate:
+        zf = case.z.detach().cpu().to(compute_dtype)
+        xf = xf * (torch.sigmoid(zf) if opts.activation == "sigmoid" else zf * torch.sigmoid(zf))
+    d = xf.shape[-1]
+    g = opts.group_size or d
+    xg = xf.reshape(xf.shape[0], d // g, g)
+    return torch.rsqrt(xg.pow(2).mean(-1) + opts.eps)
+
+
+@dataclass
+class RowExplanation:
+    """What `explain_row` found; every part is a table or dict a notebook displays as is."""
+
+    summary: dict[str, Any]
+    columns: pd.DataFrame  # one row per column j of the row
+    rstd: pd.DataFrame  # per group: fp32 and fp64 from x, the backend's own if exposed
+    others: pd.DataFrame  # how every other backend computes this row
+    text: str
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def differing_columns(self) -> pd.DataFrame:
+        return self.columns[self.columns["ulp_batch_vs_alone"] != 0]
+
+
+def _as_record(record: Mapping[str, Any] | pd.Series) -> dict[str, Any]:
+    if isinstance(record, pd.Series):
+        record = record.to_dict()
+    if not isinstance(record, Mapping):
+        raise TypeError(f"record: expected a records row (dict or pandas Series), got {type(record).__name__}")
+    missing = [c for c in ("backend", "check", "row", "tensor") if c not in record]
+    if missing:
+        raise ValueError(f"record: missing columns {missing}; expected a row of the per-row records table")
+    return dict(record)
+
+
+def _row_values(t: torch.Tensor) -> list[float]:
+    return [float(v) for v in t.detach().cpu().to(torch.float64)]
+
+
+def _backend_rstd(backend: Any, case: Case, opts: OpOptions) -> torch.Tensor | None:
+    fn = getattr(backend, "rstd", None)
+    if not callable(fn):
+        return None
+    out = fn(case.x, case.z, case.w, opts)
+    return None if out is None else out.detach().cpu().to(torch.float64).reshape(case.x.shape[0], -1)
+
+
+def explain_row(
+    record: Mapping[str, Any] | pd.Series,
+    opts: OpOptions | None = None,
+    others: Iterable[str] | None = None,
+    device: str | None = None,
+    others_in_batch: bool | None = None,
+    others_batch_max_rows: int = 1024,
+) -> RowExplanation:
+    """Recompute one differing row alone and inside its original batch, and explain the difference.
+
+    `others`: backend keys (or import paths) to compare on the same row; default: every registered
+    backend. `others_in_batch`: also run the others on the whole batch (default: on a GPU, or on a
+    CPU when the batch has at most `others_batch_max_rows` rows; interpreted Triton is slow).
+    """
+    from rlnorm.backends import REGISTRY, describe_error, load_backend
+
+    rec = _as_record(record)
+    tensor = str(rec["tensor"])
+    if tensor not in ROW_TENSORS:
+        raise ValueError(f"record: tensor {tensor!r} is not per row (dweight has no row); pick a y/dx/dz record")
+    device = device or _default_device()
+    rb = rebuild(rec)
+    opts = opts or rb.opts or OpOptions()
+    batch, alone, pos = rb.batch.to(device), rb.alone.to(device), rb.position
+    backend = load_backend(str(rec["backend"]))
+    ok, why = backend.available(device)
+    if not ok:
+        raise ValueError(f"record: backend {rec['backend']!r} cannot run on {device}: {why}")
+
+    in_batch = compute_tensor(backend, batch, opts, tensor)[pos].detach().cpu()
+    by_itself = compute_tensor(backend, alone, opts, tensor)[0].detach().cpu()
+    exact = correctly_rounded(alone, opts, tensor)[0]
+    d = exact.shape[0]
+    ulp_ba = ulp_distance(in_batch, by_itself)
+    ulp_a = ulp_distance(by_itself, exact)
+    ulp_b = ulp_distance(in_batch, exact)
+    columns = pd.DataFrame(
+        {
+            "x": _row_values(alone.x[0]),
+            "z": _row_values(alone.z[0]) if alone.z is not None else float("nan"),
+            "alone": _row_values(by_itself),
+            "in_batch": _row_values(in_batch),
+            "correctly_rounded": _row_values(exact),
+            "ulp_batch_vs_alone": ulp_ba.tolist(),
+            "ulp_alone_vs_cr": ulp_a.tolist(),
+            "ulp_batch_vs_cr": ulp_b.tolist(),
+        }
+    )
+    columns.index.name = "col"
+
+    # rstd: the per-row statistic the op divides by, both ways, and the backend's own if it has one
+    r32, r64 = rstd_from_x(alone, opts, torch.float32)[0], rstd_from_x(alone, opts, torch.float64)[0]
+    rstd = pd.DataFrame({"fp32_from_x": r32.to(torch.float64).tolist(), "fp64_from_x": r64.tolist()})
+    rstd["fp32_rel_err"] = (rstd["fp32_from_x"] - rstd["fp64_from_x"]).abs() / rstd["fp64_from_x"]
+    notes: list[str] = []
+    try:
+        own_alone = _backend_rstd(backend, alone, opts)
+        own_batch = _backend_rstd(backend, batch, opts)
+    except Exception as exc:  # a backend's optional rstd hook failing is a note, not a failure
+        own_alone = own_batch = None
+        notes.append(f"{rec['backend']}.rstd failed: {describe_error(exc)}")
+    if own_alone is not None and own_batch is not None:
+        rstd["backend_alone"] = own_alone[0].tolist()
+        rstd["backend_in_batch"] = own_batch[pos].tolist()
+        rstd["backend_same_both_ways"] = rstd["backend_alone"] == rstd["backend_in_batch"]
+    else:
+        notes.append(f"{rec['backend']} does not expose its own rstd; only the rstd recomputed from x is shown")
+    rstd.index.name = "group"
+
+    # how every other backend computes this row
+    if others_in_batch is None:
+        others_in_batch = device.startswith("cuda") or batch.x.shape[0] <= others_batch_max_rows
+    keys = [k for k in (list(REGISTRY) if others is None else list(others)) if k != rec["backend"]]
+    other_rows = []
+    for key in keys:
+        row: dict[str, Any] = {"backend": key}
+        try:
+            other = load_backend(key)
+            ok, why = other.available(device)
+            if not ok:
+                row["status"] = f"unavailable: {why}"
+                other_rows.append(row)
+                continue
+            if tensor != "y" and not other.has_backward:
+                row["status"] = "no backward"
+                other_rows.append(row)
+                continue
+            o_alone = compute_tensor(other, alone, opts, tensor)[0].detach().cpu()
+            row["status"] = "ran"
+            row["alone_correctly_rounded_cols"] = int((ulp_distance(o_alone, exact) == 0).sum())
+            row["alone_max_ulp_vs_cr"] = int(ulp_distance(o_alone, exact).max())
+            row["equal_to_this_alone"] = bool(torch.equal(o_alone, by_itself))
+            row["equal_to_this_in_batch"] = bool(torch.equal(o_alone, in_batch))
+            if others_in_batch:
+                o_batch = compute_tensor(other, batch, opts, tensor)[pos].detach().cpu()
+                row["batch_equal_alone"] = bool(torch.equal(o_batch, o_alone))
+                row["batch_max_ulp_vs_alone"] = int(ulp_distance(o_batch, o_alone).max())
+        except Exception as exc:
+            row["status"] = f"error: {describe_error(exc)}"
+        other_rows.append(row)
+    others_df = pd.DataFrame(other_rows)
+    if not others_in_batch:
+        notes.append(
+            f"other backends were run on the row alone only (batch of {batch.x.shape[0]} rows on {device}; "
+            "pass others_in_batch=True to run them on the whole batch)"
+        )
+
+    n_diff = int((ulp_ba != 0).sum())
+    max_ulp = int(ulp_ba.max())
+    summary = {
+        "backend": rec["backend"],
+        "check": rec["check"],
+        "case": rec.get("case"),
+        "seed": rec.get("seed"),
+        "row": int(rec["row"]),
+        "tensor": tensor,
+        "batch_rows": int(batch.x.shape[0]),
+        "position": pos,
+        "device": device,
+        "columns": d,
+        "cols_differ": n_diff,
+        "max_ulp": max_ulp,
+        "recorded_cols_differ": rec.get("cols_differ"),
+        "recorded_max_ulp": rec.get("max_ulp"),
+        "reproduced": n_diff > 0,
+        "alone_correctly_rounded_cols": int((ulp_a == 0).sum()),
+        "in_batch_correctly_rounded_cols": int((ulp_b == 0).sum()),
+    }
+    return RowExplanation(summary, columns, rstd, others_df, _explain_text(summary, rstd, others_df), notes)
+
+
+def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame) -> str:
+    """The paragraph a reader sees above the tables: what differs, by how much, and what follows."""
+    where = (
+        f"row {s['row']} ({s['check']}, case {s['case']}, seed {s['seed']}) at position {s['position']} "
+        f"of a batch of {s['batch_rows']} rows"
+    )
+    if not s["reproduced"]:
+        return (
+            f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same alone and "
+            f"in the batch: the recorded difference ({s['recorded_cols_differ']} columns, {s['recorded_max_ulp']} ulp) "
+            "does not reproduce here, so it depends on the device or launch configuration the run used."
+        )
+    lines = [
+        f"{s['backend']}'s {s['tensor']} for {where} differs in {s['cols_differ']} of {s['columns']} columns "
+        f"by at most {s['max_ulp']} ulp between the row computed alone and inside the batch "
+        f"(recorded: {s['recorded_cols_differ']} columns, {s['recorded_max_ulp']} ulp).",
+        f"The row's inputs are bitwise the same both ways, so the difference comes from how {s['backend']} "
+        "computes a batch (launch configuration, reduction order, or a dependence on batch size or position), "
+        "not from the data.",
+        f"Alone, {s['alone_correctly_rounded_cols']}/{s['columns']} columns equal the correctly rounded value "
+        f"(fp64 rounded once); in the batch, {s['in_batch_correctly_rounded_cols']}/{s['columns']}.",
+    ]
+    if "backend_same_both_ways" in rstd:
+        same = bool(rstd["backend_same_both_ways"].all())
+        lines.append(
+            f"The backend's own rstd is {'the same' if same else 'DIFFERENT'} alone and in the batch"
+            + (": the difference comes after the row statistic." if same else ": the row statistic itself moved.")
+        )
+    ran = others[others.get("status", pd.Series(dtype=str)) == "ran"] if not others.empty else others
+    if not ran.empty:
+        cr = ran[ran["alone_max_ulp_vs_cr"] == 0]["backend"].tolist()
+        lines.append(
+            f"Of the other backends that ran, {len(cr)}/{len(ran)} give the correctly rounded row alone"
+            + (f" ({', '.join(cr)})." if cr else ".")
+        )
+    return " ".join(lines)
+
+
+def plot_row(expl: RowExplanation):
+    """Per column: ulp distance in batch vs alone (top) and each one's distance to correctly rounded (bottom)."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    c = expl.columns
+    cols = np.asarray(c.index)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.8), sharex=True)
+    ba = c["ulp_batch_vs_alone"].to_numpy()
+    ax1.bar(cols, ba, color=np.where(ba != 0, "#e53935", "#9e9e9e"), width=0.9)
+    ax1.set_ylabel("ulp, batch vs alone")
+    s = expl.summary
+    ax1.set_title(
+        f"{s['backend']} {s['tensor']}, row {s['row']} ({s['check']} {s['case']}): "
+        f"{s['cols_differ']}/{s['columns']} columns differ, max {s['max_ulp']} ulp",
+        fontsize=10,
+    )
+    ax2.bar(cols - 0.2, c["ulp_alone_vs_cr"], width=0.4, label="alone", color="#1e88e5")
+    ax2.bar(cols + 0.2, c["ulp_batch_vs_cr"], width=0.4, label="in batch", color="#fb8c00")
+    ax2.set_ylabel("ulp vs correctly rounded")
+    ax2.set_xlabel("column")
+    ax2.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        top = max(1, int(np.nanmax(ax.get_ylim())))
+        ax.set_ylim(0, top + 0.5)
+    fig.tight_layout()
+    return fig

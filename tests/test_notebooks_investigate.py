@@ -1,0 +1,135 @@
+"""Both investigation notebooks executed end to end by papermill, asserting on what a reader sees.
+
+investigate_rows runs on a tiny run holding a planted batch-size-dependent backend, so there are
+real differing rows; compare_runs lays the seed B200 report beside an artifact with planted flips.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+
+import jupytext
+import nbformat
+import papermill
+import pytest
+
+# the tiny run with a planted faulty backend is built as in the unit tests
+from test_investigate import FAULTY_SPEC, install_faulty_module, write_tiny_run
+
+from rlnorm.artifact import read_artifact, write_artifact
+from rlnorm.investigate import differing_rows, load_run
+
+pytestmark = pytest.mark.slow
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+SEED = Path(__file__).parent / "data" / "rms_norm_gated_b200.json"
+
+
+@pytest.fixture(scope="module")
+def faulty_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return install_faulty_module(tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory, faulty_module_dir: Path) -> Path:
+    folder = tmp_path_factory.mktemp("outputs") / "tiny"
+    write_tiny_run(folder)
+    return folder
+
+
+def execute(name: str, workdir: Path, parameters: dict, env_path: Path | None = None) -> nbformat.NotebookNode:
+    """jupytext the percent source into an .ipynb in workdir, run it with papermill, return the result."""
+    nb = jupytext.read(NOTEBOOKS / f"{name}.py")
+    src = workdir / f"{name}.ipynb"
+    out = workdir / f"{name}.out.ipynb"
+    jupytext.write(nb, src)
+    old = os.environ.get("PYTHONPATH")
+    if env_path is not None:  # the kernel is a child process: it imports the planted backend from here
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(env_path), old) if p)
+    try:
+        papermill.execute_notebook(
+            str(src), str(out), parameters=parameters, kernel_name="python3", cwd=str(workdir), progress_bar=False
+        )
+    finally:
+        if env_path is not None:
+            if old is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = old
+    return nbformat.read(out, as_version=4)
+
+
+def texts(nb: nbformat.NotebookNode) -> list[str]:
+    """Every text a reader sees in the outputs: stream text, plain-text and markdown renderings."""
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                out.append(o["text"])
+            data = o.get("data", {})
+            for mime in ("text/markdown", "text/plain"):
+                if mime in data:
+                    out.append(data[mime])
+    return out
+
+
+def images(nb: nbformat.NotebookNode) -> int:
+    return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Path, faulty_module_dir: Path) -> None:
+    workdir = tiny_run.parent.parent / "nb_investigate"
+    workdir.mkdir(exist_ok=True)
+    nb = execute("investigate_rows", workdir, {"run": str(tiny_run), "device": "cpu"}, faulty_module_dir)
+    shown = "\n".join(texts(nb))
+    # the differing-rows table of the planted backend, picked by default
+    assert f"**{FAULTY_SPEC}**, check **all_rows**" in shown
+    # the explanation of row 0: columns differ by a nonzero number of ulps, reproduced here
+    m = re.search(r"differs in (\d+) of 128 columns by at most (\d+) ulp", shown)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) >= 1
+    assert "Alone, 128/128 columns equal the correctly rounded value" in shown
+    # the differing-columns table carries the correctly rounded value and the ulp columns
+    assert "correctly_rounded" in shown and "ulp_batch_vs_alone" in shown
+    # rstd both ways, and the other backend (the clean reference) compared on the same row
+    assert "fp64_from_x" in shown and "fp32_from_x" in shown
+    assert "reference" in shown and "batch_equal_alone" in shown
+    assert images(nb) == 1  # the per-column plot
+
+
+def test_investigate_rows_notebook_with_an_explicit_row_and_gradient(tiny_run: Path, faulty_module_dir: Path) -> None:
+    workdir = tiny_run.parent.parent / "nb_investigate_dz"
+    workdir.mkdir(exist_ok=True)
+    table = differing_rows(load_run(tiny_run).records)
+    index = int(table.index[table["tensor"] == "dz"][1])  # the second row's dz record
+    row = int(table.loc[index, "row"])
+    nb = execute(
+        "investigate_rows",
+        workdir,
+        {"run": str(tiny_run / "rms_norm_gated_reuse_check.json"), "row_index": index, "others": ["reference"]},
+        faulty_module_dir,
+    )
+    shown = "\n".join(texts(nb))
+    assert f"'s dz for row {row} (all_rows, case n=7, seed 3)" in shown
+
+
+def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:
+    seed = read_artifact(SEED)
+    b = copy.deepcopy(seed)
+    b["environment"]["gpu"] = "NVIDIA H200"
+    fused = b["results"]["fla_fused_norm_gate"]["batch_invariance"]
+    fused["full_vs_sub_batches"].update(fwd_differ=0, rowgrad_differ=0)
+    fused["batch_invariant"] = True
+    b["results"]["vllm"]["accuracy_latency"]["fwd_us"] = 58.6
+    write_artifact(b, tmp_path / "h200" / "rms_norm_gated_reuse_check.json")
+    # artifact_a left at its default: the seed report shipped with rlnorm
+    nb = execute("compare_runs", tmp_path, {"artifact_b": str(tmp_path / "h200")})
+    shown = "\n".join(texts(nb))
+    assert "- fla_fused_norm_gate full_vs_sub_batches: FAIL (fwd 95, grad 152) -> pass" in shown
+    assert "- fla_fused_norm_gate batch_invariant: FAIL -> pass" in shown
+    assert "- vllm fwd_us: 87.1 -> 58.6 us (0.67x, faster)" in shown
+    assert "A: NVIDIA B200" in shown and "B: NVIDIA H200" in shown
+    assert "fwd_us_ratio" in shown and "fwd_correctly_rounded_a" in shown
+    assert images(nb) == 1
