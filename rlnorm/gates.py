@@ -290,12 +290,16 @@ def run_gates(
     d: int = 128,
     seed: int = 0,
     weight_dtype: str = "float32",
+    timeout: float | None = None,
 ) -> dict[str, dict]:
     """Run each gate in its own child process (concurrently); never raises for what the child does.
 
     `backend_spec` is a registered key, an import path, or a Backend whose `key` is one of those.
+    `timeout` is an alias of `timeout_s` (one deadline for all gates, which run concurrently).
     Returns {gate: {returncode, passed, failed_lines, singleton_aggregate, stderr_tail, timed_out, lines}}.
     """
+    if timeout is not None:  # alias: the runner's keyword
+        timeout_s = timeout
     spec = getattr(backend_spec, "key", backend_spec)
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"backend_spec: expected a registered key or 'package.module:attr', got {backend_spec!r}")
