@@ -249,7 +249,8 @@ def _dweight_finalize_kernel(
     overflow = (q - 149 + (PREC - 1) + (mant >> PREC).to(tl.int32)) > EMAX
     value = tl.where(overflow, float("inf"), value)
     value = tl.where(top < 0, 0.0, value)
-    value = tl.where(negative, -value, value)
+    # multiply, not negate: Triton's unary minus is 0 - x, which loses the sign of an underflow to -0
+    value = value * tl.where(negative, -1.0, 1.0).to(tl.float64)
     n_nan = tl.sum(tl.where(slot == 2 * NUM_WIN, tot, 0), axis=0)
     n_pos = tl.sum(tl.where(slot == 2 * NUM_WIN + 1, tot, 0), axis=0)
     n_neg = tl.sum(tl.where(slot == 2 * NUM_WIN + 2, tot, 0), axis=0)

@@ -1,0 +1,207 @@
+"""The exact dweight accumulator (rlnorm/kernel/_dweight.py) against exact rational arithmetic.
+
+The accumulator is driven directly with crafted fp32 values, so the hard cases (wide exponent
+range, subnormals, cancellation, ties, overflow, NaN/Inf) are reached on purpose rather than
+hoped for. The oracle is `fractions.Fraction` with its own rounding, independent of both the
+kernel and `rlnorm.numerics.exact_sum` (which is checked against it too).
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 on a machine without a GPU)
+from rlnorm.kernel._dweight import MAX_TILE_ROWS, exact_column_sum
+from rlnorm.numerics import exact_sum
+
+# (precision with the implicit bit, smallest normal exponent, largest exponent)
+_FMT = {torch.float32: (24, -126, 127), torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+CUTS = [dict(block_rows=16, tiles=1), dict(block_rows=4, tiles=3)]  # direct atomics; register limbs
+
+
+def round_fraction(f: Fraction, dtype: torch.dtype) -> float:
+    """Round an exact rational to `dtype` once, to nearest, ties to even (Python's round())."""
+    if f == 0:
+        return 0.0
+    p, emin, emax = _FMT[dtype]
+    mag = abs(f)
+    e = mag.numerator.bit_length() - mag.denominator.bit_length()  # floor(log2 mag) or one above
+    if Fraction(2) ** e > mag:
+        e -= 1
+    quantum = Fraction(2) ** (max(e, emin) - (p - 1))
+    n = round(mag / quantum)  # Fraction.__round__ rounds half to even
+    value = n * quantum
+    if value >= Fraction(2) ** (emax + 1):
+        return math.copysign(math.inf, f)
+    return math.copysign(float(value), f)
+
+
+def oracle(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    cols = values.double().t().tolist()
+    return torch.tensor([round_fraction(sum(map(Fraction, c), Fraction(0)), dtype) for c in cols]).to(dtype)
+
+
+def assert_bitwise(a: torch.Tensor, b: torch.Tensor) -> None:
+    """Bitwise equality (NaN equals NaN); -0.0 and +0.0 are different here."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    nan = torch.isnan(a)
+    assert torch.equal(nan, torch.isnan(b)), "NaN in different places"
+    ia, ib = a.view(_BITS[a.dtype])[~nan], b.view(_BITS[b.dtype])[~nan]
+    bad = (ia != ib).nonzero().flatten().tolist()
+    assert not bad, f"{len(bad)} columns differ, first {bad[:5]}: {a[~nan][bad[:5]]} vs {b[~nan][bad[:5]]}"
+
+
+def wide_values(rows: int, cols: int, seed: int, lo: int = -149, hi: int = 126) -> torch.Tensor:
+    """fp32 values whose exponents are spread over [lo, hi] (subnormals included when lo < -126)."""
+    g = torch.Generator().manual_seed(seed)
+    mant = torch.rand(rows, cols, generator=g, dtype=torch.float64) + 1.0
+    sign = torch.randint(0, 2, (rows, cols), generator=g) * 2 - 1
+    exp = torch.randint(lo, hi + 1, (rows, cols), generator=g)
+    return (sign * mant * torch.exp2(exp.double())).float()
+
+
+def test_oracle_rounds_like_torch_for_exact_doubles():
+    """The test's own oracle agrees with torch's single-step fp64 -> fp32 rounding."""
+    v = torch.randn(2000, dtype=torch.float64) * torch.exp2(torch.randint(-140, 120, (2000,)).double())
+    ours = torch.tensor([round_fraction(Fraction(x), torch.float32) for x in v.tolist()], dtype=torch.float32)
+    assert_bitwise(ours, v.float())
+
+
+@pytest.mark.parametrize("cut", CUTS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_wide_exponent_range_is_exact(dtype, cut):
+    v = wide_values(45, 24, seed=1)
+    got = exact_column_sum(v, dtype, **cut)
+    assert_bitwise(got, oracle(v, dtype))
+    assert_bitwise(got, exact_sum(v, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_subnormal_values_and_results(dtype):
+    g = torch.Generator().manual_seed(2)
+    bits = torch.randint(1, 0x800000, (33, 20), generator=g, dtype=torch.int32)  # every fp32 subnormal
+    bits = torch.where(torch.rand(33, 20, generator=g) < 0.5, bits, bits | -(2**31))  # either sign
+    v = bits.view(torch.float32)
+    v[:, :4] = v[:, :4].abs()  # columns whose sum leaves the subnormal range
+    v[:, 4] = 0.0
+    v[0, 4] = torch.tensor(1, dtype=torch.int32).view(torch.float32)  # exactly the smallest subnormal
+    v[:, 5] = torch.tensor([1e-39, -1e-39] * 16 + [2e-40], dtype=torch.float32)  # bf16-subnormal result
+    assert (v.abs() < torch.finfo(torch.float32).tiny).all()
+    assert_bitwise(exact_column_sum(v, dtype), oracle(v, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_heavy_cancellation_is_exact_and_defeats_float_sums(dtype):
+    g = torch.Generator().manual_seed(3)
+    big = wide_values(30, 16, seed=4, lo=60, hi=100)
+    small = wide_values(1, 16, seed=5, lo=-140, hi=-100)
+    v = torch.cat([big, small, -big])[torch.randperm(61, generator=g)]  # the big ones cancel exactly
+    want = oracle(v, dtype)
+    assert_bitwise(want, small[0].to(dtype))
+    assert_bitwise(exact_column_sum(v, dtype), want)
+    # planted fault: a float sum in the same data loses the residual, so this data can catch one
+    assert not torch.equal(v.sum(0).to(dtype), want)
+
+
+def test_ties_round_to_even_and_sticky_bits_break_them():
+    one = 1.0
+    cols = [
+        ([one, 2.0**-8], torch.bfloat16, 1.0),  # tie, even stays
+        ([one, 3 * 2.0**-8], torch.bfloat16, 1.0 + 2.0**-6),  # tie, odd rounds up
+        ([one, 2.0**-8, 2.0**-100], torch.bfloat16, 1.0 + 2.0**-7),  # above the tie by a far sticky bit
+        ([one, 2.0**-8, -(2.0**-100)], torch.bfloat16, 1.0),  # below the tie
+        ([one, 2.0**-24], torch.float32, 1.0),
+        ([one, 2.0**-24, 2.0**-120], torch.float32, 1.0 + 2.0**-23),
+        ([-one, -(2.0**-11), -(2.0**-90)], torch.float16, -(1.0 + 2.0**-10)),
+        ([2.0**-24, 2.0**-25], torch.float16, 2.0**-23),  # fp16 subnormal tie rounds to even
+    ]
+    for vals, dtype, want in cols:
+        v = torch.tensor(vals, dtype=torch.float32)[:, None]
+        got = exact_column_sum(v, dtype)
+        assert got.item() == want, (vals, dtype, got.item(), want)
+        assert_bitwise(got, oracle(v, dtype))
+
+
+def test_overflow_only_when_the_exact_sum_overflows():
+    fmax = torch.finfo(torch.float32).max
+    v = torch.tensor([[fmax, fmax, fmax], [fmax, fmax, -fmax], [0.0, -fmax, 0.0]], dtype=torch.float32)
+    # column 0: 2*max -> inf; column 1: max + max - max == max (an fp32 running sum is inf); column 2: 0
+    got = exact_column_sum(v, torch.float32)
+    assert got.tolist() == [math.inf, fmax, 0.0]
+    bmax = float(torch.finfo(torch.bfloat16).max)
+    half_ulp = 2.0 ** (127 - 8)
+    w = torch.tensor([[bmax, bmax, 65504.0, 65504.0], [half_ulp, half_ulp / 2, 16.0, 15.0]], dtype=torch.float32)
+    assert exact_column_sum(w, torch.bfloat16)[:2].tolist() == [math.inf, bmax]
+    assert exact_column_sum(w, torch.float16)[2:].tolist() == [math.inf, 65504.0]
+    for dtype in DTYPES:
+        assert_bitwise(exact_column_sum(w, dtype), oracle(w, dtype))
+
+
+def test_nan_and_inf_give_the_ieee_answer_and_stay_in_their_column():
+    v = wide_values(9, 6, seed=6)
+    v[3, 0] = math.nan
+    v[2, 1] = math.inf
+    v[2, 2], v[5, 2] = math.inf, -math.inf
+    v[7, 3] = -math.inf
+    got = exact_column_sum(v, torch.float32)
+    assert math.isnan(got[0]) and got[1] == math.inf and math.isnan(got[2]) and got[3] == -math.inf
+    assert_bitwise(got[4:], oracle(v[:, 4:], torch.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_order_padding_and_cut_never_change_the_bits(dtype):
+    v = wide_values(70, 13, seed=7, lo=-30, hi=10)
+    ref = exact_column_sum(v, dtype)
+    g = torch.Generator().manual_seed(8)
+    padded = torch.cat([v, torch.zeros(11, 13), -torch.zeros(5, 13)])[torch.randperm(86, generator=g)]
+    for cut in [*CUTS, dict(block_rows=MAX_TILE_ROWS, tiles=1), dict(block_rows=1, tiles=2)]:
+        assert_bitwise(exact_column_sum(padded, dtype, **cut), ref)
+    assert_bitwise(exact_column_sum(v, dtype), ref)  # repeatable
+    assert_bitwise(ref, oracle(v, dtype))
+
+
+def test_many_rows_of_maximal_magnitude_stay_exact():
+    # 600 values from the top window, alternating sign, plus a residual: exercises carries
+    # between limbs and the int64 headroom of tile sums with 256-row tiles
+    n = 600
+    big = torch.full((n, 3), 2.0**127 * (2 - 2.0**-23))
+    big[1::2] *= -1
+    big[:, 1] = 2.0**126  # one column grows past fp32 max before nothing cancels it
+    v = torch.cat([big, torch.tensor([[2.0**-149, 1.0, -3.0]])])
+    for cut in [dict(block_rows=256, tiles=1), dict(block_rows=256, tiles=2)]:
+        got = exact_column_sum(v, torch.float32, **cut)
+        assert got.tolist() == [2.0**-149, math.inf, -3.0]
+
+
+def test_zero_rows_and_signed_zeros_give_positive_zero():
+    assert_bitwise(exact_column_sum(torch.zeros(0, 5), torch.bfloat16), torch.zeros(5, dtype=torch.bfloat16))
+    got = exact_column_sum(-torch.zeros(4, 3), torch.float32)
+    assert_bitwise(got, torch.zeros(3))
+    assert exact_column_sum(torch.zeros(3, 0), torch.float32).shape == (0,)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(TypeError, match="values"):
+        exact_column_sum(torch.zeros(2, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="values"):
+        exact_column_sum(torch.zeros(4))
+    with pytest.raises(TypeError, match="dtype"):
+        exact_column_sum(torch.zeros(2, 2), torch.int32)
+    with pytest.raises(ValueError, match="block_rows"):
+        exact_column_sum(torch.zeros(2, 2), block_rows=512)
+
+
+def test_assert_bitwise_catches_one_ulp():
+    a = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    b = a.clone()
+    b.view(torch.int16)[1] += 1
+    with pytest.raises(AssertionError):
+        assert_bitwise(a, b)
+    with pytest.raises(AssertionError):
+        assert_bitwise(torch.tensor([0.0]), torch.tensor([-0.0]))
