@@ -1,0 +1,269 @@
+"""Backward kernel (rlnorm/kernel/_bwd.py): batch invariance of dx/dz, exact dweight, accuracy.
+
+Rows computed alone are the yardstick: every row of every batch (sizes 1, 2, 7, 63, 257, 1031,
+at every position, permuted, padded) must give bitwise the same dx and dz as when it is alone,
+and the batch's dweight must be the exact sum of the single-row dweights (fp32 weight, so a
+single row's dweight is its contribution itself) rounded once. Each checker is also shown to
+catch the fault it exists for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import rlnorm
+from rlnorm.inputs import make_case
+from rlnorm.kernel._bwd import bwd_config, rms_norm_gated_bwd
+from rlnorm.numerics import exact_sum, round_once, ulp_distance
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+
+_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
+BATCH_SIZES = (1, 2, 7, 63, 257, 1031)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(_BITS[t.dtype])
+
+
+def assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype, what
+    diff = (bits(a) != bits(b)).reshape(a.shape[0], -1).any(-1) if a.dim() > 1 else (bits(a) != bits(b))
+    bad = diff.nonzero().flatten().tolist()
+    assert not bad, f"{what}: {len(bad)} rows/elements differ, first {bad[:5]}"
+
+
+def bwd(x, z, w, dy, opts: OpOptions):
+    return rms_norm_gated_bwd(dy, x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation)
+
+
+class Pool:
+    """Distinct rows and their results computed one row per launch (the yardstick)."""
+
+    def __init__(self, n: int, d: int, seed: int, opts: OpOptions, dtype=torch.bfloat16, has_z: bool = True):
+        c = make_case(n, d, seed=seed, dtype=dtype)
+        self.x, self.z, self.dy = c.x, (c.z if has_z else None), c.dy
+        self.w32 = c.w.float()  # fp32 weight: a single row's dweight is its exact fp32 contribution
+        self.opts = opts
+        alone = [self.run(torch.tensor([i])) for i in range(n)]
+        self.dx = torch.cat([a[0] for a in alone])
+        self.dz = None if self.z is None else torch.cat([a[1] for a in alone])
+        self.contrib = torch.stack([a[2] for a in alone])  # [n, d] fp32
+
+    def run(self, idx: torch.Tensor, w: torch.Tensor | None = None, launcher=bwd):
+        z = None if self.z is None else self.z[idx]
+        return launcher(self.x[idx], z, self.w32 if w is None else w, self.dy[idx], self.opts)
+
+
+def check_invariance(pool: Pool, sizes, seed: int, launcher=bwd) -> None:
+    """Batches drawn from the pool (every pool row used, permuted): each row's dx/dz equal its alone result."""
+    g = torch.Generator().manual_seed(seed)
+    n = pool.x.shape[0]
+    for m in sizes:
+        idx = torch.randperm(n, generator=g).repeat(m // n + 1)[:m]
+        idx = idx[torch.randperm(m, generator=g)]
+        dx, dz, dw = pool.run(idx, launcher=launcher)
+        assert_same_bits(dx, pool.dx[idx], f"dx, batch of {m}")
+        if pool.z is not None:
+            assert_same_bits(dz, pool.dz[idx], f"dz, batch of {m}")
+        # dweight = exact sum of the single-row dweights, rounded once
+        assert_same_bits(dw, exact_sum(pool.contrib[idx], torch.float32), f"dweight fp32, batch of {m}")
+
+
+@pytest.fixture(scope="module")
+def pool() -> Pool:
+    return Pool(24, 128, seed=7, opts=OpOptions())
+
+
+def test_rows_alone_equal_rows_in_batches_of_every_size(pool):
+    check_invariance(pool, BATCH_SIZES, seed=1)
+
+
+def test_bf16_dweight_is_the_exact_sum_rounded_once(pool):
+    idx = torch.arange(24).repeat(3)
+    _, _, dw = pool.run(idx, w=pool.w32.bfloat16())
+    assert_same_bits(dw, exact_sum(pool.contrib[idx], torch.bfloat16), "dweight bf16")
+    _, _, dw16 = pool.run(idx, w=pool.w32.half())
+    assert_same_bits(dw16, exact_sum(pool.contrib[idx], torch.float16), "dweight fp16")
+
+
+def test_dweight_unchanged_by_permutation_zero_gradient_rows_and_repeats(pool):
+    idx = torch.arange(24)
+    x, z, dy = pool.x, pool.z, pool.dy.clone()
+    w = pool.w32.bfloat16()
+    ref = rms_norm_gated_bwd(dy, x, z, w, 1e-6, None, True, "silu")
+    perm = torch.randperm(24, generator=torch.Generator().manual_seed(3))
+    got = rms_norm_gated_bwd(dy[perm], x[perm], z[perm], w, 1e-6, None, True, "silu")
+    assert_same_bits(got[2], ref[2], "dweight after permutation")
+    # zero-gradient rows: real x, z but dy = 0; and all-zero padding rows
+    extra = make_case(40, 128, seed=99)
+    xs = torch.cat([extra.x[:20], x, torch.zeros(20, 128, dtype=x.dtype)])
+    zs = torch.cat([extra.z[:20], z, torch.zeros(20, 128, dtype=z.dtype)])
+    dys = torch.cat([torch.zeros(20, 128, dtype=dy.dtype), dy, torch.zeros(20, 128, dtype=dy.dtype)])
+    padded = rms_norm_gated_bwd(dys, xs, zs, w, 1e-6, None, True, "silu")
+    assert_same_bits(padded[2], ref[2], "dweight with zero-gradient rows")
+    assert_same_bits(padded[0][20:44], ref[0], "dx with zero-gradient rows around")
+    assert (padded[0][:20] == 0).all() and (padded[0][44:] == 0).all(), "dy = 0 gives dx = 0 (either sign)"
+    again = rms_norm_gated_bwd(dy, x, z, w, 1e-6, None, True, "silu")
+    for a, b, name in zip(again, ref, ("dx", "dz", "dweight")):
+        assert_same_bits(a, b, f"{name} repeated")
+
+
+def test_invariance_checker_catches_a_batch_dependent_row(pool):
+    def leaky(x, z, w, dy, opts):
+        dx, dz, dw = bwd(x, z, w, dy, opts)
+        if x.shape[0] > 1:  # planted fault: the last row's dx depends on the batch size
+            dx[-1].view(torch.int16)[0] ^= 1
+        return dx, dz, dw
+
+    with pytest.raises(AssertionError, match="dx, batch of 2"):
+        check_invariance(pool, (1, 2), seed=1, launcher=leaky)
+
+    def float_dweight(x, z, w, dy, opts):  # planted fault: dweight summed in float, in batch order
+        dx, dz, _ = bwd(x, z, w, dy, opts)
+        xf, zf, dyf = x.float(), z.float(), dy.float()
+        xh = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + opts.eps)
+        return dx, dz, (dyf * xh * zf * torch.sigmoid(zf)).sum(0)
+
+    with pytest.raises(AssertionError, match="dweight"):
+        check_invariance(pool, (257,), seed=2, launcher=float_dweight)
+
+
+OPTION_CASES = [
+    # (d, opts, x dtype, has z)
+    (128, OpOptions(norm_before_gate=False), torch.bfloat16, True),
+    (128, OpOptions(activation="sigmoid"), torch.bfloat16, True),
+    (128, OpOptions(norm_before_gate=False, activation="sigmoid"), torch.float16, True),
+    (128, OpOptions(), torch.bfloat16, False),
+    (256, OpOptions(group_size=64), torch.bfloat16, True),
+    (200, OpOptions(group_size=40, norm_before_gate=False), torch.bfloat16, True),
+    (96, OpOptions(), torch.float32, True),
+    (160, OpOptions(activation="swish"), torch.float16, True),
+    (2048, OpOptions(), torch.bfloat16, True),  # wide rows: one tile per program, direct atomics
+]
+
+
+@pytest.mark.parametrize("d,opts,dtype,has_z", OPTION_CASES)
+def test_invariance_for_every_option(d, opts, dtype, has_z):
+    pool = Pool(6 if d <= 256 else 3, d, seed=11, opts=opts, dtype=dtype, has_z=has_z)
+    check_invariance(pool, (1, 7, 63) if d <= 256 else (2, 7), seed=5)
+
+
+def reference_grads(x, z, w, dy, opts: OpOptions):
+    x64 = x.double().requires_grad_()
+    z64 = None if z is None else z.double().requires_grad_()
+    w64 = w.double().requires_grad_()
+    gated_rmsnorm_math(x64, z64, w64, opts, torch.float64).backward(dy.double())
+    return x64.grad, (None if z is None else z64.grad), w64.grad
+
+
+def check_accuracy(got: torch.Tensor, ref64: torch.Tensor, what: str) -> None:
+    """Against fp64 autograd: half-precision outputs within 1 ulp of the correctly rounded value,
+    at least 99.9% equal to it; fp32 outputs within 1e-5 relative (fp32 math)."""
+    if got.dtype == torch.float32:
+        rel = ((got.double() - ref64).abs().max() / ref64.abs().max()).item()
+        assert rel < 1e-5, f"{what}: relative error {rel:.3g}"
+        return
+    ulp = ulp_distance(got, round_once(ref64, got.dtype))
+    assert ulp.max().item() <= 1, f"{what}: max ulp {ulp.max().item()}"
+    exact = (ulp == 0).double().mean().item()
+    assert exact >= 0.999, f"{what}: correctly rounded on {exact:.5f}"
+
+
+@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32, torch.float16])
+@pytest.mark.parametrize("d,opts,dtype,has_z", OPTION_CASES[:-1])
+def test_gradients_against_fp64(d, opts, dtype, has_z, wdtype):
+    c = make_case(33, d, seed=11, dtype=dtype, weight_dtype=wdtype)
+    z = c.z if has_z else None
+    dx, dz, dw = bwd(c.x, z, c.w, c.dy, opts)
+    rx, rz, rw = reference_grads(c.x, z, c.w, c.dy, opts)
+    assert dx.dtype == dtype and dw.dtype == wdtype and (dz is None) == (z is None)
+    check_accuracy(dx, rx, "dx")
+    if z is not None:
+        assert dz.dtype == dtype
+        check_accuracy(dz, rz, "dz")
+    check_accuracy(dw, rw, "dweight")
+
+
+def test_accuracy_checker_catches_truncation():
+    c = make_case(64, 128, seed=11)
+    dx, _, _ = bwd(c.x, c.z, c.w, c.dy, OpOptions())
+    rx, _, _ = reference_grads(c.x, c.z, c.w, c.dy, OpOptions())
+    truncated = (rx.float().view(torch.int32) & -65536).view(torch.float32).bfloat16()  # toward zero
+    check_accuracy(dx, rx, "dx")
+    with pytest.raises(AssertionError, match="correctly rounded"):
+        check_accuracy(truncated, rx, "planted truncation")
+
+
+def test_row_strides_give_the_same_bits(pool):
+    n, d = 24, 128
+    xb = torch.zeros(n, 3 * d, dtype=torch.bfloat16)
+    zb = torch.zeros(n, 2 * d + 8, dtype=torch.bfloat16)
+    dyb = torch.zeros(2 * n, d, dtype=torch.bfloat16)
+    xb[:, d : 2 * d] = pool.x
+    zb[:, 8 : 8 + d] = pool.z
+    dyb[::2] = pool.dy
+    x, z, dy = xb[:, d : 2 * d], zb[:, 8 : 8 + d], dyb[::2]
+    assert x.stride(0) == 3 * d and z.stride(0) == 2 * d + 8 and dy.stride(0) == 2 * d
+    dx, dz, dw = bwd(x, z, pool.w32, dy, OpOptions())
+    assert_same_bits(dx, pool.dx, "dx strided")
+    assert_same_bits(dz, pool.dz, "dz strided")
+    assert_same_bits(dw, exact_sum(pool.contrib, torch.float32), "dweight strided")
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy NaNs
+def test_nan_and_inf_stay_in_their_row(pool):
+    x, z, dy = pool.x.clone(), pool.z.clone(), pool.dy.clone()
+    x[3, 5] = math.nan
+    dy[9, 0] = math.inf
+    z[15, 7] = -math.inf
+    dx, dz, dw = bwd(x, z, pool.w32, dy, OpOptions())
+    clean = [i for i in range(24) if i not in (3, 9, 15)]
+    assert_same_bits(dx[clean], pool.dx[clean], "dx of clean rows")
+    assert_same_bits(dz[clean], pool.dz[clean], "dz of clean rows")
+    assert torch.isnan(dx[3]).all() and not torch.isfinite(dx[9]).all()
+    assert torch.isnan(dw).any()
+
+
+def test_zero_rows_give_empty_grads_and_zero_dweight():
+    e = torch.zeros(0, 128, dtype=torch.bfloat16)
+    dx, dz, dw = rms_norm_gated_bwd(e, e, e, torch.ones(128), 1e-6, None, True, "silu")
+    assert dx.shape == (0, 128) and dz.shape == (0, 128)
+    assert dw.dtype == torch.float32 and not dw.view(torch.int32).any()
+
+
+def test_launch_shape_depends_on_width_only():
+    # the config takes no row count at all; the signature is the guarantee, pinned here
+    import inspect
+
+    assert list(inspect.signature(bwd_config).parameters) == ["d", "group"]
+    cfg = bwd_config(128, 128)
+    assert cfg["BLOCK_R"] * cfg["BLOCK_C"] <= 4096 and cfg["TILES"] >= 1
+
+
+def test_bad_options_are_named():
+    x = torch.zeros(2, 96, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="group_size"):
+        rms_norm_gated_bwd(x, x, x, torch.ones(96), 1e-6, 64, True, "silu")
+    with pytest.raises(ValueError, match="activation"):
+        rms_norm_gated_bwd(x, x, x, torch.ones(96), 1e-6, None, True, "swish")
+    big = torch.zeros(1, 16384, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="8192"):
+        rms_norm_gated_bwd(big, big, None, torch.ones(16384), 1e-6, None, True, "silu")
+
+
+def test_through_the_autograd_api(pool):
+    x = pool.x.clone().view(4, 6, 128).requires_grad_()
+    z = pool.z.clone().view(4, 6, 128).requires_grad_()
+    w = pool.w32.clone().requires_grad_()
+    rlnorm.rms_norm_gated(x, z, w).backward(pool.dy.view(4, 6, 128))
+    assert_same_bits(x.grad.view(24, 128), pool.dx, "x.grad")
+    assert_same_bits(z.grad.view(24, 128), pool.dz, "z.grad")
+    assert_same_bits(w.grad, exact_sum(pool.contrib, torch.float32), "weight.grad")
+    x0 = torch.zeros(0, 128, dtype=torch.bfloat16, requires_grad=True)
+    w0 = torch.ones(128, dtype=torch.bfloat16, requires_grad=True)
+    rlnorm.rms_norm_gated(x0, x0, w0).sum().backward()
+    assert w0.grad is not None and not w0.grad.view(torch.int16).any()
