@@ -91,7 +91,6 @@ def test_bf16_dweight_is_the_exact_sum_rounded_once(pool):
 
 
 def test_dweight_unchanged_by_permutation_zero_gradient_rows_and_repeats(pool):
-    idx = torch.arange(24)
     x, z, dy = pool.x, pool.z, pool.dy.clone()
     w = pool.w32.bfloat16()
     ref = rms_norm_gated_bwd(dy, x, z, w, 1e-6, None, True, "silu")
@@ -108,7 +107,7 @@ def test_dweight_unchanged_by_permutation_zero_gradient_rows_and_repeats(pool):
     assert_same_bits(padded[0][20:44], ref[0], "dx with zero-gradient rows around")
     assert (padded[0][:20] == 0).all() and (padded[0][44:] == 0).all(), "dy = 0 gives dx = 0 (either sign)"
     again = rms_norm_gated_bwd(dy, x, z, w, 1e-6, None, True, "silu")
-    for a, b, name in zip(again, ref, ("dx", "dz", "dweight")):
+    for a, b, name in zip(again, ref, ("dx", "dz", "dweight"), strict=True):
         assert_same_bits(a, b, f"{name} repeated")
 
 
