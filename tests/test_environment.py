@@ -1,0 +1,70 @@
+"""The environment block on this CPU machine, and the git helpers inside and outside a checkout."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+import rlnorm
+from rlnorm.environment import REPORT_LIBRARIES, collect_environment, git_commit, library_version, tracked_tree_dirty
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_cpu_environment_has_the_report_fields_and_the_new_ones() -> None:
+    env = collect_environment("cpu")
+    assert env["gpu"] == "cpu" and env["capability"] is None
+    assert env["cuda"] == torch.version.cuda
+    # the seed report's nine library names, in its order, then ours
+    assert list(env["libraries"])[: len(REPORT_LIBRARIES)] == list(REPORT_LIBRARIES)
+    assert env["libraries"]["torch"] == torch.__version__
+    assert env["libraries"]["vllm"] is None or isinstance(env["libraries"]["vllm"], str)
+    assert env["rlnorm"] == rlnorm.__version__
+    assert env["python"].count(".") == 2
+    assert env["device"] == "cpu" and env["torch_cuda_available"] == torch.cuda.is_available()
+    if not torch.cuda.is_available():
+        assert env["triton_interpret"] == "1"  # set by `import rlnorm`
+
+
+def test_library_version_reads_metadata_and_says_none_when_missing() -> None:
+    assert library_version("torch") == torch.__version__
+    assert library_version("no-such-distribution-rlnorm") is None
+
+
+def test_bad_device_is_rejected() -> None:
+    with pytest.raises(TypeError, match="device"):
+        collect_environment(3)  # type: ignore[arg-type]
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            collect_environment("cuda")
+
+
+def test_git_helpers_inside_and_outside_a_checkout(tmp_path: Path) -> None:
+    head = git_commit(REPO)
+    if head is not None:  # a source checkout
+        assert len(head) == 40 and all(c in "0123456789abcdef" for c in head)
+        assert tracked_tree_dirty(REPO) in (True, False)
+    assert git_commit(tmp_path) is None
+    assert tracked_tree_dirty(tmp_path) is None
+    assert git_commit(tmp_path / "missing") is None
+
+
+def test_dirty_flag_follows_tracked_files_only(tmp_path: Path) -> None:
+    def git(*args: str) -> None:
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    assert git_commit(tmp_path) is None  # no commit yet
+    (tmp_path / "a.txt").write_text("1")
+    git("add", "a.txt")
+    git("commit", "-q", "-m", "one")
+    assert tracked_tree_dirty(tmp_path) is False
+    (tmp_path / "untracked.txt").write_text("x")
+    assert tracked_tree_dirty(tmp_path) is False
+    (tmp_path / "a.txt").write_text("2")
+    assert tracked_tree_dirty(tmp_path) is True
