@@ -17,8 +17,9 @@
 # same when computed inside a batch and alone. This notebook opens that run, lists the differing
 # rows, and takes one of them apart:
 #
-# 1. the row recomputed **alone** and **inside the exact batch** it was compared in (rebuilt from
-#    the record, so no check is rerun),
+# 1. the row recomputed **inside the exact batch** the check used and **in what it was compared
+#    with** (the row alone; for `full_vs_sub_batches` the full batch), rebuilt from the record,
+#    so no check is rerun; plus the row alone in every case,
 # 2. which of its columns differ and by how many ulps (units in the last place of bf16),
 # 3. the row's normalisation statistic `rstd = 1/sqrt(mean(x^2) + eps)` in fp32 and fp64,
 # 4. the **correctly rounded** value (the fp64 result rounded once to bf16),
@@ -87,8 +88,9 @@ else:
 
 # %% [markdown]
 # ## One row, taken apart
-# The row is rebuilt from its record, then computed by the backend twice: alone (a batch of one)
-# and inside the very batch the check used. The paragraph says what differs and what follows.
+# The row's batch is rebuilt from its record and the backend computes the row inside that batch,
+# inside what the check compared it with (`compared_with`: alone, or the full batch), and alone.
+# The paragraph says what differs, by how much, and what follows; the table below it has the numbers.
 
 # %%
 explanation = None
@@ -110,9 +112,10 @@ if table is not None:
 
 # %% [markdown]
 # ## The columns that differ
-# `alone` and `in_batch` are the backend's two results for the same inputs `x`, `z`;
-# `correctly_rounded` is what an exact computation rounded once gives. The ulp columns count bf16
-# values in between: 0 means bitwise equal.
+# `in_batch` and `compared` are the backend's two results that the check compared, for the same
+# inputs `x`, `z`; `alone` is the row computed by itself; `correctly_rounded` is the exact result
+# rounded once to bf16. The ulp columns count bf16 values in between: 0 means bitwise equal.
+# `explanation.columns` holds all 128 columns.
 
 # %%
 if explanation is not None:
@@ -132,14 +135,17 @@ if explanation is not None:
 # ## How every other backend computes this row
 # For each backend: how many of the row's columns it gets correctly rounded alone, its largest ulp
 # distance to the correctly rounded value, whether it equals this backend's alone / in-batch result,
-# and (when run on the batch) whether it is itself batch invariant on this row.
+# and (when run on the batches too) whether it computes the row bitwise the same on both sides
+# of the comparison (`batch_equal_compared`): a backend that does is batch invariant on this row.
 
 # %%
 if explanation is not None:
     display(explanation.others)
 
 # %% [markdown]
-# ## Per column: in the batch vs alone, and each vs correctly rounded
+# ## Per column: the two compared sides, and each side vs correctly rounded
+# Top: ulp distance between the row in its batch and in what it was compared with (red = differs).
+# Bottom: each side's ulp distance to the correctly rounded value.
 
 # %%
 if explanation is not None:

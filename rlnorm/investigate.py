@@ -211,27 +211,36 @@ def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str
 # --------------------------------------------------------------------------------------------
 @dataclass
 class RebuiltRow:
-    """The exact batch that was compared, where the row sat in it, and the row alone."""
+    """Both sides of a recorded comparison: the row inside `batch` (the batch the record names) and
+    inside `other` (what it was compared with: the row alone, or the full batch for
+    full_vs_sub_batches), plus the row alone."""
 
     batch: Case
     position: int
+    other: Case
+    other_position: int
+    other_label: str
     alone: Case
     opts: OpOptions | None = None
 
 
 def rebuild(record: Mapping[str, Any]) -> RebuiltRow:
-    """`rlnorm.records.rebuild_case(record)` normalised to a RebuiltRow: the batch, the position, the row."""
+    """`rlnorm.records.rebuild_case(record)` as a RebuiltRow; `other` defaults to the row alone."""
     from rlnorm.records import rebuild_case
 
     got = rebuild_case(dict(record))
-    if isinstance(got, RebuiltRow):
-        return got
-    if isinstance(got, tuple):
-        batch, position, alone = got[:3]
-        return RebuiltRow(batch=batch, position=int(position), alone=alone)
-    batch = got.batch
-    alone = getattr(got, "alone", None) or getattr(got, "row_alone", None)
-    return RebuiltRow(batch=batch, position=int(got.position), alone=alone, opts=getattr(got, "opts", None))
+    other = getattr(got, "other", None)
+    if other is None:
+        return RebuiltRow(got.batch, int(got.position), got.alone, 0, "alone", got.alone, getattr(got, "opts", None))
+    return RebuiltRow(
+        batch=got.batch,
+        position=int(got.position),
+        other=other,
+        other_position=int(got.other_position),
+        other_label=str(getattr(got, "other_label", "other batch")),
+        alone=got.alone,
+        opts=getattr(got, "opts", None),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,7 +302,8 @@ class RowExplanation:
 
     @property
     def differing_columns(self) -> pd.DataFrame:
-        return self.columns[self.columns["ulp_batch_vs_alone"] != 0]
+        """The columns where the two compared sides differ."""
+        return self.columns[self.columns["ulp_batch_vs_compared"] != 0]
 
 
 def _as_record(record: Mapping[str, Any] | pd.Series) -> dict[str, Any]:
@@ -327,11 +337,13 @@ def explain_row(
     others_in_batch: bool | None = None,
     others_batch_max_rows: int = 1024,
 ) -> RowExplanation:
-    """Recompute one differing row alone and inside its original batch, and explain the difference.
+    """Recompute one differing row on both sides of its comparison and alone, and explain the difference.
 
+    The two sides are the row inside the batch the record names and inside what the check compared
+    it with (the row alone; the full batch for full_vs_sub_batches), both rebuilt from the record.
     `others`: backend keys (or import paths) to compare on the same row; default: every registered
-    backend. `others_in_batch`: also run the others on the whole batch (default: on a GPU, or on a
-    CPU when the batch has at most `others_batch_max_rows` rows; interpreted Triton is slow).
+    backend. `others_in_batch`: also run the others on both compared batches (default: on a GPU, or
+    on a CPU when those hold at most `others_batch_max_rows` rows; interpreted Triton is slow).
     """
     from rlnorm.backends import REGISTRY, describe_error, load_backend
 
@@ -342,29 +354,38 @@ def explain_row(
     device = device or _default_device()
     rb = rebuild(rec)
     opts = opts or rb.opts or OpOptions()
-    batch, alone, pos = rb.batch.to(device), rb.alone.to(device), rb.position
+    batch, other, alone = rb.batch.to(device), rb.other.to(device), rb.alone.to(device)
+    pos, opos, other_is_alone = rb.position, rb.other_position, rb.other_label == "alone"
     backend = load_backend(str(rec["backend"]))
     ok, why = backend.available(device)
     if not ok:
         raise ValueError(f"record: backend {rec['backend']!r} cannot run on {device}: {why}")
 
-    in_batch = compute_tensor(backend, batch, opts, tensor)[pos].detach().cpu()
-    by_itself = compute_tensor(backend, alone, opts, tensor)[0].detach().cpu()
+    def row_of(b: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(in batch, in the compared batch, alone) for one backend, on the CPU."""
+        in_b = compute_tensor(b, batch, opts, tensor)[pos].detach().cpu()
+        by_itself = compute_tensor(b, alone, opts, tensor)[0].detach().cpu()
+        compared = by_itself if other_is_alone else compute_tensor(b, other, opts, tensor)[opos].detach().cpu()
+        return in_b, compared, by_itself
+
+    in_batch, compared, by_itself = row_of(backend)
     exact = correctly_rounded(alone, opts, tensor)[0]
     d = exact.shape[0]
-    ulp_ba = ulp_distance(in_batch, by_itself)
-    ulp_a = ulp_distance(by_itself, exact)
-    ulp_b = ulp_distance(in_batch, exact)
+    ulp_bc = ulp_distance(in_batch, compared)
+    ulp_a, ulp_b, ulp_c = (ulp_distance(t, exact) for t in (by_itself, in_batch, compared))
     columns = pd.DataFrame(
         {
             "x": _row_values(alone.x[0]),
             "z": _row_values(alone.z[0]) if alone.z is not None else float("nan"),
-            "alone": _row_values(by_itself),
             "in_batch": _row_values(in_batch),
+            "compared": _row_values(compared),
+            "alone": _row_values(by_itself),
             "correctly_rounded": _row_values(exact),
-            "ulp_batch_vs_alone": ulp_ba.tolist(),
+            "ulp_batch_vs_compared": ulp_bc.tolist(),
+            "ulp_batch_vs_alone": ulp_distance(in_batch, by_itself).tolist(),
             "ulp_alone_vs_cr": ulp_a.tolist(),
             "ulp_batch_vs_cr": ulp_b.tolist(),
+            "ulp_compared_vs_cr": ulp_c.tolist(),
         }
     )
     columns.index.name = "col"
@@ -389,45 +410,46 @@ def explain_row(
     rstd.index.name = "group"
 
     # how every other backend computes this row
+    biggest = max(batch.x.shape[0], other.x.shape[0])
     if others_in_batch is None:
-        others_in_batch = device.startswith("cuda") or batch.x.shape[0] <= others_batch_max_rows
+        others_in_batch = device.startswith("cuda") or biggest <= others_batch_max_rows
     keys = [k for k in (list(REGISTRY) if others is None else list(others)) if k != rec["backend"]]
     other_rows = []
     for key in keys:
         row: dict[str, Any] = {"backend": key}
         try:
-            other = load_backend(key)
-            ok, why = other.available(device)
+            cand = load_backend(key)
+            ok, why = cand.available(device)
             if not ok:
                 row["status"] = f"unavailable: {why}"
                 other_rows.append(row)
                 continue
-            if tensor != "y" and not other.has_backward:
+            if tensor != "y" and not cand.has_backward:
                 row["status"] = "no backward"
                 other_rows.append(row)
                 continue
-            o_alone = compute_tensor(other, alone, opts, tensor)[0].detach().cpu()
+            o_alone = compute_tensor(cand, alone, opts, tensor)[0].detach().cpu()
             row["status"] = "ran"
             row["alone_correctly_rounded_cols"] = int((ulp_distance(o_alone, exact) == 0).sum())
             row["alone_max_ulp_vs_cr"] = int(ulp_distance(o_alone, exact).max())
             row["equal_to_this_alone"] = bool(torch.equal(o_alone, by_itself))
             row["equal_to_this_in_batch"] = bool(torch.equal(o_alone, in_batch))
             if others_in_batch:
-                o_batch = compute_tensor(other, batch, opts, tensor)[pos].detach().cpu()
-                row["batch_equal_alone"] = bool(torch.equal(o_batch, o_alone))
-                row["batch_max_ulp_vs_alone"] = int(ulp_distance(o_batch, o_alone).max())
+                o_batch, o_comp, _ = row_of(cand)
+                row["batch_equal_compared"] = bool(torch.equal(o_batch, o_comp))
+                row["batch_max_ulp_vs_compared"] = int(ulp_distance(o_batch, o_comp).max())
         except Exception as exc:
             row["status"] = f"error: {describe_error(exc)}"
         other_rows.append(row)
     others_df = pd.DataFrame(other_rows)
     if not others_in_batch:
         notes.append(
-            f"other backends were run on the row alone only (batch of {batch.x.shape[0]} rows on {device}; "
-            "pass others_in_batch=True to run them on the whole batch)"
+            f"other backends were run on the row alone only (batches of up to {biggest} rows on {device}; "
+            "pass others_in_batch=True to run them on the compared batches too)"
         )
 
-    n_diff = int((ulp_ba != 0).sum())
-    max_ulp = int(ulp_ba.max())
+    n_diff = int((ulp_bc != 0).sum())
+    diff_cols = ulp_bc != 0
     summary = {
         "backend": rec["backend"],
         "check": rec["check"],
@@ -437,15 +459,21 @@ def explain_row(
         "tensor": tensor,
         "batch_rows": int(batch.x.shape[0]),
         "position": pos,
+        "compared_with": rb.other_label,
+        "compared_rows": int(other.x.shape[0]),
+        "compared_position": opos,
         "device": device,
         "columns": d,
         "cols_differ": n_diff,
-        "max_ulp": max_ulp,
+        "max_ulp": int(ulp_bc.max()),
         "recorded_cols_differ": rec.get("cols_differ"),
         "recorded_max_ulp": rec.get("max_ulp"),
         "reproduced": n_diff > 0,
+        # of the differing columns, how many are larger in magnitude inside the batch
+        "cols_larger_in_batch": int((in_batch.abs() > compared.abs())[diff_cols].sum()),
         "alone_correctly_rounded_cols": int((ulp_a == 0).sum()),
         "in_batch_correctly_rounded_cols": int((ulp_b == 0).sum()),
+        "compared_correctly_rounded_cols": int((ulp_c == 0).sum()),
     }
     return RowExplanation(summary, columns, rstd, others_df, _explain_text(summary, rstd, others_df), notes)
 
@@ -456,58 +484,80 @@ def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame
         f"row {s['row']} ({s['check']}, case {s['case']}, seed {s['seed']}) at position {s['position']} "
         f"of a batch of {s['batch_rows']} rows"
     )
+    vs = (
+        "alone"
+        if s["compared_with"] == "alone"
+        else (f"inside the {s['compared_with']} ({s['compared_rows']} rows, position {s['compared_position']})")
+    )
+    recorded = f"{s['recorded_cols_differ']} columns, {s['recorded_max_ulp']} ulp"
     if not s["reproduced"]:
         return (
-            f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same alone and "
-            f"in the batch: the recorded difference ({s['recorded_cols_differ']} columns, {s['recorded_max_ulp']} ulp) "
-            "does not reproduce here, so it depends on the device or launch configuration the run used."
+            f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same as "
+            f"{vs}: the recorded difference ({recorded}) does not reproduce here, so it depends on the "
+            "device or the launch configuration the run used."
         )
     lines = [
         f"{s['backend']}'s {s['tensor']} for {where} differs in {s['cols_differ']} of {s['columns']} columns "
-        f"by at most {s['max_ulp']} ulp between the row computed alone and inside the batch "
-        f"(recorded: {s['recorded_cols_differ']} columns, {s['recorded_max_ulp']} ulp).",
+        f"by at most {s['max_ulp']} ulp from the same row computed {vs} (recorded: {recorded}).",
         f"The row's inputs are bitwise the same both ways, so the difference comes from how {s['backend']} "
         "computes a batch (launch configuration, reduction order, or a dependence on batch size or position), "
         "not from the data.",
-        f"Alone, {s['alone_correctly_rounded_cols']}/{s['columns']} columns equal the correctly rounded value "
-        f"(fp64 rounded once); in the batch, {s['in_batch_correctly_rounded_cols']}/{s['columns']}.",
     ]
+    if s["cols_differ"] > 1 and s["cols_larger_in_batch"] in (0, s["cols_differ"]):
+        way = "larger" if s["cols_larger_in_batch"] else "smaller"
+        lines.append(
+            f"Every differing column is {way} in magnitude in the batch: a shift of the whole row's scale "
+            "(its rstd or a final multiply), not independent rounding noise per column."
+        )
+    lines.append(
+        f"Correctly rounded (fp64, rounded once) columns: {s['alone_correctly_rounded_cols']}/{s['columns']} alone, "
+        f"{s['in_batch_correctly_rounded_cols']}/{s['columns']} in the batch"
+        + ("." if s["compared_with"] == "alone" else f", {s['compared_correctly_rounded_cols']}/{s['columns']} {vs}.")
+    )
     if "backend_same_both_ways" in rstd:
         same = bool(rstd["backend_same_both_ways"].all())
         lines.append(
             f"The backend's own rstd is {'the same' if same else 'DIFFERENT'} alone and in the batch"
             + (": the difference comes after the row statistic." if same else ": the row statistic itself moved.")
         )
-    ran = others[others.get("status", pd.Series(dtype=str)) == "ran"] if not others.empty else others
+    ran = others[others["status"] == "ran"] if "status" in others else others.iloc[0:0]
     if not ran.empty:
         cr = ran[ran["alone_max_ulp_vs_cr"] == 0]["backend"].tolist()
         lines.append(
             f"Of the other backends that ran, {len(cr)}/{len(ran)} give the correctly rounded row alone"
             + (f" ({', '.join(cr)})." if cr else ".")
         )
+        if "batch_equal_compared" in ran:
+            inv = ran[ran["batch_equal_compared"] == True]["backend"].tolist()  # noqa: E712 (NaN-safe)
+            lines.append(f"{len(inv)}/{len(ran)} compute this row bitwise the same in both batches.")
     return " ".join(lines)
 
 
 def plot_row(expl: RowExplanation):
-    """Per column: ulp distance in batch vs alone (top) and each one's distance to correctly rounded (bottom)."""
+    """Per column: ulp distance between the two compared sides (top) and each side's distance to
+    the correctly rounded value (bottom)."""
     import matplotlib.pyplot as plt
     import numpy as np
 
     c = expl.columns
+    s = expl.summary
     cols = np.asarray(c.index)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.8), sharex=True)
-    ba = c["ulp_batch_vs_alone"].to_numpy()
-    ax1.bar(cols, ba, color=np.where(ba != 0, "#e53935", "#9e9e9e"), width=0.9)
-    ax1.set_ylabel("ulp, batch vs alone")
-    s = expl.summary
+    diff = c["ulp_batch_vs_compared"].to_numpy()
+    ax1.bar(cols, diff, color=np.where(diff != 0, "#e53935", "#9e9e9e"), width=0.9)
+    ax1.set_ylabel(f"ulp, batch vs {s['compared_with']}", fontsize=8)
     ax1.set_title(
         f"{s['backend']} {s['tensor']}, row {s['row']} ({s['check']} {s['case']}): "
         f"{s['cols_differ']}/{s['columns']} columns differ, max {s['max_ulp']} ulp",
         fontsize=10,
     )
-    ax2.bar(cols - 0.2, c["ulp_alone_vs_cr"], width=0.4, label="alone", color="#1e88e5")
-    ax2.bar(cols + 0.2, c["ulp_batch_vs_cr"], width=0.4, label="in batch", color="#fb8c00")
-    ax2.set_ylabel("ulp vs correctly rounded")
+    sides = [("alone", "ulp_alone_vs_cr", "#1e88e5"), ("in batch", "ulp_batch_vs_cr", "#fb8c00")]
+    if s["compared_with"] != "alone":
+        sides.append((s["compared_with"], "ulp_compared_vs_cr", "#8e24aa"))
+    width = 0.8 / len(sides)
+    for i, (label, col, colour) in enumerate(sides):
+        ax2.bar(cols + (i - (len(sides) - 1) / 2) * width, c[col], width=width, label=label, color=colour)
+    ax2.set_ylabel("ulp vs correctly rounded", fontsize=8)
     ax2.set_xlabel("column")
     ax2.legend(fontsize=8)
     for ax in (ax1, ax2):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -24,7 +25,7 @@ from rlnorm.investigate import (
     plot_row,
     rstd_from_x,
 )
-from rlnorm.numerics import round_once, ulp_distance
+from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 
@@ -70,85 +71,45 @@ def _rebuild_spec(rows: int, seed: int, row: int, opts: OpOptions, tensor: str) 
     )
 
 
-def _all_rows_records(backend, key: str, rows: int, seed: int, opts: OpOptions) -> tuple[dict, list[dict]]:
-    """A minimal all_rows check: each row alone vs inside the whole case, bitwise, y/dx/dz."""
-    case = make_case(rows, 128, seed)
-    full = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
-    records, fwd, grad = [], set(), set()
-    for r in range(rows):
-        one = case.rows([r])
-        alone = backend.forward_backward(one.x, one.z, one.w, one.dy, opts)
-        for tensor in ("y", "dx", "dz"):
-            a, b = getattr(alone, tensor)[0], getattr(full, tensor)[r]
-            ulp = ulp_distance(b, a)
-            if int((ulp != 0).sum()) == 0:
-                continue
-            (fwd if tensor == "y" else grad).add(r)
-            records.append(
-                {
-                    "backend": key,
-                    "check": "all_rows",
-                    "seed": seed,
-                    "case": f"n={rows}",
-                    "batch_start": 0,
-                    "batch_size": rows,
-                    "position": r,
-                    "row": r,
-                    "tensor": tensor,
-                    "cols_differ": int((ulp != 0).sum()),
-                    "max_abs": float((a.double() - b.double()).abs().max()),
-                    "max_ulp": int(ulp.max()),
-                    "rebuild": _rebuild_spec(rows, seed, r, opts, tensor),
-                }
-            )
-    summary = {str(rows): {"rows": rows, "fwd_differ": len(fwd), "rowgrad_differ": len(grad)}}
-    return summary, records
+TINY_PARAMS = """\
+name: tiny
+device: cpu
+progress: false
+backends: [reference]
+custom_backends: ["rlnorm.faults:BatchSizeDependentOutput", "rlnorm.faults:PositionDependentOutput"]
+checks: [all_rows, full_vs_sub_batches, batch_size_sweep]
+all_rows_sizes: [7]
+all_rows_seeds: [3]
+sub_batches_rows: 15
+sub_batch_sizes: [1, 7]
+sub_batches_seeds: [3]
+sweep_n: 17
+sweep_sizes: [1, 2, 9]
+sweep_probe_rows: [0, 16]
+sweep_seeds: [3]
+timing: false
+"""
+BATCH_FAULT = "rlnorm.faults:BatchSizeDependentOutput"
+POSITION_FAULT = "rlnorm.faults:PositionDependentOutput"
 
 
-def write_tiny_run(folder: Path, faulty_spec: str = FAULTY_SPEC) -> Path:
-    """A run folder holding an artifact and records: `reference` (clean) and a planted faulty backend.
-
-    Built from the artifact and records modules directly, with a one-size all_rows check, so the
-    investigate tests need neither the full checks nor the runner.
-    """
-    from rlnorm.artifact import build_artifact, write_artifact
-    from rlnorm.backends import load_backend
-    from rlnorm.environment import collect_environment
-    from rlnorm.records import records_frame, write_records
-
-    opts = OpOptions()
-    results, all_records = {}, []
-    for key in ("reference", faulty_spec):
-        backend = load_backend(key)
-        summary, recs = _all_rows_records(backend, key, TINY_ROWS, TINY_SEED, opts)
-        all_records += recs
-        invariant = all(v["fwd_differ"] == 0 and v["rowgrad_differ"] == 0 for v in summary.values())
-        results[key] = {
-            "source": backend.source,
-            "backward": "full",
-            "status": "ran",
-            "skip_reason": None,
-            "batch_invariance": {"all_rows": summary, "batch_invariant": invariant},
-            "accuracy_latency": None,
-            "contract_gates": None,
-            "errors": {},
-        }
-    folder.mkdir(parents=True, exist_ok=True)
-    write_records(records_frame(all_records), folder / "records.csv")
-    params = {"name": folder.name, **opts.as_dict(), "backends": ["reference"], "custom_backends": [faulty_spec]}
-    doc = build_artifact(
-        params=params,
-        environment=collect_environment("cpu"),
-        results=results,
-        agreement=None,
-        records_path="records.csv",
-        plots=None,
-        quick=True,
-        checks=["all_rows"],
-        commit=None,
-        dirty=None,
-    )
-    return write_artifact(doc, folder / "rms_norm_gated_reuse_check.json")
+def tiny_run_folder(factory: pytest.TempPathFactory) -> Path:
+    """A real run (`python -m rlnorm run`) of `reference` and two planted faulty backends at tiny
+    sizes, made once per test session and shared by the unit and notebook tests (~15 s of CPU)."""
+    base = factory.getbasetemp() / "tiny_runs"
+    folder = base / "tiny"
+    if not (folder / "rms_norm_gated_reuse_check.json").is_file():
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "tiny.yaml").write_text(TINY_PARAMS)
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlnorm", "run", str(base / "tiny.yaml"), "--outputs", str(base), "--no-progress"],
+            cwd=Path(__file__).resolve().parent.parent,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, f"tiny run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return folder
 
 
 def install_faulty_module(folder: Path) -> Path:
@@ -167,10 +128,8 @@ def faulty_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory, faulty_module_dir: Path) -> Path:
-    folder = tmp_path_factory.mktemp("outputs") / "tiny"
-    write_tiny_run(folder)
-    return folder
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_run_folder(tmp_path_factory)
 
 
 def test_locate_run_finds_artifact_and_records(tiny_run: Path) -> None:
@@ -192,17 +151,21 @@ def test_locate_run_rejects_bad_sources(tmp_path: Path) -> None:
         locate_run(tmp_path / "x.json")
     with pytest.raises(TypeError, match="source"):
         locate_run(3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no run folder"):
+        latest_run(tmp_path)
 
 
-def test_differing_rows_default_picks_the_faulty_backend(tiny_run: Path) -> None:
+def test_differing_rows_default_picks_the_first_faulty_backend(tiny_run: Path) -> None:
     run = load_run(tiny_run)
-    assert run.ran_backends == ["reference", FAULTY_SPEC]
+    assert run.ran_backends == ["reference", BATCH_FAULT, POSITION_FAULT]
     summary = failing_summary(run.records)
-    assert set(summary["backend"]) == {FAULTY_SPEC}  # the clean reference has no differing rows
+    assert set(summary["backend"]) == {BATCH_FAULT, POSITION_FAULT}  # the clean reference has none
     table = differing_rows(run.records)
-    assert table.attrs == {"backend": FAULTY_SPEC, "check": "all_rows"}
+    assert table.attrs == {"backend": BATCH_FAULT, "check": "all_rows"}
     assert len(table) > 0 and (table["max_ulp"] >= 1).all()
     assert table["tensor"].iloc[0] == "y"
+    chosen = differing_rows(run.records, POSITION_FAULT, "batch_size_sweep")
+    assert set(chosen["backend"]) == {POSITION_FAULT} and set(chosen["check"]) == {"batch_size_sweep"}
 
 
 def test_differing_rows_names_what_exists_on_a_bad_choice(tiny_run: Path) -> None:
@@ -210,45 +173,67 @@ def test_differing_rows_names_what_exists_on_a_bad_choice(tiny_run: Path) -> Non
     with pytest.raises(ValueError, match="backend: 'reference' has no differing rows"):
         differing_rows(run.records, backend="reference")
     with pytest.raises(ValueError, match="checks with some"):
-        differing_rows(run.records, check="batch_size_sweep")
+        differing_rows(run.records, check="dweight_repeatable")
     with pytest.raises(ValueError, match="no differing rows"):
         pick_failing(run.records.iloc[0:0])
 
 
-def test_explain_row_reproduces_the_planted_difference(tiny_run: Path) -> None:
+def test_explain_row_reproduces_a_batch_size_fault(tiny_run: Path) -> None:
     run = load_run(tiny_run)
     table = differing_rows(run.records)
     record = table.iloc[0]
     expl = explain_row(record, opts=run.opts, others=run.ran_backends, device="cpu")
     s = expl.summary
+    assert s["compared_with"] == "alone"
     assert s["reproduced"] and s["cols_differ"] == int(record["cols_differ"]) and s["max_ulp"] >= 1
     assert s["max_ulp"] == int(record["max_ulp"])
     # the differing columns are exactly those with a nonzero ulp distance, and there are cols_differ of them
     assert len(expl.differing_columns) == s["cols_differ"]
-    assert (expl.differing_columns["ulp_batch_vs_alone"] > 0).all()
-    # the correctly rounded value is fp64 rounded once
-    case = make_case(TINY_ROWS, 128, TINY_SEED).rows([int(record["row"])])
+    assert (expl.differing_columns["ulp_batch_vs_compared"] > 0).all()
+    # the correctly rounded value is fp64 rounded once; the fault's row alone is correctly rounded
+    case = make_case(7, 128, 3).rows([int(record["row"])])
     exact = round_once(gated_rmsnorm_math(case.x, case.z, case.w, OpOptions(), torch.float64), torch.bfloat16)[0]
     assert expl.columns["correctly_rounded"].tolist() == exact.double().tolist()
+    assert s["alone_correctly_rounded_cols"] == 128 and s["in_batch_correctly_rounded_cols"] < 128
     # the clean reference is among the others, ran, and is batch invariant on this row
-    ref = expl.others.set_index("backend").loc["reference"]
-    assert ref["status"] == "ran" and bool(ref["batch_equal_alone"])
-    assert ref["alone_correctly_rounded_cols"] >= 120
-    assert "differs in" in expl.text and f"{s['cols_differ']} of 128 columns" in expl.text
+    others = expl.others.set_index("backend")
+    assert others.loc["reference", "status"] == "ran" and bool(others.loc["reference", "batch_equal_compared"])
+    assert not bool(others.loc["reference", "equal_to_this_in_batch"])
+    assert f"differs in {s['cols_differ']} of 128 columns" in expl.text and "computed alone" in expl.text
     assert "does not expose its own rstd" in " ".join(expl.notes)
-    fig = plot_row(expl)
-    assert len(fig.axes) == 2
+    assert len(plot_row(expl).axes) == 2
 
 
-def test_explain_row_for_a_gradient_record(tiny_run: Path) -> None:
+def test_explain_row_compares_full_vs_sub_batch_with_the_full_batch(tiny_run: Path) -> None:
     run = load_run(tiny_run)
-    table = differing_rows(run.records)
-    grad = table[table["tensor"] == "dx"]
-    assert not grad.empty
-    expl = explain_row(grad.iloc[0], opts=run.opts, others=["reference"], device="cpu")
+    table = differing_rows(run.records, BATCH_FAULT, "full_vs_sub_batches")
+    single = table[table["batch_size"] == 1]
+    assert not single.empty  # a sub-batch of one row differs from the full batch: the fault is batch size
+    expl = explain_row(single.iloc[0], opts=run.opts, others=["reference"], device="cpu")
+    s = expl.summary
+    assert s["compared_with"] == "full batch" and s["compared_rows"] == 15 and s["batch_rows"] == 1
+    assert s["reproduced"] and s["cols_differ"] == int(single.iloc[0]["cols_differ"])
+    assert "inside the full batch (15 rows" in expl.text
+
+
+def test_explain_row_for_a_gradient_record(faulty_module_dir: Path) -> None:
+    # a hand-made record of the scaling fault's dx, all_rows of 7 rows, row 2
+    record = {
+        "backend": FAULTY_SPEC,
+        "check": "all_rows",
+        "seed": 3,
+        "case": "n=7",
+        "row": 2,
+        "tensor": "dx",
+        "rebuild": _rebuild_spec(7, 3, 2, OpOptions(), "dx"),
+    }
+    expl = explain_row(record, others=["reference"], device="cpu")
     assert expl.summary["tensor"] == "dx" and expl.summary["reproduced"]
     # the reference's dx alone is within a few ulps of the fp64-autograd value rounded once
     assert expl.others.set_index("backend").loc["reference", "alone_max_ulp_vs_cr"] <= 4
+    # a whole-row scale fault moves every differing column the same way, and the text says so
+    assert expl.summary["cols_larger_in_batch"] in (0, expl.summary["cols_differ"])
+    assert "shift of the whole row's scale" in expl.text
 
 
 def test_explain_row_rejects_records_without_a_row(tiny_run: Path) -> None:

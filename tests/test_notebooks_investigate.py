@@ -7,7 +7,6 @@ real differing rows; compare_runs lays the seed B200 report beside an artifact w
 from __future__ import annotations
 
 import copy
-import os
 import re
 from pathlib import Path
 
@@ -16,8 +15,8 @@ import nbformat
 import papermill
 import pytest
 
-# the tiny run with a planted faulty backend is built as in the unit tests
-from test_investigate import FAULTY_SPEC, install_faulty_module, write_tiny_run
+# the tiny run with planted faulty backends, shared with the unit tests (one real run per session)
+from test_investigate import BATCH_FAULT, POSITION_FAULT, tiny_run_folder
 
 from rlnorm.artifact import read_artifact, write_artifact
 from rlnorm.investigate import differing_rows, load_run
@@ -29,36 +28,19 @@ SEED = Path(__file__).parent / "data" / "rms_norm_gated_b200.json"
 
 
 @pytest.fixture(scope="module")
-def faulty_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_faulty_module(tmp_path_factory.mktemp("faults"))
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_run_folder(tmp_path_factory)
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory, faulty_module_dir: Path) -> Path:
-    folder = tmp_path_factory.mktemp("outputs") / "tiny"
-    write_tiny_run(folder)
-    return folder
-
-
-def execute(name: str, workdir: Path, parameters: dict, env_path: Path | None = None) -> nbformat.NotebookNode:
+def execute(name: str, workdir: Path, parameters: dict) -> nbformat.NotebookNode:
     """jupytext the percent source into an .ipynb in workdir, run it with papermill, return the result."""
     nb = jupytext.read(NOTEBOOKS / f"{name}.py")
     src = workdir / f"{name}.ipynb"
     out = workdir / f"{name}.out.ipynb"
     jupytext.write(nb, src)
-    old = os.environ.get("PYTHONPATH")
-    if env_path is not None:  # the kernel is a child process: it imports the planted backend from here
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(env_path), old) if p)
-    try:
-        papermill.execute_notebook(
-            str(src), str(out), parameters=parameters, kernel_name="python3", cwd=str(workdir), progress_bar=False
-        )
-    finally:
-        if env_path is not None:
-            if old is None:
-                os.environ.pop("PYTHONPATH", None)
-            else:
-                os.environ["PYTHONPATH"] = old
+    papermill.execute_notebook(
+        str(src), str(out), parameters=parameters, kernel_name="python3", cwd=str(workdir), progress_bar=False
+    )
     return nbformat.read(out, as_version=4)
 
 
@@ -80,39 +62,37 @@ def images(nb: nbformat.NotebookNode) -> int:
     return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
 
 
-def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Path, faulty_module_dir: Path) -> None:
-    workdir = tiny_run.parent.parent / "nb_investigate"
-    workdir.mkdir(exist_ok=True)
-    nb = execute("investigate_rows", workdir, {"run": str(tiny_run), "device": "cpu"}, faulty_module_dir)
+def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Path, tmp_path: Path) -> None:
+    nb = execute("investigate_rows", tmp_path, {"run": str(tiny_run), "device": "cpu"})
     shown = "\n".join(texts(nb))
-    # the differing-rows table of the planted backend, picked by default
-    assert f"**{FAULTY_SPEC}**, check **all_rows**" in shown
-    # the explanation of row 0: columns differ by a nonzero number of ulps, reproduced here
-    m = re.search(r"differs in (\d+) of 128 columns by at most (\d+) ulp", shown)
+    # the differing-rows table of the first planted backend, picked by default
+    assert f"**{BATCH_FAULT}**, check **all_rows**" in shown
+    # the explanation of its first row: columns differ by a nonzero number of ulps, reproduced here
+    m = re.search(r"differs in (\d+) of 128 columns by at most (\d+) ulp from the same row computed alone", shown)
     assert m and int(m.group(1)) > 0 and int(m.group(2)) >= 1
-    assert "Alone, 128/128 columns equal the correctly rounded value" in shown
+    assert "128/128 alone" in shown  # the fault's row alone is correctly rounded, in the batch it is not
     # the differing-columns table carries the correctly rounded value and the ulp columns
-    assert "correctly_rounded" in shown and "ulp_batch_vs_alone" in shown
-    # rstd both ways, and the other backend (the clean reference) compared on the same row
+    assert "correctly_rounded" in shown and "ulp_batch_vs_compared" in shown
+    # rstd both ways, and the other backends compared on the same row
     assert "fp64_from_x" in shown and "fp32_from_x" in shown
-    assert "reference" in shown and "batch_equal_alone" in shown
+    assert "reference" in shown and POSITION_FAULT in shown and "batch_equal_compared" in shown
     assert images(nb) == 1  # the per-column plot
 
 
-def test_investigate_rows_notebook_with_an_explicit_row_and_gradient(tiny_run: Path, faulty_module_dir: Path) -> None:
-    workdir = tiny_run.parent.parent / "nb_investigate_dz"
-    workdir.mkdir(exist_ok=True)
-    table = differing_rows(load_run(tiny_run).records)
-    index = int(table.index[table["tensor"] == "dz"][1])  # the second row's dz record
-    row = int(table.loc[index, "row"])
-    nb = execute(
-        "investigate_rows",
-        workdir,
-        {"run": str(tiny_run / "rms_norm_gated_reuse_check.json"), "row_index": index, "others": ["reference"]},
-        faulty_module_dir,
-    )
-    shown = "\n".join(texts(nb))
-    assert f"'s dz for row {row} (all_rows, case n=7, seed 3)" in shown
+def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: Path, tmp_path: Path) -> None:
+    table = differing_rows(load_run(tiny_run).records, POSITION_FAULT, "batch_size_sweep")
+    index = len(table) - 1
+    row, case = int(table.loc[index, "row"]), str(table.loc[index, "case"])
+    params = {
+        "run": str(tiny_run / "rms_norm_gated_reuse_check.json"),
+        "backend": POSITION_FAULT,
+        "check": "batch_size_sweep",
+        "row_index": index,
+        "others": ["reference"],
+    }
+    shown = "\n".join(texts(execute("investigate_rows", tmp_path, params)))
+    assert f"**{POSITION_FAULT}**, check **batch_size_sweep**" in shown
+    assert f"'s y for row {row} (batch_size_sweep, case {case}, seed 3)" in shown
 
 
 def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:
