@@ -153,3 +153,17 @@ def _round_fp32_to_out(v, OUT_DTYPE: tl.constexpr):
 def _round_fp64_to_out(v, OUT_DTYPE: tl.constexpr):
     """fp64 `v` rounded ONCE to nearest even, as an OUT_DTYPE tensor ready to store."""
     return _exact_cast(_round_once_from_fp64(v, OUT_DTYPE), OUT_DTYPE)
+
+
+@triton.jit
+def _widen_to_fp32(v):
+    """A loaded bf16/fp16/fp32 tensor as fp32, exactly.
+
+    bf16 goes through the bits (bf16 is the top half of fp32): the interpreter's bf16 -> fp32
+    conversion mangles subnormals. On the GPU this is the same shift the native conversion does.
+    """
+    if v.dtype == tl.bfloat16:
+        out = (v.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    else:
+        out = v.to(tl.float32)
+    return out

@@ -1,0 +1,163 @@
+"""Public API of the rlnorm kernel: validation, autograd, functional and module forms (issue 5).
+
+Nothing here falls back to another implementation: an input the kernel cannot take raises a
+ValueError/TypeError that names the argument.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+from rlnorm.kernel._fwd import MAX_D, rms_norm_gated_fwd
+from rlnorm.options import OpOptions
+
+FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_float(name: str, t: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32, got {t.dtype}")
+
+
+def _validate(x: torch.Tensor, z: torch.Tensor | None, weight: torch.Tensor, opts: OpOptions) -> None:
+    """Raise ValueError/TypeError naming the offending argument; return silently if the kernel can run."""
+    _check_float("x", x)
+    _check_float("weight", weight)
+    if x.dim() < 1:
+        raise ValueError("x: expected at least 1 dimension [..., D], got a 0-d tensor")
+    if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"x: expected a CUDA tensor (CPU tensors need TRITON_INTERPRET=1), got device {x.device}")
+    d = x.shape[-1]
+    if d == 0:
+        raise ValueError("x: last dimension D must be > 0")
+    if d > MAX_D:
+        raise ValueError(f"x: last dimension {d} exceeds the kernel's limit of {MAX_D}")
+    if x.stride(-1) != 1 and d > 1:
+        raise ValueError(f"x: last dimension must be contiguous (stride 1), got stride {x.stride(-1)}")
+    if weight.dim() != 1 or weight.shape[0] != d:
+        raise ValueError(f"weight: expected shape [{d}] (x's last dimension), got {tuple(weight.shape)}")
+    if weight.device != x.device:
+        raise ValueError(f"weight: expected device {x.device} like x, got {weight.device}")
+    if z is not None:
+        _check_float("z", z)
+        if z.shape != x.shape:
+            raise ValueError(f"z: expected shape {tuple(x.shape)} like x, got {tuple(z.shape)}")
+        if z.dtype != x.dtype:
+            raise TypeError(f"z: expected dtype {x.dtype} like x, got {z.dtype}")
+        if z.device != x.device:
+            raise ValueError(f"z: expected device {x.device} like x, got {z.device}")
+        if z.stride(-1) != 1 and d > 1:
+            raise ValueError(f"z: last dimension must be contiguous (stride 1), got stride {z.stride(-1)}")
+    opts.check_width(d)
+
+
+def _as_rows(t: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> [rows, D] without copying where a view exists (row stride kept, last dim contiguous)."""
+    if t.dim() == 2:
+        return t
+    try:
+        return t.view(-1, t.shape[-1])
+    except RuntimeError:
+        return t.reshape(-1, t.shape[-1])  # leading dims not viewable: one copy, same values
+
+
+class _RMSNormGatedFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, z, weight, opts: OpOptions):  # type: ignore[override]
+        shape = x.shape
+        x2 = _as_rows(x)
+        z2 = None if z is None else _as_rows(z)
+        y = rms_norm_gated_fwd(x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation)
+        ctx.save_for_backward(x2, z2, weight)
+        ctx.opts = opts
+        ctx.shape = shape
+        ctx.has_z = z is not None
+        return y.view(shape)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x2, z2, weight = ctx.saved_tensors
+        opts: OpOptions = ctx.opts
+        d = x2.shape[-1]
+        dy2 = _as_rows(dy)
+        if dy2.stride(-1) != 1:
+            dy2 = dy2.contiguous()
+        if x2.shape[0] == 0:
+            dx = torch.zeros(ctx.shape, dtype=x2.dtype, device=x2.device)
+            dz = torch.zeros(ctx.shape, dtype=x2.dtype, device=x2.device) if ctx.has_z else None
+            return dx, dz, torch.zeros(d, dtype=weight.dtype, device=weight.device), None
+        # imported here so the forward works on its own (the backward lives in its own module)
+        from rlnorm.kernel._bwd import rms_norm_gated_bwd
+
+        dx, dz, dw = rms_norm_gated_bwd(
+            dy2, x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation
+        )
+        return dx.view(ctx.shape), (None if dz is None else dz.view(ctx.shape)), dw, None
+
+
+def rms_norm_gated(
+    x: torch.Tensor,
+    z: torch.Tensor | None,
+    weight: torch.Tensor,
+    *,
+    eps: float = 1e-6,
+    group_size: int | None = None,
+    norm_before_gate: bool = True,
+    activation: str = "silu",
+) -> torch.Tensor:
+    """Gated RMSNorm, batch invariant and correctly rounded; differentiable in x, z and weight.
+
+    x, z: [..., D] (same shape and dtype; bf16/fp16/fp32; last dim contiguous, any row stride);
+    weight: [D] (bf16/fp16/fp32; dweight comes back in its dtype). z=None gives plain RMSNorm.
+    """
+    opts = OpOptions(eps=eps, group_size=group_size, norm_before_gate=norm_before_gate, activation=activation)
+    _validate(x, z, weight, opts)
+    return _RMSNormGatedFunction.apply(x, z, weight, opts)
+
+
+class RMSNormGated(nn.Module):
+    """nn.Module form: weight [hidden_size] initialised to ones (not zero-centred)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        group_size: int | None = None,
+        norm_before_gate: bool = True,
+        activation: str = "silu",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        super().__init__()
+        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size <= 0:
+            raise ValueError(f"hidden_size: expected a positive int, got {hidden_size!r}")
+        if hidden_size > MAX_D:
+            raise ValueError(f"hidden_size: {hidden_size} exceeds the kernel's limit of {MAX_D}")
+        self.opts = OpOptions(eps=eps, group_size=group_size, norm_before_gate=norm_before_gate, activation=activation)
+        self.opts.check_width(hidden_size)
+        self.hidden_size = hidden_size
+        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        o = self.opts
+        return rms_norm_gated(
+            x,
+            z,
+            self.weight,
+            eps=o.eps,
+            group_size=o.group_size,
+            norm_before_gate=o.norm_before_gate,
+            activation=o.activation,
+        )
+
+    def extra_repr(self) -> str:
+        o = self.opts
+        return (
+            f"{self.hidden_size}, eps={o.eps}, group_size={o.group_size}, "
+            f"norm_before_gate={o.norm_before_gate}, activation={o.activation!r}"
+        )
