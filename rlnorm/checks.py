@@ -193,6 +193,7 @@ class _Recorder:
         positions: list[int],
         case_spec: dict[str, Any],
         batches: list[dict[str, Any]],
+        other: dict[str, Any] | None = None,
     ) -> None:
         """One record per row of the [k, D] tensors `in_batch` / `alone` (rows already known to differ)."""
         k = len(rows)
@@ -214,6 +215,8 @@ class _Recorder:
                 "position": positions[i],
                 "tensor": tensor,
             }
+            if other is not None:
+                spec["other"] = other
             self.records.append(
                 {
                     "backend": self.key,
@@ -233,7 +236,7 @@ class _Recorder:
             )
 
     def note(self, summary: dict[str, Any]) -> None:
-        summary["records"] = len(self.records)
+        """Say in the summary how many differing (row, tensor) pairs `max_records` left unrecorded."""
         if self.dropped:
             summary["records_dropped"] = self.dropped
 
@@ -439,6 +442,7 @@ def all_rows(
                 entry["fwd_differ"] += fwd
                 entry["rowgrad_differ"] += grad
                 bar.update()
+            rec.note(entry)
     except Exception as exc:
         summary["error"] = _describe(exc)
     finally:
@@ -457,6 +461,7 @@ def _compare_rows(
     where: Any,
     batch_spec: Any,
     case_spec: dict[str, Any],
+    other: dict[str, Any] | None = None,
 ) -> tuple[int, int]:
     """Compare `batch` tensors gathered at `rows` (case-row indices) with `alone` (aligned to `rows`).
 
@@ -492,6 +497,7 @@ def _compare_rows(
             positions=[w_[2] for w_ in wh],
             case_spec=case_spec,
             batches=[batch_spec(r) for r in case_rows],
+            other=other,
         )
     return fwd, grad
 
@@ -680,6 +686,7 @@ def full_vs_sub_batches(
                             "size": sz[so[r]],
                         },
                         case_spec=_case_spec(full_rows, d, seed, dtype, wdt),
+                        other={"kind": "slice", "start": 0, "size": full_rows, "label": "full batch"},
                     )
                     summary["fwd_differ"] += fwd
                     summary["rowgrad_differ"] += grad
@@ -689,6 +696,7 @@ def full_vs_sub_batches(
         summary["error"] = _describe(exc)
     finally:
         bar.close()
+    rec.note(summary)
     return CheckResult(summary, rec.records)
 
 
@@ -834,6 +842,7 @@ def batch_size_sweep(
         summary["error"] = _describe(exc)
     finally:
         bar.close()
+    rec.note(summary)
     return CheckResult(summary, rec.records)
 
 

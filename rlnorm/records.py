@@ -174,17 +174,22 @@ def sweep_batch_rows(n: int, m: int, probe: int, position: int, perm_seed: int) 
 
 @dataclass
 class RebuiltCase:
-    """The batch a record compared, and the row alone.
+    """The two sides of a recorded comparison, regenerated, plus the row alone.
 
-    `batch.x[position]` is the recorded row inside its batch; `alone` is that row as a batch of
-    one. For a `dweight` record the comparison is the whole batch against itself: `position` and
-    `row` are -1 and `alone` is the batch.
+    `batch.x[position]` is the recorded row inside the batch the record names (batch_start,
+    batch_size); `other.x[other_position]` is what it was compared with: the row alone
+    (all_rows, batch_size_sweep), the full batch (full_vs_sub_batches), or the same batch run
+    again (dweight_repeatable, where `position`, `other_position` and `row` are -1). `alone` is
+    always the row as a batch of one (the batch itself for dweight records).
     """
 
     batch: Case
     position: int
     alone: Case
     row: int
+    other: Case
+    other_position: int
+    other_label: str  # "alone", "full batch" or "same batch"
     batch_rows: torch.Tensor  # indices into the generated case, in batch order
     opts: OpOptions
     check: str
@@ -192,7 +197,7 @@ class RebuiltCase:
     spec: dict[str, Any]
 
     def run(self, backend: Backend, with_grad: bool | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Recompute with `backend`: tensor name -> (value inside the batch, value alone), both on CPU.
+        """Recompute the comparison with `backend`: tensor -> (row inside `batch`, row inside `other`), on CPU.
 
         For dweight records: "dweight" -> (first run, second run) of the same batch.
         """
@@ -204,17 +209,17 @@ class RebuiltCase:
             if a.dw is None or b.dw is None:
                 raise ValueError("backend: gave no dweight, so a dweight record cannot be recomputed with it")
             return {"dweight": (a.dw.detach().cpu(), b.dw.detach().cpu())}
-        p = self.position
+        p, q = self.position, self.other_position
         if with_grad:
             gb = backend.forward_backward(self.batch.x, self.batch.z, self.batch.w, self.batch.dy, self.opts)
-            ga = backend.forward_backward(self.alone.x, self.alone.z, self.alone.w, self.alone.dy, self.opts)
-            out = {"y": (gb.y[p].detach().cpu(), ga.y[0].detach().cpu()), "dx": (gb.dx[p].cpu(), ga.dx[0].cpu())}
-            if gb.dz is not None and ga.dz is not None:
-                out["dz"] = (gb.dz[p].cpu(), ga.dz[0].cpu())
+            go = backend.forward_backward(self.other.x, self.other.z, self.other.w, self.other.dy, self.opts)
+            out = {"y": (gb.y[p].detach().cpu(), go.y[q].detach().cpu()), "dx": (gb.dx[p].cpu(), go.dx[q].cpu())}
+            if gb.dz is not None and go.dz is not None:
+                out["dz"] = (gb.dz[p].cpu(), go.dz[q].cpu())
             return out
         yb = backend.forward(self.batch.x, self.batch.z, self.batch.w, self.opts)
-        ya = backend.forward(self.alone.x, self.alone.z, self.alone.w, self.opts)
-        return {"y": (yb[p].detach().cpu(), ya[0].detach().cpu())}
+        yo = backend.forward(self.other.x, self.other.z, self.other.w, self.opts)
+        return {"y": (yb[p].detach().cpu(), yo[q].detach().cpu())}
 
 
 def _spec_of(record: Mapping[str, Any] | pd.Series | str) -> dict[str, Any]:
@@ -257,41 +262,58 @@ def rebuild_case(record: Mapping[str, Any] | pd.Series | str, device: str | torc
         dtype_from_name(c["weight_dtype"]),
         device="cpu",
     )
-    kind = batch_spec.get("kind")
-    if kind == "slice":
-        start, size = int(batch_spec["start"]), int(batch_spec["size"])
-        if not (0 <= start and start + size <= case.x.shape[0] and size >= 1):
-            raise ValueError(f"record: slice {start}+{size} outside a case of {case.x.shape[0]} rows")
-        rows = torch.arange(start, start + size)
-    elif kind == "sweep":
-        rows = sweep_batch_rows(
-            int(c["rows"]),
-            int(batch_spec["m"]),
-            int(batch_spec["probe"]),
-            int(batch_spec["position"]),
-            int(batch_spec["perm_seed"]),
-        )
-    else:
-        raise ValueError(f"record: unknown batch kind {kind!r} (expected 'slice' or 'sweep')")
+    rows = _batch_rows(case, batch_spec)
     row = int(spec.get("row", -1))
     position = int(spec.get("position", -1))
     batch = case.rows(rows).to(device)
     if row >= 0:
-        if int(rows[position]) != row:
-            raise ValueError(
-                f"record: position {position} of the rebuilt batch holds row {int(rows[position])}, not {row}"
-            )
+        if not 0 <= position < len(rows) or int(rows[position]) != row:
+            raise ValueError(f"record: position {position} of the rebuilt batch does not hold row {row}")
         alone = case.rows(slice(row, row + 1)).to(device)
     else:
         alone = batch
+    other_spec = spec.get("other")
+    if other_spec is None:  # the row alone, or (dweight) the same batch again
+        other, other_position = alone, (0 if row >= 0 else -1)
+        label = "alone" if row >= 0 else "same batch"
+    else:
+        other_rows = _batch_rows(case, other_spec)
+        hits = (other_rows == row).nonzero().flatten()
+        if row < 0 or len(hits) != 1:
+            raise ValueError(f"record: the compared batch {other_spec} does not hold row {row} exactly once")
+        other, other_position = case.rows(other_rows).to(device), int(hits[0])
+        label = str(other_spec.get("label", "full batch"))
     return RebuiltCase(
         batch=batch,
         position=position,
         alone=alone,
         row=row,
+        other=other,
+        other_position=other_position,
+        other_label=label,
         batch_rows=rows,
         opts=opts,
         check=check,
         tensor=spec.get("tensor"),
         spec=spec,
     )
+
+
+def _batch_rows(case: Case, batch_spec: Mapping[str, Any]) -> torch.Tensor:
+    """Case-row indices of a batch described by a rebuild spec's "batch" / "other" entry."""
+    n_case = case.x.shape[0]
+    kind = batch_spec.get("kind")
+    if kind == "slice":
+        start, size = int(batch_spec["start"]), int(batch_spec["size"])
+        if not (start >= 0 and size >= 1 and start + size <= n_case):
+            raise ValueError(f"record: slice {start}+{size} outside a case of {n_case} rows")
+        return torch.arange(start, start + size)
+    if kind == "sweep":
+        return sweep_batch_rows(
+            n_case,
+            int(batch_spec["m"]),
+            int(batch_spec["probe"]),
+            int(batch_spec["position"]),
+            int(batch_spec["perm_seed"]),
+        )
+    raise ValueError(f"record: unknown batch kind {kind!r} (expected 'slice' or 'sweep')")
