@@ -147,9 +147,11 @@ class Backend:
         """y and the backend's own autograd dx, dz, dw for upstream gradient dy."""
         if not self.has_backward:
             raise BackendUnavailable(f"{self.key}: no backward")
-        xl = x.detach().clone().requires_grad_(True)
-        zl = None if z is None else z.detach().clone().requires_grad_(True)
-        wl = w.detach().clone().requires_grad_(True)
+        # detach() shares storage (no copy inside a timed forward+backward) and gives fresh
+        # leaves, so the caller's tensors never get requires_grad or .grad
+        xl = x.detach().requires_grad_(True)
+        zl = None if z is None else z.detach().requires_grad_(True)
+        wl = w.detach().requires_grad_(True)
         with torch.enable_grad():
             y = self._fn(xl, zl, wl, opts)
             if not y.requires_grad:

@@ -27,8 +27,8 @@ def per_row_grads(x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOp
     The weight is expanded to one fp32 leaf per row, so autograd hands back each row's own
     contribution (what a single-row run of the reference gives with an fp32 weight) unsummed.
     """
-    xl = x.detach().clone().requires_grad_(True)
-    zl = None if z is None else z.detach().clone().requires_grad_(True)
+    xl = x.detach().requires_grad_(True)
+    zl = None if z is None else z.detach().requires_grad_(True)
     w_rows = w.detach().to(torch.float32).expand(x.shape[0], -1).clone().requires_grad_(True)
     with torch.enable_grad():
         y = gated_rmsnorm_math(xl, zl, w_rows, opts, torch.float32).to(x.dtype)
@@ -68,19 +68,22 @@ class RlnormBackend(Backend):
     key = "rlnorm"
     source = "rlnorm.rms_norm_gated (Triton)"
 
+    def __init__(self) -> None:
+        super().__init__()
+        try:
+            import importlib.metadata
+
+            from rlnorm import __version__
+
+            self.source = f"rlnorm {__version__} rms_norm_gated (Triton {importlib.metadata.version('triton')})"
+        except Exception:  # keep the plain name; availability says what is wrong
+            pass
+
     def _import_reason(self) -> str | None:
         try:
-            import triton
-
             from rlnorm import kernel  # noqa: F401
         except Exception as exc:
             return f"cannot import rlnorm.kernel: {describe_error(exc)}"
-        try:
-            import rlnorm
-
-            self.source = f"rlnorm {rlnorm.__version__} rms_norm_gated (Triton {triton.__version__})"
-        except Exception:
-            pass
         return None
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
