@@ -25,7 +25,7 @@ VERDICT_CHECKS = (
     "gate_forward",
     "gate_gradient",
 )
-PASS, FAIL, NA = "pass", "FAIL", "n/a"
+PASS, FAIL, NA, ERROR = "pass", "FAIL", "n/a", "error"
 DIFFER_KEYS = ("fwd_differ", "rowgrad_differ", "differ")
 
 
@@ -109,15 +109,23 @@ def _count_verdict(node: Any) -> tuple[str, str]:
     if not isinstance(node, Mapping) or not node:
         return NA, ""
     c = _differ_counts(node)
-    fwd, grad = c["fwd_differ"], c["rowgrad_differ"] + c["differ"]
-    if fwd == 0 and grad == 0:
+    has_split = _has_key(node, "fwd_differ") or _has_key(node, "rowgrad_differ")
+    # `differ` is the report's total for the sweep; ours splits it too, so count it only when alone
+    total = c["fwd_differ"] + c["rowgrad_differ"] if has_split else c["differ"]
+    if total == 0 and c["differ"] == 0:
         return PASS, ""
-    parts = [f"fwd {fwd}"] if fwd else []
+    if not has_split:
+        return FAIL, f"differ {c['differ']}"
+    parts = [f"fwd {c['fwd_differ']}"] if c["fwd_differ"] else []
     if c["rowgrad_differ"]:
         parts.append(f"grad {c['rowgrad_differ']}")
-    if c["differ"]:
-        parts.append(f"differ {c['differ']}")
-    return FAIL, ", ".join(parts)
+    return FAIL, ", ".join(parts) or f"differ {c['differ']}"
+
+
+def _has_key(node: Any, key: str) -> bool:
+    if not isinstance(node, Mapping):
+        return False
+    return key in node or any(_has_key(v, key) for v in node.values())
 
 
 def _bool_verdict(value: Any) -> tuple[str, str]:
@@ -134,6 +142,7 @@ def backend_verdicts(entry: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         return {c: (status, reason) for c in VERDICT_CHECKS}
     bi = entry.get("batch_invariance") or {}
     gates = entry.get("contract_gates") or {}
+    errors = entry.get("errors") or {}
     out = {
         "all_rows": _count_verdict(bi.get("all_rows")),
         "dweight_repeatable": _bool_verdict(bi.get("dweight_repeatable")),
@@ -141,8 +150,18 @@ def backend_verdicts(entry: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         "batch_size_sweep": _count_verdict(bi.get("batch_size_sweep")),
         "batch_invariant": _bool_verdict(bi.get("batch_invariant")),
     }
+    # a check that raised has no verdict: say so instead of reading its partial counts as a pass
+    for check in ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep"):
+        node = bi.get(check)
+        if check in errors:
+            out[check] = (ERROR, str(errors[check]))
+        elif isinstance(node, Mapping) and node.get("error"):
+            out[check] = (ERROR, str(node["error"]))
     for gate in ("forward", "gradient"):
         g = gates.get(gate)
+        if "contract_gates" in errors:
+            out[f"gate_{gate}"] = (ERROR, str(errors["contract_gates"]))
+            continue
         if not isinstance(g, Mapping):
             out[f"gate_{gate}"] = (NA, "")
             continue
@@ -159,7 +178,7 @@ def backend_verdicts(entry: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
 
 def _cell(verdict: tuple[str, str]) -> str:
     v, detail = verdict
-    return f"{v} ({detail})" if detail and v == FAIL else v
+    return f"{v} ({detail[:80]})" if detail and v in (FAIL, ERROR) else v
 
 
 def _backends(a: Mapping, b: Mapping) -> list[str]:
@@ -235,6 +254,36 @@ def accuracy_table(a: Mapping, b: Mapping) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("backend").astype(float)
 
 
+def protocol(art: Mapping[str, Any]) -> dict[str, Any]:
+    """The sizes a run measured at, read from its check summaries (the seed report has no params)."""
+
+    def first(check: str) -> Mapping[str, Any]:
+        for entry in (art.get("results") or {}).values():
+            node = ((entry or {}).get("batch_invariance") or {}).get(check)
+            if isinstance(node, Mapping):
+                return node
+        return {}
+
+    def first_acc() -> Mapping[str, Any]:
+        for entry in (art.get("results") or {}).values():
+            acc = (entry or {}).get("accuracy_latency")
+            if isinstance(acc, Mapping):
+                return acc
+        return {}
+
+    sub, sweep = first("full_vs_sub_batches"), first("batch_size_sweep")
+    return {
+        "quick": art.get("quick"),
+        "all_rows_sizes": sorted((int(k) for k in first("all_rows") if str(k).isdigit()), key=int) or None,
+        "sub_batches_full_batch": sub.get("full_batch"),
+        "sub_batch_sizes": sub.get("sub_batch_sizes"),
+        "sub_batches": sub.get("sub_batches"),
+        "sub_batches_coverage": sub.get("coverage", "sampled" if sub else None),
+        "sweep_comparisons": sweep.get("comparisons"),
+        "accuracy_rows": first_acc().get("rows"),
+    }
+
+
 def environment_table(a: Mapping, b: Mapping, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
     """GPU, capability, CUDA, commit and library versions side by side."""
 
@@ -247,7 +296,8 @@ def environment_table(a: Mapping, b: Mapping, label_a: str = "a", label_b: str =
         out["tracked_tree_dirty"] = art.get("tracked_tree_dirty")
         return out
 
-    fa, fb = flat(a), flat(b)
+    fa = {**flat(a), **{f"protocol: {k}": v for k, v in protocol(a).items()}}
+    fb = {**flat(b), **{f"protocol: {k}": v for k, v in protocol(b).items()}}
     keys = list(fa) + [k for k in fb if k not in fa]
     rows = [{"field": k, label_a: fa.get(k), label_b: fb.get(k), "same": fa.get(k) == fb.get(k)} for k in keys]
     return pd.DataFrame(rows).set_index("field")
@@ -261,8 +311,13 @@ def what_changed(
     latency_move: float = 0.10,
     accuracy_move: float = 1e-4,
 ) -> list[str]:
-    """Plain sentences: backends in one run only, verdict flips, latency moves, accuracy moves."""
+    """Plain sentences: protocol differences, backends in one run only, verdict flips, latency and
+    accuracy moves."""
     out: list[str] = []
+    pa, pb = protocol(a), protocol(b)
+    moved = [k for k in pa if pa[k] != pb[k]]
+    if moved:
+        out.append(f"protocol differs ({', '.join(moved)}): differ counts and timings are not like for like")
     ra, rb = a.get("results") or {}, b.get("results") or {}
     for key in ra:
         if key not in rb:
@@ -271,9 +326,17 @@ def what_changed(
         if key not in ra:
             out.append(f"{key}: only in {label_b}")
     verdicts = verdict_table(a, b, label_a, label_b)
+    unmeasured: dict[str, list[str]] = {label_a: [], label_b: []}
     for (key, check), row in verdicts.iterrows():
-        if row["changed"] and key in ra and key in rb:
+        if not (row["changed"] and key in ra and key in rb):
+            continue
+        if NA in (row["verdict_a"], row["verdict_b"]):  # measured in one run only: not a flip
+            unmeasured[label_a if row["verdict_a"] == NA else label_b].append(f"{key} {check}")
+        else:
             out.append(f"{key} {check}: {row[label_a]} -> {row[label_b]}")
+    for label, items in unmeasured.items():
+        if items:
+            out.append(f"not measured in {label}: {', '.join(items)}")
     lat = latency_table(a, b)
     for key, row in lat.iterrows():
         for m in ("fwd_us", "fwd_bwd_us"):
@@ -322,7 +385,7 @@ _GRID_CLASSES = [
     ("FAIL in both", "#e53935"),
     ("FAIL -> pass", "#1e88e5"),
     ("pass -> FAIL", "#fb8c00"),
-    ("n/a or absent", "#bdbdbd"),
+    ("n/a, absent, skipped or error", "#bdbdbd"),
 ]
 
 

@@ -93,13 +93,24 @@ def locate_run(source: str | Path) -> RunLocation:
     return RunLocation(folder=folder, artifact=artifact, records=records)
 
 
-def latest_run(root: str | Path = "outputs") -> Path:
-    """The most recently written run folder under `root` that holds an artifact (a default for notebooks)."""
-    root = Path(root)
-    folders = [p for p in root.glob("*") if p.is_dir() and any(_is_artifact(j) for j in p.glob("*.json"))]
-    if not folders:
-        raise ValueError(f"run: no run folder with an artifact under {root.resolve()}; pass run=PATH")
-    return max(folders, key=lambda p: p.stat().st_mtime)
+def _run_roots() -> list[Path]:
+    """Where run folders live, seen from a notebook: ./outputs (CLI, papermill), ../outputs
+    (JupyterLab opens notebooks/), and the repository's outputs/ next to this package."""
+    return [Path("outputs"), Path("..") / "outputs", Path(__file__).resolve().parent.parent / "outputs"]
+
+
+def latest_run(root: str | Path | None = None) -> Path:
+    """The most recently written run folder holding an artifact (a default for notebooks).
+
+    root: the folder that holds run folders; None looks in ./outputs, ../outputs, then the repo's outputs/.
+    """
+    roots = _run_roots() if root is None else [Path(root)]
+    for r in roots:
+        folders = [p for p in r.glob("*") if p.is_dir() and any(_is_artifact(j) for j in p.glob("*.json"))]
+        if folders:
+            return max(folders, key=lambda p: p.stat().st_mtime)
+    looked = ", ".join(str(r.resolve()) for r in roots)
+    raise ValueError(f"run: no run folder with an artifact under {looked}; pass run=PATH")
 
 
 def load_records(path: str | Path | None) -> pd.DataFrame:
@@ -478,18 +489,20 @@ def explain_row(
     return RowExplanation(summary, columns, rstd, others_df, _explain_text(summary, rstd, others_df), notes)
 
 
+def _n(k: Any, word: str) -> str:
+    return f"{k} {word}" + ("" if k == 1 else "s")
+
+
 def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame) -> str:
     """The paragraph a reader sees above the tables: what differs, by how much, and what follows."""
     where = (
         f"row {s['row']} ({s['check']}, case {s['case']}, seed {s['seed']}) at position {s['position']} "
-        f"of a batch of {s['batch_rows']} rows"
+        f"of a batch of {_n(s['batch_rows'], 'row')}"
     )
-    vs = (
-        "alone"
-        if s["compared_with"] == "alone"
-        else (f"inside the {s['compared_with']} ({s['compared_rows']} rows, position {s['compared_position']})")
-    )
-    recorded = f"{s['recorded_cols_differ']} columns, {s['recorded_max_ulp']} ulp"
+    vs = "alone"
+    if s["compared_with"] != "alone":
+        vs = f"inside the {s['compared_with']} of {_n(s['compared_rows'], 'row')} at position {s['compared_position']}"
+    recorded = f"{_n(s['recorded_cols_differ'], 'column')}, {s['recorded_max_ulp']} ulp"
     if not s["reproduced"]:
         return (
             f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same as "
@@ -511,8 +524,12 @@ def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame
         )
     lines.append(
         f"Correctly rounded (fp64, rounded once) columns: {s['alone_correctly_rounded_cols']}/{s['columns']} alone, "
-        f"{s['in_batch_correctly_rounded_cols']}/{s['columns']} in the batch"
-        + ("." if s["compared_with"] == "alone" else f", {s['compared_correctly_rounded_cols']}/{s['columns']} {vs}.")
+        f"{s['in_batch_correctly_rounded_cols']}/{s['columns']} in the batch of {_n(s['batch_rows'], 'row')}"
+        + (
+            "."
+            if s["compared_with"] == "alone"
+            else f", {s['compared_correctly_rounded_cols']}/{s['columns']} in the {s['compared_with']}."
+        )
     )
     if "backend_same_both_ways" in rstd:
         same = bool(rstd["backend_same_both_ways"].all())

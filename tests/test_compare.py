@@ -85,6 +85,16 @@ def test_compare_finds_every_planted_change(seed: dict) -> None:
     assert not cmp.environment.loc["gpu", "same"] and cmp.environment.loc["torch", "same"]
 
 
+def test_a_different_protocol_is_said_first(seed: dict) -> None:
+    b = copy.deepcopy(seed)
+    b["quick"] = True
+    for entry in b["results"].values():
+        entry["batch_invariance"]["full_vs_sub_batches"].update(full_batch=1031, coverage="all")
+    cmp = compare_runs(seed, b)
+    assert cmp.changes[0].startswith("protocol differs (quick, sub_batches_full_batch, sub_batches_coverage)")
+    assert cmp.environment.loc["protocol: sub_batches_coverage", "A: NVIDIA B200"] == "sampled"
+
+
 def test_latency_threshold_is_respected(seed: dict) -> None:
     b = copy.deepcopy(seed)
     b["results"]["vllm"]["accuracy_latency"]["fwd_us"] *= 1.05
@@ -102,6 +112,30 @@ def test_skipped_backend_and_gate_failure_show_as_such(seed: dict) -> None:
     assert cmp.verdicts.loc[("vllm", "all_rows"), "verdict_b"] == "skipped"
     assert any(c.startswith("vllm all_rows: FAIL (fwd 3) -> skipped") for c in cmp.changes)
     assert "transformers gate_gradient: pass -> FAIL (returncode -11, 1 failed lines)" in cmp.changes
+
+
+def test_sweep_counts_are_not_double_counted_and_unmeasured_is_not_a_flip(seed: dict) -> None:
+    b = copy.deepcopy(seed)
+    sweep = b["results"]["reference"]["batch_invariance"]["batch_size_sweep"]
+    sweep.update(differ=6, fwd_differ=4, rowgrad_differ=2)  # our split of the report's total
+    b["results"]["transformers"]["batch_invariance"]["dweight_repeatable"] = None
+    v = backend_verdicts(b["results"]["reference"])
+    assert v["batch_size_sweep"] == ("FAIL", "fwd 4, grad 2")
+    changes = compare_runs(seed, b).changes
+    assert "reference batch_size_sweep: pass -> FAIL (fwd 4, grad 2)" in changes
+    assert "not measured in B: NVIDIA B200: transformers dweight_repeatable" in changes
+
+
+def test_a_check_that_raised_is_an_error_not_a_pass(seed: dict) -> None:
+    b = copy.deepcopy(seed)
+    entry = b["results"]["reference"]
+    entry["errors"] = {"batch_size_sweep": "RuntimeError: out of memory"}
+    entry["batch_invariance"]["all_rows"]["error"] = "RuntimeError: boom"
+    v = backend_verdicts(entry)
+    assert v["batch_size_sweep"] == ("error", "RuntimeError: out of memory")
+    assert v["all_rows"] == ("error", "RuntimeError: boom")
+    changes = compare_runs(seed, b).changes
+    assert "reference batch_size_sweep: pass -> error (RuntimeError: out of memory)" in changes
 
 
 def test_load_artifact_from_path_folder_and_bad_input(seed: dict, tmp_path: Path) -> None:

@@ -213,7 +213,7 @@ def test_explain_row_compares_full_vs_sub_batch_with_the_full_batch(tiny_run: Pa
     s = expl.summary
     assert s["compared_with"] == "full batch" and s["compared_rows"] == 15 and s["batch_rows"] == 1
     assert s["reproduced"] and s["cols_differ"] == int(single.iloc[0]["cols_differ"])
-    assert "inside the full batch (15 rows" in expl.text
+    assert "inside the full batch of 15 rows at position" in expl.text
 
 
 def test_explain_row_for_a_gradient_record(faulty_module_dir: Path) -> None:
