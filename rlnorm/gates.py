@@ -333,16 +333,24 @@ def run_gates(
         )
     results = {}
     deadline = time.monotonic() + timeout_s
-    for g, proc in procs.items():
-        timed_out = False
-        try:
-            stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            stdout, stderr = proc.communicate()
-            stderr = (stderr or "") + f"\n[rlnorm.gates] killed after the {timeout_s:g} s timeout"
-        results[g] = _gate_result(proc.returncode, stdout or "", stderr or "", timed_out)
+    try:
+        for g, proc in procs.items():
+            timed_out = False
+            try:
+                stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                _kill_group(proc)
+                stdout, stderr = proc.communicate()
+                stderr = (stderr or "") + f"\n[rlnorm.gates] killed after the {timeout_s:g} s timeout"
+            results[g] = _gate_result(proc.returncode, stdout or "", stderr or "", timed_out)
+    finally:
+        # children run in their own sessions (so a crash cannot take the parent's group down); if the
+        # parent is interrupted, end them here rather than leave them orphaned
+        for proc in procs.values():
+            if proc.poll() is None:
+                _kill_group(proc)
+                proc.wait()
     return results
 
 
