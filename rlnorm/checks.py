@@ -15,10 +15,11 @@ a replay differs from eager calls. `summary["alone_path"]` says which path ran.
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -250,12 +251,28 @@ class _GraphMismatch(RuntimeError):
     pass
 
 
+@dataclass
+class _Graph:
+    """k calls of one tile size captured in a CUDA graph, with the static buffers they read and write."""
+
+    graph: Any
+    k: int
+    size: int
+    x: Tensor
+    z: Tensor | None
+    dy: Tensor | None
+    w: Tensor
+    out: tuple[Tensor | None, Tensor | None, Tensor | None]
+
+
 class _AloneRunner:
     """Runs equal-size contiguous sub-batches of one case, each as its own backend call.
 
     `run(case, starts, size)` returns (y, dx, dz) of shape [len(starts) * size, D] in tile order.
-    On CUDA, up to `graph_rows // size` calls are captured into one graph that reads static input
-    buffers; each chunk of tiles is gathered into those buffers and the graph replayed.
+    On CUDA, `graph_rows // size` calls are captured once per size into one graph reading static
+    input buffers (x, z, dy rows and w); each chunk of tiles is gathered into those buffers and the
+    graph replayed. The graph is used only where it is checked to give bitwise what eager calls
+    give; otherwise, and on the CPU, eager calls run. `paths[size]` says which ran.
     """
 
     def __init__(
@@ -271,6 +288,8 @@ class _AloneRunner:
         self.backend, self.opts, self.with_grad = backend, opts, with_grad
         self.use_graphs, self.graph_rows, self.progress, self.desc = use_graphs, graph_rows, progress, desc
         self.paths: dict[int, str] = {}
+        self._graphs: dict[int, _Graph] = {}
+        self._no_graph: dict[int, str] = {}  # size -> why the graph path is not used
 
     def run(self, case: Case, starts: Tensor, size: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
         x = case.x
@@ -281,23 +300,29 @@ class _AloneRunner:
         outs = (out_y, out_dx, out_dz)
         if n_tiles == 0:
             return outs
-        path = "eager"
         k = self.graph_rows // size
-        if self.use_graphs and x.device.type == "cuda" and k >= 8 and n_tiles >= 2 * min(k, n_tiles) >= 16:
+        if self.use_graphs and x.device.type == "cuda" and k >= 8 and n_tiles >= k and size not in self._no_graph:
             try:
-                self._run_graph(case, starts, size, min(k, n_tiles), outs)
+                g = self._graphs.get(size)
+                if g is None or g.x.shape[1] != x.shape[1] or g.x.dtype != x.dtype:
+                    g = self._graphs[size] = self._capture(case, starts, size, k)
+                self._run_graph(g, case, starts, outs)
                 self.paths[size] = "cuda_graph"
                 return outs
             except _GraphMismatch as exc:
-                path = f"eager ({exc})"
+                self._no_graph[size] = f"eager ({exc})"
             except Exception as exc:
-                path = f"eager (graph capture failed: {_describe(exc)})"
-            _sync(x.device)
+                self._no_graph[size] = f"eager (graph capture failed: {_describe(exc)})"
+            self._graphs.pop(size, None)
+            try:
+                torch.cuda.synchronize(x.device)
+            except Exception:
+                pass
         self._run_eager(case, starts, size, outs)
-        self.paths[size] = path
+        self.paths[size] = self._no_graph.get(size, "eager")
         return outs
 
-    def _run_eager(self, case: Case, starts: Tensor, size: int, outs: tuple[Tensor, ...]) -> None:
+    def _run_eager(self, case: Case, starts: Tensor, size: int, outs: tuple[Tensor | None, ...]) -> None:
         x, z, w, dy = case.x, case.z, case.w, case.dy
         starts_l = starts.tolist()
         chunk = max(1, 4096 // size)
@@ -325,25 +350,37 @@ class _AloneRunner:
             bar.update(len(parts[0]))
         bar.close()
 
-    def _run_graph(self, case: Case, starts: Tensor, size: int, k: int, outs: tuple[Tensor, ...]) -> None:
-        x, z, w, dy = case.x, case.z, case.w, case.dy
+    def _tile_call(
+        self, sx: Tensor, sz: Tensor | None, sdy: Tensor | None, sw: Tensor, size: int
+    ) -> Callable[[int], tuple[Tensor, Tensor | None, Tensor | None]]:
+        """call(i): the backend on tile i of the static buffers."""
+
+        def call(i: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
+            sl = slice(i * size, (i + 1) * size)
+            return _call(
+                self.backend,
+                sx[sl],
+                None if sz is None else sz[sl],
+                sw,
+                None if sdy is None else sdy[sl],
+                self.opts,
+                self.with_grad,
+            )
+
+        return call
+
+    def _capture(self, case: Case, starts: Tensor, size: int, k: int) -> _Graph:
+        x, z, dy = case.x, case.z, case.dy
         dev = x.device
-        n_tiles = int(starts.numel())
-        idx = (starts.view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(dev)
-        first = idx[: k * size]
+        first = (starts[:k].view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(dev)
         sx = x.index_select(0, first)
         sz = None if z is None else z.index_select(0, first)
         sdy = dy.index_select(0, first) if self.with_grad else None
-
-        def tile(buf: Tensor | None, i: int) -> Tensor | None:
-            return None if buf is None else buf[i * size : (i + 1) * size]
-
-        def call(i: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
-            return _call(self.backend, tile(sx, i), tile(sz, i), w, tile(sdy, i), self.opts, self.with_grad)
-
+        sw = case.w.clone()
+        call = self._tile_call(sx, sz, sdy, sw, size)
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):  # warm-up: JIT compile, autotune, allocator, off the capture
+        with torch.cuda.stream(side):  # warm-up off the capture: JIT compile, autotune, allocator
             for _ in range(3):
                 call(0)
         torch.cuda.current_stream(dev).wait_stream(side)
@@ -351,35 +388,41 @@ class _AloneRunner:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             got = [call(i) for i in range(k)]
-            gy = torch.cat([g[0] for g in got])
-            gdx = torch.cat([g[1] for g in got]) if self.with_grad else None
-            gdz = torch.cat([g[2] for g in got]) if self.with_grad and z is not None else None
+            gy = torch.cat([t[0] for t in got])
+            gdx = torch.cat([t[1] for t in got]) if self.with_grad else None
+            gdz = torch.cat([t[2] for t in got]) if self.with_grad and z is not None else None
         del got
-        static_out = (gy, gdx, gdz)
-        # the graph must give what eager calls give, or its results are not the backend's
+        g = _Graph(graph, k, size, sx, sz, sdy, sw, (gy, gdx, gdz))
+        # the graph must give bitwise what eager calls give on the same inputs, or its results are not the backend's
         graph.replay()
         for i in range(min(k, 4)):
             eager = call(i)
-            for name, e, g in zip(("y", "dx", "dz"), eager, static_out, strict=True):
-                if e is not None and g is not None and bool(_differ_rows(e, tile(g, i)).any()):
+            for name, e, o in zip(("y", "dx", "dz"), eager, g.out, strict=True):
+                if e is not None and o is not None and bool(_differ_rows(e, o[i * size : (i + 1) * size]).any()):
                     raise _GraphMismatch(f"graph replay differed from eager calls in {name}")
+        return g
+
+    def _run_graph(self, g: _Graph, case: Case, starts: Tensor, outs: tuple[Tensor | None, ...]) -> None:
+        x, z, dy = case.x, case.z, case.dy
+        size, k = g.size, g.k
+        n_tiles = int(starts.numel())
+        idx = (starts.view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(x.device)
+        g.w.copy_(case.w)
         bar = tqdm(total=n_tiles, desc=f"{self.desc} size {size} (graph)", disable=not self.progress, leave=False)
         for c in range(math.ceil(n_tiles / k)):
-            t0 = min(c * k, n_tiles - k)  # the last chunk overlaps the previous: same values rewritten
+            t0 = min(c * k, n_tiles - k)  # the last chunk overlaps the one before: same values rewritten
             sel = idx[t0 * size : (t0 + k) * size]
-            torch.index_select(x, 0, sel, out=sx)
-            if sz is not None:
-                torch.index_select(z, 0, sel, out=sz)
-            if sdy is not None:
-                torch.index_select(dy, 0, sel, out=sdy)
-            graph.replay()
-            for out, g in zip(outs, static_out, strict=True):
-                if out is not None and g is not None:
-                    out[t0 * size : (t0 + k) * size].copy_(g)
+            torch.index_select(x, 0, sel, out=g.x)
+            if g.z is not None and z is not None:
+                torch.index_select(z, 0, sel, out=g.z)
+            if g.dy is not None:
+                torch.index_select(dy, 0, sel, out=g.dy)
+            g.graph.replay()
+            for out, o in zip(outs, g.out, strict=True):
+                if out is not None and o is not None:
+                    out[t0 * size : (t0 + k) * size].copy_(o)
             bar.update(min(k, n_tiles - c * k))
         bar.close()
-        torch.cuda.synchronize(dev)
-        del graph
 
 
 # ---------------------------------------------------------------------------------------------
@@ -651,14 +694,13 @@ def full_vs_sub_batches(
                 plan = plans[size]
                 whole = [s for s, m in plan if m == size]
                 parts = [(s, m) for s, m in plan if m != size]
-                pieces: list[tuple[Tensor, tuple[Tensor | None, ...], Tensor]] = []
+                pieces: list[tuple[Tensor, tuple[Tensor | None, ...]]] = []
                 if whole:
                     starts = torch.tensor(whole, dtype=torch.int64)
                     out = runner.run(case, starts, size)
                     summary["alone_path"][str(size)] = runner.paths.get(size, "eager")
-                    rows_idx = (starts.view(-1, 1) + torch.arange(size)).reshape(-1)
-                    pieces.append((rows_idx, out, starts.repeat_interleave(size)))
-                for s, m in parts:  # the partial last tile: one more call of its own size
+                    pieces.append(((starts.view(-1, 1) + torch.arange(size)).reshape(-1), out))
+                for s, m in parts:  # a partial tile: one more call of its own size
                     got = _call(
                         backend,
                         case.x[s : s + m],
@@ -668,23 +710,25 @@ def full_vs_sub_batches(
                         opts,
                         with_grad,
                     )
-                    pieces.append((torch.arange(s, s + m), got, torch.full((m,), s, dtype=torch.int64)))
-                for rows_idx, out, tile_start in pieces:
-                    starts_of = dict(zip(rows_idx.tolist(), tile_start.tolist(), strict=True)) if len(rows_idx) else {}
-                    sizes_of = {s: m for s, m in plan}
+                    pieces.append((torch.arange(s, s + m), got))
+                # tiles never overlap, so a row's tile is the last one starting at or before it
+                tile_starts = [s for s, _ in plan]
+                tile_sizes = [m for _, m in plan]
+
+                def tile(r: int, ts: list[int] = tile_starts, tm: list[int] = tile_sizes) -> tuple[int, int]:
+                    i = bisect.bisect_right(ts, r) - 1
+                    return ts[i], tm[i]
+
+                for rows_idx, out in pieces:
                     fwd, grad = _compare_rows(
                         rec,
                         seed,
                         full,
                         out,
                         rows_idx.to(case.x.device),
-                        case_label=lambda r, so=starts_of, sz=sizes_of: f"sub={sz[so[r]]}@{so[r]}",
-                        where=lambda r, so=starts_of, sz=sizes_of: (so[r], sz[so[r]], r - so[r]),
-                        batch_spec=lambda r, so=starts_of, sz=sizes_of: {
-                            "kind": "slice",
-                            "start": so[r],
-                            "size": sz[so[r]],
-                        },
+                        case_label=lambda r, t=tile: "sub={1}@{0}".format(*t(r)),
+                        where=lambda r, t=tile: (t(r)[0], t(r)[1], r - t(r)[0]),
+                        batch_spec=lambda r, t=tile: {"kind": "slice", "start": t(r)[0], "size": t(r)[1]},
                         case_spec=_case_spec(full_rows, d, seed, dtype, wdt),
                         other={"kind": "slice", "start": 0, "size": full_rows, "label": "full batch"},
                     )
@@ -872,6 +916,10 @@ def _time_us(fn: Any, device: torch.device, warmup: int, iters: int) -> list[flo
     return out
 
 
+def _finite_or_none(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
 def _percentiles(times: list[float]) -> tuple[float, float, float]:
     t = torch.tensor(times, dtype=torch.float64)
     q = torch.quantile(t, torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64))
@@ -971,7 +1019,8 @@ def accuracy_latency(
             ulp = ulp_distance(y, oracle)
             summary["fwd_correctly_rounded"] = float((ulp == 0).double().mean())
             err = (y.double() - y64).abs()
-            summary["fwd_max_abs_err"] = float(err.max())
+            # NaN/inf have no place in JSON: non-finite errors show as None here and in the histograms
+            summary["fwd_max_abs_err"] = _finite_or_none(float(err.max()))
             summary["fwd_ulp_hist"] = _ulp_hist(ulp)
             summary["fwd_abs_err_hist"] = _abs_err_hist(err)
             del y64, oracle, ulp, err
@@ -995,7 +1044,7 @@ def accuracy_latency(
                 ref = leaf.grad
                 denom = float(ref.abs().max())
                 num = float((got.detach().double() - ref).abs().max())
-                rel[name] = num / denom if denom > 0 else (0.0 if num == 0 else math.inf)
+                rel[name] = _finite_or_none(num / denom if denom > 0 else (0.0 if num == 0 else math.inf))
             summary["grad_rel_err"] = rel
             del g, leaves, r
         bar.update()
