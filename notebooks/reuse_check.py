@@ -97,6 +97,7 @@ timing_iters = 5
 agreement_rows = 1031
 agreement_seed = 3
 gate_timeout_s = 600.0
+max_records = 2000
 
 # %% [markdown]
 # ## The run's parameters

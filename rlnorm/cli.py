@@ -213,7 +213,13 @@ def _place(staging: Path, run_dir: Path) -> None:
     if run_dir.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.old-", dir=run_dir.parent))
         os.replace(run_dir, old / run_dir.name)
-    os.replace(staging, run_dir)
+    try:
+        os.replace(staging, run_dir)
+    except BaseException:
+        if old is not None:  # put the previous run back rather than leave nothing
+            os.replace(old / run_dir.name, run_dir)
+            shutil.rmtree(old, ignore_errors=True)
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -109,6 +109,9 @@ class RunParams:
     agreement_rows: int = 4097
     agreement_seed: int = 3
     gate_timeout_s: float = 600.0
+    # differing rows recorded per backend and check (the summary's counts are always complete);
+    # null = every one, which for a kernel that differs everywhere is millions of CSV lines
+    max_records: int | None = 2000
 
     # ------------------------------------------------------------------------------------------
     def __post_init__(self) -> None:
@@ -241,6 +244,8 @@ def _validate_values(p: RunParams) -> list[str]:
         bad("timing_warmup", "an int >= 0")
     if p.timing_iters <= 0:
         bad("timing_iters", "a positive int")
+    if p.max_records is not None and p.max_records < 0:
+        bad("max_records", "null or an int >= 0")
     if not p.gate_timeout_s > 0:
         bad("gate_timeout_s", "a positive number of seconds")
     return errors

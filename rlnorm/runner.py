@@ -206,13 +206,19 @@ def _check_calls(run: Run) -> dict[str, Callable[[Any], Any]]:
     """check name -> f(backend) calling rlnorm.checks with this run's sizes and seeds."""
     from rlnorm import checks
 
-    p, opts, dev = run.params, run.opts, run.device
-    wdt = getattr(torch, p.weight_dtype)
-    common = {"opts": opts, "device": dev, "d": p.d, "weight_dtype": wdt, "progress": False}
+    p = run.params
+    common = {
+        "opts": run.opts,
+        "device": run.device,
+        "d": p.d,
+        "weight_dtype": getattr(torch, p.weight_dtype),
+        "progress": p.progress,
+    }
+    capped = {**common, "max_records": p.max_records}
     return {
-        "all_rows": lambda b: checks.all_rows(b, sizes=p.all_rows_sizes, seeds=p.all_rows_seeds, **common),
+        "all_rows": lambda b: checks.all_rows(b, sizes=p.all_rows_sizes, seeds=p.all_rows_seeds, **capped),
         "dweight_repeatable": lambda b: checks.dweight_repeatable(
-            b, rows=p.dweight_rows, seed=p.dweight_seed, **common
+            b, rows=p.dweight_rows, seed=p.dweight_seed, **capped
         ),
         "full_vs_sub_batches": lambda b: checks.full_vs_sub_batches(
             b,
@@ -220,10 +226,10 @@ def _check_calls(run: Run) -> dict[str, Callable[[Any], Any]]:
             sub_batch_sizes=p.sub_batch_sizes,
             seeds=p.sub_batches_seeds,
             coverage=p.coverage,
-            **common,
+            **capped,
         ),
         "batch_size_sweep": lambda b: checks.batch_size_sweep(
-            b, n=p.sweep_n, sizes=p.sweep_sizes, probe_rows=p.sweep_probe_rows, seeds=p.sweep_seeds, **common
+            b, n=p.sweep_n, sizes=p.sweep_sizes, probe_rows=p.sweep_probe_rows, seeds=p.sweep_seeds, **capped
         ),
         "accuracy_latency": lambda b: checks.accuracy_latency(
             b,
@@ -237,22 +243,13 @@ def _check_calls(run: Run) -> dict[str, Callable[[Any], Any]]:
     }
 
 
-def batch_invariant_verdict(bi: dict[str, Any]) -> bool | None:
-    """True when every batch-invariance check ran and all its differ counts are zero; False on any
-    difference; None when a check was not run or raised (no verdict from an incomplete run)."""
+def batch_invariant_verdict(summaries: dict[str, Any]) -> bool | None:
+    """False on any difference; None when a batch-invariance check was not run or raised; else True.
 
-    def counts(node: Any) -> Iterator[int]:
-        if isinstance(node, dict):
-            for k, v in node.items():
-                if k.endswith("differ") and isinstance(v, int) and not isinstance(v, bool):
-                    yield v
-                else:
-                    yield from counts(v)
+    `summaries`: check name -> the check's summary (dweight_repeatable's full summary dict)."""
+    from rlnorm.checks import batch_invariant
 
-    if any(n > 0 for n in counts({k: bi.get(k) for k in BI_CHECKS})) or bi.get("dweight_repeatable") is False:
-        return False
-    # dweight_repeatable is None without a backward: present, and the forward checks decide
-    return True if all(name in bi for name in BI_CHECKS) else None
+    return batch_invariant(*(summaries.get(name) for name in BI_CHECKS))
 
 
 def run_checks(run: Run) -> pd.DataFrame:
@@ -262,28 +259,36 @@ def run_checks(run: Run) -> pd.DataFrame:
     calls = _check_calls(run)
     selected = [c for c in run.params.checks if c in calls]
     pairs = [(k, c) for k in run.backends for c in selected]
+    summaries: dict[str, dict[str, Any]] = {k: {} for k in run.backends}
     t0 = time.time()
     with _progress_stream() as stream:
-        bar = _bar(run, len(pairs), "checks", stream)
-        for key, name in pairs:
-            bar.set_postfix_str(f"{key}: {name}")
+        for i, (key, name) in enumerate(pairs, 1):
+            if run.params.progress:
+                print(f"[{i}/{len(pairs)}] {key}: {name}", file=stream, flush=True)
             backend, res = run.backends[key], run.results[key]
+            t_check = time.time()
             try:
                 result = calls[name](backend)
             except Exception as exc:
                 res["errors"][name] = describe_error(exc)
+                continue
+            finally:
+                run.timings[f"{key}:{name}"] = round(time.time() - t_check, 2)
+            summary = result.summary
+            if isinstance(summary, dict) and summary.get("error"):
+                res["errors"][name] = str(summary["error"])  # a check that caught its own failure
+            if name == "accuracy_latency":
+                res["accuracy_latency"] = summary
+            elif name == "dweight_repeatable":
+                summaries[key][name] = summary
+                res["batch_invariance"][name] = summary.get("dweight_repeatable")
             else:
-                if name == "accuracy_latency":
-                    res["accuracy_latency"] = result.summary
-                else:
-                    res["batch_invariance"][name] = result.summary
-                run.records.extend({"backend": key, "check": name, **r} for r in result.records)
-            bar.update()
-        bar.close()
-    for key in run.backends:
-        bi = run.results[key]["batch_invariance"]
-        if any(c in selected for c in BI_CHECKS):
-            bi["batch_invariant"] = batch_invariant_verdict(bi)
+                summaries[key][name] = summary
+                res["batch_invariance"][name] = summary
+            run.records.extend({"backend": key, "check": name, **r} for r in result.records)
+    if any(c in selected for c in BI_CHECKS):
+        for key in run.backends:
+            run.results[key]["batch_invariance"]["batch_invariant"] = batch_invariant_verdict(summaries[key])
     run.timings["checks"] = time.time() - t0
     return check_table(run)
 
@@ -335,7 +340,7 @@ def run_gates(run: Run) -> pd.DataFrame:
             res = run.results[key]
             try:
                 res["contract_gates"] = gates.run_gates(
-                    key, opts=run.opts, device=run.device, timeout=run.params.gate_timeout_s
+                    key, opts=run.opts, device=run.device, timeout_s=run.params.gate_timeout_s, d=run.params.d
                 )
             except Exception as exc:
                 res["errors"]["contract_gates"] = describe_error(exc)
@@ -362,7 +367,8 @@ def run_agreement(run: Run) -> pd.DataFrame | None:
             seed=p.agreement_seed,
             d=p.d,
             weight_dtype=getattr(torch, p.weight_dtype),
-        )
+            progress=p.progress,
+        ).summary
     except Exception as exc:
         run.agreement = {"error": describe_error(exc)}
         return None
