@@ -41,7 +41,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from rlnorm.investigate import differing_rows, explain_row, failing_summary, latest_run, load_run, plot_row
+from rlnorm.investigate import differing_rows, explain_record, failing_summary, latest_run, load_run, plot_row
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -91,6 +91,7 @@ else:
 # The row's batch is rebuilt from its record and the backend computes the row inside that batch,
 # inside what the check compared it with (`compared_with`: alone, or the full batch), and alone.
 # The paragraph says what differs, by how much, and what follows; the table below it has the numbers.
+# (A `dweight` record has no row: the same batch's weight gradient is computed twice instead.)
 
 # %%
 explanation = None
@@ -98,7 +99,7 @@ if table is not None:
     if not 0 <= row_index < len(table):
         raise ValueError(f"row_index: expected 0 <= row_index < {len(table)}, got {row_index}")
     record = table.iloc[row_index]
-    explanation = explain_row(
+    explanation = explain_record(
         record,
         opts=the_run.opts,
         others=the_run.ran_backends if others is None else others,
@@ -128,7 +129,7 @@ if explanation is not None:
 # the difference arises after the row statistic.
 
 # %%
-if explanation is not None:
+if explanation is not None and not explanation.rstd.empty:
     display(explanation.rstd)
 
 # %% [markdown]
@@ -139,7 +140,7 @@ if explanation is not None:
 # of the comparison (`batch_equal_compared`): a backend that does is batch invariant on this row.
 
 # %%
-if explanation is not None:
+if explanation is not None and not explanation.others.empty:
     display(explanation.others)
 
 # %% [markdown]

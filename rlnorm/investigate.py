@@ -310,11 +310,12 @@ class RowExplanation:
     others: pd.DataFrame  # how every other backend computes this row
     text: str
     notes: list[str] = field(default_factory=list)
+    diff_column: str = "ulp_batch_vs_compared"  # the ulp column that says what the check compared
 
     @property
     def differing_columns(self) -> pd.DataFrame:
         """The columns where the two compared sides differ."""
-        return self.columns[self.columns["ulp_batch_vs_compared"] != 0]
+        return self.columns[self.columns[self.diff_column] != 0]
 
 
 def _as_record(record: Mapping[str, Any] | pd.Series) -> dict[str, Any]:
@@ -489,6 +490,111 @@ def explain_row(
     return RowExplanation(summary, columns, rstd, others_df, _explain_text(summary, rstd, others_df), notes)
 
 
+def correct_dweight(case: Case, opts: OpOptions) -> torch.Tensor:
+    """dweight from fp64 autograd over the whole batch, rounded once to the weight's dtype."""
+    x = case.x.detach().cpu().to(torch.float64)
+    z = None if case.z is None else case.z.detach().cpu().to(torch.float64)
+    w = case.w.detach().cpu().to(torch.float64).requires_grad_(True)
+    with torch.enable_grad():
+        y64 = gated_rmsnorm_math(x, z, w, opts, torch.float64)
+        (g,) = torch.autograd.grad(y64, w, grad_outputs=case.dy.detach().cpu().to(torch.float64))
+    return round_once(g, case.w.dtype)
+
+
+def explain_dweight(
+    record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None, device: str | None = None
+) -> RowExplanation:
+    """A dweight record (dweight_repeatable): the same batch run twice, column by column, against
+    the fp64 dweight rounded once. There is no row, so rstd and the other backends stay empty."""
+    from rlnorm.backends import load_backend
+    from rlnorm.records import rebuild_case
+
+    rec = _as_record(record)
+    if str(rec["tensor"]) != "dweight":
+        raise ValueError(f"record: tensor {rec['tensor']!r} is per row; use explain_row")
+    device = device or _default_device()
+    rb = rebuild_case(dict(rec))
+    opts = opts or getattr(rb, "opts", None) or OpOptions()
+    batch = rb.batch.to(device)
+    backend = load_backend(str(rec["backend"]))
+    ok, why = backend.available(device)
+    if not ok:
+        raise ValueError(f"record: backend {rec['backend']!r} cannot run on {device}: {why}")
+    runs = []
+    for _ in range(2):
+        g = backend.forward_backward(batch.x, batch.z, batch.w, batch.dy, opts)
+        if g.dw is None:
+            raise ValueError(f"record: backend {rec['backend']!r} gives no dweight")
+        runs.append(g.dw.detach().cpu())
+    first, second = runs
+    ref = correct_dweight(batch, opts)
+    u12, u1r, u2r = ulp_distance(first, second), ulp_distance(first, ref), ulp_distance(second, ref)
+    columns = pd.DataFrame(
+        {
+            "first_run": _row_values(first),
+            "second_run": _row_values(second),
+            "fp64_rounded_once": _row_values(ref),
+            "ulp_first_vs_second": u12.tolist(),
+            "ulp_first_vs_fp64": u1r.tolist(),
+            "ulp_second_vs_fp64": u2r.tolist(),
+        }
+    )
+    columns.index.name = "col"
+    d, n_diff = int(first.shape[0]), int((u12 != 0).sum())
+    summary = {
+        "backend": rec["backend"],
+        "check": rec["check"],
+        "case": rec.get("case"),
+        "seed": rec.get("seed"),
+        "tensor": "dweight",
+        "batch_rows": int(batch.x.shape[0]),
+        "device": device,
+        "columns": d,
+        "cols_differ": n_diff,
+        "max_ulp": int(u12.max()),
+        "recorded_cols_differ": rec.get("cols_differ"),
+        "recorded_max_ulp": rec.get("max_ulp"),
+        "reproduced": n_diff > 0,
+        "first_equal_fp64_cols": int((u1r == 0).sum()),
+        "second_equal_fp64_cols": int((u2r == 0).sum()),
+    }
+    head = (
+        f"{rec['backend']}'s dweight over the same batch of {_n(summary['batch_rows'], 'row')} (seed {rec.get('seed')})"
+    )
+    if n_diff:
+        text = (
+            f"{head} differs between two identical runs in {n_diff} of {d} columns by at most {summary['max_ulp']} ulp "
+            f"(recorded: {_n(rec.get('cols_differ'), 'column')}, {rec.get('max_ulp')} ulp): the weight gradient is "
+            "not repeatable, so two training runs on the same data drift apart."
+        )
+    else:
+        text = (
+            f"Recomputed on {device}, {head} is bitwise the same in two runs: the recorded difference does not "
+            "reproduce here (it depends on the device, timing or launch configuration of the run)."
+        )
+    text += (
+        f" Columns equal to the fp64 dweight rounded once: {summary['first_equal_fp64_cols']}/{d} in the first run, "
+        f"{summary['second_equal_fp64_cols']}/{d} in the second."
+    )
+    return RowExplanation(
+        summary,
+        columns,
+        pd.DataFrame(),
+        pd.DataFrame(),
+        text,
+        ["dweight has no row: no rstd, no per-row peers"],
+        diff_column="ulp_first_vs_second",
+    )
+
+
+def explain_record(record: Mapping[str, Any] | pd.Series, **kwargs: Any) -> RowExplanation:
+    """explain_row for a y/dx/dz record, explain_dweight for a dweight one (kwargs it lacks are dropped)."""
+    rec = _as_record(record)
+    if str(rec["tensor"]) == "dweight":
+        return explain_dweight(rec, opts=kwargs.get("opts"), device=kwargs.get("device"))
+    return explain_row(rec, **kwargs)
+
+
 def _n(k: Any, word: str) -> str:
     return f"{k} {word}" + ("" if k == 1 else "s")
 
@@ -560,17 +666,22 @@ def plot_row(expl: RowExplanation):
     s = expl.summary
     cols = np.asarray(c.index)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.8), sharex=True)
-    diff = c["ulp_batch_vs_compared"].to_numpy()
+    diff = c[expl.diff_column].to_numpy()
     ax1.bar(cols, diff, color=np.where(diff != 0, "#e53935", "#9e9e9e"), width=0.9)
-    ax1.set_ylabel(f"ulp, batch vs {s['compared_with']}", fontsize=8)
+    what = f"row {s['row']} ({s['check']} {s['case']})" if "row" in s else f"{s['check']} {s['case']}"
     ax1.set_title(
-        f"{s['backend']} {s['tensor']}, row {s['row']} ({s['check']} {s['case']}): "
-        f"{s['cols_differ']}/{s['columns']} columns differ, max {s['max_ulp']} ulp",
+        f"{s['backend']} {s['tensor']}, {what}: {s['cols_differ']}/{s['columns']} columns differ, "
+        f"max {s['max_ulp']} ulp",
         fontsize=10,
     )
-    sides = [("alone", "ulp_alone_vs_cr", "#1e88e5"), ("in batch", "ulp_batch_vs_cr", "#fb8c00")]
-    if s["compared_with"] != "alone":
-        sides.append((s["compared_with"], "ulp_compared_vs_cr", "#8e24aa"))
+    if s["tensor"] == "dweight":
+        ax1.set_ylabel("ulp, run 1 vs run 2", fontsize=8)
+        sides = [("first run", "ulp_first_vs_fp64", "#1e88e5"), ("second run", "ulp_second_vs_fp64", "#fb8c00")]
+    else:
+        ax1.set_ylabel(f"ulp, batch vs {s['compared_with']}", fontsize=8)
+        sides = [("alone", "ulp_alone_vs_cr", "#1e88e5"), ("in batch", "ulp_batch_vs_cr", "#fb8c00")]
+        if s["compared_with"] != "alone":
+            sides.append((s["compared_with"], "ulp_compared_vs_cr", "#8e24aa"))
     width = 0.8 / len(sides)
     for i, (label, col, colour) in enumerate(sides):
         ax2.bar(cols + (i - (len(sides) - 1) / 2) * width, c[col], width=width, label=label, color=colour)

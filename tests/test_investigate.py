@@ -16,6 +16,7 @@ from rlnorm.inputs import make_case
 from rlnorm.investigate import (
     correctly_rounded,
     differing_rows,
+    explain_record,
     explain_row,
     failing_summary,
     latest_run,
@@ -76,8 +77,10 @@ name: tiny
 device: cpu
 progress: false
 backends: [reference]
-custom_backends: ["rlnorm.faults:BatchSizeDependentOutput", "rlnorm.faults:PositionDependentOutput"]
-checks: [all_rows, full_vs_sub_batches, batch_size_sweep]
+custom_backends: ["rlnorm.faults:BatchSizeDependentOutput", "rlnorm.faults:PositionDependentOutput",
+                  "rlnorm.faults:NondeterministicDweight"]
+checks: [all_rows, dweight_repeatable, full_vs_sub_batches, batch_size_sweep]
+dweight_rows: 7
 all_rows_sizes: [7]
 all_rows_seeds: [3]
 sub_batches_rows: 15
@@ -91,6 +94,7 @@ timing: false
 """
 BATCH_FAULT = "rlnorm.faults:BatchSizeDependentOutput"
 POSITION_FAULT = "rlnorm.faults:PositionDependentOutput"
+DWEIGHT_FAULT = "rlnorm.faults:NondeterministicDweight"
 
 
 def tiny_run_folder(factory: pytest.TempPathFactory) -> Path:
@@ -157,9 +161,9 @@ def test_locate_run_rejects_bad_sources(tmp_path: Path) -> None:
 
 def test_differing_rows_default_picks_the_first_faulty_backend(tiny_run: Path) -> None:
     run = load_run(tiny_run)
-    assert run.ran_backends == ["reference", BATCH_FAULT, POSITION_FAULT]
+    assert run.ran_backends == ["reference", BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT]
     summary = failing_summary(run.records)
-    assert set(summary["backend"]) == {BATCH_FAULT, POSITION_FAULT}  # the clean reference has none
+    assert set(summary["backend"]) == {BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT}  # the reference has none
     table = differing_rows(run.records)
     assert table.attrs == {"backend": BATCH_FAULT, "check": "all_rows"}
     assert len(table) > 0 and (table["max_ulp"] >= 1).all()
@@ -173,7 +177,7 @@ def test_differing_rows_names_what_exists_on_a_bad_choice(tiny_run: Path) -> Non
     with pytest.raises(ValueError, match="backend: 'reference' has no differing rows"):
         differing_rows(run.records, backend="reference")
     with pytest.raises(ValueError, match="checks with some"):
-        differing_rows(run.records, check="dweight_repeatable")
+        differing_rows(run.records, backend=BATCH_FAULT, check="dweight_repeatable")
     with pytest.raises(ValueError, match="no differing rows"):
         pick_failing(run.records.iloc[0:0])
 
@@ -234,6 +238,21 @@ def test_explain_row_for_a_gradient_record(faulty_module_dir: Path) -> None:
     # a whole-row scale fault moves every differing column the same way, and the text says so
     assert expl.summary["cols_larger_in_batch"] in (0, expl.summary["cols_differ"])
     assert "shift of the whole row's scale" in expl.text
+
+
+def test_explain_record_of_a_nondeterministic_dweight(tiny_run: Path) -> None:
+    run = load_run(tiny_run)
+    table = differing_rows(run.records, DWEIGHT_FAULT)
+    assert table.attrs["check"] == "dweight_repeatable" and set(table["tensor"]) == {"dweight"}
+    expl = explain_record(table.iloc[0], opts=run.opts, device="cpu")
+    s = expl.summary
+    assert s["reproduced"] and s["cols_differ"] == 2 and s["max_ulp"] == 1  # call k bumps column k
+    first, second = expl.differing_columns.index  # consecutive calls bump consecutive columns
+    assert second == first + 1
+    assert "not repeatable" in expl.text and expl.rstd.empty and expl.others.empty
+    # the planted fault sits on the exact dweight: apart from the bumped column, fp64 rounded once
+    assert s["first_equal_fp64_cols"] >= 126
+    assert len(plot_row(expl).axes) == 2
 
 
 def test_explain_row_rejects_records_without_a_row(tiny_run: Path) -> None:
