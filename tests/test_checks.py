@@ -397,3 +397,56 @@ def test_max_records_caps_records_not_counts() -> None:
         PositionDependentOutput(), OPTS, full_rows=60, sub_sizes=(7,), seeds=(3,), max_records=5, **QUICK
     )
     assert len(fvs.records) == 5 and fvs.summary["fwd_differ"] > 5
+
+
+# -- the CUDA-graph path (GPU only: run on the H200) ------------------------------------------------
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+
+
+class ForwardOnlyPosition(PositionDependentOutput):
+    """Position fault, forward only: all on the GPU, so its single-row calls can be graph-captured."""
+
+    key = "test:ForwardOnlyPosition"
+    has_backward = False
+
+
+@cuda_only
+@pytest.mark.parametrize("backend", [ReferenceBackend(), ForwardOnly()], ids=lambda b: b.key)
+def test_graph_path_gives_what_eager_gives(backend: Backend) -> None:
+    case = make_case(3000, 128, 3, device="cuda")
+    wg = _alone(backend, case, use_graphs=True, graph_rows=512)
+    assert wg[3] == "cuda_graph"
+    we = _alone(backend, case, use_graphs=False, graph_rows=512)
+    assert we[3] == "eager"
+    for g, e in zip(wg[:3], we[:3], strict=True):
+        assert (g is None) == (e is None)
+        if g is not None:
+            assert torch.equal(g.view(torch.int16), e.view(torch.int16))
+
+
+def _alone(backend: Backend, case, use_graphs: bool, graph_rows: int):  # type: ignore[no-untyped-def]
+    runner = checks._AloneRunner(
+        backend, OPTS, backend.has_backward, use_graphs, graph_rows, progress=False, desc="test"
+    )
+    out = runner.run(case, torch.arange(0, 2995, 5), 5)
+    return (*out, runner.paths[5])
+
+
+@cuda_only
+def test_graph_path_still_catches_a_planted_fault() -> None:
+    b = ForwardOnlyPosition()
+    kw = {"full_rows": 20000, "sub_sizes": (1, 7), "seeds": (3,), "device": "cuda", "progress": False}
+    g = checks.full_vs_sub_batches(b, OPTS, **kw)
+    e = checks.full_vs_sub_batches(b, OPTS, use_graphs=False, **kw)
+    assert g.summary["alone_path"] == {"1": "cuda_graph", "7": "cuda_graph"}
+    assert g.summary["fwd_differ"] == e.summary["fwd_differ"] > 0
+    assert [r["row"] for r in g.records] == [r["row"] for r in e.records]
+
+
+@cuda_only
+def test_uncapturable_backend_falls_back_to_eager_and_says_so() -> None:
+    """ExactReferenceBackend sums dweight on the CPU (a sync): capture fails, eager runs, the result stands."""
+    res = checks.all_rows(ExactReferenceBackend(), OPTS, ns=(4097,), seeds=(3,), device="cuda", progress=False)
+    assert res.summary["4097"]["alone_path"].startswith("eager (")
+    assert res.summary["4097"]["fwd_differ"] == res.summary["4097"]["rowgrad_differ"] == 0
