@@ -330,6 +330,11 @@ def build_artifact(
         "agreement": None if agreement is None else dict(agreement),
         "results": {k: dict(v) if isinstance(v, Mapping) else v for k, v in results.items()},
     }
+    for entry in doc["results"].values():
+        if isinstance(entry, dict) and entry.get("status") in ("skipped", "failed") and not entry.get("skip_reason"):
+            entry["skip_reason"] = "no reason given"  # say so rather than leave an empty reason
+        elif isinstance(entry, dict) and entry.get("status") == "ran" and entry.get("skip_reason") == "":
+            entry["skip_reason"] = None
     doc = normalize_artifact(_jsonable(doc, "$"))
     validate_artifact(doc)
     return doc

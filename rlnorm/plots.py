@@ -142,7 +142,33 @@ def _compact(n: int) -> str:
 
 
 def _fmt_us(us: float) -> str:
+    """Microseconds as a reader scans them: '53.1 us', '865 us', '115.3 ms', '2.16 s'."""
+    if us >= 1e6:
+        return f"{us / 1e6:.2f} s"
+    if us >= 1e4:
+        return f"{us / 1e3:,.1f} ms"
     return f"{us:,.0f} us" if us >= 100 else f"{us:.1f} us"
+
+
+def _fmt_ratio(r: float) -> str:
+    return f"{r:.2f}x" if r < 10 else (f"{r:.1f}x" if r < 100 else f"{r:,.0f}x")
+
+
+def _cpu_note(doc: Mapping[str, Any]) -> str | None:
+    """A CPU run's times (Triton interpreted) say nothing about a GPU: say so on the figure."""
+    env = doc.get("environment") or {}
+    if env.get("gpu") == "cpu":
+        interp = " (Triton interpreted)" if env.get("triton_interpret") == "1" else ""
+        return f"CPU run{interp}: times say nothing about GPU speed"
+    return None
+
+
+def _rows_measured(doc: Mapping[str, Any]) -> int | None:
+    for e in (doc.get("results") or {}).values():
+        rows = _acc(e).get("rows")
+        if isinstance(rows, int) and rows > 0:
+            return rows
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,7 +311,8 @@ def plot_error_distributions(artifact: Mapping[str, Any], out_dir: str | os.Path
         if why is not None:
             _message(ax_ulp, f"no data ({why})")
         elif not ulp:
-            _message(ax_ulp, "no ulp histogram recorded" + ("" if acc else " (accuracy check not run)"))
+            why_not = f" (the check raised: {_shorten(acc['error'], 80)})" if acc.get("error") else ""
+            _message(ax_ulp, "no ulp histogram recorded" + (why_not if acc else " (accuracy check not run)"))
         else:
             keys, counts = _ulp_items(ulp)
             xs = np.arange(len(keys))
@@ -372,6 +399,8 @@ def _latency_missing_reason(entry: Mapping[str, Any], field: str) -> str:
         return "no backward"
     if not acc:
         return "accuracy_latency not run"
+    if acc.get("error"):
+        return "check raised"
     if acc.get("timed") is False:
         device = acc.get("device") or "this device"
         return f"not timed ({device})"
@@ -420,7 +449,7 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
         log = max(span) / min(span) > 8  # within 8x a linear axis still shows the differences
         if log:
             ax.set_xscale("log")
-            ax.set_xlim(min(span) / 2.5, max(span) * 12)
+            ax.set_xlim(min(span) / 2.5, max(span) * 60)
         else:
             ax.set_xlim(0, max(span) * 1.5)
         x_in_axes = mtransforms.blended_transform_factory(ax.transAxes, ax.transData)
@@ -438,7 +467,7 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
                 )
                 continue
-            text = _fmt_us(v) + (f"  ({v / roof_line:.2f}x roofline)" if roof_line else "")
+            text = _fmt_us(v) + (f"  ({_fmt_ratio(v / roof_line)} roofline)" if roof_line else "")
             x = tip * 1.12 if log else tip + max(span) * 0.015
             ax.text(x, y, text, va="center", fontsize=8)
         if roof_line is not None:
@@ -451,8 +480,9 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
         scale = "log scale" if log else "linear"
         ax.set_xlabel(f"time per call (us, median, {scale}); whiskers p20-p80")
         ax.grid(axis="x", alpha=0.3)
-    rows = next((int(_acc(e)["rows"]) for e in (doc.get("results") or {}).values() if _acc(e).get("rows")), None)
-    extra = None if rows is None else f"{rows:,} rows" + ("" if roof is not None else " · roofline not measured")
+    rows = _rows_measured(doc)
+    notes = [f"{rows:,} rows" if rows else None, None if roof is not None else "roofline not measured", _cpu_note(doc)]
+    extra = " · ".join(n for n in notes if n) or None
     _title(fig, "Latency per backend (lower is better)", doc, extra)
     _save(fig, out_dir, "latency")
     return fig
@@ -479,7 +509,10 @@ def plot_agreement(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] 
     if not agreement or not agreement.get("backends"):
         fig = Figure(figsize=(7, 3.2), layout="constrained")
         ax = fig.subplots()
-        _message(ax, "no cross-backend agreement matrix in this artifact")
+        if agreement and agreement.get("error"):
+            _message(ax, f"agreement matrix failed: {_shorten(agreement['error'], 200)}", color=_BAD_COLOR)
+        else:
+            _message(ax, "no cross-backend agreement matrix in this artifact")
         _title(fig, "Cross-backend bitwise agreement", doc)
         _save(fig, out_dir, "agreement")
         return fig
@@ -658,7 +691,15 @@ def plot_vs_reference_report(
         )
     params = doc.get("params") or {}
     coverage = params.get("coverage")
-    extra = f"vs {run_label(ref)}" + (f" · this run's sub-batch coverage: {coverage}" if coverage else "")
+    rows_this, rows_ref = _rows_measured(doc), _rows_measured(ref)
+    notes = [f"vs {run_label(ref)}"]
+    if rows_this and rows_ref and rows_this != rows_ref:
+        notes.append(f"timed rows: this run {rows_this:,}, report {rows_ref:,}")
+    if coverage:
+        notes.append(f"this run's sub-batch coverage: {coverage}")
+    if _cpu_note(doc):
+        notes.append(_cpu_note(doc))
+    extra = " · ".join(notes)
     _title(fig, "This run beside the B200 reference report", doc, extra)
     _save(fig, out_dir, "vs_reference_report")
     return fig

@@ -407,3 +407,26 @@ def test_schema_ships_with_the_package() -> None:
     assert set(schema["required"]) == set(built())
     doc = copy.deepcopy(built())
     validate_artifact(doc)
+
+
+def test_a_check_that_raised_keeps_its_error_in_the_artifact() -> None:
+    """The runner stores a check's own `error` beside what it measured; the schema accepts that."""
+    backend = _ran_backend()
+    backend["batch_invariance"]["all_rows"]["error"] = "RuntimeError: boom"
+    backend["batch_invariance"]["full_vs_sub_batches"]["error"] = "RuntimeError: boom"
+    backend["accuracy_latency"]["error"] = "RuntimeError: boom"
+    backend["errors"] = {"all_rows": "RuntimeError: boom"}
+    doc = built(results={"rlnorm": backend}, agreement={"error": "ValueError: no backends"})
+    assert doc["agreement"] == {"error": "ValueError: no backends"}
+    # but an all_rows key that is neither a size nor `error` is a fault
+    doc["results"]["rlnorm"]["batch_invariance"]["all_rows"]["64 "] = {"rows": 1, "fwd_differ": 0, "rowgrad_differ": 0}
+    with pytest.raises(ArtifactValidationError, match=r"all_rows: '64 ' does not match"):
+        validate_artifact(doc)
+
+
+def test_a_skip_without_a_reason_says_so() -> None:
+    doc = built(results={"vllm": {"source": "vLLM", "backward": "none", "status": "skipped", "skip_reason": ""}})
+    assert doc["results"]["vllm"]["skip_reason"] == "no reason given"
+    backend = _ran_backend()
+    backend["skip_reason"] = ""
+    assert built(results={"rlnorm": backend})["results"]["rlnorm"]["skip_reason"] is None

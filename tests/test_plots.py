@@ -277,9 +277,10 @@ def test_latency_marks_roofline_missing_backward_and_untimed(tmp_path: Path, see
     doc, _ = synthetic(timed=False)
     text = _texts(plots.plot_latency(doc, tmp_path / "cpu"))
     assert "no timings" in text and "not timed (cuda)" in text
+    assert "CPU run: times say nothing about GPU speed" in text
     _png_ok(tmp_path / "cpu" / "latency.png")
     text = _texts(plots.plot_latency(seed_report, tmp_path / "seed"))
-    assert "roofline not measured" in text and "115,293 us" in text
+    assert "roofline not measured" in text and "115.3 ms" in text
     doc, _ = synthetic(skipped=True)
     assert "no timings: skipped" in _texts(plots.plot_latency(doc))
 
@@ -341,3 +342,14 @@ def test_draws_into_a_folder_for_viewing(seed_report: dict) -> None:
     plots.plot_all(doc, df, out / "clean_cpu", seed_report=seed_report)
     doc, df = synthetic(skipped=True)
     plots.plot_all(doc, df, out / "skipped", seed_report=seed_report)
+
+
+def test_checks_that_raised_are_shown_not_hidden() -> None:
+    doc, _ = synthetic()
+    acc = doc["results"]["transformers"]["accuracy_latency"]
+    acc.update(fwd_ulp_hist=None, fwd_abs_err_hist=None, fwd_us=None, fwd_bwd_us=None, error="RuntimeError: OOM")
+    doc["agreement"] = {"error": "ValueError: shapes differ"}
+    text = _texts(plots.plot_error_distributions(doc))
+    assert "the check raised: RuntimeError: OOM" in text
+    assert "check raised" in _texts(plots.plot_latency(doc))
+    assert "agreement matrix failed: ValueError: shapes differ" in _texts(plots.plot_agreement(doc))
