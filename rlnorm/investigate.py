@@ -370,8 +370,9 @@ def explain_row(
     pos, opos, other_is_alone = rb.position, rb.other_position, rb.other_label == "alone"
     backend = load_backend(str(rec["backend"]))
     ok, why = backend.available(device)
-    if not ok:
-        raise ValueError(f"record: backend {rec['backend']!r} cannot run on {device}: {why}")
+    notes: list[str] = []
+    if not ok:  # e.g. a GPU run's vLLM record read on a laptop: show the row, the exact value, the others
+        notes.append(f"{rec['backend']} cannot run on {device} ({why}): its own values are not recomputed")
 
     def row_of(b: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(in batch, in the compared batch, alone) for one backend, on the CPU."""
@@ -380,36 +381,43 @@ def explain_row(
         compared = by_itself if other_is_alone else compute_tensor(b, other, opts, tensor)[opos].detach().cpu()
         return in_b, compared, by_itself
 
-    in_batch, compared, by_itself = row_of(backend)
     exact = correctly_rounded(alone, opts, tensor)[0]
     d = exact.shape[0]
-    ulp_bc = ulp_distance(in_batch, compared)
-    ulp_a, ulp_b, ulp_c = (ulp_distance(t, exact) for t in (by_itself, in_batch, compared))
     columns = pd.DataFrame(
         {
             "x": _row_values(alone.x[0]),
             "z": _row_values(alone.z[0]) if alone.z is not None else float("nan"),
-            "in_batch": _row_values(in_batch),
-            "compared": _row_values(compared),
-            "alone": _row_values(by_itself),
-            "correctly_rounded": _row_values(exact),
-            "ulp_batch_vs_compared": ulp_bc.tolist(),
-            "ulp_batch_vs_alone": ulp_distance(in_batch, by_itself).tolist(),
-            "ulp_alone_vs_cr": ulp_a.tolist(),
-            "ulp_batch_vs_cr": ulp_b.tolist(),
-            "ulp_compared_vs_cr": ulp_c.tolist(),
         }
     )
+    if ok:
+        in_batch, compared, by_itself = row_of(backend)
+        ulp_bc = ulp_distance(in_batch, compared)
+        ulp_a, ulp_b, ulp_c = (ulp_distance(t, exact) for t in (by_itself, in_batch, compared))
+        columns["in_batch"] = _row_values(in_batch)
+        columns["compared"] = _row_values(compared)
+        columns["alone"] = _row_values(by_itself)
+        columns["correctly_rounded"] = _row_values(exact)
+        columns["ulp_batch_vs_compared"] = ulp_bc.tolist()
+        columns["ulp_batch_vs_alone"] = ulp_distance(in_batch, by_itself).tolist()
+        columns["ulp_alone_vs_cr"] = ulp_a.tolist()
+        columns["ulp_batch_vs_cr"] = ulp_b.tolist()
+        columns["ulp_compared_vs_cr"] = ulp_c.tolist()
+    else:
+        for col in ("in_batch", "compared", "alone"):
+            columns[col] = float("nan")
+        columns["correctly_rounded"] = _row_values(exact)
+        for col in ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr"):
+            columns[col] = pd.array([pd.NA] * d, dtype="Int64")
+        columns["ulp_compared_vs_cr"] = pd.array([pd.NA] * d, dtype="Int64")
     columns.index.name = "col"
 
     # rstd: the per-row statistic the op divides by, both ways, and the backend's own if it has one
     r32, r64 = rstd_from_x(alone, opts, torch.float32)[0], rstd_from_x(alone, opts, torch.float64)[0]
     rstd = pd.DataFrame({"fp32_from_x": r32.to(torch.float64).tolist(), "fp64_from_x": r64.tolist()})
     rstd["fp32_rel_err"] = (rstd["fp32_from_x"] - rstd["fp64_from_x"]).abs() / rstd["fp64_from_x"]
-    notes: list[str] = []
     try:
-        own_alone = _backend_rstd(backend, alone, opts)
-        own_batch = _backend_rstd(backend, batch, opts)
+        own_alone = _backend_rstd(backend, alone, opts) if ok else None
+        own_batch = _backend_rstd(backend, batch, opts) if ok else None
     except Exception as exc:  # a backend's optional rstd hook failing is a note, not a failure
         own_alone = own_batch = None
         notes.append(f"{rec['backend']}.rstd failed: {describe_error(exc)}")
@@ -431,9 +439,9 @@ def explain_row(
         row: dict[str, Any] = {"backend": key}
         try:
             cand = load_backend(key)
-            ok, why = cand.available(device)
-            if not ok:
-                row["status"] = f"unavailable: {why}"
+            cand_ok, cand_why = cand.available(device)
+            if not cand_ok:
+                row["status"] = f"unavailable: {cand_why}"
                 other_rows.append(row)
                 continue
             if tensor != "y" and not cand.has_backward:
@@ -444,8 +452,9 @@ def explain_row(
             row["status"] = "ran"
             row["alone_correctly_rounded_cols"] = int((ulp_distance(o_alone, exact) == 0).sum())
             row["alone_max_ulp_vs_cr"] = int(ulp_distance(o_alone, exact).max())
-            row["equal_to_this_alone"] = bool(torch.equal(o_alone, by_itself))
-            row["equal_to_this_in_batch"] = bool(torch.equal(o_alone, in_batch))
+            if ok:
+                row["equal_to_this_alone"] = bool(torch.equal(o_alone, by_itself))
+                row["equal_to_this_in_batch"] = bool(torch.equal(o_alone, in_batch))
             if others_in_batch:
                 o_batch, o_comp, _ = row_of(cand)
                 row["batch_equal_compared"] = bool(torch.equal(o_batch, o_comp))
@@ -460,9 +469,7 @@ def explain_row(
             "pass others_in_batch=True to run them on the compared batches too)"
         )
 
-    n_diff = int((ulp_bc != 0).sum())
-    diff_cols = ulp_bc != 0
-    summary = {
+    summary: dict[str, Any] = {
         "backend": rec["backend"],
         "check": rec["check"],
         "case": rec.get("case"),
@@ -476,17 +483,25 @@ def explain_row(
         "compared_position": opos,
         "device": device,
         "columns": d,
-        "cols_differ": n_diff,
-        "max_ulp": int(ulp_bc.max()),
+        "recomputed": ok,
+        "cols_differ": None,
+        "max_ulp": None,
         "recorded_cols_differ": rec.get("cols_differ"),
         "recorded_max_ulp": rec.get("max_ulp"),
-        "reproduced": n_diff > 0,
-        # of the differing columns, how many are larger in magnitude inside the batch
-        "cols_larger_in_batch": int((in_batch.abs() > compared.abs())[diff_cols].sum()),
-        "alone_correctly_rounded_cols": int((ulp_a == 0).sum()),
-        "in_batch_correctly_rounded_cols": int((ulp_b == 0).sum()),
-        "compared_correctly_rounded_cols": int((ulp_c == 0).sum()),
+        "reproduced": None,
     }
+    if ok:
+        diff_cols = ulp_bc != 0
+        summary.update(
+            cols_differ=int(diff_cols.sum()),
+            max_ulp=int(ulp_bc.max()),
+            reproduced=bool(diff_cols.any()),
+            # of the differing columns, how many are larger in magnitude inside the batch
+            cols_larger_in_batch=int((in_batch.abs() > compared.abs())[diff_cols].sum()),
+            alone_correctly_rounded_cols=int((ulp_a == 0).sum()),
+            in_batch_correctly_rounded_cols=int((ulp_b == 0).sum()),
+            compared_correctly_rounded_cols=int((ulp_c == 0).sum()),
+        )
     return RowExplanation(summary, columns, rstd, others_df, _explain_text(summary, rstd, others_df), notes)
 
 
@@ -609,12 +624,19 @@ def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame
     if s["compared_with"] != "alone":
         vs = f"inside the {s['compared_with']} of {_n(s['compared_rows'], 'row')} at position {s['compared_position']}"
     recorded = f"{_n(s['recorded_cols_differ'], 'column')}, {s['recorded_max_ulp']} ulp"
+    if not s["recomputed"]:
+        text = (
+            f"{s['backend']} cannot run on {s['device']}, so its {s['tensor']} for {where} is not recomputed here; "
+            f"the run recorded that it differs from the same row computed {vs} in {recorded}. "
+            "The table still shows the row's inputs and its correctly rounded value."
+        )
+        return text + _others_text(others)
     if not s["reproduced"]:
         return (
             f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same as "
             f"{vs}: the recorded difference ({recorded}) does not reproduce here, so it depends on the "
             "device or the launch configuration the run used."
-        )
+        ) + _others_text(others)
     lines = [
         f"{s['backend']}'s {s['tensor']} for {where} differs in {s['cols_differ']} of {s['columns']} columns "
         f"by at most {s['max_ulp']} ulp from the same row computed {vs} (recorded: {recorded}).",
@@ -643,17 +665,21 @@ def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame
             f"The backend's own rstd is {'the same' if same else 'DIFFERENT'} alone and in the batch"
             + (": the difference comes after the row statistic." if same else ": the row statistic itself moved.")
         )
+    return " ".join(lines) + _others_text(others)
+
+
+def _others_text(others: pd.DataFrame) -> str:
     ran = others[others["status"] == "ran"] if "status" in others else others.iloc[0:0]
-    if not ran.empty:
-        cr = ran[ran["alone_max_ulp_vs_cr"] == 0]["backend"].tolist()
-        lines.append(
-            f"Of the other backends that ran, {len(cr)}/{len(ran)} give the correctly rounded row alone"
-            + (f" ({', '.join(cr)})." if cr else ".")
-        )
-        if "batch_equal_compared" in ran:
-            inv = ran[ran["batch_equal_compared"] == True]["backend"].tolist()  # noqa: E712 (NaN-safe)
-            lines.append(f"{len(inv)}/{len(ran)} compute this row bitwise the same in both batches.")
-    return " ".join(lines)
+    if ran.empty:
+        return ""
+    cr = ran[ran["alone_max_ulp_vs_cr"] == 0]["backend"].tolist()
+    out = f" Of the other backends that ran, {len(cr)}/{len(ran)} give the correctly rounded row alone" + (
+        f" ({', '.join(cr)})." if cr else "."
+    )
+    if "batch_equal_compared" in ran:
+        inv = ran[ran["batch_equal_compared"] == True]["backend"].tolist()  # noqa: E712 (NaN-safe)
+        out += f" {len(inv)}/{len(ran)} compute this row bitwise the same in both batches."
+    return out
 
 
 def plot_row(expl: RowExplanation):
@@ -661,11 +687,17 @@ def plot_row(expl: RowExplanation):
     the correctly rounded value (bottom)."""
     import matplotlib.pyplot as plt
     import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
     c = expl.columns
     s = expl.summary
     cols = np.asarray(c.index)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.8), sharex=True)
+    if not s.get("recomputed", True):
+        ax1.set_title(f"{s['backend']} cannot run on {s['device']}: nothing recomputed to plot", fontsize=10)
+        for ax in (ax1, ax2):
+            ax.set_axis_off()
+        return fig
     diff = c[expl.diff_column].to_numpy()
     ax1.bar(cols, diff, color=np.where(diff != 0, "#e53935", "#9e9e9e"), width=0.9)
     what = f"row {s['row']} ({s['check']} {s['case']})" if "row" in s else f"{s['check']} {s['case']}"
@@ -691,5 +723,6 @@ def plot_row(expl: RowExplanation):
     for ax in (ax1, ax2):
         top = max(1, int(np.nanmax(ax.get_ylim())))
         ax.set_ylim(0, top + 0.5)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return fig

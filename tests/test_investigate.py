@@ -255,6 +255,28 @@ def test_explain_record_of_a_nondeterministic_dweight(tiny_run: Path) -> None:
     assert len(plot_row(expl).axes) == 2
 
 
+def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> None:
+    # a GPU run's vLLM record read on a machine where vLLM cannot run
+    record = {
+        "backend": "vllm",
+        "check": "all_rows",
+        "seed": 3,
+        "case": "n=7",
+        "row": 4,
+        "tensor": "y",
+        "cols_differ": 2,
+        "max_ulp": 1,
+        "rebuild": _rebuild_spec(7, 3, 4, OpOptions(), "y"),
+    }
+    expl = explain_row(record, others=["reference"], device="cpu")
+    assert not expl.summary["recomputed"] and expl.summary["reproduced"] is None
+    assert "vllm cannot run on cpu" in expl.text and "2 columns, 1 ulp" in expl.text
+    assert expl.columns["in_batch"].isna().all() and expl.columns["correctly_rounded"].notna().all()
+    assert expl.others.set_index("backend").loc["reference", "alone_max_ulp_vs_cr"] == 0
+    assert expl.differing_columns.empty
+    assert len(plot_row(expl).axes) == 2
+
+
 def test_explain_row_rejects_records_without_a_row(tiny_run: Path) -> None:
     run = load_run(tiny_run)
     rec = run.records.iloc[0].to_dict()
