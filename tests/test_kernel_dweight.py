@@ -205,3 +205,15 @@ def test_assert_bitwise_catches_one_ulp():
         assert_bitwise(a, b)
     with pytest.raises(AssertionError):
         assert_bitwise(torch.tensor([0.0]), torch.tensor([-0.0]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hot_windows_chosen_from_a_misleading_first_tile(dtype):
+    # the first tile holds tiny values, later tiles huge ones (and the reverse): whichever
+    # windows a program keeps in registers, every value must be counted exactly
+    tiny = wide_values(8, 10, seed=9, lo=-140, hi=-120)
+    huge = wide_values(24, 10, seed=10, lo=90, hi=126)
+    for v in (torch.cat([tiny, huge]), torch.cat([huge, tiny])):
+        want = oracle(v, dtype)
+        for cut in (dict(block_rows=8, tiles=4), dict(block_rows=2, tiles=16)):
+            assert_bitwise(exact_column_sum(v, dtype, **cut), want)

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from rlnorm.kernel import _dweight
-from rlnorm.kernel._dweight import accumulate_tile, add_tile_direct, count_nonfinite, flush_limbs
+from rlnorm.kernel._dweight import accumulate, fixed_point, flush, hot_base
 from rlnorm.kernel._rounding import _round_fp32_to_out
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
@@ -69,6 +69,7 @@ def _rms_norm_gated_bwd_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_C: tl.constexpr,
     TILES: tl.constexpr,
+    DWEIGHT: tl.constexpr,
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
     pid = tl.program_id(0)
@@ -79,8 +80,9 @@ def _rms_norm_gated_bwd_kernel(
     col = offs_g[:, None] * group + offs_c[None, :]  # [BLOCK_G, BLOCK_C]
     col_mask = (offs_g[:, None] < n_groups) & (offs_c[None, :] < group)
     w = tl.load(W + col, mask=col_mask, other=0.0).to(tl.float32)[None, :, :]  # [1, BLOCK_G, BLOCK_C]
-    acc_lo = tl.zeros([NUM_WIN, BLOCK_G, BLOCK_C], tl.int64)
-    acc_hi = tl.zeros([NUM_WIN, BLOCK_G, BLOCK_C], tl.int64)
+    acc0 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the two hot windows
+    acc1 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)
+    base = pid * 0  # lower hot window, chosen from the first tile (speed only, never the result)
     for t in range(TILES):
         rows = pid.to(tl.int64) * (TILES * BLOCK_R) + t * BLOCK_R + offs_r  # [BLOCK_R] int64 row offsets
         mask = (rows < n_rows)[:, None, None] & col_mask[None, :, :]  # [BLOCK_R, BLOCK_G, BLOCK_C]
@@ -118,15 +120,17 @@ def _rms_norm_gated_bwd_kernel(
         tl.store(DX + r3 * stride_dx + c3, _round_fp32_to_out(dx, DX.dtype.element_ty), mask=mask)
         if HAS_Z:
             tl.store(DZ + r3 * stride_dz + c3, _round_fp32_to_out(dz, DZ.dtype.element_ty), mask=mask)
-        # dweight: this tile's fp32 contributions enter the exact integer accumulator
-        contrib = tl.where(mask, contrib, 0.0)
-        count_nonfinite(contrib, cnt_ptr, col, col_mask, d, NUM_WIN)
-        if TILES == 1:
-            add_tile_direct(contrib, cnt_ptr, col, col_mask, d, NUM_WIN)
-        else:
-            acc_lo, acc_hi = accumulate_tile(contrib, acc_lo, acc_hi, NUM_WIN)
-    if TILES > 1:
-        flush_limbs(cnt_ptr, acc_lo, acc_hi, col, col_mask, d, NUM_WIN)
+        if DWEIGHT:  # (False only to time dx/dz alone in benchmarks)
+            # dweight: this tile's fp32 contributions enter the exact integer accumulator
+            contrib = tl.where(mask, contrib, 0.0)
+            count, win, nonfinite = fixed_point(contrib)
+            if t == 0:
+                base = hot_base(count, win, NUM_WIN)
+            acc0, acc1 = accumulate(
+                contrib, count, win, nonfinite, acc0, acc1, base, cnt_ptr, col, col_mask, d, NUM_WIN
+            )
+    if DWEIGHT:
+        flush(acc0, acc1, base, cnt_ptr, col, col_mask, d)
 
 
 def bwd_config(d: int, group: int) -> dict[str, int]:
@@ -134,15 +138,20 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
     block_c = triton.next_power_of_2(group)
     block_g = triton.next_power_of_2(d // group)
     width = block_c * block_g
-    # about 2-4K elements per tile keeps x, z, dy and the temporaries in registers
-    block_r = max(1, min(32, 4096 // width))
-    # several tiles per program cut the dweight atomics; the register limbs cost
-    # 2 * NUM_WINDOWS int64 per column, affordable up to 1024 columns
-    tiles = 4 if width <= 1024 else 1
-    num_warps = 4 if width * block_r <= 4096 else 8
-    if width >= 4096:
-        num_warps = 16
-    return {"BLOCK_R": block_r, "BLOCK_G": block_g, "BLOCK_C": block_c, "TILES": tiles, "num_warps": num_warps}
+    # about 1K elements per tile, 8 per thread: x, z, dy, the temporaries and the dweight
+    # registers fit without spills (ptxas, sm_90: ~120 registers, cold path aside)
+    block_r = max(1, min(16, 1024 // width))
+    num_warps = max(4, min(16, width * block_r // 256))
+    # several tiles per program amortise the dweight flush (a cross-thread sum and atomics)
+    tiles = 8
+    return {
+        "BLOCK_R": block_r,
+        "BLOCK_G": block_g,
+        "BLOCK_C": block_c,
+        "TILES": tiles,
+        "num_warps": num_warps,
+        "DWEIGHT": True,
+    }
 
 
 def rms_norm_gated_bwd(
@@ -170,10 +179,14 @@ def rms_norm_gated_bwd(
         raise ValueError(f"x: last dimension {d} exceeds the kernel's limit of {MAX_WIDTH}")
     if d % group:
         raise ValueError(f"group_size: {group} does not divide the last dimension {d}")
+    if rows >= _dweight.MAX_ROWS:
+        raise ValueError(f"x: at most {_dweight.MAX_ROWS - 1} rows keep the exact dweight counters exact, got {rows}")
     dx = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     dz = None if z is None else torch.empty((rows, d), dtype=z.dtype, device=z.device)
     counters = _dweight.new_counters(d, x.device)
     cfg = dict(bwd_config(d, group), **(config or {}))
+    if not 1 <= cfg["TILES"] <= _dweight.MAX_TILES or cfg["BLOCK_R"] > _dweight.MAX_TILE_ROWS:
+        raise ValueError(f"config: TILES must be 1..{_dweight.MAX_TILES}, BLOCK_R <= {_dweight.MAX_TILE_ROWS}")
     if rows > 0:
         rows_per_program = cfg["BLOCK_R"] * cfg["TILES"]
         grid = (triton.cdiv(rows, rows_per_program),)

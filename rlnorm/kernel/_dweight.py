@@ -9,19 +9,26 @@ is the same exact number. One finalize step rounds that number once to the weigh
 Layout of the fixed-point form. A finite fp32 value is m * 2**(s - 149) with an integer
 |m| < 2**24 and a shift s in 0..253 (the exponent field minus one; subnormals share s = 0).
 The shift range is cut into NUM_WINDOWS windows of WINDOW_BITS = 32 shifts: window k holds
-the values with s >> 5 == k as the int64 m << (s & 31) (|.| < 2**55) in units of 2**(32k - 149).
-A tile of at most 256 rows sums such values exactly in int64 (< 2**63). Each exact tile sum is
-split into a low 32-bit part (0 <= lo < 2**32) and a signed high part, and both are added
-(int64 atomics, any order) to per-column counters; per window the low part has weight
-2**(32k) and the high part 2**(32(k+1)), so the counters are the limbs of one base-2**32 number.
+the values with s >> 5 == k as the int64 count m << (s & 31) (|.| < 2**55) of 2**(32k - 149).
+
+Accumulation (per program of TILES tiles of BLOCK_R rows). Real data sits in one or two
+adjacent windows, so a program picks two "hot" windows from its first tile and adds their
+counts into per-thread int64 registers: no communication between threads per tile. A value
+outside them ("cold": tiny next to the tile's largest, or NaN/Inf) goes straight to the
+counters with an atomic; one cross-thread max per tile detects whether a tile has any. At the
+end the registers are split into a low 32-bit part (0 <= lo < 2**32) and a signed high part,
+summed over the program's rows and added with int64 atomics (any order: integer adds are
+associative). Per window the low part has weight 2**(32k) and the high part 2**(32(k+1)), so
+the counters are the limbs of one base-2**32 number.
 
 Counters: int64 [STRIPES, NUM_SLOTS, D]; slot 2k is window k's low part, slot 2k+1 its high
 part, then three slots count NaN, +Inf and -Inf values (those have no integer form; they give
 the IEEE answer). Programs add into stripe pid % STRIPES, which only spreads same-address
 atomic traffic; the finalize kernel adds the stripes (exactly) before normalising.
 
-Bounds: the low counters stay below (number of tiles) * 2**32 and the high ones far below, so
-the sums are exact for fewer than 2**30 tiles (far beyond any tensor that fits in memory).
+Bounds: a register slot gains < 2**55 per tile (<= MAX_TILES tiles: < 2**63); the low
+counters stay below 2 * rows * 2**32 and the high ones far below, so every sum is exact for
+fewer than MAX_ROWS = 2**29 rows.
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ NUM_SLOTS = 2 * NUM_WINDOWS + 3  # (low, high) per window, then NaN, +Inf, -Inf 
 SLOT_NAN, SLOT_POS_INF, SLOT_NEG_INF = 2 * NUM_WINDOWS, 2 * NUM_WINDOWS + 1, 2 * NUM_WINDOWS + 2
 NUM_LIMBS = NUM_WINDOWS + 2  # base-2**32 limbs of the total: windows' low parts, last high part, headroom
 STRIPES = 8  # copies of the counters, chosen by pid: spreads atomic contention, never changes the sum
-MAX_TILE_ROWS = 256  # 256 * 2**55 < 2**63: a tile's per-window sum is exact in int64
+MAX_TILE_ROWS = 256  # a flush sums BLOCK_R low parts < 2**32: far inside int64
+MAX_TILES = 256  # a register slot gains < 2**55 per tile: 256 tiles stay below 2**63
+MAX_ROWS = 2**29  # counters: low slots < 2 * rows * 2**32 (< 2**62), so limbs never overflow
 
 # (precision bits with the implicit one, smallest normal exponent + 149, largest exponent)
 _FORMATS = {
@@ -50,84 +59,86 @@ _FORMATS = {
 
 @triton.jit
 def fixed_point(v):
-    """fp32 tile -> (signed int64 count of its window's quanta, window index), exactly; NaN/Inf -> 0."""
+    """fp32 tile -> (signed int64 count of its window's quanta, window index, non-finite mask), exactly."""
     bits = v.to(tl.int32, bitcast=True)
     exp_field = (bits >> 23) & 0xFF
-    finite = exp_field != 255
+    nonfinite = exp_field == 255
     mant = (bits & 0x7FFFFF) | tl.where(exp_field > 0, 0x800000, 0)  # implicit one of normals
     shift = tl.maximum(exp_field, 1) - 1  # subnormals have the scale of exponent field 1
     win = shift >> 5  # window of 32 shifts
     mag = mant.to(tl.int64) << (shift & 31).to(tl.int64)  # < 2**55: exact
     count = tl.where(bits < 0, -mag, mag)
-    count = tl.where(finite, count, 0)  # NaN/Inf are counted in their own slots
-    return count, win
+    count = tl.where(nonfinite, 0, count)  # NaN/Inf are counted in their own slots
+    return count, win, nonfinite
 
 
 @triton.jit
-def window_range(count, win, NUM_WIN: tl.constexpr):
-    """First and last window holding a non-zero value of the tile (empty range if none)."""
+def hot_base(count, win, NUM_WIN: tl.constexpr):
+    """A program's lower hot window: one below the top window holding a non-zero value of a tile.
+
+    Only a speed choice (which values take the register path); every value is counted exactly
+    whichever window is hot, so the result cannot depend on it.
+    """
+    top = tl.max(tl.max(tl.max(tl.where(count != 0, win, 1), axis=2), axis=1), axis=0)
+    return tl.minimum(tl.maximum(top - 1, 0), NUM_WIN - 2)
+
+
+@triton.jit
+def _add_cold(v, count, win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr):
+    """Rare path: add a tile's cold counts (zero elsewhere) window by window, and count NaN/Inf.
+
+    Column sums over the tile's rows first (exact: < BLOCK_R * 2**55), so the atomics and the
+    registers they need are per column, not per element.
+    """
     nonzero = count != 0
-    first = tl.min(tl.min(tl.min(tl.where(nonzero, win, NUM_WIN), axis=2), axis=1), axis=0)
-    last = tl.max(tl.max(tl.max(tl.where(nonzero, win, -1), axis=2), axis=1), axis=0)
-    return first, last
-
-
-@triton.jit
-def split_window_sum(count, win, k):
-    """Exact int64 column sum of window k's counts, split into (low 32 bits, signed high part)."""
-    part = tl.sum(tl.where(win == k, count, 0), axis=0)  # [BG, BC]: integer adds, any order, exact
-    hi = part >> 32  # arithmetic shift: floor division, so 0 <= lo < 2**32
-    lo = part - (hi << 32)
-    return lo, hi
-
-
-@triton.jit
-def accumulate_tile(v, acc_lo, acc_hi, NUM_WIN: tl.constexpr):
-    """Add a [BR, BG, BC] fp32 tile's exact column sums into register limbs [NUM_WIN, BG, BC]."""
-    count, win = fixed_point(v)
-    k_first, k_last = window_range(count, win, NUM_WIN)
-    sel = tl.arange(0, NUM_WIN)[:, None, None]  # [NUM_WIN, 1, 1]
-    for k in range(k_first, k_last + 1):  # typical data: 1-2 windows per tile
-        lo, hi = split_window_sum(count, win, k)
-        acc_lo = tl.where(sel == k, acc_lo + lo[None, :, :], acc_lo)  # < tiles * 2**32: no overflow
-        acc_hi = tl.where(sel == k, acc_hi + hi[None, :, :], acc_hi)
-    return acc_lo, acc_hi
-
-
-@triton.jit
-def flush_limbs(cnt_ptr, acc_lo, acc_hi, col, col_mask, d, NUM_WIN: tl.constexpr):
-    """Atomically add register limbs [NUM_WIN, BG, BC] into one stripe's counters (only non-zeros)."""
-    sel = tl.arange(0, NUM_WIN)[:, None, None]
-    offs = (2 * sel) * d + col[None, :, :]  # [NUM_WIN, BG, BC]
-    m = col_mask[None, :, :]
-    # integer atomics are associative: their order cannot change the counters' final values
-    tl.atomic_add(cnt_ptr + offs, acc_lo, mask=m & (acc_lo != 0), sem="relaxed")
-    tl.atomic_add(cnt_ptr + offs + d, acc_hi, mask=m & (acc_hi != 0), sem="relaxed")
-
-
-@triton.jit
-def add_tile_direct(v, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr):
-    """Atomically add a [BR, BG, BC] tile's exact column sums, window by window (no registers kept)."""
-    count, win = fixed_point(v)
-    k_first, k_last = window_range(count, win, NUM_WIN)
+    k_first = tl.min(tl.min(tl.min(tl.where(nonzero, win, NUM_WIN), axis=2), axis=1), axis=0)
+    k_last = tl.max(tl.max(tl.max(tl.where(nonzero, win, -1), axis=2), axis=1), axis=0)
     for k in range(k_first, k_last + 1):
-        lo, hi = split_window_sum(count, win, k)
+        part = tl.sum(tl.where(win == k, count, 0), axis=0)  # [BG, BC]
+        hi = part >> 32  # arithmetic shift: 0 <= lo < 2**32, so the counters' bounds hold
+        lo = part - (hi << 32)
+        # integer atomics are associative: their order cannot change the counters' final values
         tl.atomic_add(cnt_ptr + (2 * k) * d + col, lo, mask=col_mask & (lo != 0), sem="relaxed")
         tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, hi, mask=col_mask & (hi != 0), sem="relaxed")
+    n_nan = tl.sum((nonfinite & (v != v)).to(tl.int64), axis=0)  # [BG, BC]
+    n_pos = tl.sum((nonfinite & (v > 0)).to(tl.int64), axis=0)
+    n_neg = tl.sum((nonfinite & (v < 0)).to(tl.int64), axis=0)
+    tl.atomic_add(cnt_ptr + (2 * NUM_WIN) * d + col, n_nan, mask=col_mask & (n_nan != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 1) * d + col, n_pos, mask=col_mask & (n_pos != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 2) * d + col, n_neg, mask=col_mask & (n_neg != 0), sem="relaxed")
 
 
 @triton.jit
-def count_nonfinite(v, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr):
-    """Count NaN, +Inf and -Inf per column (rare path: only when the tile holds one)."""
-    bits = v.to(tl.int32, bitcast=True)
-    any_nonfinite = tl.max(tl.max(tl.max(tl.where(((bits >> 23) & 0xFF) == 255, 1, 0), axis=2), axis=1), axis=0)
-    if any_nonfinite > 0:
-        n_nan = tl.sum((v != v).to(tl.int64), axis=0)  # [BG, BC]
-        n_pos = tl.sum((v == float("inf")).to(tl.int64), axis=0)
-        n_neg = tl.sum((v == float("-inf")).to(tl.int64), axis=0)
-        tl.atomic_add(cnt_ptr + (2 * NUM_WIN) * d + col, n_nan, mask=col_mask & (n_nan != 0), sem="relaxed")
-        tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 1) * d + col, n_pos, mask=col_mask & (n_pos != 0), sem="relaxed")
-        tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 2) * d + col, n_neg, mask=col_mask & (n_neg != 0), sem="relaxed")
+def accumulate(v, count, win, nonfinite, acc0, acc1, base, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr):
+    """Add a [BR, BG, BC] tile's values exactly: hot windows base, base+1 into per-thread int64
+    registers acc0, acc1 (no communication); the rest ("cold": rare) straight into the counters.
+
+    Each register slot gains < 2**55 per tile, so it is exact for up to 256 tiles per program.
+    """
+    in0 = win == base
+    in1 = win == base + 1
+    acc0 += tl.where(in0, count, 0)
+    acc1 += tl.where(in1, count, 0)
+    cold = ((count != 0) & ~in0 & ~in1) | nonfinite
+    # the tile's only cross-thread step: is there any cold value at all?
+    if tl.max(tl.max(tl.max(cold.to(tl.int32), axis=2), axis=1), axis=0) > 0:
+        _add_cold(v, tl.where(cold, count, 0), win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN)
+    return acc0, acc1
+
+
+@triton.jit
+def flush(acc0, acc1, base, cnt_ptr, col, col_mask, d):
+    """Add a program's hot registers [BR, BG, BC] into its stripe of the counters (exact, any order)."""
+    hi0 = acc0 >> 32
+    lo0 = tl.sum(acc0 - (hi0 << 32), axis=0)  # [BG, BC]: < BLOCK_R * 2**32, exact
+    hi0 = tl.sum(hi0, axis=0)
+    hi1 = acc1 >> 32
+    lo1 = tl.sum(acc1 - (hi1 << 32), axis=0)
+    hi1 = tl.sum(hi1, axis=0)
+    tl.atomic_add(cnt_ptr + (2 * base) * d + col, lo0, mask=col_mask & (lo0 != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * base + 1) * d + col, hi0, mask=col_mask & (hi0 != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * base + 2) * d + col, lo1, mask=col_mask & (lo1 != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * base + 3) * d + col, hi1, mask=col_mask & (hi1 != 0), sem="relaxed")
 
 
 @triton.jit
@@ -151,19 +162,18 @@ def _column_sum_kernel(
     offs_r = tl.arange(0, BLOCK_R)
     col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]  # [1, BC]: one group of the full width
     col_mask = col < d
-    acc_lo = tl.zeros([NUM_WIN, 1, BLOCK_C], tl.int64)
-    acc_hi = tl.zeros([NUM_WIN, 1, BLOCK_C], tl.int64)
+    acc0 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
+    acc1 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
+    base = pid * 0
     for t in range(TILES):
         rows = pid.to(tl.int64) * (TILES * BLOCK_R) + t * BLOCK_R + offs_r  # int64 row offsets
         mask = (rows < n_rows)[:, None, None] & col_mask[None, :, :]
         v = tl.load(V + rows[:, None, None] * stride_v + col[None, :, :], mask=mask, other=0.0)  # [BR, 1, BC]
-        count_nonfinite(v, cnt_ptr, col, col_mask, d, NUM_WIN)
-        if TILES == 1:
-            add_tile_direct(v, cnt_ptr, col, col_mask, d, NUM_WIN)
-        else:
-            acc_lo, acc_hi = accumulate_tile(v, acc_lo, acc_hi, NUM_WIN)
-    if TILES > 1:
-        flush_limbs(cnt_ptr, acc_lo, acc_hi, col, col_mask, d, NUM_WIN)
+        count, win, nonfinite = fixed_point(v)
+        if t == 0:
+            base = hot_base(count, win, NUM_WIN)
+        acc0, acc1 = accumulate(v, count, win, nonfinite, acc0, acc1, base, cnt_ptr, col, col_mask, d, NUM_WIN)
+    flush(acc0, acc1, base, cnt_ptr, col, col_mask, d)
 
 
 @triton.jit
@@ -312,9 +322,11 @@ def exact_column_sum(
         raise ValueError(f"values: expected a 2-D [rows, columns] tensor, got shape {tuple(values.shape)}")
     if not 1 <= block_rows <= MAX_TILE_ROWS or block_rows & (block_rows - 1):
         raise ValueError(f"block_rows: expected a power of two in 1..{MAX_TILE_ROWS}, got {block_rows}")
-    if tiles < 1:
-        raise ValueError(f"tiles: expected >= 1, got {tiles}")
+    if not 1 <= tiles <= MAX_TILES:
+        raise ValueError(f"tiles: expected 1..{MAX_TILES}, got {tiles}")
     n, d = values.shape
+    if n >= MAX_ROWS:
+        raise ValueError(f"values: at most {MAX_ROWS - 1} rows keep the int64 counters exact, got {n}")
     if d and values.stride(1) != 1:
         values = values.contiguous()
     counters = new_counters(d, values.device)
