@@ -828,20 +828,34 @@ def batch_size_sweep(
                     with_grad,
                 )
                 alone[p] = tuple(None if t is None else t.detach() for t in got)
-            got_rows: list[list[Tensor]] = [[], [], []]
-            perms: dict[tuple[int, int], int] = {}
-            for m, p, _name, pos in plan:
-                ps = perms.setdefault((m, p), sweep_perm_seed(seed, m, p))
-                idx = sweep_batch_rows(n, m, p, pos, ps).to(case.x.device)
+            perms = {(m, p): sweep_perm_seed(seed, m, p) for m, p, _, _ in plan}
+            # every batch's row indices built on the host first and moved once (no copy/sync per call)
+            batch_idx = [sweep_batch_rows(n, m, p, pos, perms[(m, p)]) for m, p, _, pos in plan]
+            offsets = [0]
+            for t in batch_idx:
+                offsets.append(offsets[-1] + len(t))
+            idx_all = torch.cat(batch_idx).to(case.x.device)
+            # the probe's row out of each batch, copied into preallocated buffers (a view would keep
+            # every batch's whole output alive)
+            d_out = case.x.shape[1]
+            in_batch = (
+                torch.empty(len(plan), d_out, dtype=case.x.dtype, device=case.x.device),
+                torch.empty(len(plan), d_out, dtype=case.x.dtype, device=case.x.device) if with_grad else None,
+                torch.empty(len(plan), d_out, dtype=case.x.dtype, device=case.x.device)
+                if with_grad and case.z is not None
+                else None,
+            )
+            for i, (_m, _p, _name, pos) in enumerate(plan):
+                idx = idx_all[offsets[i] : offsets[i + 1]]
                 bx = case.x.index_select(0, idx)
                 bz = None if case.z is None else case.z.index_select(0, idx)
                 bdy = case.dy.index_select(0, idx) if with_grad else None
                 out = _call(backend, bx, bz, case.w, bdy, opts, with_grad)
-                for lst, t in zip(got_rows, out, strict=True):
-                    if t is not None:
-                        lst.append(t.detach()[pos : pos + 1])
+                with torch.no_grad():
+                    for buf, t in zip(in_batch, out, strict=True):
+                        if buf is not None and t is not None:
+                            buf[i].copy_(t.detach()[pos])
                 bar.update()
-            in_batch = tuple(torch.cat(lst) if lst else None for lst in got_rows)
             ref = tuple(
                 torch.cat([alone[p][i] for _, p, _, _ in plan]) if alone[probes[0]][i] is not None else None
                 for i in range(3)
@@ -850,7 +864,7 @@ def batch_size_sweep(
             masks = {
                 name: _differ_rows(b, a)
                 for name, b, a in zip(("y", "dx", "dz"), in_batch, ref, strict=True)
-                if b is not None
+                if b is not None and a is not None
             }
             any_mask = torch.zeros_like(masks["y"])
             grad_mask = torch.zeros_like(masks["y"])
