@@ -18,13 +18,20 @@
 # latency ratios B/A, the accuracy, and a list of what changed. Nothing is recomputed; both files
 # are read through the same reader, so the seed report and our artifacts compare field by field.
 
+# %%
+_names_before_parameters = set(globals())
+
 # %% tags=["parameters"]
-artifact_a = ""  # artifact JSON or run folder; empty: the B200 seed report shipped with rlnorm
-artifact_b = ""  # artifact JSON or run folder; empty: the newest run under outputs/
-latency_move = 0.10  # report latency changes larger than this fraction
-accuracy_move = 1e-4  # report changes of fwd_correctly_rounded larger than this
+artifact_a: str = ""  # artifact JSON or run folder; empty: the B200 seed report shipped with rlnorm
+artifact_b: str = ""  # artifact JSON or run folder; empty: the newest run under outputs/
+latency_move: float = 0.10  # report latency changes larger than this fraction
+accuracy_move: float = 1e-4  # report changes of fwd_correctly_rounded larger than this
 
 # %%
+from rlnorm.investigate import check_parameters as _check_parameters
+
+_check_parameters(globals(), _names_before_parameters, ["artifact_a", "artifact_b", "latency_move", "accuracy_move"])
+
 import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display

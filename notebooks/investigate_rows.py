@@ -27,16 +27,27 @@
 #
 # Run it cell by cell in JupyterLab, or end to end with papermill (`-p run outputs/NAME`).
 
+# %%
+_names_before_parameters = set(globals())
+
 # %% tags=["parameters"]
-run = ""  # run folder (outputs/NAME) or its artifact JSON; empty: the newest run under outputs/
+run: str = ""  # run folder (outputs/NAME) or its artifact JSON; empty: the newest run under outputs/
 backend = None  # backend to look at; None: the first one with differing rows
 check = None  # check to look at; None: the first check of that backend with differing rows
-row_index = 0  # which line of the differing-rows table to explain
+row_index: int = 0  # which line of the differing-rows table to explain
 others = None  # backends to compare on the same row; None: every backend that ran in this run
-device = "auto"  # where to recompute: auto (the GPU if there is one), cpu or cuda
+device: str = "auto"  # where to recompute: auto (the GPU if there is one), cpu or cuda
 others_in_batch = None  # run the others on the whole batch too; None: on a GPU, or for small batches
 
 # %%
+from rlnorm.investigate import check_parameters as _check_parameters
+
+_check_parameters(
+    globals(),
+    _names_before_parameters,
+    ["run", "backend", "check", "row_index", "others", "device", "others_in_batch"],
+)
+
 import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display

@@ -164,6 +164,16 @@ def run_options(artifact: Mapping[str, Any]) -> OpOptions:
     return OpOptions(**{k: src[k] for k in keys if k in src})
 
 
+def check_parameters(namespace: Mapping[str, Any], before: Iterable[str], declared: Iterable[str]) -> None:
+    """Stop a notebook on a parameter it does not declare: papermill injects unknown names and only
+    warns, so a misspelt `row_idx=3` would silently explain row 0 instead."""
+    skip = {"In", "Out", "exit", "quit", "get_ipython"}
+    new = set(namespace) - set(before) - set(declared) - skip
+    unknown = sorted(n for n in new if not n.startswith("_"))
+    if unknown:
+        raise ValueError(f"parameters: unknown {unknown}; this notebook takes {sorted(declared)}")
+
+
 # --------------------------------------------------------------------------------------------
 # the differing rows
 # --------------------------------------------------------------------------------------------

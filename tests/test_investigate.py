@@ -14,6 +14,7 @@ import torch
 
 from rlnorm.inputs import make_case
 from rlnorm.investigate import (
+    check_parameters,
     correctly_rounded,
     differing_rows,
     explain_record,
@@ -302,6 +303,13 @@ def test_rstd_both_ways_and_correctly_rounded_gradient() -> None:
         from rlnorm.investigate import compute_tensor
 
         compute_tensor(None, case, opts, "dweight")
+
+
+def test_check_parameters_names_an_unknown_one() -> None:
+    before = {"In", "Out"}
+    check_parameters({"In": 1, "run": "x", "_private": 2}, before, ["run", "row_index"])
+    with pytest.raises(ValueError, match=r"unknown \['row_idx'\]; this notebook takes \['row_index', 'run'\]"):
+        check_parameters({"run": "x", "row_idx": 3}, before, ["run", "row_index"])
 
 
 def test_failing_summary_of_an_empty_table_keeps_columns() -> None:
