@@ -201,6 +201,36 @@ def _tensor_rank(tensor: str) -> int:
     return list(_TENSOR_STYLE).index(tensor) if tensor in _TENSOR_STYLE else len(_TENSOR_STYLE)
 
 
+def _dropped(entry: Mapping[str, Any]) -> int:
+    """Differing (row, tensor) pairs the checks counted but did not record (`records_dropped`)."""
+    bi = entry.get("batch_invariance") or {}
+    total = 0
+    for summary in (bi.get("full_vs_sub_batches"), bi.get("batch_size_sweep"), *(bi.get("all_rows") or {}).values()):
+        if isinstance(summary, Mapping):
+            total += int(summary.get("records_dropped") or 0)
+    return total
+
+
+def _summary_differ(entry: Mapping[str, Any]) -> dict[str, int | None]:
+    """check -> how many comparisons the artifact's summary says differ (None: not run/unknown)."""
+    bi = entry.get("batch_invariance") or {}
+    out: dict[str, int | None] = {}
+    all_rows = {k: v for k, v in (bi.get("all_rows") or {}).items() if isinstance(v, Mapping)}
+    if all_rows:
+        out["all_rows"] = sum(
+            int(v.get("fwd_differ") or 0) + int(v.get("rowgrad_differ") or 0) for v in all_rows.values()
+        )
+    if bi.get("dweight_repeatable") is not None:
+        out["dweight_repeatable"] = 0 if bi["dweight_repeatable"] else 1
+    sub = bi.get("full_vs_sub_batches") or {}
+    if sub:
+        out["full_vs_sub_batches"] = int(sub.get("fwd_differ") or 0) + int(sub.get("rowgrad_differ") or 0)
+    sweep = bi.get("batch_size_sweep") or {}
+    if sweep:
+        out["batch_size_sweep"] = int(sweep.get("differ") or 0)
+    return out
+
+
 def plot_differing_rows(
     records_df: Any, artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | None = None
 ) -> Figure:
@@ -239,8 +269,16 @@ def plot_differing_rows(
         if sub is None:
             _message(ax, "per-row records not available; summary: " + _summary_counts(entry), fontsize=9)
             continue
+        counted = _summary_differ(entry)
         if len(sub) == 0:
-            _message(ax, "no differing rows in any check (bitwise identical)", color=_OK_COLOR, fontsize=11)
+            flagged = {c: n for c, n in counted.items() if n}
+            if flagged:  # the summary counts differences the records do not hold (capped or lost)
+                text = ", ".join(f"{c}: {n:,}" for c, n in flagged.items())
+                _message(ax, f"rows differ ({text}) but no per-row records were kept", color=_BAD_COLOR, fontsize=10)
+            elif counted:
+                _message(ax, "no differing rows in " + ", ".join(counted) + " (bitwise identical)", color=_OK_COLOR)
+            else:
+                _message(ax, "no batch-invariance check ran")
             continue
         checks = sorted(sub["check"].astype(str).unique(), key=_check_rank)
         id_cols = [c for c in ("seed", "case", "row") if c in sub.columns]
@@ -255,7 +293,11 @@ def plot_differing_rows(
                 marker, color, offset = _TENSOR_STYLE.get(tensor, ("x", "#555555", 0.0))
                 rows = group["row"].to_numpy(dtype=float)
                 ax.scatter(rows, np.full(rows.shape, lane + offset), marker=marker, s=22, color=color, alpha=0.75)
-        ax.set_title(f"{n_total:,} differing rows ({len(sub):,} records)", loc="right", fontsize=9, color=_BAD_COLOR)
+        dropped = _dropped(entry)
+        capped = f"; {dropped:,} more not recorded (max_records)" if dropped else ""
+        ax.set_title(
+            f"{n_total:,} differing rows ({len(sub):,} records{capped})", loc="right", fontsize=9, color=_BAD_COLOR
+        )
         ax.set_yticks(range(len(checks)), labels, fontsize=8)
         ax.set_ylim(-0.6, len(checks) - 0.4)
         ax.invert_yaxis()
