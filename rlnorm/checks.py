@@ -179,6 +179,7 @@ class _Recorder:
         self.max_records = max_records
         self.records: list[dict[str, Any]] = []
         self.dropped = 0
+        self._noted = 0
 
     def add_rows(
         self,
@@ -237,9 +238,11 @@ class _Recorder:
             )
 
     def note(self, summary: dict[str, Any]) -> None:
-        """Say in the summary how many differing (row, tensor) pairs `max_records` left unrecorded."""
-        if self.dropped:
-            summary["records_dropped"] = self.dropped
+        """Say in `summary` how many differing (row, tensor) pairs `max_records` left unrecorded since the last note."""
+        new = self.dropped - self._noted
+        self._noted = self.dropped
+        if new:
+            summary["records_dropped"] = summary.get("records_dropped", 0) + new
 
 
 # ---------------------------------------------------------------------------------------------

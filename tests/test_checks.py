@@ -397,6 +397,10 @@ def test_max_records_caps_records_not_counts() -> None:
         PositionDependentOutput(), OPTS, full_rows=60, sub_sizes=(7,), seeds=(3,), max_records=5, **QUICK
     )
     assert len(fvs.records) == 5 and fvs.summary["fwd_differ"] > 5
+    assert fvs.summary["records_dropped"] == fvs.summary["fwd_differ"] - 5
+    ar = checks.all_rows(PositionDependentOutput(), OPTS, ns=(7, 63), seeds=(3,), max_records=1, **QUICK)
+    assert len(ar.records) == 1
+    assert (ar.summary["7"]["records_dropped"], ar.summary["63"]["records_dropped"]) == (1, 21)
 
 
 # -- the CUDA-graph path (GPU only: run on the H200) ------------------------------------------------
