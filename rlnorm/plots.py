@@ -179,11 +179,16 @@ def _check_rank(check: str) -> tuple[int, str]:
     return (_CHECK_ORDER.index(check), check) if check in _CHECK_ORDER else (len(_CHECK_ORDER), check)
 
 
+def _size_entries(all_rows: Any) -> dict[str, Mapping[str, Any]]:
+    """all_rows' per-size entries (its `error` key, when the check raised, is not one)."""
+    return {k: v for k, v in (all_rows or {}).items() if isinstance(v, Mapping)}
+
+
 def _summary_counts(entry: Mapping[str, Any]) -> str:
     """The artifact's own differ counts, for when no per-row records are at hand."""
     bi = entry.get("batch_invariance") or {}
     parts = []
-    all_rows = bi.get("all_rows") or {}
+    all_rows = _size_entries(bi.get("all_rows"))
     if all_rows:
         fwd = sum(int(v.get("fwd_differ") or 0) for v in all_rows.values())
         grad = sum(int(v.get("rowgrad_differ") or 0) for v in all_rows.values())
@@ -205,7 +210,11 @@ def _dropped(entry: Mapping[str, Any]) -> int:
     """Differing (row, tensor) pairs the checks counted but did not record (`records_dropped`)."""
     bi = entry.get("batch_invariance") or {}
     total = 0
-    for summary in (bi.get("full_vs_sub_batches"), bi.get("batch_size_sweep"), *(bi.get("all_rows") or {}).values()):
+    for summary in (
+        bi.get("full_vs_sub_batches"),
+        bi.get("batch_size_sweep"),
+        *_size_entries(bi.get("all_rows")).values(),
+    ):
         if isinstance(summary, Mapping):
             total += int(summary.get("records_dropped") or 0)
     return total
@@ -215,7 +224,7 @@ def _summary_differ(entry: Mapping[str, Any]) -> dict[str, int | None]:
     """check -> how many comparisons the artifact's summary says differ (None: not run/unknown)."""
     bi = entry.get("batch_invariance") or {}
     out: dict[str, int | None] = {}
-    all_rows = {k: v for k, v in (bi.get("all_rows") or {}).items() if isinstance(v, Mapping)}
+    all_rows = _size_entries(bi.get("all_rows"))
     if all_rows:
         out["all_rows"] = sum(
             int(v.get("fwd_differ") or 0) + int(v.get("rowgrad_differ") or 0) for v in all_rows.values()
@@ -337,8 +346,13 @@ def plot_error_distributions(artifact: Mapping[str, Any], out_dir: str | os.Path
     doc = _doc(artifact)
     backends = _backends(doc)
     n = max(len(backends), 1)
-    fig = Figure(figsize=(12, 1.0 + 2.4 * n), layout="constrained")
-    axes = fig.subplots(n, 2, squeeze=False)
+    # rows with a histogram get full height; rows that only carry a message, a strip
+    heights = [
+        2.4 if _not_ran(doc["results"][k]) is None and _acc(doc["results"][k]).get("fwd_ulp_hist") else 0.9
+        for k in backends
+    ] or [1.0]
+    fig = Figure(figsize=(12, 1.0 + sum(heights)), layout="constrained")
+    axes = fig.subplots(n, 2, squeeze=False, gridspec_kw={"height_ratios": heights})
     if not backends:
         _message(axes[0, 0], "no backends in this artifact")
         _message(axes[0, 1], "no backends in this artifact")
@@ -608,7 +622,7 @@ def _differ_cells(entry: Mapping[str, Any] | None) -> dict[str, int | bool | Non
     if entry is None or _not_ran(entry) is not None:
         return {}
     bi = entry.get("batch_invariance") or {}
-    all_rows = bi.get("all_rows") or None
+    all_rows = _size_entries(bi.get("all_rows")) or None
     sub = bi.get("full_vs_sub_batches") or {}
     sweep = bi.get("batch_size_sweep") or {}
 

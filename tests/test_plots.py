@@ -370,6 +370,12 @@ def test_checks_that_raised_are_shown_not_hidden() -> None:
     acc = doc["results"]["transformers"]["accuracy_latency"]
     acc.update(fwd_ulp_hist=None, fwd_abs_err_hist=None, fwd_us=None, fwd_bwd_us=None, error="RuntimeError: OOM")
     doc["agreement"] = {"error": "ValueError: shapes differ"}
+    doc["results"]["rlnorm"]["batch_invariance"]["all_rows"]["error"] = "RuntimeError: boom"
+    _, df = synthetic()
+    plots.plot_differing_rows(df, doc)
+    plots.plot_differing_rows(None, doc)
+    plots.plot_differing_rows(df.iloc[:0], doc)
+    plots.plot_vs_reference_report(doc, doc)
     text = _texts(plots.plot_error_distributions(doc))
     assert "the check raised: RuntimeError: OOM" in text
     assert "check raised" in _texts(plots.plot_latency(doc))
