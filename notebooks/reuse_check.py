@@ -77,24 +77,24 @@ checks = [
     "contract_gates",
     "agreement",
 ]
-all_rows_sizes = [7, 64, 257]
+all_rows_sizes = [7, 64]
 all_rows_seeds = [3]
 dweight_rows = 257
 dweight_seed = 3
-sub_batches_rows = 1031
-sub_batch_sizes = [1, 7, 257, 515]
+sub_batches_rows = 65
+sub_batch_sizes = [1, 7, 32]
 sub_batches_seeds = [3]
 coverage = "all"
-sweep_n = 257
-sweep_sizes = [1, 2, 3, 7, 8, 9, 15, 16, 17, 63, 64, 65, 255, 256, 257]
-sweep_probe_rows = [0, 128, 256]
+sweep_n = 65
+sweep_sizes = [1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65]
+sweep_probe_rows = [0, 32, 64]
 sweep_seeds = [3]
-accuracy_rows = 4097
+accuracy_rows = 257
 accuracy_seed = 11
 timing = True
-timing_warmup = 2
-timing_iters = 5
-agreement_rows = 1031
+timing_warmup = 1
+timing_iters = 3
+agreement_rows = 257
 agreement_seed = 3
 gate_timeout_s = 600.0
 max_records = 2000
@@ -109,6 +109,7 @@ max_records = 2000
 params = runner.params_from_namespace(globals(), _before_parameters)
 run = runner.start_run(params)
 display(Markdown(f"**Run** `{params.name}` on **{run.device}** · rlnorm {rlnorm.__version__}"))
+display(Markdown(runner.device_notice(run)))
 pd.Series(params.as_dict(), dtype=object).to_frame("value")
 
 # %% [markdown]

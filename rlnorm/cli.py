@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import threading
@@ -224,6 +225,10 @@ def _place(staging: Path, run_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from rlnorm.params import ParamsError, load_params
 
@@ -246,6 +251,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if run_dir.exists() and not args.force:
         print(f"error: {run_dir} already exists: pass --force to replace it, or --name NAME", file=sys.stderr)
         return EXIT_EXISTS
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so the staging folder and the kernel are cleaned up
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     print(f"rlnorm: running {NOTEBOOK} with {args.params} into {run_dir}/", file=sys.stderr)
     t0 = time.time()
     try:

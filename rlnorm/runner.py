@@ -27,6 +27,7 @@ __all__ = [
     "RECORDS_FILE",
     "Run",
     "batch_invariant_verdict",
+    "device_notice",
     "finish",
     "load_and_probe_backends",
     "make_plots",
@@ -133,6 +134,19 @@ def start_run(params: RunParams) -> Run:
 
     run.environment = collect_environment(device)
     return run
+
+
+def device_notice(run: Run) -> str:
+    """What a reader must know about numbers from this device (empty on a GPU)."""
+    if run.device != "cpu":
+        return ""
+    return (
+        "> **CPU run.** Triton kernels (rlnorm's, FLA's) run in Triton's interpreter here: the bitwise"
+        " checks hold as on a GPU, but the interpreter rounds fp32 -> bf16 casts toward zero (so a"
+        " Triton kernel's correctly-rounded fraction is not its GPU value), and the latencies only say"
+        " that the code ran. Backends that need a GPU are skipped with the reason. Run"
+        " `params/full.yaml` on a GPU for the numbers an RFC needs."
+    )
 
 
 def _blank_result(key: str, backend: Any | None) -> dict[str, Any]:
@@ -501,4 +515,5 @@ def finish(run: Run) -> dict[str, Any]:
         "plots": sorted(run.plots.values()),
         "backends": {k: r["status"] for k, r in run.results.items()},
         "seconds": round(run.timings["total"], 1),
+        "seconds_per_step": {k: round(v, 1) for k, v in run.timings.items() if k != "total"},
     }
