@@ -7,7 +7,6 @@ treats our NEW fields as optional. Nothing is recomputed: a comparison only read
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,24 +63,19 @@ def seed_report_path() -> Path:
 def load_artifact(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     """An artifact as a dict from a dict, a JSON path or a run folder (its artifact JSON).
 
-    Reads through `rlnorm.artifact.read_artifact` when that module exists so our artifacts and the
-    seed report arrive in one shape; falls back to plain JSON (the seed report's own shape).
+    Reads through `rlnorm.artifact.read_artifact`, so our artifacts and the seed report arrive in
+    one shape (a dict is normalised, not validated).
     """
     if isinstance(source, Mapping):
-        return dict(source)
+        from rlnorm.artifact import normalize_artifact
+
+        return normalize_artifact(source)
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source: expected an artifact dict, a JSON path or a run folder, got {type(source).__name__}")
+    from rlnorm.artifact import read_artifact
     from rlnorm.investigate import locate_run
 
-    path = locate_run(source).artifact
-    try:
-        from rlnorm.artifact import read_artifact
-    except ImportError:
-        read_artifact = None
-    if read_artifact is not None:
-        return dict(read_artifact(path))
-    with open(path) as f:
-        return json.load(f)
+    return read_artifact(locate_run(source).artifact)
 
 
 def artifact_label(art: Mapping[str, Any], fallback: str) -> str:

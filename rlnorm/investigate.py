@@ -23,20 +23,6 @@ from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 
 ROW_TENSORS = ("y", "dx", "dz")
-RECORD_COLUMNS = (
-    "backend",
-    "check",
-    "seed",
-    "case",
-    "batch_start",
-    "batch_size",
-    "position",
-    "row",
-    "tensor",
-    "cols_differ",
-    "max_abs",
-    "max_ulp",
-)
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,19 +100,10 @@ def latest_run(root: str | Path | None = None) -> Path:
 
 
 def load_records(path: str | Path | None) -> pd.DataFrame:
-    """The per-row record table (empty with the DESIGN columns when the run wrote none)."""
-    if path is None:
-        return pd.DataFrame(columns=[*RECORD_COLUMNS, "rebuild"])
-    try:
-        from rlnorm.records import read_records
-    except ImportError:
-        read_records = None
-    if read_records is not None:
-        return read_records(path)
-    path = Path(path)
-    if path.suffix == ".parquet":
-        return pd.read_parquet(path)
-    return pd.read_csv(path)
+    """The per-row record table (typed and empty when the run wrote none)."""
+    from rlnorm.records import read_records, records_frame
+
+    return records_frame([]) if path is None else read_records(path)
 
 
 @dataclass
