@@ -52,6 +52,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
+from rlnorm.compare import run_verdicts
 from rlnorm.investigate import differing_rows, explain_record, failing_summary, latest_run, load_run, plot_row
 
 pd.set_option("display.width", 200)
@@ -61,8 +62,10 @@ print("artifact:", the_run.location.artifact)
 print("records: ", the_run.location.records)
 
 # %% [markdown]
-# ## The run's backends
+# ## The run's backends and verdicts
 # `status` says whether each backend ran here; a skipped one carries the reason, and has no rows below.
+# The verdicts are the run's own: `FAIL (fwd N, grad M)` counts the rows whose output (N) or
+# gradients (M) differed; those rows are what the records below hold.
 
 # %%
 backends_table = pd.DataFrame(
@@ -71,7 +74,8 @@ backends_table = pd.DataFrame(
         for k, v in the_run.artifact["results"].items()
     ]
 )
-backends_table
+display(backends_table)
+display(run_verdicts(the_run.artifact))
 
 # %% [markdown]
 # ## Differing records per backend, check and tensor
@@ -91,7 +95,9 @@ summary_table
 
 # %%
 table = differing_rows(the_run.records, backend, check) if len(the_run.records) else None
-if table is None:
+if table is None and the_run.location.records is None:
+    display(Markdown("**This artifact has no per-row records** (the seed report, for one, kept only counts)."))
+elif table is None:
     display(Markdown("**No differing rows in this run:** every check passed, so there is nothing to drill into."))
 else:
     display(Markdown(f"**{table.attrs['backend']}**, check **{table.attrs['check']}**: {len(table)} records"))

@@ -170,6 +170,14 @@ def backend_verdicts(entry: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     return out
 
 
+def run_verdicts(art: Mapping[str, Any]) -> pd.DataFrame:
+    """One run's verdicts: a backend per line, a check per column (pass / FAIL (counts) / n/a / ...)."""
+    rows = {
+        key: {c: _cell(v) for c, v in backend_verdicts(entry or {}).items()} for key, entry in art["results"].items()
+    }
+    return pd.DataFrame.from_dict(rows, orient="index", columns=list(VERDICT_CHECKS)).rename_axis("backend")
+
+
 def _cell(verdict: tuple[str, str]) -> str:
     v, detail = verdict
     return f"{v} ({detail[:80]})" if detail and v in (FAIL, ERROR) else v

@@ -14,6 +14,7 @@ from rlnorm.compare import (
     compare_runs,
     load_artifact,
     plot_comparison,
+    run_verdicts,
     seed_report_path,
 )
 
@@ -54,6 +55,13 @@ def test_seed_report_verdicts_match_what_it_says(seed: dict) -> None:
     assert vllm["dweight_repeatable"][0] == "n/a"  # forward only: null in the report
     assert vllm["gate_forward"][0] == "n/a"  # the report ran no gates for vLLM
     assert backend_verdicts(seed["results"]["rl_kernel"])["gate_gradient"] == ("pass", "")
+
+
+def test_run_verdicts_table_of_the_seed_report(seed: dict) -> None:
+    table = run_verdicts(seed)
+    assert list(table.columns) == list(VERDICT_CHECKS)
+    assert table.loc["fla_fused_norm_gate", "full_vs_sub_batches"] == "FAIL (fwd 95, grad 152)"
+    assert table.loc["vllm", "all_rows"] == "FAIL (fwd 3)" and table.loc["reference", "all_rows"] == "pass"
 
 
 def test_seed_against_itself_changes_nothing(seed: dict) -> None:

@@ -77,6 +77,13 @@ def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Pa
     assert "fp64_from_x" in shown and "fp32_from_x" in shown
     assert "reference" in shown and POSITION_FAULT in shown and "batch_equal_compared" in shown
     assert images(nb) == 1  # the per-column plot
+    assert "FAIL (fwd" in shown  # the run's own verdicts table
+
+
+def test_investigate_rows_notebook_on_the_seed_report_says_it_has_no_records(tmp_path: Path) -> None:
+    shown = "\n".join(texts(execute("investigate_rows", tmp_path, {"run": str(SEED)})))
+    assert "This artifact has no per-row records" in shown
+    assert "FAIL (fwd 95, grad 152)" in shown  # its counts are still shown
 
 
 def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: Path, tmp_path: Path) -> None:
