@@ -604,12 +604,16 @@ def plot_agreement(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] 
     cbar = fig.colorbar(im, ax=ax, shrink=0.8)
     cbar.set_label("log10(fraction of outputs that differ)\n(green: bitwise identical; grey: n/a)")
     rows, seed = agreement.get("rows"), agreement.get("seed")
-    extra = (
-        f"fraction of {agreement.get('tensor', 'y')} elements bitwise equal · {rows:,} rows, seed {seed}"
-        if isinstance(rows, int)
-        else None
-    )
-    _title(fig, "Cross-backend bitwise agreement", doc, extra)
+    lines = []
+    if isinstance(rows, int):
+        lines.append(f"fraction of {agreement.get('tensor', 'y')} elements bitwise equal · {rows:,} rows, seed {seed}")
+    left_out = [f"{k} ({e.get('status', '?')})" for k, e in (doc.get("results") or {}).items() if k not in keys]
+    if left_out:
+        lines.append("not in the matrix: " + ", ".join(left_out))
+    failed = agreement.get("errors") or {}
+    if failed:
+        lines.append("n/a: " + "; ".join(f"{k}: {_shorten(v, 60)}" for k, v in failed.items()))
+    _title(fig, "Cross-backend bitwise agreement", doc, "\n".join(lines) or None)
     _save(fig, out_dir, "agreement")
     return fig
 

@@ -150,6 +150,15 @@ def test_seed_report_loads_unchanged_plus_the_new_fields() -> None:
     assert doc["results"]["rl_kernel"]["contract_gates"]["gradient"]["timed_out"] is None
 
 
+def test_normalizing_is_idempotent_and_leaves_the_input_alone() -> None:
+    raw = _raw_seed()
+    once = normalize_artifact(raw)
+    assert raw == _raw_seed()
+    assert normalize_artifact(once) == once
+    ours = built()
+    assert normalize_artifact(ours) == ours
+
+
 def test_seed_and_built_artifacts_share_one_shape(tmp_path: Path) -> None:
     seed = read_artifact(SEED)
     ours = built()

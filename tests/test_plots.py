@@ -135,7 +135,7 @@ def synthetic(clean: bool = False, skipped: bool = False, timed: bool = True) ->
     if skipped:
         for entry in results.values():
             entry.update(status="skipped", skip_reason="no GPU here", batch_invariance=None, accuracy_latency=None)
-    keys = list(results)
+    keys = [k for k, e in results.items() if e["status"] == "ran"]  # the runner's matrix: backends that ran
     k = len(keys)
     frac = np.ones((k, k))
     for i in range(k):
@@ -144,8 +144,6 @@ def synthetic(clean: bool = False, skipped: bool = False, timed: bool = True) ->
                 frac[i, j] = 0.655
             elif i != j and "vllm" in (keys[i], keys[j]) and "rlnorm" in (keys[i], keys[j]):
                 frac[i, j] = 0.999987
-    frac[4, :] = np.nan
-    frac[:, 4] = np.nan
     agreement = {"tensor": "y", "rows": 4097, "seed": 11, "backends": keys, "equal_fraction": frac.tolist()}
     env = {
         "gpu": "NVIDIA H200" if timed else "cpu",
@@ -310,8 +308,14 @@ def test_agreement_matrix_annotates_every_pair(tmp_path: Path, seed_report: dict
     doc, _ = synthetic()
     fig = plots.plot_agreement(doc, tmp_path)
     text = _texts(fig)
-    assert "1\n(bitwise)" in text and "0.6550" in text and "0.999987" in text and "n/a" in text
-    assert len(fig.axes[0].texts) == 36
+    assert "1\n(bitwise)" in text and "0.6550" in text and "0.999987" in text
+    assert "not in the matrix: fla_layernorm_gated (skipped), torch_compile (failed)" in text
+    assert len(fig.axes[0].texts) == 16
+    # a backend whose forward raised: its cells say n/a and the title says why
+    doc["agreement"]["equal_fraction"][2] = [None] * 4
+    doc["agreement"]["errors"] = {"vllm": "RuntimeError: no driver"}
+    text = _texts(plots.plot_agreement(doc))
+    assert text.count("n/a") >= 4 and "n/a: vllm: RuntimeError: no driver" in text
     _png_ok(tmp_path / "agreement.png")
     text = _texts(plots.plot_agreement(seed_report, tmp_path / "seed"))
     assert "no cross-backend agreement matrix" in text
@@ -380,3 +384,27 @@ def test_checks_that_raised_are_shown_not_hidden() -> None:
     assert "the check raised: RuntimeError: OOM" in text
     assert "check raised" in _texts(plots.plot_latency(doc))
     assert "agreement matrix failed: ValueError: shapes differ" in _texts(plots.plot_agreement(doc))
+
+
+@pytest.mark.parametrize("case", ["clean", "skipped"])
+@pytest.mark.parametrize("name", plots.PLOT_NAMES)
+def test_every_plot_on_the_all_clean_and_all_skipped_runs(
+    tmp_path: Path, seed_report: dict, case: str, name: str
+) -> None:
+    doc, df = synthetic(clean=case == "clean", skipped=case == "skipped")
+    draw = {
+        "differing_rows": lambda: plots.plot_differing_rows(df, doc, tmp_path),
+        "error_distributions": lambda: plots.plot_error_distributions(doc, tmp_path),
+        "latency": lambda: plots.plot_latency(doc, tmp_path),
+        "agreement": lambda: plots.plot_agreement(doc, tmp_path),
+        "vs_reference_report": lambda: plots.plot_vs_reference_report(doc, seed_report, tmp_path),
+    }[name]
+    fig = draw()
+    assert plots.run_label(doc) in fig.get_suptitle()
+    _png_ok(tmp_path / f"{name}.png")
+    text = _flat(fig)
+    if case == "skipped":
+        assert "skipped" in text or "no cross-backend agreement matrix" in text
+        assert "differing rows (" not in text  # nothing drawn as if measured
+    else:
+        assert "failed" in text  # the one failed backend stays visible in a clean run
