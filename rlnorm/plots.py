@@ -75,8 +75,9 @@ def run_label(artifact: Mapping[str, Any]) -> str:
 def _title(fig: Figure, what: str, artifact: Mapping[str, Any], extra: str | None = None) -> None:
     lines = [what, run_label(artifact)]
     if extra:
-        lines.append(extra)
-    fig.suptitle("\n".join(lines), fontsize=12, fontweight="bold")
+        lines.extend(extra.split("\n"))
+    width = max(int(fig.get_figwidth() * 8.5), 40)  # ~characters of 12pt bold per inch: no clipped titles
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in lines), fontsize=12, fontweight="bold")
 
 
 def _save(fig: Figure, out_dir: str | os.PathLike[str] | None, name: str) -> Path | None:

@@ -309,12 +309,13 @@ def test_agreement_matrix_annotates_every_pair(tmp_path: Path, seed_report: dict
     fig = plots.plot_agreement(doc, tmp_path)
     text = _texts(fig)
     assert "1\n(bitwise)" in text and "0.6550" in text and "0.999987" in text
+    text = _flat(fig)
     assert "not in the matrix: fla_layernorm_gated (skipped), torch_compile (failed)" in text
     assert len(fig.axes[0].texts) == 16
     # a backend whose forward raised: its cells say n/a and the title says why
     doc["agreement"]["equal_fraction"][2] = [None] * 4
     doc["agreement"]["errors"] = {"vllm": "RuntimeError: no driver"}
-    text = _texts(plots.plot_agreement(doc))
+    text = _flat(plots.plot_agreement(doc))
     assert text.count("n/a") >= 4 and "n/a: vllm: RuntimeError: no driver" in text
     _png_ok(tmp_path / "agreement.png")
     text = _texts(plots.plot_agreement(seed_report, tmp_path / "seed"))
