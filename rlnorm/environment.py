@@ -101,29 +101,63 @@ def collect_environment(device: str | torch.device = "cpu") -> dict[str, Any]:
     }
 
 
+# Where a run has no git checkout (the GPU machine gets a copy of the working tree without .git),
+# the caller passes what `git` would have said: RLNORM_COMMIT=$(git rev-parse HEAD), RLNORM_TREE_DIRTY=0|1.
+COMMIT_ENV = "RLNORM_COMMIT"
+DIRTY_ENV = "RLNORM_TREE_DIRTY"
+
+
 def _git(repo_dir: str | os.PathLike[str] | None, *args: str) -> str | None:
-    """Output of `git -C repo_dir args...`, None when git or the checkout is not there."""
+    """Output of `git -C repo_dir args...`, None when git or the checkout is not there.
+
+    With repo_dir None the checkout must be this package's own (its top level holds rlnorm/), so
+    a non-editable install inside some other repository never reports that repository's commit.
+    """
     repo = Path(repo_dir) if repo_dir is not None else _PACKAGE_ROOT
     if not repo.is_dir():
         return None
-    try:
-        proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=30, check=False)
-    except (OSError, subprocess.SubprocessError):
+
+    def run(*argv: str) -> str | None:
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(repo), *argv], capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
+
+    if repo_dir is None:
+        top = run("rev-parse", "--show-toplevel")
+        if top is None or Path(top.strip()).resolve() != _PACKAGE_ROOT:
+            return None
+    return run(*args)
+
+
+def _env_commit() -> str | None:
+    value = os.environ.get(COMMIT_ENV, "").strip().lower()
+    if not value:
         return None
-    if proc.returncode != 0:
-        return None
-    return proc.stdout
+    if not (7 <= len(value) <= 64 and all(c in "0123456789abcdef" for c in value)):
+        raise ValueError(f"{COMMIT_ENV}: expected a git commit hash (7-64 hex digits), got {value!r}")
+    return value
 
 
 def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
-    """Full commit hash of HEAD in `repo_dir` (default: this package's checkout); None outside git."""
+    """Full commit hash of HEAD in `repo_dir` (default: this package's checkout); outside a git
+    checkout, $RLNORM_COMMIT if set, else None."""
     out = _git(repo_dir, "rev-parse", "--verify", "HEAD")
-    return out.strip() if out else None
+    return out.strip() if out else _env_commit()
 
 
 def tracked_tree_dirty(repo_dir: str | os.PathLike[str] | None = None) -> bool | None:
-    """True when a tracked file differs from HEAD (untracked files don't count); None outside git."""
-    if git_commit(repo_dir) is None:
-        return None
+    """True when a tracked file differs from HEAD (untracked files don't count); outside a git
+    checkout, $RLNORM_TREE_DIRTY (0/1) if set, else None."""
+    if _git(repo_dir, "rev-parse", "--verify", "HEAD") is None:
+        value = os.environ.get(DIRTY_ENV, "").strip().lower()
+        if not value:
+            return None
+        if value not in ("0", "1", "true", "false"):
+            raise ValueError(f"{DIRTY_ENV}: expected 0 or 1, got {value!r}")
+        return value in ("1", "true")
     out = _git(repo_dir, "status", "--porcelain", "--untracked-files=no")
     return None if out is None else bool(out.strip())

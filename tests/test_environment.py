@@ -42,7 +42,9 @@ def test_bad_device_is_rejected() -> None:
             collect_environment("cuda")
 
 
-def test_git_helpers_inside_and_outside_a_checkout(tmp_path: Path) -> None:
+def test_git_helpers_inside_and_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLNORM_COMMIT", raising=False)
+    monkeypatch.delenv("RLNORM_TREE_DIRTY", raising=False)
     head = git_commit(REPO)
     if head is not None:  # a source checkout
         assert len(head) == 40 and all(c in "0123456789abcdef" for c in head)
@@ -52,7 +54,9 @@ def test_git_helpers_inside_and_outside_a_checkout(tmp_path: Path) -> None:
     assert git_commit(tmp_path / "missing") is None
 
 
-def test_dirty_flag_follows_tracked_files_only(tmp_path: Path) -> None:
+def test_dirty_flag_follows_tracked_files_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLNORM_COMMIT", raising=False)
+
     def git(*args: str) -> None:
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
 
@@ -68,3 +72,53 @@ def test_dirty_flag_follows_tracked_files_only(tmp_path: Path) -> None:
     assert tracked_tree_dirty(tmp_path) is False
     (tmp_path / "a.txt").write_text("2")
     assert tracked_tree_dirty(tmp_path) is True
+
+
+def test_outside_a_checkout_the_commit_can_come_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU machine gets the working tree without .git: the caller passes the commit along."""
+    monkeypatch.setenv("RLNORM_COMMIT", "ABCDEF0123456789")
+    monkeypatch.setenv("RLNORM_TREE_DIRTY", "0")
+    assert git_commit(tmp_path) == "abcdef0123456789"
+    assert tracked_tree_dirty(tmp_path) is False
+    monkeypatch.setenv("RLNORM_TREE_DIRTY", "1")
+    assert tracked_tree_dirty(tmp_path) is True
+    head = git_commit(REPO)
+    if head is not None:  # a real checkout wins over the variable
+        assert head != "abcdef0123456789"
+    monkeypatch.setenv("RLNORM_COMMIT", "main")
+    with pytest.raises(ValueError, match="RLNORM_COMMIT"):
+        git_commit(tmp_path)
+    monkeypatch.setenv("RLNORM_TREE_DIRTY", "maybe")
+    with pytest.raises(ValueError, match="RLNORM_TREE_DIRTY"):
+        tracked_tree_dirty(tmp_path)
+
+
+def test_default_repo_is_this_package_checkout_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A package installed inside some other repository must not report that repository's commit."""
+    import rlnorm.environment as env
+
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(
+        [
+            "git",
+            "-C",
+            str(tmp_path),
+            "-c",
+            "user.email=t@e",
+            "-c",
+            "user.name=t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "x",
+        ],
+        check=True,
+    )
+    (tmp_path / "site-packages").mkdir()
+    monkeypatch.setattr(env, "_PACKAGE_ROOT", tmp_path / "site-packages")
+    monkeypatch.delenv("RLNORM_COMMIT", raising=False)
+    assert git_commit() is None
+    assert git_commit(tmp_path) is not None  # asked explicitly: that repo's commit
