@@ -90,9 +90,9 @@ def accuracy(rows: int) -> None:
         ok = torch.isfinite(ref64) & (ref64 != 0) & (ref64.abs() > 1e-30)
         err = torch.where(ok, (fast.double() - ref64).abs() / ulp32, torch.zeros_like(ref64))
         if has_z and opts.norm_before_gate:
-            t0, tz = F.NEAR_T0_GATED, F.NEAR_TZ_GATED
+            t0, tz = F.NEAR_T0_GATED, 0
         elif has_z:
-            t0, tz = F.NEAR_T0_GATED_PRE, F.NEAR_TZ_GATED_PRE
+            t0, tz = F.NEAR_T0_GATED_PRE, 0
         else:
             t0, tz = F.NEAR_T0_PLAIN, 0
         az = z.float().abs().double() if has_z else torch.zeros_like(ref64)
@@ -172,7 +172,7 @@ def timing(configs: list[tuple[int, int]], big_rows: int) -> None:
 
             add_t = _time(timer, add)
             RES["timing"].append({"d": d, "rows": rows, "name": "torch.add", "us": add_t})
-            variants = [("default", {}), ("no_exact_path", {"_near": (-1.0, 0.0)})]
+            variants = [("default", {}), ("no_exact_path", {"_near": (-1.0, 0.0)}), ("bound8", {"_near": (8.0, 1.0)})]
             if rows == big_rows:
                 for br, nw in configs:
                     variants.append((f"R{br}w{nw}", {"_config": (br, d, nw)}))

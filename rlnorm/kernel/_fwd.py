@@ -4,46 +4,57 @@ Design (docs/kernel-notes.md has the numbers behind it):
 - One program handles BLOCK_R rows x one group of the row (2-D grid: row block, group). Every
   launch parameter depends only on the group width and dtype, never on the number of rows, so a
   row's instructions are the same whatever else is in the batch (SPEC §2).
-- Per row: the sum of squares and rstd in fp64 (one per row: cheap); bf16/fp16 squares are exact
-  in fp64 and fp32 squares nearly so.
-- Per element, fast path in fp32, then an integer test on the fp32 result's bits: if it lies
-  within the fast path's error bound of a rounding midpoint of the output format (or is
-  non-finite, or tiny enough to have lost precision), the row is "flagged" and recomputed in
-  fp64 on its own (scalar branch per row), rounded once. Unflagged outputs are provably the
-  correctly rounded value, so flagged or not, every output equals round_once(fp64 result), which
-  is also why the CPU interpreter and the GPU agree bitwise despite different exp/div
-  approximations.
+- Fast path, all fp32: sum of squares (bf16/fp16 squares are exact in fp32), rstd with IEEE sqrt
+  and divide, the gate with an FMA-corrected exp argument, products, then an integer test on the
+  result's bits: if it lies within the fast path's error bound of a rounding midpoint of the
+  output format (or is non-finite, or tiny enough to have lost precision), the row is "flagged"
+  and recomputed in fp64 from its own inputs (a scalar branch per program, then per row),
+  rounded once. An unflagged output is the correctly rounded value whenever the fast path's error
+  is inside the bound (the bound is set from the worst error measured on the H200, with margin),
+  so flagged or not every output equals round_once(fp64 result); that is also why the CPU
+  interpreter and the GPU agree bitwise despite different exp/div approximations.
 - fp32 outputs (x in fp32) have no spare bits to test, so they take the fp64 path everywhere.
 """
 
 from __future__ import annotations
 
+import os
 import struct
 
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
-# elements per program on the fast path: enough bytes in flight per program to stream at HBM
-# speed, small enough that a flagged row is a small fraction of the program's work
-TILE_ELEMENTS = 2048
+
+
+# Elements per program: by the group width only (never the row count). Measured on the H200
+# (docs/kernel-notes.md, call 3): 8 rows x 128 and 8 rows x 256 with 4 warps were the fastest
+# measured shapes that also keep decode sizes near a bare launch; bigger tiles raise registers
+# (the exact path lives in the same kernel) and cut occupancy.
+def _tile_elements(block_g: int) -> int:
+    return 1024 if block_g <= 128 else 2048
+
+
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
 
-# Error bound of the fp32 fast path, in fp32 ulps of the result: NEAR_T0 + NEAR_TZ * |z|.
-# Units of 2**-24 relative error (each < 1 ulp): 6 IEEE roundings (rstd to fp32, 3 products,
-# 1 + e, z * sigmoid) = 6; exp2 approximation (ex2.approx.f32, < 2**-22 relative) = 4; fp32
-# divide (div.full.f32, <= 2 ulp) = 4; the argument z * log2(e) rounded to fp32 shifts exp by
-# |z| * 2**-24 relative = |z| units. norm_before_gate=False: the gate's error A = 9 + |z| enters
-# x*act, rstd (through the mean of squares) and the product again: 3A + 3.
-# Measured on the H200 (docs/kernel-notes.md): the true worst error is well inside these.
-NEAR_T0_GATED = 16
-NEAR_TZ_GATED = 1
-NEAR_T0_GATED_PRE = 32
-NEAR_TZ_GATED_PRE = 3
-NEAR_T0_PLAIN = 4  # no gate: 3 roundings (rstd to fp32, x*rstd, *w)
+# Error bound of the fp32 fast path, in fp32 ulps of the result: NEAR_T0 (+ NEAR_TZ * |z| for the
+# variant without ACCURATE_ARG). Budget in units of 2**-24 relative error (each < 1 ulp): IEEE
+# roundings (rstd to fp32, 3 products, 1 + e, z * sigmoid) ~6; exp2 approximation (ex2.approx.f32)
+# ~2-4; the divide (div.approx / div.full, <= 2 ulp) ~4; the fp32 sum of squares (positive
+# terms; a fixed tree of depth d gives <= d/2 units in rstd). Without ACCURATE_ARG the rounded
+# argument z*log2(e) adds |z| units. norm_before_gate=False: the gate's error A enters x*act, rstd
+# and the product again (3A + 3). Set from the worst error MEASURED on the H200 (standard data,
+# 262144 rows, this fast path; docs/kernel-notes.md): gated 6.17 ulps (D=128 and 256, also with
+# z scaled by 8), norm_before_gate=False 6.84, no gate 3.86. Elements within the bound of a
+# midpoint go exact (~4% of rows at D=128, 8% at D=256).
+NEAR_T0_GATED = 10
+NEAR_T0_GATED_PRE = 24
+NEAR_T0_PLAIN = 8  # no gate: 3 roundings + the fp32 sum of squares
+NEAR_TZ_ROUNDED_ARG = {True: 1, False: 3}  # per |z|, by norm_before_gate, when ACCURATE_ARG is off
 
 
 def _eps_bits(eps: float) -> int:
@@ -55,6 +66,29 @@ def _eps_bits(eps: float) -> int:
 def _act(z, SIGMOID: tl.constexpr):
     """sigmoid(z) or silu(z) = z * sigmoid(z), in z's precision (fp32 fast path or fp64 exact path)."""
     sig = 1.0 / (1.0 + tl.exp(-z))
+    if SIGMOID:
+        a = sig
+    else:
+        a = z * sig
+    return a
+
+
+@triton.jit
+def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl.constexpr):
+    """fp32 gate on the GPU. ACCURATE_ARG: exp(-z) = 2**t with t = -z*log2(e) split into the rounded
+    product and its exact error (one FMA), which is folded back in as 2**t_hi * (1 + t_lo*ln 2):
+    the |z|-proportional error of rounding t disappears from the bound."""
+    if ACCURATE_ARG:
+        t_hi = -z * 1.4426950216293335  # fp32(log2 e), exact as a literal
+        t_lo = tl.fma(-z, 1.4426950216293335, -t_hi) + (-z) * 1.92596298909109e-08  # + log2 e - fp32(log2 e)
+        e = tl.exp2(t_hi)
+        e = tl.fma(e, t_lo * 0.6931471805599453, e)
+    else:
+        e = tl.exp(-z)
+    if FAST_DIV:
+        sig = libdevice.fast_dividef(1.0, 1.0 + e)
+    else:
+        sig = 1.0 / (1.0 + e)
     if SIGMOID:
         a = sig
     else:
@@ -101,6 +135,10 @@ def _rms_norm_gated_fwd_kernel(
     ALL_FP64: tl.constexpr,  # fp32 output: no fast path
     NEAR_T0: tl.constexpr,
     NEAR_TZ: tl.constexpr,
+    MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32; see _fwd_variant)
+    ACCURATE_ARG: tl.constexpr,  # exp argument with its rounding error folded back in (no |z| term)
+    FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx * (div.approx.f32) instead of div.full.f32
+    INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
@@ -117,11 +155,21 @@ def _rms_norm_gated_fwd_kernel(
     mask = row_ok[:, None] & col_ok[None, :]  # [BLOCK_R, BLOCK_G]
     rows64 = rows.to(tl.int64)  # int64 offsets: rows * stride can pass 2**31
 
-    x = _widen_to_fp32(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0))
-    w = _widen_to_fp32(tl.load(w_ptr + cols, mask=col_ok, other=0.0))  # [BLOCK_G]
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)  # [BLOCK_G]
     if HAS_Z:
-        z = _widen_to_fp32(tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0.0))
+        z = tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0.0)
+    if INTERP:  # the interpreter's bf16 -> fp32 cast mangles subnormals; the GPU's is exact
+        x = _widen_to_fp32(x)
+        w = _widen_to_fp32(w)
+        if HAS_Z:
+            z = _widen_to_fp32(z)
     else:
+        x = x.to(tl.float32)
+        w = w.to(tl.float32)
+        if HAS_Z:
+            z = z.to(tl.float32)
+    if not HAS_Z:
         z = x  # unused
     y_off = rows64[:, None] * stride_y + cols[None, :]  # [BLOCK_R, BLOCK_G]
 
@@ -132,19 +180,33 @@ def _rms_norm_gated_fwd_kernel(
         )
         tl.store(y_ptr + y_off, _round_fp64_to_out(y64, OUT), mask=mask)
     else:
-        # ---- fast path: fp32 elementwise, fp64 per-row statistics ----
+        # ---- fast path: fp32 elementwise; only per-row scalars in fp64 ----
         if HAS_Z:
-            a = _act(z, SIGMOID)  # [BLOCK_R, BLOCK_G]
+            if INTERP:
+                # numpy has no fused multiply-add: evaluate the gate in fp64 and round it once
+                a = _act(z.to(tl.float64), SIGMOID).to(tl.float32)
+            else:
+                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV)  # [BLOCK_R, BLOCK_G]
         else:
             a = x  # unused
         if HAS_Z and not NORM_BEFORE_GATE:
             xg = x * a
         else:
             xg = x
-        xg64 = xg.to(tl.float64)
-        ms = tl.sum(xg64 * xg64, axis=1) / GROUP  # [BLOCK_R] fp64: same tree for every row slot
-        rstd64 = 1.0 / tl.sqrt(ms + eps)  # [BLOCK_R] fp64, IEEE
-        rstd = rstd64.to(tl.float32)
+        if MS_FP64:
+            xg64 = xg.to(tl.float64)
+            ms64 = tl.sum(xg64 * xg64, axis=1) / GROUP  # [BLOCK_R] fp64: same tree for every row slot
+            rstd = (1.0 / tl.sqrt(ms64 + eps)).to(tl.float32)  # fp64 IEEE sqrt and divide, per row
+            row_risky = rstd < 1e-30
+        else:
+            # bf16/fp16 squares are exact in fp32; the fp32 sum's rounding is inside the error bound
+            # (the exact path recomputes everything in fp64); same reduction tree for every row slot
+            ssum = tl.sum(xg * xg, axis=1)  # [BLOCK_R]
+            eps32 = eps.to(tl.float32)
+            rstd = tl.div_rn(1.0, tl.sqrt_rn(ssum * (1.0 / GROUP) + eps32))  # IEEE, 2 roundings, per row
+            # rstd ~0 (x**2 overflowed) or a sum too small for fp32 to hold its relative precision while
+            # eps does not dominate it: the row goes exact
+            row_risky = (rstd < 1e-30) | ((ssum < 1.2621774e-29) & ((tl.zeros_like(ssum) + eps32) < 8.4703295e-22))
         y = xg * rstd[:, None] * w[None, :]  # [BLOCK_R, BLOCK_G]
         if HAS_Z and NORM_BEFORE_GATE:
             y = y * a
@@ -153,27 +215,31 @@ def _rms_norm_gated_fwd_kernel(
         bits = y.to(tl.int32, bitcast=True)
         mag = bits & 0x7FFFFFFF
         if OUT == tl.bfloat16:
-            dist = tl.abs((bits & 0xFFFF) - 0x8000)  # fp32 ulps to the nearest bf16 midpoint
-            risky = mag < 0x0F800000  # |y| < 2**-96: products may have lost bits to underflow
+            if NEAR_TZ == 0:
+                # |low 16 bits - 0x8000| <= T, i.e. within T fp32 ulps of a bf16 midpoint, as one
+                # subtract, mask and compare (no int -> float conversion on the hot path)
+                near = ((bits - (0x8000 - NEAR_T0)) & 0xFFFF) <= 2 * NEAR_T0
+            else:
+                dist = tl.abs((bits & 0xFFFF) - 0x8000)
+                near = dist.to(tl.float32) <= NEAR_T0 + NEAR_TZ * tl.abs(z)
+            # |y| < 2**-96 (an intermediate may have underflowed) or inf/nan (overflow or non-finite
+            # inputs), as one unsigned range test; an exact 0 from x == 0 is safe
+            out_of_range = (mag - 0x0F800000).to(tl.uint32, bitcast=True) >= 0x70000000
+            risky = out_of_range & ((x != 0.0) | (mag != 0))
         else:
             dist = tl.abs((bits & 0x1FFF) - 0x1000)  # fp16 normal range midpoints
-            # fp16 subnormals (|y| < 2**-14) and the overflow boundary: let fp64 decide
+            near = dist.to(tl.float32) <= NEAR_T0 + NEAR_TZ * tl.abs(z)
+            # fp16 subnormals (|y| < 2**-14), the overflow boundary and non-finite: fp64 decides
             risky = (mag < 0x38800000) | (mag >= 0x477FE000)
-        if HAS_Z:
-            bound = NEAR_T0 + NEAR_TZ * tl.abs(z)
-            exact_zero = (x == 0.0) | (w[None, :] == 0.0)
-            if not SIGMOID:
-                exact_zero = exact_zero | (z == 0.0)  # silu(0) == 0 exactly
-        else:
-            bound = tl.full(y.shape, NEAR_T0, tl.float32)
-            exact_zero = (x == 0.0) | (w[None, :] == 0.0)
-        near = dist.to(tl.float32) <= bound
-        nonfinite = mag >= 0x7F800000  # overflow in fp32, or inf/nan inputs: fp64 decides
-        flag = (near | nonfinite | (risky & ~exact_zero)) & mask
+        flag = (near | risky) & mask
         # rstd outside fp32's safe normal range loses relative precision: the row goes exact
-        row_flag = (tl.max(flag.to(tl.int32), axis=1) > 0) | ((rstd64 < 1e-30) & row_ok)  # [BLOCK_R]
+        row_flag = (tl.max(flag.to(tl.int32), axis=1) > 0) | (row_risky & row_ok)  # [BLOCK_R]
 
-        tl.store(y_ptr + y_off, _round_fp32_to_out(y, OUT), mask=mask & ~row_flag[:, None])
+        if INTERP:
+            y_out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
+        else:
+            y_out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
+        tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None])  # flagged rows: stored below
         if DEBUG:
             tl.store(dbg_ptr + rows64[:, None] * GROUP * tl.num_programs(1) + cols[None, :], y, mask=mask)
             tl.store(
@@ -200,10 +266,16 @@ def _rms_norm_gated_fwd_kernel(
                     tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
 
 
+# Fast-path variant (all choices keep the result correctly rounded; they trade fast-path work
+# against how often the exact path runs). Timed on the H200: docs/kernel-notes.md.
+DEFAULT_VARIANT = {"MS_FP64": False, "ACCURATE_ARG": True, "FAST_DIV": True}
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_G, num_warps) from the group width alone: never from the number of rows."""
     block_g = triton.next_power_of_2(group)
-    block_r = max(1, min(MAX_BLOCK_R, TILE_ELEMENTS // block_g))
+    block_r = max(1, min(MAX_BLOCK_R, _tile_elements(block_g) // block_g))
     num_warps = 4 if block_g <= 1024 else (8 if block_g <= 4096 else 16)
     return block_r, block_g, num_warps
 
@@ -220,6 +292,7 @@ def rms_norm_gated_fwd(
     _debug: bool = False,
     _config: tuple[int, int, int] | None = None,
     _near: tuple[float, float] | None = None,
+    _variant: dict | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y = gated RMSNorm of 2-D x [rows, D] (last dim contiguous, any row stride); y contiguous.
 
@@ -242,14 +315,13 @@ def rms_norm_gated_fwd(
         dbg, flags = y, y  # unused pointers
     if rows == 0:
         return (y, dbg, flags) if _debug else y
-    if has_z and norm_before_gate:
-        t0, tz = NEAR_T0_GATED, NEAR_TZ_GATED
-    elif has_z:
-        t0, tz = NEAR_T0_GATED_PRE, NEAR_TZ_GATED_PRE
-    else:
-        t0, tz = NEAR_T0_PLAIN, 0
+    t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
+    variant = {**DEFAULT_VARIANT, **(_variant or {})}
+    tz = NEAR_TZ_ROUNDED_ARG[norm_before_gate] if has_z and not variant["ACCURATE_ARG"] else 0
     if _near is not None:
         t0, tz = _near
+    if tz == 0:
+        t0 = int(t0 // 1)  # the bf16 test compares integers (a negative bound disables it)
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
@@ -272,7 +344,11 @@ def rms_norm_gated_fwd(
         ALL_FP64=x.dtype == torch.float32,
         NEAR_T0=t0,
         NEAR_TZ=tz,
+        INTERP=_INTERPRET,
         DEBUG=_debug,
+        MS_FP64=variant["MS_FP64"],
+        ACCURATE_ARG=variant["ACCURATE_ARG"],
+        FAST_DIV=variant["FAST_DIV"],
         num_warps=num_warps,
     )
     return (y, dbg, flags) if _debug else y
