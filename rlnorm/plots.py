@@ -21,6 +21,7 @@ from typing import Any
 import matplotlib
 import matplotlib.patches
 import numpy as np
+import pandas as pd
 from matplotlib import colors as mcolors
 from matplotlib import transforms as mtransforms
 from matplotlib.figure import Figure
@@ -294,14 +295,26 @@ def plot_differing_rows(
         id_cols = [c for c in ("seed", "case", "row") if c in sub.columns]
         labels = []
         n_total = 0
+        x_in_axes = mtransforms.blended_transform_factory(ax.transAxes, ax.transData)
         for lane, check in enumerate(checks):
             in_check = sub[sub["check"].astype(str) == check]
-            n_rows = len(in_check.drop_duplicates(subset=id_cols))
+            row_values = pd.to_numeric(in_check["row"], errors="coerce")
+            per_row = in_check[row_values.notna()]
+            whole = in_check[row_values.isna()]  # batch-level records (dweight repeats): no row to place
+            n_rows = len(per_row.drop_duplicates(subset=id_cols))
             n_total += n_rows
-            labels.append(f"{check}\n{n_rows:,} row{'s' if n_rows != 1 else ''}")
-            for tensor, group in in_check.groupby(in_check["tensor"].astype(str)):
+            label = f"{check}\n{n_rows:,} row{'s' if n_rows != 1 else ''}"
+            if len(whole):
+                label = f"{check}\n{len(whole):,} whole-batch"
+                tensors = ", ".join(sorted(set(whole["tensor"].astype(str))))
+                ax.text(
+                    0.5, lane, f"{tensors} differs between identical whole-batch runs ({len(whole):,}x)",
+                    transform=x_in_axes, ha="center", va="center", fontsize=9, color=_BAD_COLOR,
+                )  # fmt: skip
+            labels.append(label)
+            for tensor, group in per_row.groupby(per_row["tensor"].astype(str)):
                 marker, color, offset = _TENSOR_STYLE.get(tensor, ("x", "#555555", 0.0))
-                rows = group["row"].to_numpy(dtype=float)
+                rows = pd.to_numeric(group["row"]).to_numpy(dtype=float)
                 ax.scatter(rows, np.full(rows.shape, lane + offset), marker=marker, s=22, color=color, alpha=0.75)
         dropped = _dropped(entry)
         capped = f"; {dropped:,} more not recorded (max_records)" if dropped else ""
@@ -314,12 +327,19 @@ def plot_differing_rows(
         ax.set_xlabel("row index in the generated case")
         ax.grid(axis="x", alpha=0.3)
         handles = []
-        for t in sorted(set(sub["tensor"].astype(str)), key=_tensor_rank):
+        placed = sub[pd.to_numeric(sub["row"], errors="coerce").notna()]
+        for t in sorted(set(placed["tensor"].astype(str)), key=_tensor_rank):
             marker, color, _ = _TENSOR_STYLE.get(t, ("x", "#555555", 0.0))
             handles.append(ax.scatter([], [], marker=marker, color=color, label=t))
-        ax.legend(
-            handles=handles, title="tensor", fontsize=8, title_fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5)
-        )
+        if handles:
+            ax.legend(
+                handles=handles,
+                title="tensor",
+                fontsize=8,
+                title_fontsize=8,
+                loc="center left",
+                bbox_to_anchor=(1.0, 0.5),
+            )
     _title(fig, "Rows whose result differs from the row computed alone (bitwise), per backend and check", doc)
     _save(fig, out_dir, "differing_rows")
     return fig

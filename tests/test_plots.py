@@ -259,6 +259,18 @@ def test_differing_rows_never_calls_clean_what_the_summary_counts(tmp_path: Path
     assert "no batch-invariance check ran" in text and "no differing rows" not in text
 
 
+def test_differing_rows_shows_a_whole_batch_dweight_record(tmp_path: Path) -> None:
+    doc, df = synthetic()
+    extra = pd.DataFrame(
+        [("fla_fused_norm_gate", "dweight_repeatable", 3, "repeat=1", None, "dweight")], columns=df.columns
+    )
+    fig = plots.plot_differing_rows(pd.concat([df, extra], ignore_index=True), doc, tmp_path)
+    text = _flat(fig)
+    assert "dweight_repeatable 1 whole-batch" in text
+    assert "dweight differs between identical whole-batch runs (1x)" in text
+    _png_ok(tmp_path / "differing_rows.png")
+
+
 def test_differing_rows_rejects_a_table_without_the_record_columns(seed_report: dict) -> None:
     with pytest.raises(ValueError, match="records_df"):
         plots.plot_differing_rows(pd.DataFrame({"row": [1]}), seed_report)
