@@ -1,0 +1,148 @@
+"""Public API: validation naming the argument, shapes, zero rows, the module, autograd wiring (CPU interpreter)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlnorm
+from rlnorm.inputs import make_case
+from rlnorm.kernel import RMSNormGated, rms_norm_gated
+from rlnorm.kernel.api import _validate
+from rlnorm.numerics import round_once
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+
+
+@pytest.fixture(scope="module")
+def case():
+    return make_case(12, 128, seed=2)
+
+
+def test_top_level_names_are_the_kernel():
+    assert rlnorm.rms_norm_gated is rms_norm_gated
+    assert rlnorm.RMSNormGated is RMSNormGated
+
+
+def test_result_is_the_fp64_result_rounded_once(case):
+    y = rms_norm_gated(case.x, case.z, case.w)
+    ref = round_once(gated_rmsnorm_math(case.x, case.z, case.w, OpOptions(), torch.float64), torch.bfloat16)
+    assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
+
+
+def test_leading_shapes_and_row_strides(case):
+    y2 = rms_norm_gated(case.x, case.z, case.w)
+    y4 = rms_norm_gated(case.x.view(2, 3, 2, 128), case.z.view(2, 3, 2, 128), case.w)
+    assert y4.shape == (2, 3, 2, 128)
+    assert torch.equal(y4.reshape(12, 128).view(torch.int16), y2.view(torch.int16))
+    wide = torch.zeros(12, 300, dtype=case.x.dtype)
+    wide[:, 5:133] = case.x
+    y_strided = rms_norm_gated(wide[:, 5:133], case.z, case.w)
+    assert torch.equal(y_strided.view(torch.int16), y2.view(torch.int16))
+    # leading dims that cannot be viewed as rows (a transposed batch) still give the same rows
+    xt = case.x.view(3, 4, 128).transpose(0, 1)
+    zt = case.z.view(3, 4, 128).transpose(0, 1)
+    yt = rms_norm_gated(xt, zt, case.w)
+    assert torch.equal(yt.transpose(0, 1).reshape(12, 128).view(torch.int16), y2.view(torch.int16))
+
+
+def test_zero_rows_give_empty_output_and_zero_dweight(case):
+    x = case.x[:0].clone().requires_grad_(True)
+    z = case.z[:0].clone().requires_grad_(True)
+    w = case.w.clone().float().requires_grad_(True)
+    y = rms_norm_gated(x, z, w)
+    assert y.shape == (0, 128)
+    y.sum().backward()
+    assert w.grad is not None and w.grad.dtype == torch.float32 and torch.equal(w.grad, torch.zeros(128))
+    assert x.grad.shape == (0, 128)
+
+
+def test_plain_rmsnorm_without_gate(case):
+    y = rms_norm_gated(case.x, None, case.w)
+    ref = round_once(gated_rmsnorm_math(case.x, None, case.w, OpOptions(), torch.float64), torch.bfloat16)
+    assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
+
+
+def test_module_defaults_and_forward(case):
+    m = RMSNormGated(128, dtype=torch.bfloat16)
+    assert m.weight.shape == (128,) and m.weight.dtype == torch.bfloat16
+    assert torch.equal(m.weight.detach(), torch.ones(128, dtype=torch.bfloat16))  # ones, not zero-centred
+    assert "128" in repr(m) and "silu" in repr(m)
+    y = m(case.x, case.z)
+    assert torch.equal(y.view(torch.int16), rms_norm_gated(case.x, case.z, m.weight.detach()).view(torch.int16))
+    assert m(case.x).shape == case.x.shape  # z=None
+    m_swish = RMSNormGated(128, activation="swish", group_size=64, norm_before_gate=False)
+    assert m_swish.opts.activation == "silu"
+
+
+@pytest.mark.parametrize(
+    ("make_bad", "exc", "name"),
+    [
+        (lambda c: {"x": c.x.to(torch.int32)}, TypeError, "x"),
+        (lambda c: {"x": c.x.tolist()}, TypeError, "x"),
+        (lambda c: {"z": c.z.to(torch.int64)}, TypeError, "z"),
+        (lambda c: {"weight": c.w.to(torch.int16)}, TypeError, "weight"),
+        (lambda c: {"z": c.z.float()}, TypeError, "z"),
+        (lambda c: {"z": c.z[:5]}, ValueError, "z"),
+        (lambda c: {"weight": c.w[:64]}, ValueError, "weight"),
+        (lambda c: {"weight": c.w.view(2, 64)}, ValueError, "weight"),
+        (lambda c: {"x": c.x.t().contiguous().t()}, ValueError, "x"),  # last dim not contiguous
+        (lambda c: {"z": c.z.t().contiguous().t()}, ValueError, "z"),
+        (lambda c: {"weight": c.w.to("meta")}, ValueError, "weight"),
+        (lambda c: {"z": c.z.to("meta")}, ValueError, "z"),
+        (lambda c: {"x": c.x[0, 0]}, ValueError, "x"),  # 0-d
+        (lambda c: {"group_size": 48}, ValueError, "group_size"),
+        (lambda c: {"group_size": 0}, ValueError, "group_size"),
+        (lambda c: {"activation": "gelu"}, ValueError, "activation"),
+        (lambda c: {"eps": -1.0}, ValueError, "eps"),
+        (lambda c: {"norm_before_gate": 1}, TypeError, "norm_before_gate"),
+    ],
+)
+def test_bad_input_raises_naming_the_argument(case, make_bad, exc, name):
+    args = {"x": case.x, "z": case.z, "weight": case.w}
+    bad = make_bad(case)
+    kwargs = {k: bad.pop(k) for k in list(bad) if k not in args}
+    args.update(bad)
+    with pytest.raises(exc, match=rf"^{name}:"):
+        rms_norm_gated(args["x"], args["z"], args["weight"], **kwargs)
+
+
+def test_width_limit_is_named():
+    c = make_case(1, 8193, seed=0)
+    with pytest.raises(ValueError, match=r"^x: .*8192"):
+        rms_norm_gated(c.x, c.z, c.w)
+    with pytest.raises(ValueError, match=r"^hidden_size: .*8192"):
+        RMSNormGated(8193)
+    with pytest.raises(ValueError, match=r"^group_size:"):
+        RMSNormGated(128, group_size=100)
+
+
+def test_cpu_tensor_without_interpreter_is_refused_not_run_elsewhere(case, monkeypatch):
+    # nothing falls back silently: with the interpreter off, a CPU tensor is an error naming x
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: CPU tensors are refused there too, but this test plants no GPU")
+    with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor"):
+        _validate(case.x, case.z, case.w, OpOptions())
+
+
+def test_validation_check_catches_a_planted_shape_fault(case):
+    # the planted fault: a z with the right number of elements but the wrong shape must not pass
+    with pytest.raises(ValueError, match=r"^z:"):
+        rms_norm_gated(case.x, case.z.reshape(-1, 64), case.w)
+
+
+def test_backward_is_wired_to_the_backward_kernel(case):
+    pytest.importorskip("rlnorm.kernel._bwd")
+    x = case.x.clone().requires_grad_(True)
+    z = case.z.clone().requires_grad_(True)
+    w = case.w.float().clone().requires_grad_(True)
+    y = rms_norm_gated(x.view(3, 4, 128), z.view(3, 4, 128), w)
+    y.backward(case.dy.view(3, 4, 128))
+    assert x.grad.shape == x.shape and z.grad.shape == z.shape and w.grad.shape == w.shape
+    assert w.grad.dtype == torch.float32
+    # against fp64 autograd of the reference math (loose: the backward's accuracy is its own module's test)
+    x64, z64, w64 = (t.detach().double().requires_grad_(True) for t in (case.x, case.z, w))
+    gated_rmsnorm_math(x64, z64, w64, OpOptions(), torch.float64).backward(case.dy.double())
+    for got, ref in ((x.grad, x64.grad), (z.grad, z64.grad), (w.grad, w64.grad)):
+        assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 2e-2
