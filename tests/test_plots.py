@@ -340,6 +340,7 @@ def test_vs_reference_report(tmp_path: Path, seed_report: dict) -> None:
     text = _texts(fig)
     assert "NVIDIA B200" in text and "rl_kernel" in text and "rlnorm" in text
     assert "95  |  95" in text  # FLA fused sub-batch fwd: this run | report
+    assert "gates passed" in text and "–  |  yes" in text  # transformers: no gates here, passed there
     assert "absent" in text
     assert "fraction NOT correctly rounded (log scale)" in text
     assert "0 (all correctly rounded)" in text  # rlnorm 1.0
