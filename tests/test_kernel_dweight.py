@@ -22,7 +22,7 @@ from rlnorm.numerics import exact_sum
 _FMT = {torch.float32: (24, -126, 127), torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-CUTS = [dict(block_rows=16, tiles=1), dict(block_rows=4, tiles=3)]  # direct atomics; register limbs
+CUTS = [dict(block_rows=16, tiles=1), dict(block_rows=4, tiles=3), dict(block_rows=4, tiles=3, cold_mode=1)]
 
 
 def round_fraction(f: Fraction, dtype: torch.dtype) -> float:
@@ -215,5 +215,9 @@ def test_hot_windows_chosen_from_a_misleading_first_tile(dtype):
     huge = wide_values(24, 10, seed=10, lo=90, hi=126)
     for v in (torch.cat([tiny, huge]), torch.cat([huge, tiny])):
         want = oracle(v, dtype)
-        for cut in (dict(block_rows=8, tiles=4), dict(block_rows=2, tiles=16)):
+        for cut in (
+            dict(block_rows=8, tiles=4),
+            dict(block_rows=2, tiles=16),
+            dict(block_rows=2, tiles=16, cold_mode=1),
+        ):
             assert_bitwise(exact_column_sum(v, dtype, **cut), want)

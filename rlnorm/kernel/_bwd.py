@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from rlnorm.kernel import _dweight
-from rlnorm.kernel._dweight import accumulate, fixed_point, flush, hot_base
+from rlnorm.kernel._dweight import accumulate, flush, hot_start, split_fp32
 from rlnorm.kernel._rounding import _round_fp32_to_out
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
@@ -70,6 +70,7 @@ def _rms_norm_gated_bwd_kernel(
     BLOCK_C: tl.constexpr,
     TILES: tl.constexpr,
     DWEIGHT: tl.constexpr,
+    COLD_MODE: tl.constexpr,
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
     pid = tl.program_id(0)
@@ -80,14 +81,15 @@ def _rms_norm_gated_bwd_kernel(
     col = offs_g[:, None] * group + offs_c[None, :]  # [BLOCK_G, BLOCK_C]
     col_mask = (offs_g[:, None] < n_groups) & (offs_c[None, :] < group)
     w = tl.load(W + col, mask=col_mask, other=0.0).to(tl.float32)[None, :, :]  # [1, BLOCK_G, BLOCK_C]
-    acc0 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the two hot windows
+    c3 = col[None, :, :]  # [1, BLOCK_G, BLOCK_C]: made once, in the tile's layout
+    cm3 = col_mask[None, :, :]
+    acc0 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the hot range
     acc1 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)
-    base = pid * 0  # lower hot window, chosen from the first tile (speed only, never the result)
+    start = pid * 0  # hot range, chosen from the first tile (speed only, never the result)
     for t in range(TILES):
         rows = pid.to(tl.int64) * (TILES * BLOCK_R) + t * BLOCK_R + offs_r  # [BLOCK_R] int64 row offsets
-        mask = (rows < n_rows)[:, None, None] & col_mask[None, :, :]  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
-        c3 = col[None, :, :]
         x = tl.load(X + r3 * stride_x + c3, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_G, BLOCK_C]
         dy = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0).to(tl.float32)
         if HAS_Z:
@@ -123,14 +125,14 @@ def _rms_norm_gated_bwd_kernel(
         if DWEIGHT:  # (False only to time dx/dz alone in benchmarks)
             # dweight: this tile's fp32 contributions enter the exact integer accumulator
             contrib = tl.where(mask, contrib, 0.0)
-            count, win, nonfinite = fixed_point(contrib)
+            mant, shift, nonfinite = split_fp32(contrib)
             if t == 0:
-                base = hot_base(count, win, NUM_WIN)
+                start = hot_start(mant, shift)
             acc0, acc1 = accumulate(
-                contrib, count, win, nonfinite, acc0, acc1, base, cnt_ptr, col, col_mask, d, NUM_WIN
+                contrib, mant, shift, nonfinite, acc0, acc1, start, cnt_ptr, c3, cm3, d, NUM_WIN, COLD_MODE
             )
     if DWEIGHT:
-        flush(acc0, acc1, base, cnt_ptr, col, col_mask, d)
+        flush(acc0, acc1, start, cnt_ptr, c3, cm3, d)
 
 
 def bwd_config(d: int, group: int) -> dict[str, int]:
@@ -138,12 +140,13 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
     block_c = triton.next_power_of_2(group)
     block_g = triton.next_power_of_2(d // group)
     width = block_c * block_g
-    # about 1K elements per tile, 8 per thread: x, z, dy, the temporaries and the dweight
-    # registers fit without spills (ptxas, sm_90: ~120 registers, cold path aside)
-    block_r = max(1, min(16, 1024 // width))
-    num_warps = max(4, min(16, width * block_r // 256))
-    # several tiles per program amortise the dweight flush (a cross-thread sum and atomics)
-    tiles = 8
+    # 4 elements per thread (8 for rows wider than 2048): the dweight's int64 registers and
+    # temporaries cost ~20 registers per element, and occupancy is what hides memory latency
+    num_warps = max(4, min(16, width // 128))
+    block_r = max(1, 4 * 32 * num_warps // width)
+    # 16 tiles per program amortise the dweight's per-program steps (choice of the hot range,
+    # flush: a cross-thread sum and atomics); a register slot stays exact for <= 256 tiles
+    tiles = 16
     return {
         "BLOCK_R": block_r,
         "BLOCK_G": block_g,
@@ -151,6 +154,7 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "TILES": tiles,
         "num_warps": num_warps,
         "DWEIGHT": True,
+        "COLD_MODE": 0,
     }
 
 

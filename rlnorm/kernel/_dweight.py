@@ -47,7 +47,8 @@ NUM_LIMBS = NUM_WINDOWS + 2  # base-2**32 limbs of the total: windows' low parts
 STRIPES = 8  # copies of the counters, chosen by pid: spreads atomic contention, never changes the sum
 MAX_TILE_ROWS = 256  # a flush sums BLOCK_R low parts < 2**32: far inside int64
 MAX_TILES = 256  # a register slot gains < 2**55 per tile: 256 tiles stay below 2**63
-MAX_ROWS = 2**29  # counters: low slots < 2 * rows * 2**32 (< 2**62), so limbs never overflow
+MAX_ROWS = 2**27  # counters: every slot < 3 * rows * 2**33, a limb (two slots) < 2**62
+HOT_START_MAX: tl.constexpr = tl.constexpr(253 - 63)  # hot range [start, start + 64) within the shifts 0..253
 
 # (precision bits with the implicit one, smallest normal exponent + 149, largest exponent)
 _FORMATS = {
@@ -58,29 +59,38 @@ _FORMATS = {
 
 
 @triton.jit
-def fixed_point(v):
-    """fp32 tile -> (signed int64 count of its window's quanta, window index, non-finite mask), exactly."""
+def split_fp32(v):
+    """fp32 tile -> (signed mantissa m as int32, shift s, non-finite mask): v == m * 2**(s - 149) exactly.
+
+    |m| < 2**24 and 0 <= s <= 253; NaN/Inf give m = 0 (they are counted in their own slots).
+    """
     bits = v.to(tl.int32, bitcast=True)
     exp_field = (bits >> 23) & 0xFF
     nonfinite = exp_field == 255
     mant = (bits & 0x7FFFFF) | tl.where(exp_field > 0, 0x800000, 0)  # implicit one of normals
     shift = tl.maximum(exp_field, 1) - 1  # subnormals have the scale of exponent field 1
-    win = shift >> 5  # window of 32 shifts
-    mag = mant.to(tl.int64) << (shift & 31).to(tl.int64)  # < 2**55: exact
-    count = tl.where(bits < 0, -mag, mag)
-    count = tl.where(nonfinite, 0, count)  # NaN/Inf are counted in their own slots
-    return count, win, nonfinite
+    mant = tl.where(bits < 0, -mant, mant)
+    mant = tl.where(nonfinite, 0, mant)
+    return mant, shift, nonfinite
 
 
 @triton.jit
-def hot_base(count, win, NUM_WIN: tl.constexpr):
-    """A program's lower hot window: one below the top window holding a non-zero value of a tile.
+def _tile_max(t):
+    """Largest element of an int32 tile: one reduction over a flat view (element order is free)."""
+    return tl.max(tl.reshape(t, [t.numel], can_reorder=True), axis=0)
+
+
+@triton.jit
+def hot_start(mant, shift):
+    """First shift of a program's 64-shift hot range: 55 below the first tile's largest value,
+    so values from 2**-55 to 2**8 times it take the register path.
 
     Only a speed choice (which values take the register path); every value is counted exactly
-    whichever window is hot, so the result cannot depend on it.
+    whichever range is hot, so the result cannot depend on it.
     """
-    top = tl.max(tl.max(tl.max(tl.where(count != 0, win, 1), axis=2), axis=1), axis=0)
-    return tl.minimum(tl.maximum(top - 1, 0), NUM_WIN - 2)
+    top = _tile_max(tl.where(mant != 0, shift, -1))
+    top = tl.where(top < 0, 128, top)  # an all-zero tile: values near 1 hot
+    return tl.minimum(tl.maximum(top - 55, 0), HOT_START_MAX)
 
 
 @triton.jit
@@ -91,54 +101,111 @@ def _add_cold(v, count, win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN: tl.c
     registers they need are per column, not per element.
     """
     nonzero = count != 0
-    k_first = tl.min(tl.min(tl.min(tl.where(nonzero, win, NUM_WIN), axis=2), axis=1), axis=0)
-    k_last = tl.max(tl.max(tl.max(tl.where(nonzero, win, -1), axis=2), axis=1), axis=0)
+    k_first = -_tile_max(tl.where(nonzero, -win, -NUM_WIN))
+    k_last = _tile_max(tl.where(nonzero, win, -1))
     for k in range(k_first, k_last + 1):
-        part = tl.sum(tl.where(win == k, count, 0), axis=0)  # [BG, BC]
+        part = tl.sum(tl.where(win == k, count, 0), axis=0, keep_dims=True)  # [1, BG, BC]
         hi = part >> 32  # arithmetic shift: 0 <= lo < 2**32, so the counters' bounds hold
         lo = part - (hi << 32)
         # integer atomics are associative: their order cannot change the counters' final values
         tl.atomic_add(cnt_ptr + (2 * k) * d + col, lo, mask=col_mask & (lo != 0), sem="relaxed")
         tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, hi, mask=col_mask & (hi != 0), sem="relaxed")
-    n_nan = tl.sum((nonfinite & (v != v)).to(tl.int64), axis=0)  # [BG, BC]
-    n_pos = tl.sum((nonfinite & (v > 0)).to(tl.int64), axis=0)
-    n_neg = tl.sum((nonfinite & (v < 0)).to(tl.int64), axis=0)
+    n_nan = tl.sum((nonfinite & (v != v)).to(tl.int64), axis=0, keep_dims=True)  # [1, BG, BC]
+    n_pos = tl.sum((nonfinite & (v > 0)).to(tl.int64), axis=0, keep_dims=True)
+    n_neg = tl.sum((nonfinite & (v < 0)).to(tl.int64), axis=0, keep_dims=True)
     tl.atomic_add(cnt_ptr + (2 * NUM_WIN) * d + col, n_nan, mask=col_mask & (n_nan != 0), sem="relaxed")
     tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 1) * d + col, n_pos, mask=col_mask & (n_pos != 0), sem="relaxed")
     tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 2) * d + col, n_neg, mask=col_mask & (n_neg != 0), sem="relaxed")
 
 
 @triton.jit
-def accumulate(v, count, win, nonfinite, acc0, acc1, base, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr):
-    """Add a [BR, BG, BC] tile's values exactly: hot windows base, base+1 into per-thread int64
-    registers acc0, acc1 (no communication); the rest ("cold": rare) straight into the counters.
+def accumulate(
+    v,
+    mant,
+    shift,
+    nonfinite,
+    acc0,
+    acc1,
+    start,
+    cnt_ptr,
+    col,
+    col_mask,
+    d,
+    NUM_WIN: tl.constexpr,
+    COLD_MODE: tl.constexpr,
+):
+    """Add a [BR, BG, BC] tile's values exactly: the hot range's into per-thread int64 registers
+    (acc0: shifts start..start+31, acc1: the next 32; counts of 2**(start - 149) and of
+    2**(start + 32 - 149); no communication), the rest ("cold": rare) into the counters.
 
-    Each register slot gains < 2**55 per tile, so it is exact for up to 256 tiles per program.
+    A hot value adds m << (s - start) % 32 < 2**55, so a register is exact for up to 256 tiles.
+    COLD_MODE 0: one tile-wide "any cold?" max, then a window loop over the cold values (rare
+    branch); COLD_MODE 1: no cross-thread test, masked per-element atomics. Both count every
+    value exactly; they differ only in speed.
     """
-    in0 = win == base
-    in1 = win == base + 1
-    acc0 += tl.where(in0, count, 0)
-    acc1 += tl.where(in1, count, 0)
-    cold = ((count != 0) & ~in0 & ~in1) | nonfinite
-    # the tile's only cross-thread step: is there any cold value at all?
-    if tl.max(tl.max(tl.max(cold.to(tl.int32), axis=2), axis=1), axis=0) > 0:
-        _add_cold(v, tl.where(cold, count, 0), win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN)
+    rel = shift - start
+    in0 = (rel >= 0) & (rel < 32)
+    in1 = (rel >= 32) & (rel < 64)
+    wide = mant.to(tl.int64) << (rel & 31).to(tl.int64)
+    acc0 += tl.where(in0, wide, 0)
+    acc1 += tl.where(in1, wide, 0)
+    cold = ((mant != 0) & ~(in0 | in1)) | nonfinite
+    if COLD_MODE == 0:
+        # the tile's only cross-thread step: is there any cold value at all?
+        if _tile_max(cold.to(tl.int32)) > 0:
+            count = tl.where(cold, mant.to(tl.int64) << (shift & 31).to(tl.int64), 0)  # < 2**55
+            _add_cold(v, count, shift >> 5, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN)
+    else:
+        m = col_mask & cold
+        count = mant.to(tl.int64) << (shift & 31).to(tl.int64)  # in window shift >> 5: < 2**55
+        hi = count >> 32  # arithmetic shift: 0 <= lo < 2**32, so the counters' bounds hold
+        lo = count - (hi << 32)
+        slot = tl.where(
+            nonfinite,
+            tl.where(v != v, 2 * NUM_WIN, tl.where(v > 0, 2 * NUM_WIN + 1, 2 * NUM_WIN + 2)),
+            2 * (shift >> 5),
+        )
+        # NaN/Inf: count 1 in their slot; finite: the low part in slot 2*win, the high part next to it
+        tl.atomic_add(cnt_ptr + slot * d + col, tl.where(nonfinite, 1, lo), mask=m, sem="relaxed")
+        tl.atomic_add(cnt_ptr + (slot + 1) * d + col, hi, mask=m & (hi != 0), sem="relaxed")
     return acc0, acc1
 
 
 @triton.jit
-def flush(acc0, acc1, base, cnt_ptr, col, col_mask, d):
-    """Add a program's hot registers [BR, BG, BC] into its stripe of the counters (exact, any order)."""
-    hi0 = acc0 >> 32
-    lo0 = tl.sum(acc0 - (hi0 << 32), axis=0)  # [BG, BC]: < BLOCK_R * 2**32, exact
-    hi0 = tl.sum(hi0, axis=0)
-    hi1 = acc1 >> 32
-    lo1 = tl.sum(acc1 - (hi1 << 32), axis=0)
-    hi1 = tl.sum(hi1, axis=0)
-    tl.atomic_add(cnt_ptr + (2 * base) * d + col, lo0, mask=col_mask & (lo0 != 0), sem="relaxed")
-    tl.atomic_add(cnt_ptr + (2 * base + 1) * d + col, hi0, mask=col_mask & (hi0 != 0), sem="relaxed")
-    tl.atomic_add(cnt_ptr + (2 * base + 2) * d + col, lo1, mask=col_mask & (lo1 != 0), sem="relaxed")
-    tl.atomic_add(cnt_ptr + (2 * base + 3) * d + col, hi1, mask=col_mask & (hi1 != 0), sem="relaxed")
+def _digits(acc, o):
+    """acc * 2**o (o < 32) as three pieces of weights 1, 2**32, 2**64: two in [0, 2**32), one signed."""
+    hi = acc >> 32
+    lo = acc - (hi << 32)  # [0, 2**32)
+    lo_sh = lo << o  # < 2**63
+    hi_sh = hi << o  # |.| < 2**62
+    p2 = hi_sh >> 32
+    p1 = lo_sh >> 32
+    p0 = lo_sh - (p1 << 32)  # [0, 2**32)
+    p1 += hi_sh - (p2 << 32)  # < 2**31 + 2**32
+    return p0, p1, p2
+
+
+@triton.jit
+def flush(acc0, acc1, start, cnt_ptr, col, col_mask, d):
+    """Add a program's hot registers [BR, BG, BC] to its stripe of the counters, exactly.
+
+    acc0 * 2**(start - 149) + acc1 * 2**(start + 32 - 149) is cut on the counters' 2**32 grid
+    (k = start >> 5, o = start & 31) into limbs k..k+3, each piece below 2**33 in magnitude,
+    summed over the program's rows (exact) and added (any order: integer adds).
+    """
+    k = start >> 5
+    o = (start & 31).to(tl.int64)
+    a0, a1, a2 = _digits(acc0, o)
+    b0, b1, b2 = _digits(acc1, o)
+    l0 = tl.sum(a0, axis=0, keep_dims=True)  # [1, BG, BC]
+    l1 = tl.sum(a1 + b0, axis=0, keep_dims=True)
+    l2 = tl.sum(a2 + b1, axis=0, keep_dims=True)
+    l3 = tl.sum(b2, axis=0, keep_dims=True)
+    # limb k is window k's low slot; limb k+i (i >= 1) is the high slot of window k+i-1
+    tl.atomic_add(cnt_ptr + (2 * k) * d + col, l0, mask=col_mask & (l0 != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, l1, mask=col_mask & (l1 != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * k + 3) * d + col, l2, mask=col_mask & (l2 != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * k + 5) * d + col, l3, mask=col_mask & (l3 != 0), sem="relaxed")
 
 
 @triton.jit
@@ -154,26 +221,29 @@ def _column_sum_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_C: tl.constexpr,
     TILES: tl.constexpr,
+    COLD_MODE: tl.constexpr,
 ):
     """Accumulate raw fp32 values [n_rows, d] into the counters: the same path the backward uses."""
     pid = tl.program_id(0)
     pid_c = tl.program_id(1)
     cnt_ptr = CNT + (pid % STRIPES) * NUM_SLOTS * d  # stripe: spreads atomics only
     offs_r = tl.arange(0, BLOCK_R)
-    col = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]  # [1, BC]: one group of the full width
+    col = (pid_c * BLOCK_C + tl.arange(0, BLOCK_C))[None, None, :]  # [1, 1, BC]: one group of the full width
     col_mask = col < d
     acc0 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
     acc1 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
-    base = pid * 0
+    start = pid * 0
     for t in range(TILES):
         rows = pid.to(tl.int64) * (TILES * BLOCK_R) + t * BLOCK_R + offs_r  # int64 row offsets
-        mask = (rows < n_rows)[:, None, None] & col_mask[None, :, :]
-        v = tl.load(V + rows[:, None, None] * stride_v + col[None, :, :], mask=mask, other=0.0)  # [BR, 1, BC]
-        count, win, nonfinite = fixed_point(v)
+        mask = (rows < n_rows)[:, None, None] & col_mask
+        v = tl.load(V + rows[:, None, None] * stride_v + col, mask=mask, other=0.0)  # [BR, 1, BC]
+        mant, shift, nonfinite = split_fp32(v)
         if t == 0:
-            base = hot_base(count, win, NUM_WIN)
-        acc0, acc1 = accumulate(v, count, win, nonfinite, acc0, acc1, base, cnt_ptr, col, col_mask, d, NUM_WIN)
-    flush(acc0, acc1, base, cnt_ptr, col, col_mask, d)
+            start = hot_start(mant, shift)
+        acc0, acc1 = accumulate(
+            v, mant, shift, nonfinite, acc0, acc1, start, cnt_ptr, col, col_mask, d, NUM_WIN, COLD_MODE
+        )
+    flush(acc0, acc1, start, cnt_ptr, col, col_mask, d)
 
 
 @triton.jit
@@ -308,7 +378,11 @@ def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def exact_column_sum(
-    values: torch.Tensor, dtype: torch.dtype = torch.float32, block_rows: int = 16, tiles: int = 1
+    values: torch.Tensor,
+    dtype: torch.dtype = torch.float32,
+    block_rows: int = 16,
+    tiles: int = 1,
+    cold_mode: int = 0,
 ) -> torch.Tensor:
     """Column sums of fp32 `values` [n, d], exact, rounded once to `dtype`, on values' device.
 
@@ -345,5 +419,6 @@ def exact_column_sum(
             BLOCK_R=block_rows,
             BLOCK_C=block_c,
             TILES=tiles,
+            COLD_MODE=cold_mode,
         )
     return finalize(counters, dtype)
