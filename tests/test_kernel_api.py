@@ -146,3 +146,14 @@ def test_backward_is_wired_to_the_backward_kernel(case):
     gated_rmsnorm_math(x64, z64, w64, OpOptions(), torch.float64).backward(case.dy.double())
     for got, ref in ((x.grad, x64.grad), (z.grad, z64.grad), (w.grad, w64.grad)):
         assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 2e-2
+
+
+def test_no_grad_call_skips_autograd_and_gives_the_same_bits(case):
+    y_plain = rms_norm_gated(case.x, case.z, case.w)  # nothing requires grad: the kernel directly
+    assert y_plain.grad_fn is None
+    x = case.x.clone().requires_grad_(True)
+    y_graph = rms_norm_gated(x, case.z, case.w)
+    assert y_graph.grad_fn is not None
+    assert torch.equal(y_plain.view(torch.int16), y_graph.detach().view(torch.int16))
+    with torch.no_grad():
+        assert rms_norm_gated(x, case.z, case.w).grad_fn is None
