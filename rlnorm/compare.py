@@ -305,6 +305,11 @@ def environment_table(a: Mapping, b: Mapping, label_a: str = "a", label_b: str =
     return pd.DataFrame(rows).set_index("field")
 
 
+def _device(art: Mapping[str, Any]) -> str:
+    env = art.get("environment") or {}
+    return str(env.get("gpu") or env.get("device") or "cpu")
+
+
 def what_changed(
     a: Mapping,
     b: Mapping,
@@ -316,6 +321,9 @@ def what_changed(
     """Plain sentences: protocol differences, backends in one run only, verdict flips, latency and
     accuracy moves."""
     out: list[str] = []
+    ga, gb = (_device(x) for x in (a, b))
+    if ga != gb:
+        out.append(f"devices differ ({ga} vs {gb}): latency ratios compare the hardware as much as the code")
     pa, pb = protocol(a), protocol(b)
     moved = [k for k in pa if pa[k] != pb[k]]
     if moved:
@@ -327,10 +335,19 @@ def what_changed(
     for key in rb:
         if key not in ra:
             out.append(f"{key}: only in {label_b}")
+    # a backend that ran in one run and not the other: one line with the reason, not one per check
+    not_both = set()
+    for key in ra:
+        if key in rb:
+            sa, sb = (ra[key] or {}).get("status", "ran"), (rb[key] or {}).get("status", "ran")
+            if sa != sb:
+                not_both.add(key)
+                why = (rb[key] if sb != "ran" else ra[key]).get("skip_reason") or ""
+                out.append(f"{key}: {sa} in {label_a}, {sb} in {label_b}" + (f" ({why[:160]})" if why else ""))
     verdicts = verdict_table(a, b, label_a, label_b)
     unmeasured: dict[str, list[str]] = {label_a: [], label_b: []}
     for (key, check), row in verdicts.iterrows():
-        if not (row["changed"] and key in ra and key in rb):
+        if not (row["changed"] and key in ra and key in rb) or key in not_both:
             continue
         if NA in (row["verdict_a"], row["verdict_b"]):  # measured in one run only: not a flip
             unmeasured[label_a if row["verdict_a"] == NA else label_b].append(f"{key} {check}")

@@ -75,6 +75,10 @@ def test_seed_against_itself_changes_nothing(seed: dict) -> None:
 def test_compare_finds_every_planted_change(seed: dict) -> None:
     cmp = compare_runs(seed, synthetic_h200(seed))
     changes = "\n".join(cmp.changes)
+    assert (
+        cmp.changes[0]
+        == "devices differ (NVIDIA B200 vs NVIDIA H200): latency ratios compare the hardware as much as the code"
+    )
     assert "rl_kernel: only in A: NVIDIA B200" in changes
     assert "rlnorm: only in B: NVIDIA H200" in changes
     assert "fla_fused_norm_gate full_vs_sub_batches: FAIL (fwd 95, grad 152) -> pass" in changes
@@ -84,7 +88,7 @@ def test_compare_finds_every_planted_change(seed: dict) -> None:
     assert "vllm fwd_us: 87.1 -> 58.6 us (0.67x, faster)" in changes
     assert "transformers fwd_correctly_rounded: 0.654748 -> 1.000000" in changes
     # nothing unplanted is reported
-    assert len(cmp.changes) == 8
+    assert len(cmp.changes) == 9
     lat = cmp.latency
     assert lat.loc["vllm", "fwd_us_ratio"] == pytest.approx(58.6 / 87.07199990749359)
     assert lat.loc["reference", "fwd_bwd_us_ratio"] == pytest.approx(1.0)
@@ -118,7 +122,9 @@ def test_skipped_backend_and_gate_failure_show_as_such(seed: dict) -> None:
     )
     cmp = compare_runs(seed, b)
     assert cmp.verdicts.loc[("vllm", "all_rows"), "verdict_b"] == "skipped"
-    assert any(c.startswith("vllm all_rows: FAIL (fwd 3) -> skipped") for c in cmp.changes)
+    # one line for the backend, with its reason, instead of one per check
+    assert "vllm: ran in A: NVIDIA B200, skipped in B: NVIDIA B200 (no GPU driver)" in cmp.changes
+    assert not any(c.startswith("vllm all_rows") for c in cmp.changes)
     assert "transformers gate_gradient: pass -> FAIL (returncode -11, 1 failed lines)" in cmp.changes
 
 
