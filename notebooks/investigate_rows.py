@@ -53,7 +53,15 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from rlnorm.compare import run_verdicts
-from rlnorm.investigate import differing_rows, explain_record, failing_summary, latest_run, load_run, plot_row
+from rlnorm.investigate import (
+    differing_rows,
+    explain_record,
+    failing_summary,
+    latest_run,
+    load_run,
+    plot_row,
+    records_dropped,
+)
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -101,6 +109,11 @@ elif table is None:
     display(Markdown("**No differing rows in this run:** every check passed, so there is nothing to drill into."))
 else:
     display(Markdown(f"**{table.attrs['backend']}**, check **{table.attrs['check']}**: {len(table)} records"))
+    dropped = records_dropped(the_run.artifact, table.attrs["backend"], table.attrs["check"])
+    if dropped:
+        display(
+            Markdown(f"*{dropped} more differing (row, tensor) pairs were counted but not recorded (max_records).*")
+        )
     display(table.drop(columns=["rebuild"]).head(50))
 
 # %% [markdown]

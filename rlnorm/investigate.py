@@ -204,6 +204,19 @@ def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str
     return sel
 
 
+def records_dropped(artifact: Mapping[str, Any], backend: str, check: str) -> int:
+    """How many differing (row, tensor) pairs a check counted but did not record (`max_records`)."""
+    entry = (artifact.get("results") or {}).get(backend) or {}
+
+    def total(node: Any) -> int:  # all_rows notes it per size, the other checks once
+        if not isinstance(node, Mapping):
+            return 0
+        own = node.get("records_dropped")
+        return (int(own) if isinstance(own, int) else 0) + sum(total(v) for v in node.values())
+
+    return total((entry.get("batch_invariance") or {}).get(check))
+
+
 # --------------------------------------------------------------------------------------------
 # rebuilding one case
 # --------------------------------------------------------------------------------------------

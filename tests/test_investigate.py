@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
 
+from rlnorm.backends import Backend
 from rlnorm.inputs import make_case
 from rlnorm.investigate import (
     check_parameters,
@@ -25,37 +25,33 @@ from rlnorm.investigate import (
     locate_run,
     pick_failing,
     plot_row,
+    records_dropped,
     rstd_from_x,
 )
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 
-FAULTY_MODULE = "tiny_planted_faults"
-FAULTY_SPEC = f"{FAULTY_MODULE}:BatchSizeDependent"
-TINY_ROWS = 7
-TINY_SEED = 3
 
-# A planted fault: the same row is scaled by (1 + 2^-10) whenever it is computed with others, so
-# a few of its bf16 outputs round one ulp differently in a batch than alone.
-_FAULTY_SOURCE = textwrap.dedent(
-    '''
-    """A backend whose output depends on the batch size (for rlnorm's investigate tests)."""
-    from rlnorm.backends import Backend
-    from rlnorm.reference import gated_rmsnorm_math
+class ScaledInBatch(Backend):
+    """A planted fault that exposes its own rstd: in a batch of more than one row, rstd (and so the
+    whole row) is scaled by (1 + 2^-10), so some bf16 outputs and gradients round one ulp apart."""
+
+    key = f"{__name__}:ScaledInBatch"
+    source = "planted fault: rstd scaled by (1 + 2^-10) in batches of more than one row"
+
+    @staticmethod
+    def _scale(rows: int) -> float:
+        return 1 + 2.0**-10 if rows > 1 else 1.0
+
+    def _fn(self, x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOptions) -> torch.Tensor:
+        return (gated_rmsnorm_math(x, z, w, opts) * self._scale(x.shape[0])).to(x.dtype)
+
+    def rstd(self, x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOptions) -> torch.Tensor:
+        return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + opts.eps) * self._scale(x.shape[0])
 
 
-    class BatchSizeDependent(Backend):
-        key = "tiny_planted_faults:BatchSizeDependent"
-        source = "planted fault: scales rows by (1 + 2^-10) in batches of more than one row"
-
-        def _fn(self, x, z, w, opts):
-            y = gated_rmsnorm_math(x, z, w, opts)
-            if x.shape[0] > 1:
-                y = y * (1 + 2.0**-10)
-            return y.to(x.dtype)
-    '''
-)
+FAULTY_SPEC = ScaledInBatch.key
 
 
 def _rebuild_spec(rows: int, seed: int, row: int, opts: OpOptions, tensor: str) -> str:
@@ -115,21 +111,6 @@ def tiny_run_folder(factory: pytest.TempPathFactory) -> Path:
         )
         assert proc.returncode == 0, f"tiny run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return folder
-
-
-def install_faulty_module(folder: Path) -> Path:
-    """Write the planted backend's module into `folder` and make it importable here; return folder
-    (a notebook kernel, a child process, needs it on PYTHONPATH too)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{FAULTY_MODULE}.py").write_text(_FAULTY_SOURCE)
-    if str(folder) not in sys.path:
-        sys.path.insert(0, str(folder))
-    return folder
-
-
-@pytest.fixture(scope="module")
-def faulty_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return install_faulty_module(tmp_path_factory.mktemp("faults"))
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +202,7 @@ def test_explain_row_compares_full_vs_sub_batch_with_the_full_batch(tiny_run: Pa
     assert "inside the full batch of 15 rows at position" in expl.text
 
 
-def test_explain_row_for_a_gradient_record(faulty_module_dir: Path) -> None:
+def test_explain_row_for_a_gradient_record_and_the_backends_own_rstd() -> None:
     # a hand-made record of the scaling fault's dx, all_rows of 7 rows, row 2
     record = {
         "backend": FAULTY_SPEC,
@@ -239,6 +220,10 @@ def test_explain_row_for_a_gradient_record(faulty_module_dir: Path) -> None:
     # a whole-row scale fault moves every differing column the same way, and the text says so
     assert expl.summary["cols_larger_in_batch"] in (0, expl.summary["cols_differ"])
     assert "shift of the whole row's scale" in expl.text
+    # the backend exposes its rstd: alone it is the fp32 one from x, in the batch it moved
+    assert expl.rstd.loc[0, "backend_alone"] == expl.rstd.loc[0, "fp32_from_x"]
+    assert not expl.rstd.loc[0, "backend_same_both_ways"]
+    assert "the row statistic itself moved" in expl.text
 
 
 def test_explain_record_of_a_nondeterministic_dweight(tiny_run: Path) -> None:
@@ -310,6 +295,16 @@ def test_check_parameters_names_an_unknown_one() -> None:
     check_parameters({"In": 1, "run": "x", "_private": 2}, before, ["run", "row_index"])
     with pytest.raises(ValueError, match=r"unknown \['row_idx'\]; this notebook takes \['row_index', 'run'\]"):
         check_parameters({"run": "x", "row_idx": 3}, before, ["run", "row_index"])
+
+
+def test_records_dropped_reads_the_checks_note(tiny_run: Path) -> None:
+    art = load_run(tiny_run).artifact
+    assert records_dropped(art, BATCH_FAULT, "all_rows") == 0
+    art["results"][BATCH_FAULT]["batch_invariance"]["all_rows"]["7"]["records_dropped"] = 12
+    art["results"][BATCH_FAULT]["batch_invariance"]["full_vs_sub_batches"]["records_dropped"] = 5
+    assert records_dropped(art, BATCH_FAULT, "all_rows") == 12
+    assert records_dropped(art, BATCH_FAULT, "full_vs_sub_batches") == 5
+    assert records_dropped(art, "nope", "all_rows") == 0
 
 
 def test_failing_summary_of_an_empty_table_keeps_columns() -> None:
