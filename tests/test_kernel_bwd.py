@@ -266,3 +266,28 @@ def test_through_the_autograd_api(pool):
     w0 = torch.ones(128, dtype=torch.bfloat16, requires_grad=True)
     rlnorm.rms_norm_gated(x0, x0, w0).sum().backward()
     assert w0.grad is not None and not w0.grad.view(torch.int16).any()
+
+
+def subnormal_case():
+    c = make_case(8, 128, seed=21)
+    x = c.x.clone()
+    x[:, ::3] = (x[:, ::3].float() * 2.0**-130).bfloat16()
+    assert (x[:, ::3].float().abs() < torch.finfo(torch.float32).tiny).any()
+    return x, c
+
+
+def max_ulp_on_subnormal_inputs() -> int:
+    # bf16 subnormals in x: dz = dy*w*xh*act' is then tiny, often subnormal itself, so a widening
+    # or rounding that mishandles subnormals shows up here
+    x, c = subnormal_case()
+    _, dz, _ = bwd(x, c.z, c.w, c.dy, OpOptions())
+    _, rz, _ = reference_grads(x, c.z, c.w, c.dy, OpOptions())
+    return ulp_distance(dz, round_once(rz, dz.dtype)).max().item()
+
+
+def test_subnormal_inputs_are_read_exactly(monkeypatch):
+    assert max_ulp_on_subnormal_inputs() <= 1
+    if rlnorm.kernel._bwd._INTERPRET:
+        # planted fault: the native casts under the interpreter (subnormal-mangling widen, truncation)
+        monkeypatch.setattr(rlnorm.kernel._bwd, "_INTERPRET", False)
+        assert max_ulp_on_subnormal_inputs() > 1

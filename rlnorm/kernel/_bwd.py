@@ -16,15 +16,40 @@ dweight: each row's contribution c (fp32) goes through the exact fixed-point acc
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 from rlnorm.kernel import _dweight
 from rlnorm.kernel._dweight import accumulate, flush, hot_start, split_fp32
-from rlnorm.kernel._rounding import _round_fp32_to_out
+from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_to_fp32
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _load_fp32(ptr, mask, INTERP: tl.constexpr):
+    """Load and widen to fp32 exactly (the interpreter's bf16 -> fp32 cast mangles subnormals)."""
+    v = tl.load(ptr, mask=mask, other=0.0)
+    if INTERP:
+        out = _widen_to_fp32(v)
+    else:
+        out = v.to(tl.float32)
+    return out
+
+
+@triton.jit
+def _rounded(v, OUT: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 -> OUT rounded once to nearest even: the GPU's cvt.rn does it natively; the
+    interpreter truncates, so there the rounding is done with integer bit operations."""
+    if INTERP:
+        out = _round_fp32_to_out(v, OUT)
+    else:
+        out = v.to(OUT)
+    return out
 
 
 @triton.jit
@@ -71,6 +96,7 @@ def _rms_norm_gated_bwd_kernel(
     TILES: tl.constexpr,
     DWEIGHT: tl.constexpr,
     COLD_MODE: tl.constexpr,
+    INTERP: tl.constexpr,
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
     pid = tl.program_id(0)
@@ -80,7 +106,7 @@ def _rms_norm_gated_bwd_kernel(
     offs_c = tl.arange(0, BLOCK_C)
     col = offs_g[:, None] * group + offs_c[None, :]  # [BLOCK_G, BLOCK_C]
     col_mask = (offs_g[:, None] < n_groups) & (offs_c[None, :] < group)
-    w = tl.load(W + col, mask=col_mask, other=0.0).to(tl.float32)[None, :, :]  # [1, BLOCK_G, BLOCK_C]
+    w = _load_fp32(W + col, col_mask, INTERP)[None, :, :]  # [1, BLOCK_G, BLOCK_C]
     c3 = col[None, :, :]  # [1, BLOCK_G, BLOCK_C]: made once, in the tile's layout
     cm3 = col_mask[None, :, :]
     acc0 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the hot range
@@ -90,10 +116,10 @@ def _rms_norm_gated_bwd_kernel(
         rows = pid.to(tl.int64) * (TILES * BLOCK_R) + t * BLOCK_R + offs_r  # [BLOCK_R] int64 row offsets
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
-        x = tl.load(X + r3 * stride_x + c3, mask=mask, other=0.0).to(tl.float32)  # [BLOCK_R, BLOCK_G, BLOCK_C]
-        dy = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0).to(tl.float32)
+        x = _load_fp32(X + r3 * stride_x + c3, mask, INTERP)  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        dy = _load_fp32(DY + r3 * stride_dy + c3, mask, INTERP)
         if HAS_Z:
-            z = tl.load(Z + r3 * stride_z + c3, mask=mask, other=0.0).to(tl.float32)
+            z = _load_fp32(Z + r3 * stride_z + c3, mask, INTERP)
             act, dact = _activation(z, ACTIVATION)
         if HAS_Z and not NORM_BEFORE_GATE:
             u = x * act
@@ -118,10 +144,10 @@ def _rms_norm_gated_bwd_kernel(
             dx = du
             if HAS_Z:
                 dz = dy * w * uh * dact
-        # one explicit round-to-nearest-even per output (the interpreter's casts truncate)
-        tl.store(DX + r3 * stride_dx + c3, _round_fp32_to_out(dx, DX.dtype.element_ty), mask=mask)
+        # one round-to-nearest-even per output
+        tl.store(DX + r3 * stride_dx + c3, _rounded(dx, DX.dtype.element_ty, INTERP), mask=mask)
         if HAS_Z:
-            tl.store(DZ + r3 * stride_dz + c3, _round_fp32_to_out(dz, DZ.dtype.element_ty), mask=mask)
+            tl.store(DZ + r3 * stride_dz + c3, _rounded(dz, DZ.dtype.element_ty, INTERP), mask=mask)
         if DWEIGHT:  # (False only to time dx/dz alone in benchmarks)
             # dweight: this tile's fp32 contributions enter the exact integer accumulator
             contrib = tl.where(mask, contrib, 0.0)
@@ -218,6 +244,7 @@ def rms_norm_gated_bwd(
             NUM_WIN=_dweight.NUM_WINDOWS,
             NUM_SLOTS=_dweight.NUM_SLOTS,
             STRIPES=_dweight.STRIPES,
+            INTERP=_INTERPRET,
             **cfg,
         )
     dw = _dweight.finalize(counters, w.dtype)
