@@ -127,6 +127,18 @@ def test_locate_run_finds_artifact_and_records(tiny_run: Path) -> None:
     assert latest_run(tiny_run.parent) == tiny_run
 
 
+def test_latest_run_from_a_notebook_folder_finds_the_runs_beside_it(
+    tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # JupyterLab runs a notebook in notebooks/, so the default run is found in ../outputs
+    import shutil
+
+    shutil.copytree(tiny_run, tmp_path / "outputs" / "tiny")
+    (tmp_path / "notebooks").mkdir()
+    monkeypatch.chdir(tmp_path / "notebooks")
+    assert latest_run().resolve() == (tmp_path / "outputs" / "tiny").resolve()
+
+
 def test_locate_run_rejects_bad_sources(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         locate_run(tmp_path / "nope")
