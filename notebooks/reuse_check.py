@@ -40,6 +40,7 @@ from rlnorm import runner
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
+pd.set_option("display.max_colwidth", 120)
 _before_parameters = set(globals())
 
 # %% Parameters tags=["parameters"]
@@ -110,7 +111,7 @@ params = runner.params_from_namespace(globals(), _before_parameters)
 run = runner.start_run(params)
 display(Markdown(f"**Run** `{params.name}` on **{run.device}** · rlnorm {rlnorm.__version__}"))
 display(Markdown(runner.device_notice(run)))
-pd.Series(params.as_dict(), dtype=object).to_frame("value")
+runner.params_table(run)
 
 # %% [markdown]
 # ## Where it ran
@@ -118,7 +119,7 @@ pd.Series(params.as_dict(), dtype=object).to_frame("value")
 # GPU, CUDA, the library versions and the commit: what someone needs to reproduce these numbers.
 
 # %% Environment
-pd.json_normalize(run.environment, sep=".").T.rename(columns={0: "value"})
+runner.environment_table(run)
 
 # %% [markdown]
 # ## Backends
@@ -147,6 +148,12 @@ runner.load_and_probe_backends(run)
 
 # %% Run the checks
 runner.run_checks(run)
+display(Markdown("**Batch invariance** (counts of rows that differ; 0 everywhere is what RL needs)"))
+display(runner.invariance_table(run))
+display(
+    Markdown("**Accuracy and latency** (latency in microseconds; roofline = same-run `torch.add` moving as many bytes)")
+)
+runner.accuracy_table(run)
 
 # %% [markdown]
 # ## Contract gates
@@ -180,7 +187,8 @@ runner.run_agreement(run)
 # %% Write artifact and records
 figures = runner.make_plots(run)
 display(Markdown(f"Artifact: `{run.artifact_path.name}` · records: `{runner.RECORDS_FILE}` ({len(run.records)} rows)"))
-runner.record_table(run)
+_records = runner.record_table(run)
+display(Markdown(_records) if isinstance(_records, str) else _records)
 
 # %% [markdown]
 # ## Plots

@@ -11,6 +11,7 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,8 @@ RECORDS_FILE = "records.csv"
 PLOTS_DIR = "plots"
 # the checks that decide `batch_invariant`, in the report's order
 BI_CHECKS = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
+# tqdm.auto (used by peers) warns in a kernel without ipywidgets; its text bars are what we want anyway
+warnings.filterwarnings("ignore", message="IProgress not found")
 # the CLI points this at a file it echoes to the terminal, so progress bars stay out of the notebook
 PROGRESS_ENV = "RLNORM_PROGRESS_FILE"
 
@@ -307,35 +310,145 @@ def run_checks(run: Run) -> pd.DataFrame:
     return check_table(run)
 
 
-def check_table(run: Run) -> pd.DataFrame:
-    """The headline numbers per backend, as an RFC reader scans them."""
+def _fmt(v: Any, digits: int = 1) -> Any:
+    """Numbers as a reader scans them (None stays blank, ints stay ints)."""
+    if v is None:
+        return ""
+    if isinstance(v, bool) or isinstance(v, int):
+        return v
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return v
+
+
+def _total(node: dict[str, Any] | None, field_name: str) -> Any:
+    """Sum of a differ count over all_rows' sizes (None when the check did not run)."""
+    if not node:
+        return None
+    vals = [v.get(field_name) for v in node.values() if isinstance(v, dict)]
+    vals = [v for v in vals if isinstance(v, int)]
+    return sum(vals) if vals else None
+
+
+def invariance_table(run: Run) -> pd.DataFrame:
+    """Batch invariance per backend: the differ counts of each check, the verdict, and errors."""
     rows = []
     for key, r in run.results.items():
         bi = r.get("batch_invariance") or {}
-        acc = r.get("accuracy_latency") or {}
-        ar = bi.get("all_rows") or {}
         fvs = bi.get("full_vs_sub_batches") or {}
         sweep = bi.get("batch_size_sweep") or {}
-        gates = r.get("contract_gates") or {}
         rows.append(
             {
                 "backend": key,
                 "status": r["status"],
-                "batch_invariant": bi.get("batch_invariant"),
-                "all_rows fwd_differ": sum(v.get("fwd_differ", 0) for v in ar.values()) if ar else None,
-                "all_rows rowgrad_differ": sum(v.get("rowgrad_differ", 0) or 0 for v in ar.values()) if ar else None,
-                "sub_batches fwd_differ": fvs.get("fwd_differ"),
-                "sweep differ": sweep.get("differ"),
-                "dweight_repeatable": bi.get("dweight_repeatable"),
-                "correctly_rounded": acc.get("fwd_correctly_rounded"),
-                "fwd_us": acc.get("fwd_us"),
-                "fwd_bwd_us": acc.get("fwd_bwd_us"),
-                "gate fwd": (gates.get("forward") or {}).get("passed"),
-                "gate grad": (gates.get("gradient") or {}).get("passed"),
+                "batch_invariant": _fmt(bi.get("batch_invariant")),
+                "all_rows fwd_differ": _fmt(_total(bi.get("all_rows"), "fwd_differ")),
+                "all_rows rowgrad_differ": _fmt(_total(bi.get("all_rows"), "rowgrad_differ")),
+                "sub_batches fwd_differ": _fmt(fvs.get("fwd_differ")),
+                "sub_batches rowgrad_differ": _fmt(fvs.get("rowgrad_differ")),
+                "sweep differ": _fmt(sweep.get("differ")),
+                "dweight_repeatable": _fmt(bi.get("dweight_repeatable")),
                 "errors": "; ".join(f"{c}: {m}" for c, m in r.get("errors", {}).items()),
             }
         )
     return pd.DataFrame(rows).set_index("backend")
+
+
+def accuracy_table(run: Run) -> pd.DataFrame:
+    """Accuracy against fp64 and latency against the same-run torch.add roofline, per backend that ran."""
+    rows = []
+    for key, r in run.results.items():
+        acc = r.get("accuracy_latency")
+        if not acc:
+            continue
+        g = acc.get("grad_rel_err") or {}
+        rows.append(
+            {
+                "backend": key,
+                "rows": acc.get("rows"),
+                "correctly rounded": _fmt(acc.get("fwd_correctly_rounded"), 5),
+                "max abs err": _fmt(acc.get("fwd_max_abs_err"), 6),
+                "grad rel err x / z / w": " / ".join(_fmt(g.get(t), 5) or "-" for t in ("x", "z", "w")),
+                "fwd us (p20-p80)": _span(acc, "fwd_us"),
+                "fwd+bwd us (p20-p80)": _span(acc, "fwd_bwd_us"),
+                "fwd / roofline": _fmt(acc.get("fwd_roofline_ratio"), 2),
+                "fwd+bwd / roofline": _fmt(acc.get("fwd_bwd_roofline_ratio"), 2),
+            }
+        )
+    return pd.DataFrame(rows).set_index("backend") if rows else pd.DataFrame()
+
+
+def _span(acc: dict[str, Any], key: str) -> str:
+    mid = acc.get(key)
+    if mid is None:
+        return ""
+    lo, hi = acc.get(f"{key}_p20"), acc.get(f"{key}_p80")
+    return f"{mid:,.1f}" + (f" ({lo:,.1f}-{hi:,.1f})" if lo is not None and hi is not None else "")
+
+
+def gates_table(run: Run) -> pd.DataFrame:
+    """The contract gates per backend: passed, how many lines failed, and whether the child crashed or hung."""
+    rows = []
+    for key, r in run.results.items():
+        gates = r.get("contract_gates")
+        if not gates:
+            continue
+        row: dict[str, Any] = {"backend": key}
+        for name in ("forward", "gradient"):
+            g = gates.get(name) or {}
+            state = "passed" if g.get("passed") else "FAILED"
+            if g.get("timed_out"):
+                state += " (timed out)"
+            elif g.get("returncode") not in (0, None):
+                state += f" (child exit {g.get('returncode')})"
+            row[name] = state
+            row[f"{name} failed lines"] = len(g.get("failed_lines") or [])
+        grad = gates.get("gradient") or {}
+        row["dweight vs exact singleton aggregate"] = "; ".join(
+            ln.split("tensor=dweight ")[-1] for ln in grad.get("singleton_aggregate") or []
+        )
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("backend") if rows else pd.DataFrame()
+
+
+def check_table(run: Run) -> pd.DataFrame:
+    """The headline per backend (what the CLI summary and a quick look need)."""
+    return invariance_table(run)
+
+
+def params_table(run: Run) -> pd.DataFrame:
+    """This run's parameters beside the SPEC §4 protocol's (run paths left out: they say nothing)."""
+    p, full = run.params.as_dict(), RunParams().as_dict()
+    rows = []
+    for key in p:
+        if key in ("output_dir", "staging_dir"):
+            continue
+        mine, spec = p[key], full[key]
+        rows.append(
+            {"parameter": key, "this run": _short(mine), "SPEC §4 protocol": "" if mine == spec else _short(spec)}
+        )
+    return pd.DataFrame(rows).set_index("parameter")
+
+
+def _short(v: Any, width: int = 90) -> str:
+    text = ", ".join(map(str, v)) if isinstance(v, list) else str(v)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def environment_table(run: Run) -> pd.DataFrame:
+    """Where the numbers come from: device, versions, commit; the libraries on one line each."""
+    from rlnorm.environment import git_commit, tracked_tree_dirty
+
+    env = dict(run.environment)
+    libs = env.pop("libraries", {}) or {}
+    commit = git_commit()
+    env["commit"] = (commit or "not a git checkout") + (" (uncommitted changes)" if tracked_tree_dirty() else "")
+    rows = [{"what": k, "value": _short(v)} for k, v in env.items()]
+    rows += [{"what": name, "value": version} for name, version in libs.items() if version]
+    missing = [name for name, version in libs.items() if not version]
+    if missing:
+        rows.append({"what": "not installed", "value": ", ".join(missing)})
+    return pd.DataFrame(rows).set_index("what")
 
 
 def run_gates(run: Run) -> pd.DataFrame:
@@ -343,7 +456,7 @@ def run_gates(run: Run) -> pd.DataFrame:
     from rlnorm.backends import describe_error
 
     if "contract_gates" not in run.params.checks:
-        return check_table(run)
+        return gates_table(run)
     from rlnorm import gates
 
     t0 = time.time()
@@ -361,7 +474,7 @@ def run_gates(run: Run) -> pd.DataFrame:
             bar.update()
         bar.close()
     run.timings["gates"] = time.time() - t0
-    return check_table(run)
+    return gates_table(run)
 
 
 def run_agreement(run: Run) -> pd.DataFrame | None:
@@ -373,16 +486,17 @@ def run_agreement(run: Run) -> pd.DataFrame | None:
 
     p = run.params
     try:
-        run.agreement = checks.agreement_matrix(
-            list(run.backends.values()),
-            opts=run.opts,
-            device=run.device,
-            rows=p.agreement_rows,
-            seed=p.agreement_seed,
-            d=p.d,
-            weight_dtype=getattr(torch, p.weight_dtype),
-            progress=p.progress,
-        ).summary
+        with _progress_stream():
+            run.agreement = checks.agreement_matrix(
+                list(run.backends.values()),
+                opts=run.opts,
+                device=run.device,
+                rows=p.agreement_rows,
+                seed=p.agreement_seed,
+                d=p.d,
+                weight_dtype=getattr(torch, p.weight_dtype),
+                progress=p.progress,
+            ).summary
     except Exception as exc:
         run.agreement = {"error": describe_error(exc)}
         return None
@@ -422,7 +536,7 @@ def write_artifact_and_records(run: Run) -> Path:
     out = run.out
     rec.write_records(rec.records_frame(run.records), out / RECORDS_FILE)
     run.artifact = art.build_artifact(
-        params=run.params.as_dict(),
+        params={k: v for k, v in run.params.as_dict().items() if k != "staging_dir"},
         environment=run.environment,
         results=run.results,
         agreement=run.agreement,
@@ -464,19 +578,17 @@ def _seed_report() -> dict[str, Any] | None:
 
         return read_artifact(seed_report_path())
     except Exception as exc:
-        import warnings
-
         warnings.warn(f"the reference report is not shown beside this run: {exc}", RuntimeWarning, stacklevel=2)
         return None
 
 
-def record_table(run: Run) -> pd.DataFrame:
+def record_table(run: Run) -> pd.DataFrame | str:
     """Differing rows per backend, check and tensor (the full list is in the records CSV)."""
     from rlnorm.records import records_frame
 
     df = records_frame(run.records)
     if df.empty:
-        return pd.DataFrame({"differing rows": []})
+        return "No row differed in any check: the records CSV has its header only."
     return df.groupby(["backend", "check", "tensor"]).size().unstack("tensor", fill_value=0)
 
 
