@@ -132,8 +132,13 @@ class RunParams:
 
     @property
     def run_dir(self) -> Path:
-        """The folder the finished run lives in."""
-        return Path(self.output_dir or os.path.join("outputs", self.name))
+        """The folder the finished run lives in: output_dir, else outputs/<name> of this checkout (so a
+        notebook run cell by cell from notebooks/ in JupyterLab lands where the CLI's runs do)."""
+        if self.output_dir:
+            return Path(self.output_dir)
+        checkout = Path(__file__).resolve().parent.parent
+        root = checkout if (checkout / "pyproject.toml").is_file() and (checkout / "outputs").is_dir() else Path()
+        return root / "outputs" / self.name
 
     @property
     def write_dir(self) -> Path:

@@ -166,3 +166,21 @@ def test_module_entry_point_runs() -> None:
 
     proc = subprocess.run([sys.executable, "-m", "rlnorm", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "run" in proc.stdout and "validate" in proc.stdout
+
+
+def test_readme_holds_the_two_commands_ci_runs(repo_root: Path) -> None:
+    """.ci/run executes the README's test command verbatim; both commands install torch==2.13.0 first."""
+    import re
+
+    readme = (repo_root / "README.md").read_text()
+    blocks = {}
+    for name in ("main-command", "test-command"):
+        m = re.search(rf"<!-- {name} -->\n```bash\n(.+?)\n```\n<!-- /{name} -->", readme, re.S)
+        assert m, f"README.md lacks the {name} block"
+        blocks[name] = m.group(1).strip()
+    for cmd in blocks.values():
+        assert cmd.startswith("python3 -m pip install torch==2.13.0 && "), cmd
+    assert blocks["main-command"].endswith("python3 -m rlnorm run params/quick.yaml")
+    assert blocks["test-command"].endswith("python3 -m pytest -ra")
+    ci = (repo_root / ".ci" / "run").read_text()
+    assert "test-command" in ci and 'eval "$test_command"' in ci and "set -euo pipefail" in ci

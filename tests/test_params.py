@@ -139,7 +139,8 @@ def test_overrides_and_derived_values(tmp_path: Path) -> None:
     p = load_params(f, device="cpu")
     assert (p.name, p.coverage, p.eps, p.device) == ("mine", "sampled", 1e-5, "cpu")
     assert p.params_file == str(f)
-    assert p.run_dir == Path("outputs/mine") and p.write_dir == p.run_dir
+    assert p.run_dir.parts[-2:] == ("outputs", "mine") and p.write_dir == p.run_dir
+    assert load_params({"output_dir": "elsewhere/r"}).run_dir == Path("elsewhere/r")
     assert load_params({"staging_dir": "x"}).write_dir == Path("x")
     assert p.op_options().eps == 1e-5
     assert p.resolved_device() == "cpu"
