@@ -421,14 +421,16 @@ def _grid_class(va: str, vb: str) -> int:
 
 
 def plot_comparison(cmp: Comparison):
-    """Left: latency ratio b/a per backend (log scale; 1 = unchanged). Right: verdict grid."""
+    """Left: latency ratio b/a per backend (log scale; 1 = unchanged). Middle: share of outputs NOT
+    correctly rounded, A and B (log scale: 1e-5 for the fp32-math peers, ~0.35 for transformers).
+    Right: verdict grid."""
     import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.colors import ListedColormap
     from matplotlib.patches import Patch
     from matplotlib.ticker import FuncFormatter
 
-    fig, (ax_lat, ax_grid) = plt.subplots(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [1, 1.2]})
+    fig, (ax_lat, ax_acc, ax_grid) = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1, 1, 1.2]})
     lat = cmp.latency
     keys = list(lat.index)
     pos = np.arange(len(keys))
@@ -452,6 +454,25 @@ def plot_comparison(cmp: Comparison):
     ax_lat.set_title("latency, where both runs timed it", fontsize=10)
     ax_lat.legend(fontsize=8)
 
+    acc = cmp.accuracy
+    apos = np.arange(len(acc.index))
+    floor = 1e-7  # exactly correctly rounded (a share of 0) is drawn at the floor, marked "0"
+    for off, side, colour in ((-0.2, "a", "#546e7a"), (0.2, "b", "#00897b")):
+        miss = 1.0 - acc[f"fwd_correctly_rounded_{side}"].to_numpy(dtype=float)
+        ok = np.isfinite(miss)
+        shown = np.maximum(miss[ok], floor)
+        label = cmp.label_a if side == "a" else cmp.label_b
+        ax_acc.bar(apos[ok] + off, shown, width=0.4, color=colour, label=label)
+        for p, v in zip(apos[ok] + off, miss[ok], strict=True):
+            if v <= 0:
+                ax_acc.annotate("0", (p, floor), ha="center", va="bottom", fontsize=7)
+    ax_acc.set_yscale("log")
+    ax_acc.set_ylim(floor / 2, 1.0)
+    ax_acc.set_xticks(apos, list(acc.index), rotation=35, ha="right", fontsize=8)
+    ax_acc.set_ylabel("share of outputs not correctly rounded")
+    ax_acc.set_title("forward accuracy (lower is better)", fontsize=10)
+    ax_acc.legend(fontsize=7)
+
     v = cmp.verdicts
     backends = list(dict.fromkeys(v.index.get_level_values(0)))
     grid = np.full((len(backends), len(VERDICT_CHECKS)), 4)
@@ -463,6 +484,10 @@ def plot_comparison(cmp: Comparison):
     ax_grid.imshow(grid, cmap=cmap, vmin=0, vmax=len(_GRID_CLASSES) - 1, aspect="auto")
     ax_grid.set_xticks(range(len(VERDICT_CHECKS)), VERDICT_CHECKS, rotation=35, ha="right", fontsize=8)
     ax_grid.set_yticks(range(len(backends)), backends, fontsize=8)
+    ax_grid.set_xticks(np.arange(-0.5, len(VERDICT_CHECKS)), minor=True)
+    ax_grid.set_yticks(np.arange(-0.5, len(backends)), minor=True)
+    ax_grid.grid(which="minor", color="white", linewidth=1.5)
+    ax_grid.tick_params(which="minor", length=0)
     ax_grid.set_title(f"verdicts, {cmp.label_a}  vs  {cmp.label_b}", fontsize=9)
     ax_grid.legend(
         handles=[Patch(color=c, label=n) for n, c in _GRID_CLASSES],

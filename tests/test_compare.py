@@ -168,6 +168,6 @@ def test_load_artifact_from_path_folder_and_bad_input(seed: dict, tmp_path: Path
 
 def test_plot_comparison_draws_latency_and_verdict_grid(seed: dict) -> None:
     fig = plot_comparison(compare_runs(seed, synthetic_h200(seed)))
-    lat_ax, grid_ax = fig.axes[:2]
-    assert lat_ax.get_yscale() == "log"
+    lat_ax, acc_ax, grid_ax = fig.axes[:3]
+    assert lat_ax.get_yscale() == "log" and acc_ax.get_yscale() == "log"
     assert [t.get_text() for t in grid_ax.get_xticklabels()] == list(VERDICT_CHECKS)
