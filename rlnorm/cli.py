@@ -82,8 +82,9 @@ def _echo_progress(path: Path, enabled: bool) -> Iterator[None]:
             thread.join(timeout=5)
 
 
-def _make_engine(verbose: bool) -> str:
-    """A papermill engine that prints each cell's title as it starts (cell progress on the terminal)."""
+def _make_engine(verbose: bool, started: list[str]) -> str:
+    """A papermill engine that prints each cell's title as it starts (cell progress on the terminal)
+    and appends its label to `started`, so a kernel that dies mid-cell still has that cell named."""
     from papermill.engines import NBClientEngine, papermill_engines
 
     class _TitledEngine(NBClientEngine):
@@ -93,6 +94,8 @@ def _make_engine(verbose: bool) -> str:
             code_cells = [c for c in nb_man.nb.cells if c.cell_type == "code"]
 
             def cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
+                if cell.cell_type == "code" and cell in code_cells:
+                    started.append(_cell_label(cell, code_cells.index(cell) + 1))
                 if verbose and cell.cell_type == "code":
                     n = code_cells.index(cell) + 1 if cell in code_cells else "?"
                     title = cell.metadata.get("title") or (
@@ -123,21 +126,21 @@ def render_html(executed: Path, html: Path, title: str) -> Path:
 
 
 def _failing_cell(executed: Path) -> str:
-    """Name the first cell whose outputs hold an error, from the partial executed notebook."""
+    """Name the cell that failed (or was running when the kernel died), from the partial notebook."""
     import nbformat
 
     try:
         nb = nbformat.read(executed, as_version=4)
     except Exception:
-        return "an unknown cell"
-    code_index = 0
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        code_index += 1
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error":
-                return _cell_label(cell, code_index)
+        return "an unknown cell (no executed notebook was written)"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for status in ("failed", "running"):  # papermill's own bookkeeping, per cell
+        for i, cell in enumerate(code, 1):
+            if cell.get("metadata", {}).get("papermill", {}).get("status") == status:
+                return _cell_label(cell, i)
+    for i, cell in enumerate(code, 1):
+        if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
+            return _cell_label(cell, i)
     return "an unknown cell"
 
 
@@ -164,6 +167,7 @@ def run_notebook(
     progress_file = Path(tempfile.mkstemp(prefix="rlnorm-progress-", suffix=".log")[1])
     env_before = dict(os.environ)
     failure: str | None = None
+    started: list[str] = []
     try:
         source = jupytext.read(notebook_source(notebook))
         source.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -185,13 +189,16 @@ def run_notebook(
                     str(executed),
                     parameters=injected,
                     kernel_name="python3",
-                    engine_name=_make_engine(progress),
+                    engine_name=_make_engine(progress, started),
                     progress_bar=False,
                     log_output=False,
                     cwd=os.getcwd(),
                 )
         except pm.PapermillExecutionError as exc:
             failure = f"{_failing_cell(executed)} failed: {exc.ename}: {exc.evalue}"
+        except Exception as exc:  # the kernel died (out of memory, a crash in native code) or would not start
+            where = started[-1] if started else "the kernel start"
+            failure = f"{where} did not finish: {type(exc).__name__}: {str(exc).strip()[:500]}"
         input_nb.unlink(missing_ok=True)
         if executed.exists():
             render_html(executed, staging / f"{notebook}.html", f"rlnorm reuse check: {run_dir.name}")

@@ -184,3 +184,12 @@ def test_readme_holds_the_two_commands_ci_runs(repo_root: Path) -> None:
     assert blocks["test-command"].endswith("python3 -m pytest -ra")
     ci = (repo_root / ".ci" / "run").read_text()
     assert "test-command" in ci and 'eval "$test_command"' in ci and "set -euo pipefail" in ci
+
+
+def test_a_dead_kernel_names_the_cell_and_keeps_the_partial_notebook(toy_notebook: Path, outputs_dir: Path) -> None:
+    """A kernel that dies (here: os._exit, as an out-of-memory kill would) is a failure of that cell too."""
+    toy_notebook.write_text(toy_notebook.read_text().replace('raise RuntimeError("planted failure")', "os._exit(9)"))
+    with pytest.raises(cli.RunFailed, match=r"cell 5 'Explode on request' did not finish"):
+        cli.run_notebook({"name": "tiny", "explode": True}, outputs_dir / "tiny", progress=False)
+    assert (outputs_dir / "tiny" / "reuse_check.ipynb").exists()
+    assert (outputs_dir / "tiny" / "result.txt").exists()
