@@ -88,6 +88,8 @@ cmp.accuracy
 # %% [markdown]
 # ## The picture
 # Left: latency ratio B/A per backend (log scale; the line at 1 = unchanged).
+# Middle: the share of forward outputs NOT correctly rounded, A and B side by side (log scale;
+# "0" marks a backend that rounds every output correctly).
 # Right: the verdict grid, coloured by how each verdict moved from A to B.
 
 # %%
