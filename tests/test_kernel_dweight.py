@@ -22,7 +22,13 @@ from rlnorm.numerics import exact_sum
 _FMT = {torch.float32: (24, -126, 127), torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-CUTS = [dict(block_rows=16, tiles=1), dict(block_rows=4, tiles=3), dict(block_rows=4, tiles=3, cold_mode=1)]
+# cold values (outside a program's hot range) deferred to the scratch (0), inline (1), per-element atomics (2)
+CUTS = [
+    dict(block_rows=16, tiles=1),
+    dict(block_rows=4, tiles=3),
+    dict(block_rows=4, tiles=3, cold_mode=1),
+    dict(block_rows=4, tiles=3, cold_mode=2),
+]
 
 
 def round_fraction(f: Fraction, dtype: torch.dtype) -> float:
@@ -219,5 +225,6 @@ def test_hot_windows_chosen_from_a_misleading_first_tile(dtype):
             dict(block_rows=8, tiles=4),
             dict(block_rows=2, tiles=16),
             dict(block_rows=2, tiles=16, cold_mode=1),
+            dict(block_rows=2, tiles=16, cold_mode=2),
         ):
             assert_bitwise(exact_column_sum(v, dtype, **cut), want)

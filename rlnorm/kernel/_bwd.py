@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from rlnorm.kernel import _dweight
-from rlnorm.kernel._dweight import accumulate, flush, hot_start, split_fp32
+from rlnorm.kernel._dweight import accumulate, add_deferred, flush, hot_start, split_fp32
 from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_to_fp32
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
@@ -74,6 +74,7 @@ def _rms_norm_gated_bwd_kernel(
     DX,
     DZ,
     CNT,
+    SCR,
     n_rows,
     d,
     group,
@@ -111,9 +112,11 @@ def _rms_norm_gated_bwd_kernel(
     cm3 = col_mask[None, :, :]
     acc0 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the hot range
     acc1 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)
+    cold_bits = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int32)  # tiles whose value went to the scratch
     start = pid * 0  # hot range, chosen from the first tile (speed only, never the result)
+    row0 = pid.to(tl.int64) * (TILES * BLOCK_R) + offs_r  # [BLOCK_R] int64 row offsets of tile 0
     for t in range(TILES):
-        rows = pid.to(tl.int64) * (TILES * BLOCK_R) + t * BLOCK_R + offs_r  # [BLOCK_R] int64 row offsets
+        rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
         x = _load_fp32(X + r3 * stride_x + c3, mask, INTERP)  # [BLOCK_R, BLOCK_G, BLOCK_C]
@@ -154,11 +157,28 @@ def _rms_norm_gated_bwd_kernel(
             mant, shift, nonfinite = split_fp32(contrib)
             if t == 0:
                 start = hot_start(mant, shift)
-            acc0, acc1 = accumulate(
-                contrib, mant, shift, nonfinite, acc0, acc1, start, cnt_ptr, c3, cm3, d, NUM_WIN, COLD_MODE
+            acc0, acc1, cold_bits = accumulate(
+                contrib,
+                mant,
+                shift,
+                nonfinite,
+                acc0,
+                acc1,
+                cold_bits,
+                t,
+                start,
+                SCR + r3 * d + c3,
+                cnt_ptr,
+                c3,
+                cm3,
+                d,
+                NUM_WIN,
+                COLD_MODE,
             )
     if DWEIGHT:
         flush(acc0, acc1, start, cnt_ptr, c3, cm3, d)
+        if COLD_MODE == 0:  # the rare values kept aside: after the loop, out of its registers
+            add_deferred(SCR + row0[:, None, None] * d, BLOCK_R * d, cold_bits, cnt_ptr, c3, cm3, d, NUM_WIN, TILES)
 
 
 def bwd_config(d: int, group: int) -> dict[str, int]:
@@ -215,8 +235,12 @@ def rms_norm_gated_bwd(
     dz = None if z is None else torch.empty((rows, d), dtype=z.dtype, device=z.device)
     counters = _dweight.new_counters(d, x.device)
     cfg = dict(bwd_config(d, group), **(config or {}))
-    if not 1 <= cfg["TILES"] <= _dweight.MAX_TILES or cfg["BLOCK_R"] > _dweight.MAX_TILE_ROWS:
-        raise ValueError(f"config: TILES must be 1..{_dweight.MAX_TILES}, BLOCK_R <= {_dweight.MAX_TILE_ROWS}")
+    max_tiles = _dweight.MAX_TILES_DEFERRED if cfg["COLD_MODE"] == 0 else _dweight.MAX_TILES
+    if not 1 <= cfg["TILES"] <= max_tiles or cfg["BLOCK_R"] > _dweight.MAX_TILE_ROWS:
+        raise ValueError(f"config: TILES must be 1..{max_tiles}, BLOCK_R <= {_dweight.MAX_TILE_ROWS}")
+    # COLD_MODE 0 keeps rare dweight values aside here (written only where rare, read only there)
+    deferred = cfg["DWEIGHT"] and cfg["COLD_MODE"] == 0 and rows > 0
+    scratch = torch.empty((rows, d), dtype=torch.float32, device=x.device) if deferred else counters
     if rows > 0:
         rows_per_program = cfg["BLOCK_R"] * cfg["TILES"]
         grid = (triton.cdiv(rows, rows_per_program),)
@@ -228,6 +252,7 @@ def rms_norm_gated_bwd(
             dx,
             dx if dz is None else dz,
             counters,
+            scratch,
             rows,
             d,
             group,

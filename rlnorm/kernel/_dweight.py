@@ -47,6 +47,7 @@ NUM_LIMBS = NUM_WINDOWS + 2  # base-2**32 limbs of the total: windows' low parts
 STRIPES = 8  # copies of the counters, chosen by pid: spreads atomic contention, never changes the sum
 MAX_TILE_ROWS = 256  # a flush sums BLOCK_R low parts < 2**32: far inside int64
 MAX_TILES = 256  # a register slot gains < 2**55 per tile: 256 tiles stay below 2**63
+MAX_TILES_DEFERRED = 31  # deferred cold values: one bit per tile in an int32 per slot
 MAX_ROWS = 2**27  # counters: every slot < 3 * rows * 2**33, a limb (two slots) < 2**62
 HOT_START_MAX: tl.constexpr = tl.constexpr(253 - 63)  # hot range [start, start + 64) within the shifts 0..253
 
@@ -126,7 +127,10 @@ def accumulate(
     nonfinite,
     acc0,
     acc1,
+    cold_bits,
+    t,
     start,
+    scratch,
     cnt_ptr,
     col,
     col_mask,
@@ -134,14 +138,17 @@ def accumulate(
     NUM_WIN: tl.constexpr,
     COLD_MODE: tl.constexpr,
 ):
-    """Add a [BR, BG, BC] tile's values exactly: the hot range's into per-thread int64 registers
+    """Add tile t's [BR, BG, BC] values exactly: the hot range's into per-thread int64 registers
     (acc0: shifts start..start+31, acc1: the next 32; counts of 2**(start - 149) and of
-    2**(start + 32 - 149); no communication), the rest ("cold": rare) into the counters.
+    2**(start + 32 - 149); no communication); the rest ("cold": rare) by COLD_MODE:
 
-    A hot value adds m << (s - start) % 32 < 2**55, so a register is exact for up to 256 tiles.
-    COLD_MODE 0: one tile-wide "any cold?" max, then a window loop over the cold values (rare
-    branch); COLD_MODE 1: no cross-thread test, masked per-element atomics. Both count every
-    value exactly; they differ only in speed.
+    0 (deferred): the value is stored to its place in `scratch` (pointers of this tile) and bit t
+      of its slot in `cold_bits` is set; `add_deferred` adds them after the tile loop, so the
+      rare path's code and registers stay out of the loop;
+    1 (inline): one tile-wide "any cold?" max, then a window loop over the cold values;
+    2 (atomics): masked per-element atomics, no cross-thread test.
+    All count every value exactly; they differ only in speed. A hot value adds
+    m << (s - start) % 32 < 2**55, so a register is exact for up to 256 tiles.
     """
     rel = shift - start
     in0 = (rel >= 0) & (rel < 32)
@@ -151,6 +158,9 @@ def accumulate(
     acc1 += tl.where(in1, wide, 0)
     cold = ((mant != 0) & ~(in0 | in1)) | nonfinite
     if COLD_MODE == 0:
+        tl.store(scratch, v, mask=cold)
+        cold_bits = cold_bits | (cold.to(tl.int32) << t)
+    elif COLD_MODE == 1:
         # the tile's only cross-thread step: is there any cold value at all?
         if _tile_max(cold.to(tl.int32)) > 0:
             count = tl.where(cold, mant.to(tl.int64) << (shift & 31).to(tl.int64), 0)  # < 2**55
@@ -168,7 +178,26 @@ def accumulate(
         # NaN/Inf: count 1 in their slot; finite: the low part in slot 2*win, the high part next to it
         tl.atomic_add(cnt_ptr + slot * d + col, tl.where(nonfinite, 1, lo), mask=m, sem="relaxed")
         tl.atomic_add(cnt_ptr + (slot + 1) * d + col, hi, mask=m & (hi != 0), sem="relaxed")
-    return acc0, acc1
+    return acc0, acc1, cold_bits
+
+
+@triton.jit
+def add_deferred(
+    scratch_rows, stride_rows, cold_bits, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr, TILES: tl.constexpr
+):
+    """After the tile loop (COLD_MODE 0): add the cold values kept in the scratch copy, exactly.
+
+    `scratch_rows` [BR, 1, 1] points at tile 0's rows; tile t is stride_rows further. Bit t of a
+    slot's `cold_bits` says its value in tile t was stored; nothing else of the scratch is read.
+    """
+    if _tile_max(cold_bits) != 0:  # one cross-thread step per program; rare data only goes on
+        for t in range(TILES):
+            sel = ((cold_bits >> t) & 1) != 0
+            if _tile_max(sel.to(tl.int32)) > 0:
+                v = tl.load(scratch_rows + t * stride_rows + col, mask=sel, other=0.0)
+                mant, shift, nonfinite = split_fp32(v)
+                count = mant.to(tl.int64) << (shift & 31).to(tl.int64)  # < 2**55 (0 where not stored)
+                _add_cold(v, count, shift >> 5, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN)
 
 
 @triton.jit
@@ -211,6 +240,7 @@ def flush(acc0, acc1, start, cnt_ptr, col, col_mask, d):
 @triton.jit
 def _column_sum_kernel(
     V,
+    SCR,
     CNT,
     n_rows,
     d,
@@ -232,18 +262,37 @@ def _column_sum_kernel(
     col_mask = col < d
     acc0 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
     acc1 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
+    cold_bits = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int32)
     start = pid * 0
+    row0 = pid.to(tl.int64) * (TILES * BLOCK_R) + offs_r  # [BR] int64 row offsets of tile 0
     for t in range(TILES):
-        rows = pid.to(tl.int64) * (TILES * BLOCK_R) + t * BLOCK_R + offs_r  # int64 row offsets
+        rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & col_mask
         v = tl.load(V + rows[:, None, None] * stride_v + col, mask=mask, other=0.0)  # [BR, 1, BC]
         mant, shift, nonfinite = split_fp32(v)
         if t == 0:
             start = hot_start(mant, shift)
-        acc0, acc1 = accumulate(
-            v, mant, shift, nonfinite, acc0, acc1, start, cnt_ptr, col, col_mask, d, NUM_WIN, COLD_MODE
+        acc0, acc1, cold_bits = accumulate(
+            v,
+            mant,
+            shift,
+            nonfinite,
+            acc0,
+            acc1,
+            cold_bits,
+            t,
+            start,
+            SCR + rows[:, None, None] * d + col,
+            cnt_ptr,
+            col,
+            col_mask,
+            d,
+            NUM_WIN,
+            COLD_MODE,
         )
     flush(acc0, acc1, start, cnt_ptr, col, col_mask, d)
+    if COLD_MODE == 0:
+        add_deferred(SCR + row0[:, None, None] * d, BLOCK_R * d, cold_bits, cnt_ptr, col, col_mask, d, NUM_WIN, TILES)
 
 
 @triton.jit
@@ -396,8 +445,10 @@ def exact_column_sum(
         raise ValueError(f"values: expected a 2-D [rows, columns] tensor, got shape {tuple(values.shape)}")
     if not 1 <= block_rows <= MAX_TILE_ROWS or block_rows & (block_rows - 1):
         raise ValueError(f"block_rows: expected a power of two in 1..{MAX_TILE_ROWS}, got {block_rows}")
-    if not 1 <= tiles <= MAX_TILES:
-        raise ValueError(f"tiles: expected 1..{MAX_TILES}, got {tiles}")
+    if not 1 <= tiles <= (MAX_TILES_DEFERRED if cold_mode == 0 else MAX_TILES):
+        raise ValueError(f"tiles: expected 1..{MAX_TILES_DEFERRED} (cold_mode 0) or ..{MAX_TILES}, got {tiles}")
+    if cold_mode not in (0, 1, 2):
+        raise ValueError(f"cold_mode: expected 0, 1 or 2, got {cold_mode}")
     n, d = values.shape
     if n >= MAX_ROWS:
         raise ValueError(f"values: at most {MAX_ROWS - 1} rows keep the int64 counters exact, got {n}")
@@ -405,10 +456,12 @@ def exact_column_sum(
         values = values.contiguous()
     counters = new_counters(d, values.device)
     if n and d:
+        scratch = torch.empty((n, d), dtype=torch.float32, device=values.device) if cold_mode == 0 else values
         block_c = min(triton.next_power_of_2(d), 256)
         grid = (triton.cdiv(n, block_rows * tiles), triton.cdiv(d, block_c))
         _column_sum_kernel[grid](
             values,
+            scratch,
             counters,
             n,
             d,
