@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 import torch
 
-from rlnorm.inputs import Case
+from rlnorm.inputs import Case, make_case
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
@@ -502,7 +502,61 @@ def explain_row(
             in_batch_correctly_rounded_cols=int((ulp_b == 0).sum()),
             compared_correctly_rounded_cols=int((ulp_c == 0).sum()),
         )
+        if summary["reproduced"]:
+            # probe the larger side of the comparison to say which property of the batch matters
+            if batch.x.shape[0] >= other.x.shape[0]:
+                summary.update(diagnose(backend, batch, pos, opts, tensor, in_batch))
+            else:
+                summary.update(diagnose(backend, other, opos, opts, tensor, compared))
     return RowExplanation(summary, columns, rstd, others_df, _explain_text(summary, rstd, others_df), notes)
+
+
+# what each diagnosis means, in the words the explanation uses
+DIAGNOSES = {
+    "nondeterministic": "the same batch computed twice gives different bits: run-to-run nondeterminism "
+    "(atomics or an unordered reduction), so no single answer exists for this row",
+    "position": "moving the row one place within the same batch changes its bits: the result depends on "
+    "the row's position in the launch",
+    "batch size": "the same number of rows with different other rows gives the same bits, and moving the row "
+    "changes nothing: the result depends on the row count (a launch configuration or reduction split "
+    "chosen from it), not on the other rows",
+    "other rows": "moving the row changes nothing but replacing the other rows does: the result depends on "
+    "the values of the other rows (something computed across rows, or shared state)",
+}
+
+
+def diagnose(backend: Any, side: Case, position: int, opts: OpOptions, tensor: str, value: torch.Tensor) -> dict:
+    """Three cheap probes of one batch that says why `value` (the row inside it) is what it is:
+    the same batch again (repeatable?), rolled by one row (position?), and the same size with the
+    other rows redrawn (row count or row values?). One probe each: a hint, not a proof."""
+    m = int(side.x.shape[0])
+    if m < 2:
+        return {}
+    again = compute_tensor(backend, side, opts, tensor)[position].detach().cpu()
+    rolled = side.rows(torch.roll(torch.arange(m, device=side.x.device), 1))  # row p moves to p + 1
+    moved = compute_tensor(backend, rolled, opts, tensor)[(position + 1) % m].detach().cpu()
+    fresh = make_case(m, side.x.shape[1], side.seed + 7919, side.x.dtype, side.w.dtype, side.x.device)
+    fresh.x[position], fresh.dy[position] = side.x[position], side.dy[position]
+    if side.z is not None:
+        fresh.z[position] = side.z[position]
+    fresh = Case(fresh.x, None if side.z is None else fresh.z, side.w, fresh.dy, fresh.seed)
+    other_rows = compute_tensor(backend, fresh, opts, tensor)[position].detach().cpu()
+    repeat_eq, moved_eq, fresh_eq = (bool(torch.equal(t, value)) for t in (again, moved, other_rows))
+    if not repeat_eq:
+        verdict = "nondeterministic"
+    elif not moved_eq:
+        verdict = "position"
+    elif fresh_eq:
+        verdict = "batch size"
+    else:
+        verdict = "other rows"
+    return {
+        "probe_batch_rows": m,
+        "probe_same_batch_again_equal": repeat_eq,
+        "probe_moved_one_place_equal": moved_eq,
+        "probe_other_rows_same_size_equal": fresh_eq,
+        "diagnosis": verdict,
+    }
 
 
 def correct_dweight(case: Case, opts: OpOptions) -> torch.Tensor:
@@ -644,6 +698,8 @@ def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame
         "computes a batch (launch configuration, reduction order, or a dependence on batch size or position), "
         "not from the data.",
     ]
+    if s.get("diagnosis"):
+        lines.append(f"Why, probing the batch of {_n(s['probe_batch_rows'], 'row')}: {DIAGNOSES[s['diagnosis']]}.")
     if s["cols_differ"] > 1 and s["cols_larger_in_batch"] in (0, s["cols_differ"]):
         way = "larger" if s["cols_larger_in_batch"] else "smaller"
         lines.append(

@@ -14,6 +14,7 @@ import torch
 from rlnorm.backends import Backend
 from rlnorm.inputs import make_case
 from rlnorm.investigate import (
+    DIAGNOSES,
     check_parameters,
     correctly_rounded,
     differing_rows,
@@ -52,6 +53,29 @@ class ScaledInBatch(Backend):
 
 
 FAULTY_SPEC = ScaledInBatch.key
+
+
+class ScaledByOtherRows(ScaledInBatch):
+    """A planted fault whose rows are scaled by the batch's mean |x| (computed in fp64, so rolling
+    the rows changes nothing): each row depends on the values of the others."""
+
+    key = f"{__name__}:ScaledByOtherRows"
+
+    def _fn(self, x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOptions) -> torch.Tensor:
+        scale = 1 + 2.0**-9 * float(x.detach().double().abs().mean()) if x.shape[0] > 1 else 1.0
+        return (gated_rmsnorm_math(x, z, w, opts) * scale).to(x.dtype)
+
+
+class ScaledPerCall(ScaledInBatch):
+    """A planted fault that is nondeterministic in batches: every call scales by a new factor."""
+
+    key = f"{__name__}:ScaledPerCall"
+    calls = 0
+
+    def _fn(self, x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOptions) -> torch.Tensor:
+        type(self).calls += 1
+        scale = 1 + 2.0**-10 * (type(self).calls % 5) if x.shape[0] > 1 else 1.0
+        return (gated_rmsnorm_math(x, z, w, opts) * scale).to(x.dtype)
 
 
 def _rebuild_spec(rows: int, seed: int, row: int, opts: OpOptions, tensor: str) -> str:
@@ -185,6 +209,7 @@ def test_explain_row_reproduces_a_batch_size_fault(tiny_run: Path) -> None:
     assert s["compared_with"] == "alone"
     assert s["reproduced"] and s["cols_differ"] == int(record["cols_differ"]) and s["max_ulp"] >= 1
     assert s["max_ulp"] == int(record["max_ulp"])
+    assert s["diagnosis"] == "batch size" and "depends on the row count" in expl.text
     # the differing columns are exactly those with a nonzero ulp distance, and there are cols_differ of them
     assert len(expl.differing_columns) == s["cols_differ"]
     assert (expl.differing_columns["ulp_batch_vs_compared"] > 0).all()
@@ -212,6 +237,7 @@ def test_explain_row_compares_full_vs_sub_batch_with_the_full_batch(tiny_run: Pa
     assert s["compared_with"] == "full batch" and s["compared_rows"] == 15 and s["batch_rows"] == 1
     assert s["reproduced"] and s["cols_differ"] == int(single.iloc[0]["cols_differ"])
     assert "inside the full batch of 15 rows at position" in expl.text
+    assert s["probe_batch_rows"] == 15 and s["diagnosis"] == "batch size"  # the larger side is probed
 
 
 def test_explain_row_for_a_gradient_record_and_the_backends_own_rstd() -> None:
@@ -273,6 +299,41 @@ def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> 
     assert expl.others.set_index("backend").loc["reference", "alone_max_ulp_vs_cr"] == 0
     assert expl.differing_columns.empty
     assert len(plot_row(expl).axes) == 2
+
+
+def _hand_record(spec: str, row: int = 2, tensor: str = "y") -> dict:
+    return {
+        "backend": spec,
+        "check": "all_rows",
+        "seed": 3,
+        "case": "n=7",
+        "row": row,
+        "tensor": tensor,
+        "rebuild": _rebuild_spec(7, 3, row, OpOptions(), tensor),
+    }
+
+
+@pytest.mark.parametrize(
+    ("spec", "diagnosis"),
+    [
+        (ScaledInBatch.key, "batch size"),
+        (ScaledByOtherRows.key, "other rows"),
+        (ScaledPerCall.key, "nondeterministic"),
+        (POSITION_FAULT, "position"),
+        (BATCH_FAULT, "batch size"),
+    ],
+)
+def test_diagnosis_names_the_planted_cause(spec: str, diagnosis: str) -> None:
+    # position faults bump rows at positions 1, 4; the batch-size fault rows whose tag matches the regime
+    row = 1 if spec == POSITION_FAULT else 2
+    if spec == BATCH_FAULT:
+        from rlnorm.faults import batch_size_fault_mask
+
+        row = int(batch_size_fault_mask(make_case(7, 128, 3).x).nonzero()[0])
+    expl = explain_row(_hand_record(spec, row), others=[], device="cpu")
+    assert expl.summary["reproduced"], expl.text
+    assert expl.summary["diagnosis"] == diagnosis
+    assert DIAGNOSES[diagnosis] in expl.text
 
 
 def test_explain_row_rejects_records_without_a_row(tiny_run: Path) -> None:

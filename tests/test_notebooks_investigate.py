@@ -70,7 +70,10 @@ def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Pa
     # the explanation of its first row: columns differ by a nonzero number of ulps, reproduced here
     m = re.search(r"differs in (\d+) of 128 columns by at most (\d+) ulp from the same row computed alone", shown)
     assert m and int(m.group(1)) > 0 and int(m.group(2)) >= 1
-    assert "128/128 alone" in shown  # the fault's row alone is correctly rounded, in the batch it is not
+    assert "128/128 alone" in shown
+    assert (
+        "depends on the row count" in shown
+    )  # the probes name the planted cause  # the fault's row alone is correctly rounded, in the batch it is not
     # the differing-columns table carries the correctly rounded value and the ulp columns
     assert "correctly_rounded" in shown and "ulp_batch_vs_compared" in shown
     # rstd both ways, and the other backends compared on the same row
@@ -100,6 +103,7 @@ def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: P
     shown = "\n".join(texts(execute("investigate_rows", tmp_path, params)))
     assert f"**{POSITION_FAULT}**, check **batch_size_sweep**" in shown
     assert f"'s y for row {row} (batch_size_sweep, case {case}, seed 3)" in shown
+    assert "depends on the row's position" in shown
 
 
 def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:
