@@ -121,6 +121,9 @@ else:
 # The row's batch is rebuilt from its record and the backend computes the row inside that batch,
 # inside what the check compared it with (`compared_with`: alone, or the full batch), and alone.
 # The paragraph says what differs, by how much, and what follows; the table below it has the numbers.
+# To say *why*, the larger of the two compared batches is probed three times: computed again
+# (repeatable?), with every row moved one place (does position matter?), and with the other rows
+# redrawn at the same size (row count or the other rows' values?). `diagnosis` names the answer.
 # (A `dweight` record has no row: the same batch's weight gradient is computed twice instead.)
 
 # %%
