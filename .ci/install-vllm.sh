@@ -9,13 +9,23 @@
 #          constraints that pin every package already installed (torch above all) and vLLM's own pins.
 #          Never installs torchvision / torchaudio / torchcodec (their wheels break `import` beside
 #          the CPU torch) nor vLLM's CUDA-only kernels packages; fails if one appears.
-# Measured (2 cores, warm pip cache): ~1.5 min, ~1.0 GB on disk (vllm itself ~0.8 GB). See docs/vllm.md.
+# Measured (this 2-core machine, fresh venv holding only torch 2.13.0+cpu): 76 s with no pip cache
+#          (up to ~3 min when the cores are busy), site-packages +1194 MiB (vllm itself 800 MiB).
+#          Into a python that already has the project's packages: 80 s, +884 MiB. See docs/vllm.md.
+# Order:   before or after the project's own `pip install -e .[...]`: every package already present
+#          is held at its version; run after it, nothing the project pinned is downloaded twice.
 # Exit:    0 when `RMSNormGated` constructs under a vLLM config; non-zero with the reason otherwise.
 set -euo pipefail
 PY=${PYTHON:-python3}
 VLLM_VERSION=0.30.0
 start=$(date +%s)
+export PIP_ROOT_USER_ACTION=ignore  # CI and this machine run as root; the warning says nothing here
 say() { echo "install-vllm: $*"; }
+quiet() {
+    grep -v -e "is ignored: it is neither a file nor a directory" \
+        -e "pip's dependency resolver does not currently take into account" \
+        -e "^vllm $VLLM_VERSION requires" -e "^xgrammar .* requires" || true
+}
 
 if ! "$PY" -c "import torch" 2>/dev/null; then
     say "torch is not importable with $PY: install it first (python3 -m pip install torch==2.13.0)" >&2
@@ -28,10 +38,10 @@ say "python $("$PY" -c 'import sys; print(sys.executable)'), torch $torch_versio
 
 # 1. vLLM itself, without its dependency list (which pins torch, torchvision, torchaudio,
 #    torchcodec and CUDA-only packages: a plain install would pull multi-GB CUDA wheels).
-"$PY" -m pip install -q --no-deps "vllm==$VLLM_VERSION"
+"$PY" -m pip install -q --no-deps "vllm==$VLLM_VERSION" 2>&1 | quiet
 
 # 2. Constraints: every package already here stays at its version; vLLM's own pins hold.
-"$PY" -c "import packaging" 2>/dev/null || "$PY" -m pip install -q packaging
+"$PY" -c "import packaging" 2>/dev/null || "$PY" -m pip install -q packaging 2>&1 | quiet
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$PY" - "$tmp/constraints.txt" <<'EOF'
@@ -64,11 +74,6 @@ deps=(
     "fastapi>=0.133.0,<0.137.0" partial-json-parser "llguidance>=1.7.0,<1.8.0" einops packaging
     "apache-tvm-ffi==0.1.11" typing-extensions
 )
-quiet() {
-    grep -v -e "is ignored: it is neither a file nor a directory" \
-        -e "pip's dependency resolver does not currently take into account" \
-        -e "^vllm $VLLM_VERSION requires" -e "^xgrammar .* requires" || true
-}
 "$PY" -m pip install -q -c "$tmp/constraints.txt" "${deps[@]}" 2>&1 | quiet
 # xgrammar (imported by vllm.parser) declares triton and torch: with its dependencies it would pull
 # the newest triton (~1 GB, outside the project's triton pin). Its other dependencies are above.

@@ -80,6 +80,10 @@ def test_torch_pin_mismatch_can_be_overridden(monkeypatch: pytest.MonkeyPatch, h
     assert b.available("cuda") == (True, "")
     assert b.available("cuda") == (True, "")  # cached: one probe per device
     assert calls == ["cuda"]
+    # tensors on cuda:0 use the "cuda" probe; another GPU gets its own
+    assert b._probed_name(torch.device("cuda", 0)) == "cuda"
+    assert b._probed_name(torch.device("cuda", 1)) == "cuda:1"
+    assert b._probed_name(torch.device("cpu")) == "cpu"
 
 
 @pytest.mark.parametrize(

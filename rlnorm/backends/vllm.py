@@ -298,9 +298,20 @@ class VllmBackend(Backend):
             self._modules[key] = mod
         return mod
 
+    def _probed_name(self, device: torch.device) -> str:
+        """The device name already probed that means this tensor's device ("cuda" for cuda:0), so a
+        run that probed "cuda" does not pay a second ~25 s probe for tensors on "cuda:0"."""
+        name = str(device)
+        cache = self.__dict__.get("_available_cache", {})
+        if name not in cache and device.type == "cuda" and device.index in (None, 0):
+            for alias in ("cuda", "cuda:0"):
+                if alias in cache:
+                    return alias
+        return name
+
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         """vLLM's forward_cuda on our x, z and weight. Raises BackendUnavailable where it cannot run."""
-        ok, why = self.available(str(x.device))
+        ok, why = self.available(self._probed_name(x.device))
         if not ok:
             raise BackendUnavailable(f"{self.key}: {why}")
         if x.dim() < 1 or w.dim() != 1 or w.shape[0] != x.shape[-1]:
