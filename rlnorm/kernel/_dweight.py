@@ -104,19 +104,21 @@ def _add_cold(v, count, win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN: tl.c
     nonzero = count != 0
     k_first = -_tile_max(tl.where(nonzero, -win, -NUM_WIN))
     k_last = _tile_max(tl.where(nonzero, win, -1))
+    # Masks are the column mask alone (adding a zero count is harmless): a `& (lo != 0)` mask here
+    # broke Triton 3.6's layout pass for sm_90 ("operand does not dominate this use").
     for k in range(k_first, k_last + 1):
         part = tl.sum(tl.where(win == k, count, 0), axis=0, keep_dims=True)  # [1, BG, BC]
         hi = part >> 32  # arithmetic shift: 0 <= lo < 2**32, so the counters' bounds hold
         lo = part - (hi << 32)
         # integer atomics are associative: their order cannot change the counters' final values
-        tl.atomic_add(cnt_ptr + (2 * k) * d + col, lo, mask=col_mask & (lo != 0), sem="relaxed")
-        tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, hi, mask=col_mask & (hi != 0), sem="relaxed")
+        tl.atomic_add(cnt_ptr + (2 * k) * d + col, lo, mask=col_mask, sem="relaxed")
+        tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, hi, mask=col_mask, sem="relaxed")
     n_nan = tl.sum((nonfinite & (v != v)).to(tl.int64), axis=0, keep_dims=True)  # [1, BG, BC]
     n_pos = tl.sum((nonfinite & (v > 0)).to(tl.int64), axis=0, keep_dims=True)
     n_neg = tl.sum((nonfinite & (v < 0)).to(tl.int64), axis=0, keep_dims=True)
-    tl.atomic_add(cnt_ptr + (2 * NUM_WIN) * d + col, n_nan, mask=col_mask & (n_nan != 0), sem="relaxed")
-    tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 1) * d + col, n_pos, mask=col_mask & (n_pos != 0), sem="relaxed")
-    tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 2) * d + col, n_neg, mask=col_mask & (n_neg != 0), sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * NUM_WIN) * d + col, n_nan, mask=col_mask, sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 1) * d + col, n_pos, mask=col_mask, sem="relaxed")
+    tl.atomic_add(cnt_ptr + (2 * NUM_WIN + 2) * d + col, n_neg, mask=col_mask, sem="relaxed")
 
 
 @triton.jit
