@@ -23,3 +23,30 @@ def outputs_dir(tmp_path: Path) -> Path:
     out = tmp_path / "outputs"
     out.mkdir()
     return out
+
+
+@pytest.fixture
+def tiny_params() -> dict:
+    """The smallest run that still exercises every check on the CPU backends: seconds per backend."""
+    return {
+        "name": "tiny",
+        "device": "cpu",
+        "progress": False,
+        "backends": ["reference", "rlnorm"],
+        "all_rows_sizes": [7],
+        "all_rows_seeds": [3],
+        "dweight_rows": 7,
+        "sub_batches_rows": 15,
+        "sub_batch_sizes": [1, 7],
+        "sub_batches_seeds": [3],
+        "sweep_n": 9,
+        "sweep_sizes": [1, 2, 9],
+        "sweep_probe_rows": [0, 8],
+        "sweep_seeds": [3],
+        "accuracy_rows": 63,
+        "timing": True,
+        "timing_warmup": 0,
+        "timing_iters": 1,
+        "agreement_rows": 15,
+        "gate_timeout_s": 300.0,
+    }
