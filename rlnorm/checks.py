@@ -912,6 +912,10 @@ def batch_size_sweep(
 # ---------------------------------------------------------------------------------------------
 
 
+# ~0.1 s of GPU clock cycles: longer than the host needs to enqueue the timed iterations
+QUEUE_PRIME_CYCLES = 200_000_000
+
+
 def _time_us(fn: Any, device: torch.device, warmup: int, iters: int) -> list[float]:
     """Per-iteration times in microseconds: CUDA events on a GPU, perf_counter on a CPU."""
     for _ in range(warmup):
@@ -919,6 +923,10 @@ def _time_us(fn: Any, device: torch.device, warmup: int, iters: int) -> list[flo
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
+        # Keep the GPU busy while the host enqueues every timed call: without this, a backend whose
+        # Python/launch overhead exceeds its kernel time is timed by its host overhead (the gaps
+        # between launches), and a fast kernel behind a slow wrapper looks slow.
+        torch.cuda._sleep(QUEUE_PRIME_CYCLES)
         for a, b in ev:
             a.record()
             fn()
