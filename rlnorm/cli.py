@@ -272,7 +272,23 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for f in sorted(run_dir.rglob("*")):
         if f.is_file():
             print(f"  {f.relative_to(run_dir)}", file=sys.stderr)
+    artifact = run_dir / "rms_norm_gated_reuse_check.json"
+    if artifact.is_file():
+        import json
+
+        print("verdicts (read the HTML for the why):", file=sys.stderr)
+        _print_verdicts(json.loads(artifact.read_text()), sys.stderr)
     return 0
+
+
+def _print_verdicts(doc: dict[str, Any], stream: Any) -> None:
+    """One line per backend: status, batch_invariant, and why it did not run."""
+    for key, r in (doc.get("results") or {}).items():
+        bi = (r.get("batch_invariance") or {}).get("batch_invariant")
+        status = r.get("status", "ran")
+        why = f" ({r.get('skip_reason')})" if status != "ran" and r.get("skip_reason") else ""
+        errors = f" errors in {', '.join(r['errors'])}" if r.get("errors") else ""
+        print(f"  {key:<24} {status:<8} batch_invariant={bi}{why}{errors}", file=stream)
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -301,11 +317,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             if target is None or not target.exists():
                 missing.append(rel)
     print(f"{path}: valid artifact (schema {doc.get('schema_version')}, {doc.get('environment', {}).get('gpu')})")
-    for key, r in doc.get("results", {}).items():
-        bi = (r.get("batch_invariance") or {}).get("batch_invariant")
-        status = r.get("status", "ran")
-        why = f" ({r.get('skip_reason')})" if status != "ran" and r.get("skip_reason") else ""
-        print(f"  {key:<24} {status:<8} batch_invariant={bi}{why}")
+    _print_verdicts(doc, sys.stdout)
     if missing:
         print(f"error: files the artifact names are missing: {missing}", file=sys.stderr)
         return 1
