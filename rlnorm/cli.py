@@ -202,7 +202,11 @@ def run_notebook(
         input_nb.unlink(missing_ok=True)
         if executed.exists():
             render_html(executed, staging / f"{notebook}.html", f"rlnorm reuse check: {run_dir.name}")
+        if run_dir.exists() and not force:  # another run took the name meanwhile: keep both
+            raise FileExistsError(f"{run_dir} appeared while this run was going; this run is kept in {staging}")
         _place(staging, run_dir)
+    except FileExistsError:
+        raise
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -193,3 +193,23 @@ def test_a_dead_kernel_names_the_cell_and_keeps_the_partial_notebook(toy_noteboo
         cli.run_notebook({"name": "tiny", "explode": True}, outputs_dir / "tiny", progress=False)
     assert (outputs_dir / "tiny" / "reuse_check.ipynb").exists()
     assert (outputs_dir / "tiny" / "result.txt").exists()
+
+
+def test_a_run_that_appears_meanwhile_is_not_replaced(
+    toy_notebook: Path, outputs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of one name at once: the second keeps its staging folder instead of replacing the first."""
+    run_dir = outputs_dir / "tiny"
+    real_render = cli.render_html
+
+    def render_then_race(executed: Path, html: Path, title: str) -> Path:
+        run_dir.mkdir()  # the other run finished first
+        (run_dir / "first.txt").write_text("first")
+        return real_render(executed, html, title)
+
+    monkeypatch.setattr(cli, "render_html", render_then_race)
+    with pytest.raises(FileExistsError, match="appeared while this run was going"):
+        cli.run_notebook({"name": "tiny"}, run_dir, progress=False)
+    assert (run_dir / "first.txt").read_text() == "first"
+    staged = [p for p in outputs_dir.iterdir() if p.name.startswith(".tiny.partial-")]
+    assert len(staged) == 1 and (staged[0] / "result.txt").exists()
