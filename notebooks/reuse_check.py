@@ -40,7 +40,7 @@ from rlnorm import runner
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
-pd.set_option("display.max_colwidth", 120)
+pd.set_option("display.max_colwidth", 240)
 _before_parameters = set(globals())
 
 # %% Parameters tags=["parameters"]
@@ -208,4 +208,6 @@ for _name, _png in figures.items():
 
 # %% Verdict
 display(Markdown(runner.verdict_markdown(run)))
-runner.finish(run)
+_done = runner.finish(run)
+display(Markdown(f"Run `{params.name}`: {_done['seconds']:.0f} s in all; where the time went:"))
+runner.time_table(run)

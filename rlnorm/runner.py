@@ -38,6 +38,7 @@ __all__ = [
     "run_checks",
     "run_gates",
     "start_run",
+    "time_table",
     "verdict_markdown",
     "write_artifact_and_records",
 ]
@@ -615,6 +616,13 @@ def verdict_markdown(run: Run) -> str:
             parts.append(f"errors in {', '.join(r['errors'])}")
         lines.append(f"- **{key}**: " + ", ".join(parts))
     return "\n".join(lines)
+
+
+def time_table(run: Run, top: int = 10) -> pd.DataFrame:
+    """The slowest steps (backend: check, gates, ...), so a reader knows what a rerun will cost."""
+    steps = {k: v for k, v in run.timings.items() if k not in ("total", "checks")}
+    rows = sorted(steps.items(), key=lambda kv: -kv[1])[:top]
+    return pd.DataFrame([{"step": k, "seconds": round(v, 1)} for k, v in rows]).set_index("step")
 
 
 def finish(run: Run) -> dict[str, Any]:

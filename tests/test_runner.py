@@ -185,6 +185,8 @@ def test_tables_for_the_notebook(finished_run: runner.Run) -> None:
     assert "CPU run" in runner.device_notice(finished_run)
     summary = finished_run.timings
     assert summary["checks"] > 0 and "reference:all_rows" in summary
+    slow = runner.time_table(finished_run, top=3)
+    assert len(slow) == 3 and list(slow["seconds"]) == sorted(slow["seconds"], reverse=True)
 
 
 def test_params_from_namespace_refuses_what_the_notebook_does_not_declare() -> None:
