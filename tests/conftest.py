@@ -25,6 +25,25 @@ def outputs_dir(tmp_path: Path) -> Path:
     return out
 
 
+# Check sizes small enough for the Triton interpreter, shared by every test that runs the kit end to end.
+TINY_SIZES: dict = {
+    "all_rows_sizes": [7],
+    "all_rows_seeds": [3],
+    "dweight_rows": 7,
+    "sub_batches_rows": 15,
+    "sub_batch_sizes": [1, 7],
+    "sub_batches_seeds": [3],
+    "sweep_n": 9,
+    "sweep_sizes": [1, 2, 9],
+    "sweep_probe_rows": [0, 8],
+    "sweep_seeds": [3],
+    "accuracy_rows": 63,
+    "timing_warmup": 0,
+    "timing_iters": 1,
+    "agreement_rows": 15,
+}
+
+
 @pytest.fixture
 def tiny_params() -> dict:
     """The smallest run that still exercises every check on the CPU backends: seconds per backend."""
@@ -33,20 +52,7 @@ def tiny_params() -> dict:
         "device": "cpu",
         "progress": False,
         "backends": ["reference", "rlnorm"],
-        "all_rows_sizes": [7],
-        "all_rows_seeds": [3],
-        "dweight_rows": 7,
-        "sub_batches_rows": 15,
-        "sub_batch_sizes": [1, 7],
-        "sub_batches_seeds": [3],
-        "sweep_n": 9,
-        "sweep_sizes": [1, 2, 9],
-        "sweep_probe_rows": [0, 8],
-        "sweep_seeds": [3],
-        "accuracy_rows": 63,
+        **TINY_SIZES,
         "timing": True,
-        "timing_warmup": 0,
-        "timing_iters": 1,
-        "agreement_rows": 15,
         "gate_timeout_s": 300.0,
     }

@@ -12,6 +12,7 @@ import nbformat
 import pandas as pd
 import pytest
 import yaml
+from conftest import TINY_SIZES
 
 from rlnorm import cli
 from rlnorm.artifact import read_artifact
@@ -34,20 +35,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "progress": False,
         "backends": ["reference", "rlnorm", "vllm"],
         "custom_backends": [FAULT, "no_such_package.anywhere:fn"],
-        "all_rows_sizes": [7],
-        "all_rows_seeds": [3],
-        "dweight_rows": 7,
-        "sub_batches_rows": 15,
-        "sub_batch_sizes": [1, 7],
-        "sub_batches_seeds": [3],
-        "sweep_n": 9,
-        "sweep_sizes": [1, 2, 9],
-        "sweep_probe_rows": [0, 8],
-        "sweep_seeds": [3],
-        "accuracy_rows": 63,
-        "timing_warmup": 0,
-        "timing_iters": 1,
-        "agreement_rows": 15,
+        **TINY_SIZES,
         "gate_timeout_s": 300.0,
     }
     f = tmp / "tiny.yaml"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from conftest import TINY_SIZES
 
 from rlnorm import runner
 from rlnorm.artifact import read_artifact
@@ -52,20 +53,8 @@ TINY = {
     "name": "unit",
     "device": "cpu",
     "progress": False,
-    "all_rows_sizes": [7],
-    "all_rows_seeds": [3],
-    "dweight_rows": 7,
-    "sub_batches_rows": 15,
-    "sub_batch_sizes": [1, 7],
-    "sub_batches_seeds": [3],
-    "sweep_n": 9,
-    "sweep_sizes": [1, 2, 9],
-    "sweep_probe_rows": [0, 8],
-    "sweep_seeds": [3],
+    **TINY_SIZES,
     "accuracy_rows": 31,
-    "timing_warmup": 0,
-    "timing_iters": 1,
-    "agreement_rows": 15,
     "checks": [
         "all_rows",
         "dweight_repeatable",
