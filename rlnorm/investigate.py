@@ -433,6 +433,8 @@ def explain_row(
     biggest = max(batch.x.shape[0], other.x.shape[0])
     if others_in_batch is None:
         others_in_batch = device.startswith("cuda") or biggest <= others_batch_max_rows
+    if isinstance(others, str):  # `papermill -p others x` passes a string: a string is never a list of keys
+        raise TypeError(f"others: expected a list of backend keys or None, got the string {others!r} (papermill: -y)")
     keys = [k for k in (list(REGISTRY) if others is None else list(others)) if k != rec["backend"]]
     other_rows = []
     for key in keys:

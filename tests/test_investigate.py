@@ -383,3 +383,19 @@ def test_records_dropped_reads_the_checks_note(tiny_run: Path) -> None:
 def test_failing_summary_of_an_empty_table_keeps_columns() -> None:
     empty = pd.DataFrame(columns=["backend", "check", "tensor", "row", "max_ulp"])
     assert list(failing_summary(empty).columns) == ["backend", "check", "tensor", "records", "rows", "max_ulp"]
+
+
+def test_others_as_a_string_names_the_parameter() -> None:
+    # papermill's `-p others reference` hands the notebook a string; iterating it would ask for
+    # backends named 'r', 'e', ... — refuse it by name instead
+    record = {
+        "backend": FAULTY_SPEC,
+        "check": "all_rows",
+        "seed": 3,
+        "case": "n=7",
+        "row": 2,
+        "tensor": "y",
+        "rebuild": _rebuild_spec(7, 3, 2, OpOptions(), "y"),
+    }
+    with pytest.raises(TypeError, match="others: expected a list"):
+        explain_row(record, others="reference", device="cpu")
