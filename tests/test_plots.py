@@ -14,23 +14,11 @@ from matplotlib.figure import Figure
 
 from rlnorm import plots
 from rlnorm.artifact import build_artifact, read_artifact
+from rlnorm.environment import REPORT_LIBRARIES
 
 SEED = Path(__file__).parent / "data" / "rms_norm_gated_b200.json"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-LIBS = {
-    k: None
-    for k in (
-        "torch",
-        "triton",
-        "transformers",
-        "vllm",
-        "flashinfer-python",
-        "liger-kernel",
-        "fla-core",
-        "transformer_engine",
-        "megatron-core",
-    )
-}
+LIBS = dict.fromkeys(REPORT_LIBRARIES)
 
 
 def _accuracy(
