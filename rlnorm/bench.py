@@ -1,27 +1,43 @@
 """Speed table: rlnorm and every available peer against a same-run `torch.add` of the same shape.
 
-    python -m rlnorm.bench [--d 128 256] [--rows 262144] [--small-rows 32 512 4096] [--out FILE.json]
+    python -m rlnorm.bench [--quick] [--d 128 256] [--rows 262144] [--small-rows 32 512 4096]
+                           [--backends KEY ...] [--out FILE.json] [--force] [--no-progress]
 
 Why `torch.add`: the op is memory-bound, so the honest yardstick is the time the same GPU, in the
 same process and minute, takes to move the same bytes. Forward moves 3 tensors (read x, z; write
 y) like `x + z -> out`; forward+backward moves 8 (x, z, y, dy, dx, dz, and x, z read again), so
-its floor is 8/3 of the add. Timings are GPU times (CUDA events through triton.testing.do_bench,
-which flushes L2 before each repetition), over rotating input buffers so no run finds its
-inputs in L2; median with p20/p80.
+its floor is 8/3 of the add. Every backend's ratio divides by the add timed THE SAME WAY.
+
+Three clocks, because one number cannot say both what the kernel costs and what a caller pays:
+- `graph` (decode sizes, rows <= --graph-max-rows): N calls captured in one CUDA graph (warm-up
+  on a side stream, inputs in static buffers rotating over distinct sets, forward+backward
+  captured with its autograd), replays timed with CUDA events: GPU time per call without the
+  Python/launch path. The replay is checked against an eager call on poisoned (NaN) outputs, so
+  a graph that captured nothing, or something else, is refused rather than timed.
+- `events` (large shapes, and any backend a graph cannot hold: host syncs, autotuners that
+  benchmark during capture, ...): eager calls with CUDA events around each, the GPU queue primed
+  with `torch.cuda._sleep` so the host enqueues ahead and events measure GPU time. If the GPU
+  ran dry before the host had enqueued everything, the entry says `host_bound` (times then
+  include host overhead).
+- `wall` (every shape): eager calls back to back, host clock around them and a final sync:
+  what a Python caller pays per call, host overhead included.
+Inputs rotate over distinct buffers (their total exceeds the 50 MB L2 several times) so no call
+finds its inputs in L2 because the previous call put them there. Median with p20/p80.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
 import math
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from rlnorm.options import OpOptions
 
@@ -38,43 +54,244 @@ FWD_TENSORS = 3  # read x, z; write y
 FWD_BWD_TENSORS = 8  # forward's 3, then read x, z, dy; write dx, dz (dweight: [D], negligible)
 ROTATE_BYTES = 256 << 20  # enough distinct input sets that their total exceeds the 50 MB L2 several times
 MAX_SETS = 64
-
-Timer = Callable[[Callable[[], Any]], tuple[float, float, float]]
-
-
-def gpu_timer(warmup_ms: float = 25, rep_ms: float = 100) -> Timer:
-    """(median, p20, p80) microseconds via triton.testing.do_bench (CUDA events, L2 flushed per rep)."""
-
-    def timer(fn: Callable[[], Any]) -> tuple[float, float, float]:
-        from triton.testing import do_bench
-
-        med, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
-        return med * 1e3, p20 * 1e3, p80 * 1e3
-
-    return timer
+EVENT_CHUNK = 10  # timed calls per primed chunk: keeps the launch queue (~1000 entries) from filling
+MAX_PRIME_US = 500_000.0  # never sleep the GPU longer than this per chunk
+EXIT_EXISTS = 3  # like `python -m rlnorm run`: the output is there and --force was not given
+METHODS = ("graph", "events", "wall")
 
 
-def cpu_timer(reps: int = 3) -> Timer:
-    """Wall-clock timer for CPU runs (tests): the table logic, no timing claims."""
+@dataclass(frozen=True)
+class Settings:
+    """How hard to time. QUICK keeps a GPU run of every shape and backend within minutes."""
 
-    def timer(fn: Callable[[], Any]) -> tuple[float, float, float]:
-        fn()
+    reps: int = 50  # events: timed eager calls
+    warmup: int = 5  # calls before any timing (compile, autotune, allocator)
+    graph_calls: int = 50  # calls captured in one graph
+    graph_replays: int = 20  # timed replays of it
+    wall_calls: int = 50  # back-to-back calls per wall round
+    wall_rounds: int = 5
+    graph_max_rows: int = 4096  # shapes up to this many rows get the graph clock
+
+
+QUICK = Settings(reps=20, warmup=3, graph_calls=20, graph_replays=10, wall_calls=20, wall_rounds=3)
+
+
+@dataclass
+class Timing:
+    """Microseconds: median, p20, p80 over samples; host_bound only from the events clock."""
+
+    us: float
+    p20: float
+    p80: float
+    host_bound: bool = False
+
+    def scaled(self, k: float) -> Timing:
+        return Timing(self.us * k, self.p20 * k, self.p80 * k, self.host_bound)
+
+
+def summarize(samples: Sequence[float], host_bound: bool = False) -> Timing:
+    """Median, p20, p80 (linear interpolation between order statistics)."""
+    if not samples:
+        raise ValueError("samples: expected at least one time")
+    s = sorted(samples)
+
+    def q(p: float) -> float:
+        pos = p * (len(s) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(s) - 1)
+        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+    return Timing(q(0.5), q(0.2), q(0.8), host_bound)
+
+
+class GraphUnavailable(RuntimeError):
+    """This clock or this backend cannot be timed by a CUDA graph here (the reason is recorded)."""
+
+
+class GraphMismatch(GraphUnavailable):
+    """The graph's replay did not reproduce an eager call: its time would not be the backend's."""
+
+
+@dataclass
+class Captured:
+    """Calls held by a graph: their outputs (static buffers) and how to replay them all."""
+
+    outs: list[Any]
+    replay: Callable[[], None]
+    keep: list[Any] = field(default_factory=list)  # the graph object and what it must outlive
+
+
+class CpuClock:
+    """perf_counter clocks for CPU runs (tests): the table logic, no timing claims, no graphs."""
+
+    name = "cpu perf_counter (no timing claims)"
+    graphs = False
+
+    def events(self, fn: Callable[[], Any], reps: int, warmup: int) -> Timing:
+        for _ in range(warmup):
+            fn()
         ts = []
-        for _ in range(reps):
+        for _ in range(max(1, reps)):
             t0 = time.perf_counter()
             fn()
             ts.append((time.perf_counter() - t0) * 1e6)
-        ts.sort()
-        return statistics.median(ts), ts[0], ts[-1]
+        return summarize(ts)
 
-    return timer
+    def wall(self, fn: Callable[[], Any], calls: int, rounds: int) -> Timing:
+        fn()
+        ts = []
+        for _ in range(max(1, rounds)):
+            t0 = time.perf_counter()
+            for _ in range(max(1, calls)):
+                fn()
+            ts.append((time.perf_counter() - t0) * 1e6 / max(1, calls))
+        return summarize(ts)
+
+    def capture(self, calls: Sequence[Callable[[], Any]], warmup: int) -> Captured:
+        raise GraphUnavailable("no CUDA device: CUDA graphs need one")
+
+    def sync(self) -> None:
+        pass
 
 
-def _rotating(sets: Sequence[tuple]) -> Callable[[], tuple]:
-    """A callable returning the next input set each time: consecutive calls never share buffers."""
+class CudaClock(CpuClock):
+    """CUDA events with a primed queue, CUDA-graph capture, and a host wall clock."""
+
+    name = "cuda events (primed queue) / cuda graph replay / host wall clock"
+    graphs = True
+
+    def __init__(self, device: str = "cuda") -> None:
+        self.device = torch.device(device)
+        self._cycles_per_us: float | None = None
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def cycles_per_us(self) -> float:
+        """GPU clock cycles per microsecond, measured once with `_sleep` (to size the queue prime)."""
+        if self._cycles_per_us is None:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1_000_000)  # wake the clocks first
+            cycles = 20_000_000
+            a.record()
+            torch.cuda._sleep(cycles)
+            b.record()
+            self.sync()
+            self._cycles_per_us = cycles / max(1.0, a.elapsed_time(b) * 1e3)
+        return self._cycles_per_us
+
+    def events(self, fn: Callable[[], Any], reps: int, warmup: int) -> Timing:
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        t0 = time.perf_counter()
+        fn()  # GPU idle: this is the host's enqueue time for one call
+        host_us = (time.perf_counter() - t0) * 1e6
+        self.sync()
+        ts: list[float] = []
+        host_bound = False
+        left = max(1, reps)
+        while left:
+            n = min(EVENT_CHUNK, left)
+            left -= n
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+            mark = torch.cuda.Event()
+            # the GPU sleeps while the host enqueues the chunk, so each event pair brackets GPU work only
+            prime_us = min(MAX_PRIME_US, 3 * n * host_us + 200)
+            torch.cuda._sleep(int(prime_us * self.cycles_per_us()))
+            mark.record()
+            for a, b in ev:
+                a.record()
+                fn()
+                b.record()
+            host_bound |= mark.query()  # the sleep ended before the host was done: gaps may be host time
+            self.sync()
+            ts += [a.elapsed_time(b) * 1e3 for a, b in ev]
+        return summarize(ts, host_bound)
+
+    def wall(self, fn: Callable[[], Any], calls: int, rounds: int) -> Timing:
+        fn()
+        self.sync()
+        ts = []
+        for _ in range(max(1, rounds)):
+            t0 = time.perf_counter()
+            for _ in range(max(1, calls)):
+                fn()
+            self.sync()
+            ts.append((time.perf_counter() - t0) * 1e6 / max(1, calls))
+        return summarize(ts)
+
+    def capture(self, calls: Sequence[Callable[[], Any]], warmup: int) -> Captured:
+        """PyTorch's graph rules: warm up on a side stream, then capture every call once."""
+        cur = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            for c in calls[: max(1, warmup)]:
+                c()
+        cur.wait_stream(side)
+        self.sync()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                outs = [c() for c in calls]
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.sync()
+            raise GraphUnavailable(f"capture failed: {_describe(exc)}") from exc
+        return Captured(outs, graph.replay, [graph])
+
+
+def _describe(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _tensors(out: Any) -> list[tuple[str, Tensor]]:
+    """The tensors a call returned: a forward's y, or a Grads' y, dx, dz, dw."""
+    if isinstance(out, Tensor):
+        return [("y", out)]
+    names = ("y", "dx", "dz", "dw")
+    return [(n, getattr(out, n)) for n in names if isinstance(getattr(out, n, None), Tensor)]
+
+
+def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callable[[], None]) -> str:
+    """Poison the last captured call's outputs, replay, compare with an eager call: 'bitwise' or 'close'.
+
+    Raises GraphMismatch when the replay left an output unwritten or wrote something else.
+    """
+    i = len(calls) - 1
+    got = _tensors(cap.outs[i])
+    if not got:
+        raise GraphMismatch("the captured call returned no tensor")
+    for _, t in got:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+    cap.replay()
+    sync()
+    got = [(n, t.clone()) for n, t in got]  # the eager call may write the same buffers (out=, caches)
+    want = dict(_tensors(calls[i]()))
+    sync()
+    verdict = "bitwise"
+    for name, g in got:
+        w = want.get(name)
+        if w is None or w.shape != g.shape:
+            raise GraphMismatch(f"replay's {name} has no eager counterpart of its shape")
+        if torch.equal(g, w):
+            continue
+        if torch.allclose(g.float(), w.float(), rtol=1e-2, atol=1e-2):  # NaN (unwritten) never passes
+            verdict = "close"
+            continue
+        diff = (g.float() - w.float()).abs().nan_to_num(float("inf")).max().item()
+        raise GraphMismatch(f"replay's {name} differs from an eager call (max abs diff {diff:.3g})")
+    return verdict
+
+
+def _rotating(sets: Sequence[Any]) -> Callable[[], Any]:
+    """A callable returning the next item each time: consecutive calls never share buffers."""
     state = {"i": 0}
 
-    def nxt() -> tuple:
+    def nxt() -> Any:
         state["i"] = (state["i"] + 1) % len(sets)
         return sets[state["i"]]
 
@@ -91,32 +308,91 @@ def make_sets(rows: int, d: int, dtype: torch.dtype, device: str, seed: int = 11
     return [(c.x.clone(), c.z.clone(), c.w.clone(), c.dy.clone()) for _ in range(n)]
 
 
+def floor_us(add_us: float | None, mode: str) -> float | None:
+    """The same-method floor: the add (fwd), or 8/3 of it (fwd_bwd moves 8 tensors to the add's 3)."""
+    if not add_us:
+        return None
+    return add_us * (FWD_BWD_TENSORS / FWD_TENSORS if mode == "fwd_bwd" else 1.0)
+
+
 def entry(
     name: str,
     mode: str,
-    times: tuple[float, float, float] | None,
+    times: Timing | None,
     add_us: float | None,
     nbytes: int,
     status: str = "ok",
     reason: str = "",
+    method: str | None = None,
+    method_reason: str = "",
+    wall: Timing | None = None,
+    add_wall_us: float | None = None,
+    graph_check: str | None = None,
 ) -> dict:
-    """One table line. ratio = time / floor, the floor being the add (fwd) or 8/3 of it (fwd_bwd)."""
-    e: dict[str, Any] = {"name": name, "mode": mode, "status": status, "reason": reason}
+    """One table line. ratio = GPU time / floor of the add timed by the same method; wall likewise."""
+    e: dict[str, Any] = {
+        "name": name,
+        "mode": mode,
+        "status": status,
+        "reason": reason,
+        "method": method,
+        "method_reason": method_reason,
+        "graph_check": graph_check,
+        "host_bound": bool(times.host_bound) if times else None,
+        "add_us": add_us,
+    }
+    floor = floor_us(add_us, mode)
     if times is None:
         e.update(us=None, us_p20=None, us_p80=None, ratio=None, gbps=None)
-        return e
-    med, p20, p80 = times
-    floor = None
-    if add_us:
-        floor = add_us * (FWD_BWD_TENSORS / FWD_TENSORS if mode == "fwd_bwd" else 1.0)
+    else:
+        e.update(
+            us=times.us,
+            us_p20=times.p20,
+            us_p80=times.p80,
+            ratio=(times.us / floor) if floor else None,
+            gbps=(nbytes / (times.us * 1e-6) / 1e9) if times.us > 0 else None,
+        )
+    wfloor = floor_us(add_wall_us, mode)
     e.update(
-        us=med,
-        us_p20=p20,
-        us_p80=p80,
-        ratio=(med / floor) if floor else None,
-        gbps=(nbytes / (med * 1e-6) / 1e9) if med > 0 else None,
+        wall_us=wall.us if wall else None,
+        wall_p20=wall.p20 if wall else None,
+        wall_p80=wall.p80 if wall else None,
+        wall_ratio=(wall.us / wfloor) if wall and wfloor else None,
     )
     return e
+
+
+def _calls(step: Callable[[Any], Any], sets: Sequence[Any], n: int) -> list[Callable[[], Any]]:
+    """n calls of step, call i on input set i mod len(sets) (static buffers for a graph)."""
+    k = len(sets)
+    return [lambda s=sets[i % k]: step(s) for i in range(n)]
+
+
+def _cycling(step: Callable[[Any], Any], sets: Sequence[Any]) -> Callable[[], Any]:
+    """One call of step per invocation, each on the next input set."""
+    nxt = _rotating(sets)
+    return lambda: step(nxt())
+
+
+def time_gpu(
+    step: Callable[[Any], Any], sets: Sequence[Any], clock: CpuClock, s: Settings, use_graph: bool, why_not: str
+) -> tuple[Timing, str, str, str | None]:
+    """(timing, method, method_reason, graph_check): the graph clock if asked and it works, else events."""
+    if use_graph:
+        try:
+            calls = _calls(step, sets, s.graph_calls)
+            cap = clock.capture(calls, s.warmup)
+            try:
+                check = verify_graph(cap, calls, clock.sync)
+                t = clock.events(cap.replay, s.graph_replays, 1)
+            finally:
+                del cap
+            return t.scaled(1.0 / len(calls)), "graph", "", check
+        except GraphUnavailable as exc:
+            why_not = str(exc)
+        except Exception as exc:  # anything else in capture/replay: fall back, and say why
+            why_not = f"graph failed: {_describe(exc)}"
+    return clock.events(_cycling(step, sets), s.reps, s.warmup), "events", why_not, None
 
 
 def bench_shape(
@@ -124,87 +400,222 @@ def bench_shape(
     d: int,
     backends: Sequence[Any],
     device: str,
-    timer: Timer,
+    clock: CpuClock,
+    settings: Settings = QUICK,
     dtype: torch.dtype = torch.bfloat16,
     opts: OpOptions | None = None,
+    on_backend: Callable[[str], None] | None = None,
 ) -> dict:
-    """Time the add, then every backend's forward and forward+backward on one shape. Never raises for a backend."""
+    """The add by every clock, then every backend's forward and forward+backward on one shape.
+
+    Never raises for a backend: unavailable, unsupported and failing ones are entries with a reason.
+    """
     opts = opts or OpOptions()
+    s = settings
     sets = make_sets(rows, d, dtype, device)
     elem = torch.empty((), dtype=dtype).element_size()
-    fwd_bytes = FWD_TENSORS * rows * d * elem
-    fwd_bwd_bytes = FWD_BWD_TENSORS * rows * d * elem
-    outs = [torch.empty_like(s[0]) for s in sets]
+    nbytes = {"fwd": FWD_TENSORS * rows * d * elem, "fwd_bwd": FWD_BWD_TENSORS * rows * d * elem}
+    use_graph = rows <= s.graph_max_rows
+    why_not = "" if use_graph else f"rows {rows} > graph_max_rows {s.graph_max_rows}: launch cost is small here"
+    if use_graph and not clock.graphs:
+        use_graph, why_not = False, "no CUDA graphs on this clock (CPU run)"
 
-    nxt_add = _rotating(list(zip(sets, outs, strict=True)))
+    add_sets = [(x, z, torch.empty_like(x)) for x, z, _, _ in sets]
 
-    def add() -> None:
-        (x, z, _, _), out = nxt_add()
-        torch.add(x, z, out=out)
+    def add_step(a: tuple) -> Tensor:
+        return torch.add(a[0], a[1], out=a[2])
 
-    add_times = timer(add)
-    add_us = add_times[0]
-    entries = [entry("torch.add", "fwd", add_times, add_us, fwd_bytes)]
-    entries[0]["ratio_note"] = "roofline: 3 tensors; fwd_bwd floor = 8/3 of it"
+    add: dict[str, Timing] = {}
+    add_notes: dict[str, str] = {}
+    add["wall"] = clock.wall(_cycling(add_step, add_sets), s.wall_calls, s.wall_rounds)
+    add["events"] = clock.events(_cycling(add_step, add_sets), s.reps, s.warmup)
+    if use_graph:
+        t, method, reason, _ = time_gpu(add_step, add_sets, clock, s, True, "")
+        if method == "graph":
+            add["graph"] = t
+        else:
+            add_notes["graph"] = reason
+    primary = "graph" if "graph" in add else "events"
+    entries = [
+        entry(
+            "torch.add",
+            "fwd",
+            add[primary],
+            add[primary].us,
+            nbytes["fwd"],
+            method=primary,
+            method_reason=add_notes.get("graph", why_not if primary == "events" else ""),
+            wall=add["wall"],
+            add_wall_us=add["wall"].us,
+        )
+    ]
     for b in backends:
         key = getattr(b, "key", repr(b))
+        if on_backend:
+            on_backend(key)
         ok, why = b.available(device)
         if not ok:
-            entries.append(entry(key, "fwd", None, add_us, fwd_bytes, "unavailable", why))
+            entries += [entry(key, m, None, None, nbytes[m], "unavailable", why) for m in ("fwd", "fwd_bwd")]
             continue
         ok, why = b.supports(opts)
         if not ok:
-            entries.append(entry(key, "fwd", None, add_us, fwd_bytes, "unsupported", why))
+            entries += [entry(key, m, None, None, nbytes[m], "unsupported", why) for m in ("fwd", "fwd_bwd")]
             continue
-        nxt = _rotating(sets)
 
-        def fwd(b=b, nxt=nxt) -> None:
-            x, z, w, _ = nxt()
-            b.forward(x, z, w, opts)
+        def fwd(a: tuple, b: Any = b) -> Tensor:
+            return b.forward(a[0], a[1], a[2], opts)
 
-        def fwd_bwd(b=b, nxt=nxt) -> None:
-            x, z, w, dy = nxt()
-            b.forward_backward(x, z, w, dy, opts)
+        def fwd_bwd(a: tuple, b: Any = b) -> Any:
+            return b.forward_backward(a[0], a[1], a[2], a[3], opts)
 
-        for mode, fn, nbytes, wanted in (
-            ("fwd", fwd, fwd_bytes, True),
-            ("fwd_bwd", fwd_bwd, fwd_bwd_bytes, bool(getattr(b, "has_backward", True))),
+        for mode, step, wanted in (
+            ("fwd", fwd, True),
+            ("fwd_bwd", fwd_bwd, bool(getattr(b, "has_backward", True))),
         ):
             if not wanted:
-                entries.append(entry(key, mode, None, add_us, nbytes, "unavailable", "no backward"))
+                entries.append(entry(key, mode, None, None, nbytes[mode], "unavailable", "no backward"))
                 continue
             try:
-                entries.append(entry(key, mode, timer(fn), add_us, nbytes))
+                # the wall clock first: it is also the warm-up (compile, autotune) before any graph
+                wall = clock.wall(_cycling(step, sets), s.wall_calls, s.wall_rounds)
+                t, method, reason, check = time_gpu(step, sets, clock, s, use_graph, why_not)
+                add_t = add.get(method)
+                if add_t is None:  # the add itself could not be graph-timed: no same-method yardstick
+                    reason = (reason + "; " if reason else "") + f"no graph-timed add ({add_notes.get('graph')})"
+                entries.append(
+                    entry(
+                        key,
+                        mode,
+                        t,
+                        add_t.us if add_t else None,
+                        nbytes[mode],
+                        method=method,
+                        method_reason=reason,
+                        wall=wall,
+                        add_wall_us=add["wall"].us,
+                        graph_check=check,
+                    )
+                )
             except Exception as exc:  # one backend failing never stops the table
-                entries.append(entry(key, mode, None, add_us, nbytes, "failed", f"{type(exc).__name__}: {exc}"[:300]))
-    return {"rows": rows, "d": d, "dtype": str(dtype).replace("torch.", ""), "add_us": add_us, "entries": entries}
+                entries.append(entry(key, mode, None, None, nbytes[mode], "failed", _describe(exc)))
+                with contextlib.suppress(Exception):
+                    clock.sync()
+    del sets, add_sets
+    return {
+        "rows": rows,
+        "d": d,
+        "dtype": str(dtype).replace("torch.", ""),
+        "graph_tried": use_graph,
+        "add_us": add[primary].us,
+        "add": {m: asdict(t) for m, t in add.items()},
+        "add_notes": add_notes,
+        "entries": entries,
+        "fastest_peer": fastest_peer(entries),
+    }
+
+
+NOT_PEERS = ("torch.add", "rlnorm")
+
+
+def fastest_peer(entries: Sequence[dict]) -> dict:
+    """Per mode: the fastest peer that ran (GPU time), and rlnorm's time over it (>1: rlnorm slower)."""
+    out: dict[str, Any] = {}
+    for mode in ("fwd", "fwd_bwd"):
+        ok = [e for e in entries if e["mode"] == mode and e["status"] == "ok" and e["us"] is not None]
+        peers = [e for e in ok if e["name"] not in NOT_PEERS]
+        mine = next((e for e in ok if e["name"] == "rlnorm"), None)
+        if not peers:
+            out[mode] = None
+            continue
+        best = min(peers, key=lambda e: e["us"])
+        out[mode] = {
+            "name": best["name"],
+            "us": best["us"],
+            "method": best["method"],
+            "rlnorm_us": mine["us"] if mine else None,
+            "rlnorm_over_fastest": (mine["us"] / best["us"]) if mine else None,
+            "same_method": (mine["method"] == best["method"]) if mine else None,
+        }
+    return out
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _cell(e: dict | None) -> tuple[str, str]:
+    if e is None:
+        return "", ""
+    if e["us"] is None:
+        return f"{e['status']}", ""
+    star = "*" if e.get("host_bound") else ""
+    return f"{e['us']:.1f}{star}", f"{_num(e['ratio'], '.2f')}x"
+
+
+def format_markdown(shapes: Sequence[dict]) -> str:
+    """One markdown table for all shapes (paste into a closing note), then footnotes with every reason."""
+    lines = [
+        "| rows | D | backend | fwd us | fwd / add | fwd+bwd us | fwd+bwd / (8/3 add) | method | eager fwd us "
+        "| eager fwd+bwd us |",
+        "|---:|---:|---|---:|---:|---:|---:|---|---:|---:|",
+    ]
+    notes: list[str] = []
+    for sh in shapes:
+        names: list[str] = []
+        for e in sh["entries"]:
+            if e["name"] not in names:
+                names.append(e["name"])
+        for name in names:
+            by = {e["mode"]: e for e in sh["entries"] if e["name"] == name}
+            f, fb = by.get("fwd"), by.get("fwd_bwd")
+            fus, fr = _cell(f)
+            bus, br = _cell(fb) if name != "torch.add" else ("", "")
+            methods = "/".join(dict.fromkeys(e["method"] for e in (f, fb) if e and e.get("method")))
+            wf = _num(f["wall_us"], ".1f") if f else ""
+            wb = _num(fb["wall_us"], ".1f") if fb else ""
+            lines.append(
+                f"| {sh['rows']} | {sh['d']} | {name} | {fus} | {fr} | {bus} | {br} | {methods} | {wf} | {wb} |"
+            )
+            for e in (f, fb):
+                if e is None:
+                    continue
+                tag = f"rows={sh['rows']} D={sh['d']} {name} {e['mode']}"
+                if e["status"] != "ok":
+                    notes.append(f"- {tag}: {e['status']}: {e['reason']}")
+                elif e.get("method") == "events" and sh.get("graph_tried"):
+                    notes.append(f"- {tag}: events, not graph: {e['method_reason']}")
+                if e.get("host_bound"):
+                    notes.append(f"- {tag}: * the GPU queue ran dry while timing: includes host overhead")
+        for mode, fp in (sh.get("fastest_peer") or {}).items():
+            if fp and fp.get("rlnorm_over_fastest") is not None:
+                same = "" if fp["same_method"] else " (different clocks)"
+                notes.append(
+                    f"- rows={sh['rows']} D={sh['d']} {mode}: rlnorm {fp['rlnorm_over_fastest']:.2f}x the fastest peer "
+                    f"({fp['name']}, {fp['us']:.1f} us, {fp['method']}){same}"
+                )
+    return "\n".join(lines + (["", *notes] if notes else []))
 
 
 def format_table(shape: dict) -> str:
-    """A fixed-width table of one shape's entries (unavailable ones with their reason)."""
-    head = f"rows={shape['rows']} D={shape['d']} {shape['dtype']}: torch.add {shape['add_us']:.1f} us"
-    lines = [head, f"{'backend':<24} {'mode':<8} {'us':>9} {'p20':>9} {'p80':>9} {'x floor':>8} {'GB/s':>7}"]
+    """A fixed-width table of one shape (the progress print): GPU time, ratio, method, wall."""
+    add_bits = ", ".join(f"{m} {t['us']:.2f}" for m, t in shape["add"].items())
+    head = f"rows={shape['rows']} D={shape['d']} {shape['dtype']}: torch.add us ({add_bits})"
+    lines = [
+        head,
+        f"{'backend':<22} {'mode':<8} {'us':>9} {'p20':>9} {'p80':>9} {'x floor':>8} {'GB/s':>7} "
+        f"{'method':<7} {'wall us':>9}",
+    ]
     for e in shape["entries"]:
         if e["us"] is None:
-            lines.append(f"{e['name']:<24} {e['mode']:<8} {e['status']}: {e['reason']}")
+            lines.append(f"{e['name']:<22} {e['mode']:<8} {e['status']}: {e['reason']}")
             continue
-        ratio = f"{e['ratio']:.3f}" if e["ratio"] is not None else "-"
-        gbps = f"{e['gbps']:.0f}" if e["gbps"] is not None else "-"
-        times = f"{e['us']:>9.1f} {e['us_p20']:>9.1f} {e['us_p80']:>9.1f}"
-        lines.append(f"{e['name']:<24} {e['mode']:<8} {times} {ratio:>8} {gbps:>7}")
+        times = f"{e['us']:>9.2f} {e['us_p20']:>9.2f} {e['us_p80']:>9.2f}"
+        hb = "*" if e.get("host_bound") else " "
+        lines.append(
+            f"{e['name']:<22} {e['mode']:<8} {times} {_num(e['ratio'], '.3f'):>8} {_num(e['gbps'], '.0f'):>7} "
+            f"{e['method'] + hb:<7} {_num(e['wall_us'], '.1f'):>9}"
+        )
     return "\n".join(lines)
-
-
-def environment() -> dict:
-    env: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except Exception as exc:
-        env["triton"] = f"unavailable: {exc}"
-    env["device"] = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return env
 
 
 def run(
@@ -212,25 +623,51 @@ def run(
     rows: Sequence[int],
     keys: Sequence[str] = PEERS,
     device: str | None = None,
-    timer: Timer | None = None,
+    clock: CpuClock | None = None,
+    settings: Settings = QUICK,
     dtype: torch.dtype = torch.bfloat16,
     progress: bool = True,
 ) -> dict:
-    """Every (rows, D) shape's table, as a JSON-ready dict."""
+    """Every (rows, D) shape's table, as a JSON-ready dict with the environment and the commit."""
+    from tqdm.auto import tqdm
+
     from rlnorm.backends import load_backends
+    from rlnorm.environment import collect_environment, git_commit, tracked_tree_dirty
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    timer = timer or (gpu_timer() if device.startswith("cuda") else cpu_timer())
+    clock = clock or (CudaClock(device) if device.startswith("cuda") else CpuClock())
+    t0 = time.time()
     backends = load_backends(keys)
     shapes = []
+    bar = tqdm(total=len(ds) * len(rows) * len(backends), disable=not progress, desc="bench", leave=False)
     for d in ds:
         for r in rows:
-            shape = bench_shape(r, d, backends, device, timer, dtype)
+            shape = bench_shape(
+                r,
+                d,
+                backends,
+                device,
+                clock,
+                settings,
+                dtype,
+                on_backend=lambda k, r=r, d=d: (bar.set_postfix_str(f"rows={r} D={d} {k}"), bar.update(1)),
+            )
             shapes.append(shape)
             if progress:
-                print(format_table(shape), flush=True)
-                print(flush=True)
-    return {"kind": "rlnorm.bench", "environment": environment(), "shapes": shapes}
+                tqdm.write(format_table(shape) + "\n")
+    bar.close()
+    return {
+        "kind": "rlnorm.bench",
+        "environment": collect_environment(device),
+        "commit": git_commit(),
+        "tracked_tree_dirty": tracked_tree_dirty(),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_time_s": round(time.time() - t0, 1),
+        "clock": clock.name,
+        "settings": asdict(settings),
+        "backend_sources": {getattr(b, "key", "?"): getattr(b, "source", "") for b in backends},
+        "shapes": shapes,
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -240,12 +677,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--small-rows", type=int, nargs="*", default=[32, 512, 4096], help="decode-sized row counts")
     p.add_argument("--backends", nargs="+", default=PEERS, help=f"registered keys or module:attr (default {PEERS})")
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu (no timing claims)")
-    p.add_argument("--out", default=None, help="write the table as JSON here")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions: every shape and backend in minutes")
+    p.add_argument("--graph-calls", type=int, default=None, help="calls captured per CUDA graph")
+    p.add_argument("--graph-max-rows", type=int, default=None, help="shapes up to this many rows use graphs")
+    p.add_argument("--out", default=None, help="write the table as JSON here (atomic)")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or per-shape tables")
     a = p.parse_args(argv)
-    result = run(a.d, [*a.rows, *a.small_rows], a.backends, a.device)
+    from pathlib import Path
+
+    if a.out and Path(a.out).exists() and not a.force:
+        print(f"--out: {a.out!r} already exists; pass --force to replace it", file=sys.stderr)
+        return EXIT_EXISTS
+    settings = QUICK if a.quick else Settings()
+    overrides = (("graph_calls", a.graph_calls), ("graph_max_rows", a.graph_max_rows))
+    changes = {k: v for k, v in overrides if v is not None}
+    if changes:
+        settings = Settings(**{**asdict(settings), **changes})
+    for name, v in asdict(settings).items():
+        if v < 1:
+            p.error(f"{name}: expected >= 1, got {v}")
+    result = run(a.d, [*a.rows, *a.small_rows], a.backends, a.device, settings=settings, progress=not a.no_progress)
+    print(format_markdown(result["shapes"]))
+    env = result["environment"]
+    libs = env.get("libraries", {})
+    print(
+        f"\n{env.get('gpu')} | torch {libs.get('torch')} | triton {libs.get('triton')} | "
+        f"commit {result['commit']}{' (dirty)' if result['tracked_tree_dirty'] else ''} | {result['wall_time_s']} s"
+    )
     if a.out:
-        with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
+        from rlnorm.artifact import _jsonable, write_artifact
+
+        try:
+            write_artifact(_jsonable(result, "$"), a.out, overwrite=a.force, validate=False)
+        except FileExistsError as exc:
+            print(str(exc), file=sys.stderr)
+            return EXIT_EXISTS
         print(f"wrote {a.out}")
     return 0
 

@@ -1,26 +1,76 @@
-"""Benchmark table logic on the CPU: ratios, rotation, unavailable/failing backends, JSON. No timing claims."""
+"""Benchmark logic on the CPU: ratios, rotation, clocks and graph fallback, statuses, JSON. No timing claims."""
 
 from __future__ import annotations
 
 import itertools
 import json
+from unittest import mock
 
 import pytest
 import torch
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm import bench
-from rlnorm.backends import Backend, UnavailableBackend, load_backends
+from rlnorm.backends import Backend, Grads, UnavailableBackend, load_backends
+
+TINY = bench.Settings(reps=2, warmup=1, graph_calls=3, graph_replays=2, wall_calls=2, wall_rounds=2, graph_max_rows=64)
 
 
-def fixed_timer(us: float):
-    """A fake timer: each call of the timed function once, then a fixed time (the logic, not the clock)."""
+class FixedClock(bench.CpuClock):
+    """Runs every timed function (so failures surface) and returns fixed times: the logic, not the clock."""
 
-    def timer(fn):
+    def __init__(self, us: float = 10.0, wall_us: float = 30.0) -> None:
+        self.us, self.wall_us = us, wall_us
+
+    def events(self, fn, reps, warmup):
         fn()
-        return us, us * 0.9, us * 1.1
+        return bench.Timing(self.us, self.us * 0.9, self.us * 1.1)
 
-    return timer
+    def wall(self, fn, calls, rounds):
+        fn()
+        return bench.Timing(self.wall_us, self.wall_us * 0.9, self.wall_us * 1.1)
+
+
+class FakeGraphClock(FixedClock):
+    """A stand-in for CUDA graph capture on the CPU.
+
+    Capture runs the calls with `torch.cuda.is_current_stream_capturing()` True, as real capture
+    does, so a backend that refuses to run under capture (host syncs) fails here as it would on the
+    GPU. Replay recomputes every call and writes into the captured outputs, like a real graph
+    writing its static buffers; `lazy=True` plants a graph that replays nothing.
+    """
+
+    graphs = True
+
+    def __init__(self, us: float = 10.0, wall_us: float = 30.0, per_call_us: float = 2.0, lazy: bool = False):
+        super().__init__(us, wall_us)
+        self.per_call_us, self.lazy = per_call_us, lazy
+
+    def capture(self, calls, warmup):
+        for c in calls[:warmup]:
+            c()
+        with mock.patch("torch.cuda.is_current_stream_capturing", return_value=True):
+            try:
+                outs = [c() for c in calls]
+            except Exception as exc:
+                raise bench.GraphUnavailable(f"capture failed: {bench._describe(exc)}") from exc
+
+        def replay():
+            if self.lazy:
+                return
+            for c, o in zip(calls, outs, strict=True):
+                for (_, dst), (_, src) in zip(bench._tensors(o), bench._tensors(c()), strict=True):
+                    dst.copy_(src)
+
+        self.n_calls = len(calls)
+        return bench.Captured(outs, replay)
+
+    def events(self, fn, reps, warmup):
+        fn()
+        if getattr(fn, "__name__", "") == "replay":  # a graph replay: n_calls calls' worth of time
+            t = self.per_call_us * self.n_calls
+            return bench.Timing(t, t, t)
+        return super().events(fn, reps, warmup)
 
 
 class Eager(Backend):
@@ -48,14 +98,46 @@ class ForwardOnly(Eager):
     has_backward = False
 
 
-def test_entry_ratios_use_the_add_and_eight_thirds_of_it():
-    fwd = bench.entry("k", "fwd", (60.0, 55.0, 65.0), 50.0, 3 * 1000)
+class HostSync(Eager):
+    """Planted: reads a value back to the host each call, which no CUDA graph can hold."""
+
+    key = "host_sync_test"
+
+    def _fn(self, x, z, w, opts):
+        try:
+            capturing = torch.cuda.is_current_stream_capturing()
+        except RuntimeError:  # a CPU build of torch has no such query outside the fake capture
+            capturing = False
+        if capturing:
+            raise RuntimeError("planted: operation not permitted when stream is capturing (.item())")
+        return super()._fn(x, z, w, opts)
+
+
+def by_key(shape):
+    return {(e["name"], e["mode"]): e for e in shape["entries"]}
+
+
+def test_entry_ratios_use_the_same_method_add_and_eight_thirds_of_it():
+    t = bench.Timing(60.0, 55.0, 65.0)
+    fwd = bench.entry("k", "fwd", t, 50.0, 3 * 1000, method="graph", wall=bench.Timing(90, 80, 100), add_wall_us=9.0)
     assert fwd["ratio"] == pytest.approx(1.2)
     assert fwd["gbps"] == pytest.approx(3000 / 60e-6 / 1e9)
-    fb = bench.entry("k", "fwd_bwd", (200.0, 190.0, 210.0), 50.0, 8 * 1000)
+    assert fwd["wall_ratio"] == pytest.approx(10.0) and fwd["method"] == "graph"
+    fb = bench.entry("k", "fwd_bwd", bench.Timing(200.0, 190.0, 210.0), 50.0, 8 * 1000, add_wall_us=9.0)
     assert fb["ratio"] == pytest.approx(200.0 / (50.0 * 8 / 3))
+    assert fb["wall_us"] is None and fb["wall_ratio"] is None
     na = bench.entry("k", "fwd", None, 50.0, 1, "unavailable", "why")
     assert na["us"] is None and na["ratio"] is None and na["reason"] == "why"
+    assert bench.entry("k", "fwd", t, None, 1)["ratio"] is None  # no yardstick: no ratio, not a made-up one
+
+
+def test_summarize_quantiles():
+    t = bench.summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (t.us, t.p20, t.p80) == (3.0, 1.8, 4.2)
+    assert bench.summarize([7.0]).us == 7.0
+    with pytest.raises(ValueError, match="samples"):
+        bench.summarize([])
+    assert t.scaled(0.5).us == 1.5
 
 
 def test_rotation_never_repeats_a_buffer_back_to_back():
@@ -65,34 +147,146 @@ def test_rotation_never_repeats_a_buffer_back_to_back():
     nxt = bench._rotating(sets)
     ptrs = [nxt()[0].data_ptr() for _ in range(2 * len(sets))]
     assert all(a != b for a, b in itertools.pairwise(ptrs))
+    calls = bench._calls(lambda s: s[0].data_ptr(), sets, 5)
+    assert len({c() for c in calls}) == 5  # each captured call reads its own static buffers
 
 
 def test_bench_shape_lists_every_backend_with_status():
     backends = [Eager(), Broken(), ForwardOnly(), UnavailableBackend("vllm", "planted: not installed")]
-    shape = bench.bench_shape(3, 128, backends, "cpu", fixed_timer(10.0))
-    by = {(e["name"], e["mode"]): e for e in shape["entries"]}
+    shape = bench.bench_shape(3, 128, backends, "cpu", FixedClock(10.0), TINY)
+    by = by_key(shape)
     assert shape["add_us"] == 10.0 and by[("torch.add", "fwd")]["ratio"] == 1.0
     assert by[("eager_test", "fwd")]["status"] == "ok" and by[("eager_test", "fwd_bwd")]["status"] == "ok"
+    assert by[("eager_test", "fwd")]["method"] == "events"
+    assert "no CUDA graphs" in by[("eager_test", "fwd")]["method_reason"]
     assert by[("broken_test", "fwd")]["status"] == "failed"
     assert "planted failure" in by[("broken_test", "fwd")]["reason"]
     assert by[("fwd_only_test", "fwd_bwd")]["status"] == "unavailable"
     assert by[("vllm", "fwd")]["status"] == "unavailable" and "planted" in by[("vllm", "fwd")]["reason"]
+    assert by[("vllm", "fwd_bwd")]["status"] == "unavailable"
     text = bench.format_table(shape)
     assert "broken_test" in text and "planted: not installed" in text and "x floor" in text
+    md = bench.format_markdown([shape])
+    assert md.startswith("| rows | D | backend |") and "planted failure" in md and "planted: not installed" in md
+
+
+def test_graph_clock_times_per_call_against_the_graph_timed_add():
+    clock = FakeGraphClock(us=10.0, wall_us=30.0, per_call_us=2.0)
+    shape = bench.bench_shape(3, 128, [Eager()], "cpu", clock, TINY)
+    by = by_key(shape)
+    assert set(shape["add"]) == {"wall", "events", "graph"}
+    assert shape["add_us"] == pytest.approx(2.0)  # per call: replay time / calls captured
+    for mode, floor in (("fwd", 2.0), ("fwd_bwd", 2.0 * 8 / 3)):
+        e = by[("eager_test", mode)]
+        assert e["method"] == "graph" and e["graph_check"] == "bitwise", e
+        assert e["us"] == pytest.approx(2.0) and e["ratio"] == pytest.approx(2.0 / floor)
+        assert e["wall_us"] == 30.0 and e["wall_ratio"] == pytest.approx(30.0 / (floor / 2.0 * 30.0))
+    assert shape["fastest_peer"]["fwd"]["name"] == "eager_test"
+
+
+def test_uncapturable_backend_falls_back_to_events_with_its_reason():
+    shape = bench.bench_shape(3, 128, [Eager(), HostSync()], "cpu", FakeGraphClock(us=10.0), TINY)
+    by = by_key(shape)
+    for mode in ("fwd", "fwd_bwd"):
+        e = by[("host_sync_test", mode)]
+        assert e["status"] == "ok" and e["method"] == "events"
+        assert "capture failed" in e["method_reason"] and "planted" in e["method_reason"]
+        assert e["add_us"] == 10.0  # its ratio is against the events-timed add, not the graph-timed one
+        assert e["ratio"] == pytest.approx(10.0 / bench.floor_us(10.0, mode))
+        assert by[("eager_test", mode)]["method"] == "graph"
+    md = bench.format_markdown([shape])
+    assert "host_sync_test fwd: events, not graph: capture failed" in md
+
+
+def test_a_graph_that_replays_nothing_is_refused():
+    """Poisoned outputs left unwritten by the replay: the graph's time would not be the backend's."""
+    shape = bench.bench_shape(3, 128, [Eager()], "cpu", FakeGraphClock(lazy=True), TINY)
+    e = by_key(shape)[("eager_test", "fwd")]
+    assert e["method"] == "events" and "differs from an eager call" in e["method_reason"]
+    assert "graph" in shape["add_notes"]  # the add's lazy graph is refused too, and said so
+
+
+def test_verify_graph_accepts_close_and_names_the_tensor():
+    y = torch.ones(2, 4)
+    g = Grads(y=y.clone(), dx=y.clone(), dz=None, dw=torch.ones(4))
+    cap = bench.Captured([g], lambda: (g.y.fill_(1.0), g.dx.fill_(1.0), g.dw.fill_(1.0 + 1e-4)))
+    assert bench.verify_graph(cap, [lambda: Grads(y=y, dx=y, dz=None, dw=torch.ones(4))], lambda: None) == "close"
+    cap_bad = bench.Captured([g], lambda: (g.y.fill_(1.0), g.dx.fill_(2.0), g.dw.fill_(1.0)))
+    with pytest.raises(bench.GraphMismatch, match="dx"):
+        bench.verify_graph(cap_bad, [lambda: Grads(y=y, dx=y, dz=None, dw=torch.ones(4))], lambda: None)
+
+
+def test_large_shapes_skip_graphs_and_say_why():
+    shape = bench.bench_shape(65, 128, [Eager()], "cpu", FakeGraphClock(), TINY)  # 65 > graph_max_rows
+    e = by_key(shape)[("eager_test", "fwd")]
+    assert e["method"] == "events" and "graph_max_rows" in e["method_reason"]
+    assert "graph" not in shape["add"]
+
+
+def test_fastest_peer_compares_rlnorm_with_the_best_other_backend():
+    t = bench.Timing
+    entries = [
+        bench.entry("torch.add", "fwd", t(1, 1, 1), 1.0, 3, method="graph"),
+        bench.entry("rlnorm", "fwd", t(4, 4, 4), 1.0, 3, method="graph"),
+        bench.entry("a", "fwd", t(3, 3, 3), 1.0, 3, method="events"),
+        bench.entry("b", "fwd", t(5, 5, 5), 1.0, 3, method="graph"),
+        bench.entry("c", "fwd", None, 1.0, 3, "failed", "x"),
+    ]
+    fp = bench.fastest_peer(entries)
+    assert fp["fwd"]["name"] == "a" and fp["fwd"]["rlnorm_over_fastest"] == pytest.approx(4 / 3)
+    assert fp["fwd"]["same_method"] is False and fp["fwd_bwd"] is None
+    assert "(different clocks)" in bench.format_markdown(
+        [{"rows": 1, "d": 128, "entries": entries, "fastest_peer": fp, "graph_tried": True}]
+    )
 
 
 def test_rlnorm_backend_runs_in_the_table_on_cpu():
-    shape = bench.bench_shape(2, 128, load_backends(["rlnorm"]), "cpu", fixed_timer(5.0))
-    by = {(e["name"], e["mode"]): e for e in shape["entries"]}
-    assert by[("rlnorm", "fwd")]["status"] == "ok"
+    shape = bench.bench_shape(2, 128, load_backends(["rlnorm"]), "cpu", FixedClock(5.0), TINY)
+    assert by_key(shape)[("rlnorm", "fwd")]["status"] == "ok"
 
 
-def test_main_writes_json(tmp_path, monkeypatch):
-    monkeypatch.setattr(bench, "cpu_timer", lambda reps=3: fixed_timer(1.0))
+def test_cpu_clock_returns_ordered_quantiles():
+    t = bench.CpuClock().events(lambda: None, 3, 1)
+    assert t.p20 <= t.us <= t.p80 and not t.host_bound
+    w = bench.CpuClock().wall(lambda: None, 2, 3)
+    assert w.p20 <= w.us <= w.p80
+    with pytest.raises(bench.GraphUnavailable, match="CUDA"):
+        bench.CpuClock().capture([lambda: None], 1)
+
+
+ARGS = ["--d", "128", "--rows", "2", "--small-rows", "--backends", "reference", "--quick", "--no-progress"]
+
+
+def test_main_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(bench, "CpuClock", lambda: FixedClock(1.0))
     out = tmp_path / "bench.json"
-    assert bench.main(["--d", "128", "--rows", "2", "--small-rows", "--backends", "reference", "--out", str(out)]) == 0
+    assert bench.main([*ARGS, "--out", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["kind"] == "rlnorm.bench"
     assert [s["rows"] for s in data["shapes"]] == [2]
     assert {e["name"] for e in data["shapes"][0]["entries"]} == {"torch.add", "reference"}
-    assert "torch" in data["environment"]
+    env = data["environment"]
+    assert env["libraries"]["torch"] and "triton" in env["libraries"] and "gpu" in env
+    assert "commit" in data and data["settings"]["reps"] == bench.QUICK.reps
+    assert not list(tmp_path.glob(".bench.json.*"))  # the atomic writer left no temp file
+    printed = capsys.readouterr().out
+    assert "| 2 | 128 | reference |" in printed and "commit" in printed
+
+
+def test_main_refuses_to_overwrite_without_force(tmp_path, monkeypatch):
+    monkeypatch.setattr(bench, "CpuClock", lambda: FixedClock(1.0))
+    out = tmp_path / "bench.json"
+    out.write_text("keep me")
+    called = []
+    monkeypatch.setattr(bench, "run", lambda *a, **k: called.append(1))
+    assert bench.main([*ARGS, "--out", str(out)]) == bench.EXIT_EXISTS
+    assert out.read_text() == "keep me" and not called  # refused before any timing
+    monkeypatch.undo()
+    monkeypatch.setattr(bench, "CpuClock", lambda: FixedClock(1.0))
+    assert bench.main([*ARGS, "--out", str(out), "--force"]) == 0
+    assert json.loads(out.read_text())["kind"] == "rlnorm.bench"
+
+
+def test_main_rejects_bad_settings():
+    with pytest.raises(SystemExit):
+        bench.main([*ARGS, "--graph-calls", "0"])
