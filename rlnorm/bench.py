@@ -34,6 +34,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -559,7 +560,11 @@ def format_markdown(shapes: Sequence[dict]) -> str:
         "| eager fwd+bwd us |",
         "|---:|---:|---|---:|---:|---:|---:|---|---:|---:|",
     ]
-    notes: list[str] = []
+    notes: dict[str, list[str]] = {}  # one line per distinct message, with where it applies
+
+    def note(msg: str, where: str) -> None:
+        notes.setdefault(msg, []).append(where)
+
     for sh in shapes:
         names: list[str] = []
         for e in sh["entries"]:
@@ -579,21 +584,23 @@ def format_markdown(shapes: Sequence[dict]) -> str:
             for e in (f, fb):
                 if e is None:
                     continue
-                tag = f"rows={sh['rows']} D={sh['d']} {name} {e['mode']}"
+                where = f"{sh['rows']}x{sh['d']} {e['mode']}"
                 if e["status"] != "ok":
-                    notes.append(f"- {tag}: {e['status']}: {e['reason']}")
+                    note(f"{name}: {e['status']}: {e['reason']}", where)
                 elif e.get("method") == "events" and sh.get("graph_tried"):
-                    notes.append(f"- {tag}: events, not graph: {e['method_reason']}")
+                    note(f"{name}: events, not graph: {e['method_reason']}", where)
                 if e.get("host_bound"):
-                    notes.append(f"- {tag}: * the GPU queue ran dry while timing: includes host overhead")
+                    note(f"{name}: * the GPU queue ran dry while timing, so the time includes host overhead", where)
         for mode, fp in (sh.get("fastest_peer") or {}).items():
             if fp and fp.get("rlnorm_over_fastest") is not None:
                 same = "" if fp["same_method"] else " (different clocks)"
-                notes.append(
-                    f"- rows={sh['rows']} D={sh['d']} {mode}: rlnorm {fp['rlnorm_over_fastest']:.2f}x the fastest peer "
-                    f"({fp['name']}, {fp['us']:.1f} us, {fp['method']}){same}"
+                note(
+                    f"rows={sh['rows']} D={sh['d']} {mode}: rlnorm {fp['rlnorm_over_fastest']:.2f}x the fastest peer "
+                    f"({fp['name']}, {fp['us']:.1f} us, {fp['method']}){same}",
+                    "",
                 )
-    return "\n".join(lines + (["", *notes] if notes else []))
+    out = ["", *(f"- {m}" + (f" [{', '.join(w)}]" if any(w) else "") for m, w in notes.items())]
+    return "\n".join(lines + (out if notes else []))
 
 
 def format_table(shape: dict) -> str:
@@ -607,7 +614,7 @@ def format_table(shape: dict) -> str:
     ]
     for e in shape["entries"]:
         if e["us"] is None:
-            lines.append(f"{e['name']:<22} {e['mode']:<8} {e['status']}: {e['reason']}")
+            lines.append(f"{e['name']:<22} {e['mode']:<8} {e['status']}: {e['reason'][:200]}")
             continue
         times = f"{e['us']:>9.2f} {e['us_p20']:>9.2f} {e['us_p80']:>9.2f}"
         hb = "*" if e.get("host_bound") else " "
@@ -627,8 +634,12 @@ def run(
     settings: Settings = QUICK,
     dtype: torch.dtype = torch.bfloat16,
     progress: bool = True,
+    on_shape: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Every (rows, D) shape's table, as a JSON-ready dict with the environment and the commit."""
+    """Every (rows, D) shape's table, as a JSON-ready dict with the environment and the commit.
+
+    on_shape(doc so far) after each shape: lets the CLI keep a partial file should the run be cut.
+    """
     from tqdm.auto import tqdm
 
     from rlnorm.backends import load_backends
@@ -638,7 +649,20 @@ def run(
     clock = clock or (CudaClock(device) if device.startswith("cuda") else CpuClock())
     t0 = time.time()
     backends = load_backends(keys)
-    shapes = []
+    shapes: list[dict] = []
+    doc = {
+        "kind": "rlnorm.bench",
+        "environment": collect_environment(device),
+        "commit": git_commit(),
+        "tracked_tree_dirty": tracked_tree_dirty(),
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_time_s": None,
+        "complete": False,
+        "clock": clock.name,
+        "settings": asdict(settings),
+        "backend_sources": {getattr(b, "key", "?"): getattr(b, "source", "") for b in backends},
+        "shapes": shapes,
+    }
     bar = tqdm(total=len(ds) * len(rows) * len(backends), disable=not progress, desc="bench", leave=False)
     for d in ds:
         for r in rows:
@@ -653,21 +677,14 @@ def run(
                 on_backend=lambda k, r=r, d=d: (bar.set_postfix_str(f"rows={r} D={d} {k}"), bar.update(1)),
             )
             shapes.append(shape)
-            if progress:
-                tqdm.write(format_table(shape) + "\n")
+            tqdm.write(format_table(shape) + "\n")  # the tables are the progress a log keeps
+            doc["wall_time_s"] = round(time.time() - t0, 1)
+            if on_shape:
+                on_shape(doc)
     bar.close()
-    return {
-        "kind": "rlnorm.bench",
-        "environment": collect_environment(device),
-        "commit": git_commit(),
-        "tracked_tree_dirty": tracked_tree_dirty(),
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "wall_time_s": round(time.time() - t0, 1),
-        "clock": clock.name,
-        "settings": asdict(settings),
-        "backend_sources": {getattr(b, "key", "?"): getattr(b, "source", "") for b in backends},
-        "shapes": shapes,
-    }
+    doc["wall_time_s"] = round(time.time() - t0, 1)
+    doc["complete"] = True
+    return doc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -682,10 +699,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--graph-max-rows", type=int, default=None, help="shapes up to this many rows use graphs")
     p.add_argument("--out", default=None, help="write the table as JSON here (atomic)")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar or per-shape tables")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (per-shape tables still print)")
     a = p.parse_args(argv)
-    from pathlib import Path
-
     if a.out and Path(a.out).exists() and not a.force:
         print(f"--out: {a.out!r} already exists; pass --force to replace it", file=sys.stderr)
         return EXIT_EXISTS
@@ -697,7 +712,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, v in asdict(settings).items():
         if v < 1:
             p.error(f"{name}: expected >= 1, got {v}")
-    result = run(a.d, [*a.rows, *a.small_rows], a.backends, a.device, settings=settings, progress=not a.no_progress)
+    from rlnorm.artifact import _jsonable, write_artifact
+
+    partial = Path(f"{a.out}.partial") if a.out else None
+
+    def keep_partial(doc: dict) -> None:  # a run cut short (timeout) still leaves every finished shape
+        if partial is not None:
+            write_artifact(_jsonable(doc, "$"), partial, overwrite=True, validate=False)
+
+    result = run(
+        a.d,
+        [*a.rows, *a.small_rows],
+        a.backends,
+        a.device,
+        settings=settings,
+        progress=not a.no_progress,
+        on_shape=keep_partial,
+    )
     print(format_markdown(result["shapes"]))
     env = result["environment"]
     libs = env.get("libraries", {})
@@ -706,13 +737,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"commit {result['commit']}{' (dirty)' if result['tracked_tree_dirty'] else ''} | {result['wall_time_s']} s"
     )
     if a.out:
-        from rlnorm.artifact import _jsonable, write_artifact
-
         try:
             write_artifact(_jsonable(result, "$"), a.out, overwrite=a.force, validate=False)
         except FileExistsError as exc:
             print(str(exc), file=sys.stderr)
             return EXIT_EXISTS
+        if partial is not None:
+            partial.unlink(missing_ok=True)
         print(f"wrote {a.out}")
     return 0
 

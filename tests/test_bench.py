@@ -195,7 +195,7 @@ def test_uncapturable_backend_falls_back_to_events_with_its_reason():
         assert e["ratio"] == pytest.approx(10.0 / bench.floor_us(10.0, mode))
         assert by[("eager_test", mode)]["method"] == "graph"
     md = bench.format_markdown([shape])
-    assert "host_sync_test fwd: events, not graph: capture failed" in md
+    assert "host_sync_test: events, not graph: capture failed" in md
 
 
 def test_a_graph_that_replays_nothing_is_refused():
@@ -268,7 +268,9 @@ def test_main_writes_json_and_markdown(tmp_path, monkeypatch, capsys):
     env = data["environment"]
     assert env["libraries"]["torch"] and "triton" in env["libraries"] and "gpu" in env
     assert "commit" in data and data["settings"]["reps"] == bench.QUICK.reps
+    assert data["complete"] is True
     assert not list(tmp_path.glob(".bench.json.*"))  # the atomic writer left no temp file
+    assert not (tmp_path / "bench.json.partial").exists()  # the per-shape partial file is gone once whole
     printed = capsys.readouterr().out
     assert "| 2 | 128 | reference |" in printed and "commit" in printed
 
@@ -290,3 +292,25 @@ def test_main_refuses_to_overwrite_without_force(tmp_path, monkeypatch):
 def test_main_rejects_bad_settings():
     with pytest.raises(SystemExit):
         bench.main([*ARGS, "--graph-calls", "0"])
+
+
+def test_a_cut_run_keeps_its_finished_shapes(tmp_path, monkeypatch):
+    """Each finished shape is written to OUT.partial, so a timeout still leaves numbers behind."""
+    monkeypatch.setattr(bench, "CpuClock", lambda: FixedClock(1.0))
+    real = bench.bench_shape
+    done = []
+
+    def cut_after_one(*a, **k):
+        if done:
+            raise KeyboardInterrupt("planted: the run is cut")
+        done.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(bench, "bench_shape", cut_after_one)
+    out = tmp_path / "bench.json"
+    args = ["--d", "128", "--rows", "2", "3", "--small-rows", "--backends", "reference", "--quick", "--no-progress"]
+    with pytest.raises(KeyboardInterrupt):
+        bench.main([*args, "--out", str(out)])
+    assert not out.exists()
+    part = json.loads((tmp_path / "bench.json.partial").read_text())
+    assert part["complete"] is False and [s["rows"] for s in part["shapes"]] == [2]
