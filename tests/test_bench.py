@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from unittest import mock
@@ -314,3 +315,57 @@ def test_a_cut_run_keeps_its_finished_shapes(tmp_path, monkeypatch):
     assert not out.exists()
     part = json.loads((tmp_path / "bench.json.partial").read_text())
     assert part["complete"] is False and [s["rows"] for s in part["shapes"]] == [2]
+
+
+class _FakeEvent:
+    def __init__(self, enable_timing: bool = False) -> None:
+        pass
+
+    def record(self) -> None:
+        pass
+
+    def query(self) -> bool:
+        return False
+
+    def elapsed_time(self, other) -> float:
+        return 0.004  # ms
+
+
+class _FakeStream:
+    def __init__(self, *a, **k) -> None:
+        pass
+
+    def wait_stream(self, other) -> None:
+        pass
+
+
+class _FakeGraph:
+    def replay(self) -> None:  # replays nothing: verify_graph must refuse it
+        pass
+
+
+def test_cuda_clock_code_paths_with_a_fake_cuda(monkeypatch):
+    """Every line of CudaClock runs (no GPU here): a typo there would cost the one GPU run."""
+    for name, value in {
+        "Event": _FakeEvent,
+        "_sleep": lambda cycles: None,
+        "synchronize": lambda device=None: None,
+        "current_stream": lambda device=None: _FakeStream(),
+        "Stream": _FakeStream,
+        "stream": lambda s: contextlib.nullcontext(),
+        "CUDAGraph": _FakeGraph,
+        "graph": lambda g: contextlib.nullcontext(),
+    }.items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    clock = bench.CudaClock("cuda")
+    assert clock.cycles_per_us() == pytest.approx(20_000_000 / 4.0)
+    t = clock.events(lambda: None, 13, 1)  # two chunks
+    assert t.us == pytest.approx(4.0) and not t.host_bound
+    assert clock.wall(lambda: None, 2, 2).us >= 0
+    shape = bench.bench_shape(3, 128, [Eager(), HostSync()], "cpu", clock, TINY)
+    by = by_key(shape)
+    for key in ("eager_test", "host_sync_test"):
+        e = by[(key, "fwd_bwd")]
+        assert e["status"] == "ok" and e["method"] == "events"
+        assert "differs from an eager call" in e["method_reason"]  # the fake graph replays nothing
+    assert shape["add_notes"]["graph"].startswith("replay's y differs")
