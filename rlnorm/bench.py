@@ -57,6 +57,7 @@ ROTATE_BYTES = 256 << 20  # enough distinct input sets that their total exceeds 
 MAX_SETS = 64
 EVENT_CHUNK = 10  # timed calls per primed chunk: keeps the launch queue (~1000 entries) from filling
 MAX_PRIME_US = 500_000.0  # never sleep the GPU longer than this per chunk
+MIN_CYCLES_PER_US = 2000.0
 EXIT_EXISTS = 3  # like `python -m rlnorm run`: the output is there and --force was not given
 METHODS = ("graph", "events", "wall")
 
@@ -199,7 +200,8 @@ class CudaClock(CpuClock):
             mark = torch.cuda.Event()
             # the GPU sleeps while the host enqueues the chunk, so each event pair brackets GPU work only
             prime_us = min(MAX_PRIME_US, 3 * n * host_us + 200)
-            torch.cuda._sleep(int(prime_us * self.cycles_per_us()))
+            # at least 2000 cycles/us (H200 boost is 1.98 GHz): a clock calibrated while slow never undersleeps
+            torch.cuda._sleep(int(prime_us * max(self.cycles_per_us(), MIN_CYCLES_PER_US)))
             mark.record()
             for a, b in ev:
                 a.record()
