@@ -182,7 +182,9 @@ def test_graph_clock_times_per_call_against_the_graph_timed_add():
         assert e["method"] == "graph" and e["graph_check"] == "bitwise", e
         assert e["us"] == pytest.approx(2.0) and e["ratio"] == pytest.approx(2.0 / floor)
         assert e["wall_us"] == 30.0 and e["wall_ratio"] == pytest.approx(30.0 / (floor / 2.0 * 30.0))
-    assert shape["fastest_peer"]["fwd"]["name"] == "eager_test"
+    fp = shape["fastest_peer"]["fwd"]
+    assert fp["name"] == "eager_test" and fp["rlnorm_over_fastest"] is None
+    assert fp["wall"] == {"name": "eager_test", "us": 30.0, "rlnorm_us": None, "rlnorm_over_fastest": None}
 
 
 def test_uncapturable_backend_falls_back_to_events_with_its_reason():
@@ -236,6 +238,7 @@ def test_fastest_peer_compares_rlnorm_with_the_best_other_backend():
     fp = bench.fastest_peer(entries)
     assert fp["fwd"]["name"] == "a" and fp["fwd"]["rlnorm_over_fastest"] == pytest.approx(4 / 3)
     assert fp["fwd"]["same_method"] is False and fp["fwd_bwd"] is None
+    assert fp["fwd"]["wall"] is None  # no wall times given: none made up
     assert "(different clocks)" in bench.format_markdown(
         [{"rows": 1, "d": 128, "entries": entries, "fastest_peer": fp, "graph_tried": True}]
     )
@@ -369,3 +372,17 @@ def test_cuda_clock_code_paths_with_a_fake_cuda(monkeypatch):
         assert e["status"] == "ok" and e["method"] == "events"
         assert "differs from an eager call" in e["method_reason"]  # the fake graph replays nothing
     assert shape["add_notes"]["graph"].startswith("replay's y differs")
+
+
+def test_fastest_peer_by_wall_time_too():
+    t, w = bench.Timing, bench.Timing
+    entries = [
+        bench.entry("rlnorm", "fwd", t(4, 4, 4), 1.0, 3, method="graph", wall=w(20, 20, 20), add_wall_us=5.0),
+        bench.entry("a", "fwd", t(3, 3, 3), 1.0, 3, method="graph", wall=w(40, 40, 40), add_wall_us=5.0),
+        bench.entry("b", "fwd", t(5, 5, 5), 1.0, 3, method="graph", wall=w(10, 10, 10), add_wall_us=5.0),
+    ]
+    fp = bench.fastest_peer(entries)["fwd"]
+    assert fp["name"] == "a" and fp["rlnorm_over_fastest"] == pytest.approx(4 / 3) and fp["same_method"]
+    assert fp["wall"]["name"] == "b" and fp["wall"]["rlnorm_over_fastest"] == pytest.approx(2.0)
+    md = bench.format_markdown([{"rows": 32, "d": 128, "entries": entries, "fastest_peer": {"fwd": fp}}])
+    assert "rlnorm 1.33x the fastest peer (a, 3.0 us, graph); eager 2.00x (b, 10.0 us)" in md
