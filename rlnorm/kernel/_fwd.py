@@ -74,18 +74,34 @@ def _act(z, SIGMOID: tl.constexpr):
 
 
 @triton.jit
-def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl.constexpr):
+def _rcp_approx(v):
+    """1/v as one rcp.approx.ftz.f32 (max error 1 ulp; its error is inside the fast path's bound)."""
+    return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl.constexpr, LEAN_GATE: tl.constexpr):
     """fp32 gate on the GPU. ACCURATE_ARG: exp(-z) = 2**t with t = -z*log2(e) split into the rounded
     product and its exact error (one FMA), which is folded back in as 2**t_hi * (1 + t_lo*ln 2):
     the |z|-proportional error of rounding t disappears from the bound."""
-    if ACCURATE_ARG:
+    if ACCURATE_ARG and LEAN_GATE:
+        # the same terms with the signs moved into operand modifiers (free in SASS): 7 fp32 operations
+        t_hi = z * 1.4426950216293335  # fp32(log2 e) * z, rounded
+        t_err = tl.fma(z, 1.4426950216293335, -t_hi)  # its rounding error, exact (FMA)
+        # -(t_err + z * (log2 e - fp32(log2 e))) * ln 2: the relative correction of 2**-t_hi
+        corr = tl.fma(t_err, -0.6931471805599453, z * -1.3349758157512938e-08)
+        e = tl.exp2(-t_hi)
+        e = tl.fma(e, corr, e)
+    elif ACCURATE_ARG:
         t_hi = -z * 1.4426950216293335  # fp32(log2 e), exact as a literal
         t_lo = tl.fma(-z, 1.4426950216293335, -t_hi) + (-z) * 1.92596298909109e-08  # + log2 e - fp32(log2 e)
         e = tl.exp2(t_hi)
         e = tl.fma(e, t_lo * 0.6931471805599453, e)
     else:
         e = tl.exp(-z)
-    if FAST_DIV:
+    if FAST_DIV and LEAN_GATE:
+        sig = _rcp_approx(1.0 + e)
+    elif FAST_DIV:
         sig = libdevice.fast_dividef(1.0, 1.0 + e)
     else:
         sig = 1.0 / (1.0 + e)
@@ -114,69 +130,79 @@ def _gated_fp64(
 
 
 @triton.jit
-def _rms_norm_gated_fwd_kernel(
+def _load_tile(
+    x_ptr, z_ptr, t, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R: tl.constexpr, HAS_Z: tl.constexpr
+):
+    """Raw x, z of row block t: [BLOCK_R, BLOCK_G] each (z = x when there is no gate)."""
+    rows64 = (t * BLOCK_R + r_local).to(tl.int64)  # row < 2**31; int64 because rows * stride can pass it
+    mask = (rows64 < n_rows)[:, None] & col_ok[None, :]  # masked lanes load 0 and add 0 to sums
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_Z:
+        z = tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0.0)
+    else:
+        z = x
+    return x, z
+
+
+@triton.jit
+def _fwd_tile(
+    x,
+    z,
+    w,
+    t,
+    pid_g,
     x_ptr,
     z_ptr,
     w_ptr,
     y_ptr,
-    dbg_ptr,  # fp32 [rows, D] fast-path values (DEBUG only)
-    flag_ptr,  # int8 [rows, D] near-midpoint flags (DEBUG only)
+    dbg_ptr,
+    flag_ptr,
+    list_ptr,
     n_rows,
     stride_x,
     stride_z,
     stride_y,
-    eps_bits,  # eps as int64 bits: see _eps_bits
-    GROUP: tl.constexpr,  # group width (D when there are no groups)
+    eps,
+    r_local,
+    cols,
+    col_ok,
+    GROUP: tl.constexpr,
     BLOCK_R: tl.constexpr,
-    BLOCK_G: tl.constexpr,  # next power of two >= GROUP
+    BLOCK_G: tl.constexpr,
     HAS_Z: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr,
     SIGMOID: tl.constexpr,
-    ALL_FP64: tl.constexpr,  # fp32 output: no fast path
+    ALL_FP64: tl.constexpr,
     NEAR_T0: tl.constexpr,
     NEAR_TZ: tl.constexpr,
-    MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32; see _fwd_variant)
-    ACCURATE_ARG: tl.constexpr,  # exp argument with its rounding error folded back in (no |z| term)
-    FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx * (div.approx.f32) instead of div.full.f32
-    INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
+    MS_FP64: tl.constexpr,
+    ACCURATE_ARG: tl.constexpr,
+    FAST_DIV: tl.constexpr,
+    LEAN_GATE: tl.constexpr,
+    LEAN_TEST: tl.constexpr,
+    RSTD_FAST: tl.constexpr,
+    EXACT: tl.constexpr,
+    INTERP: tl.constexpr,
     DEBUG: tl.constexpr,
 ):
-    pid_r = tl.program_id(0)
-    pid_g = tl.program_id(1)
+    """One row block: the whole op on BLOCK_R rows; the same instructions for every block of every launch."""
     OUT: tl.constexpr = y_ptr.dtype.element_ty
-    eps = eps_bits.to(tl.float64, bitcast=True)
-
-    r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
-    rows = pid_r * BLOCK_R + r_local  # [BLOCK_R]
-    g_cols = tl.arange(0, BLOCK_G)  # [BLOCK_G]
-    cols = pid_g * GROUP + g_cols  # [BLOCK_G]
-    row_ok = rows < n_rows
-    col_ok = g_cols < GROUP  # masks make any GROUP work; masked lanes load 0 and add 0 to sums
+    rows64 = (t * BLOCK_R + r_local).to(tl.int64)  # [BLOCK_R]
+    row_ok = rows64 < n_rows
     mask = row_ok[:, None] & col_ok[None, :]  # [BLOCK_R, BLOCK_G]
-    rows64 = rows.to(tl.int64)  # int64 offsets: rows * stride can pass 2**31
-
-    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)  # [BLOCK_G]
-    if HAS_Z:
-        z = tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0.0)
     if INTERP:  # the interpreter's bf16 -> fp32 cast mangles subnormals; the GPU's is exact
         x = _widen_to_fp32(x)
-        w = _widen_to_fp32(w)
         if HAS_Z:
             z = _widen_to_fp32(z)
     else:
         x = x.to(tl.float32)
-        w = w.to(tl.float32)
         if HAS_Z:
             z = z.to(tl.float32)
-    if not HAS_Z:
-        z = x  # unused
     y_off = rows64[:, None] * stride_y + cols[None, :]  # [BLOCK_R, BLOCK_G]
 
     if ALL_FP64:
-        z64 = z.to(tl.float64)
         y64 = _gated_fp64(
-            x.to(tl.float64), z64, w.to(tl.float64)[None, :], eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID
+            x.to(tl.float64), z.to(tl.float64), w.to(tl.float64), eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID
         )
         tl.store(y_ptr + y_off, _round_fp64_to_out(y64, OUT), mask=mask)
     else:
@@ -186,7 +212,7 @@ def _rms_norm_gated_fwd_kernel(
                 # numpy has no fused multiply-add: evaluate the gate in fp64 and round it once
                 a = _act(z.to(tl.float64), SIGMOID).to(tl.float32)
             else:
-                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV)  # [BLOCK_R, BLOCK_G]
+                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV, LEAN_GATE)  # [BLOCK_R, BLOCK_G]
         else:
             a = x  # unused
         if HAS_Z and not NORM_BEFORE_GATE:
@@ -203,58 +229,90 @@ def _rms_norm_gated_fwd_kernel(
             # (the exact path recomputes everything in fp64); same reduction tree for every row slot
             ssum = tl.sum(xg * xg, axis=1)  # [BLOCK_R]
             eps32 = eps.to(tl.float32)
-            rstd = tl.div_rn(1.0, tl.sqrt_rn(ssum * (1.0 / GROUP) + eps32))  # IEEE, 2 roundings, per row
+            ms = ssum * (1.0 / GROUP) + eps32
+            if RSTD_FAST and not INTERP:
+                r0 = libdevice.rsqrt(ms)  # rsqrt.approx.ftz.f32, ~2**-22.9 relative error
+                rstd = r0 * (1.5 - (0.5 * ms) * r0 * r0)  # one Newton step: ~1 ulp, inside the bound
+            else:
+                rstd = tl.div_rn(1.0, tl.sqrt_rn(ms))  # IEEE, 2 roundings, per row
             # rstd ~0 (x**2 overflowed) or a sum too small for fp32 to hold its relative precision while
             # eps does not dominate it: the row goes exact
             row_risky = (rstd < 1e-30) | ((ssum < 1.2621774e-29) & ((tl.zeros_like(ssum) + eps32) < 8.4703295e-22))
-        y = xg * rstd[:, None] * w[None, :]  # [BLOCK_R, BLOCK_G]
+        y = xg * rstd[:, None] * w  # [BLOCK_R, BLOCK_G]
         if HAS_Z and NORM_BEFORE_GATE:
             y = y * a
 
         # ---- is the fp32 value provably on the correct side of every rounding midpoint? ----
         bits = y.to(tl.int32, bitcast=True)
-        mag = bits & 0x7FFFFFFF
-        if OUT == tl.bfloat16:
-            if NEAR_TZ == 0:
-                # |low 16 bits - 0x8000| <= T, i.e. within T fp32 ulps of a bf16 midpoint, as one
-                # subtract, mask and compare (no int -> float conversion on the hot path)
-                near = ((bits - (0x8000 - NEAR_T0)) & 0xFFFF) <= 2 * NEAR_T0
-            else:
-                dist = tl.abs((bits & 0xFFFF) - 0x8000)
-                near = dist.to(tl.float32) <= NEAR_T0 + NEAR_TZ * tl.abs(z)
-            # |y| < 2**-96 (an intermediate may have underflowed) or inf/nan (overflow or non-finite
-            # inputs), as one unsigned range test; an exact 0 from x == 0 is safe
-            out_of_range = (mag - 0x0F800000).to(tl.uint32, bitcast=True) >= 0x70000000
-            risky = out_of_range & ((x != 0.0) | (mag != 0))
+        if OUT == tl.bfloat16 and NEAR_TZ == 0 and LEAN_TEST:
+            # Two unsigned row minima instead of per-element flags (each test = 1 multiply-add + 1 min):
+            # near: |low 16 bits - 0x8000| <= T <=> ((bits + T - 0x8000) << 16) < (2T + 1) << 16, the
+            # product by 2**16 dropping the high half; risky: |y| < 2**-96 (an intermediate may have
+            # underflowed) or inf/nan, as ~((bits << 1) - 2 * 0x0F800000) < 0x20000000 (sign shifted
+            # out). An exact 0 counts as risky: its row goes exact (same bits, only slower).
+            risk_key = (bits * -2 + 0x1EFFFFFF).to(tl.uint32, bitcast=True)
+            if GROUP != BLOCK_G:  # padding columns (y = 0) must not flag their row
+                risk_key = tl.where(col_ok[None, :], risk_key, 0xFFFFFFFF)
+            flag = risk_key < 0x20000000  # [BLOCK_R, BLOCK_G] (DEBUG only)
+            row_flag = tl.min(risk_key, axis=1) < 0x20000000
+            if NEAR_T0 >= 0:  # (a negative bound disables the test: tests plant it)
+                near_key = (bits * 65536 + ((NEAR_T0 - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
+                row_flag = row_flag | (tl.min(near_key, axis=1) < (2 * NEAR_T0 + 1) * 65536)
+                flag = flag | (near_key < (2 * NEAR_T0 + 1) * 65536)
+            row_flag = (row_flag | row_risky) & row_ok  # [BLOCK_R]
+            flag = flag & mask
         else:
-            dist = tl.abs((bits & 0x1FFF) - 0x1000)  # fp16 normal range midpoints
-            near = dist.to(tl.float32) <= NEAR_T0 + NEAR_TZ * tl.abs(z)
-            # fp16 subnormals (|y| < 2**-14), the overflow boundary and non-finite: fp64 decides
-            risky = (mag < 0x38800000) | (mag >= 0x477FE000)
-        flag = (near | risky) & mask
-        # rstd outside fp32's safe normal range loses relative precision: the row goes exact
-        row_flag = (tl.max(flag.to(tl.int32), axis=1) > 0) | (row_risky & row_ok)  # [BLOCK_R]
+            mag = bits & 0x7FFFFFFF
+            if OUT == tl.bfloat16:
+                if NEAR_TZ == 0:
+                    # |low 16 bits - 0x8000| <= T, i.e. within T fp32 ulps of a bf16 midpoint, as one
+                    # subtract, mask and compare (no int -> float conversion on the hot path)
+                    near = ((bits - (0x8000 - NEAR_T0)) & 0xFFFF) <= 2 * NEAR_T0
+                else:
+                    dist = tl.abs((bits & 0xFFFF) - 0x8000)
+                    near = dist.to(tl.float32) <= NEAR_T0 + NEAR_TZ * tl.abs(z)
+                # |y| < 2**-96 (an intermediate may have underflowed) or inf/nan (overflow or non-finite
+                # inputs), as one unsigned range test; an exact 0 from x == 0 is safe
+                out_of_range = (mag - 0x0F800000).to(tl.uint32, bitcast=True) >= 0x70000000
+                risky = out_of_range & ((x != 0.0) | (mag != 0))
+            else:
+                dist = tl.abs((bits & 0x1FFF) - 0x1000)  # fp16 normal range midpoints
+                near = dist.to(tl.float32) <= NEAR_T0 + NEAR_TZ * tl.abs(z)
+                # fp16 subnormals (|y| < 2**-14), the overflow boundary and non-finite: fp64 decides
+                risky = (mag < 0x38800000) | (mag >= 0x477FE000)
+            flag = (near | risky) & mask
+            # rstd outside fp32's safe normal range loses relative precision: the row goes exact
+            row_flag = (tl.max(flag.to(tl.int32), axis=1) > 0) | (row_risky & row_ok)  # [BLOCK_R]
 
         if INTERP:
             y_out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
         else:
             y_out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
-        tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None])  # flagged rows: stored below
+        if EXACT == 1:
+            tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None])  # flagged rows: stored below
+        else:
+            tl.store(y_ptr + y_off, y_out, mask=mask)  # flagged rows: overwritten by the exact kernel
         if DEBUG:
-            tl.store(dbg_ptr + rows64[:, None] * GROUP * tl.num_programs(1) + cols[None, :], y, mask=mask)
-            tl.store(
-                flag_ptr + rows64[:, None] * GROUP * tl.num_programs(1) + cols[None, :], flag.to(tl.int8), mask=mask
-            )
+            tl.store(dbg_ptr + y_off, y, mask=mask)  # y is contiguous: the debug buffers share its offsets
+            tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
 
-        # ---- exact path for flagged rows: a scalar branch per program, then per row ----
+        # ---- exact path for flagged rows: a scalar branch per block, then per row ----
+        if EXACT == 2:
+            # deferred: append the flagged rows to a list (list_ptr[0] counts them, entries follow);
+            # a second kernel recomputes them, one warp per row, all in parallel
+            # (done on the tile, by the lane holding column 0: no layout conversion, no barrier)
+            first = row_flag[:, None] & (cols == pid_g * GROUP)[None, :]  # [BLOCK_R, BLOCK_G]
+            slot = tl.atomic_add(list_ptr + 0 * y_off, 1, mask=first, sem="relaxed")  # [BLOCK_R, BLOCK_G]
+            entry = rows64 * tl.num_programs(1) + pid_g  # [BLOCK_R]: (row, group) as one number
+            tl.store(list_ptr + 1 + slot, entry[:, None] + 0 * y_off, mask=first)
         row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
-        if row_bits != 0:
-            w64 = w.to(tl.float64)[None, :]  # [1, BLOCK_G]
+        if EXACT == 1 and row_bits != 0:
+            w64 = _widen_to_fp32(tl.load(w_ptr + cols, mask=col_ok, other=0.0)).to(tl.float64)[None, :]
             one = tl.arange(0, 1)  # [1]
+            m1 = col_ok[None, :] & (one < 1)[:, None]  # [1, BLOCK_G]
             for i in range(BLOCK_R):
                 if ((row_bits >> i) & 1) != 0:
-                    row = (pid_r * BLOCK_R + i + one).to(tl.int64)  # [1]
-                    m1 = col_ok[None, :] & (one < 1)[:, None]  # [1, BLOCK_G]
+                    row = (t * BLOCK_R + i + one).to(tl.int64)  # [1]
                     xr = tl.load(x_ptr + row[:, None] * stride_x + cols[None, :], mask=m1, other=0.0)
                     xr = _widen_to_fp32(xr).to(tl.float64)
                     if HAS_Z:
@@ -266,10 +324,225 @@ def _rms_norm_gated_fwd_kernel(
                     tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
 
 
+@triton.jit
+def _rms_norm_gated_fwd_kernel(
+    x_ptr,
+    z_ptr,
+    w_ptr,
+    y_ptr,
+    dbg_ptr,  # fp32 [rows, D] fast-path values (DEBUG only)
+    flag_ptr,  # int8 [rows, D] near-midpoint flags (DEBUG only)
+    list_ptr,  # int64 [1 + rows]: count, then the rows for the exact kernel (EXACT == 2 only)
+    n_rows,
+    stride_x,
+    stride_z,
+    stride_y,
+    eps_bits,  # eps as int64 bits: see _eps_bits
+    GROUP: tl.constexpr,  # group width (D when there are no groups)
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # next power of two >= GROUP
+    HAS_Z: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    ALL_FP64: tl.constexpr,  # fp32 output: no fast path
+    NEAR_T0: tl.constexpr,
+    NEAR_TZ: tl.constexpr,
+    MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
+    ACCURATE_ARG: tl.constexpr,  # exp argument with its rounding error folded back in (no |z| term)
+    FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
+    LEAN_GATE: tl.constexpr,  # the gate with the fewest fp32 operations (same error terms)
+    W_TILE: tl.constexpr,  # load w in the tile's own layout (no shared-memory layout conversion + barrier)
+    LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
+    RSTD_FAST: tl.constexpr,  # rstd = rsqrt.approx + one Newton step (its error is inside the bound)
+    EXACT: tl.constexpr,  # 1: flagged rows recomputed inline; 2: listed for _rms_norm_gated_exact_kernel;
+    # 0: never (timing only: NOT correctly rounded)
+    PERSIST: tl.constexpr,  # programs loop over row blocks, loading the next block before computing this one
+    INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
+    DEBUG: tl.constexpr,
+):
+    pid_r = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    eps = eps_bits.to(tl.float64, bitcast=True)
+    r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    g_cols = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+    cols = pid_g * GROUP + g_cols  # [BLOCK_G]
+    col_ok = g_cols < GROUP  # masks make any GROUP work
+    if W_TILE:
+        # [BLOCK_R, BLOCK_G]: w repeated per row (L1 hits), born in x's layout, so no conversion
+        w = tl.load(
+            w_ptr + (cols[None, :] + 0 * r_local[:, None]), mask=col_ok[None, :] & (r_local >= 0)[:, None], other=0.0
+        )
+    else:
+        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)[None, :]  # [1, BLOCK_G]
+    if INTERP:
+        w = _widen_to_fp32(w)
+    else:
+        w = w.to(tl.float32)
+    if PERSIST:
+        # A row block's instructions do not depend on which program runs it: the loop only changes
+        # who computes a block, never how (batch invariance holds as for one block per program).
+        n_blocks = tl.cdiv(n_rows, BLOCK_R)
+        step = tl.num_programs(0)
+        x, z = _load_tile(x_ptr, z_ptr, pid_r, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R, HAS_Z)
+        for t in tl.range(pid_r, n_blocks, step, num_stages=1):
+            # the next block's loads are in flight while this one computes (masked off past the end)
+            xn, zn = _load_tile(
+                x_ptr, z_ptr, t + step, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R, HAS_Z
+            )
+            _fwd_tile(
+                x,
+                z,
+                w,
+                t,
+                pid_g,
+                x_ptr,
+                z_ptr,
+                w_ptr,
+                y_ptr,
+                dbg_ptr,
+                flag_ptr,
+                list_ptr,
+                n_rows,
+                stride_x,
+                stride_z,
+                stride_y,
+                eps,
+                r_local,
+                cols,
+                col_ok,
+                GROUP,
+                BLOCK_R,
+                BLOCK_G,
+                HAS_Z,
+                NORM_BEFORE_GATE,
+                SIGMOID,
+                ALL_FP64,
+                NEAR_T0,
+                NEAR_TZ,
+                MS_FP64,
+                ACCURATE_ARG,
+                FAST_DIV,
+                LEAN_GATE,
+                LEAN_TEST,
+                RSTD_FAST,
+                EXACT,
+                INTERP,
+                DEBUG,
+            )
+            x = xn
+            z = zn
+    else:
+        x, z = _load_tile(x_ptr, z_ptr, pid_r, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R, HAS_Z)
+        _fwd_tile(
+            x,
+            z,
+            w,
+            pid_r,
+            pid_g,
+            x_ptr,
+            z_ptr,
+            w_ptr,
+            y_ptr,
+            dbg_ptr,
+            flag_ptr,
+            list_ptr,
+            n_rows,
+            stride_x,
+            stride_z,
+            stride_y,
+            eps,
+            r_local,
+            cols,
+            col_ok,
+            GROUP,
+            BLOCK_R,
+            BLOCK_G,
+            HAS_Z,
+            NORM_BEFORE_GATE,
+            SIGMOID,
+            ALL_FP64,
+            NEAR_T0,
+            NEAR_TZ,
+            MS_FP64,
+            ACCURATE_ARG,
+            FAST_DIV,
+            LEAN_GATE,
+            LEAN_TEST,
+            RSTD_FAST,
+            EXACT,
+            INTERP,
+            DEBUG,
+        )
+
+
+@triton.jit
+def _rms_norm_gated_exact_kernel(
+    x_ptr,
+    z_ptr,
+    w_ptr,
+    y_ptr,
+    list_ptr,  # int64 [1 + rows]: count, then row indices (written by the forward kernel, EXACT == 2)
+    stride_x,
+    stride_z,
+    stride_y,
+    eps_bits,
+    GROUP: tl.constexpr,
+    N_GROUPS: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr,
+    SIGMOID: tl.constexpr,
+):
+    """Listed rows recomputed in fp64 and rounded once: a row's result is the same whichever program
+    takes it, so the list's order (atomics) cannot change any output."""
+    pid = tl.program_id(0)
+    OUT: tl.constexpr = y_ptr.dtype.element_ty
+    eps = eps_bits.to(tl.float64, bitcast=True)
+    count = tl.load(list_ptr)
+    g_cols = tl.arange(0, BLOCK_G)
+    col_ok = g_cols < GROUP
+    one = tl.arange(0, 1)  # [1]
+    m1 = col_ok[None, :] & (one < 1)[:, None]  # [1, BLOCK_G]
+    for i in range(pid, count, tl.num_programs(0)):
+        entry = tl.load(list_ptr + 1 + i + one)  # [1] int64: row * N_GROUPS + group
+        row = entry // N_GROUPS
+        cols = (entry % N_GROUPS)[:, None] * GROUP + g_cols[None, :]  # [1, BLOCK_G]
+        w64 = _widen_to_fp32(tl.load(w_ptr + cols, mask=m1, other=0.0)).to(tl.float64)
+        xr = _widen_to_fp32(tl.load(x_ptr + row[:, None] * stride_x + cols, mask=m1, other=0.0))
+        xr = xr.to(tl.float64)
+        if HAS_Z:
+            zr = _widen_to_fp32(tl.load(z_ptr + row[:, None] * stride_z + cols, mask=m1, other=0.0))
+            zr = zr.to(tl.float64)
+        else:
+            zr = xr  # unused
+        yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID)  # [1, BLOCK_G]
+        tl.store(y_ptr + row[:, None] * stride_y + cols, _round_fp64_to_out(yr, OUT), mask=m1)
+
+
+EXACT_ROWS_PER_PROGRAM = 16  # exact kernel: programs = rows / 16, so ~4% flagged rows take ~1 row each
+
+
 # Fast-path variant (all choices keep the result correctly rounded; they trade fast-path work
 # against how often the exact path runs). Timed on the H200: docs/kernel-notes.md.
-DEFAULT_VARIANT = {"MS_FP64": False, "ACCURATE_ARG": True, "FAST_DIV": True}
+DEFAULT_VARIANT = {
+    "MS_FP64": False,
+    "ACCURATE_ARG": True,
+    "FAST_DIV": True,
+    "LEAN_GATE": True,
+    "W_TILE": True,
+    "LEAN_TEST": True,
+    "RSTD_FAST": False,
+    "EXACT": 1,
+    "PERSIST": 0,  # programs per SM when > 0
+}
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of the device (4 under the CPU interpreter: loops get exercised)."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -315,14 +588,22 @@ def rms_norm_gated_fwd(
         dbg, flags = y, y  # unused pointers
     if rows == 0:
         return (y, dbg, flags) if _debug else y
-    t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
     variant = {**DEFAULT_VARIANT, **(_variant or {})}
+    deferred = variant["EXACT"] == 2 and x.dtype != torch.float32
+    if deferred:
+        listed = torch.empty(rows * (d // group) + 1, dtype=torch.int64, device=x.device)
+        listed[:1].zero_()
+    else:
+        listed = y  # unused pointer
+    t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
     tz = NEAR_TZ_ROUNDED_ARG[norm_before_gate] if has_z and not variant["ACCURATE_ARG"] else 0
     if _near is not None:
         t0, tz = _near
     if tz == 0:
         t0 = int(t0 // 1)  # the bf16 test compares integers (a negative bound disables it)
     grid = (triton.cdiv(rows, block_r), d // group)
+    if variant["PERSIST"] > 0:
+        grid = (min(grid[0], variant["PERSIST"] * _num_sms(x.device)), grid[1])
     _rms_norm_gated_fwd_kernel[grid](
         x,
         z if has_z else x,
@@ -330,6 +611,7 @@ def rms_norm_gated_fwd(
         y,
         dbg,
         flags,
+        listed,
         rows,
         x.stride(0),
         z.stride(0) if has_z else 0,
@@ -349,6 +631,32 @@ def rms_norm_gated_fwd(
         MS_FP64=variant["MS_FP64"],
         ACCURATE_ARG=variant["ACCURATE_ARG"],
         FAST_DIV=variant["FAST_DIV"],
+        LEAN_GATE=variant["LEAN_GATE"],
+        W_TILE=variant["W_TILE"],
+        LEAN_TEST=variant["LEAN_TEST"],
+        RSTD_FAST=variant["RSTD_FAST"],
+        EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,
+        PERSIST=variant["PERSIST"] > 0,
         num_warps=num_warps,
     )
+    if deferred:
+        exact_grid = (triton.cdiv(rows * grid[1], EXACT_ROWS_PER_PROGRAM),)
+        _rms_norm_gated_exact_kernel[exact_grid](
+            x,
+            z if has_z else x,
+            w,
+            y,
+            listed,
+            x.stride(0),
+            z.stride(0) if has_z else 0,
+            y.stride(0),
+            _eps_bits(eps),
+            GROUP=group,
+            N_GROUPS=grid[1],
+            BLOCK_G=block_g,
+            HAS_Z=has_z,
+            NORM_BEFORE_GATE=norm_before_gate,
+            SIGMOID=activation == "sigmoid",
+            num_warps=max(1, min(8, block_g // 256)),
+        )
     return (y, dbg, flags) if _debug else y
