@@ -15,19 +15,22 @@ import pytest
 import torch
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 on a machine without a GPU)
-from rlnorm.kernel._dweight import MAX_TILE_ROWS, exact_column_sum
+from rlnorm.kernel import _dweight
+from rlnorm.kernel._dweight import MAX_TILE_ROWS, MAX_TILES_DEFERRED, exact_column_sum
 from rlnorm.numerics import exact_sum
 
 # (precision with the implicit bit, smallest normal exponent, largest exponent)
 _FMT = {torch.float32: (24, -126, 127), torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
 _BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
-# cold values (outside a program's hot range) deferred to the scratch (0), inline (1), per-element atomics (2)
+# cold values (outside a program's hot range) deferred to the scratch (0), inline (1), per-element atomics (2);
+# hot values in one scaled int64 register (hot_mode 0, default) or v5's two shifted registers (1)
 CUTS = [
     dict(block_rows=16, tiles=1),
     dict(block_rows=4, tiles=3),
     dict(block_rows=4, tiles=3, cold_mode=1),
     dict(block_rows=4, tiles=3, cold_mode=2),
+    dict(block_rows=4, tiles=3, hot_mode=1),
 ]
 
 
@@ -185,6 +188,54 @@ def test_many_rows_of_maximal_magnitude_stay_exact():
         assert got.tolist() == [2.0**-149, math.inf, -3.0]
 
 
+def top_of_hot_range_case(tiles: int) -> torch.Tensor:
+    """One column, one row per tile: the first tile sets the hot range (top shift = that of 1.0),
+    every later value is the largest the range still holds (the top of its 3-shift headroom,
+    all mantissa bits set), so the int64 register of a scaled hot range is filled to its bound."""
+    top = 16.0 * (1 - 2.0**-24)  # shift of 1.0 plus 3, largest mantissa: just below hi
+    v = torch.full((tiles, 1), top)
+    v[0, 0] = 1.0
+    return v
+
+
+def test_scaled_hot_register_is_exact_at_its_bound(monkeypatch):
+    tiles = MAX_TILES_DEFERRED
+    v = top_of_hot_range_case(tiles)
+    want = oracle(v, torch.float32)
+    assert_bitwise(exact_column_sum(v, torch.float32, block_rows=1, tiles=tiles), want)
+    assert_bitwise(exact_column_sum(v, torch.float32, block_rows=1, tiles=tiles, cold_mode=1), want)
+    # planted fault: a hot range 2 shifts wider than the bound allows overflows the register
+    w = _dweight.hot_width(tiles)
+    monkeypatch.setattr(_dweight, "hot_width", lambda t: w + 2)
+    bad = exact_column_sum(v, torch.float32, block_rows=1, tiles=tiles)
+    assert not torch.equal(bad, want)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # v * scale of a cold value, discarded
+def test_scaled_hot_range_edges():
+    # values exactly at lo (hot), just below lo (cold), at hi (cold), subnormals, a first tile of
+    # subnormals (start clamped to its minimum) followed by large values
+    one = 1.0
+    lo_edge = 2.0 ** (126 + 3 + 1 - _dweight.hot_width(2) - 126)  # smallest hot value for a first tile at 1.0
+    cols = [
+        [one, lo_edge],
+        [one, lo_edge * (1 - 2.0**-24)],
+        [one, 16.0],
+        [one, -(2.0**-149)],
+        [2.0**-149, 2.0**-140],
+        [2.0**-149, 3.0e38],
+        [0.0, 1.0],
+        [-0.0, -(2.0**-126)],
+    ]
+    v = torch.tensor(cols, dtype=torch.float32).t().contiguous()  # [2 rows = 2 tiles, columns]
+    # the hot range is the program's (all columns); alone, the subnormal columns set a clamped one
+    for case in (v, v[:, 4:6].contiguous()):
+        for dtype in DTYPES:
+            want = oracle(case, dtype)
+            for cold_mode in (0, 1, 2):
+                assert_bitwise(exact_column_sum(case, dtype, block_rows=1, tiles=2, cold_mode=cold_mode), want)
+
+
 def test_zero_rows_and_signed_zeros_give_positive_zero():
     assert_bitwise(exact_column_sum(torch.zeros(0, 5), torch.bfloat16), torch.zeros(5, dtype=torch.bfloat16))
     got = exact_column_sum(-torch.zeros(4, 3), torch.float32)
@@ -226,5 +277,6 @@ def test_hot_windows_chosen_from_a_misleading_first_tile(dtype):
             dict(block_rows=2, tiles=16),
             dict(block_rows=2, tiles=16, cold_mode=1),
             dict(block_rows=2, tiles=16, cold_mode=2),
+            dict(block_rows=2, tiles=16, hot_mode=1),
         ):
             assert_bitwise(exact_column_sum(v, dtype, **cut), want)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from rlnorm.kernel import _dweight
-from rlnorm.kernel._dweight import accumulate, add_deferred, flush, hot_start, split_fp32
+from rlnorm.kernel._dweight import accumulate, add_deferred, flush, hot_range
 from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_to_fp32
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
@@ -31,14 +31,19 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _load_fp32(ptr, mask, INTERP: tl.constexpr):
-    """Load and widen to fp32 exactly (the interpreter's bf16 -> fp32 cast mangles subnormals)."""
-    v = tl.load(ptr, mask=mask, other=0.0)
+def _widen(v, INTERP: tl.constexpr):
+    """Widen a loaded tile to fp32 exactly (the interpreter's bf16 -> fp32 cast mangles subnormals)."""
     if INTERP:
         out = _widen_to_fp32(v)
     else:
         out = v.to(tl.float32)
     return out
+
+
+@triton.jit
+def _load_fp32(ptr, mask, INTERP: tl.constexpr):
+    """Load and widen to fp32 exactly."""
+    return _widen(tl.load(ptr, mask=mask, other=0.0), INTERP)
 
 
 @triton.jit
@@ -97,6 +102,10 @@ def _rms_norm_gated_bwd_kernel(
     TILES: tl.constexpr,
     DWEIGHT: tl.constexpr,
     COLD_MODE: tl.constexpr,
+    HOT_MODE: tl.constexpr,
+    HOT_WIDTH: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    DEBUG: tl.constexpr,
     INTERP: tl.constexpr,
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
@@ -111,18 +120,44 @@ def _rms_norm_gated_bwd_kernel(
     c3 = col[None, :, :]  # [1, BLOCK_G, BLOCK_C]: made once, in the tile's layout
     cm3 = col_mask[None, :, :]
     acc0 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the hot range
-    acc1 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)
+    acc1 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # (HOT_MODE 1 only)
     cold_bits = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int32)  # tiles whose value went to the scratch
     start = pid * 0  # hot range, chosen from the first tile (speed only, never the result)
+    lo = start.to(tl.float32)
+    hi = lo
+    scale = lo
     row0 = pid.to(tl.int64) * (TILES * BLOCK_R) + offs_r  # [BLOCK_R] int64 row offsets of tile 0
+    if PREFETCH:  # tile t + 1's loads are issued before tile t's math: memory latency overlaps it
+        r3n = row0[:, None, None]
+        mask_n = (r3n < n_rows) & cm3
+        x_next = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
+        dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
+        if HAS_Z:
+            z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
     for t in range(TILES):
         rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
-        x = _load_fp32(X + r3 * stride_x + c3, mask, INTERP)  # [BLOCK_R, BLOCK_G, BLOCK_C]
-        dy = _load_fp32(DY + r3 * stride_dy + c3, mask, INTERP)
+        if PREFETCH:
+            x_raw = x_next
+            dy_raw = dy_next
+            if HAS_Z:
+                z_raw = z_next
+            r3n = r3 + BLOCK_R
+            mask_n = (r3n < n_rows) & cm3 & (t + 1 < TILES)
+            x_next = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
+            dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
+            if HAS_Z:
+                z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
+        else:
+            x_raw = tl.load(X + r3 * stride_x + c3, mask=mask, other=0.0)
+            dy_raw = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0)
+            if HAS_Z:
+                z_raw = tl.load(Z + r3 * stride_z + c3, mask=mask, other=0.0)
+        x = _widen(x_raw, INTERP)  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        dy = _widen(dy_raw, INTERP)
         if HAS_Z:
-            z = _load_fp32(Z + r3 * stride_z + c3, mask, INTERP)
+            z = _widen(z_raw, INTERP)
             act, dact = _activation(z, ACTIVATION)
         if HAS_Z and not NORM_BEFORE_GATE:
             u = x * act
@@ -154,19 +189,20 @@ def _rms_norm_gated_bwd_kernel(
         if DWEIGHT:  # (False only to time dx/dz alone in benchmarks)
             # dweight: this tile's fp32 contributions enter the exact integer accumulator
             contrib = tl.where(mask, contrib, 0.0)
-            mant, shift, nonfinite = split_fp32(contrib)
+            if DEBUG:  # every row's fp32 contributions, for checking the accumulator from outside
+                tl.store(SCR + r3 * d + c3, contrib, mask=mask)
             if t == 0:
-                start = hot_start(mant, shift)
+                start, lo, hi, scale = hot_range(contrib, HOT_MODE, HOT_WIDTH)
             acc0, acc1, cold_bits = accumulate(
                 contrib,
-                mant,
-                shift,
-                nonfinite,
                 acc0,
                 acc1,
                 cold_bits,
                 t,
                 start,
+                lo,
+                hi,
+                scale,
                 SCR + r3 * d + c3,
                 cnt_ptr,
                 c3,
@@ -174,9 +210,10 @@ def _rms_norm_gated_bwd_kernel(
                 d,
                 NUM_WIN,
                 COLD_MODE,
+                HOT_MODE,
             )
     if DWEIGHT:
-        flush(acc0, acc1, start, cnt_ptr, c3, cm3, d)
+        flush(acc0, acc1, start, cnt_ptr, c3, cm3, d, HOT_MODE)
         if COLD_MODE == 0:  # the rare values kept aside: after the loop, out of its registers
             add_deferred(SCR + row0[:, None, None] * d, BLOCK_R * d, cold_bits, cnt_ptr, c3, cm3, d, NUM_WIN, TILES)
 
@@ -201,6 +238,8 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "num_warps": num_warps,
         "DWEIGHT": True,
         "COLD_MODE": 0,
+        "HOT_MODE": 0,
+        "PREFETCH": 0,
     }
 
 
@@ -214,12 +253,16 @@ def rms_norm_gated_bwd(
     norm_before_gate: bool,
     activation: str,
     config: dict[str, int] | None = None,
+    contributions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """dx, dz (x's / z's dtype; dz None when z is None) and the exact dweight (w's dtype).
 
     Inputs are validated by the caller (api.py): dy, x, z are [rows, D] with a contiguous last
     dimension, w is [D]; `activation` is already normalised ("silu" or "sigmoid"). `config`
-    overrides the launch shape for benchmarks only; every shape gives the same bits of dweight.
+    overrides the launch shape for benchmarks only (keys of `bwd_config`, plus `maxnreg`); a
+    shape with the same BLOCK_R and num_warps gives the same bits of dx, dz and dweight.
+    `contributions` (checks only): a contiguous fp32 [rows, D] tensor that receives every row's
+    fp32 dweight contributions, so the accumulator can be checked against `exact_sum` of them.
     """
     rows, d = x.shape
     group = group_size or d
@@ -241,6 +284,16 @@ def rms_norm_gated_bwd(
     # COLD_MODE 0 keeps rare dweight values aside here (written only where rare, read only there)
     deferred = cfg["DWEIGHT"] and cfg["COLD_MODE"] == 0 and rows > 0
     scratch = torch.empty((rows, d), dtype=torch.float32, device=x.device) if deferred else counters
+    if contributions is not None:
+        if (
+            contributions.shape != (rows, d)
+            or contributions.dtype != torch.float32
+            or not contributions.is_contiguous()
+        ):
+            raise ValueError(f"contributions: expected a contiguous float32 [{rows}, {d}] tensor")
+        if not cfg["DWEIGHT"]:
+            raise ValueError("contributions: only with DWEIGHT enabled")
+        scratch = contributions  # holds every contribution; the cold ones are the same values
     if rows > 0:
         rows_per_program = cfg["BLOCK_R"] * cfg["TILES"]
         grid = (triton.cdiv(rows, rows_per_program),)
@@ -270,6 +323,8 @@ def rms_norm_gated_bwd(
             NUM_SLOTS=_dweight.NUM_SLOTS,
             STRIPES=_dweight.STRIPES,
             INTERP=_INTERPRET,
+            HOT_WIDTH=_dweight.hot_width(cfg["TILES"]),
+            DEBUG=contributions is not None,
             **cfg,
         )
     dw = _dweight.finalize(counters, w.dtype)

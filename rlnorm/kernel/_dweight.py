@@ -50,6 +50,19 @@ MAX_TILES = 256  # a register slot gains < 2**55 per tile: 256 tiles stay below 
 MAX_TILES_DEFERRED = 31  # deferred cold values: one bit per tile in an int32 per slot
 MAX_ROWS = 2**27  # counters: every slot < 3 * rows * 2**33, a limb (two slots) < 2**62
 HOT_START_MAX: tl.constexpr = tl.constexpr(253 - 63)  # hot range [start, start + 64) within the shifts 0..253
+# HOT_MODE 0 (scaled): hot range [start, start + W) with start >= 22, so the scale 2**(149 - start) is an fp32
+SCALED_START_MIN: tl.constexpr = tl.constexpr(22)
+SCALED_HEADROOM: tl.constexpr = tl.constexpr(3)  # shifts above the first tile's largest that stay hot
+
+
+def hot_width(tiles: int) -> int:
+    """Shifts W of the scaled hot range (HOT_MODE 0) for a program of `tiles` tiles.
+
+    A hot value counts n = v * 2**(149 - start) units with |n| < 2**(23 + W); a register slot adds
+    one per tile, so tiles * 2**(23 + W) <= 2**63 keeps it exact: W = 40 - ceil(log2(tiles)).
+    """
+    return 40 - (tiles - 1).bit_length()
+
 
 # (precision bits with the implicit one, smallest normal exponent + 149, largest exponent)
 _FORMATS = {
@@ -95,6 +108,43 @@ def hot_start(mant, shift):
 
 
 @triton.jit
+def _pow2_fp32(e):
+    """2**e as fp32 for an int32 e in -126..128, built from its bits (e = 128 gives +Inf)."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def hot_range(v, HOT_MODE: tl.constexpr, HOT_WIDTH: tl.constexpr):
+    """A program's hot range from its first tile `v` (fp32): (start, lo, hi, scale).
+
+    HOT_MODE 0 (scaled): shifts [start, start + HOT_WIDTH), the top SCALED_HEADROOM shifts above
+    the tile's largest value; a value v is hot iff lo <= |v| < hi (lo = 2**(start - 126), the
+    smallest value of shift start; hi = 2**(start - 126 + W), +Inf past fp32's range). A hot value
+    is a multiple of 2**(start - 149) (its ulp), so n = v * scale (scale = 2**(149 - start), exact:
+    a power of two, no overflow) is an integer with |n| < 2**(23 + W), converted to int64 exactly.
+    HOT_MODE 1: the two-register range of `hot_start` (lo, hi, scale unused).
+    Only a speed choice: every value is counted exactly whichever range is hot.
+    """
+    bits = v.to(tl.int32, bitcast=True)
+    exp_field = (bits >> 23) & 0xFF
+    if HOT_MODE == 0:
+        counted = (exp_field != 255) & ((bits & 0x7FFFFFFF) != 0)  # finite, non-zero
+        top = _tile_max(tl.where(counted, tl.maximum(exp_field, 1) - 1, -1))
+        top = tl.where(top < 0, 128, top)  # an all-zero tile: values near 1 hot
+        start = tl.minimum(tl.maximum(top + SCALED_HEADROOM + 1 - HOT_WIDTH, SCALED_START_MIN), 253)
+        lo = _pow2_fp32(start - 126)
+        hi = _pow2_fp32(tl.minimum(start - 126 + HOT_WIDTH, 128))
+        scale = _pow2_fp32(149 - start)
+    else:
+        mant, shift, _ = split_fp32(v)
+        start = hot_start(mant, shift)
+        lo = _pow2_fp32(start * 0)
+        hi = lo
+        scale = lo
+    return start, lo, hi, scale
+
+
+@triton.jit
 def _add_cold(v, count, win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr):
     """Rare path: add a tile's cold counts (zero elsewhere) window by window, and count NaN/Inf.
 
@@ -124,14 +174,14 @@ def _add_cold(v, count, win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN: tl.c
 @triton.jit
 def accumulate(
     v,
-    mant,
-    shift,
-    nonfinite,
     acc0,
     acc1,
     cold_bits,
     t,
     start,
+    lo,
+    hi,
+    scale,
     scratch,
     cnt_ptr,
     col,
@@ -139,47 +189,60 @@ def accumulate(
     d,
     NUM_WIN: tl.constexpr,
     COLD_MODE: tl.constexpr,
+    HOT_MODE: tl.constexpr,
 ):
-    """Add tile t's [BR, BG, BC] values exactly: the hot range's into per-thread int64 registers
-    (acc0: shifts start..start+31, acc1: the next 32; counts of 2**(start - 149) and of
-    2**(start + 32 - 149); no communication); the rest ("cold": rare) by COLD_MODE:
+    """Add tile t's [BR, BG, BC] fp32 values exactly: the hot range's into per-thread int64
+    registers (no communication), the rest ("cold": rare) by COLD_MODE.
 
-    0 (deferred): the value is stored to its place in `scratch` (pointers of this tile) and bit t
-      of its slot in `cold_bits` is set; `add_deferred` adds them after the tile loop, so the
-      rare path's code and registers stay out of the loop;
+    HOT_MODE 0 (scaled, default): acc0 += int64(v * scale) where lo <= |v| < hi (see `hot_range`):
+      two float compares, a multiply, a select and one exact conversion per value; acc1 unused.
+    HOT_MODE 1 (two registers): acc0 counts 2**(start - 149) for shifts start..start+31, acc1
+      counts 2**(start + 32 - 149) for the next 32, each adding m << (s - start) % 32 < 2**55.
+    COLD_MODE 0 (deferred): the value is stored to its place in `scratch` (pointers of this tile)
+      and bit t of its slot in `cold_bits` is set; `add_deferred` adds them after the tile loop,
+      so the rare path's code and registers stay out of the loop;
     1 (inline): one tile-wide "any cold?" max, then a window loop over the cold values;
     2 (atomics): masked per-element atomics, no cross-thread test.
-    All count every value exactly; they differ only in speed. A hot value adds
-    m << (s - start) % 32 < 2**55, so a register is exact for up to 256 tiles.
+    All count every value exactly; they differ only in speed.
     """
-    rel = shift - start
-    in0 = (rel >= 0) & (rel < 32)
-    in1 = (rel >= 32) & (rel < 64)
-    wide = mant.to(tl.int64) << (rel & 31).to(tl.int64)
-    acc0 += tl.where(in0, wide, 0)
-    acc1 += tl.where(in1, wide, 0)
-    cold = ((mant != 0) & ~(in0 | in1)) | nonfinite
+    if HOT_MODE == 0:
+        av = tl.abs(v)
+        hot = (av >= lo) & (av < hi)  # False for NaN and +-Inf
+        # v * scale is exact (power of two) and an integer below 2**(23 + W): the cast is exact
+        acc0 += tl.where(hot, v * scale, 0.0).to(tl.int64)
+        cold = (~hot) & (v != 0)  # NaN != 0 is True: NaN is cold
+    else:
+        mant, shift, nonfinite = split_fp32(v)
+        rel = shift - start
+        in0 = (rel >= 0) & (rel < 32)
+        in1 = (rel >= 32) & (rel < 64)
+        wide = mant.to(tl.int64) << (rel & 31).to(tl.int64)
+        acc0 += tl.where(in0, wide, 0)
+        acc1 += tl.where(in1, wide, 0)
+        cold = ((mant != 0) & ~(in0 | in1)) | nonfinite
     if COLD_MODE == 0:
         tl.store(scratch, v, mask=cold)
-        cold_bits = cold_bits | (cold.to(tl.int32) << t)
+        cold_bits = tl.where(cold, cold_bits | (1 << t), cold_bits)
     elif COLD_MODE == 1:
         # the tile's only cross-thread step: is there any cold value at all?
         if _tile_max(cold.to(tl.int32)) > 0:
-            count = tl.where(cold, mant.to(tl.int64) << (shift & 31).to(tl.int64), 0)  # < 2**55
-            _add_cold(v, count, shift >> 5, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN)
+            c_mant, c_shift, c_nonfinite = split_fp32(tl.where(cold, v, 0.0))
+            count = c_mant.to(tl.int64) << (c_shift & 31).to(tl.int64)  # < 2**55
+            _add_cold(v, count, c_shift >> 5, c_nonfinite & cold, cnt_ptr, col, col_mask, d, NUM_WIN)
     else:
+        c_mant, c_shift, c_nonfinite = split_fp32(v)
         m = col_mask & cold
-        count = mant.to(tl.int64) << (shift & 31).to(tl.int64)  # in window shift >> 5: < 2**55
-        hi = count >> 32  # arithmetic shift: 0 <= lo < 2**32, so the counters' bounds hold
-        lo = count - (hi << 32)
+        count = c_mant.to(tl.int64) << (c_shift & 31).to(tl.int64)  # in window shift >> 5: < 2**55
+        hi_part = count >> 32  # arithmetic shift: 0 <= lo < 2**32, so the counters' bounds hold
+        lo_part = count - (hi_part << 32)
         slot = tl.where(
-            nonfinite,
+            c_nonfinite,
             tl.where(v != v, 2 * NUM_WIN, tl.where(v > 0, 2 * NUM_WIN + 1, 2 * NUM_WIN + 2)),
-            2 * (shift >> 5),
+            2 * (c_shift >> 5),
         )
         # NaN/Inf: count 1 in their slot; finite: the low part in slot 2*win, the high part next to it
-        tl.atomic_add(cnt_ptr + slot * d + col, tl.where(nonfinite, 1, lo), mask=m, sem="relaxed")
-        tl.atomic_add(cnt_ptr + (slot + 1) * d + col, hi, mask=m & (hi != 0), sem="relaxed")
+        tl.atomic_add(cnt_ptr + slot * d + col, tl.where(c_nonfinite, 1, lo_part), mask=m, sem="relaxed")
+        tl.atomic_add(cnt_ptr + (slot + 1) * d + col, hi_part, mask=m & (hi_part != 0), sem="relaxed")
     return acc0, acc1, cold_bits
 
 
@@ -217,26 +280,30 @@ def _digits(acc, o):
 
 
 @triton.jit
-def flush(acc0, acc1, start, cnt_ptr, col, col_mask, d):
+def flush(acc0, acc1, start, cnt_ptr, col, col_mask, d, HOT_MODE: tl.constexpr):
     """Add a program's hot registers [BR, BG, BC] to its stripe of the counters, exactly.
 
-    acc0 * 2**(start - 149) + acc1 * 2**(start + 32 - 149) is cut on the counters' 2**32 grid
-    (k = start >> 5, o = start & 31) into limbs k..k+3, each piece below 2**33 in magnitude,
-    summed over the program's rows (exact) and added (any order: integer adds).
+    acc0 * 2**(start - 149) (+ acc1 * 2**(start + 32 - 149) in HOT_MODE 1) is cut on the counters'
+    2**32 grid (k = start >> 5, o = start & 31) into limbs k..k+3, each piece below 2**33 in
+    magnitude, summed over the program's rows (exact) and added (any order: integer adds).
     """
     k = start >> 5
     o = (start & 31).to(tl.int64)
     a0, a1, a2 = _digits(acc0, o)
-    b0, b1, b2 = _digits(acc1, o)
     l0 = tl.sum(a0, axis=0, keep_dims=True)  # [1, BG, BC]
-    l1 = tl.sum(a1 + b0, axis=0, keep_dims=True)
-    l2 = tl.sum(a2 + b1, axis=0, keep_dims=True)
-    l3 = tl.sum(b2, axis=0, keep_dims=True)
+    if HOT_MODE == 0:
+        l1 = tl.sum(a1, axis=0, keep_dims=True)
+        l2 = tl.sum(a2, axis=0, keep_dims=True)
+    else:
+        b0, b1, b2 = _digits(acc1, o)
+        l1 = tl.sum(a1 + b0, axis=0, keep_dims=True)
+        l2 = tl.sum(a2 + b1, axis=0, keep_dims=True)
+        l3 = tl.sum(b2, axis=0, keep_dims=True)
+        tl.atomic_add(cnt_ptr + (2 * k + 5) * d + col, l3, mask=col_mask & (l3 != 0), sem="relaxed")
     # limb k is window k's low slot; limb k+i (i >= 1) is the high slot of window k+i-1
     tl.atomic_add(cnt_ptr + (2 * k) * d + col, l0, mask=col_mask & (l0 != 0), sem="relaxed")
     tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, l1, mask=col_mask & (l1 != 0), sem="relaxed")
     tl.atomic_add(cnt_ptr + (2 * k + 3) * d + col, l2, mask=col_mask & (l2 != 0), sem="relaxed")
-    tl.atomic_add(cnt_ptr + (2 * k + 5) * d + col, l3, mask=col_mask & (l3 != 0), sem="relaxed")
 
 
 @triton.jit
@@ -254,6 +321,8 @@ def _column_sum_kernel(
     BLOCK_C: tl.constexpr,
     TILES: tl.constexpr,
     COLD_MODE: tl.constexpr,
+    HOT_MODE: tl.constexpr,
+    HOT_WIDTH: tl.constexpr,
 ):
     """Accumulate raw fp32 values [n_rows, d] into the counters: the same path the backward uses."""
     pid = tl.program_id(0)
@@ -266,24 +335,26 @@ def _column_sum_kernel(
     acc1 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
     cold_bits = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int32)
     start = pid * 0
+    lo = start.to(tl.float32)
+    hi = lo
+    scale = lo
     row0 = pid.to(tl.int64) * (TILES * BLOCK_R) + offs_r  # [BR] int64 row offsets of tile 0
     for t in range(TILES):
         rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & col_mask
         v = tl.load(V + rows[:, None, None] * stride_v + col, mask=mask, other=0.0)  # [BR, 1, BC]
-        mant, shift, nonfinite = split_fp32(v)
         if t == 0:
-            start = hot_start(mant, shift)
+            start, lo, hi, scale = hot_range(v, HOT_MODE, HOT_WIDTH)
         acc0, acc1, cold_bits = accumulate(
             v,
-            mant,
-            shift,
-            nonfinite,
             acc0,
             acc1,
             cold_bits,
             t,
             start,
+            lo,
+            hi,
+            scale,
             SCR + rows[:, None, None] * d + col,
             cnt_ptr,
             col,
@@ -291,8 +362,9 @@ def _column_sum_kernel(
             d,
             NUM_WIN,
             COLD_MODE,
+            HOT_MODE,
         )
-    flush(acc0, acc1, start, cnt_ptr, col, col_mask, d)
+    flush(acc0, acc1, start, cnt_ptr, col, col_mask, d, HOT_MODE)
     if COLD_MODE == 0:
         add_deferred(SCR + row0[:, None, None] * d, BLOCK_R * d, cold_bits, cnt_ptr, col, col_mask, d, NUM_WIN, TILES)
 
@@ -434,6 +506,7 @@ def exact_column_sum(
     block_rows: int = 16,
     tiles: int = 1,
     cold_mode: int = 0,
+    hot_mode: int = 0,
 ) -> torch.Tensor:
     """Column sums of fp32 `values` [n, d], exact, rounded once to `dtype`, on values' device.
 
@@ -451,6 +524,8 @@ def exact_column_sum(
         raise ValueError(f"tiles: expected 1..{MAX_TILES_DEFERRED} (cold_mode 0) or ..{MAX_TILES}, got {tiles}")
     if cold_mode not in (0, 1, 2):
         raise ValueError(f"cold_mode: expected 0, 1 or 2, got {cold_mode}")
+    if hot_mode not in (0, 1):
+        raise ValueError(f"hot_mode: expected 0 or 1, got {hot_mode}")
     n, d = values.shape
     if n >= MAX_ROWS:
         raise ValueError(f"values: at most {MAX_ROWS - 1} rows keep the int64 counters exact, got {n}")
@@ -475,5 +550,7 @@ def exact_column_sum(
             BLOCK_C=block_c,
             TILES=tiles,
             COLD_MODE=cold_mode,
+            HOT_MODE=hot_mode,
+            HOT_WIDTH=hot_width(tiles),
         )
     return finalize(counters, dtype)
