@@ -54,6 +54,8 @@ VARIANTS = {
         ("v6_pf_r64", {"PREFETCH": 1, "maxnreg": 64}),
         ("dxdz_only_pf", {"DWEIGHT": False, "PREFETCH": 1}),
         ("v6_T31_r64", {"TILES": 31, "maxnreg": 64}),
+        ("v6_pf_T31_r64", {"PREFETCH": 1, "TILES": 31, "maxnreg": 64}),
+        ("v6_BR2w2_r64", {"BLOCK_R": 2, "num_warps": 2, "maxnreg": 64}),
         ("v6_BR8w8_r64", {"BLOCK_R": 8, "num_warps": 8, "maxnreg": 64}),
         ("v6_BR8w4", {"BLOCK_R": 8, "num_warps": 4}),
         ("v6_BR8w4_pf", {"BLOCK_R": 8, "num_warps": 4, "PREFETCH": 1}),
