@@ -16,12 +16,25 @@ import traceback
 
 import torch
 
-from rlnorm.bench import _rotating, gpu_timer, make_sets
+from rlnorm.bench import _rotating, make_sets
 from rlnorm.inputs import make_case
 from rlnorm.kernel import _fwd as F
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
+
+
+def gpu_timer(warmup_ms: float = 25, rep_ms: float = 100):
+    """(median, p20, p80) microseconds via triton.testing.do_bench (CUDA events, L2 flushed per rep)."""
+
+    def timer(fn):
+        from triton.testing import do_bench
+
+        med, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
+        return med * 1e3, p20 * 1e3, p80 * 1e3
+
+    return timer
+
 
 OUT = os.environ.get("OUT", "/tmp/kernel_gpu_v2")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"

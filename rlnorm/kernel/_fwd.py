@@ -150,14 +150,12 @@ def _fwd_tile(
     z,
     w,
     t,
-    pid_g,
     x_ptr,
     z_ptr,
     w_ptr,
     y_ptr,
     dbg_ptr,
     flag_ptr,
-    list_ptr,
     n_rows,
     stride_x,
     stride_z,
@@ -182,6 +180,7 @@ def _fwd_tile(
     LEAN_TEST: tl.constexpr,
     RSTD_FAST: tl.constexpr,
     EXACT: tl.constexpr,
+    FAULT_ULPS: tl.constexpr,
     INTERP: tl.constexpr,
     DEBUG: tl.constexpr,
 ):
@@ -241,6 +240,8 @@ def _fwd_tile(
         y = xg * rstd[:, None] * w  # [BLOCK_R, BLOCK_G]
         if HAS_Z and NORM_BEFORE_GATE:
             y = y * a
+        if FAULT_ULPS != 0:  # tests only: a fast path wrong by this many fp32 ulps must still round right
+            y = (y.to(tl.int32, bitcast=True) + FAULT_ULPS).to(tl.float32, bitcast=True)
 
         # ---- is the fp32 value provably on the correct side of every rounding midpoint? ----
         bits = y.to(tl.int32, bitcast=True)
@@ -254,12 +255,16 @@ def _fwd_tile(
             if GROUP != BLOCK_G:  # padding columns (y = 0) must not flag their row
                 risk_key = tl.where(col_ok[None, :], risk_key, 0xFFFFFFFF)
             flag = risk_key < 0x20000000  # [BLOCK_R, BLOCK_G] (DEBUG only)
-            row_flag = tl.min(risk_key, axis=1) < 0x20000000
+            row_flag = tl.min(risk_key, axis=1) < 0x20000000  # [BLOCK_R]: rows for the full exact path
+            row_near = row_flag & False  # [BLOCK_R]: rows with elements near a midpoint
             if NEAR_T0 >= 0:  # (a negative bound disables the test: tests plant it)
                 near_key = (bits * 65536 + ((NEAR_T0 - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
-                row_flag = row_flag | (tl.min(near_key, axis=1) < (2 * NEAR_T0 + 1) * 65536)
+                row_near = tl.min(near_key, axis=1) < (2 * NEAR_T0 + 1) * 65536
                 flag = flag | (near_key < (2 * NEAR_T0 + 1) * 65536)
+            if EXACT != 3:  # near elements: their whole row goes exact
+                row_flag = row_flag | row_near
             row_flag = (row_flag | row_risky) & row_ok  # [BLOCK_R]
+            row_near = row_near & row_ok
             flag = flag & mask
         else:
             mag = bits & 0x7FFFFFFF
@@ -291,37 +296,181 @@ def _fwd_tile(
         if EXACT == 1:
             tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None])  # flagged rows: stored below
         else:
-            tl.store(y_ptr + y_off, y_out, mask=mask)  # flagged rows: overwritten by the exact kernel
+            tl.store(y_ptr + y_off, y_out, mask=mask)  # exact values overwrite, after a barrier
         if DEBUG:
             tl.store(dbg_ptr + y_off, y, mask=mask)  # y is contiguous: the debug buffers share its offsets
             tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
 
-        # ---- exact path for flagged rows: a scalar branch per block, then per row ----
-        if EXACT == 2:
-            # deferred: append the flagged rows to a list (list_ptr[0] counts them, entries follow);
-            # a second kernel recomputes them, one warp per row, all in parallel
-            # (done on the tile, by the lane holding column 0: no layout conversion, no barrier)
-            first = row_flag[:, None] & (cols == pid_g * GROUP)[None, :]  # [BLOCK_R, BLOCK_G]
-            slot = tl.atomic_add(list_ptr + 0 * y_off, 1, mask=first, sem="relaxed")  # [BLOCK_R, BLOCK_G]
-            entry = rows64 * tl.num_programs(1) + pid_g  # [BLOCK_R]: (row, group) as one number
-            tl.store(list_ptr + 1 + slot, entry[:, None] + 0 * y_off, mask=first)
-        row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
-        if EXACT == 1 and row_bits != 0:
-            w64 = _widen_to_fp32(tl.load(w_ptr + cols, mask=col_ok, other=0.0)).to(tl.float64)[None, :]
-            one = tl.arange(0, 1)  # [1]
-            m1 = col_ok[None, :] & (one < 1)[:, None]  # [1, BLOCK_G]
-            for i in range(BLOCK_R):
-                if ((row_bits >> i) & 1) != 0:
-                    row = (t * BLOCK_R + i + one).to(tl.int64)  # [1]
-                    xr = tl.load(x_ptr + row[:, None] * stride_x + cols[None, :], mask=m1, other=0.0)
-                    xr = _widen_to_fp32(xr).to(tl.float64)
-                    if HAS_Z:
-                        zr = tl.load(z_ptr + row[:, None] * stride_z + cols[None, :], mask=m1, other=0.0)
-                        zr = _widen_to_fp32(zr).to(tl.float64)
-                    else:
-                        zr = xr  # unused
-                    yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID)  # [1, BLOCK_G]
-                    tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
+        # ---- exact path: a scalar branch per block (taken by ~1/4 of blocks), then per row ----
+        if EXACT == 3:
+            # does any row need the full path or have an element near a midpoint?
+            if tl.max((row_flag | row_near).to(tl.int32), axis=0) != 0:
+                # the fast values were stored by other threads: order the overwrites after them
+                tl.debug_barrier()
+                row_full = _fix_near_elements(
+                    y,
+                    w,
+                    x_ptr,
+                    z_ptr,
+                    y_ptr,
+                    stride_x,
+                    stride_z,
+                    stride_y,
+                    rows64,
+                    row_ok,
+                    mask,
+                    cols,
+                    eps,
+                    row_flag,
+                    NEAR_T0,
+                    GROUP,
+                    BLOCK_R,
+                    BLOCK_G,
+                    HAS_Z,
+                    SIGMOID,
+                )
+                row_bits = tl.sum(tl.where(row_full, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
+                _exact_rows(
+                    row_bits,
+                    t,
+                    x_ptr,
+                    z_ptr,
+                    w_ptr,
+                    y_ptr,
+                    stride_x,
+                    stride_z,
+                    stride_y,
+                    eps,
+                    cols,
+                    col_ok,
+                    GROUP,
+                    BLOCK_R,
+                    BLOCK_G,
+                    HAS_Z,
+                    NORM_BEFORE_GATE,
+                    SIGMOID,
+                )
+        elif EXACT == 1:
+            row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
+            if row_bits != 0:
+                _exact_rows(
+                    row_bits,
+                    t,
+                    x_ptr,
+                    z_ptr,
+                    w_ptr,
+                    y_ptr,
+                    stride_x,
+                    stride_z,
+                    stride_y,
+                    eps,
+                    cols,
+                    col_ok,
+                    GROUP,
+                    BLOCK_R,
+                    BLOCK_G,
+                    HAS_Z,
+                    NORM_BEFORE_GATE,
+                    SIGMOID,
+                )
+
+
+@triton.jit
+def _exact_rows(
+    row_bits,
+    t,
+    x_ptr,
+    z_ptr,
+    w_ptr,
+    y_ptr,
+    stride_x,
+    stride_z,
+    stride_y,
+    eps,
+    cols,
+    col_ok,
+    GROUP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr,
+    SIGMOID: tl.constexpr,
+):
+    """Rows of bit set in row_bits recomputed wholly in fp64 from their own inputs, rounded once."""
+    OUT: tl.constexpr = y_ptr.dtype.element_ty
+    w64 = _widen_to_fp32(tl.load(w_ptr + cols, mask=col_ok, other=0.0)).to(tl.float64)[None, :]
+    one = tl.arange(0, 1)  # [1]
+    m1 = col_ok[None, :] & (one < 1)[:, None]  # [1, BLOCK_G]
+    for i in range(BLOCK_R):
+        if ((row_bits >> i) & 1) != 0:
+            row = (t * BLOCK_R + i + one).to(tl.int64)  # [1]
+            xr = tl.load(x_ptr + row[:, None] * stride_x + cols[None, :], mask=m1, other=0.0)
+            xr = _widen_to_fp32(xr).to(tl.float64)
+            if HAS_Z:
+                zr = tl.load(z_ptr + row[:, None] * stride_z + cols[None, :], mask=m1, other=0.0)
+                zr = _widen_to_fp32(zr).to(tl.float64)
+            else:
+                zr = xr  # unused
+            yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID)  # [1, BLOCK_G]
+            tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
+
+
+CHUNK: tl.constexpr = tl.constexpr(
+    8
+)  # columns per chunk of the element fix: one 16-byte bf16 vector, i.e. one thread's share
+
+
+@triton.jit
+def _fix_near_elements(
+    y,
+    w,
+    x_ptr,
+    z_ptr,
+    y_ptr,
+    stride_x,
+    stride_z,
+    stride_y,
+    rows64,
+    row_ok,
+    mask,
+    cols,
+    eps,
+    row_flag,
+    NEAR_T0: tl.constexpr,
+    GROUP: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    SIGMOID: tl.constexpr,
+):
+    """norm_before_gate (or no gate): y = x * rstd * w * act(z) is separable, so a near element needs only
+    its row's rstd and its own gate in fp64, not the whole row. Each chunk of CHUNK columns gives up
+    its near element (the one, if exactly one) as a [BLOCK_R, BLOCK_G // CHUNK] tile: one fp64 gate per
+    thread instead of CHUNK. x and z are loaded again (cache hits) so that the fast path does not keep
+    them in registers. Returns the rows that still need the full path (a chunk with 2+ near)."""
+    OUT: tl.constexpr = y_ptr.dtype.element_ty
+    NC: tl.constexpr = BLOCK_G // CHUNK
+    bits = y.to(tl.int32, bitcast=True)
+    near_key = (bits * 65536 + ((NEAR_T0 - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
+    near = (near_key < (2 * NEAR_T0 + 1) * 65536) & mask & ~row_flag[:, None]  # [BLOCK_R, BLOCK_G]
+    x = _widen_to_fp32(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0))
+    near3 = tl.reshape(near, [BLOCK_R, NC, CHUNK])
+    count = tl.sum(near3.to(tl.int32), axis=2)  # [BLOCK_R, NC]
+    xs = tl.sum(tl.where(near3, tl.reshape(x, [BLOCK_R, NC, CHUNK]), 0.0), axis=2)  # exact: one term
+    ws = tl.sum(tl.where(near3, tl.reshape(w + 0.0 * x, [BLOCK_R, NC, CHUNK]), 0.0), axis=2)
+    c2 = cols[None, :] + 0 * rows64[:, None].to(tl.int32)  # [BLOCK_R, BLOCK_G]
+    cs = tl.sum(tl.where(near3, tl.reshape(c2, [BLOCK_R, NC, CHUNK]), 0), axis=2)
+    # the row's rstd in fp64 (squares of bf16 values are exact; fp64 sum), IEEE sqrt and divide
+    x64 = x.to(tl.float64)
+    rstd64 = 1.0 / tl.sqrt(tl.sum(x64 * x64, axis=1) / GROUP + eps)  # [BLOCK_R]
+    y64 = xs.to(tl.float64) * rstd64[:, None] * ws.to(tl.float64)  # [BLOCK_R, NC]
+    if HAS_Z:
+        z = _widen_to_fp32(tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0.0))
+        zs = tl.sum(tl.where(near3, tl.reshape(z, [BLOCK_R, NC, CHUNK]), 0.0), axis=2)
+        y64 = y64 * _act(zs.to(tl.float64), SIGMOID)
+    one_near = (count == 1) & row_ok[:, None]
+    tl.store(y_ptr + rows64[:, None] * stride_y + cs, _round_fp64_to_out(y64, OUT), mask=one_near)
+    return row_flag | (tl.max(count, axis=1) > 1)
 
 
 @triton.jit
@@ -332,7 +481,6 @@ def _rms_norm_gated_fwd_kernel(
     y_ptr,
     dbg_ptr,  # fp32 [rows, D] fast-path values (DEBUG only)
     flag_ptr,  # int8 [rows, D] near-midpoint flags (DEBUG only)
-    list_ptr,  # int64 [1 + rows]: count, then the rows for the exact kernel (EXACT == 2 only)
     n_rows,
     stride_x,
     stride_z,
@@ -354,9 +502,9 @@ def _rms_norm_gated_fwd_kernel(
     W_TILE: tl.constexpr,  # load w in the tile's own layout (no shared-memory layout conversion + barrier)
     LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
     RSTD_FAST: tl.constexpr,  # rstd = rsqrt.approx + one Newton step (its error is inside the bound)
-    EXACT: tl.constexpr,  # 1: flagged rows recomputed inline; 2: listed for _rms_norm_gated_exact_kernel;
+    EXACT: tl.constexpr,  # 1: flagged rows recomputed wholly; 3: near elements alone where separable;
     # 0: never (timing only: NOT correctly rounded)
-    PERSIST: tl.constexpr,  # programs loop over row blocks, loading the next block before computing this one
+    FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
 ):
@@ -378,148 +526,46 @@ def _rms_norm_gated_fwd_kernel(
         w = _widen_to_fp32(w)
     else:
         w = w.to(tl.float32)
-    if PERSIST:
-        # A row block's instructions do not depend on which program runs it: the loop only changes
-        # who computes a block, never how (batch invariance holds as for one block per program).
-        n_blocks = tl.cdiv(n_rows, BLOCK_R)
-        step = tl.num_programs(0)
-        x, z = _load_tile(x_ptr, z_ptr, pid_r, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R, HAS_Z)
-        for t in tl.range(pid_r, n_blocks, step, num_stages=1):
-            # the next block's loads are in flight while this one computes (masked off past the end)
-            xn, zn = _load_tile(
-                x_ptr, z_ptr, t + step, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R, HAS_Z
-            )
-            _fwd_tile(
-                x,
-                z,
-                w,
-                t,
-                pid_g,
-                x_ptr,
-                z_ptr,
-                w_ptr,
-                y_ptr,
-                dbg_ptr,
-                flag_ptr,
-                list_ptr,
-                n_rows,
-                stride_x,
-                stride_z,
-                stride_y,
-                eps,
-                r_local,
-                cols,
-                col_ok,
-                GROUP,
-                BLOCK_R,
-                BLOCK_G,
-                HAS_Z,
-                NORM_BEFORE_GATE,
-                SIGMOID,
-                ALL_FP64,
-                NEAR_T0,
-                NEAR_TZ,
-                MS_FP64,
-                ACCURATE_ARG,
-                FAST_DIV,
-                LEAN_GATE,
-                LEAN_TEST,
-                RSTD_FAST,
-                EXACT,
-                INTERP,
-                DEBUG,
-            )
-            x = xn
-            z = zn
-    else:
-        x, z = _load_tile(x_ptr, z_ptr, pid_r, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R, HAS_Z)
-        _fwd_tile(
-            x,
-            z,
-            w,
-            pid_r,
-            pid_g,
-            x_ptr,
-            z_ptr,
-            w_ptr,
-            y_ptr,
-            dbg_ptr,
-            flag_ptr,
-            list_ptr,
-            n_rows,
-            stride_x,
-            stride_z,
-            stride_y,
-            eps,
-            r_local,
-            cols,
-            col_ok,
-            GROUP,
-            BLOCK_R,
-            BLOCK_G,
-            HAS_Z,
-            NORM_BEFORE_GATE,
-            SIGMOID,
-            ALL_FP64,
-            NEAR_T0,
-            NEAR_TZ,
-            MS_FP64,
-            ACCURATE_ARG,
-            FAST_DIV,
-            LEAN_GATE,
-            LEAN_TEST,
-            RSTD_FAST,
-            EXACT,
-            INTERP,
-            DEBUG,
-        )
-
-
-@triton.jit
-def _rms_norm_gated_exact_kernel(
-    x_ptr,
-    z_ptr,
-    w_ptr,
-    y_ptr,
-    list_ptr,  # int64 [1 + rows]: count, then row indices (written by the forward kernel, EXACT == 2)
-    stride_x,
-    stride_z,
-    stride_y,
-    eps_bits,
-    GROUP: tl.constexpr,
-    N_GROUPS: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    HAS_Z: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr,
-    SIGMOID: tl.constexpr,
-):
-    """Listed rows recomputed in fp64 and rounded once: a row's result is the same whichever program
-    takes it, so the list's order (atomics) cannot change any output."""
-    pid = tl.program_id(0)
-    OUT: tl.constexpr = y_ptr.dtype.element_ty
-    eps = eps_bits.to(tl.float64, bitcast=True)
-    count = tl.load(list_ptr)
-    g_cols = tl.arange(0, BLOCK_G)
-    col_ok = g_cols < GROUP
-    one = tl.arange(0, 1)  # [1]
-    m1 = col_ok[None, :] & (one < 1)[:, None]  # [1, BLOCK_G]
-    for i in range(pid, count, tl.num_programs(0)):
-        entry = tl.load(list_ptr + 1 + i + one)  # [1] int64: row * N_GROUPS + group
-        row = entry // N_GROUPS
-        cols = (entry % N_GROUPS)[:, None] * GROUP + g_cols[None, :]  # [1, BLOCK_G]
-        w64 = _widen_to_fp32(tl.load(w_ptr + cols, mask=m1, other=0.0)).to(tl.float64)
-        xr = _widen_to_fp32(tl.load(x_ptr + row[:, None] * stride_x + cols, mask=m1, other=0.0))
-        xr = xr.to(tl.float64)
-        if HAS_Z:
-            zr = _widen_to_fp32(tl.load(z_ptr + row[:, None] * stride_z + cols, mask=m1, other=0.0))
-            zr = zr.to(tl.float64)
-        else:
-            zr = xr  # unused
-        yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID)  # [1, BLOCK_G]
-        tl.store(y_ptr + row[:, None] * stride_y + cols, _round_fp64_to_out(yr, OUT), mask=m1)
-
-
-EXACT_ROWS_PER_PROGRAM = 16  # exact kernel: programs = rows / 16, so ~4% flagged rows take ~1 row each
+    x, z = _load_tile(x_ptr, z_ptr, pid_r, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R, HAS_Z)
+    _fwd_tile(
+        x,
+        z,
+        w,
+        pid_r,
+        x_ptr,
+        z_ptr,
+        w_ptr,
+        y_ptr,
+        dbg_ptr,
+        flag_ptr,
+        n_rows,
+        stride_x,
+        stride_z,
+        stride_y,
+        eps,
+        r_local,
+        cols,
+        col_ok,
+        GROUP,
+        BLOCK_R,
+        BLOCK_G,
+        HAS_Z,
+        NORM_BEFORE_GATE,
+        SIGMOID,
+        ALL_FP64,
+        NEAR_T0,
+        NEAR_TZ,
+        MS_FP64,
+        ACCURATE_ARG,
+        FAST_DIV,
+        LEAN_GATE,
+        LEAN_TEST,
+        RSTD_FAST,
+        EXACT,
+        FAULT_ULPS,
+        INTERP,
+        DEBUG,
+    )
 
 
 # Fast-path variant (all choices keep the result correctly rounded; they trade fast-path work
@@ -532,17 +578,22 @@ DEFAULT_VARIANT = {
     "W_TILE": True,
     "LEAN_TEST": True,
     "RSTD_FAST": False,
-    "EXACT": 1,
-    "PERSIST": 0,  # programs per SM when > 0
+    "EXACT": 3,
+    "FAULT_ULPS": 0,
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _num_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of the device (4 under the CPU interpreter: loops get exercised)."""
-    if device.type != "cuda":
-        return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+def _exact_mode(variant: dict, dtype: torch.dtype, has_z: bool, norm_before_gate: bool, tz: float) -> int:
+    """The exact path's form: 3 (near elements alone) where the op is separable per element given the
+    row's rstd (gate after the norm, or no gate) and the bf16 row-minimum test runs; else 1 (rows)."""
+    mode = variant["EXACT"]
+    if dtype == torch.float32:
+        return 0  # fp32 output: every element already takes the fp64 path
+    separable = norm_before_gate or not has_z
+    if mode == 3 and not (dtype == torch.bfloat16 and separable and tz == 0 and variant["LEAN_TEST"]):
+        return 1
+    return mode
 
 
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -589,12 +640,6 @@ def rms_norm_gated_fwd(
     if rows == 0:
         return (y, dbg, flags) if _debug else y
     variant = {**DEFAULT_VARIANT, **(_variant or {})}
-    deferred = variant["EXACT"] == 2 and x.dtype != torch.float32
-    if deferred:
-        listed = torch.empty(rows * (d // group) + 1, dtype=torch.int64, device=x.device)
-        listed[:1].zero_()
-    else:
-        listed = y  # unused pointer
     t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
     tz = NEAR_TZ_ROUNDED_ARG[norm_before_gate] if has_z and not variant["ACCURATE_ARG"] else 0
     if _near is not None:
@@ -602,8 +647,6 @@ def rms_norm_gated_fwd(
     if tz == 0:
         t0 = int(t0 // 1)  # the bf16 test compares integers (a negative bound disables it)
     grid = (triton.cdiv(rows, block_r), d // group)
-    if variant["PERSIST"] > 0:
-        grid = (min(grid[0], variant["PERSIST"] * _num_sms(x.device)), grid[1])
     _rms_norm_gated_fwd_kernel[grid](
         x,
         z if has_z else x,
@@ -611,7 +654,6 @@ def rms_norm_gated_fwd(
         y,
         dbg,
         flags,
-        listed,
         rows,
         x.stride(0),
         z.stride(0) if has_z else 0,
@@ -635,28 +677,8 @@ def rms_norm_gated_fwd(
         W_TILE=variant["W_TILE"],
         LEAN_TEST=variant["LEAN_TEST"],
         RSTD_FAST=variant["RSTD_FAST"],
-        EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,
-        PERSIST=variant["PERSIST"] > 0,
+        EXACT=_exact_mode(variant, x.dtype, has_z, norm_before_gate, tz),
+        FAULT_ULPS=variant["FAULT_ULPS"],
         num_warps=num_warps,
     )
-    if deferred:
-        exact_grid = (triton.cdiv(rows * grid[1], EXACT_ROWS_PER_PROGRAM),)
-        _rms_norm_gated_exact_kernel[exact_grid](
-            x,
-            z if has_z else x,
-            w,
-            y,
-            listed,
-            x.stride(0),
-            z.stride(0) if has_z else 0,
-            y.stride(0),
-            _eps_bits(eps),
-            GROUP=group,
-            N_GROUPS=grid[1],
-            BLOCK_G=block_g,
-            HAS_Z=has_z,
-            NORM_BEFORE_GATE=norm_before_gate,
-            SIGMOID=activation == "sigmoid",
-            num_warps=max(1, min(8, block_g // 256)),
-        )
     return (y, dbg, flags) if _debug else y
