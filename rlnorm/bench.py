@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -76,7 +77,8 @@ class Settings:
     graph_max_rows: int = 4096  # shapes up to this many rows get the graph clock
 
 
-QUICK = Settings(reps=20, warmup=3, graph_calls=20, graph_replays=10, wall_calls=20, wall_rounds=3)
+# wall: 5 rounds, because the host path varies by tens of percent between rounds on a shared VM
+QUICK = Settings(reps=20, warmup=3, graph_calls=20, graph_replays=10, wall_calls=30, wall_rounds=5)
 
 
 @dataclass
@@ -624,7 +626,14 @@ def format_markdown(shapes: Sequence[dict]) -> str:
                     f"({fp['name']}, {fp['us']:.1f} us, {fp['method']}){same}{eager}",
                     "",
                 )
-    out = ["", *(f"- {m}" + (f" [{', '.join(w)}]" if any(w) else "") for m, w in notes.items())]
+    everywhere = sorted({f"{sh['rows']}x{sh['d']} {m}" for sh in shapes for m in ("fwd", "fwd_bwd")})
+
+    def places(w: list[str]) -> str:
+        if not any(w):
+            return ""
+        return " [every shape]" if sorted(set(w)) == everywhere else f" [{', '.join(w)}]"
+
+    out = ["", *(f"- {m}{places(w)}" for m, w in notes.items())]
     return "\n".join(lines + (out if notes else []))
 
 
@@ -650,6 +659,29 @@ def format_table(shape: dict) -> str:
     return "\n".join(lines)
 
 
+def code_version() -> dict:
+    """commit, tracked_tree_dirty, commit_source: what the caller states ($RLNORM_COMMIT /
+    $RLNORM_TREE_DIRTY) wins over git, because the GPU machine's copy of the tree may carry a stale
+    .git (seen: it reported the session's first commit under later code). git's view is kept too."""
+    from rlnorm import environment as env
+
+    # git's HEAD where a checkout is present (else environment falls back to $RLNORM_COMMIT itself)
+    git_head, git_dirty = env.git_commit(), env.tracked_tree_dirty()
+    stated = env._env_commit()  # validated $RLNORM_COMMIT, or None
+    if stated is None:
+        return {"commit": git_head, "tracked_tree_dirty": git_dirty, "commit_source": "git"}
+    dirty_raw = os.environ.get(env.DIRTY_ENV, "").strip().lower()
+    if dirty_raw not in ("", "0", "1", "true", "false"):
+        raise ValueError(f"{env.DIRTY_ENV}: expected 0 or 1, got {dirty_raw!r}")
+    return {
+        "commit": stated,
+        "tracked_tree_dirty": None if not dirty_raw else dirty_raw in ("1", "true"),
+        "commit_source": env.COMMIT_ENV,
+        "git_head": git_head,
+        "git_dirty": git_dirty,
+    }
+
+
 def run(
     ds: Sequence[int],
     rows: Sequence[int],
@@ -668,7 +700,7 @@ def run(
     from tqdm.auto import tqdm
 
     from rlnorm.backends import load_backends
-    from rlnorm.environment import collect_environment, git_commit, tracked_tree_dirty
+    from rlnorm.environment import collect_environment
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     clock = clock or (CudaClock(device) if device.startswith("cuda") else CpuClock())
@@ -678,8 +710,7 @@ def run(
     doc = {
         "kind": "rlnorm.bench",
         "environment": collect_environment(device),
-        "commit": git_commit(),
-        "tracked_tree_dirty": tracked_tree_dirty(),
+        **code_version(),
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "wall_time_s": None,
         "complete": False,

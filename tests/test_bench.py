@@ -386,3 +386,32 @@ def test_fastest_peer_by_wall_time_too():
     assert fp["wall"]["name"] == "b" and fp["wall"]["rlnorm_over_fastest"] == pytest.approx(2.0)
     md = bench.format_markdown([{"rows": 32, "d": 128, "entries": entries, "fastest_peer": {"fwd": fp}}])
     assert "rlnorm 1.33x the fastest peer (a, 3.0 us, graph); eager 2.00x (b, 10.0 us)" in md
+
+
+def test_a_stated_commit_wins_over_git(monkeypatch):
+    """The GPU copy of the tree may carry a stale .git: $RLNORM_COMMIT, when given, is what is recorded."""
+    from rlnorm import environment
+
+    monkeypatch.setattr(environment, "git_commit", lambda repo_dir=None: "0" * 40)
+    monkeypatch.setattr(environment, "tracked_tree_dirty", lambda repo_dir=None: True)
+    monkeypatch.delenv(environment.COMMIT_ENV, raising=False)
+    monkeypatch.delenv(environment.DIRTY_ENV, raising=False)
+    assert bench.code_version() == {"commit": "0" * 40, "tracked_tree_dirty": True, "commit_source": "git"}
+    monkeypatch.setenv(environment.COMMIT_ENV, "A5D5072")
+    monkeypatch.setenv(environment.DIRTY_ENV, "0")
+    v = bench.code_version()
+    assert v["commit"] == "a5d5072" and v["tracked_tree_dirty"] is False and v["commit_source"] == "RLNORM_COMMIT"
+    assert v["git_head"] == "0" * 40 and v["git_dirty"] is True
+    monkeypatch.setenv(environment.DIRTY_ENV, "maybe")
+    with pytest.raises(ValueError, match="RLNORM_TREE_DIRTY"):
+        bench.code_version()
+    monkeypatch.setenv(environment.COMMIT_ENV, "not-a-hash")
+    with pytest.raises(ValueError, match="RLNORM_COMMIT"):
+        bench.code_version()
+
+
+def test_a_reason_that_holds_everywhere_is_said_once():
+    backends = [UnavailableBackend("vllm", "planted: not installed")]
+    shapes = [bench.bench_shape(r, 128, backends, "cpu", FixedClock(), TINY) for r in (2, 3)]
+    md = bench.format_markdown(shapes)
+    assert md.count("planted: not installed") == 1 and "[every shape]" in md
