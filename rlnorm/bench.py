@@ -633,6 +633,13 @@ def format_markdown(shapes: Sequence[dict]) -> str:
             return ""
         return " [every shape]" if sorted(set(w)) == everywhere else f" [{', '.join(w)}]"
 
+    if any(sh.get("graph_tried") for sh in shapes):
+        note(
+            "graph rows: GPU time per call inside a CUDA graph; there the add is launch-bound (~1-3 us), so "
+            "x add ratios compare with one launch, not a memory floor: read the fastest-peer lines. "
+            "Eager columns: back-to-back Python calls, host overhead included.",
+            "",
+        )
     out = ["", *(f"- {m}{places(w)}" for m, w in notes.items())]
     return "\n".join(lines + (out if notes else []))
 
