@@ -433,10 +433,11 @@ def bench_shape(
 
     add: dict[str, Timing] = {}
     add_notes: dict[str, str] = {}
+    add_check = None
     add["wall"] = clock.wall(_cycling(add_step, add_sets), s.wall_calls, s.wall_rounds)
     add["events"] = clock.events(_cycling(add_step, add_sets), s.reps, s.warmup)
     if use_graph:
-        t, method, reason, _ = time_gpu(add_step, add_sets, clock, s, True, "")
+        t, method, reason, add_check = time_gpu(add_step, add_sets, clock, s, True, "")
         if method == "graph":
             add["graph"] = t
         else:
@@ -453,6 +454,7 @@ def bench_shape(
             method_reason=add_notes.get("graph", why_not if primary == "events" else ""),
             wall=add["wall"],
             add_wall_us=add["wall"].us,
+            graph_check=add_check,
         )
     ]
     for b in backends:

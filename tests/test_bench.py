@@ -177,6 +177,7 @@ def test_graph_clock_times_per_call_against_the_graph_timed_add():
     by = by_key(shape)
     assert set(shape["add"]) == {"wall", "events", "graph"}
     assert shape["add_us"] == pytest.approx(2.0)  # per call: replay time / calls captured
+    assert by[("torch.add", "fwd")]["graph_check"] == "bitwise"
     for mode, floor in (("fwd", 2.0), ("fwd_bwd", 2.0 * 8 / 3)):
         e = by[("eager_test", mode)]
         assert e["method"] == "graph" and e["graph_check"] == "bitwise", e
