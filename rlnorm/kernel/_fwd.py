@@ -31,12 +31,13 @@ from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _wid
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
 
 
-# Elements per program: by the group width only (never the row count). Measured on the H200
-# (docs/kernel-notes.md, call 3): 8 rows x 128 and 8 rows x 256 with 4 warps were the fastest
-# measured shapes that also keep decode sizes near a bare launch; bigger tiles raise registers
-# (the exact path lives in the same kernel) and cut occupancy.
-def _tile_elements(block_g: int) -> int:
-    return 1024 if block_g <= 128 else 2048
+# Elements per program and per thread: by the group width only (never the row count). Measured on the
+# H200 (docs/kernel-notes.md, calls 4-5): 1024-element tiles at 16 elements per thread (D=128: 8 rows,
+# 2 warps; D=256: 4 rows, 2 warps) were the fastest with the inline exact path (64.8 / 124.4 us, against
+# 74.1 / 134.6 us for the same tiles on 4 warps); more elements per thread raise registers and cut
+# occupancy, fewer leave less work to hide a flagged row's fp64 recompute behind.
+TILE_ELEMENTS = 1024
+ELEMENTS_PER_THREAD = 16
 
 
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
@@ -80,11 +81,11 @@ def _rcp_approx(v):
 
 
 @triton.jit
-def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl.constexpr, LEAN_GATE: tl.constexpr):
+def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl.constexpr):
     """fp32 gate on the GPU. ACCURATE_ARG: exp(-z) = 2**t with t = -z*log2(e) split into the rounded
     product and its exact error (one FMA), which is folded back in as 2**t_hi * (1 + t_lo*ln 2):
     the |z|-proportional error of rounding t disappears from the bound."""
-    if ACCURATE_ARG and LEAN_GATE:
+    if ACCURATE_ARG:
         # the same terms with the signs moved into operand modifiers (free in SASS): 7 fp32 operations
         t_hi = z * 1.4426950216293335  # fp32(log2 e) * z, rounded
         t_err = tl.fma(z, 1.4426950216293335, -t_hi)  # its rounding error, exact (FMA)
@@ -99,7 +100,7 @@ def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl
         e = tl.fma(e, t_lo * 0.6931471805599453, e)
     else:
         e = tl.exp(-z)
-    if FAST_DIV and LEAN_GATE:
+    if FAST_DIV:
         sig = _rcp_approx(1.0 + e)
     elif FAST_DIV:
         sig = libdevice.fast_dividef(1.0, 1.0 + e)
@@ -176,7 +177,6 @@ def _fwd_tile(
     MS_FP64: tl.constexpr,
     ACCURATE_ARG: tl.constexpr,
     FAST_DIV: tl.constexpr,
-    LEAN_GATE: tl.constexpr,
     LEAN_TEST: tl.constexpr,
     RSTD_FAST: tl.constexpr,
     EXACT: tl.constexpr,
@@ -211,7 +211,7 @@ def _fwd_tile(
                 # numpy has no fused multiply-add: evaluate the gate in fp64 and round it once
                 a = _act(z.to(tl.float64), SIGMOID).to(tl.float32)
             else:
-                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV, LEAN_GATE)  # [BLOCK_R, BLOCK_G]
+                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV)  # [BLOCK_R, BLOCK_G]
         else:
             a = x  # unused
         if HAS_Z and not NORM_BEFORE_GATE:
@@ -255,16 +255,12 @@ def _fwd_tile(
             if GROUP != BLOCK_G:  # padding columns (y = 0) must not flag their row
                 risk_key = tl.where(col_ok[None, :], risk_key, 0xFFFFFFFF)
             flag = risk_key < 0x20000000  # [BLOCK_R, BLOCK_G] (DEBUG only)
-            row_flag = tl.min(risk_key, axis=1) < 0x20000000  # [BLOCK_R]: rows for the full exact path
-            row_near = row_flag & False  # [BLOCK_R]: rows with elements near a midpoint
+            row_flag = tl.min(risk_key, axis=1) < 0x20000000  # [BLOCK_R]
             if NEAR_T0 >= 0:  # (a negative bound disables the test: tests plant it)
                 near_key = (bits * 65536 + ((NEAR_T0 - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
-                row_near = tl.min(near_key, axis=1) < (2 * NEAR_T0 + 1) * 65536
+                row_flag = row_flag | (tl.min(near_key, axis=1) < (2 * NEAR_T0 + 1) * 65536)
                 flag = flag | (near_key < (2 * NEAR_T0 + 1) * 65536)
-            if EXACT != 3:  # near elements: their whole row goes exact
-                row_flag = row_flag | row_near
             row_flag = (row_flag | row_risky) & row_ok  # [BLOCK_R]
-            row_near = row_near & row_ok
             flag = flag & mask
         else:
             mag = bits & 0x7FFFFFFF
@@ -301,56 +297,8 @@ def _fwd_tile(
             tl.store(dbg_ptr + y_off, y, mask=mask)  # y is contiguous: the debug buffers share its offsets
             tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
 
-        # ---- exact path: a scalar branch per block (taken by ~1/4 of blocks), then per row ----
-        if EXACT == 3:
-            # does any row need the full path or have an element near a midpoint?
-            if tl.max((row_flag | row_near).to(tl.int32), axis=0) != 0:
-                # the fast values were stored by other threads: order the overwrites after them
-                tl.debug_barrier()
-                row_full = _fix_near_elements(
-                    y,
-                    w,
-                    x_ptr,
-                    z_ptr,
-                    y_ptr,
-                    stride_x,
-                    stride_z,
-                    stride_y,
-                    rows64,
-                    row_ok,
-                    mask,
-                    cols,
-                    eps,
-                    row_flag,
-                    NEAR_T0,
-                    GROUP,
-                    BLOCK_R,
-                    BLOCK_G,
-                    HAS_Z,
-                    SIGMOID,
-                )
-                row_bits = tl.sum(tl.where(row_full, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
-                _exact_rows(
-                    row_bits,
-                    t,
-                    x_ptr,
-                    z_ptr,
-                    w_ptr,
-                    y_ptr,
-                    stride_x,
-                    stride_z,
-                    stride_y,
-                    eps,
-                    cols,
-                    col_ok,
-                    GROUP,
-                    BLOCK_R,
-                    BLOCK_G,
-                    HAS_Z,
-                    NORM_BEFORE_GATE,
-                    SIGMOID,
-                )
-        elif EXACT == 1:
+        # ---- exact path for flagged rows: a scalar branch per block, then per row ----
+        if EXACT == 1:
             row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
             if row_bits != 0:
                 _exact_rows(
@@ -415,64 +363,6 @@ def _exact_rows(
             tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
 
 
-CHUNK: tl.constexpr = tl.constexpr(
-    8
-)  # columns per chunk of the element fix: one 16-byte bf16 vector, i.e. one thread's share
-
-
-@triton.jit
-def _fix_near_elements(
-    y,
-    w,
-    x_ptr,
-    z_ptr,
-    y_ptr,
-    stride_x,
-    stride_z,
-    stride_y,
-    rows64,
-    row_ok,
-    mask,
-    cols,
-    eps,
-    row_flag,
-    NEAR_T0: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    HAS_Z: tl.constexpr,
-    SIGMOID: tl.constexpr,
-):
-    """norm_before_gate (or no gate): y = x * rstd * w * act(z) is separable, so a near element needs only
-    its row's rstd and its own gate in fp64, not the whole row. Each chunk of CHUNK columns gives up
-    its near element (the one, if exactly one) as a [BLOCK_R, BLOCK_G // CHUNK] tile: one fp64 gate per
-    thread instead of CHUNK. x and z are loaded again (cache hits) so that the fast path does not keep
-    them in registers. Returns the rows that still need the full path (a chunk with 2+ near)."""
-    OUT: tl.constexpr = y_ptr.dtype.element_ty
-    NC: tl.constexpr = BLOCK_G // CHUNK
-    bits = y.to(tl.int32, bitcast=True)
-    near_key = (bits * 65536 + ((NEAR_T0 - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
-    near = (near_key < (2 * NEAR_T0 + 1) * 65536) & mask & ~row_flag[:, None]  # [BLOCK_R, BLOCK_G]
-    x = _widen_to_fp32(tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0))
-    near3 = tl.reshape(near, [BLOCK_R, NC, CHUNK])
-    count = tl.sum(near3.to(tl.int32), axis=2)  # [BLOCK_R, NC]
-    xs = tl.sum(tl.where(near3, tl.reshape(x, [BLOCK_R, NC, CHUNK]), 0.0), axis=2)  # exact: one term
-    ws = tl.sum(tl.where(near3, tl.reshape(w + 0.0 * x, [BLOCK_R, NC, CHUNK]), 0.0), axis=2)
-    c2 = cols[None, :] + 0 * rows64[:, None].to(tl.int32)  # [BLOCK_R, BLOCK_G]
-    cs = tl.sum(tl.where(near3, tl.reshape(c2, [BLOCK_R, NC, CHUNK]), 0), axis=2)
-    # the row's rstd in fp64 (squares of bf16 values are exact; fp64 sum), IEEE sqrt and divide
-    x64 = x.to(tl.float64)
-    rstd64 = 1.0 / tl.sqrt(tl.sum(x64 * x64, axis=1) / GROUP + eps)  # [BLOCK_R]
-    y64 = xs.to(tl.float64) * rstd64[:, None] * ws.to(tl.float64)  # [BLOCK_R, NC]
-    if HAS_Z:
-        z = _widen_to_fp32(tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0.0))
-        zs = tl.sum(tl.where(near3, tl.reshape(z, [BLOCK_R, NC, CHUNK]), 0.0), axis=2)
-        y64 = y64 * _act(zs.to(tl.float64), SIGMOID)
-    one_near = (count == 1) & row_ok[:, None]
-    tl.store(y_ptr + rows64[:, None] * stride_y + cs, _round_fp64_to_out(y64, OUT), mask=one_near)
-    return row_flag | (tl.max(count, axis=1) > 1)
-
-
 @triton.jit
 def _rms_norm_gated_fwd_kernel(
     x_ptr,
@@ -498,12 +388,9 @@ def _rms_norm_gated_fwd_kernel(
     MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
     ACCURATE_ARG: tl.constexpr,  # exp argument with its rounding error folded back in (no |z| term)
     FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
-    LEAN_GATE: tl.constexpr,  # the gate with the fewest fp32 operations (same error terms)
-    W_TILE: tl.constexpr,  # load w in the tile's own layout (no shared-memory layout conversion + barrier)
     LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
     RSTD_FAST: tl.constexpr,  # rstd = rsqrt.approx + one Newton step (its error is inside the bound)
-    EXACT: tl.constexpr,  # 1: flagged rows recomputed wholly; 3: near elements alone where separable;
-    # 0: never (timing only: NOT correctly rounded)
+    EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
     FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
@@ -515,13 +402,11 @@ def _rms_norm_gated_fwd_kernel(
     g_cols = tl.arange(0, BLOCK_G)  # [BLOCK_G]
     cols = pid_g * GROUP + g_cols  # [BLOCK_G]
     col_ok = g_cols < GROUP  # masks make any GROUP work
-    if W_TILE:
-        # [BLOCK_R, BLOCK_G]: w repeated per row (L1 hits), born in x's layout, so no conversion
-        w = tl.load(
-            w_ptr + (cols[None, :] + 0 * r_local[:, None]), mask=col_ok[None, :] & (r_local >= 0)[:, None], other=0.0
-        )
-    else:
-        w = tl.load(w_ptr + cols, mask=col_ok, other=0.0)[None, :]  # [1, BLOCK_G]
+    # w as a [BLOCK_R, BLOCK_G] tile, repeated per row (L1 hits): born in x's layout, so no layout
+    # conversion through shared memory (a barrier per program) as a [BLOCK_G] vector would need
+    w = tl.load(
+        w_ptr + (cols[None, :] + 0 * r_local[:, None]), mask=col_ok[None, :] & (r_local >= 0)[:, None], other=0.0
+    )
     if INTERP:
         w = _widen_to_fp32(w)
     else:
@@ -558,7 +443,6 @@ def _rms_norm_gated_fwd_kernel(
         MS_FP64,
         ACCURATE_ARG,
         FAST_DIV,
-        LEAN_GATE,
         LEAN_TEST,
         RSTD_FAST,
         EXACT,
@@ -574,33 +458,19 @@ DEFAULT_VARIANT = {
     "MS_FP64": False,
     "ACCURATE_ARG": True,
     "FAST_DIV": True,
-    "LEAN_GATE": True,
-    "W_TILE": True,
     "LEAN_TEST": True,
-    "RSTD_FAST": False,
-    "EXACT": 3,
+    "RSTD_FAST": True,
+    "EXACT": 1,
     "FAULT_ULPS": 0,
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _exact_mode(variant: dict, dtype: torch.dtype, has_z: bool, norm_before_gate: bool, tz: float) -> int:
-    """The exact path's form: 3 (near elements alone) where the op is separable per element given the
-    row's rstd (gate after the norm, or no gate) and the bf16 row-minimum test runs; else 1 (rows)."""
-    mode = variant["EXACT"]
-    if dtype == torch.float32:
-        return 0  # fp32 output: every element already takes the fp64 path
-    separable = norm_before_gate or not has_z
-    if mode == 3 and not (dtype == torch.bfloat16 and separable and tz == 0 and variant["LEAN_TEST"]):
-        return 1
-    return mode
-
-
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_G, num_warps) from the group width alone: never from the number of rows."""
     block_g = triton.next_power_of_2(group)
-    block_r = max(1, min(MAX_BLOCK_R, _tile_elements(block_g) // block_g))
-    num_warps = 4 if block_g <= 1024 else (8 if block_g <= 4096 else 16)
+    block_r = max(1, min(MAX_BLOCK_R, TILE_ELEMENTS // block_g))
+    num_warps = max(2, min(16, block_r * block_g // (32 * ELEMENTS_PER_THREAD)))
     return block_r, block_g, num_warps
 
 
@@ -673,11 +543,9 @@ def rms_norm_gated_fwd(
         MS_FP64=variant["MS_FP64"],
         ACCURATE_ARG=variant["ACCURATE_ARG"],
         FAST_DIV=variant["FAST_DIV"],
-        LEAN_GATE=variant["LEAN_GATE"],
-        W_TILE=variant["W_TILE"],
         LEAN_TEST=variant["LEAN_TEST"],
         RSTD_FAST=variant["RSTD_FAST"],
-        EXACT=_exact_mode(variant, x.dtype, has_z, norm_before_gate, tz),
+        EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,  # fp32 output: all fp64 already
         FAULT_ULPS=variant["FAULT_ULPS"],
         num_warps=num_warps,
     )
