@@ -84,9 +84,47 @@ VARIANTS = {
         ("v6_cold1", {"COLD_MODE": 1}),
     ],
 }
+# v2 (after run 1: CTAs of fewer warps won): the default is now BLOCK_R 2 x 2 warps (D=128, maxnreg 64)
+# and BLOCK_R 1 x 2 warps (D=256); "BR4w4" etc. name the shape, maxnreg 0 = no cap
+VARIANTS_V2 = {
+    128: [
+        ("default", {}),
+        ("dxdz_only", {"DWEIGHT": False}),
+        ("BR4w4_old_default", {"BLOCK_R": 4, "num_warps": 4, "maxnreg": 0}),
+        ("fa", {"FAST_ACT": 1}),
+        ("fa_pf_T31", {"FAST_ACT": 1, "PREFETCH": 1, "TILES": 31}),
+        ("fa_T31", {"FAST_ACT": 1, "TILES": 31}),
+        ("BR1w1", {"BLOCK_R": 1, "num_warps": 1}),
+        ("BR1w1_fa", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1}),
+        ("BR1w1_fa_T31", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1, "TILES": 31}),
+        ("BR1w1_fa_pf_T31", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1, "PREFETCH": 1, "TILES": 31, "maxnreg": 0}),
+        ("BR1w1_fa_pf_T31_r64", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1, "PREFETCH": 1, "TILES": 31}),
+        ("dxdz_only_BR1w1_fa", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1, "DWEIGHT": False}),
+        ("dxdz_only_fa_pf", {"FAST_ACT": 1, "PREFETCH": 1, "DWEIGHT": False}),
+        ("BR4w4_fa_pf_T31_r64", {"BLOCK_R": 4, "num_warps": 4, "FAST_ACT": 1, "PREFETCH": 1, "TILES": 31}),
+        ("BR4w2_fa_r96", {"BLOCK_R": 4, "num_warps": 2, "FAST_ACT": 1, "maxnreg": 96}),
+    ],
+    256: [
+        ("default", {}),
+        ("dxdz_only", {"DWEIGHT": False}),
+        ("fa", {"FAST_ACT": 1}),
+        ("fa_pf_T31", {"FAST_ACT": 1, "PREFETCH": 1, "TILES": 31}),
+        ("fa_T31", {"FAST_ACT": 1, "TILES": 31}),
+        ("fa_pf", {"FAST_ACT": 1, "PREFETCH": 1}),
+        ("BR1w1_fa", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1}),
+        ("BR1w1_fa_T31_r96", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1, "TILES": 31, "maxnreg": 96}),
+        ("BR2w2_fa_r96", {"BLOCK_R": 2, "num_warps": 2, "FAST_ACT": 1, "maxnreg": 96}),
+        ("dxdz_only_BR1w1_fa", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1, "DWEIGHT": False}),
+        ("dxdz_only_fa_pf", {"FAST_ACT": 1, "PREFETCH": 1, "DWEIGHT": False}),
+        ("BR2w4_fa_pf_r72", {"BLOCK_R": 2, "num_warps": 4, "FAST_ACT": 1, "PREFETCH": 1, "maxnreg": 72}),
+    ],
+}
 # seconds after the start by which each D's variants must have begun (the rest of the D's steps follow)
 DEADLINE_S = {128: 60.0, 256: 125.0}
 EXTRAS_DEADLINE_S = 140.0
+SELECTED = VARIANTS
+WIDE = [("v5_hot1", {"HOT_MODE": 1}), ("v6", {}), ("v6_cold1", {"COLD_MODE": 1})]
+SMALL = (("v5_hot1", {"HOT_MODE": 1}), ("v6", {}), ("v6_r64", {"maxnreg": 64}))
 T0 = time.time()
 SMALL_ROWS = (32, 512, 4096)
 
@@ -291,7 +329,7 @@ def run_d(d: int) -> None:
     say(f"d={d}: torch.add {add_us:.1f} us; floors: bwd(5) {f5:.1f} us, fwd+bwd(8) {f8:.1f} us")
     oracle = Oracle()
     yard: dict = {}
-    for name, cfg in VARIANTS[d]:
+    for name, cfg in SELECTED[d]:
         if time.time() - T0 > DEADLINE_S.get(d, 1e9):
             RES["variants"].append({"d": d, "variant": name, "config": cfg, "skipped": "time budget"})
             say(f"d={d} {name:<16} skipped (time budget)")
@@ -321,7 +359,7 @@ def run_d(d: int) -> None:
     guarded(f"{d}/contract", lambda: contract_checks(d, std))
     guarded(
         f"{d}/wide",
-        lambda: wide_case_check(d, [("v5_hot1", {"HOT_MODE": 1}), ("v6", {}), ("v6_cold1", {"COLD_MODE": 1})], std),
+        lambda: wide_case_check(d, WIDE, std),
     )
 
     def api():
@@ -353,7 +391,7 @@ def run_d(d: int) -> None:
     def small():
         for rows in SMALL_ROWS:
             c = make_case(rows, d, seed=3).to(DEV)
-            for name, cfg in (("v5_hot1", {"HOT_MODE": 1}), ("v6", {}), ("v6_r64", {"maxnreg": 64})):
+            for name, cfg in SMALL:
                 us = bench(lambda c=c, cfg=cfg: call((c.x, c.z, c.dy), c.w, cfg))[0]
                 RES["small"].append({"d": d, "rows": rows, "variant": name, "us": us})
                 say(f"d={d} rows={rows:<5} {name:<8} {us:6.1f} us")
@@ -369,8 +407,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--d", type=int, nargs="*", default=[128, 256])
+    ap.add_argument("--variants", choices=["v1", "v2"], default="v1", help="v1: run 1's list; v2: after run 1")
     ap.add_argument("--dry", action="store_true", help="CPU interpreter, tiny sizes: checks the script's logic")
     args = ap.parse_args()
+    global SELECTED, WIDE, SMALL
+    if args.variants == "v2":
+        SELECTED = VARIANTS_V2
+        WIDE = [
+            ("default", {}),
+            ("fa_T31", {"FAST_ACT": 1, "TILES": 31}),
+            ("BR1w1_fa", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1}),
+        ]
+        SMALL = (("default", {}), ("BR1w1_fa", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1}))
+    RES["variant_set"] = args.variants
     if args.dry:
         global ROWS, DEV, DRY, SMALL_ROWS
         ROWS, DEV, DRY, SMALL_ROWS = 192, "cpu", True, (3,)

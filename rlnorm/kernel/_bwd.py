@@ -246,14 +246,16 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
     block_c = triton.next_power_of_2(group)
     block_g = triton.next_power_of_2(d // group)
     width = block_c * block_g
-    # 4 elements per thread (8 for rows wider than 2048): the dweight's int64 registers and
-    # temporaries cost ~20 registers per element, and occupancy is what hides memory latency
-    num_warps = max(4, min(16, width // 128))
+    # 4 elements per thread (more only past 2048 columns), in CTAs of as few warps as the row
+    # allows: every per-program step (the hot range's max after the first tile, the flush's
+    # sums and atomics) waits for all of a CTA's warps; H200, 262144 rows (docs/dweight-notes.md):
+    # D=128 2 warps 161 us vs 4 warps 182-192 us; D=256 2 warps 280 us vs 4 warps 355 us
+    num_warps = max(2, min(16, width // 128))
     block_r = max(1, 4 * 32 * num_warps // width)
-    # 16 tiles per program amortise the dweight's per-program steps (choice of the hot range,
-    # flush: a cross-thread sum and atomics); a register slot stays exact for <= 256 tiles
+    # 16 tiles per program amortise those per-program steps; a register slot stays exact for
+    # 2**63 / 2**(23 + W) tiles (`_dweight.hot_width`), a deferred value needs <= 31 tiles
     tiles = 16
-    return {
+    cfg = {
         "BLOCK_R": block_r,
         "BLOCK_G": block_g,
         "BLOCK_C": block_c,
@@ -264,7 +266,12 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "HOT_MODE": 0,
         "PREFETCH": 0,
         "FAST_ACT": 0,
+        "maxnreg": 0,  # 0: the compiler's choice
     }
+    if width <= 128:
+        # the loop needs 64 registers; the rare deferred path after it would take 80 (spills there only)
+        cfg["maxnreg"] = 64
+    return cfg
 
 
 def rms_norm_gated_bwd(
@@ -302,6 +309,8 @@ def rms_norm_gated_bwd(
     dz = None if z is None else torch.empty((rows, d), dtype=z.dtype, device=z.device)
     counters = _dweight.new_counters(d, x.device)
     cfg = dict(bwd_config(d, group), **(config or {}))
+    if not cfg.get("maxnreg"):
+        cfg.pop("maxnreg", None)  # 0 / None: no register cap
     max_tiles = _dweight.MAX_TILES_DEFERRED if cfg["COLD_MODE"] == 0 else _dweight.MAX_TILES
     if not 1 <= cfg["TILES"] <= max_tiles or cfg["BLOCK_R"] > _dweight.MAX_TILE_ROWS:
         raise ValueError(f"config: TILES must be 1..{max_tiles}, BLOCK_R <= {_dweight.MAX_TILE_ROWS}")
