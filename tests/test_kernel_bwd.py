@@ -293,21 +293,25 @@ def test_subnormal_inputs_are_read_exactly(monkeypatch):
         assert max_ulp_on_subnormal_inputs() > 1
 
 
-@pytest.mark.parametrize("cold_mode,hot_mode", [(0, 0), (1, 0), (2, 0), (0, 1)])
-def test_dweight_exact_when_rows_span_the_exponent_range(cold_mode, hot_mode):
+@pytest.mark.parametrize(
+    "cold_mode,hot_mode,row_range", [(0, 0, 0), (1, 0, 0), (2, 0, 0), (0, 1, 0), (0, 0, 1), (1, 0, 1)]
+)
+def test_dweight_exact_when_rows_span_the_exponent_range(cold_mode, hot_mode, row_range):
     # rows scaled by 2**-100 .. 2**60: contributions far outside any program's hot range, so
     # every cold-value path (deferred to the scratch, inline, per-element atomics) is exercised
     c = make_case(20, 128, seed=31, weight_dtype=torch.float32)
     scale = torch.exp2(torch.randint(-100, 61, (20, 1), generator=torch.Generator().manual_seed(5)).float())
     dy = (c.dy.float() * scale).bfloat16()
-    cfg = {"COLD_MODE": cold_mode, "HOT_MODE": hot_mode, "BLOCK_R": 2, "TILES": 8}
+    cfg = {"COLD_MODE": cold_mode, "HOT_MODE": hot_mode, "ROW_RANGE": row_range, "BLOCK_R": 2, "TILES": 8}
     dx, _, dw = rms_norm_gated_bwd(dy, c.x, c.z, c.w, 1e-6, None, True, "silu", config=cfg)
     singles = [
         rms_norm_gated_bwd(dy[i : i + 1], c.x[i : i + 1], c.z[i : i + 1], c.w, 1e-6, None, True, "silu", config=cfg)
         for i in range(20)
     ]
     contrib = torch.stack([s[2] for s in singles])
-    assert_same_bits(dw, exact_sum(contrib, torch.float32), f"dweight, cold_mode {cold_mode}, hot_mode {hot_mode}")
+    assert_same_bits(
+        dw, exact_sum(contrib, torch.float32), f"dweight, modes cold {cold_mode} hot {hot_mode} row {row_range}"
+    )
     assert_same_bits(dx, torch.cat([s[0] for s in singles]), "dx")
     # the contributions the kernel hands out for checks are the single rows' dweights
     handed = torch.empty(20, 128, dtype=torch.float32)

@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from rlnorm.kernel import _dweight
-from rlnorm.kernel._dweight import accumulate, add_deferred, flush, hot_range
+from rlnorm.kernel._dweight import accumulate, add_deferred, flush, flush_rows, hot_range, hot_range_rows
 from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_to_fp32
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
@@ -126,6 +126,7 @@ def _rms_norm_gated_bwd_kernel(
     HOT_WIDTH: tl.constexpr,
     PREFETCH: tl.constexpr,
     FAST_ACT: tl.constexpr,
+    ROW_RANGE: tl.constexpr,
     DEBUG: tl.constexpr,
     INTERP: tl.constexpr,
 ):
@@ -145,7 +146,12 @@ def _rms_norm_gated_bwd_kernel(
     acc0 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the hot range
     acc1 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # (HOT_MODE 1 only)
     cold_bits = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int32)  # tiles whose value went to the scratch
-    start = pid * 0  # hot range, chosen from the first tile (speed only, never the result)
+    # hot range, chosen from the first tile (speed only, never the result): one per program, or
+    # one per row (ROW_RANGE: no cross-warp step when a row lies in one warp; per-slot flush)
+    if ROW_RANGE:
+        start = tl.zeros([BLOCK_R, 1, 1], tl.int32)
+    else:
+        start = pid * 0
     lo = start.to(tl.float32)
     hi = lo
     scale = lo
@@ -215,7 +221,10 @@ def _rms_norm_gated_bwd_kernel(
             if DEBUG:  # every row's fp32 contributions, for checking the accumulator from outside
                 tl.store(SCR + r3 * d + c3, contrib, mask=mask)
             if t == 0:
-                start, lo, hi, scale = hot_range(contrib, HOT_MODE, HOT_WIDTH)
+                if ROW_RANGE:
+                    start, lo, hi, scale = hot_range_rows(contrib, HOT_WIDTH)
+                else:
+                    start, lo, hi, scale = hot_range(contrib, HOT_MODE, HOT_WIDTH)
             acc0, acc1, cold_bits = accumulate(
                 contrib,
                 acc0,
@@ -236,7 +245,10 @@ def _rms_norm_gated_bwd_kernel(
                 HOT_MODE,
             )
     if DWEIGHT:
-        flush(acc0, acc1, start, cnt_ptr, c3, cm3, d, HOT_MODE)
+        if ROW_RANGE:
+            flush_rows(acc0, start, cnt_ptr, c3, cm3, d, not INTERP)
+        else:
+            flush(acc0, acc1, start, cnt_ptr, c3, cm3, d, HOT_MODE)
         if COLD_MODE == 0:  # the rare values kept aside: after the loop, out of its registers
             add_deferred(SCR + row0[:, None, None] * d, BLOCK_R * d, cold_bits, cnt_ptr, c3, cm3, d, NUM_WIN, TILES)
 
@@ -266,6 +278,7 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "HOT_MODE": 0,
         "PREFETCH": 0,
         "FAST_ACT": 0,
+        "ROW_RANGE": 0,
         "maxnreg": 0,  # 0: the compiler's choice
     }
     if width <= 128:
@@ -311,6 +324,11 @@ def rms_norm_gated_bwd(
     cfg = dict(bwd_config(d, group), **(config or {}))
     if not cfg.get("maxnreg"):
         cfg.pop("maxnreg", None)  # 0 / None: no register cap
+    if cfg["ROW_RANGE"] and cfg["HOT_MODE"] != 0:
+        raise ValueError("config: ROW_RANGE needs HOT_MODE 0")
+    if cfg["ROW_RANGE"] and cfg["BLOCK_R"] * cfg["BLOCK_G"] * cfg["BLOCK_C"] < 32 * cfg["num_warps"]:
+        # its per-element atomics (inline PTX) would run once per copy of a replicated element
+        raise ValueError("config: ROW_RANGE needs at least one element per thread")
     max_tiles = _dweight.MAX_TILES_DEFERRED if cfg["COLD_MODE"] == 0 else _dweight.MAX_TILES
     if not 1 <= cfg["TILES"] <= max_tiles or cfg["BLOCK_R"] > _dweight.MAX_TILE_ROWS:
         raise ValueError(f"config: TILES must be 1..{max_tiles}, BLOCK_R <= {_dweight.MAX_TILE_ROWS}")

@@ -145,6 +145,24 @@ def hot_range(v, HOT_MODE: tl.constexpr, HOT_WIDTH: tl.constexpr):
 
 
 @triton.jit
+def hot_range_rows(v, HOT_WIDTH: tl.constexpr):
+    """`hot_range` (HOT_MODE 0) per row of the first tile `v` [BR, BG, BC]: start, lo, hi, scale as
+    [BR, 1, 1] tensors. The max runs along each row's own columns only, so when a row lies in one
+    warp it needs no barrier; `flush_rows` then adds each row slot without summing across rows."""
+    bits = v.to(tl.int32, bitcast=True)
+    exp_field = (bits >> 23) & 0xFF
+    counted = (exp_field != 255) & ((bits & 0x7FFFFFFF) != 0)  # finite, non-zero
+    shift = tl.where(counted, tl.maximum(exp_field, 1) - 1, -1)
+    top = tl.max(tl.max(shift, axis=2), axis=1)[:, None, None]  # [BR, 1, 1]
+    top = tl.where(top < 0, 128, top)  # an all-zero row: values near 1 hot
+    start = tl.minimum(tl.maximum(top + SCALED_HEADROOM + 1 - HOT_WIDTH, SCALED_START_MIN), 253)
+    lo = _pow2_fp32(start - 126)
+    hi = _pow2_fp32(tl.minimum(start - 126 + HOT_WIDTH, 128))
+    scale = _pow2_fp32(149 - start)
+    return start, lo, hi, scale
+
+
+@triton.jit
 def _add_cold(v, count, win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN: tl.constexpr):
     """Rare path: add a tile's cold counts (zero elsewhere) window by window, and count NaN/Inf.
 
@@ -266,6 +284,24 @@ def add_deferred(
 
 
 @triton.jit
+def _red_add(ptr, val, mask, ASM: tl.constexpr):
+    """Masked int64 atomic add of a tensor, element by element. ASM (GPU only): one predicated
+    `red.relaxed.gpu.global.add.u64` per element in the tensor's own layout; tl.atomic_add first
+    converts its operands to a 2-per-thread layout through shared memory (6 barriers per call)."""
+    if ASM:
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.relaxed.gpu.global.add.u64 [$1], $2; mov.u32 $0, 0; }",
+            "=r,l,l,r",
+            [ptr.to(tl.int64, bitcast=True), val, mask.to(tl.int32)],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
+    else:
+        tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
+
+
+@triton.jit
 def _digits(acc, o):
     """acc * 2**o (o < 32) as three pieces of weights 1, 2**32, 2**64: two in [0, 2**32), one signed."""
     hi = acc >> 32
@@ -304,6 +340,19 @@ def flush(acc0, acc1, start, cnt_ptr, col, col_mask, d, HOT_MODE: tl.constexpr):
     tl.atomic_add(cnt_ptr + (2 * k) * d + col, l0, mask=col_mask & (l0 != 0), sem="relaxed")
     tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, l1, mask=col_mask & (l1 != 0), sem="relaxed")
     tl.atomic_add(cnt_ptr + (2 * k + 3) * d + col, l2, mask=col_mask & (l2 != 0), sem="relaxed")
+
+
+@triton.jit
+def flush_rows(acc0, start, cnt_ptr, col, col_mask, d, ASM: tl.constexpr):
+    """`flush` for per-row hot ranges (`hot_range_rows`): every element slot's register acc0
+    (counts of 2**(start_row - 149)) is cut into its three limbs and added with its own atomics,
+    no sum across rows (so no barrier). Each piece is below 2**33 in magnitude, as in `flush`."""
+    k = start >> 5  # [BR, 1, 1]
+    o = (start & 31).to(tl.int64)
+    a0, a1, a2 = _digits(acc0, o)
+    _red_add(cnt_ptr + (2 * k) * d + col, a0, col_mask & (a0 != 0), ASM)
+    _red_add(cnt_ptr + (2 * k + 1) * d + col, a1, col_mask & (a1 != 0), ASM)
+    _red_add(cnt_ptr + (2 * k + 3) * d + col, a2, col_mask & (a2 != 0), ASM)
 
 
 @triton.jit
