@@ -101,8 +101,9 @@ def collect_environment(device: str | torch.device = "cpu") -> dict[str, Any]:
     }
 
 
-# Where a run has no git checkout (the GPU machine gets a copy of the working tree without .git),
-# the caller passes what `git` would have said: RLNORM_COMMIT=$(git rev-parse HEAD), RLNORM_TREE_DIRTY=0|1.
+# The caller may state what `git` says: RLNORM_COMMIT=$(git rev-parse HEAD), RLNORM_TREE_DIRTY=0|1.
+# A stated value wins over the checkout: the GPU machine gets a copy of the working tree whose .git,
+# when one travels along, can be stale (seen: it reported the session's first commit under later code).
 COMMIT_ENV = "RLNORM_COMMIT"
 DIRTY_ENV = "RLNORM_TREE_DIRTY"
 
@@ -143,21 +144,24 @@ def _env_commit() -> str | None:
 
 
 def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
-    """Full commit hash of HEAD in `repo_dir` (default: this package's checkout); outside a git
-    checkout, $RLNORM_COMMIT if set, else None."""
+    """$RLNORM_COMMIT when set (see above), else the full hash of HEAD in `repo_dir` (default: this
+    package's checkout), else None."""
+    stated = _env_commit()
+    if stated is not None:
+        return stated
     out = _git(repo_dir, "rev-parse", "--verify", "HEAD")
-    return out.strip() if out else _env_commit()
+    return out.strip() if out else None
 
 
 def tracked_tree_dirty(repo_dir: str | os.PathLike[str] | None = None) -> bool | None:
-    """True when a tracked file differs from HEAD (untracked files don't count); outside a git
-    checkout, $RLNORM_TREE_DIRTY (0/1) if set, else None."""
-    if _git(repo_dir, "rev-parse", "--verify", "HEAD") is None:
-        value = os.environ.get(DIRTY_ENV, "").strip().lower()
-        if not value:
-            return None
+    """$RLNORM_TREE_DIRTY (0/1) when set, else True when a tracked file differs from HEAD
+    (untracked files don't count), else None outside a checkout."""
+    value = os.environ.get(DIRTY_ENV, "").strip().lower()
+    if value:
         if value not in ("0", "1", "true", "false"):
             raise ValueError(f"{DIRTY_ENV}: expected 0 or 1, got {value!r}")
         return value in ("1", "true")
+    if _git(repo_dir, "rev-parse", "--verify", "HEAD") is None:
+        return None
     out = _git(repo_dir, "status", "--porcelain", "--untracked-files=no")
     return None if out is None else bool(out.strip())

@@ -74,19 +74,16 @@ def test_dirty_flag_follows_tracked_files_only(tmp_path: Path, monkeypatch: pyte
     assert tracked_tree_dirty(tmp_path) is True
 
 
-def test_outside_a_checkout_the_commit_can_come_from_the_environment(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The GPU machine gets the working tree without .git: the caller passes the commit along."""
+def test_a_stated_commit_wins_inside_and_outside_a_checkout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU machine gets a copy of the tree (its .git, if any, can be stale): the caller's word wins."""
     monkeypatch.setenv("RLNORM_COMMIT", "ABCDEF0123456789")
     monkeypatch.setenv("RLNORM_TREE_DIRTY", "0")
     assert git_commit(tmp_path) == "abcdef0123456789"
     assert tracked_tree_dirty(tmp_path) is False
     monkeypatch.setenv("RLNORM_TREE_DIRTY", "1")
     assert tracked_tree_dirty(tmp_path) is True
-    head = git_commit(REPO)
-    if head is not None:  # a real checkout wins over the variable
-        assert head != "abcdef0123456789"
+    assert git_commit(REPO) == "abcdef0123456789"  # over a real checkout too
+    assert tracked_tree_dirty(REPO) is True
     monkeypatch.setenv("RLNORM_COMMIT", "main")
     with pytest.raises(ValueError, match="RLNORM_COMMIT"):
         git_commit(tmp_path)
