@@ -129,6 +129,51 @@ VARIANTS_V2 = {
         ("BR2w4_fa_pf_r72", {"BLOCK_R": 2, "num_warps": 4, "FAST_ACT": 1, "PREFETCH": 1, "maxnreg": 72}),
     ],
 }
+# final (after run 2; default = 31 tiles, PREFETCH, FAST_ACT on run 1's shapes): ROW_RANGE on it, and
+# bwd alone in a CUDA graph at decode sizes (GPU time, not the host-bound do_bench of tiny launches)
+VARIANTS_FINAL = {
+    128: [
+        ("default", {}),
+        ("dxdz_only", {"DWEIGHT": False}),
+        ("rr", {"ROW_RANGE": 1}),
+        ("r72", {"maxnreg": 72}),
+        ("rr_r72", {"ROW_RANGE": 1, "maxnreg": 72}),
+        ("BR1w1_rr", {"BLOCK_R": 1, "num_warps": 1, "ROW_RANGE": 1}),
+        ("BR4w4_rr", {"BLOCK_R": 4, "num_warps": 4, "ROW_RANGE": 1}),
+    ],
+    256: [
+        ("default", {}),
+        ("dxdz_only", {"DWEIGHT": False}),
+        ("rr", {"ROW_RANGE": 1}),
+        ("BR1w1_rr_r96", {"BLOCK_R": 1, "num_warps": 1, "ROW_RANGE": 1, "maxnreg": 96}),
+        ("BR2w4_rr", {"BLOCK_R": 2, "num_warps": 4, "ROW_RANGE": 1}),
+    ],
+}
+GRAPH = False  # --variants final: small-row timings of the backward alone replayed in a CUDA graph
+
+
+def graph_us(fn, reps: int = 100) -> float:
+    """GPU time per call of `fn` captured once in a CUDA graph and replayed back to back."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / reps * 1e3
+
+
 # seconds after the start by which each D's variants must have begun (the rest of the D's steps follow)
 DEADLINE_S = {128: 60.0, 256: 125.0}
 EXTRAS_DEADLINE_S = 140.0
@@ -402,9 +447,13 @@ def run_d(d: int) -> None:
         for rows in SMALL_ROWS:
             c = make_case(rows, d, seed=3).to(DEV)
             for name, cfg in SMALL:
-                us = bench(lambda c=c, cfg=cfg: call((c.x, c.z, c.dy), c.w, cfg))[0]
-                RES["small"].append({"d": d, "rows": rows, "variant": name, "us": us})
-                say(f"d={d} rows={rows:<5} {name:<8} {us:6.1f} us")
+                fn = lambda c=c, cfg=cfg: call((c.x, c.z, c.dy), c.w, cfg)
+                if GRAPH and DEV == "cuda":
+                    us, how = graph_us(fn), "cuda graph"
+                else:
+                    us, how = bench(fn)[0], "do_bench"
+                RES["small"].append({"d": d, "rows": rows, "variant": name, "us": us, "timing": how})
+                say(f"d={d} rows={rows:<6} {name:<8} {us:6.1f} us ({how})")
 
     if time.time() - T0 < EXTRAS_DEADLINE_S:
         guarded(f"{d}/small", small)
@@ -417,10 +466,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--d", type=int, nargs="*", default=[128, 256])
-    ap.add_argument("--variants", choices=["v1", "v2"], default="v1", help="v1: run 1's list; v2: after run 1")
+    ap.add_argument(
+        "--variants", choices=["v1", "v2", "final"], default="v1", help="v1, v2: runs 1, 2; final: after run 2"
+    )
     ap.add_argument("--dry", action="store_true", help="CPU interpreter, tiny sizes: checks the script's logic")
     args = ap.parse_args()
-    global SELECTED, WIDE, SMALL
+    global SELECTED, WIDE, SMALL, SMALL_ROWS, GRAPH, ROWS, DEV, DRY
     if args.variants == "v2":
         SELECTED = VARIANTS_V2
         WIDE = [
@@ -429,9 +480,14 @@ def main() -> int:
             ("BR1w1_fa", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1}),
         ]
         SMALL = (("default", {}), ("BR1w1_fa", {"BLOCK_R": 1, "num_warps": 1, "FAST_ACT": 1}))
+    if args.variants == "final":
+        SELECTED = VARIANTS_FINAL
+        WIDE = [("default", {}), ("rr", {"ROW_RANGE": 1})]
+        SMALL = (("default", {}), ("rr", {"ROW_RANGE": 1}))
+        SMALL_ROWS = (32, 512, 4096, ROWS)
+        GRAPH = True
     RES["variant_set"] = args.variants
     if args.dry:
-        global ROWS, DEV, DRY, SMALL_ROWS
         ROWS, DEV, DRY, SMALL_ROWS = 192, "cpu", True, (3,)
         DEADLINE_S.update({128: 1e9, 256: 1e9})
     os.makedirs(args.out, exist_ok=True)

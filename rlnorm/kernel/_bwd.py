@@ -28,6 +28,7 @@ from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_to_fp32
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_INLINE_ASM = not _INTERPRET  # inline PTX (fast gate, per-element atomics): the GPU only, never the interpreter
 
 
 @triton.jit
@@ -70,14 +71,14 @@ def _rcp_ftz(v):
 
 
 @triton.jit
-def _activation(z, ACTIVATION: tl.constexpr, FAST_ACT: tl.constexpr, INTERP: tl.constexpr):
+def _activation(z, ACTIVATION: tl.constexpr, FAST_ACT: tl.constexpr, ASM: tl.constexpr):
     """(act(z), act'(z)) in fp32; ACTIVATION 0 = silu, 1 = sigmoid.
 
     FAST_ACT (GPU only): the same approximations as 1.0 / (1.0 + tl.exp(-z)) (ex2.approx of
     z * -log2(e), rcp.approx) without their range guards, 8 instructions fewer per element. Equal bits
     wherever z > -87 (1 + exp(-z) <= 2**126); below, sigmoid(z) < 2**-126 becomes 0 instead of a subnormal.
     """
-    if FAST_ACT and not INTERP:
+    if FAST_ACT and ASM:
         s = _rcp_ftz(1.0 + _ex2_ftz(z * -1.4426950408889634))
     else:
         s = 1.0 / (1.0 + tl.exp(-z))
@@ -129,6 +130,7 @@ def _rms_norm_gated_bwd_kernel(
     ROW_RANGE: tl.constexpr,
     DEBUG: tl.constexpr,
     INTERP: tl.constexpr,
+    ASM: tl.constexpr,
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
     pid = tl.program_id(0)
@@ -156,6 +158,10 @@ def _rms_norm_gated_bwd_kernel(
     hi = lo
     scale = lo
     row0 = pid.to(tl.int64) * (TILES * BLOCK_R) + offs_r  # [BLOCK_R] int64 row offsets of tile 0
+    # tiles that hold rows (the last program of a short batch stops early): all-padding tiles add
+    # nothing, so skipping them changes no bit, only a decode-sized batch's latency
+    rows_left = tl.minimum(n_rows - pid.to(tl.int64) * (TILES * BLOCK_R), TILES * BLOCK_R).to(tl.int32)
+    n_tiles = (rows_left + BLOCK_R - 1) // BLOCK_R
     if PREFETCH:  # tile t + 1's loads are issued before tile t's math: memory latency overlaps it
         r3n = row0[:, None, None]
         mask_n = (r3n < n_rows) & cm3
@@ -163,7 +169,7 @@ def _rms_norm_gated_bwd_kernel(
         dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
         if HAS_Z:
             z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
-    for t in range(TILES):
+    for t in range(n_tiles):
         rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
@@ -173,7 +179,7 @@ def _rms_norm_gated_bwd_kernel(
             if HAS_Z:
                 z_raw = z_next
             r3n = r3 + BLOCK_R
-            mask_n = (r3n < n_rows) & cm3 & (t + 1 < TILES)
+            mask_n = (r3n < n_rows) & cm3 & (t + 1 < n_tiles)
             x_next = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
             dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
             if HAS_Z:
@@ -187,7 +193,7 @@ def _rms_norm_gated_bwd_kernel(
         dy = _widen(dy_raw, INTERP)
         if HAS_Z:
             z = _widen(z_raw, INTERP)
-            act, dact = _activation(z, ACTIVATION, FAST_ACT, INTERP)
+            act, dact = _activation(z, ACTIVATION, FAST_ACT, ASM)
         if HAS_Z and not NORM_BEFORE_GATE:
             u = x * act
         else:
@@ -246,7 +252,7 @@ def _rms_norm_gated_bwd_kernel(
             )
     if DWEIGHT:
         if ROW_RANGE:
-            flush_rows(acc0, start, cnt_ptr, c3, cm3, d, not INTERP)
+            flush_rows(acc0, start, cnt_ptr, c3, cm3, d, ASM)
         else:
             flush(acc0, acc1, start, cnt_ptr, c3, cm3, d, HOT_MODE)
         if COLD_MODE == 0:  # the rare values kept aside: after the loop, out of its registers
@@ -261,23 +267,23 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
     # 4 elements per thread (more only past 2048 columns), in CTAs of as few warps as the row
     # allows: every per-program step (the hot range's max after the first tile, the flush's
     # sums and atomics) waits for all of a CTA's warps; H200, 262144 rows (docs/dweight-notes.md):
-    # D=128 2 warps 161 us vs 4 warps 182-192 us; D=256 2 warps 280 us vs 4 warps 355 us
+    # D=128 2 warps 161 us vs 4 warps 189 us; D=256 2 warps 280-301 us vs 4 warps 355 us
     num_warps = max(2, min(16, width // 128))
     block_r = max(1, 4 * 32 * num_warps // width)
-    # 16 tiles per program amortise those per-program steps; a register slot stays exact for
-    # 2**63 / 2**(23 + W) tiles (`_dweight.hot_width`), a deferred value needs <= 31 tiles
-    tiles = 16
+    # 31 tiles per program (the most a deferred value's tile bit allows) amortise those steps;
+    # PREFETCH overlaps tile t + 1's loads with tile t's math; FAST_ACT drops the gate's range
+    # guards (same bits for z > -87). H200, run 2: D=128 139 us (16 tiles, neither: 161), D=256 240 (301)
     cfg = {
         "BLOCK_R": block_r,
         "BLOCK_G": block_g,
         "BLOCK_C": block_c,
-        "TILES": tiles,
+        "TILES": _dweight.MAX_TILES_DEFERRED,
         "num_warps": num_warps,
         "DWEIGHT": True,
         "COLD_MODE": 0,
         "HOT_MODE": 0,
-        "PREFETCH": 0,
-        "FAST_ACT": 0,
+        "PREFETCH": 1 if width <= 2048 else 0,  # wider rows: 8+ elements per thread, registers first
+        "FAST_ACT": 1,
         "ROW_RANGE": 0,
         "maxnreg": 0,  # 0: the compiler's choice
     }
@@ -374,6 +380,7 @@ def rms_norm_gated_bwd(
             NUM_SLOTS=_dweight.NUM_SLOTS,
             STRIPES=_dweight.STRIPES,
             INTERP=_INTERPRET,
+            ASM=_INLINE_ASM,
             HOT_WIDTH=_dweight.hot_width(cfg["TILES"]),
             DEBUG=contributions is not None,
             **cfg,
