@@ -8,7 +8,7 @@
 2. Bitwise batch invariance on the GPU: sub-batches of 1, 7, 4097, 65536 rows and a permutation
    against the full batch.
 3. Timings: torch.add (same run) vs the forward at launch-shape variants, with the exact path
-   disabled (its cost), through the API, at decode sizes; then the peers via rlnorm.bench.
+   disabled (its cost), through the API, at decode sizes (the peers: `python -m rlnorm.bench`).
 Writes $OUT/gpu_check.json (and bench.json); prints a short table last.
 """
 
@@ -23,8 +23,7 @@ import traceback
 import torch
 
 import rlnorm
-from rlnorm.bench import _rotating, format_table, gpu_timer, make_sets
-from rlnorm.bench import run as bench_run
+from rlnorm.bench import _rotating, make_sets
 from rlnorm.inputs import make_case
 from rlnorm.kernel import _fwd as F
 from rlnorm.numerics import round_once
@@ -32,6 +31,7 @@ from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 
 OUT = os.environ.get("OUT", "/tmp/kernel_gpu_check")
+gpu_timer = __import__("scripts.kernel_gpu_v2", fromlist=["gpu_timer"]).gpu_timer
 DEV = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a smoke test of the script itself
 RES: dict = {"accuracy": [], "invariance": [], "timing": [], "errors": []}
 SUMMARY: list[str] = []
@@ -200,16 +200,6 @@ def timing(configs: list[tuple[int, int]], big_rows: int) -> None:
             del sets, nxt
 
 
-@section
-def peers(big_rows: int) -> None:
-    keys = ["rlnorm", "fla_fused_norm_gate", "fla_layernorm_gated", "vllm"]
-    res = bench_run([128, 256], [big_rows, 32, 512, 4096], keys, DEV, gpu_timer(25, 100), progress=False)
-    with open(os.path.join(OUT, "bench.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    for shape in res["shapes"]:
-        SUMMARY.append(format_table(shape))
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, default=262144)
@@ -226,8 +216,6 @@ def main() -> None:
         invariance(a.rows)
     if "timing" not in a.skip:
         timing(configs, a.rows)
-    if "peers" not in a.skip:
-        peers(a.rows)
     print("\n==== summary ====")
     print("\n".join(SUMMARY))
     if RES["errors"]:
