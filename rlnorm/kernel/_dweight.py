@@ -11,24 +11,28 @@ Layout of the fixed-point form. A finite fp32 value is m * 2**(s - 149) with an 
 The shift range is cut into NUM_WINDOWS windows of WINDOW_BITS = 32 shifts: window k holds
 the values with s >> 5 == k as the int64 count m << (s & 31) (|.| < 2**55) of 2**(32k - 149).
 
-Accumulation (per program of TILES tiles of BLOCK_R rows). Real data sits in one or two
-adjacent windows, so a program picks two "hot" windows from its first tile and adds their
-counts into per-thread int64 registers: no communication between threads per tile. A value
-outside them ("cold": tiny next to the tile's largest, or NaN/Inf) goes straight to the
-counters with an atomic; one cross-thread max per tile detects whether a tile has any. At the
-end the registers are split into a low 32-bit part (0 <= lo < 2**32) and a signed high part,
-summed over the program's rows and added with int64 atomics (any order: integer adds are
+Accumulation (per program of TILES tiles of BLOCK_R rows; docs/dweight-notes.md has the history).
+From its first tile a program (or, with ROW_RANGE, each row) picks a hot range of W shifts
+(`hot_range`); a hot value v is a multiple of its ulp 2**(start - 149), so n = v * 2**(149 - start)
+is an exact integer, converted exactly to int64 and added into one per-thread register per
+element slot (HOT_MODE 0, default; W = 40 - ceil(log2(TILES)) keeps the register below 2**63).
+No communication between threads per tile. A value outside the range ("cold": NaN/Inf, or far
+from the first tile's largest) is kept aside in a scratch copy with one bit per tile and added
+after the loop (`add_deferred`, COLD_MODE 0; modes 1 and 2 add it inline). At the end each
+register is cut on the counters' 2**32 grid into limbs (`flush`: summed over the program's rows
+first; `flush_rows`: per slot) and added with int64 atomics (any order: integer adds are
 associative). Per window the low part has weight 2**(32k) and the high part 2**(32(k+1)), so
-the counters are the limbs of one base-2**32 number.
+the counters are the limbs of one base-2**32 number. HOT_MODE 1 (v5) keeps two registers of
+shifted mantissas instead.
 
 Counters: int64 [STRIPES, NUM_SLOTS, D]; slot 2k is window k's low part, slot 2k+1 its high
 part, then three slots count NaN, +Inf and -Inf values (those have no integer form; they give
 the IEEE answer). Programs add into stripe pid % STRIPES, which only spreads same-address
 atomic traffic; the finalize kernel adds the stripes (exactly) before normalising.
 
-Bounds: a register slot gains < 2**55 per tile (<= MAX_TILES tiles: < 2**63); the low
-counters stay below 2 * rows * 2**32 and the high ones far below, so every sum is exact for
-fewer than MAX_ROWS = 2**29 rows.
+Bounds: a register slot gains < 2**(23 + W) (HOT_MODE 0) or < 2**55 (HOT_MODE 1) per tile, so
+it stays below 2**63; every limb piece is below 2**33, so the counters stay exact for fewer than
+MAX_ROWS = 2**27 rows.
 """
 
 from __future__ import annotations
