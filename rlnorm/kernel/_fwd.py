@@ -133,38 +133,17 @@ def _gated_fp64(
 
 
 @triton.jit
-def _load_tile(
-    x_ptr, z_ptr, t, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R: tl.constexpr, HAS_Z: tl.constexpr
-):
-    """Raw x, z of row block t: [BLOCK_R, BLOCK_G] each (z = x when there is no gate)."""
-    rows64 = (t * BLOCK_R + r_local).to(tl.int64)  # row < 2**31; int64 because rows * stride can pass it
-    mask = (rows64 < n_rows)[:, None] & col_ok[None, :]  # masked lanes load 0 and add 0 to sums
-    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    if HAS_Z:
-        z = tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0.0)
-    else:
-        z = x
-    return x, z
-
-
-@triton.jit
-def _fwd_tile(
-    x,
-    z,
-    w,
-    t,
+def _exact_rows(
+    row_bits,
+    t,  # the row block
     x_ptr,
     z_ptr,
     w_ptr,
     y_ptr,
-    dbg_ptr,
-    flag_ptr,
-    n_rows,
     stride_x,
     stride_z,
     stride_y,
     eps,
-    r_local,
     cols,
     col_ok,
     GROUP: tl.constexpr,
@@ -173,24 +152,83 @@ def _fwd_tile(
     HAS_Z: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr,
     SIGMOID: tl.constexpr,
-    ALL_FP64: tl.constexpr,
+):
+    """Rows of bit set in row_bits recomputed wholly in fp64 from their own inputs, rounded once."""
+    OUT: tl.constexpr = y_ptr.dtype.element_ty
+    w64 = _widen_to_fp32(tl.load(w_ptr + cols, mask=col_ok, other=0.0)).to(tl.float64)[None, :]
+    one = tl.arange(0, 1)  # [1]
+    m1 = col_ok[None, :] & (one < 1)[:, None]  # [1, BLOCK_G]
+    for i in range(BLOCK_R):
+        if ((row_bits >> i) & 1) != 0:
+            row = (t * BLOCK_R + i + one).to(tl.int64)  # [1]
+            xr = tl.load(x_ptr + row[:, None] * stride_x + cols[None, :], mask=m1, other=0.0)
+            xr = _widen_to_fp32(xr).to(tl.float64)
+            if HAS_Z:
+                zr = tl.load(z_ptr + row[:, None] * stride_z + cols[None, :], mask=m1, other=0.0)
+                zr = _widen_to_fp32(zr).to(tl.float64)
+            else:
+                zr = xr  # unused
+            yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID)  # [1, BLOCK_G]
+            tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
+
+
+@triton.jit
+def _rms_norm_gated_fwd_kernel(
+    x_ptr,
+    z_ptr,
+    w_ptr,
+    y_ptr,
+    dbg_ptr,  # fp32 [rows, D] fast-path values (DEBUG only)
+    flag_ptr,  # int8 [rows, D] near-midpoint flags (DEBUG only)
+    n_rows,
+    stride_x,
+    stride_z,
+    stride_y,
+    eps_bits,  # eps as int64 bits: see _eps_bits
+    GROUP: tl.constexpr,  # group width (D when there are no groups)
+    BLOCK_R: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # next power of two >= GROUP
+    HAS_Z: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    ALL_FP64: tl.constexpr,  # fp32 output: no fast path
     NEAR_T0: tl.constexpr,
     NEAR_TZ: tl.constexpr,
-    MS_FP64: tl.constexpr,
-    ACCURATE_ARG: tl.constexpr,
-    FAST_DIV: tl.constexpr,
-    LEAN_TEST: tl.constexpr,
-    RSTD_FAST: tl.constexpr,
-    EXACT: tl.constexpr,
-    FAULT_ULPS: tl.constexpr,
-    INTERP: tl.constexpr,
+    MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
+    ACCURATE_ARG: tl.constexpr,  # exp argument with its rounding error folded back in (no |z| term)
+    FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
+    LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
+    RSTD_FAST: tl.constexpr,  # rstd = rsqrt.approx + one Newton step (its error is inside the bound)
+    EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
+    FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
+    INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
 ):
-    """One row block: the whole op on BLOCK_R rows; the same instructions for every block of every launch."""
+    pid_r = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    eps = eps_bits.to(tl.float64, bitcast=True)
+    r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    g_cols = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+    cols = pid_g * GROUP + g_cols  # [BLOCK_G]
+    col_ok = g_cols < GROUP  # masks make any GROUP work
+    # w as a [BLOCK_R, BLOCK_G] tile, repeated per row (L1 hits): born in x's layout, so no layout
+    # conversion through shared memory (a barrier per program) as a [BLOCK_G] vector would need
+    w = tl.load(
+        w_ptr + (cols[None, :] + 0 * r_local[:, None]), mask=col_ok[None, :] & (r_local >= 0)[:, None], other=0.0
+    )
+    if INTERP:
+        w = _widen_to_fp32(w)
+    else:
+        w = w.to(tl.float32)
     OUT: tl.constexpr = y_ptr.dtype.element_ty
-    rows64 = (t * BLOCK_R + r_local).to(tl.int64)  # [BLOCK_R]
+    rows64 = (pid_r * BLOCK_R + r_local).to(tl.int64)  # [BLOCK_R]; int64: rows * stride can pass 2**31
     row_ok = rows64 < n_rows
-    mask = row_ok[:, None] & col_ok[None, :]  # [BLOCK_R, BLOCK_G]
+    mask = row_ok[:, None] & col_ok[None, :]  # [BLOCK_R, BLOCK_G]: masked lanes load 0 and add 0 to sums
+    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    if HAS_Z:
+        z = tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0.0)
+    else:
+        z = x  # unused
     if INTERP:  # the interpreter's bf16 -> fp32 cast mangles subnormals; the GPU's is exact
         x = _widen_to_fp32(x)
         if HAS_Z:
@@ -305,7 +343,7 @@ def _fwd_tile(
             if row_bits != 0:
                 _exact_rows(
                     row_bits,
-                    t,
+                    pid_r,
                     x_ptr,
                     z_ptr,
                     w_ptr,
@@ -323,135 +361,6 @@ def _fwd_tile(
                     NORM_BEFORE_GATE,
                     SIGMOID,
                 )
-
-
-@triton.jit
-def _exact_rows(
-    row_bits,
-    t,
-    x_ptr,
-    z_ptr,
-    w_ptr,
-    y_ptr,
-    stride_x,
-    stride_z,
-    stride_y,
-    eps,
-    cols,
-    col_ok,
-    GROUP: tl.constexpr,
-    BLOCK_R: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    HAS_Z: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr,
-    SIGMOID: tl.constexpr,
-):
-    """Rows of bit set in row_bits recomputed wholly in fp64 from their own inputs, rounded once."""
-    OUT: tl.constexpr = y_ptr.dtype.element_ty
-    w64 = _widen_to_fp32(tl.load(w_ptr + cols, mask=col_ok, other=0.0)).to(tl.float64)[None, :]
-    one = tl.arange(0, 1)  # [1]
-    m1 = col_ok[None, :] & (one < 1)[:, None]  # [1, BLOCK_G]
-    for i in range(BLOCK_R):
-        if ((row_bits >> i) & 1) != 0:
-            row = (t * BLOCK_R + i + one).to(tl.int64)  # [1]
-            xr = tl.load(x_ptr + row[:, None] * stride_x + cols[None, :], mask=m1, other=0.0)
-            xr = _widen_to_fp32(xr).to(tl.float64)
-            if HAS_Z:
-                zr = tl.load(z_ptr + row[:, None] * stride_z + cols[None, :], mask=m1, other=0.0)
-                zr = _widen_to_fp32(zr).to(tl.float64)
-            else:
-                zr = xr  # unused
-            yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID)  # [1, BLOCK_G]
-            tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
-
-
-@triton.jit
-def _rms_norm_gated_fwd_kernel(
-    x_ptr,
-    z_ptr,
-    w_ptr,
-    y_ptr,
-    dbg_ptr,  # fp32 [rows, D] fast-path values (DEBUG only)
-    flag_ptr,  # int8 [rows, D] near-midpoint flags (DEBUG only)
-    n_rows,
-    stride_x,
-    stride_z,
-    stride_y,
-    eps_bits,  # eps as int64 bits: see _eps_bits
-    GROUP: tl.constexpr,  # group width (D when there are no groups)
-    BLOCK_R: tl.constexpr,
-    BLOCK_G: tl.constexpr,  # next power of two >= GROUP
-    HAS_Z: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr,
-    SIGMOID: tl.constexpr,
-    ALL_FP64: tl.constexpr,  # fp32 output: no fast path
-    NEAR_T0: tl.constexpr,
-    NEAR_TZ: tl.constexpr,
-    MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
-    ACCURATE_ARG: tl.constexpr,  # exp argument with its rounding error folded back in (no |z| term)
-    FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
-    LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
-    RSTD_FAST: tl.constexpr,  # rstd = rsqrt.approx + one Newton step (its error is inside the bound)
-    EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
-    FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
-    INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
-    DEBUG: tl.constexpr,
-):
-    pid_r = tl.program_id(0)
-    pid_g = tl.program_id(1)
-    eps = eps_bits.to(tl.float64, bitcast=True)
-    r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
-    g_cols = tl.arange(0, BLOCK_G)  # [BLOCK_G]
-    cols = pid_g * GROUP + g_cols  # [BLOCK_G]
-    col_ok = g_cols < GROUP  # masks make any GROUP work
-    # w as a [BLOCK_R, BLOCK_G] tile, repeated per row (L1 hits): born in x's layout, so no layout
-    # conversion through shared memory (a barrier per program) as a [BLOCK_G] vector would need
-    w = tl.load(
-        w_ptr + (cols[None, :] + 0 * r_local[:, None]), mask=col_ok[None, :] & (r_local >= 0)[:, None], other=0.0
-    )
-    if INTERP:
-        w = _widen_to_fp32(w)
-    else:
-        w = w.to(tl.float32)
-    x, z = _load_tile(x_ptr, z_ptr, pid_r, n_rows, stride_x, stride_z, r_local, cols, col_ok, BLOCK_R, HAS_Z)
-    _fwd_tile(
-        x,
-        z,
-        w,
-        pid_r,
-        x_ptr,
-        z_ptr,
-        w_ptr,
-        y_ptr,
-        dbg_ptr,
-        flag_ptr,
-        n_rows,
-        stride_x,
-        stride_z,
-        stride_y,
-        eps,
-        r_local,
-        cols,
-        col_ok,
-        GROUP,
-        BLOCK_R,
-        BLOCK_G,
-        HAS_Z,
-        NORM_BEFORE_GATE,
-        SIGMOID,
-        ALL_FP64,
-        NEAR_T0,
-        NEAR_TZ,
-        MS_FP64,
-        ACCURATE_ARG,
-        FAST_DIV,
-        LEAN_TEST,
-        RSTD_FAST,
-        EXACT,
-        FAULT_ULPS,
-        INTERP,
-        DEBUG,
-    )
 
 
 # Fast-path variant (all choices keep the result correctly rounded; they trade fast-path work
