@@ -45,15 +45,15 @@ ELEMENTS_PER_THREAD = 16
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
 
 # Error bound of the fp32 fast path, in fp32 ulps of the result: NEAR_T0 (+ NEAR_TZ * |z| for the
-# variant without ACCURATE_ARG). Budget in units of 2**-24 relative error (each < 1 ulp): IEEE
-# roundings (rstd to fp32, 3 products, 1 + e, z * sigmoid) ~6; exp2 approximation (ex2.approx.f32)
-# ~2-4; the divide (div.approx / div.full, <= 2 ulp) ~4; the fp32 sum of squares (positive
-# terms; a fixed tree of depth d gives <= d/2 units in rstd). Without ACCURATE_ARG the rounded
-# argument z*log2(e) adds |z| units. norm_before_gate=False: the gate's error A enters x*act, rstd
-# and the product again (3A + 3). Set from the worst error MEASURED on the H200 (standard data,
-# 262144 rows, this fast path; docs/kernel-notes.md): gated 6.17 ulps (D=128 and 256, also with
-# z scaled by 8), norm_before_gate=False 6.84, no gate 3.86. Elements within the bound of a
-# midpoint go exact (~4% of rows at D=128, 8% at D=256).
+# variant without ACCURATE_ARG). Budget in units of 2**-24 relative error (each < 1 ulp): roundings
+# (the exp argument's correction, 1 + e, z * sigmoid, 3 products) ~4; ex2.approx ~1.5; rcp.approx
+# ~1; rsqrt.approx + one Newton step ~1; the fp32 sum of squares (positive terms; a fixed tree of
+# depth d gives <= d/2 units in rstd). Without ACCURATE_ARG the rounded argument z*log2(e) adds |z|
+# units. norm_before_gate=False: the gate's error A enters x*act, rstd and the product again
+# (3A + 3). Set from the worst error MEASURED on the H200 (standard data, 262144 rows, this fast
+# path; docs/kernel-notes.md, calls 4-6): gated 6.10 ulps at D=128, 6.29 at D=256, 6.91 with z
+# scaled by 32; norm_before_gate=False 7.06; no gate 3.77. Elements within the bound of a midpoint
+# send their row to the exact path (~4% of rows at D=128, 8% at D=256).
 NEAR_T0_GATED = 10
 NEAR_T0_GATED_PRE = 24
 NEAR_T0_PLAIN = 8  # no gate: 3 roundings + the fp32 sum of squares
