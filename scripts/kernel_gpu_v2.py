@@ -101,6 +101,56 @@ def timing(d: int, rows: int, variants: list[tuple[str, dict]], timer) -> None:
         )
 
 
+def graph_time(d: int, rows: int, variants: list[tuple[str, dict]], calls: int = 20, reps: int = 20) -> None:
+    """GPU time per call from CUDA-graph replays of `calls` launches over distinct buffers."""
+    sets = make_sets(rows, d, torch.bfloat16, DEV)[:calls]
+
+    def timed(fn) -> float:
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            fn()
+        g.replay()
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            g.replay()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) * 1e3 / calls)
+        times.sort()
+        return times[len(times) // 2]
+
+    outs = [torch.empty_like(st[0]) for st in sets]
+
+    def add():
+        for (x, z, _, _), o in zip(sets, outs, strict=True):
+            torch.add(x, z, out=o)
+
+    add_t = timed(add)
+    RES["timing"].append({"d": d, "rows": rows, "name": "torch.add(graph)", "us": add_t})
+    for name, kw in variants:
+
+        def f(kw=kw):
+            for x, z, w, _ in sets:
+                fwd(x, z, w, **kw)
+
+        try:
+            t = timed(f)
+        except Exception as exc:
+            SUMMARY.append(f"graph d={d} rows={rows} {name}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        RES["timing"].append({"d": d, "rows": rows, "name": name + "(graph)", "us": t, "ratio": t / add_t})
+        SUMMARY.append(f"graph d={d} rows={rows:<5} {name:<16} {t:6.2f} us  add {add_t:5.2f}  ratio {t / add_t:.2f}")
+
+
 def accuracy(name: str, d: int, kw: dict, opts=OpOptions(), has_z=True, zscale=1.0) -> None:  # noqa: B008
     c = make_case(ROWS, d, seed=11, device=DEV)
     z = (c.z.float() * zscale).to(c.z.dtype) if has_z else None

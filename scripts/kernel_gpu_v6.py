@@ -14,7 +14,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
 from scripts import kernel_gpu_v2 as V
-from scripts.kernel_gpu_v5 import graph_time
 
 V.OUT = os.path.join(os.environ.get("OUT", "/tmp"), "v6")
 E1, E0 = {"EXACT": 1}, {"EXACT": 0}
@@ -46,7 +45,7 @@ def main() -> None:
         var = [(n, {"_variant": v} | ({"_config": (c[0], d, c[1])} if c else {})) for n, v, c in cands]
         V.guarded(f"timing{d}", lambda d=d, var=var: V.timing(d, V.ROWS, var, timer))
         for rows in (32, 512, 4096):
-            V.guarded(f"graph{d}_{rows}", lambda d=d, rows=rows, var=var: graph_time(d, rows, var[:4]))
+            V.guarded(f"graph{d}_{rows}", lambda d=d, rows=rows, var=var: V.graph_time(d, rows, var[:4]))
     for d in (128, 256):
         V.guarded(f"acc{d}", lambda d=d: V.accuracy("default", d, {}))
     V.guarded("acc_wide32", lambda: V.accuracy("default_wide_z32", 128, {}, zscale=32.0))

@@ -240,17 +240,21 @@ def test_explain_row_compares_full_vs_sub_batch_with_the_full_batch(tiny_run: Pa
     assert s["probe_batch_rows"] == 15 and s["diagnosis"] == "batch size"  # the larger side is probed
 
 
-def test_explain_row_for_a_gradient_record_and_the_backends_own_rstd() -> None:
-    # a hand-made record of the scaling fault's dx, all_rows of 7 rows, row 2
-    record = {
+def _fault_record(tensor: str) -> dict:
+    """A hand-made record of the scaling fault: all_rows of 7 rows, seed 3, row 2."""
+    return {
         "backend": FAULTY_SPEC,
         "check": "all_rows",
         "seed": 3,
         "case": "n=7",
         "row": 2,
-        "tensor": "dx",
-        "rebuild": _rebuild_spec(7, 3, 2, OpOptions(), "dx"),
+        "tensor": tensor,
+        "rebuild": _rebuild_spec(7, 3, 2, OpOptions(), tensor),
     }
+
+
+def test_explain_row_for_a_gradient_record_and_the_backends_own_rstd() -> None:
+    record = _fault_record("dx")
     expl = explain_row(record, others=["reference"], device="cpu")
     assert expl.summary["tensor"] == "dx" and expl.summary["reproduced"]
     # the reference's dx alone is within a few ulps of the fp64-autograd value rounded once
@@ -388,14 +392,6 @@ def test_failing_summary_of_an_empty_table_keeps_columns() -> None:
 def test_others_as_a_string_names_the_parameter() -> None:
     # papermill's `-p others reference` hands the notebook a string; iterating it would ask for
     # backends named 'r', 'e', ... — refuse it by name instead
-    record = {
-        "backend": FAULTY_SPEC,
-        "check": "all_rows",
-        "seed": 3,
-        "case": "n=7",
-        "row": 2,
-        "tensor": "y",
-        "rebuild": _rebuild_spec(7, 3, 2, OpOptions(), "y"),
-    }
+    record = _fault_record("y")
     with pytest.raises(TypeError, match="others: expected a list"):
         explain_row(record, others="reference", device="cpu")
