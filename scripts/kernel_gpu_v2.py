@@ -101,32 +101,37 @@ def timing(d: int, rows: int, variants: list[tuple[str, dict]], timer) -> None:
         )
 
 
+def graph_us(fn, calls: int, reps: int = 20) -> float:
+    """GPU time per call: median over `reps` replays of a CUDA graph of `fn` (which makes `calls` calls)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / calls)
+    times.sort()
+    return times[len(times) // 2]
+
+
 def graph_time(d: int, rows: int, variants: list[tuple[str, dict]], calls: int = 20, reps: int = 20) -> None:
     """GPU time per call from CUDA-graph replays of `calls` launches over distinct buffers."""
     sets = make_sets(rows, d, torch.bfloat16, DEV)[:calls]
 
     def timed(fn) -> float:
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
-        times = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) * 1e3 / calls)
-        times.sort()
-        return times[len(times) // 2]
+        return graph_us(fn, len(sets), reps)
 
     outs = [torch.empty_like(st[0]) for st in sets]
 

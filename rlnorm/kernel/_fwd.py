@@ -116,19 +116,37 @@ def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl
 
 
 @triton.jit
+def _act64(z, SIGMOID: tl.constexpr, FP32_GATE: tl.constexpr):
+    """The gate of an fp64 tile in fp64 (or, timing only, in fp32)."""
+    if FP32_GATE:
+        a = _act(z.to(tl.float32), SIGMOID).to(tl.float64)
+    else:
+        a = _act(z, SIGMOID)
+    return a
+
+
+@triton.jit
 def _gated_fp64(
-    x, z, w, eps, GROUP: tl.constexpr, HAS_Z: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, SIGMOID: tl.constexpr
+    x,
+    z,
+    w,
+    eps,
+    GROUP: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    NORM_BEFORE_GATE: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    FP32_GATE: tl.constexpr = False,  # timing only (EXACT=2): the gate in fp32, to price the fp64 one
 ):
     """The op on a [R, BLOCK_G] fp64 tile (zeros in masked columns): the exact path."""
     if HAS_Z and not NORM_BEFORE_GATE:
-        xg = x * _act(z, SIGMOID)  # [R, BLOCK_G]
+        xg = x * _act64(z, SIGMOID, FP32_GATE)  # [R, BLOCK_G]
     else:
         xg = x
     ms = tl.sum(xg * xg, axis=1) / GROUP  # [R]
     rstd = 1.0 / tl.sqrt(ms + eps)  # [R]: fp64 sqrt and divide are IEEE (sqrt.rn.f64, div.rn.f64)
     y = xg * rstd[:, None] * w  # [R, BLOCK_G]
     if HAS_Z and NORM_BEFORE_GATE:
-        y = y * _act(z, SIGMOID)
+        y = y * _act64(z, SIGMOID, FP32_GATE)
     return y
 
 
@@ -152,6 +170,7 @@ def _exact_rows(
     HAS_Z: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr,
     SIGMOID: tl.constexpr,
+    FP32_GATE: tl.constexpr,
 ):
     """Rows of bit set in row_bits recomputed wholly in fp64 from their own inputs, rounded once."""
     OUT: tl.constexpr = y_ptr.dtype.element_ty
@@ -168,7 +187,7 @@ def _exact_rows(
                 zr = _widen_to_fp32(zr).to(tl.float64)
             else:
                 zr = xr  # unused
-            yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID)  # [1, BLOCK_G]
+            yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID, FP32_GATE)  # [1, BLOCK_G]
             tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
 
 
@@ -199,7 +218,7 @@ def _rms_norm_gated_fwd_kernel(
     FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
     LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
     RSTD_FAST: tl.constexpr,  # rstd = rsqrt.approx + one Newton step (its error is inside the bound)
-    EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
+    EXACT: tl.constexpr,  # 1: flagged rows redone in fp64; 0: never, 2: fp32 gate (timing only: NOT correctly rounded)
     FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
@@ -329,7 +348,7 @@ def _rms_norm_gated_fwd_kernel(
             y_out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
         else:
             y_out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
-        if EXACT == 1:
+        if EXACT >= 1:
             tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None])  # flagged rows: stored below
         else:
             tl.store(y_ptr + y_off, y_out, mask=mask)  # exact values overwrite, after a barrier
@@ -338,7 +357,7 @@ def _rms_norm_gated_fwd_kernel(
             tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
 
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
-        if EXACT == 1:
+        if EXACT >= 1:
             row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
             if row_bits != 0:
                 _exact_rows(
@@ -360,6 +379,7 @@ def _rms_norm_gated_fwd_kernel(
                     HAS_Z,
                     NORM_BEFORE_GATE,
                     SIGMOID,
+                    EXACT == 2,
                 )
 
 
@@ -373,6 +393,7 @@ DEFAULT_VARIANT = {
     "RSTD_FAST": True,
     "EXACT": 1,
     "FAULT_ULPS": 0,
+    "maxnreg": 0,  # launch option (0: the compiler's choice)
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -459,5 +480,6 @@ def rms_norm_gated_fwd(
         EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,  # fp32 output: all fp64 already
         FAULT_ULPS=variant["FAULT_ULPS"],
         num_warps=num_warps,
+        **({"maxnreg": variant["maxnreg"]} if variant["maxnreg"] else {}),
     )
     return (y, dbg, flags) if _debug else y
