@@ -70,6 +70,13 @@ def main() -> int:
             except Exception as e:  # report every failing combination, not just the first
                 failures += 1
                 print(f"FAIL {name} d={d} group={group} nbg={nbg} act={act} z={has_z} w={wdt}: {str(e)[:200]}")
+    for d, tiles in itertools.product([128, 256], [1, 2, 4, 8, 16, 31]):  # tiles_per_program's values
+        x = torch.randn(8, d).bfloat16()
+        try:
+            rms_norm_gated_bwd(x, x, x, torch.ones(d), 1e-6, None, True, "silu", config={"TILES": tiles})
+        except Exception as e:
+            failures += 1
+            print(f"FAIL bwd d={d} TILES={tiles}: {str(e)[:200]}")
     print(f"triton {triton.__version__}: {failures} failing combinations")
     return 1 if failures else 0
 

@@ -16,7 +16,7 @@ import torch
 
 import rlnorm
 from rlnorm.inputs import make_case
-from rlnorm.kernel._bwd import bwd_config, rms_norm_gated_bwd
+from rlnorm.kernel._bwd import bwd_config, rms_norm_gated_bwd, tiles_per_program
 from rlnorm.numerics import exact_sum, round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
@@ -241,6 +241,22 @@ def test_launch_shape_depends_on_width_only():
     assert list(inspect.signature(bwd_config).parameters) == ["d", "group"]
     cfg = bwd_config(128, 128)
     assert cfg["BLOCK_R"] * cfg["BLOCK_C"] <= 4096 and cfg["TILES"] >= 1
+
+
+def test_tiles_per_program_change_no_bit():
+    # the one launch value taken from the row count only partitions rows among programs: every
+    # value must give the same dx, dz and dweight bits (an inexact dweight sum would show here)
+    c = make_case(257, 128, seed=5)
+    outs = {
+        t: rms_norm_gated_bwd(c.dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu", config={"TILES": t})
+        for t in (1, 2, 4, 16, 31)
+    }
+    for t, got in outs.items():
+        for a, b, name in zip(got, outs[31], ("dx", "dz", "dweight"), strict=True):
+            assert_same_bits(a, b, f"{name}, {t} tiles per program vs 31")
+    assert tiles_per_program(1, 2, 31) == 1
+    assert tiles_per_program(10**6, 2, 31) == 31
+    assert all(tiles_per_program(r, 1, 31) in (1, 2, 4, 8, 16, 31) for r in (1, 7, 63, 257, 4097, 10**5))
 
 
 def test_bad_options_are_named():

@@ -160,13 +160,14 @@ def test_error_bound_is_needed(case11):
 
 
 @pytest.mark.parametrize("opts", [DEFAULT, OpOptions(activation="sigmoid"), OpOptions(norm_before_gate=False)])
-def test_exact_path_repairs_a_fast_path_planted_wrong(case11, opts):
+@pytest.mark.parametrize("exact", [1, 4])  # 4: fast values stored first, then overwritten
+def test_exact_path_repairs_a_fast_path_planted_wrong(case11, opts, exact):
     # The fast path is moved 6 fp32 ulps off on purpose (a planted fault the default bound of 10 must
     # absorb): every output is still the correctly rounded one, because the rows it makes near a
     # midpoint are recomputed in fp64.
     c = case11.rows(slice(0, 96))
     ref = oracle(c.x, c.z, c.w, opts)
-    y, _, flags = fwd(c.x, c.z, c.w, opts, _debug=True, _variant={"FAULT_ULPS": 6})
+    y, _, flags = fwd(c.x, c.z, c.w, opts, _debug=True, _variant={"FAULT_ULPS": 6, "EXACT": exact})
     assert flags.any(dim=1).float().mean().item() > 0.02  # the exact path did run
     assert same_bits(y, ref).all()
     # without the exact path the same planted fault shows: the repair above is what made it right

@@ -277,7 +277,7 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "BLOCK_R": block_r,
         "BLOCK_G": block_g,
         "BLOCK_C": block_c,
-        "TILES": _dweight.MAX_TILES_DEFERRED,
+        "TILES": _dweight.MAX_TILES_DEFERRED,  # the most; fewer where rows are few (tiles_per_program)
         "num_warps": num_warps,
         "DWEIGHT": True,
         "COLD_MODE": 0,
@@ -291,6 +291,22 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         # the loop needs 64 registers; the rare deferred path after it would take 80 (spills there only)
         cfg["maxnreg"] = 64
     return cfg
+
+
+# Programs to spread the rows over. TILES (tiles per program) only partitions the rows: a row's dx/dz
+# bits depend on BLOCK_R and num_warps alone, and dweight is an exact sum whatever the partition, so
+# no output bit depends on it (tests/test_kernel_bwd.py runs every value bitwise). The most tiles
+# per program amortise each program's dweight flush at 262144 rows (H200, D=128: 31 tiles 142.6 us,
+# 8 tiles 162.7 us); at decode sizes the same 31 tiles leave one program walking the rows alone
+# (32 rows: bwd kernel 9.0 us, one tile per program 2.5 us; docs/dweight-notes.md, call 7). The
+# interpreter pays per program, so on the CPU a few programs suffice to exercise the loop.
+TARGET_PROGRAMS = 8 if _INTERPRET else 512
+
+
+def tiles_per_program(rows: int, block_r: int, max_tiles: int) -> int:
+    """Fewest tiles per program (a power of two, at most max_tiles) that keep ~TARGET_PROGRAMS programs."""
+    want = triton.cdiv(triton.cdiv(max(rows, 1), block_r), TARGET_PROGRAMS)
+    return min(max_tiles, triton.next_power_of_2(want))
 
 
 def rms_norm_gated_bwd(
@@ -336,6 +352,8 @@ def rms_norm_gated_bwd(
         # its per-element atomics (inline PTX) would run once per copy of a replicated element
         raise ValueError("config: ROW_RANGE needs at least one element per thread")
     max_tiles = _dweight.MAX_TILES_DEFERRED if cfg["COLD_MODE"] == 0 else _dweight.MAX_TILES
+    if "TILES" not in (config or {}):
+        cfg["TILES"] = tiles_per_program(rows, cfg["BLOCK_R"], min(cfg["TILES"], max_tiles))
     if not 1 <= cfg["TILES"] <= max_tiles or cfg["BLOCK_R"] > _dweight.MAX_TILE_ROWS:
         raise ValueError(f"config: TILES must be 1..{max_tiles}, BLOCK_R <= {_dweight.MAX_TILE_ROWS}")
     # COLD_MODE 0 keeps rare dweight values aside here (written only where rare, read only there)

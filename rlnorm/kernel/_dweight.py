@@ -423,6 +423,29 @@ def _column_sum_kernel(
 
 
 @triton.jit
+def _limb(CNT, i: tl.constexpr, cols, cmask, d, NUM_WIN: tl.constexpr, NUM_SLOTS: tl.constexpr, STRIPES: tl.constexpr):
+    """Limb i of the total (weight 2**(32 i)): window i's low part plus window i-1's high part, all
+    stripes added (int64 adds: exact, any order). Loaded per column as a [BLOCK] vector, so the
+    finalize never reduces across lanes: a long chain of cross-warp sums made it ~10 us per call."""
+    v = tl.zeros(cols.shape, tl.int64)
+    for s in tl.static_range(STRIPES):
+        if i < NUM_WIN:
+            v += tl.load(CNT + (s * NUM_SLOTS + 2 * i) * d + cols, mask=cmask, other=0)
+        if i >= 1 and i <= NUM_WIN:
+            v += tl.load(CNT + (s * NUM_SLOTS + 2 * i - 1) * d + cols, mask=cmask, other=0)
+    return v
+
+
+@triton.jit
+def _slot_total(CNT, slot: tl.constexpr, cols, cmask, d, NUM_SLOTS: tl.constexpr, STRIPES: tl.constexpr):
+    """One slot's count over the stripes, per column."""
+    v = tl.zeros(cols.shape, tl.int64)
+    for s in tl.static_range(STRIPES):
+        v += tl.load(CNT + (s * NUM_SLOTS + slot) * d + cols, mask=cmask, other=0)
+    return v
+
+
+@triton.jit
 def _dweight_finalize_kernel(
     CNT,
     OUT,
@@ -434,47 +457,30 @@ def _dweight_finalize_kernel(
     PREC: tl.constexpr,
     EMIN_U: tl.constexpr,
     EMAX: tl.constexpr,
-    SLOTS_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Per column: add the stripes, normalise the limbs (exact), round ONCE to OUT's dtype."""
+    """Per column: add the stripes, normalise the limbs (exact), round ONCE to OUT's dtype.
+
+    Every step is per column (one lane each): the limbs are re-read in each of the three passes
+    (cache hits) instead of being kept in a [limbs, BLOCK] tile that would need cross-lane sums."""
     pid = tl.program_id(0)
     cols = pid * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < d
-    slot = tl.arange(0, SLOTS_PAD)[:, None]  # [SLOTS_PAD, 1]
-    tot = tl.zeros([SLOTS_PAD, BLOCK], tl.int64)
-    for s in tl.static_range(STRIPES):  # integer adds: exact in any order
-        tot += tl.load(
-            CNT + s * NUM_SLOTS * d + slot * d + cols[None, :], mask=(slot < NUM_SLOTS) & cmask[None, :], other=0
-        )
-    limb_id = tl.arange(0, 16)[:, None]  # [16, 1]; NUM_LIMBS <= 16
     # pass 1: the sign. Carry propagation in base 2**32 with floor shifts leaves digits in
     # [0, 2**32) and a final carry of -1 exactly when the total is negative.
     carry = tl.zeros([BLOCK], tl.int64)
     for i in tl.static_range(NUM_LIMBS):
-        raw = carry
-        if i < NUM_WIN:
-            raw += tl.sum(tl.where(slot == 2 * i, tot, 0), axis=0)  # window i's low part has weight 2**(32 i)
-        if i >= 1 and i <= NUM_WIN:
-            raw += tl.sum(tl.where(slot == 2 * i - 1, tot, 0), axis=0)  # window i-1's high part has weight 2**(32 i)
-        carry = raw >> 32
+        carry = (carry + _limb(CNT, i, cols, cmask, d, NUM_WIN, NUM_SLOTS, STRIPES)) >> 32
     negative = carry < 0
     sign = tl.where(negative, -1, 1).to(tl.int64)
-    # pass 2: digits of the magnitude (limbs times the sign, then the same propagation)
-    digits = tl.zeros([16, BLOCK], tl.int64)
+    # pass 2: digits of the magnitude (limbs times the sign, then the same propagation): the top one
     carry = tl.zeros([BLOCK], tl.int64)
     top = tl.full([BLOCK], -1, tl.int32)
     top_digit = tl.zeros([BLOCK], tl.int64)
     for i in tl.static_range(NUM_LIMBS):
-        raw = tl.zeros([BLOCK], tl.int64)
-        if i < NUM_WIN:
-            raw += tl.sum(tl.where(slot == 2 * i, tot, 0), axis=0)
-        if i >= 1 and i <= NUM_WIN:
-            raw += tl.sum(tl.where(slot == 2 * i - 1, tot, 0), axis=0)
-        raw = raw * sign + carry
+        raw = _limb(CNT, i, cols, cmask, d, NUM_WIN, NUM_SLOTS, STRIPES) * sign + carry
         carry = raw >> 32
         digit = raw - (carry << 32)
-        digits = tl.where(limb_id == i, digit[None, :], digits)
         top = tl.where(digit != 0, i, top)
         top_digit = tl.where(digit != 0, digit, top_digit)
     # leading bit: floor(log2) of the top digit read from its exact fp64 exponent field
@@ -485,8 +491,11 @@ def _dweight_finalize_kernel(
     r = tl.maximum(q - 1, 0)  # keep one guard bit when rounding happens
     kept = tl.zeros([BLOCK], tl.int64)  # floor(magnitude / 2**r) < 2**(PREC + 1)
     sticky = tl.zeros([BLOCK], tl.int1)
-    for i in tl.static_range(NUM_LIMBS):
-        digit = tl.sum(tl.where(limb_id == i, digits, 0), axis=0)
+    carry = tl.zeros([BLOCK], tl.int64)
+    for i in tl.static_range(NUM_LIMBS):  # pass 3: the same digits again, bits kept above r
+        raw = _limb(CNT, i, cols, cmask, d, NUM_WIN, NUM_SLOTS, STRIPES) * sign + carry
+        carry = raw >> 32
+        digit = raw - (carry << 32)
         pos = 32 * i - r  # where this digit's bit 0 lands relative to bit r
         up = digit << tl.minimum(tl.maximum(pos, 0), 63).to(tl.int64)
         down = digit >> tl.minimum(tl.maximum(-pos, 0), 63).to(tl.int64)
@@ -507,9 +516,9 @@ def _dweight_finalize_kernel(
     value = tl.where(top < 0, 0.0, value)
     # multiply, not negate: Triton's unary minus is 0 - x, which loses the sign of an underflow to -0
     value = value * tl.where(negative, -1.0, 1.0).to(tl.float64)
-    n_nan = tl.sum(tl.where(slot == 2 * NUM_WIN, tot, 0), axis=0)
-    n_pos = tl.sum(tl.where(slot == 2 * NUM_WIN + 1, tot, 0), axis=0)
-    n_neg = tl.sum(tl.where(slot == 2 * NUM_WIN + 2, tot, 0), axis=0)
+    n_nan = _slot_total(CNT, 2 * NUM_WIN, cols, cmask, d, NUM_SLOTS, STRIPES)
+    n_pos = _slot_total(CNT, 2 * NUM_WIN + 1, cols, cmask, d, NUM_SLOTS, STRIPES)
+    n_neg = _slot_total(CNT, 2 * NUM_WIN + 2, cols, cmask, d, NUM_SLOTS, STRIPES)
     value = tl.where(n_neg > 0, float("-inf"), value)
     value = tl.where(n_pos > 0, float("inf"), value)
     value = tl.where((n_nan > 0) | ((n_pos > 0) & (n_neg > 0)), float("nan"), value)
@@ -546,7 +555,6 @@ def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         PREC=prec,
         EMIN_U=emin_u,
         EMAX=emax,
-        SLOTS_PAD=triton.next_power_of_2(NUM_SLOTS),
         BLOCK=block,
         num_warps=4,
     )

@@ -218,7 +218,7 @@ def _rms_norm_gated_fwd_kernel(
     FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
     LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
     RSTD_FAST: tl.constexpr,  # rstd = rsqrt.approx + one Newton step (its error is inside the bound)
-    EXACT: tl.constexpr,  # 1: flagged rows redone in fp64; 0: never, 2: fp32 gate (timing only: NOT correctly rounded)
+    EXACT: tl.constexpr,  # 1: flagged rows redone in fp64 (4: stored first, then overwritten); 0, 2: timing only
     FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
@@ -348,10 +348,10 @@ def _rms_norm_gated_fwd_kernel(
             y_out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
         else:
             y_out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
-        if EXACT >= 1:
+        if EXACT == 1 or EXACT == 2:
             tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None])  # flagged rows: stored below
         else:
-            tl.store(y_ptr + y_off, y_out, mask=mask)  # exact values overwrite, after a barrier
+            tl.store(y_ptr + y_off, y_out, mask=mask)  # EXACT=4: exact values overwrite, after a barrier
         if DEBUG:
             tl.store(dbg_ptr + y_off, y, mask=mask)  # y is contiguous: the debug buffers share its offsets
             tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
@@ -360,6 +360,10 @@ def _rms_norm_gated_fwd_kernel(
         if EXACT >= 1:
             row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
             if row_bits != 0:
+                if EXACT == 4:
+                    # the fast stores of every thread land before the exact ones (bar.sync orders a
+                    # CTA's memory accesses), so the exact value is the one that stays
+                    tl.debug_barrier()
                 _exact_rows(
                     row_bits,
                     pid_r,
