@@ -95,19 +95,17 @@ def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl
         corr = tl.fma(t_err, -0.6931471805599453, z * -1.3349758157512938e-08)
         e = tl.exp2(-t_hi)
         e = tl.fma(e, corr, e)
-    elif ACCURATE_ARG:
-        t_hi = -z * 1.4426950216293335  # fp32(log2 e), exact as a literal
-        t_lo = tl.fma(-z, 1.4426950216293335, -t_hi) + (-z) * 1.92596298909109e-08  # + log2 e - fp32(log2 e)
-        e = tl.exp2(t_hi)
-        e = tl.fma(e, t_lo * 0.6931471805599453, e)
     else:
         e = tl.exp(-z)
-    if FAST_DIV:
-        sig = _rcp_approx(1.0 + e)
-    elif FAST_DIV:
-        sig = libdevice.fast_dividef(1.0, 1.0 + e)
+    d = 1.0 + e
+    if FAST_DIV == 0:
+        sig = 1.0 / d
     else:
-        sig = 1.0 / (1.0 + e)
+        sig = _rcp_approx(d)
+        if FAST_DIV == 2:
+            # one Newton step (2 FMAs): the residual 1 - d*sig is exact in an FMA, so sig ends within
+            # ~0.5 ulp of 1/d instead of rcp.approx's 1 ulp
+            sig = tl.fma(sig, tl.fma(-d, sig, 1.0), sig)
     if SIGMOID:
         a = sig
     else:
@@ -215,9 +213,10 @@ def _rms_norm_gated_fwd_kernel(
     NEAR_TZ: tl.constexpr,
     MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
     ACCURATE_ARG: tl.constexpr,  # exp argument with its rounding error folded back in (no |z| term)
-    FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
+    FAST_DIV: tl.constexpr,  # sigmoid's divide: 0 div.full.f32, 1 rcp.approx, 2 rcp.approx + Newton step
     LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
-    RSTD_FAST: tl.constexpr,  # rstd = rsqrt.approx + one Newton step (its error is inside the bound)
+    RSTD_FAST: tl.constexpr,  # rstd: 0 IEEE; rsqrt.approx + a Newton step 1 plain, 2 with an FMA residual
+    XW_FIRST: tl.constexpr,  # y = (x * w) * rstd: x * w is exact for bf16/fp16 x and w (one rounding fewer)
     EXACT: tl.constexpr,  # 1: flagged rows redone in fp64 (4: stored first, then overwritten); 0, 2: timing only
     FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
@@ -290,13 +289,22 @@ def _rms_norm_gated_fwd_kernel(
             ms = ssum * (1.0 / GROUP) + eps32
             if RSTD_FAST and not INTERP:
                 r0 = libdevice.rsqrt(ms)  # rsqrt.approx.ftz.f32, ~2**-22.9 relative error
-                rstd = r0 * (1.5 - (0.5 * ms) * r0 * r0)  # one Newton step: ~1 ulp, inside the bound
+                if RSTD_FAST == 2:
+                    # residual h = 1 - ms * r0**2 from an exact FMA (error ~2**-24 of h's tiny size),
+                    # then r0 + r0/2 * h with one rounding: ~0.75 ulp against ~2 for the plain form
+                    h = tl.fma(-(ms * r0), r0, 1.0)
+                    rstd = tl.fma(r0 * 0.5, h, r0)
+                else:
+                    rstd = r0 * (1.5 - (0.5 * ms) * r0 * r0)  # one Newton step: ~2 ulps, inside the bound
             else:
                 rstd = tl.div_rn(1.0, tl.sqrt_rn(ms))  # IEEE, 2 roundings, per row
             # rstd ~0 (x**2 overflowed) or a sum too small for fp32 to hold its relative precision while
             # eps does not dominate it: the row goes exact
             row_risky = (rstd < 1e-30) | ((ssum < 1.2621774e-29) & ((tl.zeros_like(ssum) + eps32) < 8.4703295e-22))
-        y = xg * rstd[:, None] * w  # [BLOCK_R, BLOCK_G]
+        if XW_FIRST:
+            y = (xg * w) * rstd[:, None]  # [BLOCK_R, BLOCK_G]
+        else:
+            y = xg * rstd[:, None] * w  # [BLOCK_R, BLOCK_G]
         if HAS_Z and NORM_BEFORE_GATE:
             y = y * a
         if FAULT_ULPS != 0:  # tests only: a fast path wrong by this many fp32 ulps must still round right
@@ -392,9 +400,10 @@ def _rms_norm_gated_fwd_kernel(
 DEFAULT_VARIANT = {
     "MS_FP64": False,
     "ACCURATE_ARG": True,
-    "FAST_DIV": True,
+    "FAST_DIV": 1,
     "LEAN_TEST": True,
-    "RSTD_FAST": True,
+    "RSTD_FAST": 1,
+    "XW_FIRST": False,
     "EXACT": 1,
     "FAULT_ULPS": 0,
     "maxnreg": 0,  # launch option (0: the compiler's choice)
@@ -481,6 +490,7 @@ def rms_norm_gated_fwd(
         FAST_DIV=variant["FAST_DIV"],
         LEAN_TEST=variant["LEAN_TEST"],
         RSTD_FAST=variant["RSTD_FAST"],
+        XW_FIRST=variant["XW_FIRST"],
         EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,  # fp32 output: all fp64 already
         FAULT_ULPS=variant["FAULT_ULPS"],
         num_warps=num_warps,
