@@ -1,0 +1,46 @@
+"""GPU check of the backward's launch-time choices: for several row counts, dweight equals the exact
+sum of the rows' fp32 contributions rounded once (numerics.exact_sum, on the CPU), and dx, dz,
+dweight bits equal those with 31 tiles per program (the partition must change no bit).
+
+    python scripts/dweight_gpu_check.py   (prints one line per case and a final count of failures)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+from rlnorm.inputs import make_case
+from rlnorm.kernel._bwd import rms_norm_gated_bwd
+from rlnorm.numerics import exact_sum
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    ia = a.contiguous().view(torch.int16 if a.element_size() == 2 else torch.int32)
+    ib = b.contiguous().view(torch.int16 if b.element_size() == 2 else torch.int32)
+    return bool(torch.equal(ia, ib))
+
+
+def main() -> int:
+    failures = 0
+    for d in (128, 256):
+        for rows in (1, 32, 4096, 65536):
+            c = make_case(rows, d, seed=rows + d, device="cuda")
+            for w in (c.w, c.w.float()):
+                contrib = torch.empty(rows, d, dtype=torch.float32, device="cuda")
+                got = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", contributions=contrib)
+                ref31 = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", config={"TILES": 31})
+                exact = same(got[2].cpu(), exact_sum(contrib.cpu(), w.dtype))
+                part = all(same(a, b) for a, b in zip(got, ref31, strict=True))
+                failures += (not exact) + (not part)
+                print(f"d={d} rows={rows:<6} w={w.dtype!s:<15} dweight exact {exact}  bits == 31 tiles {part}")
+    print(f"dweight_gpu_check: {failures} failures")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
