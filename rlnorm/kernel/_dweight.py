@@ -423,21 +423,31 @@ def _column_sum_kernel(
 
 
 @triton.jit
-def _limb(TOT, i: tl.constexpr, lanes, NUM_WIN: tl.constexpr, BLOCK: tl.constexpr):
-    """Limb i of the total (weight 2**(32 i)), per column: window i's low part plus window i-1's high
-    part, read back from the program's slot totals."""
-    v = tl.zeros([BLOCK], tl.int64)
-    if i < NUM_WIN:
-        v += tl.load(TOT + (2 * i) * BLOCK + lanes)
-    if i >= 1 and i <= NUM_WIN:
-        v += tl.load(TOT + (2 * i - 1) * BLOCK + lanes)
+def _limb(CNT, i: tl.constexpr, cols, cmask, d, NUM_WIN: tl.constexpr, NUM_SLOTS: tl.constexpr, STRIPES: tl.constexpr):
+    """Limb i of the total (weight 2**(32 i)): window i's low part plus window i-1's high part, all
+    stripes added (int64 adds: exact, any order). Loaded per column as a [BLOCK] vector, so the
+    finalize never reduces across lanes: a long chain of cross-warp sums made it ~10 us per call."""
+    v = tl.zeros(cols.shape, tl.int64)
+    for s in tl.static_range(STRIPES):
+        if i < NUM_WIN:
+            v += tl.load(CNT + (s * NUM_SLOTS + 2 * i) * d + cols, mask=cmask, other=0)
+        if i >= 1 and i <= NUM_WIN:
+            v += tl.load(CNT + (s * NUM_SLOTS + 2 * i - 1) * d + cols, mask=cmask, other=0)
+    return v
+
+
+@triton.jit
+def _slot_total(CNT, slot: tl.constexpr, cols, cmask, d, NUM_SLOTS: tl.constexpr, STRIPES: tl.constexpr):
+    """One slot's count over the stripes, per column."""
+    v = tl.zeros(cols.shape, tl.int64)
+    for s in tl.static_range(STRIPES):
+        v += tl.load(CNT + (s * NUM_SLOTS + slot) * d + cols, mask=cmask, other=0)
     return v
 
 
 @triton.jit
 def _dweight_finalize_kernel(
     CNT,
-    SCR,  # int64 [programs, SLOTS_PAD, BLOCK]: each program's slot totals
     OUT,
     d,
     NUM_WIN: tl.constexpr,
@@ -447,32 +457,20 @@ def _dweight_finalize_kernel(
     PREC: tl.constexpr,
     EMIN_U: tl.constexpr,
     EMAX: tl.constexpr,
-    SLOTS_PAD: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """Per column: add the stripes, normalise the limbs (exact), round ONCE to OUT's dtype.
 
-    The stripes are added as one [SLOTS_PAD, BLOCK] tile (every load in flight at once), then the
-    totals go through memory so that each lane reads its own column's slots back as [BLOCK] vectors:
-    the carry chain below never sums across lanes (cross-warp sums on it cost ~10 us per call)."""
+    Every step is per column (one lane each): the limbs are re-read in each of the three passes
+    (cache hits) instead of being kept in a [limbs, BLOCK] tile that would need cross-lane sums."""
     pid = tl.program_id(0)
-    lanes = tl.arange(0, BLOCK)
-    cols = pid * BLOCK + lanes
+    cols = pid * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < d
-    slot = tl.arange(0, SLOTS_PAD)[:, None]  # [SLOTS_PAD, 1]
-    tot = tl.zeros([SLOTS_PAD, BLOCK], tl.int64)
-    for s in tl.static_range(STRIPES):  # integer adds: exact in any order
-        tot += tl.load(
-            CNT + s * NUM_SLOTS * d + slot * d + cols[None, :], mask=(slot < NUM_SLOTS) & cmask[None, :], other=0
-        )
-    TOT = SCR + pid.to(tl.int64) * (SLOTS_PAD * BLOCK)
-    tl.store(TOT + slot * BLOCK + lanes[None, :], tot)
-    tl.debug_barrier()  # every lane's totals are in memory before any lane reads its column back
     # pass 1: the sign. Carry propagation in base 2**32 with floor shifts leaves digits in
     # [0, 2**32) and a final carry of -1 exactly when the total is negative.
     carry = tl.zeros([BLOCK], tl.int64)
     for i in tl.static_range(NUM_LIMBS):
-        carry = (carry + _limb(TOT, i, lanes, NUM_WIN, BLOCK)) >> 32
+        carry = (carry + _limb(CNT, i, cols, cmask, d, NUM_WIN, NUM_SLOTS, STRIPES)) >> 32
     negative = carry < 0
     sign = tl.where(negative, -1, 1).to(tl.int64)
     # pass 2: digits of the magnitude (limbs times the sign, then the same propagation): the top one
@@ -480,7 +478,7 @@ def _dweight_finalize_kernel(
     top = tl.full([BLOCK], -1, tl.int32)
     top_digit = tl.zeros([BLOCK], tl.int64)
     for i in tl.static_range(NUM_LIMBS):
-        raw = _limb(TOT, i, lanes, NUM_WIN, BLOCK) * sign + carry
+        raw = _limb(CNT, i, cols, cmask, d, NUM_WIN, NUM_SLOTS, STRIPES) * sign + carry
         carry = raw >> 32
         digit = raw - (carry << 32)
         top = tl.where(digit != 0, i, top)
@@ -495,7 +493,7 @@ def _dweight_finalize_kernel(
     sticky = tl.zeros([BLOCK], tl.int1)
     carry = tl.zeros([BLOCK], tl.int64)
     for i in tl.static_range(NUM_LIMBS):  # pass 3: the same digits again, bits kept above r
-        raw = _limb(TOT, i, lanes, NUM_WIN, BLOCK) * sign + carry
+        raw = _limb(CNT, i, cols, cmask, d, NUM_WIN, NUM_SLOTS, STRIPES) * sign + carry
         carry = raw >> 32
         digit = raw - (carry << 32)
         pos = 32 * i - r  # where this digit's bit 0 lands relative to bit r
@@ -518,9 +516,9 @@ def _dweight_finalize_kernel(
     value = tl.where(top < 0, 0.0, value)
     # multiply, not negate: Triton's unary minus is 0 - x, which loses the sign of an underflow to -0
     value = value * tl.where(negative, -1.0, 1.0).to(tl.float64)
-    n_nan = tl.load(TOT + (2 * NUM_WIN) * BLOCK + lanes)
-    n_pos = tl.load(TOT + (2 * NUM_WIN + 1) * BLOCK + lanes)
-    n_neg = tl.load(TOT + (2 * NUM_WIN + 2) * BLOCK + lanes)
+    n_nan = _slot_total(CNT, 2 * NUM_WIN, cols, cmask, d, NUM_SLOTS, STRIPES)
+    n_pos = _slot_total(CNT, 2 * NUM_WIN + 1, cols, cmask, d, NUM_SLOTS, STRIPES)
+    n_neg = _slot_total(CNT, 2 * NUM_WIN + 2, cols, cmask, d, NUM_SLOTS, STRIPES)
     value = tl.where(n_neg > 0, float("-inf"), value)
     value = tl.where(n_pos > 0, float("inf"), value)
     value = tl.where((n_nan > 0) | ((n_pos > 0) & (n_neg > 0)), float("nan"), value)
@@ -546,12 +544,8 @@ def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     prec, emin_u, emax = _FORMATS[dtype]
     # 128 columns per program on the GPU (registers); the CPU interpreter pays per program instead
     block = 128 if counters.is_cuda else min(triton.next_power_of_2(d), 1024)
-    programs = triton.cdiv(d, block)
-    slots_pad = triton.next_power_of_2(NUM_SLOTS)
-    scratch = torch.empty(programs * slots_pad * block, dtype=torch.int64, device=counters.device)
-    _dweight_finalize_kernel[(programs,)](
+    _dweight_finalize_kernel[(triton.cdiv(d, block),)](
         counters.contiguous(),
-        scratch,
         out,
         d,
         NUM_WIN=NUM_WINDOWS,
@@ -561,7 +555,6 @@ def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         PREC=prec,
         EMIN_U=emin_u,
         EMAX=emax,
-        SLOTS_PAD=slots_pad,
         BLOCK=block,
         num_warps=4,
     )

@@ -97,15 +97,10 @@ def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl
         e = tl.fma(e, corr, e)
     else:
         e = tl.exp(-z)
-    d = 1.0 + e
-    if FAST_DIV == 0:
-        sig = 1.0 / d
+    if FAST_DIV:
+        sig = _rcp_approx(1.0 + e)
     else:
-        sig = _rcp_approx(d)
-        if FAST_DIV == 2:
-            # one Newton step (2 FMAs): the residual 1 - d*sig is exact in an FMA, so sig ends within
-            # ~0.5 ulp of 1/d instead of rcp.approx's 1 ulp
-            sig = tl.fma(sig, tl.fma(-d, sig, 1.0), sig)
+        sig = 1.0 / (1.0 + e)
     if SIGMOID:
         a = sig
     else:
@@ -114,37 +109,19 @@ def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl
 
 
 @triton.jit
-def _act64(z, SIGMOID: tl.constexpr, FP32_GATE: tl.constexpr):
-    """The gate of an fp64 tile in fp64 (or, timing only, in fp32)."""
-    if FP32_GATE:
-        a = _act(z.to(tl.float32), SIGMOID).to(tl.float64)
-    else:
-        a = _act(z, SIGMOID)
-    return a
-
-
-@triton.jit
 def _gated_fp64(
-    x,
-    z,
-    w,
-    eps,
-    GROUP: tl.constexpr,
-    HAS_Z: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr,
-    SIGMOID: tl.constexpr,
-    FP32_GATE: tl.constexpr = False,  # timing only (EXACT=2): the gate in fp32, to price the fp64 one
+    x, z, w, eps, GROUP: tl.constexpr, HAS_Z: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, SIGMOID: tl.constexpr
 ):
     """The op on a [R, BLOCK_G] fp64 tile (zeros in masked columns): the exact path."""
     if HAS_Z and not NORM_BEFORE_GATE:
-        xg = x * _act64(z, SIGMOID, FP32_GATE)  # [R, BLOCK_G]
+        xg = x * _act(z, SIGMOID)  # [R, BLOCK_G]
     else:
         xg = x
     ms = tl.sum(xg * xg, axis=1) / GROUP  # [R]
     rstd = 1.0 / tl.sqrt(ms + eps)  # [R]: fp64 sqrt and divide are IEEE (sqrt.rn.f64, div.rn.f64)
     y = xg * rstd[:, None] * w  # [R, BLOCK_G]
     if HAS_Z and NORM_BEFORE_GATE:
-        y = y * _act64(z, SIGMOID, FP32_GATE)
+        y = y * _act(z, SIGMOID)
     return y
 
 
@@ -168,7 +145,6 @@ def _exact_rows(
     HAS_Z: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr,
     SIGMOID: tl.constexpr,
-    FP32_GATE: tl.constexpr,
 ):
     """Rows of bit set in row_bits recomputed wholly in fp64 from their own inputs, rounded once."""
     OUT: tl.constexpr = y_ptr.dtype.element_ty
@@ -185,7 +161,7 @@ def _exact_rows(
                 zr = _widen_to_fp32(zr).to(tl.float64)
             else:
                 zr = xr  # unused
-            yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID, FP32_GATE)  # [1, BLOCK_G]
+            yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID)  # [1, BLOCK_G]
             tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
 
 
@@ -213,11 +189,11 @@ def _rms_norm_gated_fwd_kernel(
     NEAR_TZ: tl.constexpr,
     MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
     ACCURATE_ARG: tl.constexpr,  # exp argument with its rounding error folded back in (no |z| term)
-    FAST_DIV: tl.constexpr,  # sigmoid's divide: 0 div.full.f32, 1 rcp.approx, 2 rcp.approx + Newton step
+    FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
     LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
     RSTD_FAST: tl.constexpr,  # rstd: 0 IEEE; rsqrt.approx + a Newton step 1 plain, 2 with an FMA residual
     XW_FIRST: tl.constexpr,  # y = (x * w) * rstd: x * w is exact for bf16/fp16 x and w (one rounding fewer)
-    EXACT: tl.constexpr,  # 1: flagged rows redone in fp64 (4: stored first, then overwritten); 0, 2: timing only
+    EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
     FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
@@ -356,22 +332,18 @@ def _rms_norm_gated_fwd_kernel(
             y_out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
         else:
             y_out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
-        if EXACT == 1 or EXACT == 2:
+        if EXACT == 1:
             tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None])  # flagged rows: stored below
         else:
-            tl.store(y_ptr + y_off, y_out, mask=mask)  # EXACT=4: exact values overwrite, after a barrier
+            tl.store(y_ptr + y_off, y_out, mask=mask)
         if DEBUG:
             tl.store(dbg_ptr + y_off, y, mask=mask)  # y is contiguous: the debug buffers share its offsets
             tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
 
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
-        if EXACT >= 1:
+        if EXACT == 1:
             row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
             if row_bits != 0:
-                if EXACT == 4:
-                    # the fast stores of every thread land before the exact ones (bar.sync orders a
-                    # CTA's memory accesses), so the exact value is the one that stays
-                    tl.debug_barrier()
                 _exact_rows(
                     row_bits,
                     pid_r,
@@ -391,7 +363,6 @@ def _rms_norm_gated_fwd_kernel(
                     HAS_Z,
                     NORM_BEFORE_GATE,
                     SIGMOID,
-                    EXACT == 2,
                 )
 
 
@@ -400,13 +371,12 @@ def _rms_norm_gated_fwd_kernel(
 DEFAULT_VARIANT = {
     "MS_FP64": False,
     "ACCURATE_ARG": True,
-    "FAST_DIV": 1,
+    "FAST_DIV": True,
     "LEAN_TEST": True,
-    "RSTD_FAST": 1,
-    "XW_FIRST": False,
+    "RSTD_FAST": 2,
+    "XW_FIRST": True,
     "EXACT": 1,
     "FAULT_ULPS": 0,
-    "maxnreg": 0,  # launch option (0: the compiler's choice)
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -494,6 +464,5 @@ def rms_norm_gated_fwd(
         EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,  # fp32 output: all fp64 already
         FAULT_ULPS=variant["FAULT_ULPS"],
         num_warps=num_warps,
-        **({"maxnreg": variant["maxnreg"]} if variant["maxnreg"] else {}),
     )
     return (y, dbg, flags) if _debug else y
