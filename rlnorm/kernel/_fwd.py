@@ -46,14 +46,15 @@ MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
 
 # Error bound of the fp32 fast path, in fp32 ulps of the result: NEAR_T0 (+ NEAR_TZ * |z| for the
 # variant without ACCURATE_ARG). Budget in units of 2**-24 relative error (each < 1 ulp): roundings
-# (the exp argument's correction, 1 + e, z * sigmoid, 3 products) ~4; ex2.approx ~1.5; rcp.approx
-# ~1; rsqrt.approx + one Newton step ~1; the fp32 sum of squares (positive terms; a fixed tree of
-# depth d gives <= d/2 units in rstd). Without ACCURATE_ARG the rounded argument z*log2(e) adds |z|
-# units. norm_before_gate=False: the gate's error A enters x*act, rstd and the product again
-# (3A + 3). Set from the worst error MEASURED on the H200 (standard data, 262144 rows, this fast
-# path; docs/kernel-notes.md, calls 4-6): gated 6.10 ulps at D=128, 6.29 at D=256, 6.91 with z
-# scaled by 32; norm_before_gate=False 7.06; no gate 3.77. Elements within the bound of a midpoint
-# send their row to the exact path (~4% of rows at D=128, 8% at D=256).
+# (the exp argument's correction, 1 + e, z * sigmoid, 2 products: x * w is exact for bf16/fp16) ~3;
+# ex2.approx ~1.5; rcp.approx ~1; rsqrt.approx + one FMA-residual Newton step ~0.75; the fp32 sum of
+# squares (positive terms; a fixed tree of depth d gives <= d/2 units in rstd). Without ACCURATE_ARG
+# the rounded argument z*log2(e) adds |z| units. norm_before_gate=False: the gate's error A enters
+# x*act, rstd and the product again (3A + 3). Set from the worst error MEASURED on the H200 (standard
+# data, 262144 rows, this fast path, commit ec99454; docs/kernel-notes.md, session 3): gated 5.42 ulps
+# at D=128, 5.53 at D=256, 6.35 with z scaled by 32, 5.01 sigmoid; norm_before_gate=False 6.40; no
+# gate 2.71. Elements within the bound of a midpoint send their row to the exact path (~4% of rows at
+# D=128, 8% at D=256).
 NEAR_T0_GATED = 10
 NEAR_T0_GATED_PRE = 24
 NEAR_T0_PLAIN = 8  # no gate: 3 roundings + the fp32 sum of squares
