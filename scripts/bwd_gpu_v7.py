@@ -54,12 +54,14 @@ def shape_cases(d: int, rows: int) -> dict:
         rlnorm.rms_norm_gated(xr, zr, wr).backward(dy)
 
     cnt = _dweight.new_counters(d, "cuda")
+    cnt1 = _dweight.new_counters(d, "cuda", 1)
     return {
         "bwd TILES=1": bwd(1),
         "bwd TILES=31": bwd(31),
         "fwd+bwd (autograd)": fwd_bwd,
         "fwd": lambda: rlnorm.rms_norm_gated(x, z, w),
         "finalize": lambda: _dweight.finalize(cnt, torch.bfloat16),
+        "finalize (1 copy)": lambda: _dweight.finalize(cnt1, torch.bfloat16),
         "new_counters": lambda: _dweight.new_counters(d, "cuda"),
     }
 

@@ -280,3 +280,39 @@ def test_hot_windows_chosen_from_a_misleading_first_tile(dtype):
             dict(block_rows=2, tiles=16, hot_mode=1),
         ):
             assert_bitwise(exact_column_sum(v, dtype, **cut), want)
+
+
+def _tie_columns() -> torch.Tensor:
+    """Columns built so the rounding decision rests on bits far below the top digit: a value on an
+    output-format tie plus a tiny term (sticky), the same minus it, tiny totals, both signs."""
+    tiny = 2.0**-149
+    cols = [
+        [1.0, 2.0**-8, tiny],  # bf16 tie + sticky 277 bits below: rounds up
+        [1.0, 2.0**-8, -tiny],  # just below the bf16 tie: rounds down
+        [1.0, 2.0**-11, tiny],  # fp16 tie + sticky
+        [1.0, 2.0**-24, tiny],  # fp32 tie + sticky
+        [1.0, 2.0**-24, -tiny],
+        [-1.0, -(2.0**-8), -tiny],  # negative total
+        [tiny, tiny, tiny],  # total in the lowest digit only
+        [2.0**-100, 2.0**-130, -(2.0**-140)],
+        [2.0**100, 2.0**60, 2.0**20],  # digits far apart, no tie
+        [3.0 * 2.0**-127, -(2.0**-149), 2.0**-149],  # subnormal-range totals
+    ]
+    return torch.tensor(cols, dtype=torch.float64).t().float().contiguous()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rounding_reads_sticky_bits_far_below_the_top_digit(dtype):
+    # the finalize keeps only the two top digits of the total and an "any bit below" flag: a tie
+    # decided by a term 2**-149 must still round the way the exact sum says
+    v = _tie_columns()
+    assert_bitwise(exact_column_sum(v, dtype), oracle(v, dtype))
+
+
+@pytest.mark.parametrize("stripes", [1, 2, 8])
+def test_counter_copies_change_no_bit(stripes):
+    v = wide_values(40, 9, seed=12, lo=-140, hi=100)
+    for dtype in DTYPES:
+        assert_bitwise(exact_column_sum(v, dtype, block_rows=2, tiles=2, stripes=stripes), oracle(v, dtype))
+    with pytest.raises(ValueError, match="stripes"):
+        exact_column_sum(v, torch.float32, stripes=16)

@@ -342,7 +342,6 @@ def rms_norm_gated_bwd(
         raise ValueError(f"x: at most {_dweight.MAX_ROWS - 1} rows keep the exact dweight counters exact, got {rows}")
     dx = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     dz = None if z is None else torch.empty((rows, d), dtype=z.dtype, device=z.device)
-    counters = _dweight.new_counters(d, x.device)
     cfg = dict(bwd_config(d, group), **(config or {}))
     if not cfg.get("maxnreg"):
         cfg.pop("maxnreg", None)  # 0 / None: no register cap
@@ -356,6 +355,8 @@ def rms_norm_gated_bwd(
         cfg["TILES"] = tiles_per_program(rows, cfg["BLOCK_R"], min(cfg["TILES"], max_tiles))
     if not 1 <= cfg["TILES"] <= max_tiles or cfg["BLOCK_R"] > _dweight.MAX_TILE_ROWS:
         raise ValueError(f"config: TILES must be 1..{max_tiles}, BLOCK_R <= {_dweight.MAX_TILE_ROWS}")
+    programs = triton.cdiv(rows, cfg["BLOCK_R"] * cfg["TILES"])
+    counters = _dweight.new_counters(d, x.device, _dweight.stripes_for(programs))  # fewer copies for few programs
     # COLD_MODE 0 keeps rare dweight values aside here (written only where rare, read only there)
     deferred = cfg["DWEIGHT"] and cfg["COLD_MODE"] == 0 and rows > 0
     scratch = torch.empty((rows, d), dtype=torch.float32, device=x.device) if deferred else counters
@@ -370,8 +371,7 @@ def rms_norm_gated_bwd(
             raise ValueError("contributions: only with DWEIGHT enabled")
         scratch = contributions  # holds every contribution; the cold ones are the same values
     if rows > 0:
-        rows_per_program = cfg["BLOCK_R"] * cfg["TILES"]
-        grid = (triton.cdiv(rows, rows_per_program),)
+        grid = (programs,)
         _rms_norm_gated_bwd_kernel[grid](
             dy,
             x,
@@ -396,7 +396,7 @@ def rms_norm_gated_bwd(
             ACTIVATION=0 if activation == "silu" else 1,
             NUM_WIN=_dweight.NUM_WINDOWS,
             NUM_SLOTS=_dweight.NUM_SLOTS,
-            STRIPES=_dweight.STRIPES,
+            STRIPES=counters.shape[0],
             INTERP=_INTERPRET,
             ASM=_INLINE_ASM,
             HOT_WIDTH=_dweight.hot_width(cfg["TILES"]),
