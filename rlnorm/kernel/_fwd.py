@@ -426,6 +426,8 @@ def rms_norm_gated_fwd(
     if rows == 0:
         return (y, dbg, flags) if _debug else y
     variant = {**DEFAULT_VARIANT, **(_variant or {})}
+    if set(variant) != set(DEFAULT_VARIANT) or variant["EXACT"] not in (0, 1) or variant["RSTD_FAST"] not in (0, 1, 2):
+        raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
     t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
     tz = NEAR_TZ_ROUNDED_ARG[norm_before_gate] if has_z and not variant["ACCURATE_ARG"] else 0
     if _near is not None:
