@@ -25,10 +25,12 @@ associative). Per window the low part has weight 2**(32k) and the high part 2**(
 the counters are the limbs of one base-2**32 number. HOT_MODE 1 (v5) keeps two registers of
 shifted mantissas instead.
 
-Counters: int64 [STRIPES, NUM_SLOTS, D]; slot 2k is window k's low part, slot 2k+1 its high
-part, then three slots count NaN, +Inf and -Inf values (those have no integer form; they give
-the IEEE answer). Programs add into stripe pid % STRIPES, which only spreads same-address
-atomic traffic; the finalize kernel adds the stripes (exactly) before normalising.
+Counters: int64 [stripes, NUM_SLOTS, D] (stripes = 1..STRIPES copies, by the number of programs:
+`stripes_for`); slot 2k is window k's low part, slot 2k+1 its high part, then three slots count
+NaN, +Inf and -Inf values (those have no integer form; they give the IEEE answer). Programs add
+into copy pid % stripes, which only spreads same-address atomic traffic; the finalize kernel adds
+the copies (exactly), then normalises per column in two passes: the sign, then the magnitude's
+top two base-2**32 digits and a sticky bit, rounded once.
 
 Bounds: a register slot gains < 2**(23 + W) (HOT_MODE 0) or < 2**55 (HOT_MODE 1) per tile, so
 it stays below 2**63; every limb piece is below 2**33, so the counters stay exact for fewer than
@@ -462,7 +464,7 @@ def _dweight_finalize_kernel(
 ):
     """Per column: add the stripes, normalise the limbs (exact), round ONCE to OUT's dtype.
 
-    Every step is per column (one lane each): the limbs are re-read in each of the three passes
+    Every step is per column (one lane each): the limbs are re-read in each of the two passes
     (cache hits) instead of being kept in a [limbs, BLOCK] tile that would need cross-lane sums."""
     pid = tl.program_id(0)
     cols = pid * BLOCK + tl.arange(0, BLOCK)
