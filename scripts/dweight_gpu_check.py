@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
 from rlnorm.inputs import make_case
+from rlnorm.kernel import _dweight
 from rlnorm.kernel._bwd import rms_norm_gated_bwd
 from rlnorm.numerics import exact_sum
 
@@ -26,18 +27,29 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def main() -> int:
+    # PPS=512: one counter copy (so the fused finalize) up to 512 programs, to check that setting too
+    _dweight.PROGRAMS_PER_STRIPE = int(os.environ.get("PPS", _dweight.PROGRAMS_PER_STRIPE))
     failures = 0
     for d in (128, 256):
-        for rows in (1, 32, 4096, 65536):
+        for rows in (1, 32, 257, 4096, 65536):
             c = make_case(rows, d, seed=rows + d, device="cuda")
             for w in (c.w, c.w.float()):
                 contrib = torch.empty(rows, d, dtype=torch.float32, device="cuda")
                 got = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", contributions=contrib)
                 ref31 = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", config={"TILES": 31})
+                sep = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", config={"FUSED_FINAL": 0})
                 exact = same(got[2].cpu(), exact_sum(contrib.cpu(), w.dtype))
                 part = all(same(a, b) for a, b in zip(got, ref31, strict=True))
-                failures += (not exact) + (not part)
-                print(f"d={d} rows={rows:<6} w={w.dtype!s:<15} dweight exact {exact}  bits == 31 tiles {part}")
+                # the default launch (fused finalize where the counters have one copy) repeated: a missed
+                # ordering between programs' atomics and the last program's reads would show as a change
+                again = all(
+                    same(rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu")[2], sep[2]) for _ in range(20)
+                )
+                failures += (not exact) + (not part) + (not again)
+                print(
+                    f"d={d} rows={rows:<6} w={w.dtype!s:<15} dweight exact {exact}  bits == 31 tiles {part}"
+                    f"  20 repeats == separate finalize {again}"
+                )
     print(f"dweight_gpu_check: {failures} failures")
     return 1 if failures else 0
 

@@ -174,6 +174,8 @@ def _rms_norm_gated_fwd_kernel(
     y_ptr,
     dbg_ptr,  # fp32 [rows, D] fast-path values (DEBUG only)
     flag_ptr,  # int8 [rows, D] near-midpoint flags (DEBUG only)
+    zero_ptr,  # int64 [n_zero]: the backward's workspace, zeroed here (ZERO only)
+    n_zero,
     n_rows,
     stride_x,
     stride_z,
@@ -198,9 +200,16 @@ def _rms_norm_gated_fwd_kernel(
     FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
+    ZERO: tl.constexpr,  # also zero the backward's workspace (saves the backward a memset launch)
+    ZERO_BLOCK: tl.constexpr,
 ):
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
+    if ZERO:  # a grid-stride loop: the workspace's size does not depend on this launch's shape
+        n_prog = tl.num_programs(0) * tl.num_programs(1)
+        zoffs = tl.arange(0, ZERO_BLOCK)  # [ZERO_BLOCK]
+        for z0 in range((pid_r * tl.num_programs(1) + pid_g) * ZERO_BLOCK, n_zero, n_prog * ZERO_BLOCK):
+            tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
     eps = eps_bits.to(tl.float64, bitcast=True)
     r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
     g_cols = tl.arange(0, BLOCK_G)  # [BLOCK_G]
@@ -403,6 +412,7 @@ def rms_norm_gated_fwd(
     _config: tuple[int, int, int] | None = None,
     _near: tuple[float, float] | None = None,
     _variant: dict | None = None,
+    zero: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y = gated RMSNorm of 2-D x [rows, D] (last dim contiguous, any row stride); y contiguous.
 
@@ -410,6 +420,8 @@ def rms_norm_gated_fwd(
     values and the near-midpoint flags (GPU error measurements); `_config` overrides the launch
     shape for timing variants (it is still independent of the row count); `_near` overrides the
     error bound (t0, tz) in fp32 ulps (tests plant a too-small bound to prove it is needed).
+    `zero`: a contiguous int64 tensor this launch also fills with zeros (the backward's workspace,
+    `_bwd.workspace_numel`); no output bit depends on it.
     """
     rows, d = x.shape
     group = group_size or d
@@ -423,7 +435,11 @@ def rms_norm_gated_fwd(
         flags = torch.zeros((rows, d), dtype=torch.int8, device=x.device)
     else:
         dbg, flags = y, y  # unused pointers
+    if zero is not None and (zero.dtype != torch.int64 or not zero.is_contiguous() or zero.device != x.device):
+        raise ValueError(f"zero: expected a contiguous int64 tensor on {x.device}")
     if rows == 0:
+        if zero is not None:
+            zero.zero_()
         return (y, dbg, flags) if _debug else y
     variant = {**DEFAULT_VARIANT, **(_variant or {})}
     if set(variant) != set(DEFAULT_VARIANT) or variant["EXACT"] not in (0, 1) or variant["RSTD_FAST"] not in (0, 1, 2):
@@ -442,6 +458,8 @@ def rms_norm_gated_fwd(
         y,
         dbg,
         flags,
+        y if zero is None else zero,
+        0 if zero is None else zero.numel(),
         rows,
         x.stride(0),
         z.stride(0) if has_z else 0,
@@ -466,6 +484,8 @@ def rms_norm_gated_fwd(
         XW_FIRST=variant["XW_FIRST"],
         EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,  # fp32 output: all fp64 already
         FAULT_ULPS=variant["FAULT_ULPS"],
+        ZERO=zero is not None,
+        ZERO_BLOCK=32 * num_warps,
         num_warps=num_warps,
     )
     return (y, dbg, flags) if _debug else y

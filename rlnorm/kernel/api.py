@@ -12,6 +12,7 @@ import os
 import torch
 from torch import nn
 
+from rlnorm.kernel._bwd import rms_norm_gated_bwd, workspace_numel
 from rlnorm.kernel._fwd import MAX_D, rms_norm_gated_fwd
 from rlnorm.options import OpOptions
 
@@ -86,7 +87,13 @@ class _RMSNormGatedFunction(torch.autograd.Function):
         shape = x.shape
         x2 = _as_rows(x)
         z2 = None if z is None else _as_rows(z)
-        y = rms_norm_gated_fwd(x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation)
+        # the backward's zeroed workspace (dweight counters and ticket), zeroed by the forward's own
+        # launch: the backward then needs no memset launch (~1 us at decode sizes)
+        ws = torch.empty(workspace_numel(x2.shape[0], x2.shape[1], opts.group_size), dtype=torch.int64, device=x.device)
+        y = rms_norm_gated_fwd(
+            x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, zero=ws
+        )
+        ctx.workspace = ws  # used once: a second backward (retain_graph) gets a fresh zeroed one
         ctx.save_for_backward(x2, z2, weight)
         ctx.opts = opts
         ctx.shape = shape
@@ -105,11 +112,9 @@ class _RMSNormGatedFunction(torch.autograd.Function):
             dx = torch.zeros(ctx.shape, dtype=x2.dtype, device=x2.device)
             dz = torch.zeros(ctx.shape, dtype=x2.dtype, device=x2.device) if ctx.has_z else None
             return dx, dz, torch.zeros(d, dtype=weight.dtype, device=weight.device), None
-        # imported here so the forward works on its own (the backward lives in its own module)
-        from rlnorm.kernel._bwd import rms_norm_gated_bwd
-
+        ws, ctx.workspace = ctx.workspace, None
         dx, dz, dw = rms_norm_gated_bwd(
-            dy2, x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation
+            dy2, x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, workspace=ws
         )
         return dx.view(ctx.shape), (None if dz is None else dz.view(ctx.shape)), dw, None
 
