@@ -77,14 +77,13 @@ def main() -> int:
         except Exception as e:
             failures += 1
             print(f"FAIL bwd d={d} TILES={tiles}: {str(e)[:200]}")
-    for d, fused in itertools.product([128, 256, 96], [0, 1]):  # the finalize fused or not; the forward's zeroing
+    for d in (128, 256, 96):  # the forward that also zeroes the backward's counters
         x = torch.randn(8, d).bfloat16()
         try:
-            rms_norm_gated_bwd(x, x, x, torch.ones(d), 1e-6, None, True, "silu", config={"FUSED_FINAL": fused})
             rms_norm_gated_fwd(x, x, torch.ones(d), 1e-6, None, True, "silu", zero=torch.empty(100, dtype=torch.int64))
         except Exception as e:
             failures += 1
-            print(f"FAIL d={d} FUSED_FINAL={fused} / zero=: {str(e)[:200]}")
+            print(f"FAIL fwd d={d} zero=: {str(e)[:200]}")
     print(f"triton {triton.__version__}: {failures} failing combinations")
     return 1 if failures else 0
 

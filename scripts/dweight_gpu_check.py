@@ -1,6 +1,7 @@
 """GPU check of the backward's launch-time choices: for several row counts, dweight equals the exact
-sum of the rows' fp32 contributions rounded once (numerics.exact_sum, on the CPU), and dx, dz,
-dweight bits equal those with 31 tiles per program (the partition must change no bit).
+sum of the rows' fp32 contributions rounded once (numerics.exact_sum, on the CPU), dx, dz,
+dweight bits equal those with 31 tiles per program (the partition must change no bit), and equal those
+of a backward on counters the forward's launch zeroed (the autograd route), run after run.
 
     python scripts/dweight_gpu_check.py   (prints one line per case and a final count of failures)
 """
@@ -15,8 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
 from rlnorm.inputs import make_case
-from rlnorm.kernel import _dweight
-from rlnorm.kernel._bwd import rms_norm_gated_bwd
+from rlnorm.kernel._bwd import rms_norm_gated_bwd, workspace_numel
+from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from rlnorm.numerics import exact_sum
 
 
@@ -27,8 +28,6 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def main() -> int:
-    # PPS=512: one counter copy (so the fused finalize) up to 512 programs, to check that setting too
-    _dweight.PROGRAMS_PER_STRIPE = int(os.environ.get("PPS", _dweight.PROGRAMS_PER_STRIPE))
     failures = 0
     for d in (128, 256):
         for rows in (1, 32, 257, 4096, 65536):
@@ -37,18 +36,19 @@ def main() -> int:
                 contrib = torch.empty(rows, d, dtype=torch.float32, device="cuda")
                 got = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", contributions=contrib)
                 ref31 = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", config={"TILES": 31})
-                sep = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", config={"FUSED_FINAL": 0})
+                # the autograd route: the forward's launch zeroes the counters the backward then uses
+                ws = torch.full((workspace_numel(rows, d, None),), -1, dtype=torch.int64, device="cuda")
+                rms_norm_gated_fwd(c.x, c.z, w, 1e-6, None, True, "silu", zero=ws)
+                zeroed = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", workspace=ws)
                 exact = same(got[2].cpu(), exact_sum(contrib.cpu(), w.dtype))
                 part = all(same(a, b) for a, b in zip(got, ref31, strict=True))
-                # the default launch (fused finalize where the counters have one copy) repeated: a missed
-                # ordering between programs' atomics and the last program's reads would show as a change
-                again = all(
-                    same(rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu")[2], sep[2]) for _ in range(20)
+                again = all(same(a, b) for a, b in zip(zeroed, got, strict=True)) and all(
+                    same(rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu")[2], got[2]) for _ in range(20)
                 )
                 failures += (not exact) + (not part) + (not again)
                 print(
                     f"d={d} rows={rows:<6} w={w.dtype!s:<15} dweight exact {exact}  bits == 31 tiles {part}"
-                    f"  20 repeats == separate finalize {again}"
+                    f"  forward-zeroed counters and 20 repeats give the same bits {again}"
                 )
     print(f"dweight_gpu_check: {failures} failures")
     return 1 if failures else 0

@@ -157,3 +157,32 @@ def test_no_grad_call_skips_autograd_and_gives_the_same_bits(case):
     assert torch.equal(y_plain.view(torch.int16), y_graph.detach().view(torch.int16))
     with torch.no_grad():
         assert rms_norm_gated(x, case.z, case.w).grad_fn is None
+
+
+def test_autograd_gives_the_backward_kernels_bits_on_every_backward(case, monkeypatch):
+    # the forward zeroes the backward's dweight counters in its own launch; the autograd route must
+    # give the plain backward's bits, and a second backward of the same graph (retain_graph) must get
+    # fresh zeroed counters, not the first one's sums
+    from rlnorm.kernel import api
+    from rlnorm.kernel._bwd import rms_norm_gated_bwd
+
+    want = rms_norm_gated_bwd(case.dy, case.x, case.z, case.w, 1e-6, None, True, "silu")
+    leaves = [t.clone().requires_grad_(True) for t in (case.x, case.z, case.w)]
+    y = rms_norm_gated(*leaves)
+    for _ in range(2):
+        got = torch.autograd.grad(y, leaves, case.dy, retain_graph=True)
+        for a, b, name in zip(got, want, ("dx", "dz", "dweight"), strict=True):
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name
+    # planted fault: the second backward reuses the first one's (now summed-into) counters
+    y = rms_norm_gated(*leaves)
+    keep = []
+
+    def reused(*args, workspace=None, **kw):
+        keep.append(workspace if workspace is not None else keep[0])
+        return rms_norm_gated_bwd(*args, workspace=keep[-1], **kw)
+
+    monkeypatch.setattr(api, "rms_norm_gated_bwd", reused)
+    first = torch.autograd.grad(y, leaves, case.dy, retain_graph=True)[2]
+    second = torch.autograd.grad(y, leaves, case.dy, retain_graph=True)[2]
+    assert torch.equal(first.view(torch.int16), want[2].view(torch.int16))
+    assert not torch.equal(second.view(torch.int16), want[2].view(torch.int16)), "reused counters went unnoticed"

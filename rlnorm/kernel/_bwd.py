@@ -23,15 +23,7 @@ import triton
 import triton.language as tl
 
 from rlnorm.kernel import _dweight
-from rlnorm.kernel._dweight import (
-    accumulate,
-    add_deferred,
-    finalize_columns,
-    flush,
-    flush_rows,
-    hot_range,
-    hot_range_rows,
-)
+from rlnorm.kernel._dweight import accumulate, add_deferred, flush, flush_rows, hot_range, hot_range_rows
 from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_to_fp32
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
@@ -79,39 +71,6 @@ def _rcp_ftz(v):
 
 
 @triton.jit
-def _fence_gpu(ASM: tl.constexpr):
-    """fence.acq_rel.gpu in every thread (GPU only; the interpreter runs programs one after another):
-    this thread's earlier counter atomics are ordered before whatever the CTA does after its barrier."""
-    if ASM:
-        dummy = tl.zeros([1], tl.int32)
-        tl.inline_asm_elementwise(
-            "fence.acq_rel.gpu;\n\tmov.b32 $0, 0;", "=r,r", [dummy], dtype=tl.int32, is_pure=False, pack=1
-        )
-
-
-@triton.jit(noinline=True)
-def _finalize_dweight(
-    CNT,
-    DW,
-    d,
-    NUM_WIN: tl.constexpr,
-    NUM_SLOTS: tl.constexpr,
-    NUM_LIMBS: tl.constexpr,
-    STRIPES: tl.constexpr,
-    PREC: tl.constexpr,
-    EMIN_U: tl.constexpr,
-    EMAX: tl.constexpr,
-    FIN_COLS: tl.constexpr,
-):
-    """The last program's finalize, as a called function (noinline): its registers are allocated apart
-    from the tile loop's, which an inlined copy made spill (87 spill instructions against 10)."""
-    for c0 in range(0, d, FIN_COLS):
-        fcols = c0 + tl.arange(0, FIN_COLS)  # [FIN_COLS]
-        cmask = fcols < d
-        finalize_columns(CNT, DW, fcols, cmask, d, NUM_WIN, NUM_SLOTS, NUM_LIMBS, STRIPES, PREC, EMIN_U, EMAX, FIN_COLS)
-
-
-@triton.jit
 def _activation(z, ACTIVATION: tl.constexpr, FAST_ACT: tl.constexpr, ASM: tl.constexpr):
     """(act(z), act'(z)) in fp32; ACTIVATION 0 = silu, 1 = sigmoid.
 
@@ -142,8 +101,6 @@ def _rms_norm_gated_bwd_kernel(
     DZ,
     CNT,
     SCR,
-    DW,  # dweight [d] (FUSED_FINAL only)
-    TICKET,  # int64 [1], zeroed with the counters (FUSED_FINAL only)
     n_rows,
     d,
     group,
@@ -171,12 +128,6 @@ def _rms_norm_gated_bwd_kernel(
     PREFETCH: tl.constexpr,
     FAST_ACT: tl.constexpr,
     ROW_RANGE: tl.constexpr,
-    FUSED_FINAL: tl.constexpr,  # 1: the last program to finish rounds dweight (2: the first; tests only)
-    FIN_COLS: tl.constexpr,  # columns per step of that finalize
-    NUM_LIMBS: tl.constexpr,
-    PREC: tl.constexpr,
-    EMIN_U: tl.constexpr,
-    EMAX: tl.constexpr,
     DEBUG: tl.constexpr,
     INTERP: tl.constexpr,
     ASM: tl.constexpr,
@@ -306,21 +257,6 @@ def _rms_norm_gated_bwd_kernel(
             flush(acc0, acc1, start, cnt_ptr, c3, cm3, d, HOT_MODE)
         if COLD_MODE == 0:  # the rare values kept aside: after the loop, out of its registers
             add_deferred(SCR + row0[:, None, None] * d, BLOCK_R * d, cold_bits, cnt_ptr, c3, cm3, d, NUM_WIN, TILES)
-        if FUSED_FINAL:
-            # Last-program ticket instead of a second launch: every thread fences its counter atomics,
-            # the CTA meets at a barrier, then one acq_rel atomic draws a ticket; the program that draws
-            # the last one has seen every other program's release, so the counters are complete when
-            # it reads them (from L2) and rounds them once. The rounding is the finalize kernel's own
-            # code: the same bits either way.
-            _fence_gpu(ASM)
-            tl.debug_barrier()
-            ticket = tl.atomic_add(TICKET, 1, sem="acq_rel", scope="gpu")
-            if FUSED_FINAL == 1:
-                finisher = tl.num_programs(0) - 1
-            else:  # the planted fault of tests/test_kernel_bwd.py: it misses the later programs' sums
-                finisher = 0
-            if ticket == finisher:
-                _finalize_dweight(CNT, DW, d, NUM_WIN, NUM_SLOTS, NUM_LIMBS, STRIPES, PREC, EMIN_U, EMAX, FIN_COLS)
 
 
 def bwd_config(d: int, group: int) -> dict[str, int]:
@@ -349,9 +285,6 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "PREFETCH": 1 if width <= 2048 else 0,  # wider rows: 8+ elements per thread, registers first
         "FAST_ACT": 1,
         "ROW_RANGE": 0,
-        # dweight rounded by the last program to finish (a ticket), not by a second launch
-        "FUSED_FINAL": 1,
-        "FIN_COLS": min(triton.next_power_of_2(d), 32 * num_warps),  # one column per thread
         "maxnreg": 0,  # 0: the compiler's choice
     }
     if width <= 128:
@@ -376,14 +309,10 @@ def tiles_per_program(rows: int, block_r: int, max_tiles: int) -> int:
     return min(max_tiles, triton.next_power_of_2(want))
 
 
-def _launch_plan(rows: int, d: int, group: int, config: dict[str, int] | None) -> tuple[dict, int, int, bool]:
-    """(config, programs, counter copies, fused finalize) for a backward of `rows` rows.
+def _launch_plan(rows: int, d: int, group: int, config: dict[str, int] | None) -> tuple[dict, int, int]:
+    """(config, programs, counter copies) for a backward of `rows` rows.
 
-    Only TILES, the copies and where the finalize runs follow the row count, and none of them can
-    change a bit: TILES and the copies only cut the work, and the fused finalize runs the finalize
-    kernel's own code. It is used only with one copy of the counters: with 8, its 152 counter loads,
-    inlined into the backward, push the tile loop into register spills (sm_90 SASS: 31 spill
-    instructions in the loop against 4) where the second launch costs nothing that matters."""
+    Only TILES and the copies follow the row count, and neither can change a bit: both only cut the work."""
     cfg = dict(bwd_config(d, group), **(config or {}))
     if not cfg.get("maxnreg"):
         cfg.pop("maxnreg", None)  # 0 / None: no register cap
@@ -397,20 +326,17 @@ def _launch_plan(rows: int, d: int, group: int, config: dict[str, int] | None) -
         cfg["TILES"] = tiles_per_program(rows, cfg["BLOCK_R"], min(cfg["TILES"], max_tiles))
     if not 1 <= cfg["TILES"] <= max_tiles or cfg["BLOCK_R"] > _dweight.MAX_TILE_ROWS:
         raise ValueError(f"config: TILES must be 1..{max_tiles}, BLOCK_R <= {_dweight.MAX_TILE_ROWS}")
-    if cfg["FUSED_FINAL"] not in (0, 1, 2) or cfg["FIN_COLS"] < 1 or cfg["FIN_COLS"] & (cfg["FIN_COLS"] - 1):
-        raise ValueError("config: FUSED_FINAL must be 0, 1 (or 2: tests only), FIN_COLS a power of two")
     programs = triton.cdiv(rows, cfg["BLOCK_R"] * cfg["TILES"])
     stripes = _dweight.stripes_for(programs)  # fewer copies for few programs
-    fused = bool(cfg["FUSED_FINAL"]) and cfg["DWEIGHT"] and rows > 0 and stripes == 1
-    return cfg, programs, stripes, fused
+    return cfg, programs, stripes
 
 
 def workspace_numel(rows: int, d: int, group_size: int | None) -> int:
-    """int64 elements of the zeroed workspace (counters and ticket) the default backward of `rows` rows uses.
+    """int64 elements of the zeroed dweight counters the default backward of `rows` rows uses.
 
     The forward can zero it inside its own launch (api.py), which saves the backward a memset launch."""
-    _, _, stripes, _ = _launch_plan(rows, d, group_size or d, None)
-    return stripes * _dweight.NUM_SLOTS * d + 1
+    _, _, stripes = _launch_plan(rows, d, group_size or d, None)
+    return stripes * _dweight.NUM_SLOTS * d
 
 
 def rms_norm_gated_bwd(
@@ -447,18 +373,16 @@ def rms_norm_gated_bwd(
         raise ValueError(f"group_size: {group} does not divide the last dimension {d}")
     if rows >= _dweight.MAX_ROWS:
         raise ValueError(f"x: at most {_dweight.MAX_ROWS - 1} rows keep the exact dweight counters exact, got {rows}")
-    cfg, programs, stripes, fused = _launch_plan(rows, d, group, config)
+    cfg, programs, stripes = _launch_plan(rows, d, group, config)
     if workspace is None:
-        counters, ticket = _dweight.new_workspace(d, x.device, stripes)  # the ticket is zeroed with them
+        counters = _dweight.new_counters(d, x.device, stripes)
     else:
-        numel = stripes * _dweight.NUM_SLOTS * d + 1
+        numel = stripes * _dweight.NUM_SLOTS * d
         if workspace.dtype != torch.int64 or workspace.numel() != numel or not workspace.is_contiguous():
             raise ValueError(f"workspace: expected a contiguous zeroed int64 tensor of {numel} elements")
-        counters, ticket = workspace[:-1].view(stripes, _dweight.NUM_SLOTS, d), workspace[-1:]
+        counters = workspace.view(stripes, _dweight.NUM_SLOTS, d)
     dx = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     dz = None if z is None else torch.empty((rows, d), dtype=z.dtype, device=z.device)
-    dw = torch.empty(d, dtype=w.dtype, device=w.device) if fused else None
-    prec, emin_u, emax = _dweight.format_bounds(w.dtype)
     # COLD_MODE 0 keeps rare dweight values aside here (written only where rare, read only there)
     deferred = cfg["DWEIGHT"] and cfg["COLD_MODE"] == 0 and rows > 0
     scratch = torch.empty((rows, d), dtype=torch.float32, device=x.device) if deferred else counters
@@ -483,8 +407,6 @@ def rms_norm_gated_bwd(
             dx if dz is None else dz,
             counters,
             scratch,
-            dw if fused else counters,
-            ticket,
             rows,
             d,
             group,
@@ -505,12 +427,7 @@ def rms_norm_gated_bwd(
             ASM=_INLINE_ASM,
             HOT_WIDTH=_dweight.hot_width(cfg["TILES"]),
             DEBUG=contributions is not None,
-            NUM_LIMBS=_dweight.NUM_LIMBS,
-            PREC=prec,
-            EMIN_U=emin_u,
-            EMAX=emax,
-            **{**cfg, "FUSED_FINAL": cfg["FUSED_FINAL"] if fused else 0},
+            **cfg,
         )
-    if not fused:
-        dw = _dweight.finalize(counters, w.dtype)
+    dw = _dweight.finalize(counters, w.dtype)
     return dx, dz, dw

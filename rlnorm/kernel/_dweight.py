@@ -429,14 +429,13 @@ def _column_sum_kernel(
 def _limb(CNT, i: tl.constexpr, cols, cmask, d, NUM_WIN: tl.constexpr, NUM_SLOTS: tl.constexpr, STRIPES: tl.constexpr):
     """Limb i of the total (weight 2**(32 i)): window i's low part plus window i-1's high part, all
     stripes added (int64 adds: exact, any order). Loaded per column as a [BLOCK] vector, so the
-    finalize never reduces across lanes: a long chain of cross-warp sums made it ~10 us per call.
-    Read from L2 (.cg): when the backward's last program finalizes, other SMs' atomics wrote them."""
+    finalize never reduces across lanes: a long chain of cross-warp sums made it ~10 us per call."""
     v = tl.zeros(cols.shape, tl.int64)
     for s in tl.static_range(STRIPES):
         if i < NUM_WIN:
-            v += tl.load(CNT + (s * NUM_SLOTS + 2 * i) * d + cols, mask=cmask, other=0, cache_modifier=".cg")
+            v += tl.load(CNT + (s * NUM_SLOTS + 2 * i) * d + cols, mask=cmask, other=0)
         if i >= 1 and i <= NUM_WIN:
-            v += tl.load(CNT + (s * NUM_SLOTS + 2 * i - 1) * d + cols, mask=cmask, other=0, cache_modifier=".cg")
+            v += tl.load(CNT + (s * NUM_SLOTS + 2 * i - 1) * d + cols, mask=cmask, other=0)
     return v
 
 
@@ -445,16 +444,14 @@ def _slot_total(CNT, slot: tl.constexpr, cols, cmask, d, NUM_SLOTS: tl.constexpr
     """One slot's count over the stripes, per column."""
     v = tl.zeros(cols.shape, tl.int64)
     for s in tl.static_range(STRIPES):
-        v += tl.load(CNT + (s * NUM_SLOTS + slot) * d + cols, mask=cmask, other=0, cache_modifier=".cg")
+        v += tl.load(CNT + (s * NUM_SLOTS + slot) * d + cols, mask=cmask, other=0)
     return v
 
 
 @triton.jit
-def finalize_columns(
+def _dweight_finalize_kernel(
     CNT,
     OUT,
-    cols,
-    cmask,
     d,
     NUM_WIN: tl.constexpr,
     NUM_SLOTS: tl.constexpr,
@@ -465,11 +462,13 @@ def finalize_columns(
     EMAX: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """Columns `cols` [BLOCK] of the total: add the stripes, normalise the limbs (exact), round ONCE
-    to OUT's dtype and store. Shared by the finalize kernel and the backward's last program.
+    """Per column: add the stripes, normalise the limbs (exact), round ONCE to OUT's dtype.
 
     Every step is per column (one lane each): the limbs are re-read in each of the two passes
     (cache hits) instead of being kept in a [limbs, BLOCK] tile that would need cross-lane sums."""
+    pid = tl.program_id(0)
+    cols = pid * BLOCK + tl.arange(0, BLOCK)
+    cmask = cols < d
     # pass 1: the sign. Carry propagation in base 2**32 with floor shifts leaves digits in
     # [0, 2**32) and a final carry of -1 exactly when the total is negative.
     carry = tl.zeros([BLOCK], tl.int64)
@@ -539,25 +538,6 @@ def finalize_columns(
     tl.store(OUT + cols, _exact_cast(value.to(tl.float32), OUT.dtype.element_ty), mask=cmask)
 
 
-@triton.jit
-def _dweight_finalize_kernel(
-    CNT,
-    OUT,
-    d,
-    NUM_WIN: tl.constexpr,
-    NUM_SLOTS: tl.constexpr,
-    NUM_LIMBS: tl.constexpr,
-    STRIPES: tl.constexpr,
-    PREC: tl.constexpr,
-    EMIN_U: tl.constexpr,
-    EMAX: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """The counters' total per column, rounded once: BLOCK columns per program."""
-    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    finalize_columns(CNT, OUT, cols, cols < d, d, NUM_WIN, NUM_SLOTS, NUM_LIMBS, STRIPES, PREC, EMIN_U, EMAX, BLOCK)
-
-
 def stripes_for(programs: int) -> int:
     """Copies of the counters for `programs` adding into them: a power of two up to STRIPES.
 
@@ -573,22 +553,10 @@ def new_counters(d: int, device: torch.device | str, stripes: int = STRIPES) -> 
     return torch.zeros((stripes, NUM_SLOTS, d), dtype=torch.int64, device=device)
 
 
-def new_workspace(d: int, device: torch.device | str, stripes: int = STRIPES) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zeroed counters [stripes, NUM_SLOTS, d] and an int64 ticket [1] after them: one allocation, one memset."""
-    flat = torch.zeros(stripes * NUM_SLOTS * d + 1, dtype=torch.int64, device=device)
-    return flat[:-1].view(stripes, NUM_SLOTS, d), flat[-1:]
-
-
-def format_bounds(dtype: torch.dtype) -> tuple[int, int, int]:
-    """(precision bits, smallest normal exponent + 149, largest exponent) of a dweight dtype."""
-    if dtype not in _FORMATS:
-        raise TypeError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
-    return _FORMATS[dtype]
-
-
 def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The exact total of the counters, rounded once (to nearest even) to `dtype`: a [d] tensor."""
-    prec, emin_u, emax = format_bounds(dtype)
+    if dtype not in _FORMATS:
+        raise TypeError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
     if (
         counters.dtype != torch.int64
         or counters.dim() != 3
@@ -600,6 +568,7 @@ def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     out = torch.empty(d, dtype=dtype, device=counters.device)
     if d == 0:
         return out
+    prec, emin_u, emax = _FORMATS[dtype]
     # 128 columns per program on the GPU (registers); the CPU interpreter pays per program instead
     block = 128 if counters.is_cuda else min(triton.next_power_of_2(d), 1024)
     _dweight_finalize_kernel[(triton.cdiv(d, block),)](
