@@ -21,7 +21,6 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from rlnorm.kernel import _dweight
 from rlnorm.kernel._dweight import accumulate, add_deferred, flush, flush_rows, hot_range, hot_range_rows
@@ -69,23 +68,6 @@ def _ex2_ftz(v):
 def _rcp_ftz(v):
     """1/v as one rcp.approx.ftz.f32: what the division 1.0 / v computes for 1 <= v <= 2**126."""
     return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def _rstd(ms, RSTD_FAST: tl.constexpr, ASM: tl.constexpr):
-    """1/sqrt(ms) per row. RSTD_FAST (GPU only): rsqrt.approx + one Newton step with an FMA residual,
-    ~0.75 ulp in ~7 instructions per row, against sqrt.rn + div.full (~1-2 ulps) in ~20 with a slow-path
-    branch; ms below 2**-100 is scaled by 2**64 first, since rsqrt.approx.ftz flushes subnormals to 0."""
-    if RSTD_FAST and ASM:
-        tiny = ms < 7.888609052210118e-31
-        s = tl.where(tiny, 1.8446744073709552e19, 1.0)
-        m = ms * s  # exact: a power of two
-        r0 = libdevice.rsqrt(m)
-        h = tl.fma(-(m * r0), r0, 1.0)
-        r = tl.fma(r0 * 0.5, h, r0) * tl.where(tiny, 4294967296.0, 1.0)  # undo the scale (exact)
-    else:
-        r = 1.0 / tl.sqrt_rn(ms)  # correctly rounded sqrt
-    return r
 
 
 @triton.jit
@@ -146,7 +128,6 @@ def _rms_norm_gated_bwd_kernel(
     PREFETCH: tl.constexpr,
     FAST_ACT: tl.constexpr,
     ROW_RANGE: tl.constexpr,
-    RSTD_FAST: tl.constexpr,
     DEBUG: tl.constexpr,
     INTERP: tl.constexpr,
     ASM: tl.constexpr,
@@ -219,7 +200,7 @@ def _rms_norm_gated_bwd_kernel(
             u = x
         # per-row, per-group statistics: reductions over this row's own columns only
         mean_sq = tl.sum(u * u, axis=2) * inv_group  # [BLOCK_R, BLOCK_G]
-        rstd = _rstd(mean_sq + eps, RSTD_FAST, ASM)[:, :, None]  # [BLOCK_R, BLOCK_G, 1]
+        rstd = (1.0 / tl.sqrt_rn(mean_sq + eps))[:, :, None]  # [BLOCK_R, BLOCK_G, 1], correctly rounded sqrt
         uh = u * rstd
         if HAS_Z and NORM_BEFORE_GATE:
             g = dy * w * act
@@ -304,7 +285,6 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "PREFETCH": 1 if width <= 2048 else 0,  # wider rows: 8+ elements per thread, registers first
         "FAST_ACT": 1,
         "ROW_RANGE": 0,
-        "RSTD_FAST": 1,  # rsqrt.approx + an FMA Newton step (GPU; the interpreter keeps sqrt.rn + divide)
         "maxnreg": 0,  # 0: the compiler's choice
     }
     if width <= 128:
