@@ -260,6 +260,14 @@ def test_tiles_per_program_change_no_bit():
     assert all(tiles_per_program(r, 1, 31) in (1, 2, 4, 8, 16, 31) for r in (1, 7, 63, 257, 4097, 10**5))
 
 
+def test_tiles_per_program_on_the_gpu_follow_the_measured_split(monkeypatch):
+    # the GPU rule (sqrt(tiles) / 8, a power of two) gives the splits measured fastest on the H200 at
+    # D=128 (2-row tiles): 1 tile per program at 32 rows, 2 at 512, 8 at 4096, the most at 262144
+    monkeypatch.setattr(rlnorm.kernel._bwd, "_INTERPRET", False)
+    assert [tiles_per_program(r, 2, 31) for r in (1, 32, 512, 4096, 262144)] == [1, 1, 2, 8, 31]
+    assert [tiles_per_program(r, 1, 31) for r in (32, 512, 4096)] == [1, 4, 8]  # D=256: 1-row tiles
+
+
 def test_workspace_zeroed_by_the_forward_gives_the_same_bits():
     # the autograd forward zeroes the backward's counters in its own launch; a workspace left dirty
     # (the fault that zeroing exists to prevent) must change dweight, a zeroed one must not

@@ -16,6 +16,7 @@ dweight: each row's contribution c (fp32) goes through the exact fixed-point acc
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -293,19 +294,25 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
     return cfg
 
 
-# Programs to spread the rows over. TILES (tiles per program) only partitions the rows: a row's dx/dz
-# bits depend on BLOCK_R and num_warps alone, and dweight is an exact sum whatever the partition, so
-# no output bit depends on it (tests/test_kernel_bwd.py runs every value bitwise). The most tiles
-# per program amortise each program's dweight flush at 262144 rows (H200, D=128: 31 tiles 142.6 us,
-# 8 tiles 162.7 us); at decode sizes the same 31 tiles leave one program walking the rows alone
-# (32 rows: bwd kernel 9.0 us, one tile per program 2.5 us; docs/dweight-notes.md, call 7). The
-# interpreter pays per program, so on the CPU a few programs suffice to exercise the loop.
-TARGET_PROGRAMS = 8 if _INTERPRET else 512
+# Tiles per program. TILES only partitions the rows: a row's dx/dz bits depend on BLOCK_R and num_warps
+# alone, and dweight is an exact sum whatever the partition, so no output bit depends on it
+# (tests/test_kernel_bwd.py runs every value bitwise; scripts/dweight_gpu_check.py on the H200). More
+# tiles per program amortise each program's flush and mean fewer programs adding into the counters
+# (fewer copies for the finalize to read, `_dweight.stripes_for`); fewer tiles shorten the programs'
+# serial walk. Measured on the H200 (scripts/bwd_gpu_v10.py, docs/dweight-notes.md, session 4), the best
+# split grows about as the square root of the tile count: sqrt(tiles) / 8 tiles per program (D=128:
+# 1 tile at 32 rows, 2 at 512, 8 at 4096, 31 from ~60000 rows on). The interpreter pays per program,
+# so on the CPU about 8 programs suffice to exercise the loop.
+SQRT_TILES_PER_TILE = 8
 
 
 def tiles_per_program(rows: int, block_r: int, max_tiles: int) -> int:
-    """Fewest tiles per program (a power of two, at most max_tiles) that keep ~TARGET_PROGRAMS programs."""
-    want = triton.cdiv(triton.cdiv(max(rows, 1), block_r), TARGET_PROGRAMS)
+    """Tiles per program for `rows` rows: a power of two near sqrt(tiles) / 8, at most max_tiles."""
+    tiles = triton.cdiv(max(rows, 1), block_r)
+    if _INTERPRET:
+        want = triton.cdiv(tiles, 8)
+    else:
+        want = math.ceil(math.sqrt(tiles) / SQRT_TILES_PER_TILE)
     return min(max_tiles, triton.next_power_of_2(want))
 
 
