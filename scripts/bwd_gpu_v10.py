@@ -38,6 +38,7 @@ def over(cfg: dict, sets: list) -> object:
 
 
 def main() -> None:
+    pps_default = _dweight.PROGRAMS_PER_STRIPE
     for d in (128, 256):
         for rows in (32, 512, 4096):
             sets = make_sets(rows, d, torch.bfloat16, "cuda")[:20]
@@ -75,7 +76,7 @@ def main() -> None:
                             }
                         )
                         line.append(f"T{tiles} rr{row_range} pps{pps} {t:5.2f}{'' if ok else ' DIFFER'}")
-            _dweight.PROGRAMS_PER_STRIPE = 64
+            _dweight.PROGRAMS_PER_STRIPE = pps_default
             print(" | ".join(line), flush=True)
             with open(os.path.join(OUT, "bwd10.json"), "w") as fh:
                 json.dump(RES, fh, indent=1)
