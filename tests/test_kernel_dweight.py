@@ -16,7 +16,7 @@ import torch
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 on a machine without a GPU)
 from rlnorm.kernel import _dweight
-from rlnorm.kernel._dweight import MAX_TILE_ROWS, MAX_TILES_DEFERRED, exact_column_sum
+from rlnorm.kernel._dweight import MAX_TILE_ROWS, MAX_TILES_DEFERRED, column_counters, exact_column_sum, finalize
 from rlnorm.numerics import exact_sum
 
 # (precision with the implicit bit, smallest normal exponent, largest exponent)
@@ -298,6 +298,7 @@ def _tie_columns() -> torch.Tensor:
         [2.0**100, 2.0**60, 2.0**20],  # digits far apart, no tie
         [3.0 * 2.0**-127, -(2.0**-149), 2.0**-149],  # subnormal-range totals
     ]
+    cols += [[-v for v in c] for c in cols]  # the mirror images: negative totals read their digits as ~D + 1
     return torch.tensor(cols, dtype=torch.float64).t().float().contiguous()
 
 
@@ -307,6 +308,17 @@ def test_rounding_reads_sticky_bits_far_below_the_top_digit(dtype):
     # decided by a term 2**-149 must still round the way the exact sum says
     v = _tie_columns()
     assert_bitwise(exact_column_sum(v, dtype), oracle(v, dtype))
+
+
+@pytest.mark.parametrize("block", [(1, 1), (4, 1), (32, 1), (64, 2)])
+def test_finalize_cut_into_programs_changes_no_bit(block):
+    # the GPU default reads 32 columns per program; every cut must give the oracle's bits
+    ties = _tie_columns()
+    ties = torch.cat([ties, torch.zeros(40 - ties.shape[0], ties.shape[1])])  # zero rows add nothing
+    v = torch.cat([wide_values(40, 9, seed=13, lo=-140, hi=100), ties], dim=1)
+    counters = column_counters(v, block_rows=2, tiles=2, stripes=2)
+    for dtype in DTYPES:
+        assert_bitwise(finalize(counters, dtype, _block=block), oracle(v, dtype))
 
 
 @pytest.mark.parametrize("stripes", [1, 2, 8])

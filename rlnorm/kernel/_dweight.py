@@ -449,6 +449,19 @@ def _slot_total(CNT, slot: tl.constexpr, cols, cmask, d, NUM_SLOTS: tl.constexpr
 
 
 @triton.jit
+def _track_digit(i: tl.constexpr, digit, top, top_digit, second, low_nz, prev, below2):
+    """Digit i (from the lowest) of a magnitude: keep the top nonzero digit, the one below it, and
+    whether any digit further down is nonzero (all the rounding needs, see the finalize)."""
+    nz = digit != 0
+    top = tl.where(nz, i, top)
+    top_digit = tl.where(nz, digit, top_digit)
+    second = tl.where(nz, prev, second)
+    low_nz = tl.where(nz, below2, low_nz)
+    below2 = below2 | (prev != 0)
+    return top, top_digit, second, low_nz, digit, below2
+
+
+@triton.jit
 def _dweight_finalize_kernel(
     CNT,
     OUT,
@@ -464,40 +477,51 @@ def _dweight_finalize_kernel(
 ):
     """Per column: add the stripes, normalise the limbs (exact), round ONCE to OUT's dtype.
 
-    Every step is per column (one lane each): the limbs are re-read in each of the two passes
-    (cache hits) instead of being kept in a [limbs, BLOCK] tile that would need cross-lane sums."""
+    Every step is per column (one lane each), in ONE pass over the limbs: no load waits on a carry,
+    so the compiler can issue the counters' loads together (two passes made the second pass's carry
+    chain wait for the first's sign)."""
     pid = tl.program_id(0)
     cols = pid * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < d
-    # pass 1: the sign. Carry propagation in base 2**32 with floor shifts leaves digits in
-    # [0, 2**32) and a final carry of -1 exactly when the total is negative.
+    # Carry propagation in base 2**32 with floor shifts gives digits in [0, 2**32) of the total T and
+    # a final carry of -1 exactly when T is negative; then |T| = 2**(32 N) - D for the digit string D,
+    # whose digits come from the same pass as ~D + 1 (complement each digit, carry a one upward).
+    # Both readings are tracked; the final carry picks one. Only the top nonzero digit and the one below
+    # it can hold kept bits (the rounding point r is at least 32 * (top - 1) + 8 for every output format,
+    # PREC <= 24); every lower digit only feeds the sticky bit.
     carry = tl.zeros([BLOCK], tl.int64)
+    ncarry = tl.full([BLOCK], 1, tl.int64)
+    all_ones = tl.full([BLOCK], 0xFFFFFFFF, tl.int64)  # 2**32 - 1
+    p_top = tl.full([BLOCK], -1, tl.int32)
+    n_top = p_top
+    p_top_digit = tl.zeros([BLOCK], tl.int64)
+    p_second = p_top_digit  # the digit just below the top one (0 when top == 0)
+    p_prev = p_top_digit  # digit i - 1
+    n_top_digit = p_top_digit
+    n_second = p_top_digit
+    n_prev = p_top_digit
+    p_low_nz = tl.zeros([BLOCK], tl.int1)  # a nonzero digit two or more places below the top one
+    p_below2 = p_low_nz  # a nonzero digit among 0 .. i - 2
+    n_low_nz = p_low_nz
+    n_below2 = p_low_nz
     for i in tl.static_range(NUM_LIMBS):
-        carry = (carry + _limb(CNT, i, cols, cmask, d, NUM_WIN, NUM_SLOTS, STRIPES)) >> 32
-    negative = carry < 0
-    sign = tl.where(negative, -1, 1).to(tl.int64)
-    # pass 2: digits of the magnitude (limbs times the sign, then the same propagation). Only the top
-    # nonzero digit and the one below it can hold kept bits (the rounding point r is at least
-    # 32 * (top - 1) + 8 for every output format, PREC <= 24); every lower digit only feeds the sticky
-    # bit, so one pass keeps (top digit, the digit below it, any nonzero digit below that).
-    carry = tl.zeros([BLOCK], tl.int64)
-    top = tl.full([BLOCK], -1, tl.int32)
-    top_digit = tl.zeros([BLOCK], tl.int64)
-    second = tl.zeros([BLOCK], tl.int64)  # the digit just below the top one (0 when top == 0)
-    low_nz = tl.zeros([BLOCK], tl.int1)  # a nonzero digit two or more places below the top one
-    prev = tl.zeros([BLOCK], tl.int64)  # digit i - 1
-    below2 = tl.zeros([BLOCK], tl.int1)  # a nonzero digit among 0 .. i - 2
-    for i in tl.static_range(NUM_LIMBS):
-        raw = _limb(CNT, i, cols, cmask, d, NUM_WIN, NUM_SLOTS, STRIPES) * sign + carry
+        raw = _limb(CNT, i, cols, cmask, d, NUM_WIN, NUM_SLOTS, STRIPES) + carry
         carry = raw >> 32
         digit = raw - (carry << 32)
-        nz = digit != 0
-        top = tl.where(nz, i, top)
-        top_digit = tl.where(nz, digit, top_digit)
-        second = tl.where(nz, prev, second)
-        low_nz = tl.where(nz, below2, low_nz)
-        below2 = below2 | (prev != 0)
-        prev = digit
+        p_top, p_top_digit, p_second, p_low_nz, p_prev, p_below2 = _track_digit(
+            i, digit, p_top, p_top_digit, p_second, p_low_nz, p_prev, p_below2
+        )
+        neg = (all_ones - digit) + ncarry  # digit i of ~D + 1
+        ncarry = neg >> 32
+        ndigit = neg - (ncarry << 32)
+        n_top, n_top_digit, n_second, n_low_nz, n_prev, n_below2 = _track_digit(
+            i, ndigit, n_top, n_top_digit, n_second, n_low_nz, n_prev, n_below2
+        )
+    negative = carry < 0
+    top = tl.where(negative, n_top, p_top)
+    top_digit = tl.where(negative, n_top_digit, p_top_digit)
+    second = tl.where(negative, n_second, p_second)
+    low_nz = tl.where(negative, n_low_nz, p_low_nz)
     # leading bit: floor(log2) of the top digit read from its exact fp64 exponent field
     lead_in_digit = ((top_digit.to(tl.float64).to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1023
     lead = 32 * top + lead_in_digit.to(tl.int32)  # absolute bit position, unit 2**-149
@@ -553,8 +577,17 @@ def new_counters(d: int, device: torch.device | str, stripes: int = STRIPES) -> 
     return torch.zeros((stripes, NUM_SLOTS, d), dtype=torch.int64, device=device)
 
 
-def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The exact total of the counters, rounded once (to nearest even) to `dtype`: a [d] tensor."""
+# Columns per finalize program on the GPU, one lane each: every column reads all its counters (19 int64
+# slots per copy), and one SM pulls only so many bytes per cycle from L2, so the copies' bytes are spread
+# over several SMs (one warp each) rather than read by one (H200: docs/dweight-notes.md, session 5).
+FINALIZE_BLOCK = 32
+FINALIZE_WARPS = 1
+
+
+def finalize(counters: torch.Tensor, dtype: torch.dtype, *, _block: tuple[int, int] | None = None) -> torch.Tensor:
+    """The exact total of the counters, rounded once (to nearest even) to `dtype`: a [d] tensor.
+
+    `_block` (benchmarks): (columns per program, warps) instead of the defaults; the bits do not change."""
     if dtype not in _FORMATS:
         raise TypeError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
     if (
@@ -569,8 +602,12 @@ def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if d == 0:
         return out
     prec, emin_u, emax = _FORMATS[dtype]
-    # 128 columns per program on the GPU (registers); the CPU interpreter pays per program instead
-    block = 128 if counters.is_cuda else min(triton.next_power_of_2(d), 1024)
+    if _block is not None:
+        block, warps = _block
+    elif counters.is_cuda:
+        block, warps = FINALIZE_BLOCK, FINALIZE_WARPS
+    else:  # the CPU interpreter pays per program instead
+        block, warps = min(triton.next_power_of_2(d), 1024), 4
     _dweight_finalize_kernel[(triton.cdiv(d, block),)](
         counters.contiguous(),
         out,
@@ -583,7 +620,7 @@ def finalize(counters: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         EMIN_U=emin_u,
         EMAX=emax,
         BLOCK=block,
-        num_warps=4,
+        num_warps=warps,
     )
     return out
 
@@ -604,6 +641,18 @@ def exact_column_sum(
     `stripes` (copies of the counters; by default as the backward picks them) only change how the
     work is cut: the result is the same bits for every choice.
     """
+    return finalize(column_counters(values, block_rows, tiles, cold_mode, hot_mode, stripes), dtype)
+
+
+def column_counters(
+    values: torch.Tensor,
+    block_rows: int = 16,
+    tiles: int = 1,
+    cold_mode: int = 0,
+    hot_mode: int = 0,
+    stripes: int | None = None,
+) -> torch.Tensor:
+    """The exact counters [stripes, NUM_SLOTS, d] of `values`' column sums, before the finalize."""
     if values.dtype != torch.float32:
         raise TypeError(f"values: expected float32, got {values.dtype}")
     if values.dim() != 2:
@@ -645,4 +694,4 @@ def exact_column_sum(
             HOT_MODE=hot_mode,
             HOT_WIDTH=hot_width(tiles),
         )
-    return finalize(counters, dtype)
+    return counters
