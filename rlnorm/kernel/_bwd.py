@@ -24,7 +24,15 @@ import triton
 import triton.language as tl
 
 from rlnorm.kernel import _dweight
-from rlnorm.kernel._dweight import accumulate, add_deferred, flush, flush_rows, hot_range, hot_range_rows
+from rlnorm.kernel._dweight import (
+    accumulate,
+    add_deferred,
+    allow_dependent_launch,
+    flush,
+    flush_rows,
+    hot_range,
+    hot_range_rows,
+)
 from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_to_fp32
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
@@ -132,8 +140,10 @@ def _rms_norm_gated_bwd_kernel(
     DEBUG: tl.constexpr,
     INTERP: tl.constexpr,
     ASM: tl.constexpr,
+    PDL: tl.constexpr,  # the finalize is launched as a programmatic dependent of this kernel
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
+    allow_dependent_launch(PDL)  # the finalize's CTAs may be placed now; they wait for this kernel's end
     pid = tl.program_id(0)
     cnt_ptr = CNT + (pid % STRIPES) * NUM_SLOTS * d  # stripe: spreads atomics, never changes the exact sum
     offs_r = tl.arange(0, BLOCK_R)
@@ -425,6 +435,7 @@ def rms_norm_gated_bwd(
         if not cfg["DWEIGHT"]:
             raise ValueError("contributions: only with DWEIGHT enabled")
         scratch = contributions  # holds every contribution; the cold ones are the same values
+    pdl = rows > 0 and _dweight.pdl_for(x)
     if rows > 0:
         grid = (programs,)
         _rms_norm_gated_bwd_kernel[grid](
@@ -456,7 +467,8 @@ def rms_norm_gated_bwd(
             ASM=_INLINE_ASM,
             HOT_WIDTH=_dweight.hot_width(cfg["TILES"]),
             DEBUG=contributions is not None,
+            PDL=pdl,
             **cfg,
         )
-    dw = _dweight.finalize(counters, w.dtype)
+    dw = _dweight.finalize(counters, w.dtype, pdl=pdl)
     return dx, dz, dw

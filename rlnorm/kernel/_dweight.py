@@ -39,9 +39,13 @@ MAX_ROWS = 2**27 rows.
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from rlnorm.kernel._rounding import _exact_cast
 
@@ -474,12 +478,15 @@ def _dweight_finalize_kernel(
     EMIN_U: tl.constexpr,
     EMAX: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,  # launched as a programmatic dependent of the kernel that filled the counters
 ):
     """Per column: add the stripes, normalise the limbs (exact), round ONCE to OUT's dtype.
 
     Every step is per column (one lane each), in ONE pass over the limbs: no load waits on a carry,
     so the compiler can issue the counters' loads together (two passes made the second pass's carry
     chain wait for the first's sign)."""
+    if PDL:  # before any access: waits until the previous kernel has finished and its writes are visible
+        gdc_wait()
     pid = tl.program_id(0)
     cols = pid * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < d
@@ -584,10 +591,36 @@ FINALIZE_BLOCK = 32
 FINALIZE_WARPS = 1
 
 
-def finalize(counters: torch.Tensor, dtype: torch.dtype, *, _block: tuple[int, int] | None = None) -> torch.Tensor:
+def pdl_for(t: torch.Tensor) -> bool:
+    """Programmatic dependent launch (Hopper on) for kernels on t's device: a kernel may be launched while
+    the one before it in the stream still runs, and waits (`griddepcontrol.wait`) for it before touching
+    memory. Never in the interpreter; RLNORM_PDL=0 turns it off."""
+    return t.is_cuda and _pdl_supported(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _pdl_supported(device_index: int) -> bool:
+    if os.environ.get("TRITON_INTERPRET") == "1" or os.environ.get("RLNORM_PDL", "1") == "0":
+        return False
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+@triton.jit
+def allow_dependent_launch(PDL: tl.constexpr):
+    """Let the stream's next kernel, if launched as a programmatic dependent, start now: its CTAs are
+    placed and wait for this kernel's end themselves, so the launch latency overlaps this kernel."""
+    if PDL:
+        gdc_launch_dependents()
+
+
+def finalize(
+    counters: torch.Tensor, dtype: torch.dtype, *, _block: tuple[int, int] | None = None, pdl: bool = False
+) -> torch.Tensor:
     """The exact total of the counters, rounded once (to nearest even) to `dtype`: a [d] tensor.
 
-    `_block` (benchmarks): (columns per program, warps) instead of the defaults; the bits do not change."""
+    `_block` (benchmarks): (columns per program, warps) instead of the defaults; the bits do not change.
+    `pdl`: launch as a programmatic dependent of the kernel that filled the counters (which then calls
+    `allow_dependent_launch`); only where `pdl_for(counters)`."""
     if dtype not in _FORMATS:
         raise TypeError(f"dtype: expected float32, bfloat16 or float16, got {dtype}")
     if (
@@ -620,7 +653,9 @@ def finalize(counters: torch.Tensor, dtype: torch.dtype, *, _block: tuple[int, i
         EMIN_U=emin_u,
         EMAX=emax,
         BLOCK=block,
+        PDL=pdl,
         num_warps=warps,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out
 
