@@ -321,6 +321,11 @@ def test_finalize_cut_into_programs_changes_no_bit(block):
         assert_bitwise(finalize(counters, dtype, _block=block), oracle(v, dtype))
 
 
+def test_programmatic_dependent_launch_never_off_the_gpu():
+    # the finalize's early launch needs Hopper's griddepcontrol; CPU tensors (the interpreter) never ask for it
+    assert not _dweight.pdl_for(torch.zeros(1))
+
+
 @pytest.mark.parametrize("stripes", [1, 2, 8])
 def test_counter_copies_change_no_bit(stripes):
     v = wide_values(40, 9, seed=12, lo=-140, hi=100)
