@@ -173,50 +173,28 @@ def _rms_norm_gated_bwd_kernel(
     # nothing, so skipping them changes no bit, only a decode-sized batch's latency
     rows_left = tl.minimum(n_rows - pid.to(tl.int64) * (TILES * BLOCK_R), TILES * BLOCK_R).to(tl.int32)
     n_tiles = (rows_left + BLOCK_R - 1) // BLOCK_R
-    # PREFETCH = k (1 or 2): tile t + k's loads are issued before tile t's math, so memory latency
-    # overlaps k tiles of math (a program walks its tiles one after another); no value changes
-    if PREFETCH >= 1:
+    if PREFETCH:  # tile t + 1's loads are issued before tile t's math: memory latency overlaps it
         r3n = row0[:, None, None]
         mask_n = (r3n < n_rows) & cm3
-        x_n1 = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
-        dy_n1 = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
+        x_next = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
+        dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
         if HAS_Z:
-            z_n1 = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
-    if PREFETCH == 2:
-        r3n = row0[:, None, None] + BLOCK_R
-        mask_n = (r3n < n_rows) & cm3 & (n_tiles > 1)
-        x_n2 = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
-        dy_n2 = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
-        if HAS_Z:
-            z_n2 = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
+            z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
     for t in range(n_tiles):
         rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
-        if PREFETCH >= 1:
-            x_raw = x_n1
-            dy_raw = dy_n1
+        if PREFETCH:
+            x_raw = x_next
+            dy_raw = dy_next
             if HAS_Z:
-                z_raw = z_n1
-            r3n = r3 + PREFETCH * BLOCK_R
-            mask_n = (r3n < n_rows) & cm3 & (t + PREFETCH < n_tiles)
+                z_raw = z_next
+            r3n = r3 + BLOCK_R
+            mask_n = (r3n < n_rows) & cm3 & (t + 1 < n_tiles)
             x_next = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
             dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
             if HAS_Z:
                 z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
-            if PREFETCH == 2:
-                x_n1 = x_n2
-                dy_n1 = dy_n2
-                x_n2 = x_next
-                dy_n2 = dy_next
-                if HAS_Z:
-                    z_n1 = z_n2
-                    z_n2 = z_next
-            else:
-                x_n1 = x_next
-                dy_n1 = dy_next
-                if HAS_Z:
-                    z_n1 = z_next
         else:
             x_raw = tl.load(X + r3 * stride_x + c3, mask=mask, other=0.0)
             dy_raw = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0)
