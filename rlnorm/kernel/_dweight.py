@@ -482,9 +482,8 @@ def _dweight_finalize_kernel(
 ):
     """Per column: add the stripes, normalise the limbs (exact), round ONCE to OUT's dtype.
 
-    Every step is per column (one lane each), in ONE pass over the limbs: no load waits on a carry,
-    so the compiler can issue the counters' loads together (two passes made the second pass's carry
-    chain wait for the first's sign)."""
+    Every step is per column (one lane each), in ONE pass over the limbs: a second pass, whose carry
+    chain had to wait for the first one's sign, made the dependent chain twice as long."""
     if PDL:  # before any access: waits until the previous kernel has finished and its writes are visible
         gdc_wait()
     pid = tl.program_id(0)
@@ -594,7 +593,7 @@ FINALIZE_WARPS = 1
 def pdl_for(t: torch.Tensor) -> bool:
     """Programmatic dependent launch (Hopper on) for kernels on t's device: a kernel may be launched while
     the one before it in the stream still runs, and waits (`griddepcontrol.wait`) for it before touching
-    memory. Never in the interpreter; RLNORM_PDL=0 turns it off."""
+    memory. Never in the interpreter; RLNORM_PDL=0 (read once per device and process) turns it off."""
     return t.is_cuda and _pdl_supported(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
 
