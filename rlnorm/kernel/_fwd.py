@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from rlnorm.kernel import _exact_element
+from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
@@ -197,6 +199,9 @@ def _rms_norm_gated_fwd_kernel(
     RSTD_FAST: tl.constexpr,  # rstd: 0 IEEE; rsqrt.approx + a Newton step 1 plain, 2 with an FMA residual
     XW_FIRST: tl.constexpr,  # y = (x * w) * rstd: x * w is exact for bf16/fp16 x and w (one rounding fewer)
     EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
+    TIER2: tl.constexpr,  # near elements of safe rows settled one by one (_exact_element.py) before the row path
+    TIER2_MARGIN: tl.constexpr,  # fp64 ulps from a midpoint below which the tier leaves an element undecided
+    TIER2_FAULT: tl.constexpr,  # tests only: the tier's fp64 value moved by this many fp64 ulps
     FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
@@ -295,6 +300,7 @@ def _rms_norm_gated_fwd_kernel(
             y = y * a
         if FAULT_ULPS != 0:  # tests only: a fast path wrong by this many fp32 ulps must still round right
             y = (y.to(tl.int32, bitcast=True) + FAULT_ULPS).to(tl.float32, bitcast=True)
+        y_fast = y
 
         # ---- is the fp32 value provably on the correct side of every rounding midpoint? ----
         bits = y.to(tl.int32, bitcast=True)
@@ -315,6 +321,34 @@ def _rms_norm_gated_fwd_kernel(
                 flag = flag | (near_key < (2 * NEAR_T0 + 1) * 65536)
             row_flag = (row_flag | row_risky) & row_ok  # [BLOCK_R]
             flag = flag & mask
+            if TIER2:
+                # near-midpoint elements of otherwise safe rows go to the per-element tier; only
+                # risky rows (and any element the tier leaves undecided) go to the whole-row path
+                risky_row = ((tl.min(risk_key, axis=1) < 0x20000000) | row_risky) & row_ok  # [BLOCK_R]
+                row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
+                if row_bits != 0:  # one scalar branch per program (~28% of programs at D=128 take it)
+                    tier_row = row_flag & ~risky_row  # [BLOCK_R]
+                    # x again (L1): keeping the tile's x, z, w live to here would double the registers
+                    xr = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+                    rstd64 = rows_rstd64(_widen_to_fp32(xr), rstd, eps, GROUP)  # [BLOCK_R]
+                    y = exact_element(
+                        y,
+                        cols[None, :],
+                        tier_row[:, None],
+                        (x_ptr + rows64 * stride_x)[:, None],
+                        (z_ptr + rows64 * stride_z)[:, None],
+                        w_ptr,
+                        rstd64[:, None],
+                        NEAR_T0,
+                        TIER2_MARGIN,
+                        TIER2_FAULT,
+                        HAS_Z,
+                        SIGMOID,
+                        not INTERP,
+                    )  # [BLOCK_R, BLOCK_G]
+                    undecided = y.to(tl.int32, bitcast=True) == UNDECIDED_BITS
+                    row_flag = risky_row | (tl.max(undecided.to(tl.int32), axis=1) > 0)
+                    row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
         else:
             mag = bits & 0x7FFFFFFF
             if OUT == tl.bfloat16:
@@ -347,12 +381,13 @@ def _rms_norm_gated_fwd_kernel(
         else:
             tl.store(y_ptr + y_off, y_out, mask=mask)
         if DEBUG:
-            tl.store(dbg_ptr + y_off, y, mask=mask)  # y is contiguous: the debug buffers share its offsets
+            tl.store(dbg_ptr + y_off, y_fast, mask=mask)  # y is contiguous: the debug buffers share its offsets
             tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
 
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
         if EXACT == 1:
-            row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
+            if not TIER2:  # (with the tier, row_bits already holds the rows left for this path)
+                row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
             if row_bits != 0:
                 _exact_rows(
                     row_bits,
@@ -386,6 +421,8 @@ DEFAULT_VARIANT = {
     "RSTD_FAST": 2,
     "XW_FIRST": True,
     "EXACT": 1,
+    "TIER2": 1,  # 0: every flagged row recomputed whole (the path before session 6)
+    "MAXNREG": 0,  # register cap per thread (0: the compiler's choice)
     "FAULT_ULPS": 0,
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -412,6 +449,7 @@ def rms_norm_gated_fwd(
     _config: tuple[int, int, int] | None = None,
     _near: tuple[float, float] | None = None,
     _variant: dict | None = None,
+    _tier2: tuple[int, int] | None = None,
     zero: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y = gated RMSNorm of 2-D x [rows, D] (last dim contiguous, any row stride); y contiguous.
@@ -419,7 +457,8 @@ def rms_norm_gated_fwd(
     Inputs are assumed validated (api.py does that). `_debug` also returns the fp32 fast-path
     values and the near-midpoint flags (GPU error measurements); `_config` overrides the launch
     shape for timing variants (it is still independent of the row count); `_near` overrides the
-    error bound (t0, tz) in fp32 ulps (tests plant a too-small bound to prove it is needed).
+    error bound (t0, tz) in fp32 ulps (tests plant a too-small bound to prove it is needed);
+    `_tier2` overrides the per-element tier's (margin, planted fault) in fp64 ulps (tests only).
     `zero`: a contiguous int64 tensor this launch also fills with zeros (the backward's workspace,
     `_bwd.workspace_numel`); no output bit depends on it.
     """
@@ -442,7 +481,13 @@ def rms_norm_gated_fwd(
             zero.zero_()
         return (y, dbg, flags) if _debug else y
     variant = {**DEFAULT_VARIANT, **(_variant or {})}
-    if set(variant) != set(DEFAULT_VARIANT) or variant["EXACT"] not in (0, 1) or variant["RSTD_FAST"] not in (0, 1, 2):
+    if (
+        set(variant) != set(DEFAULT_VARIANT)
+        or variant["EXACT"] not in (0, 1)
+        or variant["RSTD_FAST"] not in (0, 1, 2)
+        or variant["TIER2"] not in (0, 1)
+        or not 0 <= variant["MAXNREG"] <= 255
+    ):
         raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
     t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
     tz = NEAR_TZ_ROUNDED_ARG[norm_before_gate] if has_z and not variant["ACCURATE_ARG"] else 0
@@ -450,6 +495,18 @@ def rms_norm_gated_fwd(
         t0, tz = _near
     if tz == 0:
         t0 = int(t0 // 1)  # the bf16 test compares integers (a negative bound disables it)
+    # the per-element tier covers the default op: bf16 out, the lean midpoint test, a fixed bound, and
+    # rstd from x alone (gate after the norm, or none); elsewhere flagged rows go whole to fp64
+    tier2 = (
+        bool(variant["TIER2"])
+        and variant["EXACT"] == 1
+        and variant["LEAN_TEST"]
+        and x.dtype == torch.bfloat16
+        and tz == 0
+        and t0 >= 0
+        and (norm_before_gate or not has_z)
+    )
+    margin, fault = _tier2 or (_exact_element.MARGIN_ULPS, 0)
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
@@ -484,8 +541,12 @@ def rms_norm_gated_fwd(
         XW_FIRST=variant["XW_FIRST"],
         EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,  # fp32 output: all fp64 already
         FAULT_ULPS=variant["FAULT_ULPS"],
+        TIER2=tier2,
+        TIER2_MARGIN=margin,
+        TIER2_FAULT=fault,
         ZERO=zero is not None,
         ZERO_BLOCK=32 * num_warps,
         num_warps=num_warps,
+        **({"maxnreg": variant["MAXNREG"]} if variant["MAXNREG"] else {}),
     )
     return (y, dbg, flags) if _debug else y
