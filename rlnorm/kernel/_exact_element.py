@@ -158,30 +158,16 @@ PTX_NONE_FP32 = _PTX["none", "fp32"]
 
 
 @triton.jit
-def _ptx_for(HAS_Z: tl.constexpr, SIGMOID: tl.constexpr, W_DTYPE: tl.constexpr):
-    """The PTX text for this gate and weight dtype (a constexpr string)."""
-    if not HAS_Z:
-        if W_DTYPE == tl.bfloat16:
-            asm: tl.constexpr = PTX_NONE_BF16
-        elif W_DTYPE == tl.float16:
-            asm: tl.constexpr = PTX_NONE_FP16
-        else:
-            asm: tl.constexpr = PTX_NONE_FP32
-    elif SIGMOID:
-        if W_DTYPE == tl.bfloat16:
-            asm: tl.constexpr = PTX_SIGMOID_BF16
-        elif W_DTYPE == tl.float16:
-            asm: tl.constexpr = PTX_SIGMOID_FP16
-        else:
-            asm: tl.constexpr = PTX_SIGMOID_FP32
-    else:
-        if W_DTYPE == tl.bfloat16:
-            asm: tl.constexpr = PTX_SILU_BF16
-        elif W_DTYPE == tl.float16:
-            asm: tl.constexpr = PTX_SILU_FP16
-        else:
-            asm: tl.constexpr = PTX_SILU_FP32
-    return asm
+def _run_ptx(asm: tl.constexpr, cols, y, x_rows, z_rows, w_ptr, rstd64, margin, fault, near_t):
+    """One inline-PTX call per element (pack 1: each element's lane branches on its own)."""
+    return tl.inline_asm_elementwise(
+        asm,
+        "=r,r,r,l,l,l,l,l,l,r",
+        [cols, y, x_rows, z_rows, w_ptr, rstd64, margin, fault, near_t],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )
 
 
 @triton.jit
@@ -205,25 +191,40 @@ def exact_element(
     to settle; x_rows / z_rows: [R, 1] pointers to each row's first element; cols: [1, C] columns;
     rstd64: [R, 1] fp64 rstd; near_t: the fast path's bound T in fp32 ulps."""
     if ASM:
-        asm: tl.constexpr = _ptx_for(HAS_Z, SIGMOID, w_ptr.dtype.element_ty)
-        value = tl.inline_asm_elementwise(
-            asm,
-            "=r,r,r,l,l,l,l,l,l,r",
-            [
-                cols,
-                y,
-                tl.where(rows_sel, x_rows.to(tl.int64, bitcast=True), 0),  # 0: a row not to touch
-                z_rows.to(tl.int64, bitcast=True),
-                w_ptr.to(tl.int64, bitcast=True),
-                rstd64.to(tl.int64, bitcast=True),
-                margin,
-                fault,
-                near_t,
-            ],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=1,
+        args = (
+            cols,
+            y,
+            tl.where(rows_sel, x_rows.to(tl.int64, bitcast=True), 0),  # 0: a row not to touch
+            z_rows.to(tl.int64, bitcast=True),
+            w_ptr.to(tl.int64, bitcast=True),
+            rstd64.to(tl.int64, bitcast=True),
+            margin,
+            fault,
+            near_t,
         )
+        W_DTYPE: tl.constexpr = w_ptr.dtype.element_ty
+        # (a jit function cannot return a string on Triton 3.6: the text is chosen here, by constexprs)
+        if not HAS_Z:
+            if W_DTYPE == tl.bfloat16:
+                value = _run_ptx(PTX_NONE_BF16, *args)
+            elif W_DTYPE == tl.float16:
+                value = _run_ptx(PTX_NONE_FP16, *args)
+            else:
+                value = _run_ptx(PTX_NONE_FP32, *args)
+        elif SIGMOID:
+            if W_DTYPE == tl.bfloat16:
+                value = _run_ptx(PTX_SIGMOID_BF16, *args)
+            elif W_DTYPE == tl.float16:
+                value = _run_ptx(PTX_SIGMOID_FP16, *args)
+            else:
+                value = _run_ptx(PTX_SIGMOID_FP32, *args)
+        else:
+            if W_DTYPE == tl.bfloat16:
+                value = _run_ptx(PTX_SILU_BF16, *args)
+            elif W_DTYPE == tl.float16:
+                value = _run_ptx(PTX_SILU_FP16, *args)
+            else:
+                value = _run_ptx(PTX_SILU_FP32, *args)
     else:
         # the interpreter: the same decision on the whole tile (numpy's fp64 exp for the PTX series)
         near_key = (y.to(tl.int32, bitcast=True) * 65536 + ((near_t - 0x8000) * 65536)).to(tl.uint32, bitcast=True)

@@ -1,0 +1,109 @@
+"""The forward's per-element second tier (rlnorm/kernel/_exact_element.py), on the CPU interpreter.
+
+The interpreter runs the tier's math tile-wide (the GPU runs it as inline PTX, checked on the H200 by
+scripts/kernel_gpu_v12.py); what is tested here is the decision: which elements it settles, that a
+settled element is the correctly rounded value, and that what it cannot settle goes to the row path.
+A bound 20x the default (T = 200 fp32 ulps) sends ~0.6% of elements through the tier.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
+from rlnorm.inputs import make_case
+from rlnorm.kernel import _exact_element
+from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.numerics import round_once
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+
+WIDE = (200, 0)  # the fast path's bound widened: many elements go through the tier
+TIER_ON, TIER_OFF = {"TIER2": 1}, {"TIER2": 0}
+
+
+def fwd(x, z, w, opts: OpOptions = OpOptions(), **kw):  # noqa: B008
+    return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
+
+
+def oracle(x, z, w, opts: OpOptions = OpOptions()) -> torch.Tensor:  # noqa: B008
+    return round_once(gated_rmsnorm_math(x, z, w, opts, torch.float64), x.dtype)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+@pytest.mark.parametrize(
+    ("opts", "has_z", "wdtype"),
+    [
+        (OpOptions(), True, torch.bfloat16),
+        (OpOptions(activation="sigmoid"), True, torch.bfloat16),
+        (OpOptions(), False, torch.bfloat16),
+        (OpOptions(), True, torch.float32),
+        (OpOptions(), True, torch.float16),
+        (OpOptions(group_size=32), True, torch.bfloat16),
+    ],
+)
+def test_tier_settles_near_elements_to_the_correctly_rounded_value(opts, has_z, wdtype):
+    c = make_case(63, 128, seed=11, weight_dtype=wdtype)
+    z = c.z if has_z else None
+    ref = bits(oracle(c.x, z, c.w, opts))
+    y_tier, _, flags = fwd(c.x, z, c.w, opts, _near=WIDE, _debug=True, _variant=TIER_ON)
+    y_rows = fwd(c.x, z, c.w, opts, _near=WIDE, _variant=TIER_OFF)
+    assert flags.float().mean().item() > 0.003  # the tier had work: ~0.6% of elements near a midpoint
+    assert torch.equal(bits(y_tier), ref)
+    assert torch.equal(bits(y_rows), ref)  # the row path it replaces: the same bits
+
+
+def test_tier_runs_only_where_it_applies():
+    # norm_before_gate=False needs every element's gate for rstd: flagged rows stay with the row path,
+    # and the result is the same correctly rounded one with the switch on or off
+    c = make_case(40, 128, seed=4)
+    opts = OpOptions(norm_before_gate=False)
+    ref = bits(oracle(c.x, c.z, c.w, opts))
+    assert torch.equal(bits(fwd(c.x, c.z, c.w, opts, _near=WIDE, _variant=TIER_ON)), ref)
+
+
+def test_margin_sends_a_planted_tier_error_to_the_row_path():
+    # The tier's fp64 value is moved 2**36 fp64 ulps (~128 fp32 ulps) on purpose. With the margin above
+    # the fault every element it cannot place goes to the row path and the output is still right; with
+    # the default margin under it, wrong outputs show: the margin test is what catches the fault.
+    c = make_case(64, 128, seed=11)
+    ref = bits(oracle(c.x, c.z, c.w))
+    covered = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(1 << 37, 1 << 36))
+    assert torch.equal(bits(covered), ref)
+    uncovered = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(_exact_element.MARGIN_ULPS, 1 << 36))
+    assert not torch.equal(bits(uncovered), ref)
+
+
+def test_everything_undecided_is_still_correct():
+    # a margin wider than any distance: the tier settles nothing, every flagged row takes the row path
+    c = make_case(32, 128, seed=2)
+    y = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(1 << 50, 0))
+    assert torch.equal(bits(y), bits(oracle(c.x, c.z, c.w)))
+
+
+def test_rows_of_risky_values_with_near_elements():
+    # a row with a NaN (risky) next to rows the tier settles: the tier must leave it to the row path
+    c = make_case(16, 128, seed=10)
+    x = c.x.clone()
+    x[5, 7] = float("nan")
+    x[6] *= 1e37  # rstd below fp32's normal range
+    y, ref = fwd(x, c.z, c.w, _near=WIDE), oracle(x, c.z, c.w)
+    assert ((bits(y) == bits(ref)) | (torch.isnan(y) & torch.isnan(ref))).all()  # any NaN equals any NaN
+    assert torch.isnan(y[5]).all() and not torch.isnan(y[torch.arange(16) != 5]).any()
+
+
+def test_ptx_text_has_one_branch_scope_per_copy():
+    # each inlined copy of the PTX needs its own brace scope for its labels, and every variant its
+    # own load of w (a wrong element size would read the wrong weight on the GPU)
+    for (gate, wd), asm in _exact_element._PTX.items():
+        text = asm.value
+        assert text.startswith("{") and text.endswith("}") and text.count("{") == 1
+        assert ("ld.global.nc.f32 dw32" in text) == (wd == "fp32")
+        assert ("cvt.f32.f16 dw32" in text) == (wd == "fp16")
+        assert f"mul.wide.u32 bo, $1, {4 if wd == 'fp32' else 2};" in text
+        assert ("rcp.rn.f64" in text) == (gate != "none")
+        assert ("mul.rn.f64 dp, dp, dz" in text) == (gate == "silu")
