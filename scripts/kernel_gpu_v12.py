@@ -3,6 +3,7 @@ the whole-row exact path it replaces, register caps, and the fast path alone; to
 run; decode sizes by CUDA-graph replay; accuracy (the tier stressed with a 20x wider bound too) and
 bitwise invariance; tier on and off must agree bit for bit (both are the correctly rounded value).
     python3 scripts/kernel_gpu_v12.py   ($OUT/v12/v2.json; summary printed last)
+    V12_SECTIONS=shapes python3 scripts/kernel_gpu_v12.py   (D=128 launch shapes, tier on / off)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from rlnorm.reference import gated_rmsnorm_math
 from scripts import kernel_gpu_v2 as V
 
 V.OUT = os.path.join(os.environ.get("OUT", "/tmp"), "v12")
-T1, T0, NOEX = {"TIER2": 1}, {"TIER2": 0}, {"EXACT": 0}
+T1, T0, NOEX = {"TIER2": 1}, {"TIER2": 0}, {"EXACT": 0}  # tier forced on / off
 
 
 def agree(name: str, d: int, opts=V.OpOptions(), has_z=True, zscale=1.0, wdtype=torch.bfloat16, near=None) -> None:  # noqa: B008
@@ -48,9 +49,25 @@ def planted(d: int) -> None:
         V.SUMMARY.append(f"planted tier fault 2**36 ulps, margin {name:<9} d={d}: wrong {wrong}")
 
 
+def shapes() -> None:
+    """D=128 launch shapes with the tier forced on and off (the default keeps whole rows there)."""
+    timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
+    var = []
+    for r, w in ((8, 2), (4, 1), (4, 2), (16, 2), (16, 4)):
+        for name, v in (("tier", T1), ("rows", T0)):
+            var.append((f"{name}_R{r}w{w}", {"_variant": v, "_config": (r, 128, w)}))
+    V.guarded("shapes128", lambda: V.timing(128, V.ROWS, var, timer))
+    for rows in (32, 4096):
+        V.guarded(f"shapes128_{rows}", lambda rows=rows: V.graph_time(128, rows, var))
+
+
 def main() -> None:
     timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
     V.RES["device"] = torch.cuda.get_device_name() if V.DEV == "cuda" else "cpu"
+    if os.environ.get("V12_SECTIONS") == "shapes":
+        shapes()
+        print("\n".join(V.SUMMARY))
+        return
     cands = [
         ("tier", T1),
         ("tier_m56", T1 | {"MAXNREG": 56}),

@@ -72,16 +72,16 @@ def test_margin_sends_a_planted_tier_error_to_the_row_path():
     # the default margin under it, wrong outputs show: the margin test is what catches the fault.
     c = make_case(64, 128, seed=11)
     ref = bits(oracle(c.x, c.z, c.w))
-    covered = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(1 << 37, 1 << 36))
+    covered = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(1 << 37, 1 << 36), _variant=TIER_ON)
     assert torch.equal(bits(covered), ref)
-    uncovered = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(_exact_element.MARGIN_ULPS, 1 << 36))
+    uncovered = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(_exact_element.MARGIN_ULPS, 1 << 36), _variant=TIER_ON)
     assert not torch.equal(bits(uncovered), ref)
 
 
 def test_everything_undecided_is_still_correct():
     # a margin wider than any distance: the tier settles nothing, every flagged row takes the row path
     c = make_case(32, 128, seed=2)
-    y = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(1 << 50, 0))
+    y = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(1 << 50, 0), _variant=TIER_ON)
     assert torch.equal(bits(y), bits(oracle(c.x, c.z, c.w)))
 
 
@@ -91,7 +91,7 @@ def test_rows_of_risky_values_with_near_elements():
     x = c.x.clone()
     x[5, 7] = float("nan")
     x[6] *= 1e37  # rstd below fp32's normal range
-    y, ref = fwd(x, c.z, c.w, _near=WIDE), oracle(x, c.z, c.w)
+    y, ref = fwd(x, c.z, c.w, _near=WIDE, _variant=TIER_ON), oracle(x, c.z, c.w)
     assert ((bits(y) == bits(ref)) | (torch.isnan(y) & torch.isnan(ref))).all()  # any NaN equals any NaN
     assert torch.isnan(y[5]).all() and not torch.isnan(y[torch.arange(16) != 5]).any()
 
@@ -107,3 +107,14 @@ def test_ptx_text_has_one_branch_scope_per_copy():
         assert f"mul.wide.u32 bo, $1, {4 if wd == 'fp32' else 2};" in text
         assert ("rcp.rn.f64" in text) == (gate != "none")
         assert ("mul.rn.f64 dp, dp, dz" in text) == (gate == "silu")
+
+
+def test_default_uses_the_tier_from_256_columns():
+    # seen through a planted tier error that the margin does not cover: it shows only where the
+    # default variant runs the tier (rows 256 wide), not at 128 columns (whole-row path there)
+    planted = (_exact_element.MARGIN_ULPS, 1 << 36)
+    for d, tier in ((128, False), (256, True)):
+        c = make_case(32, d, seed=11)
+        ref = bits(oracle(c.x, c.z, c.w))
+        y = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=planted)
+        assert torch.equal(bits(y), ref) != tier

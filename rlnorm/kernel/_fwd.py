@@ -46,6 +46,14 @@ ELEMENTS_PER_THREAD = 16
 
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
 
+# Where the per-element tier (_exact_element.py) replaces the whole-row fp64 recompute for rows with a
+# near-midpoint element: from 256 columns. Both give the same bits (the correctly rounded value), so this
+# is speed only. H200, 262144 rows (docs/kernel-notes.md, session 6): D=256 119.6 / 118.4 us against
+# 133.1 / 131.9 for whole rows, and faster at 32 / 512 / 4096 rows (2.84 / 3.32 / 5.25 us against 2.94 /
+# 3.99 / 6.75); D=128 66.7 / 66.7 against 66.0 / 65.5 (3.15 against 2.88 us at 32 rows): a flagged
+# 128-wide program waits about as long for the tier's fp64 row sums as for one whole fp64 row.
+TIER2_MIN_WIDTH = 256
+
 # Error bound of the fp32 fast path, in fp32 ulps of the result: NEAR_T0 (+ NEAR_TZ * |z| for the
 # variant without ACCURATE_ARG). Budget in units of 2**-24 relative error (each < 1 ulp): roundings
 # (the exp argument's correction, 1 + e, z * sigmoid, 2 products: x * w is exact for bf16/fp16) ~3;
@@ -421,7 +429,7 @@ DEFAULT_VARIANT = {
     "RSTD_FAST": 2,
     "XW_FIRST": True,
     "EXACT": 1,
-    "TIER2": 1,  # 0: every flagged row recomputed whole (the path before session 6)
+    "TIER2": 2,  # 2: by the group width (TIER2_MIN_WIDTH); 1: always; 0: never (flagged rows recomputed whole)
     "MAXNREG": 0,  # register cap per thread (0: the compiler's choice)
     "FAULT_ULPS": 0,
 }
@@ -485,7 +493,7 @@ def rms_norm_gated_fwd(
         set(variant) != set(DEFAULT_VARIANT)
         or variant["EXACT"] not in (0, 1)
         or variant["RSTD_FAST"] not in (0, 1, 2)
-        or variant["TIER2"] not in (0, 1)
+        or variant["TIER2"] not in (0, 1, 2)
         or not 0 <= variant["MAXNREG"] <= 255
     ):
         raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
@@ -498,7 +506,7 @@ def rms_norm_gated_fwd(
     # the per-element tier covers the default op: bf16 out, the lean midpoint test, a fixed bound, and
     # rstd from x alone (gate after the norm, or none); elsewhere flagged rows go whole to fp64
     tier2 = (
-        bool(variant["TIER2"])
+        (variant["TIER2"] == 1 or (variant["TIER2"] == 2 and block_g >= TIER2_MIN_WIDTH))
         and variant["EXACT"] == 1
         and variant["LEAN_TEST"]
         and x.dtype == torch.bfloat16
