@@ -4,6 +4,7 @@ run; decode sizes by CUDA-graph replay; accuracy (the tier stressed with a 20x w
 bitwise invariance; tier on and off must agree bit for bit (both are the correctly rounded value).
     python3 scripts/kernel_gpu_v12.py   ($OUT/v12/v2.json; summary printed last)
     V12_SECTIONS=shapes python3 scripts/kernel_gpu_v12.py   (D=128 launch shapes, tier on / off)
+    V12_SECTIONS=regs python3 scripts/kernel_gpu_v12.py     (the default shapes under register caps)
 """
 
 from __future__ import annotations
@@ -61,11 +62,23 @@ def shapes() -> None:
         V.guarded(f"shapes128_{rows}", lambda rows=rows: V.graph_time(128, rows, var))
 
 
+def regs() -> None:
+    """The default shapes (D=128 4 x 1, D=256 4 x 2) under register caps, against the old default."""
+    timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
+    for d in (128, 256):
+        var = [(f"tier_m{m}", {"_variant": T1 | {"MAXNREG": m}}) for m in (0, 64, 72, 80)]
+        old = {"_variant": T0} | ({"_config": (8, 128, 2)} if d == 128 else {})  # sessions 2-5's forward
+        var.append(("rows(old)", old))
+        V.guarded(f"regs{d}", lambda d=d, var=var: V.timing(d, V.ROWS, var, timer))
+        for rows in (32, 512, 4096):
+            V.guarded(f"regs{d}_{rows}", lambda d=d, rows=rows, var=var: V.graph_time(d, rows, var))
+
+
 def main() -> None:
     timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
     V.RES["device"] = torch.cuda.get_device_name() if V.DEV == "cuda" else "cpu"
-    if os.environ.get("V12_SECTIONS") == "shapes":
-        shapes()
+    if os.environ.get("V12_SECTIONS") in ("shapes", "regs"):
+        shapes() if os.environ["V12_SECTIONS"] == "shapes" else regs()
         print("\n".join(V.SUMMARY))
         return
     cands = [

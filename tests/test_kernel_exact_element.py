@@ -109,12 +109,12 @@ def test_ptx_text_has_one_branch_scope_per_copy():
         assert ("mul.rn.f64 dp, dp, dz" in text) == (gate == "silu")
 
 
-def test_default_uses_the_tier_from_256_columns():
-    # seen through a planted tier error that the margin does not cover: it shows only where the
-    # default variant runs the tier (rows 256 wide), not at 128 columns (whole-row path there)
+def test_default_uses_the_tier():
+    # seen through a planted tier error that the margin does not cover: it shows with the default
+    # variant at both widths, and not with the tier switched off (the whole-row path then)
     planted = (_exact_element.MARGIN_ULPS, 1 << 36)
-    for d, tier in ((128, False), (256, True)):
+    for d in (128, 256):
         c = make_case(32, d, seed=11)
         ref = bits(oracle(c.x, c.z, c.w))
-        y = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=planted)
-        assert torch.equal(bits(y), ref) != tier
+        assert not torch.equal(bits(fwd(c.x, c.z, c.w, _near=WIDE, _tier2=planted)), ref)
+        assert torch.equal(bits(fwd(c.x, c.z, c.w, _near=WIDE, _tier2=planted, _variant=TIER_OFF)), ref)

@@ -35,24 +35,20 @@ from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _wid
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
 
 
-# Elements per program and per thread: by the group width only (never the row count). Measured on the
-# H200 (docs/kernel-notes.md, calls 4-5): 1024-element tiles at 16 elements per thread (D=128: 8 rows,
-# 2 warps; D=256: 4 rows, 2 warps) were the fastest with the inline exact path (64.8 / 124.4 us, against
-# 74.1 / 134.6 us for the same tiles on 4 warps); more elements per thread raise registers and cut
-# occupancy, fewer leave less work to hide a flagged row's fp64 recompute behind.
+# Elements per program and per thread: by the group width only (never the row count). 16 elements per
+# thread; tiles of 1024 elements from 256 columns (D=256: 4 rows x 2 warps), of 512 below (D=128: 4 rows x
+# 1 warp). Measured on the H200 with the per-element tier (docs/kernel-notes.md, session 6), 262144 / 32 /
+# 4096 rows: D=128 4x1 65.2 / 2.93 / 3.95 us against 66.6 / 3.21 / 4.55 for 8 x 2 (the shape of sessions
+# 2-5, 66.1 / 2.91 / 5.57 with whole-row recomputes), 4 x 2 68.5 / 2.45 / 3.48, 16 x 4 70.5; D=256
+# (calls 4-5, whole rows) 4 x 2 against 2 x 1 / 2 x 2 / 4 x 4: 124 against 141-146 us. More elements per
+# thread raise registers and cut occupancy; fewer leave less work to hide a flagged element behind.
 TILE_ELEMENTS = 1024
+TILE_ELEMENTS_NARROW = 512  # rows of at most 128 columns
 ELEMENTS_PER_THREAD = 16
 
 
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
 
-# Where the per-element tier (_exact_element.py) replaces the whole-row fp64 recompute for rows with a
-# near-midpoint element: from 256 columns. Both give the same bits (the correctly rounded value), so this
-# is speed only. H200, 262144 rows (docs/kernel-notes.md, session 6): D=256 119.6 / 118.4 us against
-# 133.1 / 131.9 for whole rows, and faster at 32 / 512 / 4096 rows (2.84 / 3.32 / 5.25 us against 2.94 /
-# 3.99 / 6.75); D=128 66.7 / 66.7 against 66.0 / 65.5 (3.15 against 2.88 us at 32 rows): a flagged
-# 128-wide program waits about as long for the tier's fp64 row sums as for one whole fp64 row.
-TIER2_MIN_WIDTH = 256
 
 # Error bound of the fp32 fast path, in fp32 ulps of the result: NEAR_T0 (+ NEAR_TZ * |z| for the
 # variant without ACCURATE_ARG). Budget in units of 2**-24 relative error (each < 1 ulp): roundings
@@ -429,7 +425,7 @@ DEFAULT_VARIANT = {
     "RSTD_FAST": 2,
     "XW_FIRST": True,
     "EXACT": 1,
-    "TIER2": 2,  # 2: by the group width (TIER2_MIN_WIDTH); 1: always; 0: never (flagged rows recomputed whole)
+    "TIER2": 1,  # 0: flagged rows recomputed whole in fp64 (sessions 1-5's exact path)
     "MAXNREG": 0,  # register cap per thread (0: the compiler's choice)
     "FAULT_ULPS": 0,
 }
@@ -439,8 +435,9 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_G, num_warps) from the group width alone: never from the number of rows."""
     block_g = triton.next_power_of_2(group)
-    block_r = max(1, min(MAX_BLOCK_R, TILE_ELEMENTS // block_g))
-    num_warps = max(2, min(16, block_r * block_g // (32 * ELEMENTS_PER_THREAD)))
+    tile = TILE_ELEMENTS if block_g >= 256 else TILE_ELEMENTS_NARROW
+    block_r = max(1, min(MAX_BLOCK_R, tile // block_g))
+    num_warps = max(1, min(16, block_r * block_g // (32 * ELEMENTS_PER_THREAD)))
     return block_r, block_g, num_warps
 
 
@@ -493,7 +490,7 @@ def rms_norm_gated_fwd(
         set(variant) != set(DEFAULT_VARIANT)
         or variant["EXACT"] not in (0, 1)
         or variant["RSTD_FAST"] not in (0, 1, 2)
-        or variant["TIER2"] not in (0, 1, 2)
+        or variant["TIER2"] not in (0, 1)
         or not 0 <= variant["MAXNREG"] <= 255
     ):
         raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
@@ -506,7 +503,7 @@ def rms_norm_gated_fwd(
     # the per-element tier covers the default op: bf16 out, the lean midpoint test, a fixed bound, and
     # rstd from x alone (gate after the norm, or none); elsewhere flagged rows go whole to fp64
     tier2 = (
-        (variant["TIER2"] == 1 or (variant["TIER2"] == 2 and block_g >= TIER2_MIN_WIDTH))
+        variant["TIER2"] == 1
         and variant["EXACT"] == 1
         and variant["LEAN_TEST"]
         and x.dtype == torch.bfloat16
