@@ -69,6 +69,8 @@ def regs() -> None:
         var = [(f"tier_m{m}", {"_variant": T1 | {"MAXNREG": m}}) for m in (0, 64, 72, 80)]
         old = {"_variant": T0} | ({"_config": (8, 128, 2)} if d == 128 else {})  # sessions 2-5's forward
         var.append(("rows(old)", old))
+        if d == 128:
+            var += [(f"tier_R4w2_m{m}", {"_variant": T1 | {"MAXNREG": m}, "_config": (4, 128, 2)}) for m in (0, 64)]
         V.guarded(f"regs{d}", lambda d=d, var=var: V.timing(d, V.ROWS, var, timer))
         for rows in (32, 512, 4096):
             V.guarded(f"regs{d}_{rows}", lambda d=d, rows=rows, var=var: V.graph_time(d, rows, var))

@@ -8,13 +8,16 @@ Design (docs/kernel-notes.md has the numbers behind every choice):
   torch.add when nothing needs the exact path): sum of squares (bf16/fp16 squares are exact in
   fp32), rstd by rsqrt + one Newton step, the gate with an FMA-corrected exp argument and
   rcp.approx, the products, then a test on the result's bits, folded into two row minima: if any
-  element lies within the fast path's error bound T of a rounding midpoint of the output format
-  (or is non-finite, zero, or tiny enough to have lost precision), its row is "flagged" and
-  recomputed in fp64 from its own inputs (a scalar branch per program, then per row), rounded
-  once. An unflagged output is the correctly rounded value whenever the fast path's error is
-  inside T (set from the worst error measured on the H200, with margin), so flagged or not every
-  output equals round_once(fp64 result); that is also why the CPU interpreter and the GPU agree
-  bitwise despite different exp/div approximations.
+  element lies within the fast path's error bound T of a rounding midpoint of the output format,
+  its row is "flagged". For bf16 outputs with rstd taken from x alone (gate after the norm, or no
+  gate) each flagged element is then settled alone in fp64 by the lanes that hold it
+  (`_exact_element.py`: the program's rows' squares summed again in fp64, inline PTX per element);
+  a row with a non-finite, zero or tiny value, or an element the tier cannot place, is recomputed
+  whole in fp64 from its own inputs (a scalar branch per program, then per row), rounded once. An
+  unflagged output is the correctly rounded value whenever the fast path's error is inside T (set
+  from the worst error measured on the H200, with margin), so flagged or not every output equals
+  round_once(fp64 result); that is also why the CPU interpreter and the GPU agree bitwise despite
+  different exp/div approximations, and why no launch shape or path choice can change a bit.
 - fp32 outputs (x in fp32) have no spare bits to test, so they take the fp64 path everywhere.
 """
 
@@ -44,6 +47,7 @@ MAX_D = 8192  # largest row width (and so group width) one program holds in regi
 # thread raise registers and cut occupancy; fewer leave less work to hide a flagged element behind.
 TILE_ELEMENTS = 1024
 TILE_ELEMENTS_NARROW = 512  # rows of at most 128 columns
+MAXNREG_NARROW = 0  # register cap for those one-warp programs (0: the compiler's choice)
 ELEMENTS_PER_THREAD = 16
 
 
@@ -330,7 +334,7 @@ def _rms_norm_gated_fwd_kernel(
                 # risky rows (and any element the tier leaves undecided) go to the whole-row path
                 risky_row = ((tl.min(risk_key, axis=1) < 0x20000000) | row_risky) & row_ok  # [BLOCK_R]
                 row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
-                if row_bits != 0:  # one scalar branch per program (~28% of programs at D=128 take it)
+                if row_bits != 0:  # one scalar branch per program (~15% of 4-row programs at D=128 take it)
                     tier_row = row_flag & ~risky_row  # [BLOCK_R]
                     # x again (L1): keeping the tile's x, z, w live to here would double the registers
                     xr = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
@@ -512,6 +516,7 @@ def rms_norm_gated_fwd(
         and (norm_before_gate or not has_z)
     )
     margin, fault = _tier2 or (_exact_element.MARGIN_ULPS, 0)
+    maxnreg = variant["MAXNREG"] or (MAXNREG_NARROW if block_g < 256 and not _config else 0)
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
@@ -552,6 +557,6 @@ def rms_norm_gated_fwd(
         ZERO=zero is not None,
         ZERO_BLOCK=32 * num_warps,
         num_warps=num_warps,
-        **({"maxnreg": variant["MAXNREG"]} if variant["MAXNREG"] else {}),
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return (y, dbg, flags) if _debug else y
