@@ -47,7 +47,6 @@ MAX_D = 8192  # largest row width (and so group width) one program holds in regi
 # thread raise registers and cut occupancy; fewer leave less work to hide a flagged element behind.
 TILE_ELEMENTS = 1024
 TILE_ELEMENTS_NARROW = 512  # rows of at most 128 columns
-MAXNREG_NARROW = 0  # register cap for those one-warp programs (0: the compiler's choice)
 ELEMENTS_PER_THREAD = 16
 
 
@@ -134,6 +133,13 @@ def _gated_fp64(
     if HAS_Z and NORM_BEFORE_GATE:
         y = y * _act(z, SIGMOID)
     return y
+
+
+@triton.jit
+def _row_bits(row_flag):
+    """The flagged rows of a [BLOCK_R] mask as one int64 bitmask (a scalar: one cross-thread step)."""
+    r = tl.arange(0, row_flag.shape[0]).to(tl.int64)
+    return tl.sum(tl.where(row_flag, tl.full(row_flag.shape, 1, tl.int64) << r, 0))
 
 
 @triton.jit
@@ -333,7 +339,7 @@ def _rms_norm_gated_fwd_kernel(
                 # near-midpoint elements of otherwise safe rows go to the per-element tier; only
                 # risky rows (and any element the tier leaves undecided) go to the whole-row path
                 risky_row = ((tl.min(risk_key, axis=1) < 0x20000000) | row_risky) & row_ok  # [BLOCK_R]
-                row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
+                row_bits = _row_bits(row_flag)
                 if row_bits != 0:  # one scalar branch per program (~15% of 4-row programs at D=128 take it)
                     tier_row = row_flag & ~risky_row  # [BLOCK_R]
                     # x again (L1): keeping the tile's x, z, w live to here would double the registers
@@ -356,7 +362,7 @@ def _rms_norm_gated_fwd_kernel(
                     )  # [BLOCK_R, BLOCK_G]
                     undecided = y.to(tl.int32, bitcast=True) == UNDECIDED_BITS
                     row_flag = risky_row | (tl.max(undecided.to(tl.int32), axis=1) > 0)
-                    row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
+                    row_bits = _row_bits(row_flag)
         else:
             mag = bits & 0x7FFFFFFF
             if OUT == tl.bfloat16:
@@ -395,7 +401,7 @@ def _rms_norm_gated_fwd_kernel(
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
         if EXACT == 1:
             if not TIER2:  # (with the tier, row_bits already holds the rows left for this path)
-                row_bits = tl.sum(tl.where(row_flag, tl.full([BLOCK_R], 1, tl.int64) << r_local.to(tl.int64), 0))
+                row_bits = _row_bits(row_flag)
             if row_bits != 0:
                 _exact_rows(
                     row_bits,
@@ -516,7 +522,6 @@ def rms_norm_gated_fwd(
         and (norm_before_gate or not has_z)
     )
     margin, fault = _tier2 or (_exact_element.MARGIN_ULPS, 0)
-    maxnreg = variant["MAXNREG"] or (MAXNREG_NARROW if block_g < 256 and not _config else 0)
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
@@ -557,6 +562,6 @@ def rms_norm_gated_fwd(
         ZERO=zero is not None,
         ZERO_BLOCK=32 * num_warps,
         num_warps=num_warps,
-        **({"maxnreg": maxnreg} if maxnreg else {}),
+        **({"maxnreg": variant["MAXNREG"]} if variant["MAXNREG"] else {}),
     )
     return (y, dbg, flags) if _debug else y
