@@ -51,7 +51,7 @@ def planted(d: int) -> None:
 
 
 def shapes() -> None:
-    """D=128 launch shapes with the tier forced on and off (the default keeps whole rows there)."""
+    """D=128 launch shapes with the tier forced on and off (8 x 2 with whole rows: sessions 2-5's default)."""
     timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
     var = []
     for r, w in ((8, 2), (4, 1), (4, 2), (16, 2), (16, 4)):
