@@ -752,6 +752,19 @@ def run(
     return doc
 
 
+def write_table(doc: dict, out: str, force: bool) -> int:
+    """doc as JSON at out, atomically: 0, or EXIT_EXISTS (said on stderr) if out exists and not force."""
+    from rlnorm.artifact import _jsonable, write_artifact
+
+    try:
+        write_artifact(_jsonable(doc, "$"), out, overwrite=force, validate=False)
+    except FileExistsError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_EXISTS
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlnorm.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--d", type=int, nargs="+", default=[128, 256], help="row widths")
@@ -802,14 +815,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"commit {result['commit']}{' (dirty)' if result['tracked_tree_dirty'] else ''} | {result['wall_time_s']} s"
     )
     if a.out:
-        try:
-            write_artifact(_jsonable(result, "$"), a.out, overwrite=a.force, validate=False)
-        except FileExistsError as exc:
-            print(str(exc), file=sys.stderr)
+        if write_table(result, a.out, a.force) != 0:
             return EXIT_EXISTS
         if partial is not None:
             partial.unlink(missing_ok=True)
-        print(f"wrote {a.out}")
     return 0
 
 

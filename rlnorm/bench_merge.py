@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlnorm.bench import EXIT_EXISTS, fastest_peer, format_markdown
+from rlnorm.bench import EXIT_EXISTS, fastest_peer, format_markdown, write_table
 
 
 class MergeError(ValueError):
@@ -199,16 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(format_markdown(merged["shapes"]))
     print("\nrlnorm against each run's own fastest peer:\n" + format_verdicts(merged))
     print(f"\n{len(a.runs)} runs; us = median of the runs' medians (ratios: each run's own add)")
-    if a.out:
-        from rlnorm.artifact import _jsonable, write_artifact
-
-        try:
-            write_artifact(_jsonable(merged, "$"), a.out, overwrite=a.force, validate=False)
-        except FileExistsError as exc:
-            print(str(exc), file=sys.stderr)
-            return EXIT_EXISTS
-        print(f"wrote {a.out}")
-    return 0
+    return write_table(merged, a.out, a.force) if a.out else 0
 
 
 if __name__ == "__main__":

@@ -159,8 +159,29 @@ PTX_NONE_FP32 = _PTX["none", "fp32"]
 
 
 @triton.jit
-def _run_ptx(asm: tl.constexpr, cols, y, x_rows, z_rows, w_ptr, rstd64, margin, fault, near_t):
-    """One inline-PTX call per element (pack 1: each element's lane branches on its own)."""
+def _run_ptx(
+    ptx_bf16: tl.constexpr,
+    ptx_fp16: tl.constexpr,
+    ptx_fp32: tl.constexpr,
+    W_DTYPE: tl.constexpr,
+    cols,
+    y,
+    x_rows,
+    z_rows,
+    w_ptr,
+    rstd64,
+    margin,
+    fault,
+    near_t,
+):
+    """One inline-PTX call per element (pack 1: each element's lane branches on its own), in the text
+    for w's dtype (a jit function cannot return a string on Triton 3.6: it is chosen here)."""
+    if W_DTYPE == tl.bfloat16:
+        asm: tl.constexpr = ptx_bf16
+    elif W_DTYPE == tl.float16:
+        asm: tl.constexpr = ptx_fp16
+    else:
+        asm: tl.constexpr = ptx_fp32
     return tl.inline_asm_elementwise(
         asm,
         "=r,r,r,l,l,l,l,l,l,r",
@@ -204,28 +225,12 @@ def exact_element(
             near_t,
         )
         W_DTYPE: tl.constexpr = w_ptr.dtype.element_ty
-        # (a jit function cannot return a string on Triton 3.6: the text is chosen here, by constexprs)
         if not HAS_Z:
-            if W_DTYPE == tl.bfloat16:
-                value = _run_ptx(PTX_NONE_BF16, *args)
-            elif W_DTYPE == tl.float16:
-                value = _run_ptx(PTX_NONE_FP16, *args)
-            else:
-                value = _run_ptx(PTX_NONE_FP32, *args)
+            value = _run_ptx(PTX_NONE_BF16, PTX_NONE_FP16, PTX_NONE_FP32, W_DTYPE, *args)
         elif SIGMOID:
-            if W_DTYPE == tl.bfloat16:
-                value = _run_ptx(PTX_SIGMOID_BF16, *args)
-            elif W_DTYPE == tl.float16:
-                value = _run_ptx(PTX_SIGMOID_FP16, *args)
-            else:
-                value = _run_ptx(PTX_SIGMOID_FP32, *args)
+            value = _run_ptx(PTX_SIGMOID_BF16, PTX_SIGMOID_FP16, PTX_SIGMOID_FP32, W_DTYPE, *args)
         else:
-            if W_DTYPE == tl.bfloat16:
-                value = _run_ptx(PTX_SILU_BF16, *args)
-            elif W_DTYPE == tl.float16:
-                value = _run_ptx(PTX_SILU_FP16, *args)
-            else:
-                value = _run_ptx(PTX_SILU_FP32, *args)
+            value = _run_ptx(PTX_SILU_BF16, PTX_SILU_FP16, PTX_SILU_FP32, W_DTYPE, *args)
     else:
         # the interpreter: the same decision on the whole tile (numpy's fp64 exp for the PTX series)
         near_key = (y.to(tl.int32, bitcast=True) * 65536 + ((near_t - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
