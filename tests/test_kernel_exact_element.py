@@ -118,3 +118,31 @@ def test_default_uses_the_tier():
         ref = bits(oracle(c.x, c.z, c.w))
         assert not torch.equal(bits(fwd(c.x, c.z, c.w, _near=WIDE, _tier2=planted)), ref)
         assert torch.equal(bits(fwd(c.x, c.z, c.w, _near=WIDE, _tier2=planted, _variant=TIER_OFF)), ref)
+
+
+ON_GPU = torch.cuda.is_available()
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the inline PTX runs on a GPU only (the interpreter runs the tile-wide form)")
+@pytest.mark.parametrize(
+    ("opts", "has_z", "wdtype"),
+    [
+        (OpOptions(), True, torch.bfloat16),
+        (OpOptions(activation="sigmoid"), True, torch.bfloat16),
+        (OpOptions(), False, torch.bfloat16),
+        (OpOptions(), True, torch.float32),
+        (OpOptions(), True, torch.float16),
+    ],
+)
+def test_ptx_tier_on_the_gpu(opts, has_z, wdtype):
+    # the PTX form: tier and row path bitwise equal to fp64 rounded once with ~0.6% of elements in the
+    # tier (scripts/kernel_gpu_v12.py ran the same at 262144 rows), and the planted tier error caught
+    c = make_case(4096, 256, seed=11, weight_dtype=wdtype, device="cuda")
+    z = c.z if has_z else None
+    ref = bits(oracle(c.x, z, c.w, opts))
+    assert torch.equal(bits(fwd(c.x, z, c.w, opts, _near=WIDE, _variant=TIER_ON)), ref)
+    assert torch.equal(bits(fwd(c.x, z, c.w, opts, _near=WIDE, _variant=TIER_OFF)), ref)
+    covered = fwd(c.x, z, c.w, opts, _near=WIDE, _tier2=(1 << 37, 1 << 36), _variant=TIER_ON)
+    assert torch.equal(bits(covered), ref)
+    uncovered = fwd(c.x, z, c.w, opts, _near=WIDE, _tier2=(_exact_element.MARGIN_ULPS, 1 << 36), _variant=TIER_ON)
+    assert not torch.equal(bits(uncovered), ref)
