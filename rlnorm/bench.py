@@ -752,6 +752,20 @@ def run(
     return doc
 
 
+def add_out_arguments(p: argparse.ArgumentParser, help_out: str) -> None:
+    """--out and --force, as every table-writing command takes them."""
+    p.add_argument("--out", default=None, help=help_out)
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+
+def out_taken(out: str | None, force: bool) -> bool:
+    """True (said on stderr) if out exists and force is not given: checked before any work is done."""
+    if out and Path(out).exists() and not force:
+        print(f"--out: {out!r} already exists; pass --force to replace it", file=sys.stderr)
+        return True
+    return False
+
+
 def write_table(doc: dict, out: str, force: bool) -> int:
     """doc as JSON at out, atomically: 0, or EXIT_EXISTS (said on stderr) if out exists and not force."""
     from rlnorm.artifact import _jsonable, write_artifact
@@ -775,12 +789,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer repetitions: every shape and backend in minutes")
     p.add_argument("--graph-calls", type=int, default=None, help="calls captured per CUDA graph")
     p.add_argument("--graph-max-rows", type=int, default=None, help="shapes up to this many rows use graphs")
-    p.add_argument("--out", default=None, help="write the table as JSON here (atomic)")
-    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    add_out_arguments(p, "write the table as JSON here (atomic)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (per-shape tables still print)")
     a = p.parse_args(argv)
-    if a.out and Path(a.out).exists() and not a.force:
-        print(f"--out: {a.out!r} already exists; pass --force to replace it", file=sys.stderr)
+    if out_taken(a.out, a.force):
         return EXIT_EXISTS
     settings = QUICK if a.quick else Settings()
     overrides = (("graph_calls", a.graph_calls), ("graph_max_rows", a.graph_max_rows))

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rlnorm.bench import EXIT_EXISTS, fastest_peer, format_markdown, write_table
+from rlnorm.bench import EXIT_EXISTS, add_out_arguments, fastest_peer, format_markdown, out_taken, write_table
 
 
 class MergeError(ValueError):
@@ -184,12 +184,10 @@ def format_verdicts(merged: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m rlnorm.bench_merge", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", help="bench JSON files (python -m rlnorm.bench --out), one per process")
-    p.add_argument("--out", default=None, help="write the merged table as JSON here (atomic)")
-    p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    add_out_arguments(p, "write the merged table as JSON here (atomic)")
     p.add_argument("--allow-mixed-commits", action="store_true", help="merge runs of different commits")
     a = p.parse_args(argv)
-    if a.out and Path(a.out).exists() and not a.force:
-        print(f"--out: {a.out!r} already exists; pass --force to replace it", file=sys.stderr)
+    if out_taken(a.out, a.force):
         return EXIT_EXISTS
     try:
         merged = merge([_load(r) for r in a.runs], a.runs, a.allow_mixed_commits)

@@ -21,6 +21,14 @@ from rlnorm.reference import gated_rmsnorm_math
 
 WIDE = (200, 0)  # the fast path's bound widened: many elements go through the tier
 TIER_ON, TIER_OFF = {"TIER2": 1}, {"TIER2": 0}
+TIER_CASES = [  # (opts, has_z, w dtype): each gate (silu, sigmoid, none), each weight dtype, groups
+    (OpOptions(), True, torch.bfloat16),
+    (OpOptions(activation="sigmoid"), True, torch.bfloat16),
+    (OpOptions(), False, torch.bfloat16),
+    (OpOptions(), True, torch.float32),
+    (OpOptions(), True, torch.float16),
+    (OpOptions(group_size=32), True, torch.bfloat16),
+]
 
 
 def fwd(x, z, w, opts: OpOptions = OpOptions(), **kw):  # noqa: B008
@@ -37,14 +45,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     ("opts", "has_z", "wdtype"),
-    [
-        (OpOptions(), True, torch.bfloat16),
-        (OpOptions(activation="sigmoid"), True, torch.bfloat16),
-        (OpOptions(), False, torch.bfloat16),
-        (OpOptions(), True, torch.float32),
-        (OpOptions(), True, torch.float16),
-        (OpOptions(group_size=32), True, torch.bfloat16),
-    ],
+    TIER_CASES,
 )
 def test_tier_settles_near_elements_to_the_correctly_rounded_value(opts, has_z, wdtype):
     c = make_case(63, 128, seed=11, weight_dtype=wdtype)
@@ -126,13 +127,7 @@ ON_GPU = torch.cuda.is_available()
 @pytest.mark.skipif(not ON_GPU, reason="the inline PTX runs on a GPU only (the interpreter runs the tile-wide form)")
 @pytest.mark.parametrize(
     ("opts", "has_z", "wdtype"),
-    [
-        (OpOptions(), True, torch.bfloat16),
-        (OpOptions(activation="sigmoid"), True, torch.bfloat16),
-        (OpOptions(), False, torch.bfloat16),
-        (OpOptions(), True, torch.float32),
-        (OpOptions(), True, torch.float16),
-    ],
+    TIER_CASES,
 )
 def test_ptx_tier_on_the_gpu(opts, has_z, wdtype):
     # the PTX form: tier and row path bitwise equal to fp64 rounded once with ~0.6% of elements in the
