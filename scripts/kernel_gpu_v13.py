@@ -1,9 +1,10 @@
-"""Thirteenth GPU call (forward): where the per-element tier's cost lies, and the fp64 sum of squares in
+"""Thirteenth and fourteenth GPU calls (forward): where the per-element tier's cost lies, and the fp64 sum of squares in
 the fast path (SUM64: the tier then needs no second pass over x) under register caps; torch.add in the
 same run; decode sizes by CUDA-graph replay; SUM64 against the whole-row path and fp64 rounded once,
 bitwise (standard data, and the bound widened to T = 200 for every tier option), a planted tier error,
 accuracy and batch invariance.
     python3 scripts/kernel_gpu_v13.py   ($OUT/v13/v2.json; summary printed last)
+    V13_SECTIONS=v14 python3 scripts/kernel_gpu_v13.py   (call 14: the one-column row path, caps, shapes)
 Ablations (TIER2_ABLATE, timing only, NOT correctly rounded): 1 no fp64 row sums (rstd64 = fp32 rstd),
 2 no per-element PTX, 3 neither (the branch and the reductions alone).
 """
@@ -26,18 +27,27 @@ V.OUT = os.path.join(os.environ.get("OUT", "/tmp"), "v13")
 T1, T0, S64 = {"TIER2": 1}, {"TIER2": 0}, {"TIER2": 1, "SUM64": 1}
 
 
-def agree(name: str, d: int, opts=V.OpOptions(), has_z=True, zscale=1.0, wdtype=torch.bfloat16, near=None) -> None:  # noqa: B008
-    """SUM64 vs the whole-row path vs fp64 rounded once, bitwise."""
+def agree(
+    name: str,
+    d: int,
+    opts=V.OpOptions(),  # noqa: B008
+    has_z=True,
+    zscale=1.0,
+    wdtype=torch.bfloat16,
+    near=None,
+    variant=S64,
+) -> None:
+    """`variant` (SUM64 unless said) vs the whole-row path vs fp64 rounded once, bitwise."""
     c = make_case(V.ROWS, d, seed=11, device=V.DEV, weight_dtype=wdtype)
     z = (c.z.float() * zscale).to(c.z.dtype) if has_z else None
     kw = {"_near": near} if near else {}
-    y1 = V.fwd(c.x, z, c.w, opts, _variant=S64, **kw)
+    y1 = V.fwd(c.x, z, c.w, opts, _variant=variant, **kw)
     y0 = V.fwd(c.x, z, c.w, opts, _variant=T0, **kw)
     ref = round_once(gated_rmsnorm_math(c.x, z, c.w, opts, torch.float64), torch.bfloat16)
     w1, w0 = int((~V.same_bits(y1, ref)).sum()), int((~V.same_bits(y0, ref)).sum())
     diff = int((~V.same_bits(y1, y0)).sum())
-    V.RES.setdefault("agree", []).append({"case": name, "d": d, "wrong_sum64": w1, "wrong_rows": w0, "differ": diff})
-    V.SUMMARY.append(f"agree {name:<18} d={d} wrong(sum64)={w1} wrong(rows)={w0} differ {diff} of {y1.numel()}")
+    V.RES.setdefault("agree", []).append({"case": name, "d": d, "wrong_variant": w1, "wrong_rows": w0, "differ": diff})
+    V.SUMMARY.append(f"agree {name:<18} d={d} wrong(variant)={w1} wrong(rows)={w0} differ {diff} of {y1.numel()}")
 
 
 def planted(d: int) -> None:
@@ -51,9 +61,83 @@ def planted(d: int) -> None:
         V.SUMMARY.append(f"planted sum64 tier fault 2**36 ulps, margin {name:<9} d={d}: wrong {wrong}")
 
 
-def main() -> None:
+def agree_undecided(name: str, d: int, opts=V.OpOptions(), has_z=True, wdtype=torch.bfloat16) -> None:  # noqa: B008
+    """Every flagged row through the whole-row path (a margin nothing passes): the one-column-per-thread form."""
+    c = make_case(V.ROWS // 4, d, seed=11, device=V.DEV, weight_dtype=wdtype)
+    z = c.z if has_z else None
+    y = V.fwd(c.x, z, c.w, opts, _near=(200, 0), _tier2=(1 << 50, 0), _variant=T1)
+    ref = round_once(gated_rmsnorm_math(c.x, z, c.w, opts, torch.float64), torch.bfloat16)
+    wrong = int((~V.same_bits(y, ref)).sum())
+    V.RES.setdefault("undecided", []).append({"case": name, "d": d, "wrong": wrong})
+    V.SUMMARY.append(f"all-undecided {name:<14} d={d} wrong={wrong} of {y.numel()}")
+
+
+def v14() -> None:
+    """Call 14: the whole-row path one column per thread (registers 96 -> 72 at D=128, 72 -> 64 at D=256)."""
     timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
+    for d in (128, 256):
+        var = [
+            ("tier", {"_variant": T1}),
+            ("noexact", {"_variant": {"EXACT": 0}}),
+            ("tier_m64", {"_variant": T1 | {"MAXNREG": 64}}),
+            ("tier_m56", {"_variant": T1 | {"MAXNREG": 56}}),
+            ("sum64_m64", {"_variant": S64 | {"MAXNREG": 64}}),
+            ("abl1_nosums_m64", {"_variant": T1 | {"TIER2_ABLATE": 1, "MAXNREG": 64}}),
+            ("abl3_neither_m64", {"_variant": T1 | {"TIER2_ABLATE": 3, "MAXNREG": 64}}),
+            ("rows(old)", {"_variant": T0}),
+        ]
+        if d == 128:
+            var += [
+                (f"tier_R{r}w{w}_m64", {"_variant": T1 | {"MAXNREG": 64}, "_config": (r, 128, w)})
+                for r, w in ((8, 2), (4, 2))
+            ]
+        else:
+            var += [
+                (f"tier_R{r}w{w}_m64", {"_variant": T1 | {"MAXNREG": 64}, "_config": (r, 256, w)})
+                for r, w in ((2, 1), (8, 4))
+            ]
+            var += [("tier_R2w1_m56", {"_variant": T1 | {"MAXNREG": 56}, "_config": (2, 256, 1)})]
+        var += [
+            ("tier_b", {"_variant": T1}),
+            ("tier_m64_b", {"_variant": T1 | {"MAXNREG": 64}}),
+            ("noexact_b", {"_variant": {"EXACT": 0}}),
+        ]
+        V.guarded(f"timing{d}", lambda d=d, var=var: V.timing(d, V.ROWS, var, timer))
+        small = [v for v in var if not v[0].endswith("_b") and not v[0].startswith("abl1")]
+        for rows in (32, 512, 4096):
+            V.guarded(f"graph{d}_{rows}", lambda d=d, rows=rows, small=small: V.graph_time(d, rows, small))
+    for d in (128, 256):
+        V.guarded(f"agree{d}", lambda d=d: agree("standard", d, variant=T1))
+        V.guarded(f"agree{d}_stress", lambda d=d: agree("stress_T200", d, near=(200, 0), variant=T1))
+    cases = [
+        ("silu", V.OpOptions(), True, torch.bfloat16),
+        ("sigmoid", V.OpOptions(activation="sigmoid"), True, torch.bfloat16),
+        ("no_z", V.OpOptions(), False, torch.bfloat16),
+        ("w_fp32", V.OpOptions(), True, torch.float32),
+        ("w_fp16", V.OpOptions(), True, torch.float16),
+        ("group32", V.OpOptions(group_size=32), True, torch.bfloat16),
+        ("gate_first", V.OpOptions(norm_before_gate=False), True, torch.bfloat16),
+    ]
+    for name, opts, has_z, wd in cases:
+        V.guarded(f"undecided_{name}", lambda n=name, o=opts, h=has_z, wd=wd: agree_undecided(n, 128, o, h, wd))
+        V.guarded(
+            f"agree_{name}",
+            lambda n=name, o=opts, h=has_z, wd=wd: agree(n + "_T200", 128, o, h, wdtype=wd, near=(200, 0), variant=T1),
+        )
+    V.guarded("undecided_256", lambda: agree_undecided("silu", 256))
+    for d in (128, 256):
+        V.guarded(f"acc{d}", lambda d=d: V.accuracy("tier", d, {"_variant": T1}))
+        V.guarded(f"inv{d}", lambda d=d: V.invariance("tier", d, {"_variant": T1}))
+
+
+def main() -> None:
     V.RES["device"] = torch.cuda.get_device_name() if V.DEV == "cuda" else "cpu"
+    if os.environ.get("V13_SECTIONS") == "v14":
+        v14()
+        print("\n==== summary ====")
+        print("\n".join(V.SUMMARY))
+        return
+    timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
     for d in (128, 256):
         var = [
             ("tier", {"_variant": T1}),

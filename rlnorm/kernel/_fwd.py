@@ -154,32 +154,50 @@ def _exact_rows(
     stride_z,
     stride_y,
     eps,
-    cols,
-    col_ok,
+    col0,  # the group's first column
     GROUP: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    CHUNK: tl.constexpr,  # columns per step (one per thread, or the whole row)
     HAS_Z: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr,
     SIGMOID: tl.constexpr,
 ):
-    """Rows of bit set in row_bits recomputed wholly in fp64 from their own inputs, rounded once."""
+    """Rows of bit set in row_bits recomputed wholly in fp64 from their own inputs, rounded once.
+
+    One column per thread per step, two passes (squares, then outputs): this path is rare wherever the
+    per-element tier applies, and a whole fp64 row held at once (4-8 columns of x, z, w and libdevice
+    exp per thread) set the kernel's register count for every program (96 against 64 at D=128)."""
     OUT: tl.constexpr = y_ptr.dtype.element_ty
-    w64 = _widen_to_fp32(tl.load(w_ptr + cols, mask=col_ok, other=0.0)).to(tl.float64)[None, :]
-    one = tl.arange(0, 1)  # [1]
-    m1 = col_ok[None, :] & (one < 1)[:, None]  # [1, BLOCK_G]
+    offs = tl.arange(0, CHUNK)  # [CHUNK]
     for i in range(BLOCK_R):
         if ((row_bits >> i) & 1) != 0:
-            row = (t * BLOCK_R + i + one).to(tl.int64)  # [1]
-            xr = tl.load(x_ptr + row[:, None] * stride_x + cols[None, :], mask=m1, other=0.0)
-            xr = _widen_to_fp32(xr).to(tl.float64)
-            if HAS_Z:
-                zr = tl.load(z_ptr + row[:, None] * stride_z + cols[None, :], mask=m1, other=0.0)
-                zr = _widen_to_fp32(zr).to(tl.float64)
-            else:
-                zr = xr  # unused
-            yr = _gated_fp64(xr, zr, w64, eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID)  # [1, BLOCK_G]
-            tl.store(y_ptr + row[:, None] * stride_y + cols[None, :], _round_fp64_to_out(yr, OUT), mask=m1)
+            row = (t * BLOCK_R + i).to(tl.int64)  # int64: rows * stride can pass 2**31
+            x_row = x_ptr + row * stride_x + col0
+            z_row = z_ptr + row * stride_z + col0
+            acc = tl.zeros([CHUNK], tl.float64)
+            for c in range(0, BLOCK_G, CHUNK):
+                ok = c + offs < GROUP
+                xg = _widen_to_fp32(tl.load(x_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                if HAS_Z and not NORM_BEFORE_GATE:
+                    zc = _widen_to_fp32(tl.load(z_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                    xg = xg * _act(zc, SIGMOID)
+                acc += xg * xg
+            ms = tl.sum(acc, axis=0) / GROUP
+            rstd = 1.0 / tl.sqrt(ms + eps)  # fp64 sqrt and divide are IEEE (sqrt.rn.f64, div.rn.f64)
+            for c in range(0, BLOCK_G, CHUNK):
+                ok = c + offs < GROUP
+                xg = _widen_to_fp32(tl.load(x_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                w = _widen_to_fp32(tl.load(w_ptr + col0 + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                if HAS_Z:
+                    zc = _widen_to_fp32(tl.load(z_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                    a = _act(zc, SIGMOID)
+                    if not NORM_BEFORE_GATE:
+                        xg = xg * a
+                y = xg * rstd * w  # [CHUNK]
+                if HAS_Z and NORM_BEFORE_GATE:
+                    y = y * a
+                tl.store(y_ptr + row * stride_y + col0 + c + offs, _round_fp64_to_out(y, OUT), mask=ok)
 
 
 @triton.jit
@@ -223,6 +241,7 @@ def _rms_norm_gated_fwd_kernel(
     DEBUG: tl.constexpr,
     ZERO: tl.constexpr,  # also zero the backward's workspace (saves the backward a memset launch)
     ZERO_BLOCK: tl.constexpr,
+    ROW_CHUNK: tl.constexpr,  # the whole-row path's columns per step
 ):
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -357,7 +376,7 @@ def _rms_norm_gated_fwd_kernel(
                         # x again (L1): keeping the tile's x, z, w live to here would double the registers
                         xr = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
                         rstd64 = rows_rstd64(_widen_to_fp32(xr), rstd, eps, GROUP)  # [BLOCK_R]
-                    if TIER2_ABLATE >= 2:
+                    if TIER2_ABLATE == 2 or TIER2_ABLATE == 3:
                         risky_row = risky_row | (rstd64 < 0)
                     else:
                         y = exact_element(
@@ -417,7 +436,7 @@ def _rms_norm_gated_fwd_kernel(
         if EXACT == 1:
             if not TIER2:  # (with the tier, row_bits already holds the rows left for this path)
                 row_bits = _row_bits(row_flag)
-            if row_bits != 0:
+            if row_bits != 0 and TIER2_ABLATE != 9:
                 _exact_rows(
                     row_bits,
                     pid_r,
@@ -429,11 +448,11 @@ def _rms_norm_gated_fwd_kernel(
                     stride_z,
                     stride_y,
                     eps,
-                    cols,
-                    col_ok,
+                    pid_g * GROUP,
                     GROUP,
                     BLOCK_R,
                     BLOCK_G,
+                    ROW_CHUNK,
                     HAS_Z,
                     NORM_BEFORE_GATE,
                     SIGMOID,
@@ -580,6 +599,9 @@ def rms_norm_gated_fwd(
         TIER2_ABLATE=variant["TIER2_ABLATE"] if tier2 else 0,
         ZERO=zero is not None,
         ZERO_BLOCK=32 * num_warps,
+        # with the tier the row path is rare: a column per thread keeps its registers out of every
+        # program's count; without it the row path is the exact path (~4-9% of rows): a row at once
+        ROW_CHUNK=min(block_g, 32 * num_warps) if tier2 else block_g,
         num_warps=num_warps,
         **({"maxnreg": variant["MAXNREG"]} if variant["MAXNREG"] else {}),
     )
