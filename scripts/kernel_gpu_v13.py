@@ -5,6 +5,7 @@ bitwise (standard data, and the bound widened to T = 200 for every tier option),
 accuracy and batch invariance.
     python3 scripts/kernel_gpu_v13.py   ($OUT/v13/v2.json; summary printed last)
     V13_SECTIONS=v14 python3 scripts/kernel_gpu_v13.py   (call 14: the one-column row path, caps, shapes)
+    V13_SECTIONS=v15 python3 scripts/kernel_gpu_v13.py   (call 15: one-warp shapes under caps, two passes)
 Ablations (TIER2_ABLATE, timing only, NOT correctly rounded): 1 no fp64 row sums (rstd64 = fp32 rstd),
 2 no per-element PTX, 3 neither (the branch and the reductions alone).
 """
@@ -130,10 +131,31 @@ def v14() -> None:
         V.guarded(f"inv{d}", lambda d=d: V.invariance("tier", d, {"_variant": T1}))
 
 
+def v15() -> None:
+    """Call 15: one-warp shapes under register caps at both widths (two passes, to see the noise)."""
+    timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
+    shapes = {
+        128: [((4, 1), 64), ((4, 1), 56), ((2, 1), 64), ((2, 1), 56), ((8, 2), 56), ((8, 2), 48)],
+        256: [((2, 1), 56), ((2, 1), 64), ((1, 1), 48), ((1, 1), 0), ((4, 2), 64), ((4, 2), 48)],
+    }
+    for d in (128, 256):
+        var = [
+            ("noexact", {"_variant": {"EXACT": 0}}),
+            ("noexact_R2w1", {"_variant": {"EXACT": 0}, "_config": (2, d, 1)}),
+        ]
+        for (r, w), m in shapes[d]:
+            var.append((f"tier_R{r}w{w}_m{m}", {"_variant": T1 | {"MAXNREG": m}, "_config": (r, d, w)}))
+        var += [(n + "_b", kw) for n, kw in var]
+        V.guarded(f"timing{d}", lambda d=d, var=var: V.timing(d, V.ROWS, var, timer))
+        small = [v for v in var if not v[0].endswith("_b")]
+        for rows in (32, 512, 4096):
+            V.guarded(f"graph{d}_{rows}", lambda d=d, rows=rows, small=small: V.graph_time(d, rows, small))
+
+
 def main() -> None:
     V.RES["device"] = torch.cuda.get_device_name() if V.DEV == "cuda" else "cpu"
-    if os.environ.get("V13_SECTIONS") == "v14":
-        v14()
+    if os.environ.get("V13_SECTIONS") in ("v14", "v15"):
+        v14() if os.environ["V13_SECTIONS"] == "v14" else v15()
         print("\n==== summary ====")
         print("\n".join(V.SUMMARY))
         return
