@@ -259,48 +259,15 @@ def exact_element(
 
 
 @triton.jit
-def rows_sum_sq64(xg):
-    """[R] fp64 sums of squares of each row of the fp32 tile xg (exact bf16/fp16 values; zeros in padding)."""
+def rows_rstd64(xg, rstd, eps, GROUP: tl.constexpr):
+    """[R] fp64 rstd of each row of the fp32 tile xg (exact bf16/fp16 values; zeros in padding):
+    the squares summed in fp64, then two Newton steps from the fast path's fp32 rstd, whose error is
+    below 2**-19 even for 8192 columns (16 terms per thread, then a tree); each step squares the
+    error (2**-37, then below fp64's own rounding): no fp64 sqrt or divide."""
     x64 = xg.to(tl.float64)
-    return tl.sum(x64 * x64, axis=1)
-
-
-@triton.jit
-def rstd64_newton(ssq64, rstd, eps, GROUP: tl.constexpr):
-    """[R] fp64 rstd from the rows' fp64 sums of squares: two Newton steps from the fast path's fp32
-    rstd, whose error is below 2**-19 even for 8192 columns (16 terms per thread, then a tree); each
-    step squares the error (2**-37, then below fp64's own rounding): no fp64 sqrt or divide."""
-    ms = ssq64 * (1.0 / GROUP) + eps  # [R]; 1/GROUP rounded once: 2**-53, and no fp64 divide
+    ms = tl.sum(x64 * x64, axis=1) * (1.0 / GROUP) + eps  # [R]; 1/GROUP rounded once: 2**-53, and no fp64 divide
     r = rstd.to(tl.float64)  # [R]
     h = tl.fma(-(ms * r), r, 1.0)
     r = tl.fma(r * 0.5, h, r)
     h = tl.fma(-(ms * r), r, 1.0)
     return tl.fma(r * 0.5, h, r)
-
-
-@triton.jit
-def rows_rstd64(xg, rstd, eps, GROUP: tl.constexpr):
-    """[R] fp64 rstd of each row of the fp32 tile xg: its squares summed in fp64, then `rstd64_newton`."""
-    return rstd64_newton(rows_sum_sq64(xg), rstd, eps, GROUP)
-
-
-@triton.jit
-def bf16_to_fp64(v, ASM: tl.constexpr):
-    """An fp32 tile holding bf16 values, widened to fp64 by bit operations (3 integer instructions; the
-    F2F conversion runs at a quarter of the fp32 rate). Exact for normal values and zero's magnitude is
-    2**-127 instead of 0, subnormals' below 2**-126: used only for sums of squares, where any such term
-    is below 2**-250 while a row that reaches the tier has a sum of squares above 2**-96 (smaller sums
-    make the row risky) -- 2**-150 relative, far below the tier's margin of 2**-38. Signs are dropped."""
-    if ASM:
-        out = tl.inline_asm_elementwise(
-            "{\n.reg .b32 hi, lo;\nand.b32 hi, $1, 0x7FFFFFFF;\nshr.u32 hi, hi, 3;\nadd.u32 hi, hi, 0x38000000;\n"
-            "mov.u32 lo, 0;\nmov.b64 $0, {lo, hi};\n}",
-            "=l,r",
-            [v],
-            dtype=tl.int64,
-            is_pure=True,
-            pack=1,
-        ).to(tl.float64, bitcast=True)
-    else:
-        out = tl.abs(v).to(tl.float64)
-    return out

@@ -32,7 +32,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from rlnorm.kernel import _exact_element
-from rlnorm.kernel._exact_element import UNDECIDED_BITS, bf16_to_fp64, exact_element, rows_rstd64, rstd64_newton
+from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
@@ -234,8 +234,6 @@ def _rms_norm_gated_fwd_kernel(
     TIER2: tl.constexpr,  # near elements of safe rows settled one by one (_exact_element.py) before the row path
     TIER2_MARGIN: tl.constexpr,  # fp64 ulps from a midpoint below which the tier leaves an element undecided
     TIER2_FAULT: tl.constexpr,  # tests only: the tier's fp64 value moved by this many fp64 ulps
-    SUM64: tl.constexpr,  # (with TIER2) the fast path sums squares in fp64, so the tier needs no second pass
-    TIER2_ABLATE: tl.constexpr,  # timing only, NOT correctly rounded: 1 no fp64 row sums, 2 no PTX, 3 neither
     FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
@@ -310,12 +308,7 @@ def _rms_norm_gated_fwd_kernel(
         else:
             # bf16/fp16 squares are exact in fp32; the fp32 sum's rounding is inside the error bound
             # (the exact path recomputes everything in fp64); same reduction tree for every row slot
-            if SUM64:
-                x64 = bf16_to_fp64(xg, not INTERP)  # [BLOCK_R, BLOCK_G]
-                ssq64 = tl.sum(x64 * x64, axis=1)  # [BLOCK_R]
-                ssum = ssq64.to(tl.float32)
-            else:
-                ssum = tl.sum(xg * xg, axis=1)  # [BLOCK_R]
+            ssum = tl.sum(xg * xg, axis=1)  # [BLOCK_R]
             eps32 = eps.to(tl.float32)
             ms = ssum * (1.0 / GROUP) + eps32
             if RSTD_FAST and not INTERP:
@@ -368,32 +361,24 @@ def _rms_norm_gated_fwd_kernel(
                 row_bits = _row_bits(row_flag)
                 if row_bits != 0:  # one scalar branch per program (~15% of 4-row programs at D=128 take it)
                     tier_row = row_flag & ~risky_row  # [BLOCK_R]
-                    if SUM64:
-                        rstd64 = rstd64_newton(ssq64, rstd, eps, GROUP)  # [BLOCK_R]
-                    elif TIER2_ABLATE == 1 or TIER2_ABLATE == 3:
-                        rstd64 = rstd.to(tl.float64)
-                    else:
-                        # x again (L1): keeping the tile's x, z, w live to here would double the registers
-                        xr = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-                        rstd64 = rows_rstd64(_widen_to_fp32(xr), rstd, eps, GROUP)  # [BLOCK_R]
-                    if TIER2_ABLATE == 2 or TIER2_ABLATE == 3:
-                        risky_row = risky_row | (rstd64 < 0)
-                    else:
-                        y = exact_element(
-                            y,
-                            cols[None, :],
-                            tier_row[:, None],
-                            (x_ptr + rows64 * stride_x)[:, None],
-                            (z_ptr + rows64 * stride_z)[:, None],
-                            w_ptr,
-                            rstd64[:, None],
-                            NEAR_T0,
-                            TIER2_MARGIN,
-                            TIER2_FAULT,
-                            HAS_Z,
-                            SIGMOID,
-                            not INTERP,
-                        )  # [BLOCK_R, BLOCK_G]
+                    # x again (L1): keeping the tile's x, z, w live to here would double the registers
+                    xr = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+                    rstd64 = rows_rstd64(_widen_to_fp32(xr), rstd, eps, GROUP)  # [BLOCK_R]
+                    y = exact_element(
+                        y,
+                        cols[None, :],
+                        tier_row[:, None],
+                        (x_ptr + rows64 * stride_x)[:, None],
+                        (z_ptr + rows64 * stride_z)[:, None],
+                        w_ptr,
+                        rstd64[:, None],
+                        NEAR_T0,
+                        TIER2_MARGIN,
+                        TIER2_FAULT,
+                        HAS_Z,
+                        SIGMOID,
+                        not INTERP,
+                    )  # [BLOCK_R, BLOCK_G]
                     undecided = y.to(tl.int32, bitcast=True) == UNDECIDED_BITS
                     row_flag = risky_row | (tl.max(undecided.to(tl.int32), axis=1) > 0)
                     row_bits = _row_bits(row_flag)
@@ -436,7 +421,7 @@ def _rms_norm_gated_fwd_kernel(
         if EXACT == 1:
             if not TIER2:  # (with the tier, row_bits already holds the rows left for this path)
                 row_bits = _row_bits(row_flag)
-            if row_bits != 0 and TIER2_ABLATE != 9:
+            if row_bits != 0:
                 _exact_rows(
                     row_bits,
                     pid_r,
@@ -470,8 +455,6 @@ DEFAULT_VARIANT = {
     "XW_FIRST": True,
     "EXACT": 1,
     "TIER2": 1,  # 0: flagged rows recomputed whole in fp64 (sessions 1-5's exact path)
-    "SUM64": 0,  # 1: fp64 sums of squares in the fast path (tier only)
-    "TIER2_ABLATE": 0,
     "MAXNREG": 0,  # register cap per thread (0: the compiler's choice)
     "FAULT_ULPS": 0,
 }
@@ -595,8 +578,6 @@ def rms_norm_gated_fwd(
         TIER2=tier2,
         TIER2_MARGIN=margin,
         TIER2_FAULT=fault,
-        SUM64=bool(variant["SUM64"]) and tier2,
-        TIER2_ABLATE=variant["TIER2_ABLATE"] if tier2 else 0,
         ZERO=zero is not None,
         ZERO_BLOCK=32 * num_warps,
         # with the tier the row path is rare: a column per thread keeps its registers out of every
