@@ -39,15 +39,20 @@ MAX_D = 8192  # largest row width (and so group width) one program holds in regi
 
 
 # Elements per program and per thread: by the group width only (never the row count). 16 elements per
-# thread; tiles of 1024 elements from 256 columns (D=256: 4 rows x 2 warps), of 512 below (D=128: 4 rows x
-# 1 warp). Measured on the H200 with the per-element tier (docs/kernel-notes.md, session 6), 262144 / 32 /
-# 4096 rows: D=128 4x1 65.2 / 2.93 / 3.95 us against 66.6 / 3.21 / 4.55 for 8 x 2 (the shape of sessions
-# 2-5, 66.1 / 2.91 / 5.57 with whole-row recomputes), 4 x 2 68.5 / 2.45 / 3.48, 16 x 4 70.5; D=256
-# (calls 4-5, whole rows) 4 x 2 against 2 x 1 / 2 x 2 / 4 x 4: 124 against 141-146 us. More elements per
-# thread raise registers and cut occupancy; fewer leave less work to hide a flagged element behind.
+# thread; one-warp tiles of 512 elements up to 256 columns (D=128: 4 rows, D=256: 2 rows), 1024 above.
+# One warp per program: every reduction of the tier's branch is a shuffle (two warps need shared memory
+# and barriers). Measured on the H200 (docs/kernel-notes.md, sessions 6-7), 262144 rows, with the
+# register caps below: D=256 2 x 1 103.5 us against 117.0 for 4 x 2; D=128 4 x 1 62.0 against 66.0 for
+# 8 x 2 and 69.1 for 4 x 2. More elements per thread raise registers; fewer leave less work to hide a
+# flagged element behind.
 TILE_ELEMENTS = 1024
-TILE_ELEMENTS_NARROW = 512  # rows of at most 128 columns
+TILE_ELEMENTS_NARROW = 512  # rows of at most 256 columns
 ELEMENTS_PER_THREAD = 16
+# Register cap of a one-warp program where the tier applies, by BLOCK_G. A CTA of one warp is one of at
+# most 32 per SM, so 64 registers are as many warps as any count below; uncapped, ptxas takes 72 at D=128
+# for the rare tier branch and row path (28 warps per SM) and the fast path pays for it: 66.5 -> 62.0 us.
+# Offline (sm_90 SASS): no spills at these caps.
+TIER_MAXNREG = {128: 64, 256: 56}
 
 
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
@@ -455,7 +460,7 @@ DEFAULT_VARIANT = {
     "XW_FIRST": True,
     "EXACT": 1,
     "TIER2": 1,  # 0: flagged rows recomputed whole in fp64 (sessions 1-5's exact path)
-    "MAXNREG": 0,  # register cap per thread (0: the compiler's choice)
+    "MAXNREG": None,  # register cap per thread (None: TIER_MAXNREG where it applies; 0: the compiler's choice)
     "FAULT_ULPS": 0,
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -464,7 +469,7 @@ _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_G, num_warps) from the group width alone: never from the number of rows."""
     block_g = triton.next_power_of_2(group)
-    tile = TILE_ELEMENTS if block_g >= 256 else TILE_ELEMENTS_NARROW
+    tile = TILE_ELEMENTS if block_g > 256 else TILE_ELEMENTS_NARROW
     block_r = max(1, min(MAX_BLOCK_R, tile // block_g))
     num_warps = max(1, min(16, block_r * block_g // (32 * ELEMENTS_PER_THREAD)))
     return block_r, block_g, num_warps
@@ -520,7 +525,7 @@ def rms_norm_gated_fwd(
         or variant["EXACT"] not in (0, 1)
         or variant["RSTD_FAST"] not in (0, 1, 2)
         or variant["TIER2"] not in (0, 1)
-        or not 0 <= variant["MAXNREG"] <= 255
+        or not (variant["MAXNREG"] is None or 0 <= variant["MAXNREG"] <= 255)
     ):
         raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
     t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
@@ -541,6 +546,9 @@ def rms_norm_gated_fwd(
         and (norm_before_gate or not has_z)
     )
     margin, fault = _tier2 or (_exact_element.MARGIN_ULPS, 0)
+    maxnreg = variant["MAXNREG"]
+    if maxnreg is None:
+        maxnreg = TIER_MAXNREG.get(block_g, 0) if tier2 and num_warps == 1 else 0
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
@@ -584,6 +592,6 @@ def rms_norm_gated_fwd(
         # program's count; without it the row path is the exact path (~4-9% of rows): a row at once
         ROW_CHUNK=min(block_g, 32 * num_warps) if tier2 else block_g,
         num_warps=num_warps,
-        **({"maxnreg": variant["MAXNREG"]} if variant["MAXNREG"] else {}),
+        **({"maxnreg": maxnreg} if maxnreg else {}),
     )
     return (y, dbg, flags) if _debug else y
