@@ -82,7 +82,7 @@ def test_margin_sends_a_planted_tier_error_to_the_row_path():
 @pytest.mark.parametrize(("d", "group"), [(128, None), (96, None), (200, None), (256, None), (128, 32)])
 def test_everything_undecided_is_still_correct(d, group):
     # a margin wider than any distance: the tier settles nothing, every flagged row takes the row path,
-    # which walks the row one column per thread (steps of 32 or 64 columns; 96 and 200 end mid-step)
+    # which walks the row one column per thread (steps of 32 columns; 96 and 200 end mid-step)
     c = make_case(32, d, seed=2)
     opts = OpOptions(group_size=group)
     y = fwd(c.x, c.z, c.w, opts, _near=WIDE, _tier2=(1 << 50, 0), _variant=TIER_ON)

@@ -51,7 +51,9 @@ ELEMENTS_PER_THREAD = 16
 # Register cap of a one-warp program where the tier applies, by BLOCK_G. A CTA of one warp is one of at
 # most 32 per SM, so 64 registers are as many warps as any count below; uncapped, ptxas takes 72 at D=128
 # for the rare tier branch and row path (28 warps per SM) and the fast path pays for it: 66.5 -> 62.0 us.
-# Offline (sm_90 SASS): no spills at these caps.
+# At D=256 the cap of 56 measured ~4 us faster than 64 in three runs (103 against 108 us; the same 32 CTAs
+# per SM, so the schedule, not occupancy: not explained). Offline (sm_90 SASS): no spills at these caps
+# for any option combination.
 TIER_MAXNREG = {128: 64, 256: 56}
 
 
@@ -172,7 +174,8 @@ def _exact_rows(
 
     One column per thread per step, two passes (squares, then outputs): this path is rare wherever the
     per-element tier applies, and a whole fp64 row held at once (4-8 columns of x, z, w and libdevice
-    exp per thread) set the kernel's register count for every program (96 against 64 at D=128)."""
+    exp per thread) set the kernel's register count for every program: 96 at D=128, 72 in this form (64
+    under TIER_MAXNREG, without spills)."""
     OUT: tl.constexpr = y_ptr.dtype.element_ty
     offs = tl.arange(0, CHUNK)  # [CHUNK]
     for i in range(BLOCK_R):
