@@ -108,13 +108,8 @@ def main() -> None:
     V.guarded("agree_w32", lambda: agree("w_fp32_T200", 128, wdtype=torch.float32, near=(200, 0)))
     V.guarded("agree_w16", lambda: agree("w_fp16_T200", 128, wdtype=torch.float16, near=(200, 0)))
     V.guarded("agree_g32", lambda: agree("group32_T200", 128, V.OpOptions(group_size=32), near=(200, 0)))
-    for d in (128, 256):
-        V.guarded(f"acc{d}", lambda d=d: V.accuracy("default", d, {}))
-        V.guarded(f"inv{d}", lambda d=d: V.invariance("default", d, {}))
-    print("\n==== summary ====")
-    print("\n".join(V.SUMMARY))
-    if V.RES["errors"]:
-        print("ERRORS in sections:", [e["section"] for e in V.RES["errors"]])
+    V.accuracy_and_invariance()
+    V.print_summary()
 
 
 if __name__ == "__main__":

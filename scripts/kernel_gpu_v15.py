@@ -21,9 +21,10 @@ from rlnorm.inputs import make_case
 from rlnorm.numerics import round_once
 from rlnorm.reference import gated_rmsnorm_math
 from scripts import kernel_gpu_v2 as V
+from scripts.kernel_gpu_v12 import agree, planted  # tier (the default) vs whole rows vs fp64; planted fault
 
-V.OUT = os.path.join(os.environ.get("OUT", "/tmp"), "v15")
-T1, T0 = {"TIER2": 1}, {"TIER2": 0}
+V.OUT = os.path.join(os.environ.get("OUT", "/tmp"), "v15")  # (after the v12 import, which sets its own)
+T1 = {"TIER2": 1}
 CASES = [  # (name, options, has z, weight dtype)
     ("silu", V.OpOptions(), True, torch.bfloat16),
     ("sigmoid", V.OpOptions(activation="sigmoid"), True, torch.bfloat16),
@@ -35,20 +36,6 @@ CASES = [  # (name, options, has z, weight dtype)
 ]
 
 
-def agree(name: str, d: int, opts: V.OpOptions, has_z: bool, wdtype: torch.dtype, near=None, zscale=1.0) -> None:
-    """The default (tier) vs the whole-row path vs fp64 rounded once, bitwise."""
-    c = make_case(V.ROWS, d, seed=11, device=V.DEV, weight_dtype=wdtype)
-    z = (c.z.float() * zscale).to(c.z.dtype) if has_z else None
-    kw = {"_near": near} if near else {}
-    y1 = V.fwd(c.x, z, c.w, opts, **kw)
-    y0 = V.fwd(c.x, z, c.w, opts, _variant=T0, **kw)
-    ref = round_once(gated_rmsnorm_math(c.x, z, c.w, opts, torch.float64), torch.bfloat16)
-    w1, w0 = int((~V.same_bits(y1, ref)).sum()), int((~V.same_bits(y0, ref)).sum())
-    diff = int((~V.same_bits(y1, y0)).sum())
-    V.RES.setdefault("agree", []).append({"case": name, "d": d, "wrong_default": w1, "wrong_rows": w0, "differ": diff})
-    V.SUMMARY.append(f"agree {name:<18} d={d} wrong(default)={w1} wrong(rows)={w0} differ {diff} of {y1.numel()}")
-
-
 def undecided(name: str, d: int, opts: V.OpOptions, has_z: bool, wdtype: torch.dtype) -> None:
     """A margin nothing passes: every flagged row through the one-column-per-thread row path."""
     c = make_case(V.ROWS // 4, d, seed=11, device=V.DEV, weight_dtype=wdtype)
@@ -58,16 +45,6 @@ def undecided(name: str, d: int, opts: V.OpOptions, has_z: bool, wdtype: torch.d
     wrong = int((~V.same_bits(y, ref)).sum())
     V.RES.setdefault("undecided", []).append({"case": name, "d": d, "wrong": wrong})
     V.SUMMARY.append(f"all-undecided {name:<14} d={d} wrong={wrong} of {y.numel()}")
-
-
-def planted(d: int) -> None:
-    """A planted tier error inside the margin is caught; one outside it shows (the margin is what catches it)."""
-    c = make_case(V.ROWS // 8, d, seed=11, device=V.DEV)
-    ref = round_once(gated_rmsnorm_math(c.x, c.z, c.w, V.OpOptions(), torch.float64), torch.bfloat16)
-    for name, t2 in (("covered", (1 << 37, 1 << 36)), ("uncovered", (1 << 14, 1 << 36))):
-        wrong = int((~V.same_bits(V.fwd(c.x, c.z, c.w, _near=(200, 0), _tier2=t2), ref)).sum())
-        V.RES.setdefault("planted", []).append({"d": d, "case": name, "wrong": wrong})
-        V.SUMMARY.append(f"planted tier fault 2**36 ulps, margin {name:<9} d={d}: wrong {wrong}")
 
 
 def shapes() -> None:
@@ -94,17 +71,18 @@ def shapes() -> None:
 
 def checks() -> None:
     for d in (128, 256):
-        V.guarded(f"agree{d}", lambda d=d: agree("standard", d, V.OpOptions(), True, torch.bfloat16))
-        V.guarded(f"agree{d}_T200", lambda d=d: agree("stress_T200", d, V.OpOptions(), True, torch.bfloat16, (200, 0)))
+        V.guarded(f"agree{d}", lambda d=d: agree("standard", d))
+        V.guarded(f"agree{d}_T200", lambda d=d: agree("stress_T200", d, near=(200, 0)))
         V.guarded(f"planted{d}", lambda d=d: planted(d))
         V.guarded(f"undecided{d}", lambda d=d: undecided("silu", d, V.OpOptions(), True, torch.bfloat16))
-    V.guarded("agree_z32", lambda: agree("z_x32", 128, V.OpOptions(), True, torch.bfloat16, zscale=32.0))
+    V.guarded("agree_z32", lambda: agree("z_x32", 128, zscale=32.0))
     for name, opts, has_z, wd in CASES:
         V.guarded(f"undecided_{name}", lambda n=name, o=opts, h=has_z, wd=wd: undecided(n, 128, o, h, wd))
-        V.guarded(f"agree_{name}", lambda n=name, o=opts, h=has_z, wd=wd: agree(n + "_T200", 128, o, h, wd, (200, 0)))
-    for d in (128, 256):
-        V.guarded(f"acc{d}", lambda d=d: V.accuracy("default", d, {}))
-        V.guarded(f"inv{d}", lambda d=d: V.invariance("default", d, {}))
+        V.guarded(
+            f"agree_{name}",
+            lambda n=name, o=opts, h=has_z, wd=wd: agree(n + "_T200", 128, o, h, wdtype=wd, near=(200, 0)),
+        )
+    V.accuracy_and_invariance()
 
 
 def main() -> None:
@@ -114,10 +92,7 @@ def main() -> None:
         shapes()
     if "checks" in sections:
         checks()
-    print("\n==== summary ====")
-    print("\n".join(V.SUMMARY))
-    if V.RES["errors"]:
-        print("ERRORS in sections:", [e["section"] for e in V.RES["errors"]])
+    V.print_summary()
 
 
 if __name__ == "__main__":

@@ -200,6 +200,21 @@ def invariance(name: str, d: int, kw: dict) -> None:
     SUMMARY.append(f"inv {name:<10} d={d} permuted differ={diff}")
 
 
+def accuracy_and_invariance(name: str = "default", kw: dict | None = None, dims: tuple[int, ...] = (128, 256)) -> None:
+    """Correct rounding and batch invariance of one variant at each width."""
+    for d in dims:
+        guarded(f"acc{d}", lambda d=d: accuracy(name, d, kw or {}))
+        guarded(f"inv{d}", lambda d=d: invariance(name, d, kw or {}))
+
+
+def print_summary() -> None:
+    """The summary lines last in the log (what the notes quote), then any section that failed."""
+    print("\n==== summary ====")
+    print("\n".join(SUMMARY))
+    if RES["errors"]:
+        print("ERRORS in sections:", [e["section"] for e in RES["errors"]])
+
+
 def main() -> None:
     timer = gpu_timer(warmup_ms=20, rep_ms=80)
     RES["device"] = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
@@ -260,10 +275,7 @@ def main() -> None:
     guarded("acc_noz", lambda: accuracy("B_R2w1_no_z", 128, kw, has_z=False))
     for name, d, kw in cands[:2] + cands[3:]:
         guarded(f"inv_{name}_{d}", lambda name=name, d=d, kw=kw: invariance(name, d, kw))
-    print("\n==== summary ====")
-    print("\n".join(SUMMARY))
-    if RES["errors"]:
-        print("ERRORS in sections:", [e["section"] for e in RES["errors"]])
+    print_summary()
 
 
 if __name__ == "__main__":

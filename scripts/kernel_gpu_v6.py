@@ -54,10 +54,7 @@ def main() -> None:
     V.guarded("acc_noz", lambda: V.accuracy("default_no_z", 128, {}, has_z=False))
     for d in (128, 256):
         V.guarded(f"inv{d}", lambda d=d: V.invariance("default", d, {}))
-    print("\n==== summary ====")
-    print("\n".join(V.SUMMARY))
-    if V.RES["errors"]:
-        print("ERRORS in sections:", [e["section"] for e in V.RES["errors"]])
+    V.print_summary()
 
 
 if __name__ == "__main__":
