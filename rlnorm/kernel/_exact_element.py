@@ -259,13 +259,12 @@ def exact_element(
 
 
 @triton.jit
-def rows_rstd64(xg, rstd, eps, GROUP: tl.constexpr):
-    """[R] fp64 rstd of each row of the fp32 tile xg (exact bf16/fp16 values; zeros in padding):
-    the squares summed in fp64, then two Newton steps from the fast path's fp32 rstd, whose error is
-    below 2**-19 even for 8192 columns (16 terms per thread, then a tree); each step squares the
-    error (2**-37, then below fp64's own rounding): no fp64 sqrt or divide."""
-    x64 = xg.to(tl.float64)
-    ms = tl.sum(x64 * x64, axis=1) * (1.0 / GROUP) + eps  # [R]; 1/GROUP rounded once: 2**-53, and no fp64 divide
+def rows_rstd64(ssum64, rstd, eps, GROUP: tl.constexpr):
+    """[R] fp64 rstd of each row from its squares summed in fp64 (ssum64: exact bf16/fp16 values' squares,
+    zeros in padding): two Newton steps from the fast path's fp32 rstd, whose error is below 2**-19 even
+    for 8192 columns (16 terms per thread, then a tree); each step squares the error (2**-37, then below
+    fp64's own rounding): no fp64 sqrt or divide."""
+    ms = ssum64 * (1.0 / GROUP) + eps  # [R]; 1/GROUP rounded once: 2**-53, and no fp64 divide
     r = rstd.to(tl.float64)  # [R]
     h = tl.fma(-(ms * r), r, 1.0)
     r = tl.fma(r * 0.5, h, r)

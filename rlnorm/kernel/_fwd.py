@@ -57,6 +57,11 @@ ELEMENTS_PER_THREAD = 16
 TIER_MAXNREG = {128: 64, 256: 56}
 
 
+# A thread's 16 elements as SPLIT_CHUNKS vectors of one row (8 bf16 = 16 bytes each), not one vector of
+# each of two rows (Triton's layout for a [BLOCK_R, BLOCK_G] tile): per-row sums, minima, rstd and flags
+# then cost each thread one row's worth of work and one shuffle level fewer.
+SPLIT_CHUNKS = 2
+
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
 
 
@@ -129,17 +134,35 @@ def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl
 def _gated_fp64(
     x, z, w, eps, GROUP: tl.constexpr, HAS_Z: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, SIGMOID: tl.constexpr
 ):
-    """The op on a [R, BLOCK_G] fp64 tile (zeros in masked columns): the exact path."""
+    """The op on a [R, S, C] fp64 tile (zeros in masked columns): the exact path."""
     if HAS_Z and not NORM_BEFORE_GATE:
-        xg = x * _act(z, SIGMOID)  # [R, BLOCK_G]
+        xg = x * _act(z, SIGMOID)  # [R, S, C]
     else:
         xg = x
-    ms = tl.sum(xg * xg, axis=1) / GROUP  # [R]
+    ms = _row_sum(xg * xg) / GROUP  # [R]
     rstd = 1.0 / tl.sqrt(ms + eps)  # [R]: fp64 sqrt and divide are IEEE (sqrt.rn.f64, div.rn.f64)
-    y = xg * rstd[:, None] * w  # [R, BLOCK_G]
+    y = xg * rstd[:, None, None] * w  # [R, S, C]
     if HAS_Z and NORM_BEFORE_GATE:
         y = y * _act(z, SIGMOID)
     return y
+
+
+@triton.jit
+def _row_sum(v):
+    """[R, S, C] -> [R]: each row's own columns (the S chunks a thread holds, then across lanes)."""
+    return tl.sum(tl.sum(v, axis=1), axis=1)
+
+
+@triton.jit
+def _row_min(v):
+    """[R, S, C] -> [R], as _row_sum."""
+    return tl.min(tl.min(v, axis=1), axis=1)
+
+
+@triton.jit
+def _row_any(v):
+    """[R, S, C] bool -> [R]: does any column of the row hold True."""
+    return tl.max(tl.max(v.to(tl.int32), axis=1), axis=1) > 0
 
 
 @triton.jit
@@ -248,6 +271,7 @@ def _rms_norm_gated_fwd_kernel(
     ZERO: tl.constexpr,  # also zero the backward's workspace (saves the backward a memset launch)
     ZERO_BLOCK: tl.constexpr,
     ROW_CHUNK: tl.constexpr,  # the whole-row path's columns per step
+    SPLIT: tl.constexpr,  # column chunks per thread (the tile is [BLOCK_R, SPLIT, BLOCK_G // SPLIT])
 ):
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -257,15 +281,19 @@ def _rms_norm_gated_fwd_kernel(
         for z0 in range((pid_r * tl.num_programs(1) + pid_g) * ZERO_BLOCK, n_zero, n_prog * ZERO_BLOCK):
             tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
     eps = eps_bits.to(tl.float64, bitcast=True)
+    # The tile is [BLOCK_R, SPLIT, BLOCK_C]: a row's BLOCK_G columns as SPLIT chunks of BLOCK_C. Triton
+    # spreads the lanes over the columns, then the rows, and leaves the chunks in each thread, so a
+    # thread holds SPLIT vectors of ONE row: a row's sums and minima are then one shuffle level shorter,
+    # and each thread computes one row's scalars, not SPLIT rows'.
+    BLOCK_C: tl.constexpr = BLOCK_G // SPLIT
     r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
-    g_cols = tl.arange(0, BLOCK_G)  # [BLOCK_G]
-    cols = pid_g * GROUP + g_cols  # [BLOCK_G]
+    g_cols = tl.arange(0, SPLIT)[None, :, None] * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]  # [1, S, C]
+    cols = pid_g * GROUP + g_cols  # [1, S, C]
     col_ok = g_cols < GROUP  # masks make any GROUP work
-    # w as a [BLOCK_R, BLOCK_G] tile, repeated per row (L1 hits): born in x's layout, so no layout
+    # w as a [BLOCK_R, S, C] tile, repeated per row (L1 hits): born in x's layout, so no layout
     # conversion through shared memory (a barrier per program) as a [BLOCK_G] vector would need
-    w = tl.load(
-        w_ptr + (cols[None, :] + 0 * r_local[:, None]), mask=col_ok[None, :] & (r_local >= 0)[:, None], other=0.0
-    )
+    r3 = r_local[:, None, None]  # [BLOCK_R, 1, 1]
+    w = tl.load(w_ptr + (cols + 0 * r3), mask=col_ok & (r3 >= 0), other=0.0)
     if INTERP:
         w = _widen_to_fp32(w)
     else:
@@ -273,10 +301,11 @@ def _rms_norm_gated_fwd_kernel(
     OUT: tl.constexpr = y_ptr.dtype.element_ty
     rows64 = (pid_r * BLOCK_R + r_local).to(tl.int64)  # [BLOCK_R]; int64: rows * stride can pass 2**31
     row_ok = rows64 < n_rows
-    mask = row_ok[:, None] & col_ok[None, :]  # [BLOCK_R, BLOCK_G]: masked lanes load 0 and add 0 to sums
-    x = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    rows3 = rows64[:, None, None]  # [BLOCK_R, 1, 1]
+    mask = row_ok[:, None, None] & col_ok  # [BLOCK_R, S, C]: masked lanes load 0 and add 0 to sums
+    x = tl.load(x_ptr + rows3 * stride_x + cols, mask=mask, other=0.0)
     if HAS_Z:
-        z = tl.load(z_ptr + rows64[:, None] * stride_z + cols[None, :], mask=mask, other=0.0)
+        z = tl.load(z_ptr + rows3 * stride_z + cols, mask=mask, other=0.0)
     else:
         z = x  # unused
     if INTERP:  # the interpreter's bf16 -> fp32 cast mangles subnormals; the GPU's is exact
@@ -287,7 +316,7 @@ def _rms_norm_gated_fwd_kernel(
         x = x.to(tl.float32)
         if HAS_Z:
             z = z.to(tl.float32)
-    y_off = rows64[:, None] * stride_y + cols[None, :]  # [BLOCK_R, BLOCK_G]
+    y_off = rows3 * stride_y + cols  # [BLOCK_R, S, C]
 
     if ALL_FP64:
         y64 = _gated_fp64(
@@ -301,7 +330,7 @@ def _rms_norm_gated_fwd_kernel(
                 # numpy has no fused multiply-add: evaluate the gate in fp64 and round it once
                 a = _act(z.to(tl.float64), SIGMOID).to(tl.float32)
             else:
-                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV)  # [BLOCK_R, BLOCK_G]
+                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV)  # [BLOCK_R, S, C]
         else:
             a = x  # unused
         if HAS_Z and not NORM_BEFORE_GATE:
@@ -310,13 +339,13 @@ def _rms_norm_gated_fwd_kernel(
             xg = x
         if MS_FP64:
             xg64 = xg.to(tl.float64)
-            ms64 = tl.sum(xg64 * xg64, axis=1) / GROUP  # [BLOCK_R] fp64: same tree for every row slot
+            ms64 = _row_sum(xg64 * xg64) / GROUP  # [BLOCK_R] fp64: same tree for every row slot
             rstd = (1.0 / tl.sqrt(ms64 + eps)).to(tl.float32)  # fp64 IEEE sqrt and divide, per row
             row_risky = rstd < 1e-30
         else:
             # bf16/fp16 squares are exact in fp32; the fp32 sum's rounding is inside the error bound
             # (the exact path recomputes everything in fp64); same reduction tree for every row slot
-            ssum = tl.sum(xg * xg, axis=1)  # [BLOCK_R]
+            ssum = _row_sum(xg * xg)  # [BLOCK_R]
             eps32 = eps.to(tl.float32)
             ms = ssum * (1.0 / GROUP) + eps32
             if RSTD_FAST and not INTERP:
@@ -334,9 +363,9 @@ def _rms_norm_gated_fwd_kernel(
             # eps does not dominate it: the row goes exact
             row_risky = (rstd < 1e-30) | ((ssum < 1.2621774e-29) & ((tl.zeros_like(ssum) + eps32) < 8.4703295e-22))
         if XW_FIRST:
-            y = (xg * w) * rstd[:, None]  # [BLOCK_R, BLOCK_G]
+            y = (xg * w) * rstd[:, None, None]  # [BLOCK_R, S, C]
         else:
-            y = xg * rstd[:, None] * w  # [BLOCK_R, BLOCK_G]
+            y = xg * rstd[:, None, None] * w  # [BLOCK_R, S, C]
         if HAS_Z and NORM_BEFORE_GATE:
             y = y * a
         if FAULT_ULPS != 0:  # tests only: a fast path wrong by this many fp32 ulps must still round right
@@ -345,6 +374,7 @@ def _rms_norm_gated_fwd_kernel(
 
         # ---- is the fp32 value provably on the correct side of every rounding midpoint? ----
         bits = y.to(tl.int32, bitcast=True)
+        row_bits = (pid_r * 0).to(tl.int64)  # rows for the whole-row path, one bit each
         if OUT == tl.bfloat16 and NEAR_TZ == 0 and LEAN_TEST:
             # Two unsigned row minima instead of per-element flags (each test = 1 multiply-add + 1 min):
             # near: |low 16 bits - 0x8000| <= T <=> ((bits + T - 0x8000) << 16) < (2T + 1) << 16, the
@@ -353,43 +383,45 @@ def _rms_norm_gated_fwd_kernel(
             # out). An exact 0 counts as risky: its row goes exact (same bits, only slower).
             risk_key = (bits * -2 + 0x1EFFFFFF).to(tl.uint32, bitcast=True)
             if GROUP != BLOCK_G:  # padding columns (y = 0) must not flag their row
-                risk_key = tl.where(col_ok[None, :], risk_key, 0xFFFFFFFF)
-            flag = risk_key < 0x20000000  # [BLOCK_R, BLOCK_G] (DEBUG only)
-            row_flag = tl.min(risk_key, axis=1) < 0x20000000  # [BLOCK_R]
+                risk_key = tl.where(col_ok, risk_key, 0xFFFFFFFF)
+            flag = risk_key < 0x20000000  # [BLOCK_R, S, C] (DEBUG only)
+            risky_row = ((_row_min(risk_key) < 0x20000000) | row_risky) & row_ok  # [BLOCK_R]
+            row_flag = risky_row
             if NEAR_T0 >= 0:  # (a negative bound disables the test: tests plant it)
                 near_key = (bits * 65536 + ((NEAR_T0 - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
-                row_flag = row_flag | (tl.min(near_key, axis=1) < (2 * NEAR_T0 + 1) * 65536)
+                row_flag = row_flag | ((_row_min(near_key) < (2 * NEAR_T0 + 1) * 65536) & row_ok)
                 flag = flag | (near_key < (2 * NEAR_T0 + 1) * 65536)
-            row_flag = (row_flag | row_risky) & row_ok  # [BLOCK_R]
             flag = flag & mask
             if TIER2:
                 # near-midpoint elements of otherwise safe rows go to the per-element tier; only
-                # risky rows (and any element the tier leaves undecided) go to the whole-row path
-                risky_row = ((tl.min(risk_key, axis=1) < 0x20000000) | row_risky) & row_ok  # [BLOCK_R]
-                row_bits = _row_bits(row_flag)
-                if row_bits != 0:  # one scalar branch per program (~15% of 4-row programs at D=128 take it)
+                # risky rows (and any element the tier leaves undecided) go to the whole-row path.
+                # The branch test is an int32 maximum (a few shuffles); the rows' bitmask for the
+                # whole-row path is built inside, where it is rare
+                if tl.max(row_flag.to(tl.int32), axis=0) != 0:  # one scalar branch per program (~15%)
                     tier_row = row_flag & ~risky_row  # [BLOCK_R]
                     # x again (L1): keeping the tile's x, z, w live to here would double the registers
-                    xr = tl.load(x_ptr + rows64[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-                    rstd64 = rows_rstd64(_widen_to_fp32(xr), rstd, eps, GROUP)  # [BLOCK_R]
+                    xr = _widen_to_fp32(tl.load(x_ptr + rows3 * stride_x + cols, mask=mask, other=0.0))
+                    xr64 = xr.to(tl.float64)
+                    rstd64 = rows_rstd64(_row_sum(xr64 * xr64), rstd, eps, GROUP)  # [BLOCK_R]
                     y = exact_element(
                         y,
-                        cols[None, :],
-                        tier_row[:, None],
-                        (x_ptr + rows64 * stride_x)[:, None],
-                        (z_ptr + rows64 * stride_z)[:, None],
+                        cols,
+                        tier_row[:, None, None],
+                        (x_ptr + rows64 * stride_x)[:, None, None],
+                        (z_ptr + rows64 * stride_z)[:, None, None],
                         w_ptr,
-                        rstd64[:, None],
+                        rstd64[:, None, None],
                         NEAR_T0,
                         TIER2_MARGIN,
                         TIER2_FAULT,
                         HAS_Z,
                         SIGMOID,
                         not INTERP,
-                    )  # [BLOCK_R, BLOCK_G]
-                    undecided = y.to(tl.int32, bitcast=True) == UNDECIDED_BITS
-                    row_flag = risky_row | (tl.max(undecided.to(tl.int32), axis=1) > 0)
+                    )  # [BLOCK_R, S, C]
+                    row_flag = risky_row | _row_any(y.to(tl.int32, bitcast=True) == UNDECIDED_BITS)
                     row_bits = _row_bits(row_flag)
+            elif EXACT == 1:
+                row_bits = _row_bits(row_flag)
         else:
             mag = bits & 0x7FFFFFFF
             if OUT == tl.bfloat16:
@@ -411,14 +443,16 @@ def _rms_norm_gated_fwd_kernel(
                 risky = (mag < 0x38800000) | (mag >= 0x477FE000)
             flag = (near | risky) & mask
             # rstd outside fp32's safe normal range loses relative precision: the row goes exact
-            row_flag = (tl.max(flag.to(tl.int32), axis=1) > 0) | (row_risky & row_ok)  # [BLOCK_R]
+            row_flag = _row_any(flag) | (row_risky & row_ok)  # [BLOCK_R]
+            if EXACT == 1:
+                row_bits = _row_bits(row_flag)
 
         if INTERP:
             y_out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
         else:
             y_out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
-        if EXACT == 1:
-            tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None])  # flagged rows: stored below
+        if EXACT == 1:  # flagged rows: stored below
+            tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None, None])
         else:
             tl.store(y_ptr + y_off, y_out, mask=mask)
         if DEBUG:
@@ -427,8 +461,6 @@ def _rms_norm_gated_fwd_kernel(
 
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
         if EXACT == 1:
-            if not TIER2:  # (with the tier, row_bits already holds the rows left for this path)
-                row_bits = _row_bits(row_flag)
             if row_bits != 0:
                 _exact_rows(
                     row_bits,
@@ -464,6 +496,7 @@ DEFAULT_VARIANT = {
     "EXACT": 1,
     "TIER2": 1,  # 0: flagged rows recomputed whole in fp64 (sessions 1-5's exact path)
     "MAXNREG": None,  # register cap per thread (None: TIER_MAXNREG where it applies; 0: the compiler's choice)
+    "SPLIT": None,  # column chunks per thread (None: SPLIT_CHUNKS where the row allows; 1: one chunk)
     "FAULT_ULPS": 0,
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -529,6 +562,7 @@ def rms_norm_gated_fwd(
         or variant["RSTD_FAST"] not in (0, 1, 2)
         or variant["TIER2"] not in (0, 1)
         or not (variant["MAXNREG"] is None or 0 <= variant["MAXNREG"] <= 255)
+        or variant["SPLIT"] not in (None, 1, 2, 4)
     ):
         raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
     t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
@@ -552,6 +586,9 @@ def rms_norm_gated_fwd(
     maxnreg = variant["MAXNREG"]
     if maxnreg is None:
         maxnreg = TIER_MAXNREG.get(block_g, 0) if tier2 and num_warps == 1 else 0
+    split = variant["SPLIT"] or (SPLIT_CHUNKS if block_g >= 16 * SPLIT_CHUNKS else 1)
+    if block_g % split:
+        raise ValueError(f"_variant: SPLIT {split} does not divide the block width {block_g}")
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
@@ -594,6 +631,7 @@ def rms_norm_gated_fwd(
         # with the tier the row path is rare: a column per thread keeps its registers out of every
         # program's count; without it the row path is the exact path (~4-9% of rows): a row at once
         ROW_CHUNK=min(block_g, 32 * num_warps) if tier2 else block_g,
+        SPLIT=split,
         num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
