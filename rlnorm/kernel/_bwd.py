@@ -22,6 +22,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from rlnorm.kernel import _dweight
 from rlnorm.kernel._dweight import (
@@ -33,7 +34,7 @@ from rlnorm.kernel._dweight import (
     hot_range,
     hot_range_rows,
 )
-from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_to_fp32
+from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_fast
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -41,19 +42,15 @@ _INLINE_ASM = not _INTERPRET  # inline PTX (fast gate, per-element atomics): the
 
 
 @triton.jit
-def _widen(v, INTERP: tl.constexpr):
+def _widen(v, INTERP: tl.constexpr, ASM: tl.constexpr):
     """Widen a loaded tile to fp32 exactly (the interpreter's bf16 -> fp32 cast mangles subnormals)."""
-    if INTERP:
-        out = _widen_to_fp32(v)
-    else:
-        out = v.to(tl.float32)
-    return out
+    return _widen_fast(v, INTERP, ASM)
 
 
 @triton.jit
-def _load_fp32(ptr, mask, INTERP: tl.constexpr):
+def _load_fp32(ptr, mask, INTERP: tl.constexpr, ASM: tl.constexpr):
     """Load and widen to fp32 exactly."""
-    return _widen(tl.load(ptr, mask=mask, other=0.0), INTERP)
+    return _widen(tl.load(ptr, mask=mask, other=0.0), INTERP, ASM)
 
 
 @triton.jit
@@ -141,6 +138,8 @@ def _rms_norm_gated_bwd_kernel(
     INTERP: tl.constexpr,
     ASM: tl.constexpr,
     PDL: tl.constexpr,  # the finalize is launched as a programmatic dependent of this kernel
+    RSTD_FAST: tl.constexpr,  # rstd by rsqrt.approx + a Newton step (else 1 / sqrt_rn)
+    STAGES: tl.constexpr,  # > 1: the loop's loads software-pipelined through shared memory (cp.async)
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
     allow_dependent_launch(PDL)  # the finalize's CTAs may be placed now; they wait for this kernel's end
@@ -151,7 +150,7 @@ def _rms_norm_gated_bwd_kernel(
     offs_c = tl.arange(0, BLOCK_C)
     col = offs_g[:, None] * group + offs_c[None, :]  # [BLOCK_G, BLOCK_C]
     col_mask = (offs_g[:, None] < n_groups) & (offs_c[None, :] < group)
-    w = _load_fp32(W + col, col_mask, INTERP)[None, :, :]  # [1, BLOCK_G, BLOCK_C]
+    w = _load_fp32(W + col, col_mask, INTERP, ASM)[None, :, :]  # [1, BLOCK_G, BLOCK_C]
     # x / group on the GPU is x * rcp.approx(group) (div.full): the same product, one rcp per program
     inv_group = 1.0 / group.to(tl.float32)
     c3 = col[None, :, :]  # [1, BLOCK_G, BLOCK_C]: made once, in the tile's layout
@@ -180,7 +179,7 @@ def _rms_norm_gated_bwd_kernel(
         dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
         if HAS_Z:
             z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
-    for t in range(n_tiles):
+    for t in tl.range(n_tiles, num_stages=STAGES):
         rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
@@ -200,10 +199,10 @@ def _rms_norm_gated_bwd_kernel(
             dy_raw = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0)
             if HAS_Z:
                 z_raw = tl.load(Z + r3 * stride_z + c3, mask=mask, other=0.0)
-        x = _widen(x_raw, INTERP)  # [BLOCK_R, BLOCK_G, BLOCK_C]
-        dy = _widen(dy_raw, INTERP)
+        x = _widen(x_raw, INTERP, ASM)  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        dy = _widen(dy_raw, INTERP, ASM)
         if HAS_Z:
-            z = _widen(z_raw, INTERP)
+            z = _widen(z_raw, INTERP, ASM)
             act, dact = _activation(z, ACTIVATION, FAST_ACT, ASM)
         if HAS_Z and not NORM_BEFORE_GATE:
             u = x * act
@@ -211,7 +210,14 @@ def _rms_norm_gated_bwd_kernel(
             u = x
         # per-row, per-group statistics: reductions over this row's own columns only
         mean_sq = tl.sum(u * u, axis=2) * inv_group  # [BLOCK_R, BLOCK_G]
-        rstd = (1.0 / tl.sqrt_rn(mean_sq + eps))[:, :, None]  # [BLOCK_R, BLOCK_G, 1], correctly rounded sqrt
+        ms = mean_sq + eps
+        if RSTD_FAST and ASM:
+            # rsqrt.approx and one Newton step with an FMA residual (~0.75 ulp; the forward's rstd): a
+            # handful of instructions per row against sqrt.rn's slow-path test and div.full's range fixes
+            r0 = libdevice.rsqrt(ms)
+            rstd = tl.fma(r0 * 0.5, tl.fma(-(ms * r0), r0, 1.0), r0)[:, :, None]  # [BLOCK_R, BLOCK_G, 1]
+        else:
+            rstd = (1.0 / tl.sqrt_rn(ms))[:, :, None]  # [BLOCK_R, BLOCK_G, 1], correctly rounded sqrt
         uh = u * rstd
         if HAS_Z and NORM_BEFORE_GATE:
             g = dy * w * act
@@ -294,6 +300,8 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "COLD_MODE": 0,
         "HOT_MODE": 0,
         "PREFETCH": 1 if width <= 2048 else 0,  # wider rows: 8+ elements per thread, registers first
+        "STAGES": 1,
+        "RSTD_FAST": 0,
         "FAST_ACT": 1,
         "ROW_RANGE": 0,
         "maxnreg": 0,  # 0: the compiler's choice

@@ -33,7 +33,7 @@ from triton.language.extra import libdevice
 
 from rlnorm.kernel import _exact_element
 from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
-from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_to_fp32
+from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast, _widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
 
@@ -105,11 +105,19 @@ def _rcp_approx(v):
 
 
 @triton.jit
-def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl.constexpr):
-    """fp32 gate on the GPU. ACCURATE_ARG: exp(-z) = 2**t with t = -z*log2(e) split into the rounded
-    product and its exact error (one FMA), which is folded back in as 2**t_hi * (1 + t_lo*ln 2):
-    the |z|-proportional error of rounding t disappears from the bound."""
-    if ACCURATE_ARG:
+def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl.constexpr, Z_BF16: tl.constexpr):
+    """fp32 gate on the GPU: exp(-z) = 2**t, t = -z*log2(e), without the |z|-proportional error of
+    rounding t (it would enter the bound as |z| units). ACCURATE_ARG 2 (bf16 z): log2(e) cut to 16
+    significant bits, so z * L_HI is exact in fp32 (8 + 16 bits), and 2**(-z * L_LO) folded back in
+    as 1 + z * K (second-order term (z * L_LO * ln 2)**2 / 2: 0.014 units for |z| <= 8, 1.6 at the
+    |z| = 87 where exp leaves fp32); 3 fp32 operations and ex2. ACCURATE_ARG 1 (any z): the rounded
+    product's exact error from one FMA folded back in the same way; 5 fp32 operations and ex2."""
+    if ACCURATE_ARG == 2 and Z_BF16:
+        t_hi = z * 1.44268798828125  # L_HI = 47274 * 2**-15: exact for a bf16 z
+        corr = z * -4.888495368504664e-06  # -(log2 e - L_HI) * ln 2
+        e = tl.exp2(-t_hi)
+        e = tl.fma(e, corr, e)
+    elif ACCURATE_ARG:
         # the same terms with the signs moved into operand modifiers (free in SASS): 7 fp32 operations
         t_hi = z * 1.4426950216293335  # fp32(log2 e) * z, rounded
         t_err = tl.fma(z, 1.4426950216293335, -t_hi)  # its rounding error, exact (FMA)
@@ -256,7 +264,7 @@ def _rms_norm_gated_fwd_kernel(
     NEAR_T0: tl.constexpr,
     NEAR_TZ: tl.constexpr,
     MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
-    ACCURATE_ARG: tl.constexpr,  # exp argument with its rounding error folded back in (no |z| term)
+    ACCURATE_ARG: tl.constexpr,  # exp argument's rounding error removed (no |z| term): 1 by an FMA, 2 split
     FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
     LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
     RSTD_FAST: tl.constexpr,  # rstd: 0 IEEE; rsqrt.approx + a Newton step 1 plain, 2 with an FMA residual
@@ -294,10 +302,7 @@ def _rms_norm_gated_fwd_kernel(
     # conversion through shared memory (a barrier per program) as a [BLOCK_G] vector would need
     r3 = r_local[:, None, None]  # [BLOCK_R, 1, 1]
     w = tl.load(w_ptr + (cols + 0 * r3), mask=col_ok & (r3 >= 0), other=0.0)
-    if INTERP:
-        w = _widen_to_fp32(w)
-    else:
-        w = w.to(tl.float32)
+    w = _widen_fast(w, INTERP, not INTERP)
     OUT: tl.constexpr = y_ptr.dtype.element_ty
     rows64 = (pid_r * BLOCK_R + r_local).to(tl.int64)  # [BLOCK_R]; int64: rows * stride can pass 2**31
     row_ok = rows64 < n_rows
@@ -308,14 +313,9 @@ def _rms_norm_gated_fwd_kernel(
         z = tl.load(z_ptr + rows3 * stride_z + cols, mask=mask, other=0.0)
     else:
         z = x  # unused
-    if INTERP:  # the interpreter's bf16 -> fp32 cast mangles subnormals; the GPU's is exact
-        x = _widen_to_fp32(x)
-        if HAS_Z:
-            z = _widen_to_fp32(z)
-    else:
-        x = x.to(tl.float32)
-        if HAS_Z:
-            z = z.to(tl.float32)
+    x = _widen_fast(x, INTERP, not INTERP)  # (the interpreter's bf16 -> fp32 cast mangles subnormals)
+    if HAS_Z:
+        z = _widen_fast(z, INTERP, not INTERP)
     y_off = rows3 * stride_y + cols  # [BLOCK_R, S, C]
 
     if ALL_FP64:
@@ -330,7 +330,7 @@ def _rms_norm_gated_fwd_kernel(
                 # numpy has no fused multiply-add: evaluate the gate in fp64 and round it once
                 a = _act(z.to(tl.float64), SIGMOID).to(tl.float32)
             else:
-                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV)  # [BLOCK_R, S, C]
+                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV, z_ptr.dtype.element_ty == tl.bfloat16)
         else:
             a = x  # unused
         if HAS_Z and not NORM_BEFORE_GATE:
@@ -488,7 +488,7 @@ def _rms_norm_gated_fwd_kernel(
 # against how often the exact path runs). Timed on the H200: docs/kernel-notes.md.
 DEFAULT_VARIANT = {
     "MS_FP64": False,
-    "ACCURATE_ARG": True,
+    "ACCURATE_ARG": 2,
     "FAST_DIV": True,
     "LEAN_TEST": True,
     "RSTD_FAST": 2,
@@ -560,6 +560,7 @@ def rms_norm_gated_fwd(
         set(variant) != set(DEFAULT_VARIANT)
         or variant["EXACT"] not in (0, 1)
         or variant["RSTD_FAST"] not in (0, 1, 2)
+        or variant["ACCURATE_ARG"] not in (0, 1, 2)
         or variant["TIER2"] not in (0, 1)
         or not (variant["MAXNREG"] is None or 0 <= variant["MAXNREG"] <= 255)
         or variant["SPLIT"] not in (None, 1, 2, 4)
