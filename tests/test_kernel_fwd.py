@@ -162,9 +162,22 @@ def test_error_bound_is_needed(case11):
 def test_unknown_variant_switches_are_refused(case11):
     # a mistyped or retired switch must not run some other path silently
     c = case11.rows(slice(0, 2))
-    for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}):
+    for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}, {"ACCURATE_ARG": 3}, {"SPLIT": 3}):
         with pytest.raises(ValueError, match="_variant"):
             fwd(c.x, c.z, c.w, _variant=bad)
+
+
+@pytest.mark.parametrize("d", [96, 128, 200])
+def test_row_chunk_layouts_give_the_same_bits(d):
+    # the tile as [BLOCK_R, SPLIT, BLOCK_C] (a thread holds SPLIT chunks of one row) only regroups the
+    # columns: any mis-indexed chunk, mask or per-row broadcast shows as a wrong output. The bound is
+    # widened so ~0.6% of elements also go through the per-element tier, whose columns come from the
+    # same layout; non-power-of-two widths put padding in the last chunk.
+    c = make_case(63, d, seed=7)
+    ref = oracle(c.x, c.z, c.w)
+    for split in (1, 2, 4):
+        y = fwd(c.x, c.z, c.w, _near=(200, 0), _variant={"SPLIT": split})
+        assert same_bits(y, ref).all(), f"SPLIT {split}, d={d}"
 
 
 @pytest.mark.parametrize("opts", [DEFAULT, OpOptions(activation="sigmoid"), OpOptions(norm_before_gate=False)])

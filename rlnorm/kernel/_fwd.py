@@ -4,9 +4,9 @@ Design (docs/kernel-notes.md has the numbers behind every choice):
 - One program handles BLOCK_R rows x one group of the row (2-D grid: row block, group). Every
   launch parameter depends only on the group width and dtype, never on the number of rows, so a
   row's instructions are the same whatever else is in the batch (SPEC §2).
-- Fast path, all fp32, ~31 SASS instructions per element (it runs at the speed of a same-shape
+- Fast path, all fp32, ~24 SASS instructions per element (it runs at the speed of a same-shape
   torch.add when nothing needs the exact path): sum of squares (bf16/fp16 squares are exact in
-  fp32), rstd by rsqrt + one Newton step, the gate with an FMA-corrected exp argument and
+  fp32), rstd by rsqrt + one Newton step, the gate with an exactly split exp argument and
   rcp.approx, the products, then a test on the result's bits, folded into two row minima: if any
   element lies within the fast path's error bound T of a rounding midpoint of the output format,
   its row is "flagged". For bf16 outputs with rstd taken from x alone (gate after the norm, or no
@@ -41,25 +41,28 @@ MAX_D = 8192  # largest row width (and so group width) one program holds in regi
 # Elements per program and per thread: by the group width only (never the row count). 16 elements per
 # thread; one-warp tiles of 512 elements up to 256 columns (D=128: 4 rows, D=256: 2 rows), 1024 above.
 # One warp per program: every reduction of the tier's branch is a shuffle (two warps need shared memory
-# and barriers). Measured on the H200 (docs/kernel-notes.md, sessions 6-7), 262144 rows, with the
+# and barriers). Measured on the H200 (docs/kernel-notes.md, sessions 6-8), 262144 rows, with the
 # register caps below: D=256 2 x 1 103.5 us against 117.0 for 4 x 2; D=128 4 x 1 62.0 against 66.0 for
-# 8 x 2 and 69.1 for 4 x 2. More elements per thread raise registers; fewer leave less work to hide a
-# flagged element behind.
+# 8 x 2 and 69.1 for 4 x 2 (session 7), and with one row per thread 4 x 1 56.4 against 64.2 for 8 x 2
+# and 71.6 for 32 elements per thread (session 8). More elements per thread raise registers; fewer
+# leave less work to hide a flagged element behind.
 TILE_ELEMENTS = 1024
 TILE_ELEMENTS_NARROW = 512  # rows of at most 256 columns
 ELEMENTS_PER_THREAD = 16
 # Register cap of a one-warp program where the tier applies, by BLOCK_G. A CTA of one warp is one of at
-# most 32 per SM, so 64 registers are as many warps as any count below; uncapped, ptxas takes 72 at D=128
-# for the rare tier branch and row path (28 warps per SM) and the fast path pays for it: 66.5 -> 62.0 us.
-# At D=256 the cap of 56 measured ~4 us faster than 64 in three runs (103 against 108 us; the same 32 CTAs
-# per SM, so the schedule, not occupancy: not explained). Offline (sm_90 SASS): no spills at these caps
-# for any option combination.
+# most 32 per SM, so 64 registers are as many warps as any count below; uncapped, ptxas took 72 at D=128
+# for the rare tier branch and row path (28 warps per SM) and the fast path paid for it: 66.5 -> 62.0 us
+# (session 7; with one row per thread it needs 64 uncapped, and 56 measured the same). At D=256 the cap
+# of 56 measured ~4 us faster than 64 in three runs (103 against 108 us; the same 32 CTAs per SM, so the
+# schedule, not occupancy: not explained). Offline (sm_90 SASS): no spills at these caps for any option
+# combination.
 TIER_MAXNREG = {128: 64, 256: 56}
 
 
 # A thread's 16 elements as SPLIT_CHUNKS vectors of one row (8 bf16 = 16 bytes each), not one vector of
 # each of two rows (Triton's layout for a [BLOCK_R, BLOCK_G] tile): per-row sums, minima, rstd and flags
-# then cost each thread one row's worth of work and one shuffle level fewer.
+# then cost each thread one row's worth of work and one shuffle level fewer. D=128: 488 -> 429 SASS
+# instructions per thread on the fast path, 60.3 -> 56.4 us (session 8); D=256 unchanged.
 SPLIT_CHUNKS = 2
 
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
@@ -70,12 +73,14 @@ MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
 # (the exp argument's correction, 1 + e, z * sigmoid, 2 products: x * w is exact for bf16/fp16) ~3;
 # ex2.approx ~1.5; rcp.approx ~1; rsqrt.approx + one FMA-residual Newton step ~0.75; the fp32 sum of
 # squares (positive terms; a fixed tree of depth d gives <= d/2 units in rstd). Without ACCURATE_ARG
-# the rounded argument z*log2(e) adds |z| units. norm_before_gate=False: the gate's error A enters
-# x*act, rstd and the product again (3A + 3). Set from the worst error MEASURED on the H200 (standard
-# data, 262144 rows, this fast path, commit ec99454; docs/kernel-notes.md, session 3): gated 5.42 ulps
-# at D=128, 5.53 at D=256, 6.35 with z scaled by 32, 5.01 sigmoid; norm_before_gate=False 6.40; no
-# gate 2.71. Elements within the bound of a midpoint send their row to the exact path (~4% of rows at
-# D=128, 8% at D=256).
+# the rounded argument z*log2(e) adds |z| units; ACCURATE_ARG 2 (the default for bf16 z) drops a
+# second-order term of 0.014 units at |z| <= 8, 1.6 at |z| = 87 (`_act_fast`). norm_before_gate=False:
+# the gate's error A enters x*act, rstd and the product again (3A + 3). Set from the worst error
+# MEASURED on the H200 (standard data, 262144 rows, this fast path, commit ec99454; docs/kernel-notes.md,
+# session 3): gated 5.42 ulps at D=128, 5.53 at D=256, 6.35 with z scaled by 32, 5.01 sigmoid;
+# norm_before_gate=False 6.40; no gate 2.71. With ACCURATE_ARG 2 and one row per thread (commit 80ddd21,
+# session 8): 5.86 at D=128, 5.49 at D=256, 5.68 with z x 32, 5.15 sigmoid. Elements within the bound
+# of a midpoint send their row to the exact path (~4% of rows at D=128, 8% at D=256).
 NEAR_T0_GATED = 10
 NEAR_T0_GATED_PRE = 24
 NEAR_T0_PLAIN = 8  # no gate: 3 roundings + the fp32 sum of squares
