@@ -10,7 +10,7 @@ import triton.language as tl
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
 from rlnorm.kernel._fwd import MAX_D, rms_norm_gated_fwd
-from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out
+from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
@@ -58,6 +58,26 @@ def _round64_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     tl.store(y_ptr + offs, _round_fp64_to_out(tl.load(x_ptr + offs, mask=m), y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _widen_kernel(x_ptr, y_ptr, n, INTERP: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(y_ptr + offs, _widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widen_fast_is_exact_for_every_16_bit_pattern(dtype):
+    # every bf16 / fp16 value (infinities, subnormals, signed zeros) widened to fp32 bit for bit as torch
+    # does, NaN to NaN (payloads of signalling fp16 NaNs differ between conversions); on the GPU this runs
+    # the bf16 pair's shift-and-mask PTX, on the CPU the interpreter's path
+    on_gpu = torch.cuda.is_available()
+    dev = "cuda" if on_gpu else "cpu"
+    v = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).to(dev)
+    y = torch.empty(v.shape, dtype=torch.float32, device=dev)
+    _widen_kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), INTERP=not on_gpu, ASM=on_gpu, BLOCK=4096)
+    assert same_bits(y, v.float()).all()
 
 
 def _run32(v: torch.Tensor, dtype: torch.dtype, plain: bool = False) -> torch.Tensor:
