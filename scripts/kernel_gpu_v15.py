@@ -62,11 +62,7 @@ def shapes() -> None:
         var += [("default", {})]
         for (r, w), m in grid[d]:
             var.append((f"tier_R{r}w{w}_m{m}", {"_variant": T1 | {"MAXNREG": m}, "_config": (r, d, w)}))
-        var += [(n + "_b", kw) for n, kw in var]
-        V.guarded(f"timing{d}", lambda d=d, var=var: V.timing(d, V.ROWS, var, timer))
-        small = [v for v in var if not v[0].endswith("_b")]
-        for rows in (32, 512, 4096):
-            V.guarded(f"graph{d}_{rows}", lambda d=d, rows=rows, small=small: V.graph_time(d, rows, small))
+        V.timing_passes(d, var, timer)
 
 
 def checks() -> None:

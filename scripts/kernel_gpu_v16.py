@@ -36,11 +36,7 @@ def layout() -> None:
         for (r, w), s, m in GRID[d]:
             vv = {"SPLIT": s} | ({} if m is None else {"MAXNREG": m})
             var.append((f"R{r}w{w}_s{s}_m{m}", {"_variant": vv, "_config": (r, d, w)}))
-        var += [(n + "_b", kw) for n, kw in var]
-        V.guarded(f"timing{d}", lambda d=d, var=var: V.timing(d, V.ROWS, var, timer))
-        small = [v for v in var if not v[0].endswith("_b")]
-        for rows in (32, 512, 4096):
-            V.guarded(f"graph{d}_{rows}", lambda d=d, rows=rows, small=small: V.graph_time(d, rows, small))
+        V.timing_passes(d, var, timer)
 
 
 def main() -> None:

@@ -41,11 +41,7 @@ def fwd_timing() -> None:
         var = [("default", {}), ("aa1", {"_variant": AA1}), ("noexact", {"_variant": {"EXACT": 0}})]
         if d == 128:
             var.append(("m56", {"_variant": {"MAXNREG": 56}}))
-        var += [(n + "_b", kw) for n, kw in var] + [(n + "_c", kw) for n, kw in var]
-        V.guarded(f"timing{d}", lambda d=d, var=var: V.timing(d, V.ROWS, var, timer))
-        small = [v for v in var if not v[0].endswith(("_b", "_c"))]
-        for rows in (32, 512, 4096):
-            V.guarded(f"graph{d}_{rows}", lambda d=d, rows=rows, small=small: V.graph_time(d, rows, small))
+        V.timing_passes(d, var, timer, passes=3)
 
 
 def fwd_accuracy() -> None:

@@ -207,6 +207,15 @@ def accuracy_and_invariance(name: str = "default", kw: dict | None = None, dims:
         guarded(f"inv{d}", lambda d=d: invariance(name, d, kw or {}))
 
 
+def timing_passes(d: int, variants: list[tuple[str, dict]], timer, passes: int = 2) -> None:
+    """Every variant at ROWS rows, `passes` times interleaved (suffixes _b, _c, ...: the noise shows), then
+    once each at decode sizes (32 / 512 / 4096 rows) in CUDA graphs."""
+    var = [(n + ("" if p == 0 else "_" + "abcdefgh"[p]), kw) for p in range(passes) for n, kw in variants]
+    guarded(f"timing{d}", lambda: timing(d, ROWS, var, timer))
+    for rows in (32, 512, 4096):
+        guarded(f"graph{d}_{rows}", lambda rows=rows: graph_time(d, rows, variants))
+
+
 def print_summary() -> None:
     """The summary lines last in the log (what the notes quote), then any section that failed."""
     print("\n==== summary ====")
