@@ -82,13 +82,7 @@ def checks() -> None:
 
 
 def main() -> None:
-    V.RES["device"] = torch.cuda.get_device_name() if V.DEV == "cuda" else "cpu"
-    sections = os.environ.get("V15_SECTIONS", "shapes,checks").split(",")
-    if "shapes" in sections:
-        shapes()
-    if "checks" in sections:
-        checks()
-    V.print_summary()
+    V.run_sections("V15_SECTIONS", {"shapes": shapes, "checks": checks})
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch
 
 from scripts import kernel_gpu_v2 as V
 from scripts import kernel_gpu_v15 as V15
@@ -40,13 +39,7 @@ def layout() -> None:
 
 
 def main() -> None:
-    V.RES["device"] = torch.cuda.get_device_name() if V.DEV == "cuda" else "cpu"
-    sections = os.environ.get("V16_SECTIONS", "layout,checks").split(",")
-    if "layout" in sections:
-        layout()
-    if "checks" in sections:
-        V15.checks()
-    V.print_summary()
+    V.run_sections("V16_SECTIONS", {"layout": layout, "checks": V15.checks})
 
 
 if __name__ == "__main__":

@@ -103,17 +103,8 @@ def bwd() -> None:
 
 
 def main() -> None:
-    V.RES["device"] = torch.cuda.get_device_name() if V.DEV == "cuda" else "cpu"
-    sections = os.environ.get("V18_SECTIONS", "fwd,acc,checks,bwd").split(",")
-    if "fwd" in sections:
-        fwd_timing()
-    if "acc" in sections:
-        fwd_accuracy()
-    if "checks" in sections:
-        V15.checks()
-    if "bwd" in sections:
-        V.guarded("bwd", bwd)
-    V.print_summary()
+    sections = {"fwd": fwd_timing, "acc": fwd_accuracy, "checks": V15.checks, "bwd": lambda: V.guarded("bwd", bwd)}
+    V.run_sections("V18_SECTIONS", sections)
 
 
 if __name__ == "__main__":

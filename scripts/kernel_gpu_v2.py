@@ -216,6 +216,17 @@ def timing_passes(d: int, variants: list[tuple[str, dict]], timer, passes: int =
         guarded(f"graph{d}_{rows}", lambda rows=rows: graph_time(d, rows, variants))
 
 
+def run_sections(env: str, sections: dict) -> None:
+    """Run the named sections the environment variable `env` lists (comma-separated; all when unset), in
+    the dict's order, then print the summary."""
+    RES["device"] = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
+    chosen = os.environ.get(env, ",".join(sections)).split(",")
+    for name, fn in sections.items():
+        if name in chosen:
+            fn()
+    print_summary()
+
+
 def print_summary() -> None:
     """The summary lines last in the log (what the notes quote), then any section that failed."""
     print("\n==== summary ====")
