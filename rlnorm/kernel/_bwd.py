@@ -42,15 +42,9 @@ _INLINE_ASM = not _INTERPRET  # inline PTX (fast gate, per-element atomics): the
 
 
 @triton.jit
-def _widen(v, INTERP: tl.constexpr, ASM: tl.constexpr):
-    """Widen a loaded tile to fp32 exactly (the interpreter's bf16 -> fp32 cast mangles subnormals)."""
-    return _widen_fast(v, INTERP, ASM)
-
-
-@triton.jit
 def _load_fp32(ptr, mask, INTERP: tl.constexpr, ASM: tl.constexpr):
     """Load and widen to fp32 exactly."""
-    return _widen(tl.load(ptr, mask=mask, other=0.0), INTERP, ASM)
+    return _widen_fast(tl.load(ptr, mask=mask, other=0.0), INTERP, ASM)
 
 
 @triton.jit
@@ -198,10 +192,10 @@ def _rms_norm_gated_bwd_kernel(
             dy_raw = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0)
             if HAS_Z:
                 z_raw = tl.load(Z + r3 * stride_z + c3, mask=mask, other=0.0)
-        x = _widen(x_raw, INTERP, ASM)  # [BLOCK_R, BLOCK_G, BLOCK_C]
-        dy = _widen(dy_raw, INTERP, ASM)
+        x = _widen_fast(x_raw, INTERP, ASM)  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        dy = _widen_fast(dy_raw, INTERP, ASM)
         if HAS_Z:
-            z = _widen(z_raw, INTERP, ASM)
+            z = _widen_fast(z_raw, INTERP, ASM)
             act, dact = _activation(z, ACTIVATION, FAST_ACT, ASM)
         if HAS_Z and not NORM_BEFORE_GATE:
             u = x * act
