@@ -32,7 +32,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from rlnorm.kernel import _exact_element
-from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
+from rlnorm.kernel._exact_element import exact_element, near_midpoint, rows_rstd64, tier_constraints, tier_ptx
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast, _widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
@@ -161,6 +161,16 @@ def _gated_fp64(
 
 
 @triton.jit
+def _fast_out(y, OUT: tl.constexpr, INTERP: tl.constexpr):
+    """The fast path's fp32 values rounded to nearest even in the output dtype."""
+    if INTERP:
+        out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
+    else:
+        out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
+    return out
+
+
+@triton.jit
 def _row_sum(v):
     """[R, S, C] -> [R]: each row's own columns (the S chunks a thread holds, then across lanes)."""
     return tl.sum(tl.sum(v, axis=1), axis=1)
@@ -285,6 +295,10 @@ def _rms_norm_gated_fwd_kernel(
     ZERO_BLOCK: tl.constexpr,
     ROW_CHUNK: tl.constexpr,  # the whole-row path's columns per step
     SPLIT: tl.constexpr,  # column chunks per thread (the tile is [BLOCK_R, SPLIT, BLOCK_G // SPLIT])
+    TIER_PTX: tl.constexpr,  # the tier's inline PTX (_exact_element.tier_ptx; "" without the tier or on the CPU)
+    TIER_CONSTRAINTS: tl.constexpr,
+    TIER_PACK: tl.constexpr,  # elements per thread the PTX handles at once
+    TIER_STORE: tl.constexpr,  # timing only: 1 stores the tier's rows whole, then the settled elements again
 ):
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -400,20 +414,28 @@ def _rms_norm_gated_fwd_kernel(
             if TIER2:
                 # near-midpoint elements of otherwise safe rows go to the per-element tier; only
                 # risky rows (and any element the tier leaves undecided) go to the whole-row path.
-                # The branch test is an int32 maximum (a few shuffles); the rows' bitmask for the
-                # whole-row path is built inside, where it is rare
+                # Rows nothing flags are stored now, before the tier (a program without a flagged row
+                # ends here). The branch test is an int32 maximum (a few shuffles); the rows' bitmask
+                # for the whole-row path is built inside, where it is rare
+                tl.store(y_ptr + y_off, _fast_out(y, OUT, INTERP), mask=mask & ~row_flag[:, None, None])
                 if tl.max(row_flag.to(tl.int32), axis=0) != 0:  # one scalar branch per program (~15%)
                     tier_row = row_flag & ~risky_row  # [BLOCK_R]
+                    tier_key = near_midpoint(y, NEAR_T0)  # [BLOCK_R, S, C]
+                    # the tier's rows but their near elements, which the tier stores: one store per
+                    # element (a second store to an address just stored is slow: call 25)
+                    keep = tier_row[:, None, None] & ((tier_key > 2 * NEAR_T0) | (TIER_STORE == 1))
+                    tl.store(y_ptr + y_off, _fast_out(y, OUT, INTERP), mask=mask & keep)
                     # x again (L1): keeping the tile's x, z, w live to here would double the registers
                     xr = _widen_to_fp32(tl.load(x_ptr + rows3 * stride_x + cols, mask=mask, other=0.0))
                     xr64 = xr.to(tl.float64)
                     rstd64 = rows_rstd64(_row_sum(xr64 * xr64), rstd, eps, GROUP)  # [BLOCK_R]
-                    y = exact_element(
-                        y,
+                    und = exact_element(
+                        tier_key,
                         cols,
                         tier_row[:, None, None],
                         (x_ptr + rows64 * stride_x)[:, None, None],
                         (z_ptr + rows64 * stride_z)[:, None, None],
+                        (y_ptr + rows64 * stride_y)[:, None, None],
                         w_ptr,
                         rstd64[:, None, None],
                         NEAR_T0,
@@ -422,9 +444,11 @@ def _rms_norm_gated_fwd_kernel(
                         HAS_Z,
                         SIGMOID,
                         not INTERP,
+                        TIER_PTX,
+                        TIER_CONSTRAINTS,
+                        TIER_PACK,
                     )  # [BLOCK_R, S, C]
-                    row_flag = risky_row | _row_any(y.to(tl.int32, bitcast=True) == UNDECIDED_BITS)
-                    row_bits = _row_bits(row_flag)
+                    row_bits = _row_bits(risky_row | _row_any(und != 0))
             elif EXACT == 1:
                 row_bits = _row_bits(row_flag)
         else:
@@ -452,14 +476,12 @@ def _rms_norm_gated_fwd_kernel(
             if EXACT == 1:
                 row_bits = _row_bits(row_flag)
 
-        if INTERP:
-            y_out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
+        if TIER2:
+            pass  # stored above, around the tier
+        elif EXACT == 1:  # flagged rows: stored below
+            tl.store(y_ptr + y_off, _fast_out(y, OUT, INTERP), mask=mask & ~row_flag[:, None, None])
         else:
-            y_out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
-        if EXACT == 1:  # flagged rows: stored below
-            tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None, None])
-        else:
-            tl.store(y_ptr + y_off, y_out, mask=mask)
+            tl.store(y_ptr + y_off, _fast_out(y, OUT, INTERP), mask=mask)
         if DEBUG:
             tl.store(dbg_ptr + y_off, y_fast, mask=mask)  # y is contiguous: the debug buffers share its offsets
             tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
@@ -467,6 +489,10 @@ def _rms_norm_gated_fwd_kernel(
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
         if EXACT == 1:
             if row_bits != 0:
+                if TIER2:
+                    # an undecided row's elements were stored above by other lanes than the row path's:
+                    # a barrier orders them (bar.sync orders memory like membar.cta; uniform branch)
+                    tl.debug_barrier()
                 _exact_rows(
                     row_bits,
                     pid_r,
@@ -502,9 +528,12 @@ DEFAULT_VARIANT = {
     "TIER2": 1,  # 0: flagged rows recomputed whole in fp64 (sessions 1-5's exact path)
     "MAXNREG": None,  # register cap per thread (None: TIER_MAXNREG where it applies; 0: the compiler's choice)
     "SPLIT": None,  # column chunks per thread (None: SPLIT_CHUNKS where the row allows; 1: one chunk)
+    "TIER_PACK": None,  # elements per inline-PTX call of the tier (None: all of a thread's, at most 16)
+    "TIER_STORE": 0,  # 1: the tier's rows stored whole before it, near elements again (timing only)
     "FAULT_ULPS": 0,
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+_W_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -569,6 +598,8 @@ def rms_norm_gated_fwd(
         or variant["TIER2"] not in (0, 1)
         or not (variant["MAXNREG"] is None or 0 <= variant["MAXNREG"] <= 255)
         or variant["SPLIT"] not in (None, 1, 2, 4)
+        or variant["TIER_PACK"] not in (None, 1, 2, 4, 8, 16)
+        or variant["TIER_STORE"] not in (0, 1)
     ):
         raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
     t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
@@ -595,6 +626,12 @@ def rms_norm_gated_fwd(
     split = variant["SPLIT"] or (SPLIT_CHUNKS if block_g >= 16 * SPLIT_CHUNKS else 1)
     if block_g % split:
         raise ValueError(f"_variant: SPLIT {split} does not divide the block width {block_g}")
+    # the tier's PTX takes a thread's elements at once: as many as the tile gives each thread (at most 16)
+    pack = max(1, min(variant["TIER_PACK"] or 16, block_r * block_g // (32 * num_warps)))
+    tier_text = ""
+    if tier2 and not _INTERPRET:
+        gate = "none" if not has_z else ("sigmoid" if activation == "sigmoid" else "silu")
+        tier_text = tier_ptx(gate, _W_DTYPE_NAMES[w.dtype], pack)
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
@@ -638,6 +675,10 @@ def rms_norm_gated_fwd(
         # program's count; without it the row path is the exact path (~4-9% of rows): a row at once
         ROW_CHUNK=min(block_g, 32 * num_warps) if tier2 else block_g,
         SPLIT=split,
+        TIER_PTX=tier_text,
+        TIER_CONSTRAINTS=tier_constraints(pack) if tier_text else "",
+        TIER_PACK=pack,
+        TIER_STORE=variant["TIER_STORE"],
         num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )

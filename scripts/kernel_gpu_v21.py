@@ -1,0 +1,113 @@
+"""GPU calls 24-25 (forward): the tier's latency. Call 23 (scripts/kernel_gpu_v20.py) found the tier's ~1.2 us
+at decode sizes going with the size of its code (sixteen inlined copies of the per-element PTX, ~25 KB)
+more than with the instructions it runs. Call 24 timed near keys computed before the sixteen branches,
+the exp series by Estrin's scheme and the fp64 reciprocal without the IEEE slow-path test: no gain at
+D=128, D=256 slower (spills). Call 25 times one copy of the PTX per thread, a loop over its flagged
+elements that stores each settled value itself (the tile stored before the tier), against the tier
+as committed at c8893ac and the fast path alone, each in its own process (a warm-up first, three
+interleaved passes at 262144 rows, then decode sizes in CUDA graphs); then the checks of
+scripts/kernel_gpu_v15.py and the GPU-only tests on the new default.
+    V21_SECTIONS=probe,checks,pytest python3 scripts/kernel_gpu_v21.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from scripts import kernel_gpu_v2 as V
+from scripts import kernel_gpu_v15 as V15
+from scripts.kernel_gpu_v20 import ROOT, patched_tree
+
+OUT = os.path.join(os.environ.get("OUT", "/tmp"), "v21")
+V.OUT = OUT
+OLD = {  # the tier as committed at c8893ac (sixteen inlined copies of the per-element PTX)
+    "_exact_element.py": os.path.join(ROOT, "scripts", "probe_data", "exact_element_c8893ac.py.txt"),
+    "_fwd.py": os.path.join(ROOT, "scripts", "probe_data", "fwd_c8893ac.py.txt"),
+}
+PROBES = {
+    "new": (False, {}),
+    "new_dbl": (False, {"TIER_STORE": 1}),  # the tier's rows stored whole, settled elements stored again
+    "old": (True, {}),
+    "fast": (False, {"EXACT": 0}),
+}
+
+CHILD = r"""
+import json, sys, time
+import torch
+sys.path.insert(1, ROOT)
+from scripts import kernel_gpu_v2 as V
+import rlnorm.kernel._fwd as F
+assert F.__file__.startswith(TREE), F.__file__
+a = torch.randn(1 << 24, device="cuda")
+t0 = time.time()
+while time.time() - t0 < 2.0:  # clocks up before the first timing
+    a.add_(1.0)
+torch.cuda.synchronize()
+timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
+for d in (128, 256):
+    V.timing_passes(d, [(NAME, {"_variant": VARIANT})], timer, passes=3)
+print("\n".join(V.SUMMARY))
+json.dump(V.RES, open(OUTF, "w"), indent=1)
+"""
+
+
+def probe() -> None:
+    os.makedirs(OUT, exist_ok=True)
+    for name in ("new", "old", "new_dbl", "fast", "new", "old"):
+        old, variant = PROBES[name]
+        tree = patched_tree([])
+        if old:
+            for fname, path in OLD.items():
+                with open(path) as src, open(os.path.join(tree, "rlnorm", "kernel", fname), "w") as dst:
+                    dst.write(src.read())
+        tag = f"{name}_{len(os.listdir(OUT))}"
+        code = f"ROOT={ROOT!r}; TREE={tree!r}; NAME={name!r}; VARIANT={variant!r}; "
+        code += f"OUTF={os.path.join(OUT, tag + '.json')!r}\n" + CHILD
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONPATH": tree},
+            capture_output=True,
+            text=True,
+            cwd=tree,
+        )
+        lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("time", "graph"))]
+        V.SUMMARY.extend(lines)
+        print("\n".join(lines), flush=True)
+        if r.returncode:
+            print(f"probe {name} failed:\n{r.stderr[-3000:]}", flush=True)
+
+
+def gpu_tests() -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-k",
+            "gpu or widen or cuda",
+            "tests/test_kernel_exact_element.py",
+            "tests/test_kernel_fwd.py",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
+    V.SUMMARY.append(f"pytest (GPU-only kernel tests): rc={r.returncode} {tail}")
+    print(r.stdout[-3000:], r.stderr[-2000:], flush=True)
+
+
+def main() -> None:
+    V.run_sections("V21_SECTIONS", {"probe": probe, "checks": V15.checks, "pytest": gpu_tests})
+    json.dump(V.SUMMARY, open(os.path.join(OUT, "summary.json"), "w"), indent=1)
+
+
+if __name__ == "__main__":
+    main()
