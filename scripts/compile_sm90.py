@@ -5,12 +5,16 @@ fail the other's MLIR passes. Install the other Triton in a venv and run this to
     python3 -m venv --system-site-packages /tmp/t36 && /tmp/t36/bin/pip install triton==3.6.0
     /tmp/t36/bin/python scripts/compile_sm90.py
 A fake driver reports an sm_90 target and every JIT launch is turned into a compile-only warmup.
+    python3 scripts/compile_sm90.py --layouts D [VARIANT_JSON]
+prints the blocked layouts of the forward's TTGIR at width D instead (tests/test_kernel_fwd.py reads them).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
 import sys
 
 os.environ["TRITON_INTERPRET"] = "0"
@@ -36,11 +40,38 @@ class _Sm90CompileOnly:
         return 0
 
 
-def main() -> int:
+def _compile_only() -> list:
+    """Every JIT launch from here on compiles for sm_90 and launches nothing; returns the list the compiled
+    kernels are appended to."""
     driver.set_active(_Sm90CompileOnly())
     orig_run = JITFunction.run
-    JITFunction.run = lambda self, *a, grid, warmup, **kw: orig_run(self, *a, grid=grid, warmup=True, **kw)
+    compiled: list = []
+
+    def run(self, *a, grid, warmup, **kw):
+        kernel = orig_run(self, *a, grid=grid, warmup=True, **kw)
+        compiled.append(kernel)
+        return kernel
+
+    JITFunction.run = run
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    return compiled
+
+
+def forward_layouts(d: int, variant: dict) -> list[str]:
+    """The blocked layouts in the TTGIR of the default forward (bf16, silu gate) at width d."""
+    compiled = _compile_only()
+    from rlnorm.kernel._fwd import rms_norm_gated_fwd
+
+    x = torch.randn(8, d).bfloat16()
+    rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu", _variant=variant)
+    return re.findall(r"#ttg\.blocked<\{[^}]*\}>", compiled[-1].asm["ttgir"])
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--layouts"]:
+        print("\n".join(forward_layouts(int(sys.argv[2]), json.loads(sys.argv[3]) if sys.argv[3:] else {})))
+        return 0
+    _compile_only()
     from rlnorm.kernel._bwd import rms_norm_gated_bwd
     from rlnorm.kernel._fwd import rms_norm_gated_fwd
 

@@ -1,13 +1,15 @@
-"""GPU calls 24-25 (forward): the tier's latency. Call 23 (scripts/kernel_gpu_v20.py) found the tier's ~1.2 us
-at decode sizes going with the size of its code (sixteen inlined copies of the per-element PTX, ~25 KB)
-more than with the instructions it runs. Call 24 timed near keys computed before the sixteen branches,
-the exp series by Estrin's scheme and the fp64 reciprocal without the IEEE slow-path test: no gain at
-D=128, D=256 slower (spills). Call 25 times one copy of the PTX per thread, a loop over its flagged
-elements that stores each settled value itself (the tile stored before the tier), against the tier
-as committed at c8893ac and the fast path alone, each in its own process (a warm-up first, three
-interleaved passes at 262144 rows, then decode sizes in CUDA graphs); then the checks of
-scripts/kernel_gpu_v15.py and the GPU-only tests on the new default.
-    V21_SECTIONS=probe,checks,pytest python3 scripts/kernel_gpu_v21.py
+"""GPU calls 24-26 and 28 (forward): the tier's latency, and the layout fix.
+
+Call 23 (scripts/kernel_gpu_v20.py) found the tier's ~1.2 us at decode sizes going mostly with the per-
+element PTX. Call 24 timed near keys computed before the sixteen per-element branches, the exp series by
+Estrin's scheme and the fp64 reciprocal without the IEEE slow-path test: no gain at D=128, D=256 slower
+(spills). Calls 25-26 timed one copy of the PTX per thread, a loop over its flagged elements (6b4559e,
+with "new_dbl" = TIER_STORE 1): decode 0.2-0.6 us faster, 262144 rows 1.5-5x slower in most processes
+(call 27, scripts/kernel_gpu_v22.py); reverted. Call 28 times the tile built from two joined 2-D chunks
+(the same layout on Triton 3.6 and 3.7) against c8893ac. Each variant in its own process (a warm-up first,
+three interleaved passes at 262144 rows, then decode sizes in CUDA graphs); then the checks of
+scripts/kernel_gpu_v15.py and the GPU-only tests on the tree's default.
+    V21_SECTIONS=probe,checks,pytest V21_PROBES=new,old,new,old python3 scripts/kernel_gpu_v21.py
 """
 
 from __future__ import annotations
@@ -29,12 +31,7 @@ OLD = {  # the tier as committed at c8893ac (sixteen inlined copies of the per-e
     "_exact_element.py": os.path.join(ROOT, "scripts", "probe_data", "exact_element_c8893ac.py.txt"),
     "_fwd.py": os.path.join(ROOT, "scripts", "probe_data", "fwd_c8893ac.py.txt"),
 }
-PROBES = {
-    "new": (False, {}),
-    "new_dbl": (False, {"TIER_STORE": 1}),  # the tier's rows stored whole, settled elements stored again
-    "old": (True, {}),
-    "fast": (False, {"EXACT": 0}),
-}
+PROBES = {"new": (False, {}), "old": (True, {}), "fast": (False, {"EXACT": 0})}  # name: (c8893ac's tier, variant)
 
 CHILD = r"""
 import json, sys, time
@@ -58,7 +55,7 @@ json.dump(V.RES, open(OUTF, "w"), indent=1)
 
 def probe() -> None:
     os.makedirs(OUT, exist_ok=True)
-    for name in ("new", "old", "new_dbl", "fast", "new", "old"):
+    for name in os.environ.get("V21_PROBES", "new,old,fast,new,old").split(","):
         old, variant = PROBES[name]
         tree = patched_tree([])
         if old:

@@ -1,9 +1,11 @@
-"""GPU call 27 (forward): is the tier's new form (one PTX loop per thread) intermittently slow at 262144 rows?
+"""GPU call 27 (forward), at 6b4559e: is the tier as one PTX loop per thread intermittently slow at 262144 rows?
 Calls 25-26 saw some processes run it at 2.3x the add at D=256 while others ran it at 1.04x. Five rounds of
 three processes each (the new form storing the tier's rows but their settled elements, the new form
 storing them whole then the settled elements again, the tier as committed at c8893ac), D=256 then D=128,
 three passes each, with the GPU's clock and throttle reasons before and after each process.
     python3 scripts/kernel_gpu_v22.py
+It was: the loop form ran 1.5-5x the add in most processes, the committed tier 1.02-1.06x in all; the loop
+form was reverted after 6b4559e (its "new" and "new_dbl" need that commit's kernel; "old" is c8893ac's).
 """
 
 from __future__ import annotations
@@ -34,6 +36,11 @@ for d in (256, 128):
     V.timing(d, V.ROWS, [(NAME + s, {"_variant": VARIANT}) for s in ("", "_b", "_c")], timer)
 print("\n".join(V.SUMMARY))
 """
+PROBES = {  # name: (c8893ac's tier, variant)
+    "new": (False, {}),
+    "new_dbl": (False, {"TIER_STORE": 1}),  # the tier's rows stored whole, settled elements stored again
+    "old": (True, {}),
+}
 QUERY = "clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 SMI = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader"]
 
@@ -47,7 +54,7 @@ def smi() -> str:
 
 def main() -> None:
     trees = {}
-    for name, (old, _) in V21.PROBES.items():
+    for name, (old, _) in PROBES.items():
         tree = patched_tree([])
         if old:
             for fname, path in V21.OLD.items():
@@ -56,7 +63,7 @@ def main() -> None:
         trees[name] = tree
     for rnd in range(5):
         for name in ("new", "new_dbl", "old"):
-            variant = V21.PROBES[name][1]
+            variant = PROBES[name][1]
             code = f"ROOT={ROOT!r}; TREE={trees[name]!r}; NAME={f'{name}{rnd}'!r}; VARIANT={variant!r}\n" + CHILD
             env = {**os.environ, "PYTHONPATH": trees[name]}
             before = smi()

@@ -32,7 +32,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from rlnorm.kernel import _exact_element
-from rlnorm.kernel._exact_element import exact_element, near_midpoint, rows_rstd64, tier_constraints, tier_ptx
+from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast, _widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
@@ -62,7 +62,8 @@ TIER_MAXNREG = {128: 64, 256: 56}
 # A thread's 16 elements as SPLIT_CHUNKS vectors of one row (8 bf16 = 16 bytes each), not one vector of
 # each of two rows (Triton's layout for a [BLOCK_R, BLOCK_G] tile): per-row sums, minima, rstd and flags
 # then cost each thread one row's worth of work and one shuffle level fewer. D=128: 488 -> 429 SASS
-# instructions per thread on the fast path, 60.3 -> 56.4 us (session 8); D=256 unchanged.
+# instructions per thread on the fast path, 60.3 -> 56.4 us (session 8); D=256 unchanged. Two chunks at
+# most: they are two 2-D tiles joined (`_load_chunks`), which Triton 3.6 and 3.7 lay out alike.
 SPLIT_CHUNKS = 2
 
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
@@ -147,45 +148,93 @@ def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl
 def _gated_fp64(
     x, z, w, eps, GROUP: tl.constexpr, HAS_Z: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, SIGMOID: tl.constexpr
 ):
-    """The op on a [R, S, C] fp64 tile (zeros in masked columns): the exact path."""
+    """The op on a [R, C, S] fp64 tile (zeros in masked columns): the exact path."""
     if HAS_Z and not NORM_BEFORE_GATE:
-        xg = x * _act(z, SIGMOID)  # [R, S, C]
+        xg = x * _act(z, SIGMOID)  # [R, C, S]
     else:
         xg = x
     ms = _row_sum(xg * xg) / GROUP  # [R]
     rstd = 1.0 / tl.sqrt(ms + eps)  # [R]: fp64 sqrt and divide are IEEE (sqrt.rn.f64, div.rn.f64)
-    y = xg * rstd[:, None, None] * w  # [R, S, C]
+    y = xg * rstd[:, None, None] * w  # [R, C, S]
     if HAS_Z and NORM_BEFORE_GATE:
         y = y * _act(z, SIGMOID)
     return y
 
 
 @triton.jit
+def _row_sum(v):
+    """[R, C, S] -> [R]: each row's own columns (the S chunks a thread holds, then across lanes)."""
+    return tl.sum(tl.sum(v, axis=2), axis=1)
+
+
+@triton.jit
+def _row_min(v):
+    """[R, C, S] -> [R], as _row_sum."""
+    return tl.min(tl.min(v, axis=2), axis=1)
+
+
+@triton.jit
+def _row_any(v):
+    """[R, C, S] bool -> [R]: does any column of the row hold True."""
+    return tl.max(tl.max(v.to(tl.int32), axis=2), axis=1) > 0
+
+
+@triton.jit
+def _load_chunks(
+    ptrs, row_ok, g, GROUP: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr, INTERP: tl.constexpr
+):
+    """A [R, C, SPLIT] fp32 tile: chunk s of each row (columns g + s * BLOCK_C) loaded as its own [R, C]
+    tile and widened, then joined along a last axis that stays in each thread. Two 2-D loads give a
+    thread one row's chunks on every Triton (a 3-D [R, S, C] tile did on 3.6 but not on 3.7, whose
+    layout took lanes for the chunks: two rows per thread, 22 shuffles instead of 3); widening before
+    the join keeps each loaded bf16 pair in its register. ptrs: [R, C] pointers of chunk 0; row_ok:
+    [R, 1]; g: [1, C] columns within the group."""
+    if SPLIT == 2:
+        a = _widen_fast(tl.load(ptrs, mask=row_ok & (g < GROUP), other=0.0), INTERP, not INTERP)
+        b = _widen_fast(tl.load(ptrs + BLOCK_C, mask=row_ok & (g + BLOCK_C < GROUP), other=0.0), INTERP, not INTERP)
+        t = tl.join(a, b)  # [R, C, 2]
+    else:  # one chunk: a 3-D load (a 2-D one expanded afterwards left the tile in another layout)
+        t = _widen_fast(
+            tl.load(ptrs[:, :, None], mask=(row_ok & (g < GROUP))[:, :, None], other=0.0), INTERP, not INTERP
+        )
+    return t
+
+
+@triton.jit
+def _store_chunks(ptrs, v, row_ok, g, GROUP: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr):
+    """Store a [R, C, SPLIT] tile chunk by chunk, as `_load_chunks` loaded it (ptrs: [R, C], chunk 0;
+    row_ok: [R, 1]; g: [1, C]). The masks are built per chunk, not split from a 3-D mask: Triton then
+    still sees them constant along the columns and keeps the 16-byte stores."""
+    if SPLIT == 2:
+        a, b = tl.split(v)
+        tl.store(ptrs, a, mask=row_ok & (g < GROUP))
+        tl.store(ptrs + BLOCK_C, b, mask=row_ok & (g + BLOCK_C < GROUP))
+    else:
+        tl.store(ptrs[:, :, None], v, mask=(row_ok & (g < GROUP))[:, :, None])
+
+
+@triton.jit
+def _store_out(
+    ptrs, y, row_ok, g, GROUP: tl.constexpr, OUT: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr, INTERP
+):
+    """The fast path's fp32 [R, C, SPLIT] tile rounded to nearest even in OUT and stored as
+    `_store_chunks` does: each chunk converted after the split, so its pairs pack into registers."""
+    if SPLIT == 2:
+        a, b = tl.split(y)
+        tl.store(ptrs, _fast_out(a, OUT, INTERP), mask=row_ok & (g < GROUP))
+        tl.store(ptrs + BLOCK_C, _fast_out(b, OUT, INTERP), mask=row_ok & (g + BLOCK_C < GROUP))
+    else:
+        tl.store(ptrs[:, :, None], _fast_out(y, OUT, INTERP), mask=(row_ok & (g < GROUP))[:, :, None])
+
+
+@triton.jit
 def _fast_out(y, OUT: tl.constexpr, INTERP: tl.constexpr):
-    """The fast path's fp32 values rounded to nearest even in the output dtype."""
+    """fp32 values rounded to nearest even in OUT, ready to store."""
     if INTERP:
         out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
     else:
         out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
     return out
-
-
-@triton.jit
-def _row_sum(v):
-    """[R, S, C] -> [R]: each row's own columns (the S chunks a thread holds, then across lanes)."""
-    return tl.sum(tl.sum(v, axis=1), axis=1)
-
-
-@triton.jit
-def _row_min(v):
-    """[R, S, C] -> [R], as _row_sum."""
-    return tl.min(tl.min(v, axis=1), axis=1)
-
-
-@triton.jit
-def _row_any(v):
-    """[R, S, C] bool -> [R]: does any column of the row hold True."""
-    return tl.max(tl.max(v.to(tl.int32), axis=1), axis=1) > 0
 
 
 @triton.jit
@@ -295,10 +344,6 @@ def _rms_norm_gated_fwd_kernel(
     ZERO_BLOCK: tl.constexpr,
     ROW_CHUNK: tl.constexpr,  # the whole-row path's columns per step
     SPLIT: tl.constexpr,  # column chunks per thread (the tile is [BLOCK_R, SPLIT, BLOCK_G // SPLIT])
-    TIER_PTX: tl.constexpr,  # the tier's inline PTX (_exact_element.tier_ptx; "" without the tier or on the CPU)
-    TIER_CONSTRAINTS: tl.constexpr,
-    TIER_PACK: tl.constexpr,  # elements per thread the PTX handles at once
-    TIER_STORE: tl.constexpr,  # timing only: 1 stores the tier's rows whole, then the settled elements again
 ):
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -308,40 +353,45 @@ def _rms_norm_gated_fwd_kernel(
         for z0 in range((pid_r * tl.num_programs(1) + pid_g) * ZERO_BLOCK, n_zero, n_prog * ZERO_BLOCK):
             tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
     eps = eps_bits.to(tl.float64, bitcast=True)
-    # The tile is [BLOCK_R, SPLIT, BLOCK_C]: a row's BLOCK_G columns as SPLIT chunks of BLOCK_C. Triton
-    # spreads the lanes over the columns, then the rows, and leaves the chunks in each thread, so a
-    # thread holds SPLIT vectors of ONE row: a row's sums and minima are then one shuffle level shorter,
-    # and each thread computes one row's scalars, not SPLIT rows'.
+    # The tile is [BLOCK_R, BLOCK_C, SPLIT]: a row's BLOCK_G columns as SPLIT chunks of BLOCK_C, each
+    # loaded as a 2-D tile and joined along a last axis that stays in the thread (`_load_chunks`): Triton
+    # spreads the lanes over the columns, then the rows, so a thread holds SPLIT vectors of ONE row: a
+    # row's sums and minima are then one shuffle level shorter, and each thread computes one row's
+    # scalars, not SPLIT rows'.
     BLOCK_C: tl.constexpr = BLOCK_G // SPLIT
     r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
-    g_cols = tl.arange(0, SPLIT)[None, :, None] * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]  # [1, S, C]
-    cols = pid_g * GROUP + g_cols  # [1, S, C]
+    g2 = tl.arange(0, BLOCK_C)[None, :]  # [1, C]: chunk 0's columns within the group
+    if SPLIT == 2:
+        g_cols = tl.join(g2, g2 + BLOCK_C)  # [1, C, S]
+    else:
+        g_cols = g2[:, :, None]  # [1, C, 1]
+    cols = pid_g * GROUP + g_cols  # [1, C, S]
     col_ok = g_cols < GROUP  # masks make any GROUP work
-    # w as a [BLOCK_R, S, C] tile, repeated per row (L1 hits): born in x's layout, so no layout
+    # w as a [BLOCK_R, C, S] tile, repeated per row (L1 hits): born in x's layout, so no layout
     # conversion through shared memory (a barrier per program) as a [BLOCK_G] vector would need
-    r3 = r_local[:, None, None]  # [BLOCK_R, 1, 1]
-    w = tl.load(w_ptr + (cols + 0 * r3), mask=col_ok & (r3 >= 0), other=0.0)
-    w = _widen_fast(w, INTERP, not INTERP)
+    r2 = r_local[:, None]  # [BLOCK_R, 1]
+    w = _load_chunks(w_ptr + pid_g * GROUP + g2 + 0 * r2, r2 >= 0, g2, GROUP, BLOCK_C, SPLIT, INTERP)
     OUT: tl.constexpr = y_ptr.dtype.element_ty
     rows64 = (pid_r * BLOCK_R + r_local).to(tl.int64)  # [BLOCK_R]; int64: rows * stride can pass 2**31
     row_ok = rows64 < n_rows
-    rows3 = rows64[:, None, None]  # [BLOCK_R, 1, 1]
-    mask = row_ok[:, None, None] & col_ok  # [BLOCK_R, S, C]: masked lanes load 0 and add 0 to sums
-    x = tl.load(x_ptr + rows3 * stride_x + cols, mask=mask, other=0.0)
+    rows2 = rows64[:, None]  # [BLOCK_R, 1]
+    mask = row_ok[:, None, None] & col_ok  # [BLOCK_R, C, S]: masked lanes load 0 and add 0 to sums
+    # (the interpreter's bf16 -> fp32 cast mangles subnormals: the loads widen through the bits there)
+    x_rows = x_ptr + rows2 * stride_x + pid_g * GROUP + g2  # [BLOCK_R, C]: chunk 0
+    x = _load_chunks(x_rows, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, INTERP)
     if HAS_Z:
-        z = tl.load(z_ptr + rows3 * stride_z + cols, mask=mask, other=0.0)
+        z = _load_chunks(
+            z_ptr + rows2 * stride_z + pid_g * GROUP + g2, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, INTERP
+        )
     else:
         z = x  # unused
-    x = _widen_fast(x, INTERP, not INTERP)  # (the interpreter's bf16 -> fp32 cast mangles subnormals)
-    if HAS_Z:
-        z = _widen_fast(z, INTERP, not INTERP)
-    y_off = rows3 * stride_y + cols  # [BLOCK_R, S, C]
+    y_rows = y_ptr + rows2 * stride_y + pid_g * GROUP + g2  # [BLOCK_R, C]: chunk 0
 
     if ALL_FP64:
         y64 = _gated_fp64(
             x.to(tl.float64), z.to(tl.float64), w.to(tl.float64), eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID
         )
-        tl.store(y_ptr + y_off, _round_fp64_to_out(y64, OUT), mask=mask)
+        _store_chunks(y_rows, _round_fp64_to_out(y64, OUT), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
     else:
         # ---- fast path: fp32 elementwise; only per-row scalars in fp64 ----
         if HAS_Z:
@@ -382,9 +432,9 @@ def _rms_norm_gated_fwd_kernel(
             # eps does not dominate it: the row goes exact
             row_risky = (rstd < 1e-30) | ((ssum < 1.2621774e-29) & ((tl.zeros_like(ssum) + eps32) < 8.4703295e-22))
         if XW_FIRST:
-            y = (xg * w) * rstd[:, None, None]  # [BLOCK_R, S, C]
+            y = (xg * w) * rstd[:, None, None]  # [BLOCK_R, C, S]
         else:
-            y = xg * rstd[:, None, None] * w  # [BLOCK_R, S, C]
+            y = xg * rstd[:, None, None] * w  # [BLOCK_R, C, S]
         if HAS_Z and NORM_BEFORE_GATE:
             y = y * a
         if FAULT_ULPS != 0:  # tests only: a fast path wrong by this many fp32 ulps must still round right
@@ -403,7 +453,7 @@ def _rms_norm_gated_fwd_kernel(
             risk_key = (bits * -2 + 0x1EFFFFFF).to(tl.uint32, bitcast=True)
             if GROUP != BLOCK_G:  # padding columns (y = 0) must not flag their row
                 risk_key = tl.where(col_ok, risk_key, 0xFFFFFFFF)
-            flag = risk_key < 0x20000000  # [BLOCK_R, S, C] (DEBUG only)
+            flag = risk_key < 0x20000000  # [BLOCK_R, C, S] (DEBUG only)
             risky_row = ((_row_min(risk_key) < 0x20000000) | row_risky) & row_ok  # [BLOCK_R]
             row_flag = risky_row
             if NEAR_T0 >= 0:  # (a negative bound disables the test: tests plant it)
@@ -414,28 +464,20 @@ def _rms_norm_gated_fwd_kernel(
             if TIER2:
                 # near-midpoint elements of otherwise safe rows go to the per-element tier; only
                 # risky rows (and any element the tier leaves undecided) go to the whole-row path.
-                # Rows nothing flags are stored now, before the tier (a program without a flagged row
-                # ends here). The branch test is an int32 maximum (a few shuffles); the rows' bitmask
-                # for the whole-row path is built inside, where it is rare
-                tl.store(y_ptr + y_off, _fast_out(y, OUT, INTERP), mask=mask & ~row_flag[:, None, None])
+                # The branch test is an int32 maximum (a few shuffles); the rows' bitmask for the
+                # whole-row path is built inside, where it is rare
                 if tl.max(row_flag.to(tl.int32), axis=0) != 0:  # one scalar branch per program (~15%)
                     tier_row = row_flag & ~risky_row  # [BLOCK_R]
-                    tier_key = near_midpoint(y, NEAR_T0)  # [BLOCK_R, S, C]
-                    # the tier's rows but their near elements, which the tier stores: one store per
-                    # element (a second store to an address just stored is slow: call 25)
-                    keep = tier_row[:, None, None] & ((tier_key > 2 * NEAR_T0) | (TIER_STORE == 1))
-                    tl.store(y_ptr + y_off, _fast_out(y, OUT, INTERP), mask=mask & keep)
                     # x again (L1): keeping the tile's x, z, w live to here would double the registers
-                    xr = _widen_to_fp32(tl.load(x_ptr + rows3 * stride_x + cols, mask=mask, other=0.0))
+                    xr = _load_chunks(x_rows, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, INTERP)
                     xr64 = xr.to(tl.float64)
                     rstd64 = rows_rstd64(_row_sum(xr64 * xr64), rstd, eps, GROUP)  # [BLOCK_R]
-                    und = exact_element(
-                        tier_key,
+                    y = exact_element(
+                        y,
                         cols,
                         tier_row[:, None, None],
                         (x_ptr + rows64 * stride_x)[:, None, None],
                         (z_ptr + rows64 * stride_z)[:, None, None],
-                        (y_ptr + rows64 * stride_y)[:, None, None],
                         w_ptr,
                         rstd64[:, None, None],
                         NEAR_T0,
@@ -444,11 +486,9 @@ def _rms_norm_gated_fwd_kernel(
                         HAS_Z,
                         SIGMOID,
                         not INTERP,
-                        TIER_PTX,
-                        TIER_CONSTRAINTS,
-                        TIER_PACK,
-                    )  # [BLOCK_R, S, C]
-                    row_bits = _row_bits(risky_row | _row_any(und != 0))
+                    )  # [BLOCK_R, C, S]
+                    row_flag = risky_row | _row_any(y.to(tl.int32, bitcast=True) == UNDECIDED_BITS)
+                    row_bits = _row_bits(row_flag)
             elif EXACT == 1:
                 row_bits = _row_bits(row_flag)
         else:
@@ -476,23 +516,18 @@ def _rms_norm_gated_fwd_kernel(
             if EXACT == 1:
                 row_bits = _row_bits(row_flag)
 
-        if TIER2:
-            pass  # stored above, around the tier
-        elif EXACT == 1:  # flagged rows: stored below
-            tl.store(y_ptr + y_off, _fast_out(y, OUT, INTERP), mask=mask & ~row_flag[:, None, None])
+        if EXACT == 1:  # flagged rows: stored below
+            _store_out(y_rows, y, (row_ok & ~row_flag)[:, None], g2, GROUP, OUT, BLOCK_C, SPLIT, INTERP)
         else:
-            tl.store(y_ptr + y_off, _fast_out(y, OUT, INTERP), mask=mask)
-        if DEBUG:
-            tl.store(dbg_ptr + y_off, y_fast, mask=mask)  # y is contiguous: the debug buffers share its offsets
-            tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
+            _store_out(y_rows, y, row_ok[:, None], g2, GROUP, OUT, BLOCK_C, SPLIT, INTERP)
+        if DEBUG:  # y is contiguous: the debug buffers share its offsets
+            debug_rows = rows2 * stride_y + pid_g * GROUP + g2  # [BLOCK_R, C]
+            _store_chunks(dbg_ptr + debug_rows, y_fast, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
+            _store_chunks(flag_ptr + debug_rows, flag.to(tl.int8), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
 
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
         if EXACT == 1:
             if row_bits != 0:
-                if TIER2:
-                    # an undecided row's elements were stored above by other lanes than the row path's:
-                    # a barrier orders them (bar.sync orders memory like membar.cta; uniform branch)
-                    tl.debug_barrier()
                 _exact_rows(
                     row_bits,
                     pid_r,
@@ -528,12 +563,9 @@ DEFAULT_VARIANT = {
     "TIER2": 1,  # 0: flagged rows recomputed whole in fp64 (sessions 1-5's exact path)
     "MAXNREG": None,  # register cap per thread (None: TIER_MAXNREG where it applies; 0: the compiler's choice)
     "SPLIT": None,  # column chunks per thread (None: SPLIT_CHUNKS where the row allows; 1: one chunk)
-    "TIER_PACK": None,  # elements per inline-PTX call of the tier (None: all of a thread's, at most 16)
-    "TIER_STORE": 0,  # 1: the tier's rows stored whole before it, near elements again (timing only)
     "FAULT_ULPS": 0,
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_W_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 
 
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -597,9 +629,7 @@ def rms_norm_gated_fwd(
         or variant["ACCURATE_ARG"] not in (0, 1, 2)
         or variant["TIER2"] not in (0, 1)
         or not (variant["MAXNREG"] is None or 0 <= variant["MAXNREG"] <= 255)
-        or variant["SPLIT"] not in (None, 1, 2, 4)
-        or variant["TIER_PACK"] not in (None, 1, 2, 4, 8, 16)
-        or variant["TIER_STORE"] not in (0, 1)
+        or variant["SPLIT"] not in (None, 1, 2)
     ):
         raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
     t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
@@ -626,12 +656,6 @@ def rms_norm_gated_fwd(
     split = variant["SPLIT"] or (SPLIT_CHUNKS if block_g >= 16 * SPLIT_CHUNKS else 1)
     if block_g % split:
         raise ValueError(f"_variant: SPLIT {split} does not divide the block width {block_g}")
-    # the tier's PTX takes a thread's elements at once: as many as the tile gives each thread (at most 16)
-    pack = max(1, min(variant["TIER_PACK"] or 16, block_r * block_g // (32 * num_warps)))
-    tier_text = ""
-    if tier2 and not _INTERPRET:
-        gate = "none" if not has_z else ("sigmoid" if activation == "sigmoid" else "silu")
-        tier_text = tier_ptx(gate, _W_DTYPE_NAMES[w.dtype], pack)
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
@@ -675,10 +699,6 @@ def rms_norm_gated_fwd(
         # program's count; without it the row path is the exact path (~4-9% of rows): a row at once
         ROW_CHUNK=min(block_g, 32 * num_warps) if tier2 else block_g,
         SPLIT=split,
-        TIER_PTX=tier_text,
-        TIER_CONSTRAINTS=tier_constraints(pack) if tier_text else "",
-        TIER_PACK=pack,
-        TIER_STORE=variant["TIER_STORE"],
         num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
