@@ -6,7 +6,9 @@ fail the other's MLIR passes. Install the other Triton in a venv and run this to
     /tmp/t36/bin/python scripts/compile_sm90.py
 A fake driver reports an sm_90 target and every JIT launch is turned into a compile-only warmup.
     python3 scripts/compile_sm90.py --layouts D [VARIANT_JSON]
-prints the blocked layouts of the forward's TTGIR at width D instead (tests/test_kernel_fwd.py reads them).
+prints the blocked layouts of the forward's TTGIR at width D instead: Triton 3.6 gives a thread 16 columns
+of one row at D=128 (threadsPerWarp [4, 1, 8]), 3.7 two rows (threadsPerWarp [2, 2, 8]); see
+docs/kernel-notes.md, session 9.
 """
 
 from __future__ import annotations
