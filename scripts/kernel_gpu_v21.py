@@ -6,9 +6,10 @@ Estrin's scheme and the fp64 reciprocal without the IEEE slow-path test: no gain
 (spills). Calls 25-26 timed one copy of the PTX per thread, a loop over its flagged elements (6b4559e,
 with "new_dbl" = TIER_STORE 1): decode 0.2-0.6 us faster, 262144 rows 1.5-5x slower in most processes
 (call 27, scripts/kernel_gpu_v22.py); reverted. Call 28 timed the tile built from two joined 2-D chunks
-(f19a55f: the same layout on Triton 3.6 and 3.7) against c8893ac: D=256 108 us against 101, reverted. Each variant in its own process (a warm-up first,
-three interleaved passes at 262144 rows, then decode sizes in CUDA graphs); then the checks of
-scripts/kernel_gpu_v15.py and the GPU-only tests on the tree's default.
+(f19a55f: the same layout on Triton 3.6 and 3.7) against c8893ac: D=256 108 us against 101, reverted.
+Each variant in its own process (a warm-up first, three interleaved passes at 262144 rows, then decode
+sizes in CUDA graphs); then the checks of scripts/kernel_gpu_v15.py and the GPU-only tests on the tree's
+default. At the tree's kernel (c8893ac's) "new" and "old" are the same kernel.
     V21_SECTIONS=probe,checks,pytest V21_PROBES=new,old,new,old python3 scripts/kernel_gpu_v21.py
 """
 
