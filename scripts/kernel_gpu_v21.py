@@ -10,6 +10,7 @@ with "new_dbl" = TIER_STORE 1): decode 0.2-0.6 us faster, 262144 rows 1.5-5x slo
 Each variant in its own process (a warm-up first, three interleaved passes at 262144 rows, then decode
 sizes in CUDA graphs); then the checks of scripts/kernel_gpu_v15.py and the GPU-only tests on the tree's
 default. At the tree's kernel (c8893ac's) "new" and "old" are the same kernel.
+    python3 scripts/kernel_gpu_v21.py --prepare      (here, in the git checkout: c8893ac's kernel files)
     V21_SECTIONS=probe,checks,pytest V21_PROBES=new,old,new,old python3 scripts/kernel_gpu_v21.py
 """
 
@@ -28,10 +29,25 @@ from scripts.kernel_gpu_v20 import ROOT, patched_tree
 
 OUT = os.path.join(os.environ.get("OUT", "/tmp"), "v21")
 V.OUT = OUT
-OLD = {  # the tier as committed at c8893ac (sixteen inlined copies of the per-element PTX)
-    "_exact_element.py": os.path.join(ROOT, "scripts", "probe_data", "exact_element_c8893ac.py.txt"),
-    "_fwd.py": os.path.join(ROOT, "scripts", "probe_data", "fwd_c8893ac.py.txt"),
+# the kernel as committed at c8893ac (the tier as sixteen inlined copies of the per-element PTX): the
+# device has no git history, so `--prepare` writes these files from it here first (untracked files travel)
+OLD_COMMIT = "c8893ac"
+OLD = {
+    f: os.path.join(ROOT, "scripts", "probe_data", f"{f}.{OLD_COMMIT}.txt") for f in ("_exact_element.py", "_fwd.py")
 }
+
+
+def prepare() -> None:
+    """Write OLD's files from git (run in the checkout before a device call)."""
+    os.makedirs(os.path.dirname(next(iter(OLD.values()))), exist_ok=True)
+    for fname, path in OLD.items():
+        src = subprocess.run(
+            ["git", "show", f"{OLD_COMMIT}:rlnorm/kernel/{fname}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+        with open(path, "w") as fh:
+            fh.write(src)
+
+
 PROBES = {"new": (False, {}), "old": (True, {}), "fast": (False, {"EXACT": 0})}  # name: (c8893ac's tier, variant)
 
 CHILD = r"""
@@ -103,6 +119,9 @@ def gpu_tests() -> None:
 
 
 def main() -> None:
+    if sys.argv[1:] == ["--prepare"]:
+        prepare()
+        return
     V.run_sections("V21_SECTIONS", {"probe": probe, "checks": V15.checks, "pytest": gpu_tests})
     json.dump(V.SUMMARY, open(os.path.join(OUT, "summary.json"), "w"), indent=1)
 

@@ -3,7 +3,7 @@ Calls 25-26 saw some processes run it at 2.3x the add at D=256 while others ran 
 three processes each (the new form storing the tier's rows but their settled elements, the new form
 storing them whole then the settled elements again, the tier as committed at c8893ac), D=256 then D=128,
 three passes each, with the GPU's clock and throttle reasons before and after each process.
-    python3 scripts/kernel_gpu_v22.py
+    python3 scripts/kernel_gpu_v21.py --prepare; python3 scripts/kernel_gpu_v22.py
 It was: the loop form ran 1.5-5x the add in most processes, the committed tier 1.02-1.06x in all; the loop
 form was reverted after 6b4559e (its "new" and "new_dbl" need that commit's kernel; "old" is c8893ac's).
 """
