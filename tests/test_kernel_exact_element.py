@@ -122,8 +122,8 @@ _EXP2_COEF = [math.log(2) ** k / math.factorial(k) for k in range(_exact_element
 
 
 def run_fp64_ptx(text: str, regs: dict[str, Fraction]) -> dict[str, Fraction]:
-    """The fp64 mov / mul / fma lines of the tier's PTX evaluated exactly, without rounding: this checks
-    what the text computes (coefficients, their order, operands), not fp64's rounding."""
+    """The fp64 mov / fma lines of the tier's PTX evaluated exactly, without rounding: this checks what the
+    text computes (coefficients, their order, operands), not fp64's rounding."""
 
     def val(op: str) -> Fraction:
         if op.startswith("0d"):
@@ -136,8 +136,6 @@ def run_fp64_ptx(text: str, regs: dict[str, Fraction]) -> dict[str, Fraction]:
         a = [val(o) for o in src]
         if ins == "mov.f64":
             regs[d] = a[0]
-        elif ins == "mul.rn.f64":
-            regs[d] = a[0] * a[1]
         elif ins == "fma.rn.f64":
             regs[d] = a[0] * a[1] + a[2]
         else:

@@ -52,7 +52,7 @@ _W_LOG2_BYTES = {"bf16": 1, "fp16": 1, "fp32": 2}  # log2 of the element size
 
 def _exp2_poly(coef: list[float]) -> str:
     """2**f on |f| <= 1/2 into dp, from df: the series by Horner's rule (Estrin's tree, depth 4 against 12,
-    measured no faster on the H200: scripts/kernel_gpu_v21.py, call 24)."""
+    was no faster on the H200 with two other latency cuts: docs/kernel-notes.md, session 9, call 24)."""
     return f"mov.f64 dp, {_f64(coef[-1])};\n" + "".join(
         f"fma.rn.f64 dp, dp, df, {_f64(coef[k])};\n" for k in range(len(coef) - 2, -1, -1)
     )
@@ -217,7 +217,7 @@ def exact_element(
 ):
     """The tile with its near-midpoint elements settled: fp32 values whose bf16 cast is the correctly
     rounded result, UNDECIDED_BITS where the tier cannot tell, y elsewhere. rows_sel: [R, 1, 1], the
-    rows to settle; x_rows / z_rows: [R, 1, 1] pointers to each row's first element; cols: [1, C, S]
+    rows to settle; x_rows / z_rows: [R, 1, 1] pointers to each row's first element; cols: [1, S, C]
     columns; rstd64: [R, 1, 1] fp64 rstd; near_t: the fast path's bound T in fp32 ulps."""
     if ASM:
         args = (
