@@ -32,17 +32,22 @@ V.OUT = OUT
 # the kernel as committed at c8893ac (the tier as sixteen inlined copies of the per-element PTX): the
 # device has no git history, so `--prepare` writes these files from it here first (untracked files travel)
 OLD_COMMIT = "c8893ac"
-OLD = {
-    f: os.path.join(ROOT, "scripts", "probe_data", f"{f}.{OLD_COMMIT}.txt") for f in ("_exact_element.py", "_fwd.py")
-}
 
 
-def prepare() -> None:
-    """Write OLD's files from git (run in the checkout before a device call)."""
-    os.makedirs(os.path.dirname(next(iter(OLD.values()))), exist_ok=True)
-    for fname, path in OLD.items():
+def kernel_files(commit: str, files: tuple[str, ...] = ("_exact_element.py", "_fwd.py")) -> dict[str, str]:
+    """Where `prepare` puts the kernel files of `commit` (rlnorm/kernel/<file>), by file name."""
+    return {f: os.path.join(ROOT, "scripts", "probe_data", f"{f}.{commit}.txt") for f in files}
+
+
+OLD = kernel_files(OLD_COMMIT)
+
+
+def prepare(commit: str = OLD_COMMIT, files: dict[str, str] = OLD) -> None:
+    """Write a commit's kernel files from git (run in the checkout before a device call)."""
+    os.makedirs(os.path.dirname(next(iter(files.values()))), exist_ok=True)
+    for fname, path in files.items():
         src = subprocess.run(
-            ["git", "show", f"{OLD_COMMIT}:rlnorm/kernel/{fname}"], cwd=ROOT, capture_output=True, text=True, check=True
+            ["git", "show", f"{commit}:rlnorm/kernel/{fname}"], cwd=ROOT, capture_output=True, text=True, check=True
         ).stdout
         with open(path, "w") as fh:
             fh.write(src)
@@ -63,37 +68,38 @@ while time.time() - t0 < 2.0:  # clocks up before the first timing
     a.add_(1.0)
 torch.cuda.synchronize()
 timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
-for d in (128, 256):
+for d in DIMS:
     V.timing_passes(d, [(NAME, {"_variant": VARIANT})], timer, passes=3)
 print("\n".join(V.SUMMARY))
 json.dump(V.RES, open(OUTF, "w"), indent=1)
 """
 
 
-def probe() -> None:
+def run_probe(name: str, files: dict[str, str], variant: dict, dims: tuple[int, ...] = (128, 256)) -> None:
+    """Time the forward in its own process, on a copy of the package with `files` (file name -> path of
+    its text) as its kernel files; the summary lines go to V.SUMMARY."""
     os.makedirs(OUT, exist_ok=True)
+    tree = patched_tree([])
+    for fname, path in files.items():
+        with open(path) as src, open(os.path.join(tree, "rlnorm", "kernel", fname), "w") as dst:
+            dst.write(src.read())
+    tag = f"{name}_{len(os.listdir(OUT))}"
+    code = f"ROOT={ROOT!r}; TREE={tree!r}; NAME={name!r}; VARIANT={variant!r}; DIMS={dims!r}; "
+    code += f"OUTF={os.path.join(OUT, tag + '.json')!r}\n" + CHILD
+    r = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": tree}, capture_output=True, text=True, cwd=tree
+    )
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("time", "graph"))]
+    V.SUMMARY.extend(lines)
+    print("\n".join(lines), flush=True)
+    if r.returncode:
+        print(f"probe {name} failed:\n{r.stderr[-3000:]}", flush=True)
+
+
+def probe() -> None:
     for name in os.environ.get("V21_PROBES", "new,old,fast,new,old").split(","):
         old, variant = PROBES[name]
-        tree = patched_tree([])
-        if old:
-            for fname, path in OLD.items():
-                with open(path) as src, open(os.path.join(tree, "rlnorm", "kernel", fname), "w") as dst:
-                    dst.write(src.read())
-        tag = f"{name}_{len(os.listdir(OUT))}"
-        code = f"ROOT={ROOT!r}; TREE={tree!r}; NAME={name!r}; VARIANT={variant!r}; "
-        code += f"OUTF={os.path.join(OUT, tag + '.json')!r}\n" + CHILD
-        r = subprocess.run(
-            [sys.executable, "-c", code],
-            env={**os.environ, "PYTHONPATH": tree},
-            capture_output=True,
-            text=True,
-            cwd=tree,
-        )
-        lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("time", "graph"))]
-        V.SUMMARY.extend(lines)
-        print("\n".join(lines), flush=True)
-        if r.returncode:
-            print(f"probe {name} failed:\n{r.stderr[-3000:]}", flush=True)
+        run_probe(name, OLD if old else {}, variant)
 
 
 def gpu_tests() -> None:

@@ -1,0 +1,45 @@
+"""Prepared for the next GPU call (not run yet): is the joined tile's D=256 loss its late load?
+
+Call 28 timed the joined tile (f19a55f: the same layout on Triton 3.6 and 3.7) at 108 us against 101 at
+D=256. Offline, at the 56-register cap ptxas issues one of z's loads ~160 instructions late there; at a
+64 cap all six loads come first (docs/kernel-notes.md, session 9). 0f2b328 holds the joined tile with each
+tile's loads issued before its widening. This times, each in its own process (three passes at 262144
+rows, then decode sizes): main's tile at its caps and at 64; the joined tile at its caps and at 64. If
+the joined tile at 64 matches main, its correctness checks come next (scripts/kernel_gpu_v15.py checks on
+that tree) before it can replace main's tile.
+    python3 scripts/kernel_gpu_v23.py --prepare      (here, in the git checkout)
+    python3 scripts/kernel_gpu_v23.py
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from scripts import kernel_gpu_v2 as V
+from scripts import kernel_gpu_v21 as V21
+
+JOIN_COMMIT = "0f2b328"
+JOIN = V21.kernel_files(JOIN_COMMIT, ("_fwd.py",))
+PROBES = [  # (name, kernel files, variant, widths)
+    ("main", {}, {}, (256, 128)),
+    ("main_cap64", {}, {"MAXNREG": 64}, (256,)),
+    ("join", JOIN, {}, (256, 128)),
+    ("join_cap64", JOIN, {"MAXNREG": 64}, (256,)),
+]
+
+
+def main() -> None:
+    if sys.argv[1:] == ["--prepare"]:
+        V21.prepare(JOIN_COMMIT, JOIN)
+        return
+    for _ in range(2):
+        for name, files, variant, dims in PROBES:
+            V21.run_probe(name, files, variant, dims)
+    V.print_summary()
+
+
+if __name__ == "__main__":
+    main()
