@@ -44,10 +44,13 @@ PROBES = {
 }
 
 
-def patched_tree(patches: list[tuple[str, str, str]]) -> str:
-    """A copy of the package with the text patches applied (each must match exactly once)."""
+def patched_tree(patches: list[tuple[str, str, str]], files: dict[str, str] | None = None) -> str:
+    """A copy of the package with kernel files replaced (`files`: file name -> path of its text), then the
+    text patches applied (each must match exactly once)."""
     tmp = tempfile.mkdtemp(prefix="rlnorm_probe_")
     shutil.copytree(os.path.join(ROOT, "rlnorm"), os.path.join(tmp, "rlnorm"))
+    for fname, path in (files or {}).items():
+        shutil.copyfile(path, os.path.join(tmp, "rlnorm", "kernel", fname))
     for fname, old, new in patches:
         path = os.path.join(tmp, "rlnorm", "kernel", fname)
         src = open(path).read()
@@ -55,6 +58,16 @@ def patched_tree(patches: list[tuple[str, str, str]]) -> str:
             raise SystemExit(f"patch for {fname} matches {src.count(old)} times: {old[:60]!r}")
         open(path, "w").write(src.replace(old, new))
     return tmp
+
+
+def run_child(child: str, tree: str, **names: object) -> subprocess.CompletedProcess:
+    """Run `child` (Python source) in its own process on the package copy `tree`, with ROOT, TREE and
+    `names` defined as Python literals before it."""
+    head = "".join(f"{k}={v!r}; " for k, v in {"ROOT": ROOT, "TREE": tree, **names}.items())
+    env = {**os.environ, "PYTHONPATH": tree}
+    return subprocess.run(
+        [sys.executable, "-c", head + "\n" + child], env=env, capture_output=True, text=True, cwd=tree
+    )
 
 
 CHILD = r"""
@@ -80,14 +93,8 @@ def main() -> None:
     order = os.environ.get("V20_PROBES", ",".join(PROBES) + ",base").split(",")
     for i, name in enumerate(order):
         patches, variant = PROBES[name]
-        tree = patched_tree(patches)
         tag = f"{name}_{i}"
-        code = (
-            f"ROOT={ROOT!r}; TREE={tree!r}; NAME={tag!r}; VARIANT={variant!r}; "
-            f"OUTF={os.path.join(OUT, tag + '.json')!r}\n" + CHILD
-        )
-        env = {**os.environ, "PYTHONPATH": tree}
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tree)
+        r = run_child(CHILD, patched_tree(patches), NAME=tag, VARIANT=variant, OUTF=os.path.join(OUT, tag + ".json"))
         print(r.stdout[-4000:], flush=True)
         if r.returncode:
             print(f"probe {name} failed:\n{r.stderr[-3000:]}", flush=True)

@@ -25,7 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripts import kernel_gpu_v2 as V
 from scripts import kernel_gpu_v15 as V15
-from scripts.kernel_gpu_v20 import ROOT, patched_tree
+from scripts.kernel_gpu_v20 import ROOT, patched_tree, run_child
 
 OUT = os.path.join(os.environ.get("OUT", "/tmp"), "v21")
 V.OUT = OUT
@@ -79,16 +79,9 @@ def run_probe(name: str, files: dict[str, str], variant: dict, dims: tuple[int, 
     """Time the forward in its own process, on a copy of the package with `files` (file name -> path of
     its text) as its kernel files; the summary lines go to V.SUMMARY."""
     os.makedirs(OUT, exist_ok=True)
-    tree = patched_tree([])
-    for fname, path in files.items():
-        with open(path) as src, open(os.path.join(tree, "rlnorm", "kernel", fname), "w") as dst:
-            dst.write(src.read())
     tag = f"{name}_{len(os.listdir(OUT))}"
-    code = f"ROOT={ROOT!r}; TREE={tree!r}; NAME={name!r}; VARIANT={variant!r}; DIMS={dims!r}; "
-    code += f"OUTF={os.path.join(OUT, tag + '.json')!r}\n" + CHILD
-    r = subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": tree}, capture_output=True, text=True, cwd=tree
-    )
+    outf = os.path.join(OUT, tag + ".json")
+    r = run_child(CHILD, patched_tree([], files), NAME=name, VARIANT=variant, DIMS=dims, OUTF=outf)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("time", "graph"))]
     V.SUMMARY.extend(lines)
     print("\n".join(lines), flush=True)

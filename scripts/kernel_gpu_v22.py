@@ -17,7 +17,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripts import kernel_gpu_v21 as V21
-from scripts.kernel_gpu_v20 import ROOT, patched_tree
+from scripts.kernel_gpu_v20 import patched_tree, run_child
 
 CHILD = r"""
 import sys, time
@@ -53,21 +53,11 @@ def smi() -> str:
 
 
 def main() -> None:
-    trees = {}
-    for name, (old, _) in PROBES.items():
-        tree = patched_tree([])
-        if old:
-            for fname, path in V21.OLD.items():
-                with open(path) as src, open(os.path.join(tree, "rlnorm", "kernel", fname), "w") as dst:
-                    dst.write(src.read())
-        trees[name] = tree
+    trees = {name: patched_tree([], V21.OLD if old else {}) for name, (old, _) in PROBES.items()}
     for rnd in range(5):
         for name in ("new", "new_dbl", "old"):
-            variant = PROBES[name][1]
-            code = f"ROOT={ROOT!r}; TREE={trees[name]!r}; NAME={f'{name}{rnd}'!r}; VARIANT={variant!r}\n" + CHILD
-            env = {**os.environ, "PYTHONPATH": trees[name]}
             before = smi()
-            r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=trees[name])
+            r = run_child(CHILD, trees[name], NAME=f"{name}{rnd}", VARIANT=PROBES[name][1])
             lines = [ln for ln in r.stdout.splitlines() if ln.startswith("time")]
             print(f"--- {name} round {rnd}: smi before [{before}] after [{smi()}]", flush=True)
             print("\n".join(lines), flush=True)
