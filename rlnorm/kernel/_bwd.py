@@ -34,7 +34,6 @@ from rlnorm.kernel._dweight import (
     hot_range,
     hot_range_rows,
 )
-from rlnorm.kernel._fwd import rms_norm_gated_fwd, saves_rstd
 from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_fast
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
@@ -46,12 +45,6 @@ _INLINE_ASM = not _INTERPRET  # inline PTX (fast gate, per-element atomics): the
 def _load_fp32(ptr, mask, INTERP: tl.constexpr, ASM: tl.constexpr):
     """Load and widen to fp32 exactly."""
     return _widen_fast(tl.load(ptr, mask=mask, other=0.0), INTERP, ASM)
-
-
-@triton.jit
-def _load_rstd(RSTD, rows, row_ok, offs_g, g_ok, n_groups):
-    """[BLOCK_R, BLOCK_G] rstd the forward saved for these rows' groups (1 in padding: never stored)."""
-    return tl.load(RSTD + rows[:, None] * n_groups + offs_g[None, :], mask=row_ok[:, None] & g_ok, other=1.0)
 
 
 @triton.jit
@@ -108,7 +101,6 @@ def _rms_norm_gated_bwd_kernel(
     DZ,
     CNT,
     SCR,
-    RSTD,  # fp32 [rows, n_groups]: the forward's rstd of each row and group (RSTD_IN only)
     n_rows,
     d,
     group,
@@ -141,7 +133,6 @@ def _rms_norm_gated_bwd_kernel(
     ASM: tl.constexpr,
     PDL: tl.constexpr,  # the finalize is launched as a programmatic dependent of this kernel
     RSTD_FAST: tl.constexpr,  # rstd by rsqrt.approx + a Newton step (else 1 / sqrt_rn)
-    RSTD_IN: tl.constexpr,  # rstd read from RSTD (the forward's) instead of recomputed from u
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
     allow_dependent_launch(PDL)  # the finalize's CTAs may be placed now; they wait for this kernel's end
@@ -174,7 +165,6 @@ def _rms_norm_gated_bwd_kernel(
     # nothing, so skipping them changes no bit, only a decode-sized batch's latency
     rows_left = tl.minimum(n_rows - pid.to(tl.int64) * (TILES * BLOCK_R), TILES * BLOCK_R).to(tl.int32)
     n_tiles = (rows_left + BLOCK_R - 1) // BLOCK_R
-    g_ok = (offs_g < n_groups)[None, :]  # [1, BLOCK_G]
     if PREFETCH:  # tile t + 1's loads are issued before tile t's math: memory latency overlaps it
         r3n = row0[:, None, None]
         mask_n = (r3n < n_rows) & cm3
@@ -186,11 +176,6 @@ def _rms_norm_gated_bwd_kernel(
         rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
-        if RSTD_IN:
-            # this tile's rows' rstd, loaded here rather than a tile ahead: one value per row, needed only
-            # after the widening and the gate, and a prefetched copy held across the loop made the
-            # 64-register loop spill (D=128: 174 -> 188 us forward+backward, H200 call 29)
-            rstd_raw = _load_rstd(RSTD, rows, rows < n_rows, offs_g, g_ok, n_groups)
         if PREFETCH:
             x_raw = x_next
             dy_raw = dy_next
@@ -216,19 +201,15 @@ def _rms_norm_gated_bwd_kernel(
             u = x * act
         else:
             u = x
-        if RSTD_IN:
-            # the forward's own rstd of the row (a function of the row alone, so invariant): no sum of
-            # squares (a full-row reduction) and no rstd per tile here
-            rstd = rstd_raw[:, :, None]  # [BLOCK_R, BLOCK_G, 1]
-        elif RSTD_FAST and ASM:
-            # per-row, per-group statistics: reductions over this row's own columns only
-            ms = tl.sum(u * u, axis=2) * inv_group + eps  # [BLOCK_R, BLOCK_G]
+        # per-row, per-group statistics: reductions over this row's own columns only
+        mean_sq = tl.sum(u * u, axis=2) * inv_group  # [BLOCK_R, BLOCK_G]
+        ms = mean_sq + eps
+        if RSTD_FAST and ASM:
             # rsqrt.approx and one Newton step with an FMA residual (~0.75 ulp; the forward's rstd): a
             # handful of instructions per row against sqrt.rn's slow-path test and div.full's range fixes
             r0 = libdevice.rsqrt(ms)
             rstd = tl.fma(r0 * 0.5, tl.fma(-(ms * r0), r0, 1.0), r0)[:, :, None]  # [BLOCK_R, BLOCK_G, 1]
         else:
-            ms = tl.sum(u * u, axis=2) * inv_group + eps  # [BLOCK_R, BLOCK_G]
             rstd = (1.0 / tl.sqrt_rn(ms))[:, :, None]  # [BLOCK_R, BLOCK_G, 1], correctly rounded sqrt
         uh = u * rstd
         if HAS_Z and NORM_BEFORE_GATE:
@@ -389,7 +370,6 @@ def rms_norm_gated_bwd(
     config: dict[str, int] | None = None,
     contributions: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
-    rstd: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """dx, dz (x's / z's dtype; dz None when z is None) and the exact dweight (w's dtype).
 
@@ -401,8 +381,6 @@ def rms_norm_gated_bwd(
     fp32 dweight contributions, so the accumulator can be checked against `exact_sum` of them.
     `workspace`: an int64 tensor of `workspace_numel` elements, ALL ZERO (the forward zeroed it);
     None allocates a zeroed one here.
-    `rstd`: the fp32 [rows, D // group] rstd the forward saved (`_fwd.saves_rstd`); None where the forward
-    saves one computes it with the forward's kernel first, so dx / dz bits never depend on the route.
     """
     rows, d = x.shape
     group = group_size or d
@@ -415,16 +393,6 @@ def rms_norm_gated_bwd(
     if rows >= _dweight.MAX_ROWS:
         raise ValueError(f"x: at most {_dweight.MAX_ROWS - 1} rows keep the exact dweight counters exact, got {rows}")
     cfg, programs, stripes = _launch_plan(rows, d, group, config)
-    rstd_in = saves_rstd(x.dtype, z is not None, norm_before_gate, eps)
-    if rstd_in and rstd is None and rows > 0:
-        rstd = torch.empty((rows, d // group), dtype=torch.float32, device=x.device)
-        rms_norm_gated_fwd(x, z, w, eps, group_size, norm_before_gate, activation, save_rstd=rstd)
-    if (
-        rstd_in
-        and rows > 0
-        and (rstd.shape != (rows, d // group) or rstd.dtype != torch.float32 or not rstd.is_contiguous())
-    ):
-        raise ValueError(f"rstd: expected a contiguous float32 [{rows}, {d // group}] tensor")
     if workspace is None:
         counters = _dweight.new_counters(d, x.device, stripes)
     else:
@@ -459,7 +427,6 @@ def rms_norm_gated_bwd(
             dx if dz is None else dz,
             counters,
             scratch,
-            rstd if rstd_in else scratch,
             rows,
             d,
             group,
@@ -481,7 +448,6 @@ def rms_norm_gated_bwd(
             HOT_WIDTH=_dweight.hot_width(cfg["TILES"]),
             DEBUG=contributions is not None,
             PDL=pdl,
-            RSTD_IN=rstd_in,
             **cfg,
         )
     dw = _dweight.finalize(counters, w.dtype, pdl=pdl)

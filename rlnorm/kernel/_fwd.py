@@ -254,7 +254,6 @@ def _rms_norm_gated_fwd_kernel(
     flag_ptr,  # int8 [rows, D] near-midpoint flags (DEBUG only)
     zero_ptr,  # int64 [n_zero]: the backward's workspace, zeroed here (ZERO only)
     n_zero,
-    rstd_ptr,  # fp32 [rows, groups]: each row's rstd, for the backward (SAVE_RSTD only)
     n_rows,
     stride_x,
     stride_z,
@@ -284,7 +283,6 @@ def _rms_norm_gated_fwd_kernel(
     DEBUG: tl.constexpr,
     ZERO: tl.constexpr,  # also zero the backward's workspace (saves the backward a memset launch)
     ZERO_BLOCK: tl.constexpr,
-    SAVE_RSTD: tl.constexpr,  # also store rstd per row and group (the autograd forward: the backward reads it)
     ROW_CHUNK: tl.constexpr,  # the whole-row path's columns per step
     SPLIT: tl.constexpr,  # column chunks per thread (the tile is [BLOCK_R, SPLIT, BLOCK_G // SPLIT])
 ):
@@ -369,11 +367,6 @@ def _rms_norm_gated_fwd_kernel(
             # rstd ~0 (x**2 overflowed) or a sum too small for fp32 to hold its relative precision while
             # eps does not dominate it: the row goes exact
             row_risky = (rstd < 1e-30) | ((ssum < 1.2621774e-29) & ((tl.zeros_like(ssum) + eps32) < 8.4703295e-22))
-        if SAVE_RSTD:
-            # the backward reads this instead of summing the row's squares again (a full-row reduction
-            # and an rstd per tile there); `saves_rstd` asks for eps >= 2**-70, where the mean square is
-            # a normal fp32 and rsqrt.approx's flush of subnormals never applies
-            tl.store(rstd_ptr + rows64 * tl.num_programs(1) + pid_g, rstd, mask=row_ok)  # [BLOCK_R]
         if XW_FIRST:
             y = (xg * w) * rstd[:, None, None]  # [BLOCK_R, S, C]
         else:
@@ -514,16 +507,6 @@ DEFAULT_VARIANT = {
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-SAVE_RSTD_MIN_EPS = 2.0**-70  # below, a row's mean square can be subnormal (rsqrt.approx flushes it)
-
-
-def saves_rstd(dtype: torch.dtype, has_z: bool, norm_before_gate: bool, eps: float) -> bool:
-    """Whether the forward has an fp32 rstd per row for the backward: bf16/fp16 x (fp32 x takes the fp64
-    path everywhere), rstd of x alone (with the gate first, rstd depends on the forward's gate), and an eps
-    that keeps the mean square a normal fp32 (rsqrt.approx flushes subnormals to zero)."""
-    return dtype in (torch.bfloat16, torch.float16) and (norm_before_gate or not has_z) and eps >= SAVE_RSTD_MIN_EPS
-
-
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_G, num_warps) from the group width alone: never from the number of rows."""
     block_g = triton.next_power_of_2(group)
@@ -548,7 +531,6 @@ def rms_norm_gated_fwd(
     _variant: dict | None = None,
     _tier2: tuple[int, int] | None = None,
     zero: torch.Tensor | None = None,
-    save_rstd: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y = gated RMSNorm of 2-D x [rows, D] (last dim contiguous, any row stride); y contiguous.
 
@@ -558,8 +540,7 @@ def rms_norm_gated_fwd(
     error bound (t0, tz) in fp32 ulps (tests plant a too-small bound to prove it is needed);
     `_tier2` overrides the per-element tier's (margin, planted fault) in fp64 ulps (tests only).
     `zero`: a contiguous int64 tensor this launch also fills with zeros (the backward's workspace,
-    `_bwd.workspace_numel`); no output bit depends on it. `save_rstd`: a contiguous fp32 [rows, D // group]
-    tensor that receives each row's (and group's) rstd, where `saves_rstd` says the forward has one.
+    `_bwd.workspace_numel`); no output bit depends on it.
     """
     rows, d = x.shape
     group = group_size or d
@@ -575,17 +556,6 @@ def rms_norm_gated_fwd(
         dbg, flags = y, y  # unused pointers
     if zero is not None and (zero.dtype != torch.int64 or not zero.is_contiguous() or zero.device != x.device):
         raise ValueError(f"zero: expected a contiguous int64 tensor on {x.device}")
-    if save_rstd is not None and (
-        not saves_rstd(x.dtype, has_z, norm_before_gate, eps)
-        or save_rstd.shape != (rows, d // group)
-        or save_rstd.dtype != torch.float32
-        or not save_rstd.is_contiguous()
-        or save_rstd.device != x.device
-    ):
-        raise ValueError(
-            f"save_rstd: expected a contiguous float32 [{rows}, {d // group}] tensor on {x.device}, "
-            "for bf16/fp16 x with rstd from x alone (norm_before_gate or no z)"
-        )
     if rows == 0:
         if zero is not None:
             zero.zero_()
@@ -635,7 +605,6 @@ def rms_norm_gated_fwd(
         flags,
         y if zero is None else zero,
         0 if zero is None else zero.numel(),
-        y if save_rstd is None else save_rstd,
         rows,
         x.stride(0),
         z.stride(0) if has_z else 0,
@@ -665,7 +634,6 @@ def rms_norm_gated_fwd(
         TIER2_FAULT=fault,
         ZERO=zero is not None,
         ZERO_BLOCK=32 * num_warps,
-        SAVE_RSTD=save_rstd is not None,
         # with the tier the row path is rare: a column per thread keeps its registers out of every
         # program's count; without it the row path is the exact path (~4-9% of rows): a row at once
         ROW_CHUNK=min(block_g, 32 * num_warps) if tier2 else block_g,

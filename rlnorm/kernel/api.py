@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from rlnorm.kernel._bwd import rms_norm_gated_bwd, workspace_numel
-from rlnorm.kernel._fwd import MAX_D, rms_norm_gated_fwd, saves_rstd
+from rlnorm.kernel._fwd import MAX_D, rms_norm_gated_fwd
 from rlnorm.options import OpOptions
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -91,17 +91,11 @@ class _RMSNormGatedFunction(torch.autograd.Function):
         # no memset launch (0.8-1.2 us per call at decode sizes, H200). Held until the backward:
         # 19 x D int64 per counter copy (19 KB at D=128 with one copy, 156 KB with 8)
         ws = torch.empty(workspace_numel(x2.shape[0], x2.shape[1], opts.group_size), dtype=torch.int64, device=x.device)
-        # each row's rstd (4 bytes per row and group), saved for the backward: it then skips a full-row
-        # reduction and an rstd per tile
-        rstd = None
-        if saves_rstd(x2.dtype, z is not None, opts.norm_before_gate, opts.eps):
-            n_groups = x2.shape[1] // (opts.group_size or x2.shape[1])
-            rstd = torch.empty((x2.shape[0], n_groups), dtype=torch.float32, device=x.device)
         y = rms_norm_gated_fwd(
-            x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, zero=ws, save_rstd=rstd
+            x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, zero=ws
         )
         ctx.workspace = ws  # used once: a second backward (retain_graph) gets a fresh zeroed one
-        ctx.save_for_backward(x2, z2, weight, rstd)
+        ctx.save_for_backward(x2, z2, weight)
         ctx.opts = opts
         ctx.shape = shape
         ctx.has_z = z is not None
@@ -109,7 +103,7 @@ class _RMSNormGatedFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x2, z2, weight, rstd = ctx.saved_tensors
+        x2, z2, weight = ctx.saved_tensors
         opts: OpOptions = ctx.opts
         d = x2.shape[-1]
         dy2 = _as_rows(dy)
@@ -121,16 +115,7 @@ class _RMSNormGatedFunction(torch.autograd.Function):
             return dx, dz, torch.zeros(d, dtype=weight.dtype, device=weight.device), None
         ws, ctx.workspace = ctx.workspace, None
         dx, dz, dw = rms_norm_gated_bwd(
-            dy2,
-            x2,
-            z2,
-            weight,
-            opts.eps,
-            opts.group_size,
-            opts.norm_before_gate,
-            opts.activation,
-            workspace=ws,
-            rstd=rstd,
+            dy2, x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, workspace=ws
         )
         return dx.view(ctx.shape), (None if dz is None else dz.view(ctx.shape)), dw, None
 
