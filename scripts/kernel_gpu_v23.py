@@ -35,7 +35,7 @@ def main() -> None:
     if sys.argv[1:] == ["--prepare"]:
         V21.prepare(JOIN_COMMIT, JOIN)
         return
-    for _ in range(2):
+    for _ in range(int(os.environ.get("V23_ROUNDS", "2"))):
         for name, files, variant, dims in PROBES:
             V21.run_probe(name, files, variant, dims)
     V.print_summary()

@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import triton
@@ -9,7 +16,7 @@ import triton.language as tl
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
-from rlnorm.kernel._fwd import MAX_D, rms_norm_gated_fwd
+from rlnorm.kernel._fwd import MAX_D, _fwd_config, rms_norm_gated_fwd
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
@@ -182,20 +189,21 @@ def test_error_bound_is_needed(case11):
 def test_unknown_variant_switches_are_refused(case11):
     # a mistyped or retired switch must not run some other path silently
     c = case11.rows(slice(0, 2))
-    for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}, {"ACCURATE_ARG": 3}, {"SPLIT": 3}):
+    for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}, {"ACCURATE_ARG": 3}, {"SPLIT": 3}, {"SPLIT": 4}):
         with pytest.raises(ValueError, match="_variant"):
             fwd(c.x, c.z, c.w, _variant=bad)
 
 
 @pytest.mark.parametrize("d", [96, 128, 200])
 def test_row_chunk_layouts_give_the_same_bits(d):
-    # the tile as [BLOCK_R, SPLIT, BLOCK_C] (a thread holds SPLIT chunks of one row) only regroups the
-    # columns: any mis-indexed chunk, mask or per-row broadcast shows as a wrong output. The bound is
+    # the tile as [BLOCK_R, BLOCK_C, SPLIT] (two 2-D chunks joined: a thread holds SPLIT chunks of one row)
+    # only regroups the columns: any mis-indexed chunk, mask or per-row broadcast shows as a wrong output
+    # (a chunk stored at the other's columns did, on the GPU: scripts/kernel_gpu_v16.py). The bound is
     # widened so ~0.6% of elements also go through the per-element tier, whose columns come from the
     # same layout; non-power-of-two widths put padding in the last chunk.
     c = make_case(63, d, seed=7)
     ref = oracle(c.x, c.z, c.w)
-    for split in (1, 2, 4):
+    for split in (1, 2):
         y = fwd(c.x, c.z, c.w, _near=(200, 0), _variant={"SPLIT": split})
         assert same_bits(y, ref).all(), f"SPLIT {split}, d={d}"
 
@@ -353,3 +361,42 @@ def test_invariance_check_catches_a_batch_dependent_kernel():
 
     bad = rows_differing(faulty, c.x, c.z, c.w, sizes=[7])
     assert len({r for _, r in bad}) > 0
+
+
+def _sm90_layouts(d: int, variant: dict) -> list[dict[str, list[int]]]:
+    """The 3-D blocked layouts of the forward compiled for sm_90 by the installed Triton (no GPU needed:
+    scripts/compile_sm90.py compiles in its own process, out of the interpreter)."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "compile_sm90.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--layouts", str(d), json.dumps(variant)],
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    ).stdout
+    layouts = []
+    for line in out.splitlines():
+        fields = {k: [int(v) for v in vals.split(",")] for k, vals in re.findall(r"(\w+) = \[([\d, ]+)\]", line)}
+        if len(fields.get("sizePerThread", [])) == 3:
+            layouts.append(fields)
+    return layouts
+
+
+def _rows_per_thread(layout: dict[str, list[int]], block_r: int) -> int:
+    covered = layout["sizePerThread"][0] * layout["threadsPerWarp"][0] * layout["warpsPerCTA"][0]
+    return layout["sizePerThread"][0] * max(1, block_r // covered)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_a_thread_holds_sixteen_elements_of_one_row_on_the_installed_triton(d):
+    # The forward's speed rests on each thread holding 16 columns of ONE row (one rstd per thread, three
+    # shuffle levels): Triton 3.6 gave a 3-D [R, S, C] tile that layout and 3.7 did not (two rows per
+    # thread, 22 shuffles, 99 spilled registers at D=128). The joined 2-D chunks must give it on the
+    # Triton installed here; the one-chunk layout (SPLIT 1) is the planted fault that must not pass.
+    block_r = _fwd_config(d, torch.bfloat16)[0]
+    joined = [lay for lay in _sm90_layouts(d, {}) if lay["sizePerThread"][1:] == [8, 2]]
+    assert joined and all(_rows_per_thread(lay, block_r) == 1 for lay in joined), joined
+    one_chunk = _sm90_layouts(d, {"SPLIT": 1})
+    assert not [lay for lay in one_chunk if lay["sizePerThread"][1:] == [8, 2]]
+    assert any(_rows_per_thread(lay, block_r) > 1 for lay in one_chunk if lay["sizePerThread"][1] == 8)

@@ -217,7 +217,7 @@ def exact_element(
 ):
     """The tile with its near-midpoint elements settled: fp32 values whose bf16 cast is the correctly
     rounded result, UNDECIDED_BITS where the tier cannot tell, y elsewhere. rows_sel: [R, 1, 1], the
-    rows to settle; x_rows / z_rows: [R, 1, 1] pointers to each row's first element; cols: [1, S, C]
+    rows to settle; x_rows / z_rows: [R, 1, 1] pointers to each row's first element; cols: [1, C, S]
     columns; rstd64: [R, 1, 1] fp64 rstd; near_t: the fast path's bound T in fp32 ulps."""
     if ASM:
         args = (

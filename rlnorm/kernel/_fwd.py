@@ -52,17 +52,19 @@ ELEMENTS_PER_THREAD = 16
 # Register cap of a one-warp program where the tier applies, by BLOCK_G. A CTA of one warp is one of at
 # most 32 per SM, so 64 registers are as many warps as any count below; uncapped, ptxas took 72 at D=128
 # for the rare tier branch and row path (28 warps per SM) and the fast path paid for it: 66.5 -> 62.0 us
-# (session 7; with one row per thread it needs 64 uncapped, and 56 measured the same). At D=256 the cap
-# of 56 measured ~4 us faster than 64 in three runs (103 against 108 us; the same 32 CTAs per SM, so the
-# schedule, not occupancy: not explained). Offline (sm_90 SASS): no spills at these caps for any option
-# combination.
-TIER_MAXNREG = {128: 64, 256: 56}
+# (session 7; with one row per thread it needs 64 uncapped, and 56 measured the same). D=256: 64 as well.
+# With the joined tile below, a cap of 56 makes ptxas issue one of z's 16-byte loads ~160 instructions late
+# (after the gate's arithmetic: two DRAM latencies per tile instead of one): 107.5 us against 101.2 at 64,
+# which matches the 3-D tile's 100.6-101.2 at 56 (H200, call 32, docs/kernel-notes.md session 10).
+# Offline (sm_90 SASS): no spills at these caps for any option combination.
+TIER_MAXNREG = {128: 64, 256: 64}
 
 
 # A thread's 16 elements as SPLIT_CHUNKS vectors of one row (8 bf16 = 16 bytes each), not one vector of
 # each of two rows (Triton's layout for a [BLOCK_R, BLOCK_G] tile): per-row sums, minima, rstd and flags
 # then cost each thread one row's worth of work and one shuffle level fewer. D=128: 488 -> 429 SASS
-# instructions per thread on the fast path, 60.3 -> 56.4 us (session 8); D=256 unchanged.
+# instructions per thread on the fast path, 60.3 -> 56.4 us (session 8); D=256 unchanged. Two chunks at
+# most: they are two 2-D tiles joined (`_load_chunks`), which Triton 3.6 and 3.7 lay out alike.
 SPLIT_CHUNKS = 2
 
 MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
@@ -147,14 +149,14 @@ def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl
 def _gated_fp64(
     x, z, w, eps, GROUP: tl.constexpr, HAS_Z: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, SIGMOID: tl.constexpr
 ):
-    """The op on a [R, S, C] fp64 tile (zeros in masked columns): the exact path."""
+    """The op on a [R, C, S] fp64 tile (zeros in masked columns): the exact path."""
     if HAS_Z and not NORM_BEFORE_GATE:
-        xg = x * _act(z, SIGMOID)  # [R, S, C]
+        xg = x * _act(z, SIGMOID)  # [R, C, S]
     else:
         xg = x
     ms = _row_sum(xg * xg) / GROUP  # [R]
     rstd = 1.0 / tl.sqrt(ms + eps)  # [R]: fp64 sqrt and divide are IEEE (sqrt.rn.f64, div.rn.f64)
-    y = xg * rstd[:, None, None] * w  # [R, S, C]
+    y = xg * rstd[:, None, None] * w  # [R, C, S]
     if HAS_Z and NORM_BEFORE_GATE:
         y = y * _act(z, SIGMOID)
     return y
@@ -162,20 +164,87 @@ def _gated_fp64(
 
 @triton.jit
 def _row_sum(v):
-    """[R, S, C] -> [R]: each row's own columns (the S chunks a thread holds, then across lanes)."""
-    return tl.sum(tl.sum(v, axis=1), axis=1)
+    """[R, C, S] -> [R]: each row's own columns (the S chunks a thread holds, then across lanes)."""
+    return tl.sum(tl.sum(v, axis=2), axis=1)
 
 
 @triton.jit
 def _row_min(v):
-    """[R, S, C] -> [R], as _row_sum."""
-    return tl.min(tl.min(v, axis=1), axis=1)
+    """[R, C, S] -> [R], as _row_sum."""
+    return tl.min(tl.min(v, axis=2), axis=1)
 
 
 @triton.jit
 def _row_any(v):
-    """[R, S, C] bool -> [R]: does any column of the row hold True."""
-    return tl.max(tl.max(v.to(tl.int32), axis=1), axis=1) > 0
+    """[R, C, S] bool -> [R]: does any column of the row hold True."""
+    return tl.max(tl.max(v.to(tl.int32), axis=2), axis=1) > 0
+
+
+@triton.jit
+def _load_chunks(ptrs, row_ok, g, GROUP: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr):
+    """A row block's SPLIT chunks as loaded (chunk s: columns g + s * BLOCK_C), each its own [R, C] tile:
+    two 2-D loads give a thread one row's chunks on every Triton (a 3-D [R, S, C] tile did on 3.6 but not
+    on 3.7, whose layout took lanes for the chunks: two rows per thread, 22 shuffles instead of 3). Widen
+    and join them with `_widen_chunks` only after every load of the tile is issued: widening one tensor
+    before the next one's loads let ptxas, under the register cap, hold a load back past the arithmetic
+    (D=256: one LDG issued ~160 instructions late, 108 us against 101). ptrs: [R, C] pointers of chunk 0;
+    row_ok: [R, 1]; g: [1, C] columns within the group. One chunk: a 3-D [R, C, 1] load, returned twice
+    (a 2-D one expanded afterwards left the tile in another layout)."""
+    if SPLIT == 2:
+        a = tl.load(ptrs, mask=row_ok & (g < GROUP), other=0.0)
+        b = tl.load(ptrs + BLOCK_C, mask=row_ok & (g + BLOCK_C < GROUP), other=0.0)
+    else:
+        a = tl.load(ptrs[:, :, None], mask=(row_ok & (g < GROUP))[:, :, None], other=0.0)
+        b = a
+    return a, b
+
+
+@triton.jit
+def _widen_chunks(a, b, SPLIT: tl.constexpr, INTERP: tl.constexpr):
+    """`_load_chunks`' chunks as one [R, C, SPLIT] fp32 tile, joined along a last axis that stays in each
+    thread; widened before the join, so each loaded bf16 pair stays in its register."""
+    if SPLIT == 2:
+        t = tl.join(_widen_fast(a, INTERP, not INTERP), _widen_fast(b, INTERP, not INTERP))  # [R, C, 2]
+    else:
+        t = _widen_fast(a, INTERP, not INTERP)  # [R, C, 1]
+    return t
+
+
+@triton.jit
+def _store_chunks(ptrs, v, row_ok, g, GROUP: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr):
+    """Store a [R, C, SPLIT] tile chunk by chunk, as `_load_chunks` loaded it (ptrs: [R, C], chunk 0;
+    row_ok: [R, 1]; g: [1, C]). The masks are built per chunk, not split from a 3-D mask: Triton then
+    still sees them constant along the columns and keeps the 16-byte stores."""
+    if SPLIT == 2:
+        a, b = tl.split(v)
+        tl.store(ptrs, a, mask=row_ok & (g < GROUP))
+        tl.store(ptrs + BLOCK_C, b, mask=row_ok & (g + BLOCK_C < GROUP))
+    else:
+        tl.store(ptrs[:, :, None], v, mask=(row_ok & (g < GROUP))[:, :, None])
+
+
+@triton.jit
+def _store_out(
+    ptrs, y, row_ok, g, GROUP: tl.constexpr, OUT: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr, INTERP
+):
+    """The fast path's fp32 [R, C, SPLIT] tile rounded to nearest even in OUT and stored as
+    `_store_chunks` does: each chunk converted after the split, so its pairs pack into registers."""
+    if SPLIT == 2:
+        a, b = tl.split(y)
+        tl.store(ptrs, _fast_out(a, OUT, INTERP), mask=row_ok & (g < GROUP))
+        tl.store(ptrs + BLOCK_C, _fast_out(b, OUT, INTERP), mask=row_ok & (g + BLOCK_C < GROUP))
+    else:
+        tl.store(ptrs[:, :, None], _fast_out(y, OUT, INTERP), mask=(row_ok & (g < GROUP))[:, :, None])
+
+
+@triton.jit
+def _fast_out(y, OUT: tl.constexpr, INTERP: tl.constexpr):
+    """fp32 values rounded to nearest even in OUT, ready to store."""
+    if INTERP:
+        out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
+    else:
+        out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
+    return out
 
 
 @triton.jit
@@ -294,40 +363,47 @@ def _rms_norm_gated_fwd_kernel(
         for z0 in range((pid_r * tl.num_programs(1) + pid_g) * ZERO_BLOCK, n_zero, n_prog * ZERO_BLOCK):
             tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
     eps = eps_bits.to(tl.float64, bitcast=True)
-    # The tile is [BLOCK_R, SPLIT, BLOCK_C]: a row's BLOCK_G columns as SPLIT chunks of BLOCK_C. Triton
-    # spreads the lanes over the columns, then the rows, and leaves the chunks in each thread, so a
-    # thread holds SPLIT vectors of ONE row: a row's sums and minima are then one shuffle level shorter,
-    # and each thread computes one row's scalars, not SPLIT rows'.
+    # The tile is [BLOCK_R, BLOCK_C, SPLIT]: a row's BLOCK_G columns as SPLIT chunks of BLOCK_C, each
+    # loaded as a 2-D tile and joined along a last axis that stays in the thread (`_load_chunks`): Triton
+    # spreads the lanes over the columns, then the rows, so a thread holds SPLIT vectors of ONE row: a
+    # row's sums and minima are then one shuffle level shorter, and each thread computes one row's
+    # scalars, not SPLIT rows'.
     BLOCK_C: tl.constexpr = BLOCK_G // SPLIT
     r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
-    g_cols = tl.arange(0, SPLIT)[None, :, None] * BLOCK_C + tl.arange(0, BLOCK_C)[None, None, :]  # [1, S, C]
-    cols = pid_g * GROUP + g_cols  # [1, S, C]
+    g2 = tl.arange(0, BLOCK_C)[None, :]  # [1, C]: chunk 0's columns within the group
+    if SPLIT == 2:
+        g_cols = tl.join(g2, g2 + BLOCK_C)  # [1, C, S]
+    else:
+        g_cols = g2[:, :, None]  # [1, C, 1]
+    cols = pid_g * GROUP + g_cols  # [1, C, S]
     col_ok = g_cols < GROUP  # masks make any GROUP work
-    # w as a [BLOCK_R, S, C] tile, repeated per row (L1 hits): born in x's layout, so no layout
+    # w as a [BLOCK_R, C, S] tile, repeated per row (L1 hits): born in x's layout, so no layout
     # conversion through shared memory (a barrier per program) as a [BLOCK_G] vector would need
-    r3 = r_local[:, None, None]  # [BLOCK_R, 1, 1]
-    w = tl.load(w_ptr + (cols + 0 * r3), mask=col_ok & (r3 >= 0), other=0.0)
-    w = _widen_fast(w, INTERP, not INTERP)
+    r2 = r_local[:, None]  # [BLOCK_R, 1]
+    wa, wb = _load_chunks(w_ptr + pid_g * GROUP + g2 + 0 * r2, r2 >= 0, g2, GROUP, BLOCK_C, SPLIT)
+    w = _widen_chunks(wa, wb, SPLIT, INTERP)
     OUT: tl.constexpr = y_ptr.dtype.element_ty
     rows64 = (pid_r * BLOCK_R + r_local).to(tl.int64)  # [BLOCK_R]; int64: rows * stride can pass 2**31
     row_ok = rows64 < n_rows
-    rows3 = rows64[:, None, None]  # [BLOCK_R, 1, 1]
-    mask = row_ok[:, None, None] & col_ok  # [BLOCK_R, S, C]: masked lanes load 0 and add 0 to sums
-    x = tl.load(x_ptr + rows3 * stride_x + cols, mask=mask, other=0.0)
+    rows2 = rows64[:, None]  # [BLOCK_R, 1]
+    mask = row_ok[:, None, None] & col_ok  # [BLOCK_R, C, S]: masked lanes load 0 and add 0 to sums
+    # (the interpreter's bf16 -> fp32 cast mangles subnormals: the loads widen through the bits there)
+    x_rows = x_ptr + rows2 * stride_x + pid_g * GROUP + g2  # [BLOCK_R, C]: chunk 0
+    xa, xb = _load_chunks(x_rows, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
     if HAS_Z:
-        z = tl.load(z_ptr + rows3 * stride_z + cols, mask=mask, other=0.0)
-    else:
+        za, zb = _load_chunks(z_ptr + rows2 * stride_z + pid_g * GROUP + g2, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
+    if HAS_Z:
+        z = _widen_chunks(za, zb, SPLIT, INTERP)
+    x = _widen_chunks(xa, xb, SPLIT, INTERP)
+    if not HAS_Z:
         z = x  # unused
-    x = _widen_fast(x, INTERP, not INTERP)  # (the interpreter's bf16 -> fp32 cast mangles subnormals)
-    if HAS_Z:
-        z = _widen_fast(z, INTERP, not INTERP)
-    y_off = rows3 * stride_y + cols  # [BLOCK_R, S, C]
+    y_rows = y_ptr + rows2 * stride_y + pid_g * GROUP + g2  # [BLOCK_R, C]: chunk 0
 
     if ALL_FP64:
         y64 = _gated_fp64(
             x.to(tl.float64), z.to(tl.float64), w.to(tl.float64), eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID
         )
-        tl.store(y_ptr + y_off, _round_fp64_to_out(y64, OUT), mask=mask)
+        _store_chunks(y_rows, _round_fp64_to_out(y64, OUT), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
     else:
         # ---- fast path: fp32 elementwise; only per-row scalars in fp64 ----
         if HAS_Z:
@@ -368,9 +444,9 @@ def _rms_norm_gated_fwd_kernel(
             # eps does not dominate it: the row goes exact
             row_risky = (rstd < 1e-30) | ((ssum < 1.2621774e-29) & ((tl.zeros_like(ssum) + eps32) < 8.4703295e-22))
         if XW_FIRST:
-            y = (xg * w) * rstd[:, None, None]  # [BLOCK_R, S, C]
+            y = (xg * w) * rstd[:, None, None]  # [BLOCK_R, C, S]
         else:
-            y = xg * rstd[:, None, None] * w  # [BLOCK_R, S, C]
+            y = xg * rstd[:, None, None] * w  # [BLOCK_R, C, S]
         if HAS_Z and NORM_BEFORE_GATE:
             y = y * a
         if FAULT_ULPS != 0:  # tests only: a fast path wrong by this many fp32 ulps must still round right
@@ -389,7 +465,7 @@ def _rms_norm_gated_fwd_kernel(
             risk_key = (bits * -2 + 0x1EFFFFFF).to(tl.uint32, bitcast=True)
             if GROUP != BLOCK_G:  # padding columns (y = 0) must not flag their row
                 risk_key = tl.where(col_ok, risk_key, 0xFFFFFFFF)
-            flag = risk_key < 0x20000000  # [BLOCK_R, S, C] (DEBUG only)
+            flag = risk_key < 0x20000000  # [BLOCK_R, C, S] (DEBUG only)
             risky_row = ((_row_min(risk_key) < 0x20000000) | row_risky) & row_ok  # [BLOCK_R]
             row_flag = risky_row
             if NEAR_T0 >= 0:  # (a negative bound disables the test: tests plant it)
@@ -405,7 +481,7 @@ def _rms_norm_gated_fwd_kernel(
                 if tl.max(row_flag.to(tl.int32), axis=0) != 0:  # one scalar branch per program (~15%)
                     tier_row = row_flag & ~risky_row  # [BLOCK_R]
                     # x again (L1): keeping the tile's x, z, w live to here would double the registers
-                    xr = _widen_to_fp32(tl.load(x_ptr + rows3 * stride_x + cols, mask=mask, other=0.0))
+                    xr = _widen_chunks(*_load_chunks(x_rows, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT), SPLIT, INTERP)
                     xr64 = xr.to(tl.float64)
                     rstd64 = rows_rstd64(_row_sum(xr64 * xr64), rstd, eps, GROUP)  # [BLOCK_R]
                     y = exact_element(
@@ -422,7 +498,7 @@ def _rms_norm_gated_fwd_kernel(
                         HAS_Z,
                         SIGMOID,
                         not INTERP,
-                    )  # [BLOCK_R, S, C]
+                    )  # [BLOCK_R, C, S]
                     row_flag = risky_row | _row_any(y.to(tl.int32, bitcast=True) == UNDECIDED_BITS)
                     row_bits = _row_bits(row_flag)
             elif EXACT == 1:
@@ -452,17 +528,14 @@ def _rms_norm_gated_fwd_kernel(
             if EXACT == 1:
                 row_bits = _row_bits(row_flag)
 
-        if INTERP:
-            y_out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
-        else:
-            y_out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
         if EXACT == 1:  # flagged rows: stored below
-            tl.store(y_ptr + y_off, y_out, mask=mask & ~row_flag[:, None, None])
+            _store_out(y_rows, y, (row_ok & ~row_flag)[:, None], g2, GROUP, OUT, BLOCK_C, SPLIT, INTERP)
         else:
-            tl.store(y_ptr + y_off, y_out, mask=mask)
-        if DEBUG:
-            tl.store(dbg_ptr + y_off, y_fast, mask=mask)  # y is contiguous: the debug buffers share its offsets
-            tl.store(flag_ptr + y_off, flag.to(tl.int8), mask=mask)
+            _store_out(y_rows, y, row_ok[:, None], g2, GROUP, OUT, BLOCK_C, SPLIT, INTERP)
+        if DEBUG:  # y is contiguous: the debug buffers share its offsets
+            debug_rows = rows2 * stride_y + pid_g * GROUP + g2  # [BLOCK_R, C]
+            _store_chunks(dbg_ptr + debug_rows, y_fast, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
+            _store_chunks(flag_ptr + debug_rows, flag.to(tl.int8), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
 
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
         if EXACT == 1:
@@ -568,7 +641,7 @@ def rms_norm_gated_fwd(
         or variant["ACCURATE_ARG"] not in (0, 1, 2)
         or variant["TIER2"] not in (0, 1)
         or not (variant["MAXNREG"] is None or 0 <= variant["MAXNREG"] <= 255)
-        or variant["SPLIT"] not in (None, 1, 2, 4)
+        or variant["SPLIT"] not in (None, 1, 2)
     ):
         raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
     t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
