@@ -6,9 +6,10 @@ fail the other's MLIR passes. Install the other Triton in a venv and run this to
     /tmp/t36/bin/python scripts/compile_sm90.py
 A fake driver reports an sm_90 target and every JIT launch is turned into a compile-only warmup.
     python3 scripts/compile_sm90.py --layouts D [VARIANT_JSON]
-prints the blocked layouts of the forward's TTGIR at width D instead: Triton 3.6 gives a thread 16 columns
-of one row at D=128 (threadsPerWarp [4, 1, 8]), 3.7 two rows (threadsPerWarp [2, 2, 8]); see
-docs/kernel-notes.md, session 9.
+prints the blocked layouts of the forward's TTGIR at width D instead. Since 70e9895 (the tile as two joined
+2-D chunks) Triton 3.6 and 3.7 both give a thread 16 columns of one row at D=128 (sizePerThread [1, 8, 2],
+threadsPerWarp [4, 8, 1]); the 3-D tile before it got two rows per thread from 3.7 (docs/kernel-notes.md,
+sessions 9 and 10).
 """
 
 from __future__ import annotations

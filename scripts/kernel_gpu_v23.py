@@ -1,14 +1,15 @@
-"""Prepared for the next GPU call (not run yet): is the joined tile's D=256 loss its late load?
+"""GPU call 32 (forward): was the joined tile's D=256 loss its late load? Yes.
 
 Call 28 timed the joined tile (f19a55f: the same layout on Triton 3.6 and 3.7) at 108 us against 101 at
 D=256. Offline, at the 56-register cap ptxas issues one of z's loads ~160 instructions late there; at a
 64 cap all six loads come first (docs/kernel-notes.md, session 9). 0f2b328 holds the joined tile with each
 tile's loads issued before its widening. This times, each in its own process (three passes at 262144
-rows, then decode sizes): main's tile at its caps and at 64; the joined tile at its caps and at 64. If
-the joined tile at 64 matches main, its correctness checks come next (scripts/kernel_gpu_v15.py checks on
-that tree) before it can replace main's tile.
+rows, then decode sizes): the tree's tile at its caps and at 64; 0f2b328's at its caps and at 64.
+Call 32 ran it at b1a543b, where the tree's tile was still the 3-D one: joined at 64 registers 101.2 us,
+3-D at 56 100.6-101.2 (docs/kernel-notes.md, session 10). Since 70e9895 the tree holds the joined tile
+(cap 64), so "main" and "join" are the same kernel here: check out b1a543b to repeat call 32.
     python3 scripts/kernel_gpu_v23.py --prepare      (here, in the git checkout)
-    python3 scripts/kernel_gpu_v23.py
+    V23_ROUNDS=1 python3 scripts/kernel_gpu_v23.py
 """
 
 from __future__ import annotations
