@@ -185,9 +185,9 @@ def _load_chunks(ptrs, row_ok, g, GROUP: tl.constexpr, BLOCK_C: tl.constexpr, SP
     """A row block's SPLIT chunks as loaded (chunk s: columns g + s * BLOCK_C), each its own [R, C] tile:
     two 2-D loads give a thread one row's chunks on every Triton (a 3-D [R, S, C] tile did on 3.6 but not
     on 3.7, whose layout took lanes for the chunks: two rows per thread, 22 shuffles instead of 3). Widen
-    and join them with `_widen_chunks` only after every load of the tile is issued: widening one tensor
-    before the next one's loads let ptxas, under the register cap, hold a load back past the arithmetic
-    (D=256: one LDG issued ~160 instructions late, 108 us against 101). ptrs: [R, C] pointers of chunk 0;
+    and join them with `_widen_chunks` only after every load of the tile is issued. Even so, under a
+    56-register cap ptxas held one of z's loads back past the gate's arithmetic (D=256: 107.5 us against
+    101.2 at 64, the cap TIER_MAXNREG now sets). ptrs: [R, C] pointers of chunk 0;
     row_ok: [R, 1]; g: [1, C] columns within the group. One chunk: a 3-D [R, C, 1] load, returned twice
     (a 2-D one expanded afterwards left the tile in another layout)."""
     if SPLIT == 2:
