@@ -211,30 +211,25 @@ def _widen_chunks(a, b, SPLIT: tl.constexpr, INTERP: tl.constexpr):
 
 
 @triton.jit
-def _store_chunks(ptrs, v, row_ok, g, GROUP: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr):
+def _store_chunks(
+    ptrs, v, row_ok, g, GROUP: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr, ROUND: tl.constexpr, INTERP
+):
     """Store a [R, C, SPLIT] tile chunk by chunk, as `_load_chunks` loaded it (ptrs: [R, C], chunk 0;
     row_ok: [R, 1]; g: [1, C]). The masks are built per chunk, not split from a 3-D mask: Triton then
-    still sees them constant along the columns and keeps the 16-byte stores."""
+    still sees them constant along the columns and keeps the 16-byte stores. ROUND: v is the fast path's
+    fp32 tile, rounded to nearest even in ptrs' type chunk by chunk after the split (so each chunk's
+    pairs pack into registers); else v is stored as it is."""
     if SPLIT == 2:
         a, b = tl.split(v)
+        if ROUND:
+            a = _fast_out(a, ptrs.dtype.element_ty, INTERP)
+            b = _fast_out(b, ptrs.dtype.element_ty, INTERP)
         tl.store(ptrs, a, mask=row_ok & (g < GROUP))
         tl.store(ptrs + BLOCK_C, b, mask=row_ok & (g + BLOCK_C < GROUP))
     else:
+        if ROUND:
+            v = _fast_out(v, ptrs.dtype.element_ty, INTERP)
         tl.store(ptrs[:, :, None], v, mask=(row_ok & (g < GROUP))[:, :, None])
-
-
-@triton.jit
-def _store_out(
-    ptrs, y, row_ok, g, GROUP: tl.constexpr, OUT: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr, INTERP
-):
-    """The fast path's fp32 [R, C, SPLIT] tile rounded to nearest even in OUT and stored as
-    `_store_chunks` does: each chunk converted after the split, so its pairs pack into registers."""
-    if SPLIT == 2:
-        a, b = tl.split(y)
-        tl.store(ptrs, _fast_out(a, OUT, INTERP), mask=row_ok & (g < GROUP))
-        tl.store(ptrs + BLOCK_C, _fast_out(b, OUT, INTERP), mask=row_ok & (g + BLOCK_C < GROUP))
-    else:
-        tl.store(ptrs[:, :, None], _fast_out(y, OUT, INTERP), mask=(row_ok & (g < GROUP))[:, :, None])
 
 
 @triton.jit
@@ -403,7 +398,7 @@ def _rms_norm_gated_fwd_kernel(
         y64 = _gated_fp64(
             x.to(tl.float64), z.to(tl.float64), w.to(tl.float64), eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID
         )
-        _store_chunks(y_rows, _round_fp64_to_out(y64, OUT), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
+        _store_chunks(y_rows, _round_fp64_to_out(y64, OUT), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, False, INTERP)
     else:
         # ---- fast path: fp32 elementwise; only per-row scalars in fp64 ----
         if HAS_Z:
@@ -529,13 +524,15 @@ def _rms_norm_gated_fwd_kernel(
                 row_bits = _row_bits(row_flag)
 
         if EXACT == 1:  # flagged rows: stored below
-            _store_out(y_rows, y, (row_ok & ~row_flag)[:, None], g2, GROUP, OUT, BLOCK_C, SPLIT, INTERP)
+            _store_chunks(y_rows, y, (row_ok & ~row_flag)[:, None], g2, GROUP, BLOCK_C, SPLIT, True, INTERP)
         else:
-            _store_out(y_rows, y, row_ok[:, None], g2, GROUP, OUT, BLOCK_C, SPLIT, INTERP)
+            _store_chunks(y_rows, y, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, True, INTERP)
         if DEBUG:  # y is contiguous: the debug buffers share its offsets
             debug_rows = rows2 * stride_y + pid_g * GROUP + g2  # [BLOCK_R, C]
-            _store_chunks(dbg_ptr + debug_rows, y_fast, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
-            _store_chunks(flag_ptr + debug_rows, flag.to(tl.int8), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT)
+            _store_chunks(dbg_ptr + debug_rows, y_fast, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, False, INTERP)
+            _store_chunks(
+                flag_ptr + debug_rows, flag.to(tl.int8), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, False, INTERP
+            )
 
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
         if EXACT == 1:
