@@ -277,3 +277,65 @@ def rows_rstd64(ssum64, rstd, eps, GROUP: tl.constexpr):
     r = tl.fma(r * 0.5, h, r)
     h = tl.fma(-(ms * r), r, 1.0)
     return tl.fma(r * 0.5, h, r)
+
+
+@triton.jit
+def _thread_value(v, VEC: tl.constexpr):
+    """[R, C, S] -> [R, C // VEC]: one value per thread from a tile constant over each thread's elements (a
+    maximum over elements the thread holds: no shuffle). Values born here share the loop's layout; a
+    reshaped [R, 1] tensor took another on Triton 3.7 and cost a conversion through shared memory."""
+    R: tl.constexpr = v.shape[0]
+    C: tl.constexpr = v.shape[1]
+    S: tl.constexpr = v.shape[2]
+    return tl.max(tl.max(tl.reshape(v, [R, C // VEC, VEC, S]), axis=3), axis=2)
+
+
+@triton.jit
+def exact_element_loop(
+    y,
+    cols,
+    rows_sel,
+    x_rows,
+    z_rows,
+    w_ptr,
+    rstd64,
+    near_t,
+    margin,
+    fault,
+    HAS_Z: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    ASM: tl.constexpr,
+    VEC: tl.constexpr,
+):
+    """`exact_element` with the per-element work written once: each thread takes its first pending
+    element, all threads settle theirs together, and the warp loops while any element is pending (one
+    round in nearly every flagged program). Sixteen inlined copies of the PTX made the tier ~25 KB of
+    code, most of a flagged decode launch's extra latency (docs/kernel-notes.md, session 9). VEC: the
+    columns a thread holds in a run (its 16-byte vector), so every selection below stays in the thread."""
+    R: tl.constexpr = y.shape[0]
+    C: tl.constexpr = y.shape[1]
+    S: tl.constexpr = y.shape[2]
+    N: tl.constexpr = VEC * S  # elements per thread
+    bits = y.to(tl.int32, bitcast=True)  # [R, C, S]
+    near_key = (bits * 65536 + ((near_t - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
+    pending = tl.reshape((near_key < (2 * near_t + 1) * 65536) & rows_sel, [R, C // VEC, VEC, S])
+    yb = tl.reshape(bits, [R, C // VEC, VEC, S])
+    col4 = tl.reshape(cols + bits * 0, [R, C // VEC, VEC, S])
+    k4 = tl.arange(0, VEC)[None, None, :, None] * S + tl.arange(0, S)[None, None, None, :]  # [1, 1, VEC, S]
+    zero64 = (bits * 0).to(tl.int64)  # [R, C, S]
+    if ASM:  # the PTX takes addresses as integers
+        xr = _thread_value(x_rows.to(tl.int64, bitcast=True) + zero64, VEC)  # [R, C // VEC]
+        zr = _thread_value(z_rows.to(tl.int64, bitcast=True) + zero64, VEC)
+    else:
+        xr = tl.reshape(x_rows, [R, 1])
+        zr = tl.reshape(z_rows, [R, 1])
+    r64 = _thread_value(rstd64 + zero64.to(tl.float64), VEC)
+    while tl.max(pending.to(tl.int32)) != 0:
+        k = tl.min(tl.min(tl.where(pending, k4, N), axis=3), axis=2)  # [R, C // VEC]: N = none left
+        hit = k4 == k[:, :, None, None]  # [R, C // VEC, VEC, S]
+        col = tl.sum(tl.sum(tl.where(hit, col4, 0), axis=3), axis=2)  # [R, C // VEC]
+        yk = tl.sum(tl.sum(tl.where(hit, yb, 0), axis=3), axis=2).to(tl.float32, bitcast=True)
+        v = exact_element(yk, col, k < N, xr, zr, w_ptr, r64, near_t, margin, fault, HAS_Z, SIGMOID, ASM)
+        yb = tl.where(hit, v.to(tl.int32, bitcast=True)[:, :, None, None], yb)
+        pending = pending & ~hit
+    return tl.reshape(yb, [R, C, S]).to(tl.float32, bitcast=True)

@@ -1,0 +1,86 @@
+"""GPU call 2 of session 11 (forward): the per-element tier as one Triton loop (TIER2 2) against its
+sixteen inlined PTX copies (TIER2 1).
+
+Offline (sm_90 SASS, Triton 3.6.0 and 3.7.1 alike): 1976 instructions at D=128 and 1984 at D=256 against
+3032 / 3048, 64 registers, no spills. Checks first (the loop against fp64 rounded once and against the
+PTX copies, bitwise, standard data and T = 200 so ~0.6% of elements go through the tier; every tier
+case; the GPU-only tests with TIER_ON=2), then each form timed in its own process, interleaved.
+    V24_ROUNDS=2 python3 scripts/kernel_gpu_v24.py
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+from rlnorm.inputs import make_case
+from rlnorm.numerics import round_once
+from rlnorm.reference import gated_rmsnorm_math
+from scripts import kernel_gpu_v2 as V
+from scripts import kernel_gpu_v21 as V21
+from scripts.kernel_gpu_v15 import CASES
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def agree_loop() -> None:
+    for name, opts, has_z, wd in CASES:
+        for d, near in ((128, None), (256, None), (128, (200, 0)), (256, (200, 0))):
+            if name != "silu" and near is None:
+                continue
+            c = make_case(V.ROWS if name == "silu" else V.ROWS // 4, d, seed=11, device=V.DEV, weight_dtype=wd)
+            z = c.z if has_z else None
+            kw = {"_near": near} if near else {}
+            ref = round_once(gated_rmsnorm_math(c.x, z, c.w, opts, torch.float64), torch.bfloat16)
+            y1 = V.fwd(c.x, z, c.w, opts, _variant={"TIER2": 1}, **kw)
+            y2 = V.fwd(c.x, z, c.w, opts, _variant={"TIER2": 2}, **kw)
+            w1, w2 = int((~V.same_bits(y1, ref)).sum()), int((~V.same_bits(y2, ref)).sum())
+            diff = int((~V.same_bits(y1, y2)).sum())
+            V.SUMMARY.append(f"loop agree {name:<10} d={d} near={near} wrong ptx={w1} loop={w2} ptx!=loop={diff}")
+    # planted tier fault: caught by the margin (covered) and visible without it (uncovered)
+    c = make_case(4096, 256, seed=11, device=V.DEV)
+    ref = round_once(gated_rmsnorm_math(c.x, c.z, c.w, V.OpOptions(), torch.float64), torch.bfloat16)
+    for tag, t2 in (("covered", (1 << 37, 1 << 36)), ("uncovered", (1 << 14, 1 << 36))):
+        y = V.fwd(c.x, c.z, c.w, _near=(200, 0), _tier2=t2, _variant={"TIER2": 2})
+        V.SUMMARY.append(f"loop planted {tag}: wrong={int((~V.same_bits(y, ref)).sum())}")
+
+
+def gpu_tests() -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-k",
+            "gpu or widen or cuda",
+            "tests/test_kernel_exact_element.py",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TIER_ON": "2"},
+    )
+    tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
+    V.SUMMARY.append(f"pytest TIER_ON=2 (GPU-only tier tests): rc={r.returncode} {tail}")
+
+
+def main() -> None:
+    V.guarded("agree_loop", agree_loop)
+    gpu_tests()
+    print("\n".join(V.SUMMARY), flush=True)
+    for _ in range(int(os.environ.get("V24_ROUNDS", "2"))):
+        for name, variant in (("ptx", {"TIER2": 1}), ("loop", {"TIER2": 2})):
+            V21.run_probe(name, {}, variant)
+    V21.run_probe("fast", {}, {"EXACT": 0})
+    V.print_summary()
+
+
+if __name__ == "__main__":
+    main()
