@@ -5,7 +5,8 @@ Offline (sm_90 SASS, Triton 3.6.0 and 3.7.1 alike): 1976 instructions at D=128 a
 3032 / 3048, 64 registers, no spills. Checks first (the loop against fp64 rounded once and against the
 PTX copies, bitwise, standard data and T = 200 so ~0.6% of elements go through the tier; every tier
 case; the GPU-only tests with TIER_ON=2), then each form timed in its own process, interleaved.
-    V24_ROUNDS=2 python3 scripts/kernel_gpu_v24.py
+    V24_ROUNDS=2 python3 scripts/kernel_gpu_v24.py     (at 2974b9b: TIER2 2 exists only there)
+Ran as call 2 at 2974b9b: correct everywhere, slower (docs/kernel-notes.md, session 11).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from rlnorm.kernel import _exact_element
-from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, exact_element_loop, rows_rstd64
+from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast, _widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
@@ -479,39 +479,21 @@ def _rms_norm_gated_fwd_kernel(
                     xr = _widen_chunks(*_load_chunks(x_rows, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT), SPLIT, INTERP)
                     xr64 = xr.to(tl.float64)
                     rstd64 = rows_rstd64(_row_sum(xr64 * xr64), rstd, eps, GROUP)  # [BLOCK_R]
-                    if TIER2 == 2:
-                        y = exact_element_loop(
-                            y,
-                            cols,
-                            tier_row[:, None, None],
-                            (x_ptr + rows64 * stride_x)[:, None, None],
-                            (z_ptr + rows64 * stride_z)[:, None, None],
-                            w_ptr,
-                            rstd64[:, None, None],
-                            NEAR_T0,
-                            TIER2_MARGIN,
-                            TIER2_FAULT,
-                            HAS_Z,
-                            SIGMOID,
-                            not INTERP,
-                            min(8, BLOCK_C),  # a thread's 16-byte run of bf16 columns
-                        )  # [BLOCK_R, C, S]
-                    else:
-                        y = exact_element(
-                            y,
-                            cols,
-                            tier_row[:, None, None],
-                            (x_ptr + rows64 * stride_x)[:, None, None],
-                            (z_ptr + rows64 * stride_z)[:, None, None],
-                            w_ptr,
-                            rstd64[:, None, None],
-                            NEAR_T0,
-                            TIER2_MARGIN,
-                            TIER2_FAULT,
-                            HAS_Z,
-                            SIGMOID,
-                            not INTERP,
-                        )  # [BLOCK_R, C, S]
+                    y = exact_element(
+                        y,
+                        cols,
+                        tier_row[:, None, None],
+                        (x_ptr + rows64 * stride_x)[:, None, None],
+                        (z_ptr + rows64 * stride_z)[:, None, None],
+                        w_ptr,
+                        rstd64[:, None, None],
+                        NEAR_T0,
+                        TIER2_MARGIN,
+                        TIER2_FAULT,
+                        HAS_Z,
+                        SIGMOID,
+                        not INTERP,
+                    )  # [BLOCK_R, C, S]
                     row_flag = risky_row | _row_any(y.to(tl.int32, bitcast=True) == UNDECIDED_BITS)
                     row_bits = _row_bits(row_flag)
             elif EXACT == 1:
@@ -654,7 +636,7 @@ def rms_norm_gated_fwd(
         or variant["EXACT"] not in (0, 1)
         or variant["RSTD_FAST"] not in (0, 1, 2)
         or variant["ACCURATE_ARG"] not in (0, 1, 2)
-        or variant["TIER2"] not in (0, 1, 2)
+        or variant["TIER2"] not in (0, 1)
         or not (variant["MAXNREG"] is None or 0 <= variant["MAXNREG"] <= 255)
         or variant["SPLIT"] not in (None, 1, 2)
     ):
@@ -668,7 +650,7 @@ def rms_norm_gated_fwd(
     # the per-element tier covers the default op: bf16 out, the lean midpoint test, a fixed bound, and
     # rstd from x alone (gate after the norm, or none); elsewhere flagged rows go whole to fp64
     tier2 = (
-        variant["TIER2"] in (1, 2)
+        variant["TIER2"] == 1
         and variant["EXACT"] == 1
         and variant["LEAN_TEST"]
         and x.dtype == torch.bfloat16
@@ -717,7 +699,7 @@ def rms_norm_gated_fwd(
         XW_FIRST=variant["XW_FIRST"],
         EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,  # fp32 output: all fp64 already
         FAULT_ULPS=variant["FAULT_ULPS"],
-        TIER2=variant["TIER2"] if tier2 else 0,
+        TIER2=tier2,
         TIER2_MARGIN=margin,
         TIER2_FAULT=fault,
         ZERO=zero is not None,
