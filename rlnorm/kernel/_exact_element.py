@@ -5,10 +5,8 @@ a bf16 rounding midpoint (~0.03% of elements, but ~4% of 128-wide rows). Recompu
 fp64 stalled the ~28% of 8-row programs holding one (reload, a serial row loop, cross-warp sums).
 Here the program that holds a flagged element only sums its rows' squares once more in fp64 (x read
 again from L1) and refines rstd by two Newton steps; then each flagged element alone goes through an
-fp64 gate and product, and its correctly rounded value is stored over the fast value. On the GPU that
-per-element work is one inline-PTX block per thread, a loop over the thread's flagged elements (almost
-always none or one), so only the lanes that hold one run it; the interpreter runs the same math
-tile-wide.
+fp64 gate and product. On the GPU that per-element work is inline PTX behind a per-lane branch, so only
+the lanes that hold a flagged element execute it; the interpreter runs the same math tile-wide.
 
 A tier-2 value is used only when it is provably on one side of the midpoint: its error (< 2**-43
 relative: the fp64 exp below, whose reduced argument carries up to |t| * 2**-53 for |t| <= 1000, two
@@ -25,7 +23,7 @@ import struct
 import triton
 import triton.language as tl
 
-from rlnorm.kernel._rounding import _exact_cast, _widen_to_fp32
+from rlnorm.kernel._rounding import _widen_to_fp32
 
 # Undecided when the fp64 value lies within this many fp64 ulps of a bf16 midpoint (2**14 ulps is
 # 2**-38 to 2**-39 relative; the tier's own error is below 2**-43, 2**-50 for |z| < 8: 16x or more)
@@ -33,6 +31,9 @@ MARGIN_ULPS = 1 << 14
 # |z * log2(e)| above this leaves the exp's range reduction (2**n must stay a normal fp64): undecided
 MAX_EXP_ARG = tl.constexpr(1000.0)
 _EXP2_DEGREE = 12  # Taylor series of 2**f on |f| <= 1/2: truncation error 2**-52.4
+# the value an undecided element comes back as: a NaN no fast path produces in a row it sends here
+# (a NaN or Inf fast value makes its row risky, and risky rows never come here)
+UNDECIDED_BITS = tl.constexpr(0x7FC0DEAD)
 
 
 def _f64(v: float) -> str:
@@ -57,87 +58,35 @@ def _exp2_poly(coef: list[float]) -> str:
     )
 
 
-PACK = 16  # elements per thread in every program the tier runs in (`_fwd.py`: 16 per thread, BLOCK_G >= 8)
-# Operands of the tier's PTX, by argument: each comes once per packed element (see `_ptx`)
-_ARGS = ("keycol", "xrow", "zrow", "yrow", "rstd", "w", "margin", "fault", "lim")
-_ARG_TYPES = "rlllllllr"  # keycol and lim 32-bit, the rest 64-bit
-PACK_C = tl.constexpr(PACK)
-CONSTRAINTS = tl.constexpr(",".join(["=r"] * PACK + [t for t in _ARG_TYPES for _ in range(PACK)]))
-
-
 def _ptx(gate: str, w_dtype: str) -> str:
-    """The per-element tier in PTX for a thread's PACK elements; gate "silu", "sigmoid" or "none",
-    w_dtype "bf16"/"fp16"/"fp32".
+    """The per-element tier in PTX; gate is "silu", "sigmoid" or "none", w_dtype "bf16"/"fp16"/"fp32".
 
-    One copy of the fp64 work, in a loop over the thread's selected elements (almost always none or one).
-    Sixteen inlined copies, one per element, made a launch that needs the tier ~0.45 us longer at decode
-    sizes and no faster at 262144 rows (docs/kernel-notes.md, sessions 9 and 11). Per element i, operand
-    $(PACK + j * PACK + i) for argument j of `_ARGS`: keycol (column << 16 | the fast value's near key,
-    `near_midpoint`), the row's first x / z / y element (x = 0: row not selected), rstd (fp64 bits), w's
-    first element, margin and fault (fp64 ulps; the fault is added to the value, tests only) and the near
-    limit 2T (near: key <= limit); w, margin, fault and the limit are read from element 0. Each settled
-    element's correctly rounded bf16 value is stored here; the caller stores the selected rows' other
-    elements, not these (one store per element). Outputs $0..$(PACK - 1): 1 when this thread left an
-    element undecided (its row must then go to the whole-row path), else 0.
+    Operands: $0 value (fp32 out: the correctly rounded bf16 value; UNDECIDED when the tier cannot
+    tell; $2 itself when the element is not near a midpoint or its row is not selected), $1 the
+    element's column, $2 fast value, $3 / $4 the row's first x / z element (bf16; $3 = 0: row not
+    selected), $5 w's first element, $6 rstd (fp64 bits), $7 margin (fp64 ulps), $8 fault (fp64
+    ulps added to the value; tests only), $9 the fast path's bound T (fp32 ulps). The near test and
+    the loads run here, by the selected lanes only: nothing of it stays in registers outside.
+    Labels live inside the braces: each inlined copy has its own scope.
     """
-
-    def op(arg: str, i: int = 0) -> str:
-        return f"${PACK + _ARGS.index(arg) * PACK + i}"
-
     coef = [math.log(2) ** k / math.factorial(k) for k in range(_EXP2_DEGREE + 1)]
-    text = (
-        "{\n"
-        ".reg .pred p, q;\n"
-        ".reg .f64 dz, dt, dn, df, dp, dy, dw;\n"
-        ".reg .f32 dw32;\n"
-        ".reg .b64 bn, by, bl, bo, ba, xr, zr, yr, rs;\n"
-        ".reg .b32 rw, m, lb, kc, col, und;\n"
-        ".reg .b16 hw;\n"
-        "mov.b32 und, 0;\n"
-        "mov.b32 m, 0;\n"
-    )
-    for i in range(PACK):  # the selected elements as a bitmask
-        text += (
-            f"and.b32 rw, {op('keycol', i)}, 0xFFFF;\n"
-            f"setp.le.u32 p, rw, {op('lim')};\n"
-            f"setp.ne.and.u64 p, {op('xrow', i)}, 0, p;\n"
-            f"@p or.b32 m, m, {1 << i};\n"
-        )
-    text += (
-        "T2_NEXT:\n"
-        "setp.eq.u32 p, m, 0;\n"
-        "@p bra T2_DONE;\n"
-        "neg.s32 lb, m;\n"
-        "and.b32 lb, lb, m;\n"  # the lowest selected element
-        "xor.b32 m, m, lb;\n"
-    )
-    for i in range(PACK):  # its operands, by predicated moves (registers cannot be indexed)
-        text += (
-            f"setp.eq.u32 q, lb, {1 << i};\n"
-            f"@q mov.b32 kc, {op('keycol', i)};\n"
-            f"@q mov.b64 xr, {op('xrow', i)};\n"
-            f"@q mov.b64 zr, {op('zrow', i)};\n"
-            f"@q mov.b64 yr, {op('yrow', i)};\n"
-            f"@q mov.b64 rs, {op('rstd', i)};\n"
-        )
-    text += (
-        "shr.u32 col, kc, 16;\n"
-        "mul.wide.u32 bo, col, 2;\n"
-        "add.s64 ba, xr, bo;\n"
+    body = (
+        "mul.wide.u32 bo, $1, 2;\n"
+        "add.s64 ba, $3, bo;\n"
         "ld.global.nc.u16 hw, [ba];\n"  # x (bf16) -> fp64, exactly
         "cvt.u32.u16 rw, hw;\n"
         "shl.b32 rw, rw, 16;\n"
         "mov.b32 dw32, rw;\n"
         "cvt.f64.f32 dy, dw32;\n"
-        f"mul.wide.u32 bo, col, {1 << _W_LOG2_BYTES[w_dtype]};\n"
-        f"add.s64 ba, {op('w')}, bo;\n" + _W_LOAD[w_dtype] + "cvt.f64.f32 dw, dw32;\n"
+        f"mul.wide.u32 bo, $1, {1 << _W_LOG2_BYTES[w_dtype]};\n"
+        "add.s64 ba, $5, bo;\n" + _W_LOAD[w_dtype] + "cvt.f64.f32 dw, dw32;\n"
         "mul.rn.f64 dy, dy, dw;\n"  # x * w: exact in fp64
-        "mul.rn.f64 dy, dy, rs;\n"
+        "mul.rn.f64 dy, dy, $6;\n"
     )
     if gate != "none":
-        text += (
-            "mul.wide.u32 bo, col, 2;\n"
-            "add.s64 ba, zr, bo;\n"
+        body += (
+            "mul.wide.u32 bo, $1, 2;\n"
+            "add.s64 ba, $4, bo;\n"
             "ld.global.nc.u16 hw, [ba];\n"  # z (bf16)
             "cvt.u32.u16 rw, hw;\n"
             "shl.b32 rw, rw, 16;\n"
@@ -145,8 +94,8 @@ def _ptx(gate: str, w_dtype: str) -> str:
             "cvt.f64.f32 dz, dw32;\n"
             f"mul.rn.f64 dt, dz, {_f64(-1.0 / math.log(2))};\n"  # exp(-z) = 2**t
             "abs.f64 dn, dt;\n"
-            f"setp.gt.f64 p, dn, {_f64(MAX_EXP_ARG.value)};\n"
-            "@p bra T2_UNDECIDED;\n"
+            f"setp.gt.f64 pbad, dn, {_f64(MAX_EXP_ARG.value)};\n"
+            "@pbad bra T2_UNDECIDED;\n"
             "cvt.rni.f64.f64 dn, dt;\n"
             # f = t - round(t), exact, in [-1/2, 1/2]; 2**f by the series; n = round(t)
             "sub.rn.f64 df, dt, dn;\n" + _exp2_poly(coef) + "cvt.rni.s64.f64 bn, dn;\n"
@@ -158,39 +107,50 @@ def _ptx(gate: str, w_dtype: str) -> str:
             "rcp.rn.f64 dp, dp;\n"  # sigmoid(z), IEEE reciprocal
         )
         if gate == "silu":
-            text += "mul.rn.f64 dp, dp, dz;\n"
-        text += "mul.rn.f64 dy, dy, dp;\n"
-    text += (
+            body += "mul.rn.f64 dp, dp, dz;\n"
+        body += "mul.rn.f64 dy, dy, dp;\n"
+    body += (
         "mov.b64 by, dy;\n"
-        f"add.s64 by, by, {op('fault')};\n"
+        "add.s64 by, by, $8;\n"
         # distance to the bf16 midpoint: fp64 keeps 45 bits below bf16's last; the midpoint is bit 44
         "and.b64 bl, by, 0x00001FFFFFFFFFFF;\n"
         "sub.s64 bl, bl, 0x0000100000000000;\n"
         "abs.s64 bl, bl;\n"
-        f"setp.le.s64 p, bl, {op('margin')};\n"
-        "@p bra T2_UNDECIDED;\n"
-        # round to nearest even at bit 45 with integers: the one rounding of the fp64 value; the top 16
-        # bits of its fp32 form are the bf16 result (the conversion is exact: the value is a bf16)
+        "setp.le.s64 pbad, bl, $7;\n"
+        "@pbad bra T2_UNDECIDED;\n"
+        # round to nearest even at bit 45 with integers: the one rounding of the fp64 value
         "shr.u64 bl, by, 45;\n"
         "and.b64 bl, bl, 1;\n"
         "add.s64 by, by, 0x00000FFFFFFFFFFF;\n"
         "add.s64 by, by, bl;\n"
         "and.b64 by, by, 0xFFFFE00000000000;\n"
         "mov.b64 dy, by;\n"
-        "cvt.rn.f32.f64 dw32, dy;\n"
-        "mov.b32 rw, dw32;\n"
-        "shr.u32 rw, rw, 16;\n"
-        "cvt.u16.u32 hw, rw;\n"
-        "mul.wide.u32 bo, col, 2;\n"
-        "add.s64 ba, yr, bo;\n"
-        "st.global.b16 [ba], hw;\n"
-        "bra T2_NEXT;\n"
-        "T2_UNDECIDED:\n"
-        "mov.b32 und, 1;\n"
-        "bra T2_NEXT;\n"
-        "T2_DONE:\n" + "".join(f"mov.b32 ${i}, und;\n" for i in range(PACK)) + "}"
+        "cvt.rn.f32.f64 $0, dy;\n"  # exact: the value is a bf16
+        "bra T2_DONE;\n"
     )
-    return text
+    return (
+        "{\n"
+        ".reg .pred pbad;\n"
+        ".reg .f64 dz, dt, dn, df, dp, dy, dw;\n"
+        ".reg .f32 dw32;\n"
+        ".reg .b64 bn, by, bl, bo, ba;\n"
+        ".reg .b32 rw, rn;\n"
+        ".reg .b16 hw;\n"
+        "mov.b32 $0, $2;\n"
+        "setp.eq.u64 pbad, $3, 0;\n"  # row not selected
+        "@pbad bra T2_DONE;\n"
+        # near: |low 16 bits of the fast value - 0x8000| <= T, as the fast path tests it
+        "add.s32 rn, $9, 0xFFFF8000;\n"
+        "add.s32 rn, rn, $2;\n"
+        "shl.b32 rn, rn, 16;\n"
+        "shl.b32 rw, $9, 17;\n"
+        "add.s32 rw, rw, 0x10000;\n"
+        "setp.ge.u32 pbad, rn, rw;\n"
+        "@pbad bra T2_DONE;\n" + body + "T2_UNDECIDED:\n"
+        f"mov.b32 $0, {UNDECIDED_BITS.value:#x};\n"
+        "T2_DONE:\n"
+        "}"
+    )
 
 
 _PTX = {(g, wd): tl.constexpr(_ptx(g, wd)) for g in ("silu", "sigmoid", "none") for wd in _W_LOAD}
@@ -206,34 +166,46 @@ PTX_NONE_FP32 = _PTX["none", "fp32"]
 
 
 @triton.jit
-def _run_ptx(ptx_bf16: tl.constexpr, ptx_fp16: tl.constexpr, ptx_fp32: tl.constexpr, W_DTYPE: tl.constexpr, args):
-    """The tier's PTX on a thread's PACK elements at once, in the text for w's dtype. The text is chosen
-    here from module constants, not passed to the kernel as a constexpr: a ~10 KB constexpr argument
-    enters the launch's cache key and cost 80-150 us of host time per launch (session 11, call 3)."""
+def _run_ptx(
+    ptx_bf16: tl.constexpr,
+    ptx_fp16: tl.constexpr,
+    ptx_fp32: tl.constexpr,
+    W_DTYPE: tl.constexpr,
+    cols,
+    y,
+    x_rows,
+    z_rows,
+    w_ptr,
+    rstd64,
+    margin,
+    fault,
+    near_t,
+):
+    """One inline-PTX call per element (pack 1: each element's lane branches on its own), in the text
+    for w's dtype (a jit function cannot return a string on Triton 3.6: it is chosen here)."""
     if W_DTYPE == tl.bfloat16:
         asm: tl.constexpr = ptx_bf16
     elif W_DTYPE == tl.float16:
         asm: tl.constexpr = ptx_fp16
     else:
         asm: tl.constexpr = ptx_fp32
-    return tl.inline_asm_elementwise(asm, CONSTRAINTS, args, dtype=tl.int32, is_pure=False, pack=PACK_C)  # it stores
-
-
-@triton.jit
-def near_midpoint(y, near_t):
-    """The fast path's lean test in another form: |low 16 bits - 0x8000| <= T, as key <= 2T (an add and
-    a mask per element)."""
-    return (y.to(tl.int32, bitcast=True) + (near_t - 0x8000)) & 0xFFFF
+    return tl.inline_asm_elementwise(
+        asm,
+        "=r,r,r,l,l,l,l,l,l,r",
+        [cols, y, x_rows, z_rows, w_ptr, rstd64, margin, fault, near_t],
+        dtype=tl.float32,
+        is_pure=True,
+        pack=1,
+    )
 
 
 @triton.jit
 def exact_element(
-    near_key,
+    y,
     cols,
     rows_sel,
     x_rows,
     z_rows,
-    y_rows,
     w_ptr,
     rstd64,
     near_t,
@@ -243,34 +215,33 @@ def exact_element(
     SIGMOID: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """Settle the near-midpoint elements (near_key <= 2T, `near_midpoint`) of the selected rows: each one's
-    correctly rounded value is stored to y. Returns an int32 tile, nonzero where an element (on the GPU:
-    any element of the same thread) was left undecided: its row must go to the whole-row path. rows_sel:
-    [R, 1, 1], the rows to settle; x_rows / z_rows / y_rows: [R, 1, 1] pointers to each row's first
-    element; cols: [1, C, S] columns (< 2**13, MAX_D); rstd64: [R, 1, 1] fp64 rstd; near_t: the fast
-    path's bound T in fp32 ulps."""
+    """The tile with its near-midpoint elements settled: fp32 values whose bf16 cast is the correctly
+    rounded result, UNDECIDED_BITS where the tier cannot tell, y elsewhere. rows_sel: [R, 1, 1], the
+    rows to settle; x_rows / z_rows: [R, 1, 1] pointers to each row's first element; cols: [1, C, S]
+    columns; rstd64: [R, 1, 1] fp64 rstd; near_t: the fast path's bound T in fp32 ulps."""
     if ASM:
-        args = [
-            (cols << 16) | near_key,
+        args = (
+            cols,
+            y,
             tl.where(rows_sel, x_rows.to(tl.int64, bitcast=True), 0),  # 0: a row not to touch
             z_rows.to(tl.int64, bitcast=True),
-            y_rows.to(tl.int64, bitcast=True),
-            rstd64.to(tl.int64, bitcast=True),
             w_ptr.to(tl.int64, bitcast=True),
-            tl.cast(margin, tl.int64),
-            tl.cast(fault, tl.int64),
-            2 * near_t,
-        ]
+            rstd64.to(tl.int64, bitcast=True),
+            margin,
+            fault,
+            near_t,
+        )
         W_DTYPE: tl.constexpr = w_ptr.dtype.element_ty
         if not HAS_Z:
-            und = _run_ptx(PTX_NONE_BF16, PTX_NONE_FP16, PTX_NONE_FP32, W_DTYPE, args)
+            value = _run_ptx(PTX_NONE_BF16, PTX_NONE_FP16, PTX_NONE_FP32, W_DTYPE, *args)
         elif SIGMOID:
-            und = _run_ptx(PTX_SIGMOID_BF16, PTX_SIGMOID_FP16, PTX_SIGMOID_FP32, W_DTYPE, args)
+            value = _run_ptx(PTX_SIGMOID_BF16, PTX_SIGMOID_FP16, PTX_SIGMOID_FP32, W_DTYPE, *args)
         else:
-            und = _run_ptx(PTX_SILU_BF16, PTX_SILU_FP16, PTX_SILU_FP32, W_DTYPE, args)
+            value = _run_ptx(PTX_SILU_BF16, PTX_SILU_FP16, PTX_SILU_FP32, W_DTYPE, *args)
     else:
         # the interpreter: the same decision on the whole tile (numpy's fp64 exp for the PTX series)
-        flag = (near_key <= 2 * near_t) & rows_sel
+        near_key = (y.to(tl.int32, bitcast=True) * 65536 + ((near_t - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
+        flag = (near_key < (2 * near_t + 1) * 65536) & rows_sel
         x = _widen_to_fp32(tl.load(x_rows + cols, mask=flag, other=0.0))
         w = tl.load(w_ptr + cols, mask=flag, other=0.0)
         if w.dtype == tl.bfloat16:
@@ -289,10 +260,9 @@ def exact_element(
         dist = tl.abs((b & 0x00001FFFFFFFFFFF) - 0x0000100000000000)
         rounded = (b + 0x00000FFFFFFFFFFF + ((b >> 45) & 1)) & -0x0000200000000000
         undecided = flag & (far | (dist <= margin))
-        value = rounded.to(tl.float64, bitcast=True).to(tl.float32)  # exact: a bf16 value
-        tl.store(y_rows + cols, _exact_cast(value, y_rows.dtype.element_ty), mask=flag & ~undecided)
-        und = undecided.to(tl.int32)
-    return und
+        value = tl.where(flag, rounded.to(tl.float64, bitcast=True).to(tl.float32), y)
+        value = tl.where(undecided, tl.full(y.shape, UNDECIDED_BITS, tl.int32).to(tl.float32, bitcast=True), value)
+    return value
 
 
 @triton.jit

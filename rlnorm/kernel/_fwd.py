@@ -11,8 +11,7 @@ Design (docs/kernel-notes.md has the numbers behind every choice):
   element lies within the fast path's error bound T of a rounding midpoint of the output format,
   its row is "flagged". For bf16 outputs with rstd taken from x alone (gate after the norm, or no
   gate) each flagged element is then settled alone in fp64 by the lanes that hold it
-  (`_exact_element.py`: the program's rows' squares summed again in fp64, then one inline-PTX loop per
-  thread over its flagged elements, storing each settled value; the rest of the tile is stored first);
+  (`_exact_element.py`: the program's rows' squares summed again in fp64, inline PTX per element);
   a row with a non-finite, zero or tiny value, or an element the tier cannot place, is recomputed
   whole in fp64 from its own inputs (a scalar branch per program, then per row), rounded once. An
   unflagged output is the correctly rounded value whenever the fast path's error is inside T (set
@@ -33,7 +32,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from rlnorm.kernel import _exact_element
-from rlnorm.kernel._exact_element import exact_element, near_midpoint, rows_rstd64
+from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast, _widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
@@ -213,43 +212,24 @@ def _widen_chunks(a, b, SPLIT: tl.constexpr, INTERP: tl.constexpr):
 
 @triton.jit
 def _store_chunks(
-    ptrs,
-    v,
-    row_ok,
-    g,
-    GROUP: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    SPLIT: tl.constexpr,
-    ROUND: tl.constexpr,
-    INTERP,
-    keep=None,
+    ptrs, v, row_ok, g, GROUP: tl.constexpr, BLOCK_C: tl.constexpr, SPLIT: tl.constexpr, ROUND: tl.constexpr, INTERP
 ):
     """Store a [R, C, SPLIT] tile chunk by chunk, as `_load_chunks` loaded it (ptrs: [R, C], chunk 0;
     row_ok: [R, 1]; g: [1, C]). The masks are built per chunk, not split from a 3-D mask: Triton then
     still sees them constant along the columns and keeps the 16-byte stores. ROUND: v is the fast path's
     fp32 tile, rounded to nearest even in ptrs' type chunk by chunk after the split (so each chunk's
-    pairs pack into registers); else v is stored as it is. keep: an optional [R, C, SPLIT] element mask
-    (its stores are then per element: for rare programs only)."""
+    pairs pack into registers); else v is stored as it is."""
     if SPLIT == 2:
         a, b = tl.split(v)
         if ROUND:
             a = _fast_out(a, ptrs.dtype.element_ty, INTERP)
             b = _fast_out(b, ptrs.dtype.element_ty, INTERP)
-        mask_a = row_ok & (g < GROUP)  # [R, C]
-        mask_b = row_ok & (g + BLOCK_C < GROUP)
-        if keep is not None:
-            keep_a, keep_b = tl.split(keep)
-            mask_a = mask_a & keep_a
-            mask_b = mask_b & keep_b
-        tl.store(ptrs, a, mask=mask_a)
-        tl.store(ptrs + BLOCK_C, b, mask=mask_b)
+        tl.store(ptrs, a, mask=row_ok & (g < GROUP))
+        tl.store(ptrs + BLOCK_C, b, mask=row_ok & (g + BLOCK_C < GROUP))
     else:
         if ROUND:
             v = _fast_out(v, ptrs.dtype.element_ty, INTERP)
-        mask = (row_ok & (g < GROUP))[:, :, None]  # [R, C, 1]
-        if keep is not None:
-            mask = mask & keep
-        tl.store(ptrs[:, :, None], v, mask=mask)
+        tl.store(ptrs[:, :, None], v, mask=(row_ok & (g < GROUP))[:, :, None])
 
 
 @triton.jit
@@ -491,28 +471,20 @@ def _rms_norm_gated_fwd_kernel(
             if TIER2:
                 # near-midpoint elements of otherwise safe rows go to the per-element tier; only
                 # risky rows (and any element the tier leaves undecided) go to the whole-row path.
-                # Rows nothing flags are stored now, before the tier (a program without a flagged row
-                # ends here). The branch test is an int32 maximum (a few shuffles); the rows' bitmask
-                # for the whole-row path is built inside, where it is rare
-                _store_chunks(y_rows, y, (row_ok & ~row_flag)[:, None], g2, GROUP, BLOCK_C, SPLIT, True, INTERP)
+                # The branch test is an int32 maximum (a few shuffles); the rows' bitmask for the
+                # whole-row path is built inside, where it is rare
                 if tl.max(row_flag.to(tl.int32), axis=0) != 0:  # one scalar branch per program (~15%)
                     tier_row = row_flag & ~risky_row  # [BLOCK_R]
-                    tier_key = near_midpoint(y, NEAR_T0)  # [BLOCK_R, C, S]
-                    # the tier's rows but their near elements, which the tier stores: one store per
-                    # element (element masks: scalar stores, in these rare programs only)
-                    keep = tier_row[:, None, None] & (tier_key > 2 * NEAR_T0)  # [BLOCK_R, C, S]
-                    _store_chunks(y_rows, y, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, True, INTERP, keep)
                     # x again (L1): keeping the tile's x, z, w live to here would double the registers
                     xr = _widen_chunks(*_load_chunks(x_rows, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT), SPLIT, INTERP)
                     xr64 = xr.to(tl.float64)
                     rstd64 = rows_rstd64(_row_sum(xr64 * xr64), rstd, eps, GROUP)  # [BLOCK_R]
-                    und = exact_element(
-                        tier_key,
+                    y = exact_element(
+                        y,
                         cols,
                         tier_row[:, None, None],
                         (x_ptr + rows64 * stride_x)[:, None, None],
                         (z_ptr + rows64 * stride_z)[:, None, None],
-                        (y_ptr + rows64 * stride_y)[:, None, None],
                         w_ptr,
                         rstd64[:, None, None],
                         NEAR_T0,
@@ -522,7 +494,8 @@ def _rms_norm_gated_fwd_kernel(
                         SIGMOID,
                         not INTERP,
                     )  # [BLOCK_R, C, S]
-                    row_bits = _row_bits(risky_row | _row_any(und != 0))
+                    row_flag = risky_row | _row_any(y.to(tl.int32, bitcast=True) == UNDECIDED_BITS)
+                    row_bits = _row_bits(row_flag)
             elif EXACT == 1:
                 row_bits = _row_bits(row_flag)
         else:
@@ -550,9 +523,7 @@ def _rms_norm_gated_fwd_kernel(
             if EXACT == 1:
                 row_bits = _row_bits(row_flag)
 
-        if TIER2:
-            pass  # stored above, around the tier
-        elif EXACT == 1:  # flagged rows: stored below
+        if EXACT == 1:  # flagged rows: stored below
             _store_chunks(y_rows, y, (row_ok & ~row_flag)[:, None], g2, GROUP, BLOCK_C, SPLIT, True, INTERP)
         else:
             _store_chunks(y_rows, y, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, True, INTERP)
@@ -566,10 +537,6 @@ def _rms_norm_gated_fwd_kernel(
         # ---- exact path for flagged rows: a scalar branch per block, then per row ----
         if EXACT == 1:
             if row_bits != 0:
-                if TIER2:
-                    # an undecided row's elements were stored above by other lanes than the row path's
-                    # (the same bits: both are the correctly rounded value); a barrier orders them anyway
-                    tl.debug_barrier()
                 _exact_rows(
                     row_bits,
                     pid_r,
@@ -690,8 +657,6 @@ def rms_norm_gated_fwd(
         and tz == 0
         and t0 >= 0
         and (norm_before_gate or not has_z)
-        # the tier's PTX takes a thread's elements as one pack of 16 (every width from 8 columns up)
-        and block_r * block_g == _exact_element.PACK * 32 * num_warps
     )
     margin, fault = _tier2 or (_exact_element.MARGIN_ULPS, 0)
     maxnreg = variant["MAXNREG"]
