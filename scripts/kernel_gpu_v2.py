@@ -25,13 +25,36 @@ from rlnorm.reference import gated_rmsnorm_math
 
 
 def gpu_timer(warmup_ms: float = 25, rep_ms: float = 100):
-    """(median, p20, p80) microseconds via triton.testing.do_bench (CUDA events, L2 flushed per rep)."""
+    """(median, p20, p80) microseconds: CUDA events around each call, L2 flushed before it, the GPU queue
+    primed first. triton.testing.do_bench (these probes' timer until session 11) enqueues flush and call
+    one rep at a time: a launch whose host path outlasts flush + kernel (this kernel's launcher: 50-85 us
+    per call, 150-230 us at 6b4559e with its PTX as a constexpr argument) lets the queue run dry, and the
+    host's time enters the result. That made D=128, 262144 rows read 1.3-2x slow in some processes and
+    6b4559e look 2-5x slow (docs/kernel-notes.md, session 11)."""
 
     def timer(fn):
-        from triton.testing import do_bench
-
-        med, p20, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=[0.5, 0.2, 0.8])
-        return med * 1e3, p20 * 1e3, p80 * 1e3
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        est_us = max((time.perf_counter() - t0) / 3 * 1e6, 1.0)
+        for _ in range(max(1, int(warmup_ms * 1e3 / est_us))):
+            fn()
+        reps = max(10, min(100, int(rep_ms * 1e3 / est_us)))  # 4 queue entries per rep: under ~1000
+        cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU clock: longer than the host needs to enqueue every rep
+        for a, b in ev:
+            cache.zero_()
+            a.record()
+            fn()
+            b.record()
+        torch.cuda.synchronize()
+        t = sorted(a.elapsed_time(b) * 1e3 for a, b in ev)
+        return tuple(t[min(len(t) - 1, int(q * len(t)))] for q in (0.5, 0.2, 0.8))
 
     return timer
 
