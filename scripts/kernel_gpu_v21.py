@@ -55,7 +55,8 @@ def prepare(commit: str = OLD_COMMIT, files: dict[str, str] = OLD) -> None:
 
 PROBES = {"new": (False, {}), "old": (True, {}), "fast": (False, {"EXACT": 0})}  # name: (c8893ac's tier, variant)
 
-CHILD = r"""
+# Every probe child starts so: the package copy it was given, then ~2 s of work so the clocks are up
+CHILD_HEAD = r"""
 import json, sys, time
 import torch
 sys.path.insert(1, ROOT)
@@ -67,12 +68,18 @@ t0 = time.time()
 while time.time() - t0 < 2.0:  # clocks up before the first timing
     a.add_(1.0)
 torch.cuda.synchronize()
+"""
+
+CHILD = (
+    CHILD_HEAD
+    + r"""
 timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
 for d in DIMS:
     V.timing_passes(d, [(NAME, {"_variant": VARIANT})], timer, passes=3)
 print("\n".join(V.SUMMARY))
 json.dump(V.RES, open(OUTF, "w"), indent=1)
 """
+)
 
 
 def run_probe(name: str, files: dict[str, str], variant: dict, dims: tuple[int, ...] = (128, 256)) -> None:
@@ -95,26 +102,38 @@ def probe() -> None:
         run_probe(name, OLD if old else {}, variant)
 
 
-def gpu_tests() -> None:
+def gpu_tests(
+    files: tuple[str, ...] = ("tests/test_kernel_exact_element.py", "tests/test_kernel_fwd.py"), env: dict | None = None
+) -> None:
+    """The GPU-only kernel tests of `files` (stopping at the first failure); the outcome goes to V.SUMMARY."""
     r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-x",
-            "-k",
-            "gpu or widen or cuda",
-            "tests/test_kernel_exact_element.py",
-            "tests/test_kernel_fwd.py",
-        ],
+        [sys.executable, "-m", "pytest", "-q", "-x", "-k", "gpu or widen or cuda", *files],
         cwd=ROOT,
         capture_output=True,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     tail = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-500:]
     V.SUMMARY.append(f"pytest (GPU-only kernel tests): rc={r.returncode} {tail}")
     print(r.stdout[-3000:], r.stderr[-2000:], flush=True)
+
+
+def run_forms(forms: list[tuple], child: str, out_name: str, rounds: int, prefixes: tuple[str, ...]) -> None:
+    """Each form (name, text patches, kernel files, variant) in its own process on its own package copy,
+    `rounds` times interleaved; the child's lines starting with `prefixes` go to V.SUMMARY, and the
+    summary to $OUT/<out_name>/summary.json."""
+    out = os.path.join(os.environ.get("OUT", "/tmp"), out_name)
+    os.makedirs(out, exist_ok=True)
+    for rnd in range(rounds):
+        for name, patches, files, variant in forms:
+            tag = f"{name}_{rnd}"
+            r = run_child(child, patched_tree(patches, files), NAME=name, VARIANT=variant, OUTF=f"{out}/{tag}.json")
+            lines = [ln for ln in r.stdout.splitlines() if ln.startswith(prefixes)]
+            V.SUMMARY.extend(lines)
+            print("\n".join(lines), flush=True)
+            if r.returncode:
+                print(f"probe {tag} failed:\n{r.stderr[-3000:]}", flush=True)
+    json.dump(V.SUMMARY, open(f"{out}/summary.json", "w"), indent=1)
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ Ran as call 3 at 421c366: the harness (docs/kernel-notes.md, session 11).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -24,24 +23,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripts import kernel_gpu_v2 as V
 from scripts import kernel_gpu_v21 as V21
-from scripts.kernel_gpu_v20 import patched_tree, run_child
 
 LOOP_COMMIT = "6b4559e"
 LOOP = V21.kernel_files(LOOP_COMMIT)
 PROBES = [("ptx", {}, {}), ("loop6b", LOOP, {}), ("fast", {}, {"EXACT": 0})]
 
-CHILD = r"""
-import json, sys, time
-import torch
-sys.path.insert(1, ROOT)
-from scripts import kernel_gpu_v2 as V
-import rlnorm.kernel._fwd as F
-assert F.__file__.startswith(TREE), F.__file__
-a = torch.randn(1 << 24, device="cuda")
-t0 = time.time()
-while time.time() - t0 < 2.0:  # clocks up before the first timing
-    a.add_(1.0)
-torch.cuda.synchronize()
+CHILD = (
+    V21.CHILD_HEAD
+    + r"""
 timer = V.gpu_timer(warmup_ms=20, rep_ms=80)
 kw = {"_variant": VARIANT}
 for d in (128, 256):
@@ -65,24 +54,15 @@ for d in (128, 256):
 print("\n".join(V.SUMMARY))
 json.dump(V.RES, open(OUTF, "w"), indent=1)
 """
+)
 
 
 def main() -> None:
     if sys.argv[1:] == ["--prepare"]:
         V21.prepare(LOOP_COMMIT, LOOP)
         return
-    out = os.path.join(os.environ.get("OUT", "/tmp"), "v25")
-    os.makedirs(out, exist_ok=True)
-    for rnd in range(int(os.environ.get("V25_ROUNDS", "2"))):
-        for name, files, variant in PROBES:
-            tag = f"{name}_{rnd}"
-            r = run_child(CHILD, patched_tree([], files), NAME=name, VARIANT=variant, OUTF=f"{out}/{tag}.json")
-            lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("time", "graph", "host"))]
-            V.SUMMARY.extend(lines)
-            print("\n".join(lines), flush=True)
-            if r.returncode:
-                print(f"probe {tag} failed:\n{r.stderr[-3000:]}", flush=True)
-    json.dump(V.SUMMARY, open(f"{out}/summary.json", "w"), indent=1)
+    forms = [(name, [], files, variant) for name, files, variant in PROBES]
+    V21.run_forms(forms, CHILD, "v25", int(os.environ.get("V25_ROUNDS", "2")), ("time", "graph", "host"))
     V.print_summary()
 
 

@@ -13,15 +13,14 @@ Ran as call 5 at 454be0a: the loop 1.5 us slower at D=128 and 1-4 us at D=256 in
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from scripts import kernel_gpu_v2 as V
+from scripts import kernel_gpu_v21 as V21
 from scripts import kernel_gpu_v26 as V26
-from scripts.kernel_gpu_v20 import patched_tree, run_child
 
 LATE = [
     (
@@ -43,18 +42,9 @@ PROBES = [
     ("loop_cap80", [], {}, {"MAXNREG": 80}),
 ]
 
-CHILD = r"""
-import json, sys, time
-import torch
-sys.path.insert(1, ROOT)
-from scripts import kernel_gpu_v2 as V
-import rlnorm.kernel._fwd as F
-assert F.__file__.startswith(TREE), F.__file__
-a = torch.randn(1 << 24, device="cuda")
-t0 = time.time()
-while time.time() - t0 < 1.0:  # clocks up before the first timing
-    a.add_(1.0)
-torch.cuda.synchronize()
+CHILD = (
+    V21.CHILD_HEAD
+    + r"""
 kw = {"_variant": VARIANT}
 for d in (256, 128):
     V.graph_time(d, V.ROWS, [(NAME + "_graph", kw)], calls=2, reps=30)
@@ -62,20 +52,11 @@ for d in (256, 128):
         V.graph_time(d, rows, [(NAME, kw)])
 print("\n".join(V.SUMMARY))
 """
+)
 
 
 def main() -> None:
-    out = os.path.join(os.environ.get("OUT", "/tmp"), "v27")
-    os.makedirs(out, exist_ok=True)
-    for _ in range(int(os.environ.get("V27_ROUNDS", "2"))):
-        for name, patches, files, variant in PROBES:
-            r = run_child(CHILD, patched_tree(patches, files), NAME=name, VARIANT=variant)
-            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("graph")]
-            V.SUMMARY.extend(lines)
-            print("\n".join(lines), flush=True)
-            if r.returncode:
-                print(f"probe {name} failed:\n{r.stderr[-3000:]}", flush=True)
-    json.dump(V.SUMMARY, open(f"{out}/summary.json", "w"), indent=1)
+    V21.run_forms(PROBES, CHILD, "v27", int(os.environ.get("V27_ROUNDS", "2")), ("graph",))
     V.print_summary()
 
 
