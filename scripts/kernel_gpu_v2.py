@@ -17,6 +17,7 @@ import traceback
 import torch
 
 from rlnorm.bench import _rotating, make_sets
+from rlnorm.checks import QUEUE_PRIME_CYCLES
 from rlnorm.inputs import make_case
 from rlnorm.kernel import _fwd as F
 from rlnorm.numerics import round_once
@@ -46,7 +47,7 @@ def gpu_timer(warmup_ms: float = 25, rep_ms: float = 100):
         cache = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
         ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
         torch.cuda.synchronize()
-        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU clock: longer than the host needs to enqueue every rep
+        torch.cuda._sleep(QUEUE_PRIME_CYCLES)  # the kit's prime (~0.1 s): longer than enqueueing every rep
         for a, b in ev:
             cache.zero_()
             a.record()
