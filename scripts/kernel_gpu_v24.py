@@ -25,8 +25,6 @@ from scripts import kernel_gpu_v2 as V
 from scripts import kernel_gpu_v21 as V21
 from scripts.kernel_gpu_v15 import CASES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 def tier_cases():
     """(name, opts, x, z, w, d, fwd kwargs, fp64 rounded once) for every tier case: the standard data at
