@@ -92,67 +92,6 @@ def _activation(z, ACTIVATION: tl.constexpr, FAST_ACT: tl.constexpr, ASM: tl.con
 
 
 @triton.jit
-def _load_tile(X, DY, Z, r3, c3, mask, stride_x, stride_dy, stride_z, HAS_Z: tl.constexpr):
-    """A tile's x, dy and z as loaded (z is x's when there is no gate: unused)."""
-    x_raw = tl.load(X + r3 * stride_x + c3, mask=mask, other=0.0)
-    dy_raw = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0)
-    if HAS_Z:
-        z_raw = tl.load(Z + r3 * stride_z + c3, mask=mask, other=0.0)
-    else:
-        z_raw = x_raw
-    return x_raw, dy_raw, z_raw
-
-
-@triton.jit
-def _tile_grads(
-    x_raw, dy_raw, z_raw, w, mask, r3, c3, DX, DZ, stride_dx, stride_dz, eps, inv_group,
-    HAS_Z: tl.constexpr, NORM_BEFORE_GATE: tl.constexpr, ACTIVATION: tl.constexpr, FAST_ACT: tl.constexpr,
-    RSTD_FAST: tl.constexpr, INTERP: tl.constexpr, ASM: tl.constexpr,
-):  # fmt: skip
-    """One tile's dx and dz, stored; returns its fp32 dweight contributions (zero where masked)."""
-    x = _widen_fast(x_raw, INTERP, ASM)  # [BLOCK_R, BLOCK_G, BLOCK_C]
-    dy = _widen_fast(dy_raw, INTERP, ASM)
-    if HAS_Z:
-        z = _widen_fast(z_raw, INTERP, ASM)
-        act, dact = _activation(z, ACTIVATION, FAST_ACT, ASM)
-    if HAS_Z and not NORM_BEFORE_GATE:
-        u = x * act
-    else:
-        u = x
-    # per-row, per-group statistics: reductions over this row's own columns only
-    mean_sq = tl.sum(u * u, axis=2) * inv_group  # [BLOCK_R, BLOCK_G]
-    ms = mean_sq + eps
-    if RSTD_FAST and ASM:
-        # rsqrt.approx and one Newton step with an FMA residual (~0.75 ulp; the forward's rstd): a
-        # handful of instructions per row against sqrt.rn's slow-path test and div.full's range fixes
-        r0 = libdevice.rsqrt(ms)
-        rstd = tl.fma(r0 * 0.5, tl.fma(-(ms * r0), r0, 1.0), r0)[:, :, None]  # [BLOCK_R, BLOCK_G, 1]
-    else:
-        rstd = (1.0 / tl.sqrt_rn(ms))[:, :, None]  # [BLOCK_R, BLOCK_G, 1], correctly rounded sqrt
-    uh = u * rstd
-    if HAS_Z and NORM_BEFORE_GATE:
-        g = dy * w * act
-        contrib = dy * uh * act
-    else:
-        g = dy * w
-        contrib = dy * uh
-    c1 = (tl.sum(g * uh, axis=2) * inv_group)[:, :, None]  # [BLOCK_R, BLOCK_G, 1]
-    du = rstd * (g - uh * c1)
-    if HAS_Z and not NORM_BEFORE_GATE:
-        dx = du * act
-        dz = du * x * dact
-    else:
-        dx = du
-        if HAS_Z:
-            dz = dy * w * uh * dact
-    # one round-to-nearest-even per output
-    tl.store(DX + r3 * stride_dx + c3, _rounded(dx, DX.dtype.element_ty, INTERP), mask=mask)
-    if HAS_Z:
-        tl.store(DZ + r3 * stride_dz + c3, _rounded(dz, DZ.dtype.element_ty, INTERP), mask=mask)
-    return tl.where(mask, contrib, 0.0)
-
-
-@triton.jit
 def _rms_norm_gated_bwd_kernel(
     DY,
     X,
@@ -194,7 +133,6 @@ def _rms_norm_gated_bwd_kernel(
     ASM: tl.constexpr,
     PDL: tl.constexpr,  # the finalize is launched as a programmatic dependent of this kernel
     RSTD_FAST: tl.constexpr,  # rstd by rsqrt.approx + a Newton step (else 1 / sqrt_rn)
-    SUB: tl.constexpr,  # tiles per loop step: 1, or 2 (both tiles' loads first; PREFETCH off)
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
     allow_dependent_launch(PDL)  # the finalize's CTAs may be placed now; they wait for this kernel's end
@@ -234,76 +172,94 @@ def _rms_norm_gated_bwd_kernel(
         dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
         if HAS_Z:
             z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
-    if SUB == 1:
-        for t in range(n_tiles):
-            rows = row0 + t * BLOCK_R
-            mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
-            r3 = rows[:, None, None]
-            if PREFETCH:
-                x_raw = x_next
-                dy_raw = dy_next
-                if HAS_Z:
-                    z_raw = z_next
-                r3n = r3 + BLOCK_R
-                mask_n = (r3n < n_rows) & cm3 & (t + 1 < n_tiles)
-                x_next = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
-                dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
-                if HAS_Z:
-                    z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
-            else:
-                x_raw, dy_raw, z_raw = _load_tile(X, DY, Z, r3, c3, mask, stride_x, stride_dy, stride_z, HAS_Z)
-            contrib = _tile_grads(
-                x_raw, dy_raw, z_raw, w, mask, r3, c3, DX, DZ, stride_dx, stride_dz, eps, inv_group,
-                HAS_Z, NORM_BEFORE_GATE, ACTIVATION, FAST_ACT, RSTD_FAST, INTERP, ASM,
-            )  # fmt: skip
-            if DWEIGHT:  # (False only to time dx/dz alone in benchmarks)
-                if DEBUG:  # every row's fp32 contributions, for checking the accumulator from outside
-                    tl.store(SCR + r3 * d + c3, contrib, mask=mask)
-                if t == 0:
-                    if ROW_RANGE:
-                        start, lo, hi, scale = hot_range_rows(contrib, HOT_WIDTH)
-                    else:
-                        start, lo, hi, scale = hot_range(contrib, HOT_MODE, HOT_WIDTH)
-                acc0, acc1, cold_bits = accumulate(
-                    contrib, acc0, acc1, cold_bits, t, start, lo, hi, scale, SCR + r3 * d + c3, cnt_ptr, c3, cm3, d,
-                    NUM_WIN, COLD_MODE, HOT_MODE,
-                )  # fmt: skip
-    else:
-        # two tiles per step, both tiles' loads issued before either's math (a store to dx can alias a
-        # later load as far as the compiler knows, so it cannot hoist them itself); the tiles share
-        # the accumulator registers, which a thread holding 8 columns of a row needs once, not twice
-        for t in range(0, n_tiles, 2):
-            r3a = (row0 + t * BLOCK_R)[:, None, None]
-            r3b = r3a + BLOCK_R
-            mask_a = (r3a < n_rows) & cm3
-            mask_b = (r3b < n_rows) & cm3 & (t + 1 < n_tiles)  # never the next program's first tile
-            xa, dya, za = _load_tile(X, DY, Z, r3a, c3, mask_a, stride_x, stride_dy, stride_z, HAS_Z)
-            xb, dyb, zb = _load_tile(X, DY, Z, r3b, c3, mask_b, stride_x, stride_dy, stride_z, HAS_Z)
-            ca = _tile_grads(
-                xa, dya, za, w, mask_a, r3a, c3, DX, DZ, stride_dx, stride_dz, eps, inv_group,
-                HAS_Z, NORM_BEFORE_GATE, ACTIVATION, FAST_ACT, RSTD_FAST, INTERP, ASM,
-            )  # fmt: skip
-            cb = _tile_grads(
-                xb, dyb, zb, w, mask_b, r3b, c3, DX, DZ, stride_dx, stride_dz, eps, inv_group,
-                HAS_Z, NORM_BEFORE_GATE, ACTIVATION, FAST_ACT, RSTD_FAST, INTERP, ASM,
-            )  # fmt: skip
-            if DWEIGHT:
-                if DEBUG:
-                    tl.store(SCR + r3a * d + c3, ca, mask=mask_a)
-                    tl.store(SCR + r3b * d + c3, cb, mask=mask_b)
-                if t == 0:
-                    if ROW_RANGE:
-                        start, lo, hi, scale = hot_range_rows(ca, HOT_WIDTH)
-                    else:
-                        start, lo, hi, scale = hot_range(ca, HOT_MODE, HOT_WIDTH)
-                acc0, acc1, cold_bits = accumulate(
-                    ca, acc0, acc1, cold_bits, t, start, lo, hi, scale, SCR + r3a * d + c3, cnt_ptr, c3, cm3, d,
-                    NUM_WIN, COLD_MODE, HOT_MODE,
-                )  # fmt: skip
-                acc0, acc1, cold_bits = accumulate(
-                    cb, acc0, acc1, cold_bits, t + 1, start, lo, hi, scale, SCR + r3b * d + c3, cnt_ptr, c3, cm3, d,
-                    NUM_WIN, COLD_MODE, HOT_MODE,
-                )  # fmt: skip
+    for t in range(n_tiles):
+        rows = row0 + t * BLOCK_R
+        mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        r3 = rows[:, None, None]
+        if PREFETCH:
+            x_raw = x_next
+            dy_raw = dy_next
+            if HAS_Z:
+                z_raw = z_next
+            r3n = r3 + BLOCK_R
+            mask_n = (r3n < n_rows) & cm3 & (t + 1 < n_tiles)
+            x_next = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
+            dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
+            if HAS_Z:
+                z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
+        else:
+            x_raw = tl.load(X + r3 * stride_x + c3, mask=mask, other=0.0)
+            dy_raw = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0)
+            if HAS_Z:
+                z_raw = tl.load(Z + r3 * stride_z + c3, mask=mask, other=0.0)
+        x = _widen_fast(x_raw, INTERP, ASM)  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        dy = _widen_fast(dy_raw, INTERP, ASM)
+        if HAS_Z:
+            z = _widen_fast(z_raw, INTERP, ASM)
+            act, dact = _activation(z, ACTIVATION, FAST_ACT, ASM)
+        if HAS_Z and not NORM_BEFORE_GATE:
+            u = x * act
+        else:
+            u = x
+        # per-row, per-group statistics: reductions over this row's own columns only
+        mean_sq = tl.sum(u * u, axis=2) * inv_group  # [BLOCK_R, BLOCK_G]
+        ms = mean_sq + eps
+        if RSTD_FAST and ASM:
+            # rsqrt.approx and one Newton step with an FMA residual (~0.75 ulp; the forward's rstd): a
+            # handful of instructions per row against sqrt.rn's slow-path test and div.full's range fixes
+            r0 = libdevice.rsqrt(ms)
+            rstd = tl.fma(r0 * 0.5, tl.fma(-(ms * r0), r0, 1.0), r0)[:, :, None]  # [BLOCK_R, BLOCK_G, 1]
+        else:
+            rstd = (1.0 / tl.sqrt_rn(ms))[:, :, None]  # [BLOCK_R, BLOCK_G, 1], correctly rounded sqrt
+        uh = u * rstd
+        if HAS_Z and NORM_BEFORE_GATE:
+            g = dy * w * act
+            contrib = dy * uh * act
+        else:
+            g = dy * w
+            contrib = dy * uh
+        c1 = (tl.sum(g * uh, axis=2) * inv_group)[:, :, None]  # [BLOCK_R, BLOCK_G, 1]
+        du = rstd * (g - uh * c1)
+        if HAS_Z and not NORM_BEFORE_GATE:
+            dx = du * act
+            dz = du * x * dact
+        else:
+            dx = du
+            if HAS_Z:
+                dz = dy * w * uh * dact
+        # one round-to-nearest-even per output
+        tl.store(DX + r3 * stride_dx + c3, _rounded(dx, DX.dtype.element_ty, INTERP), mask=mask)
+        if HAS_Z:
+            tl.store(DZ + r3 * stride_dz + c3, _rounded(dz, DZ.dtype.element_ty, INTERP), mask=mask)
+        if DWEIGHT:  # (False only to time dx/dz alone in benchmarks)
+            # dweight: this tile's fp32 contributions enter the exact integer accumulator
+            contrib = tl.where(mask, contrib, 0.0)
+            if DEBUG:  # every row's fp32 contributions, for checking the accumulator from outside
+                tl.store(SCR + r3 * d + c3, contrib, mask=mask)
+            if t == 0:
+                if ROW_RANGE:
+                    start, lo, hi, scale = hot_range_rows(contrib, HOT_WIDTH)
+                else:
+                    start, lo, hi, scale = hot_range(contrib, HOT_MODE, HOT_WIDTH)
+            acc0, acc1, cold_bits = accumulate(
+                contrib,
+                acc0,
+                acc1,
+                cold_bits,
+                t,
+                start,
+                lo,
+                hi,
+                scale,
+                SCR + r3 * d + c3,
+                cnt_ptr,
+                c3,
+                cm3,
+                d,
+                NUM_WIN,
+                COLD_MODE,
+                HOT_MODE,
+            )
     if DWEIGHT:
         if ROW_RANGE:
             flush_rows(acc0, start, cnt_ptr, c3, cm3, d, ASM)
@@ -342,7 +298,6 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "RSTD_FAST": 1 if width > 128 else 0,
         "FAST_ACT": 1,
         "ROW_RANGE": 0,
-        "SUB": 1,
         "maxnreg": 0,  # 0: the compiler's choice
     }
     if width <= 128:
@@ -385,8 +340,6 @@ def _launch_plan(rows: int, d: int, group: int, config: dict[str, int] | None) -
     if cfg["ROW_RANGE"] and cfg["BLOCK_R"] * cfg["BLOCK_G"] * cfg["BLOCK_C"] < 32 * cfg["num_warps"]:
         # its per-element atomics (inline PTX) would run once per copy of a replicated element
         raise ValueError("config: ROW_RANGE needs at least one element per thread")
-    if cfg["SUB"] not in (1, 2) or (cfg["SUB"] == 2 and cfg["PREFETCH"]):
-        raise ValueError("config: SUB must be 1, or 2 with PREFETCH 0")
     max_tiles = _dweight.MAX_TILES_DEFERRED if cfg["COLD_MODE"] == 0 else _dweight.MAX_TILES
     if "TILES" not in (config or {}):
         cfg["TILES"] = tiles_per_program(rows, cfg["BLOCK_R"], min(cfg["TILES"], max_tiles))
