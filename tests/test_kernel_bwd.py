@@ -13,6 +13,8 @@ import math
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import rlnorm
 from rlnorm.inputs import make_case
@@ -258,6 +260,38 @@ def test_tiles_per_program_change_no_bit():
     assert tiles_per_program(1, 2, 31) == 1
     assert tiles_per_program(10**6, 2, 31) == 31
     assert all(tiles_per_program(r, 1, 31) in (1, 2, 4, 8, 16, 31) for r in (1, 7, 63, 257, 4097, 10**5))
+
+
+@triton.constexpr_function
+def _int32_tile_bits(tiles: int) -> tl.dtype:
+    return tl.int32
+
+
+def test_deferred_values_past_31_tiles_are_counted(monkeypatch):
+    # 63 tiles per program keep one bit per tile in an int64 (D=256's default past ~65000 rows): rare
+    # ("cold") contributions in tiles 35 and 40 of a program must reach dweight as in one-tile programs
+    c = make_case(200, 128, seed=8)
+    dy = c.dy.clone()
+    dy[70:72] *= 2.0**-100  # tile 35 of program 0 (2-row tiles): far below its hot range, so deferred
+    dy[81, 5] *= 2.0**-90  # tile 40
+    dy[190, 7] = float("inf")  # program 1, tile 32: +-Inf / NaN have their own slots
+    args = (dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
+    want = rms_norm_gated_bwd(*args, config={"TILES": 1})
+    got = {t: rms_norm_gated_bwd(*args, config={"TILES": t}) for t in (31, 32, 63)}
+    for t, out in got.items():
+        assert_same_bits(out[2], want[2], f"dweight, {t} tiles per program vs 1")
+    # planted fault: int32 tile bits at 63 tiles lose the bits of tiles 32 and up
+    from rlnorm.kernel import _dweight
+
+    monkeypatch.setattr(_dweight, "tile_bits_dtype", _int32_tile_bits)
+    bad = rms_norm_gated_bwd(*args, config={"TILES": 63})[2]
+    assert not torch.equal(bits(bad), bits(want[2]))
+
+
+def test_bwd_config_at_256_columns_halves_the_programs():
+    cfg = bwd_config(256, 256)
+    assert cfg["TILES"] == 63 and cfg["maxnreg"] == 64 and cfg["BLOCK_R"] == 1
+    assert bwd_config(128, 128)["TILES"] == 31 and bwd_config(512, 512)["TILES"] == 31
 
 
 def test_prefetch_changes_no_bit():

@@ -150,7 +150,8 @@ def _rms_norm_gated_bwd_kernel(
     cm3 = col_mask[None, :, :]
     acc0 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the hot range
     acc1 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # (HOT_MODE 1 only)
-    cold_bits = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int32)  # tiles whose value went to the scratch
+    # tiles whose value went to the scratch: one bit per tile (int32; int64 past 31 tiles)
+    cold_bits = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], _dweight.tile_bits_dtype(TILES))
     # hot range, chosen from the first tile (speed only, never the result): one per program, or
     # one per row (ROW_RANGE: no cross-warp step when a row lies in one warp; per-slot flush)
     if ROW_RANGE:
@@ -280,14 +281,14 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
     # D=128 2 warps 161 us vs 4 warps 189 us; D=256 2 warps 280-301 us vs 4 warps 355 us
     num_warps = max(2, min(16, width // 128))
     block_r = max(1, 4 * 32 * num_warps // width)
-    # 31 tiles per program (the most a deferred value's tile bit allows) amortise those steps;
+    # 31 tiles per program amortise those steps (63 at 256 columns: below);
     # PREFETCH overlaps tile t + 1's loads with tile t's math; FAST_ACT drops the gate's range
     # guards (same bits for z > -87). H200, run 2: D=128 139 us (16 tiles, neither: 161), D=256 240 (301)
     cfg = {
         "BLOCK_R": block_r,
         "BLOCK_G": block_g,
         "BLOCK_C": block_c,
-        "TILES": _dweight.MAX_TILES_DEFERRED,  # the most; fewer where rows are few (tiles_per_program)
+        "TILES": 31,  # the most; fewer where rows are few (tiles_per_program)
         "num_warps": num_warps,
         "DWEIGHT": True,
         "COLD_MODE": 0,
@@ -302,6 +303,13 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
     }
     if width <= 128:
         # the loop needs 64 registers; the rare deferred path after it would take 80 (spills there only)
+        # (63 tiles here: int64 tile bits spill under that cap, 133-144 us against 119-128: session 13)
+        cfg["maxnreg"] = 64
+    elif width <= 256:
+        # one-row tiles: every program's flush is 3 atomics per column, and 262144 rows at 31 tiles are
+        # 8457 programs; 63 tiles halve the atomics (int64 tile bits, 64 registers without spills).
+        # H200, forward+backward through autograd: 328.9 -> 317.6 us (docs/dweight-notes.md, session 13)
+        cfg["TILES"] = _dweight.MAX_TILES_DEFERRED
         cfg["maxnreg"] = 64
     return cfg
 

@@ -58,12 +58,18 @@ STRIPES = 8  # most copies of the counters, chosen by pid: spreads atomic conten
 PROGRAMS_PER_STRIPE = 64  # fewer programs share fewer copies: the finalize reads every copy of every slot
 MAX_TILE_ROWS = 256  # a flush sums BLOCK_R low parts < 2**32: far inside int64
 MAX_TILES = 256  # a register slot gains < 2**55 per tile: 256 tiles stay below 2**63
-MAX_TILES_DEFERRED = 31  # deferred cold values: one bit per tile in an int32 per slot
+MAX_TILES_DEFERRED = 63  # deferred cold values: one bit per tile in an int32 per slot (int64 past 31 tiles)
 MAX_ROWS = 2**27  # counters: every slot < 3 * rows * 2**33, a limb (two slots) < 2**62
 HOT_START_MAX: tl.constexpr = tl.constexpr(253 - 63)  # hot range [start, start + 64) within the shifts 0..253
 # HOT_MODE 0 (scaled): hot range [start, start + W) with start >= 22, so the scale 2**(149 - start) is an fp32
 SCALED_START_MIN: tl.constexpr = tl.constexpr(22)
 SCALED_HEADROOM: tl.constexpr = tl.constexpr(3)  # shifts above the first tile's largest that stay hot
+
+
+@triton.constexpr_function
+def tile_bits_dtype(tiles: int) -> tl.dtype:
+    """dtype of the deferred path's per-slot tile bits: int32 up to 31 tiles (fewer registers), else int64."""
+    return tl.int32 if tiles <= 31 else tl.int64
 
 
 def hot_width(tiles: int) -> int:
@@ -251,7 +257,8 @@ def accumulate(
         cold = ((mant != 0) & ~(in0 | in1)) | nonfinite
     if COLD_MODE == 0:
         tl.store(scratch, v, mask=cold)
-        cold_bits = tl.where(cold, cold_bits | (1 << t), cold_bits)
+        one = tl.full([], 1, cold_bits.dtype)  # int32, or int64 past 31 tiles
+        cold_bits = tl.where(cold, cold_bits | (one << (one * 0 + t)), cold_bits)  # t: int32 tensor or int
     elif COLD_MODE == 1:
         # the tile's only cross-thread step: is there any cold value at all?
         if _tile_max(cold.to(tl.int32)) > 0:
@@ -393,7 +400,7 @@ def _column_sum_kernel(
     col_mask = col < d
     acc0 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
     acc1 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
-    cold_bits = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int32)
+    cold_bits = tl.zeros([BLOCK_R, 1, BLOCK_C], tile_bits_dtype(TILES))
     start = pid * 0
     lo = start.to(tl.float32)
     hi = lo
