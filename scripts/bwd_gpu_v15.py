@@ -3,6 +3,7 @@
     python3 scripts/bwd_gpu_v15.py                             (call 1)
     V15_SET=tiles V15_ROUNDS=3 python3 scripts/bwd_gpu_v15.py  (call 2)
     V15_SET=stripes V15_ROUNDS=3 python3 scripts/bwd_gpu_v15.py  (call 3)
+    V15_SET=flush V15_ROUNDS=4 python3 scripts/bwd_gpu_v15.py  (call 5)
     ($OUT/bwd15.json; a line per variant, then the bench's rows)
 
 Phase 1, per D at 262144 rows: GPU time per call of the backward launcher (counter zeroing and finalize included)
@@ -100,6 +101,17 @@ SETS["stripes"] = {
         ("t63 c64 s32", {"COLD64": 1, "TILES": 63, "maxnreg": 64, "STRIPES": 32}),
     ],
 }
+# call 5 (after 540393c: 63 tiles at D=256): the flush's atomics in consecutive lanes (8 sectors per warp
+# instruction instead of 16), with 16 tiles (twice the atomics) to show what the layout saves
+SETS["flush"] = {
+    d: [
+        ("default", {}),
+        ("fs", {"FLUSH_SCALAR": 1}),
+        ("t16", {"TILES": 16}),
+        ("t16 fs", {"TILES": 16, "FLUSH_SCALAR": 1}),
+    ]
+    for d in (128, 256)
+}
 SET = os.environ.get("V15_SET", "probe")
 VARIANTS = SETS[SET]
 ROUNDS = int(os.environ.get("V15_ROUNDS", "2"))
@@ -184,7 +196,7 @@ def phase1(d: int) -> list[tuple[float, str, dict]]:
             todo = [(n, c) for n, c in todo if n in best]
     per: dict[str, list[float]] = {}
     for r in RES:
-        if r["d"] == d and "us" in r and r["name"] not in ("default", "nodw", "t16", "t8"):
+        if r["d"] == d and "us" in r and r["name"] not in ("default", "nodw", "t16", "t8", "t16 fs"):
             per.setdefault(r["name"], []).append(r["us"])
     ranked = sorted((sorted(v)[len(v) // 2], n) for n, v in per.items())  # medians
     cfgs = dict(VARIANTS[d])

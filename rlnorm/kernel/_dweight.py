@@ -340,9 +340,15 @@ def flush(acc0, acc1, start, cnt_ptr, col, col_mask, d, HOT_MODE: tl.constexpr):
     acc0 * 2**(start - 149) (+ acc1 * 2**(start + 32 - 149) in HOT_MODE 1) is cut on the counters'
     2**32 grid (k = start >> 5, o = start & 31) into limbs k..k+3, each piece below 2**33 in
     magnitude, summed over the program's rows (exact) and added (any order: integer adds).
+    The atomics go out one column per lane, consecutive lanes on consecutive columns: a warp's 64-bit
+    adds then cover 8 sectors of 32 bytes, not 16 as in the two-per-thread layout Triton gives contiguous
+    columns. The L2's atomic work is what costs (H200, D=256 backward: 16 tiles 253 -> 211 us, 63 tiles
+    220 -> 215; docs/dweight-notes.md, session 13); `col ^ (d >> 30)` (d < 2**30: the same columns)
+    hides the columns' contiguity from Triton's layout choice.
     """
     k = start >> 5
     o = (start & 31).to(tl.int64)
+    col = col ^ (d >> 30)
     a0, a1, a2 = _digits(acc0, o)
     l0 = tl.sum(a0, axis=0, keep_dims=True)  # [1, BG, BC]
     if HOT_MODE == 0:
