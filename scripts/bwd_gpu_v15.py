@@ -4,6 +4,7 @@
     V15_SET=tiles V15_ROUNDS=3 python3 scripts/bwd_gpu_v15.py  (call 2)
     V15_SET=stripes V15_ROUNDS=3 python3 scripts/bwd_gpu_v15.py  (call 3)
     V15_SET=flush V15_ROUNDS=4 python3 scripts/bwd_gpu_v15.py  (call 5)
+    V15_SET=retile V15_ROUNDS=3 python3 scripts/bwd_gpu_v15.py  (next: prepared, not run)
     ($OUT/bwd15.json; a line per variant, then the bench's rows)
 
 Phase 1, per D at 262144 rows: GPU time per call of the backward launcher (counter zeroing and finalize included)
@@ -112,6 +113,11 @@ SETS["flush"] = {
     ]
     for d in (128, 256)
 }
+# next (prepared in session 13, not yet run): with the flush's atomics cheap, tiles per program again
+SETS["retile"] = {
+    128: [("default", {})] + [(f"t{t}", {"TILES": t}) for t in (8, 12, 16, 24)],
+    256: [("default", {})] + [(f"t{t}", {"TILES": t}) for t in (8, 16, 24, 31, 48)],
+}
 SET = os.environ.get("V15_SET", "probe")
 VARIANTS = SETS[SET]
 ROUNDS = int(os.environ.get("V15_ROUNDS", "2"))
@@ -196,7 +202,8 @@ def phase1(d: int) -> list[tuple[float, str, dict]]:
             todo = [(n, c) for n, c in todo if n in best]
     per: dict[str, list[float]] = {}
     for r in RES:
-        if r["d"] == d and "us" in r and r["name"] not in ("default", "nodw", "t16", "t8", "t16 fs"):
+        skip = ("default", "nodw", "t16", "t8", "t16 fs") if SET != "retile" else ("default",)
+        if r["d"] == d and "us" in r and r["name"] not in skip:
             per.setdefault(r["name"], []).append(r["us"])
     ranked = sorted((sorted(v)[len(v) // 2], n) for n, v in per.items())  # medians
     cfgs = dict(VARIANTS[d])
