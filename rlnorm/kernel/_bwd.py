@@ -288,7 +288,7 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "BLOCK_R": block_r,
         "BLOCK_G": block_g,
         "BLOCK_C": block_c,
-        "TILES": 31,  # the most; fewer where rows are few (tiles_per_program)
+        "TILES": _dweight.INT32_TILE_BITS,  # the most; fewer where rows are few (tiles_per_program)
         "num_warps": num_warps,
         "DWEIGHT": True,
         "COLD_MODE": 0,

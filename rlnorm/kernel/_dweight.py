@@ -58,7 +58,8 @@ STRIPES = 8  # most copies of the counters, chosen by pid: spreads atomic conten
 PROGRAMS_PER_STRIPE = 64  # fewer programs share fewer copies: the finalize reads every copy of every slot
 MAX_TILE_ROWS = 256  # a flush sums BLOCK_R low parts < 2**32: far inside int64
 MAX_TILES = 256  # a register slot gains < 2**55 per tile: 256 tiles stay below 2**63
-MAX_TILES_DEFERRED = 63  # deferred cold values: one bit per tile in an int32 per slot (int64 past 31 tiles)
+INT32_TILE_BITS = 31  # tiles whose deferred-value bits fit an int32 per slot (fewer registers than int64)
+MAX_TILES_DEFERRED = 63  # deferred cold values: one bit per tile, in an int64 per slot past INT32_TILE_BITS
 MAX_ROWS = 2**27  # counters: every slot < 3 * rows * 2**33, a limb (two slots) < 2**62
 HOT_START_MAX: tl.constexpr = tl.constexpr(253 - 63)  # hot range [start, start + 64) within the shifts 0..253
 # HOT_MODE 0 (scaled): hot range [start, start + W) with start >= 22, so the scale 2**(149 - start) is an fp32
@@ -69,7 +70,7 @@ SCALED_HEADROOM: tl.constexpr = tl.constexpr(3)  # shifts above the first tile's
 @triton.constexpr_function
 def tile_bits_dtype(tiles: int) -> tl.dtype:
     """dtype of the deferred path's per-slot tile bits: int32 up to 31 tiles (fewer registers), else int64."""
-    return tl.int32 if tiles <= 31 else tl.int64
+    return tl.int32 if tiles <= INT32_TILE_BITS else tl.int64
 
 
 def hot_width(tiles: int) -> int:
