@@ -119,7 +119,9 @@ SETS["retile"] = {
     + [(f"t{t}", {"TILES": t}) for t in (8, 16, 24)]
     # session 12's one faster shape (2-row tiles on one warp, cold values added inline), under a cap both
     # Tritons fit without spills (sm_90 offline: 3.6 151 registers, 3.7.1 162; at cap 128 3.7.1 spills 31)
-    + [(f"w1 t{t}", {"num_warps": 1, "COLD_MODE": 1, "maxnreg": 168, "TILES": t}) for t in (16, 31, 64)],
+    + [(f"w1 t{t}", {"num_warps": 1, "COLD_MODE": 1, "maxnreg": 168, "TILES": t}) for t in (16, 31, 64)]
+    # the same with cp.async stages instead of the register prefetch (no registers held for the next tile)
+    + [(f"w1 t31 s{s}", {"num_warps": 1, "COLD_MODE": 1, "maxnreg": 168, "PREFETCH": 0, "STAGES": s}) for s in (3, 4)],
     256: [("default", {})] + [(f"t{t}", {"TILES": t}) for t in (8, 16, 24, 31, 48)],
 }
 SET = os.environ.get("V15_SET", "probe")

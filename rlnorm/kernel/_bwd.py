@@ -133,6 +133,7 @@ def _rms_norm_gated_bwd_kernel(
     ASM: tl.constexpr,
     PDL: tl.constexpr,  # the finalize is launched as a programmatic dependent of this kernel
     RSTD_FAST: tl.constexpr,  # rstd by rsqrt.approx + a Newton step (else 1 / sqrt_rn)
+    STAGES: tl.constexpr,  # > 1: the loop's loads software-pipelined through shared memory (cp.async)
 ):
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
     allow_dependent_launch(PDL)  # the finalize's CTAs may be placed now; they wait for this kernel's end
@@ -173,7 +174,7 @@ def _rms_norm_gated_bwd_kernel(
         dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
         if HAS_Z:
             z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
-    for t in range(n_tiles):
+    for t in tl.range(n_tiles, num_stages=STAGES):
         rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
@@ -299,6 +300,7 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "RSTD_FAST": 1 if width > 128 else 0,
         "FAST_ACT": 1,
         "ROW_RANGE": 0,
+        "STAGES": 1,  # the register prefetch instead (cp.async stages cost issue slots: session 8)
         "maxnreg": 0,  # 0: the compiler's choice
     }
     if width <= 128:
