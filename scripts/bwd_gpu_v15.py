@@ -124,6 +124,24 @@ SETS["retile"] = {
     + [(f"w1 t31 s{s}", {"num_warps": 1, "COLD_MODE": 1, "maxnreg": 168, "PREFETCH": 0, "STAGES": s}) for s in (3, 4)],
     256: [("default", {})] + [(f"t{t}", {"TILES": t}) for t in (8, 16, 24, 31, 48)],
 }
+# session 14, call 3: cp.async stages (retile's winner at D=128: w1 t31 s4) at both widths
+W1 = {"num_warps": 1, "COLD_MODE": 1, "PREFETCH": 0, "maxnreg": 168}
+SETS["stages"] = {
+    128: [("default", {}), ("w1 t31 s4", dict(W1, STAGES=4))]
+    + [(f"w1 t31 s{s}", dict(W1, STAGES=s)) for s in (5, 6)]
+    + [(f"w1 t{t} s4", dict(W1, STAGES=4, TILES=t)) for t in (24, 40)]
+    + [
+        ("w1 t31 s4 rf", dict(W1, STAGES=4, RSTD_FAST=1)),
+        ("w2 cold1 s4 c80", {"COLD_MODE": 1, "PREFETCH": 0, "STAGES": 4, "maxnreg": 80}),
+    ],
+    256: [("default", {}), ("t24", {"TILES": 24})]
+    + [(f"w1 t{t} s{s}", dict(W1, STAGES=s, TILES=t)) for t, s in ((31, 4), (63, 4), (31, 3), (63, 6))]
+    + [
+        ("w2 cold1 s4 c104", {"COLD_MODE": 1, "PREFETCH": 0, "STAGES": 4, "maxnreg": 104}),
+        ("w2 s4 c80", {"PREFETCH": 0, "STAGES": 4, "maxnreg": 80}),
+        ("r2w2 cold1 s4", {"BLOCK_R": 2, "COLD_MODE": 1, "PREFETCH": 0, "STAGES": 4, "maxnreg": 168}),
+    ],
+}
 SET = os.environ.get("V15_SET", "probe")
 VARIANTS = SETS[SET]
 ROUNDS = int(os.environ.get("V15_ROUNDS", "2"))
@@ -208,7 +226,7 @@ def phase1(d: int) -> list[tuple[float, str, dict]]:
             todo = [(n, c) for n, c in todo if n in best]
     per: dict[str, list[float]] = {}
     for r in RES:
-        skip = ("default", "nodw", "t16", "t8", "t16 fs") if SET != "retile" else ("default",)
+        skip = ("default", "nodw", "t16", "t8", "t16 fs") if SET not in ("retile", "stages") else ("default",)
         if r["d"] == d and "us" in r and r["name"] not in skip:
             per.setdefault(r["name"], []).append(r["us"])
     ranked = sorted((sorted(v)[len(v) // 2], n) for n, v in per.items())  # medians
