@@ -1,7 +1,9 @@
 """GPU check of the backward's launch-time choices: for several row counts, dweight equals the exact
 sum of the rows' fp32 contributions rounded once (numerics.exact_sum, on the CPU), dx, dz,
-dweight bits equal those with 31 tiles per program (the partition must change no bit), and equal those
-of a backward on counters the forward's launch zeroed (the autograd route), run after run.
+dweight bits equal those with 31 tiles per program (the partition must change no bit), equal those of the
+default's other load and cold-value paths (cp.async stages against the register prefetch; cold values added
+inline against deferred to the scratch copy), and equal those of a backward on counters the forward's launch
+zeroed (the autograd route), run after run.
 
     python scripts/dweight_gpu_check.py   (prints one line per case and a final count of failures)
 """
@@ -42,12 +44,19 @@ def main() -> int:
                 zeroed = rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", workspace=ws)
                 exact = same(got[2].cpu(), exact_sum(contrib.cpu(), w.dtype))
                 part = all(same(a, b) for a, b in zip(got, ref31, strict=True))
+                # the same rows' math through the other paths (same BLOCK_R and warps: same dx, dz bits)
+                paths = [
+                    rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu", config=cfg)
+                    for cfg in ({"STAGES": 1, "PREFETCH": 1}, {"COLD_MODE": 0})
+                ]
+                other = all(same(a, b) for out in paths for a, b in zip(out, got, strict=True))
                 again = all(same(a, b) for a, b in zip(zeroed, got, strict=True)) and all(
                     same(rms_norm_gated_bwd(c.dy, c.x, c.z, w, 1e-6, None, True, "silu")[2], got[2]) for _ in range(20)
                 )
-                failures += (not exact) + (not part) + (not again)
+                failures += (not exact) + (not part) + (not other) + (not again)
                 print(
                     f"d={d} rows={rows:<6} w={w.dtype!s:<15} dweight exact {exact}  bits == 31 tiles {part}"
+                    f"  == prefetch / deferred paths {other}"
                     f"  forward-zeroed counters and 20 repeats give the same bits {again}"
                 )
     print(f"dweight_gpu_check: {failures} failures")

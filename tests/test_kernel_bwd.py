@@ -276,22 +276,43 @@ def test_deferred_values_past_31_tiles_are_counted(monkeypatch):
     dy[81, 5] *= 2.0**-90  # tile 40
     dy[190, 7] = float("inf")  # program 1, tile 32: +-Inf / NaN have their own slots
     args = (dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
-    want = rms_norm_gated_bwd(*args, config={"TILES": 1})
-    got = {t: rms_norm_gated_bwd(*args, config={"TILES": t}) for t in (31, 32, 63)}
+    deferred = {"COLD_MODE": 0}  # the path that keeps tile bits (widths past 256 columns take it)
+    want = rms_norm_gated_bwd(*args, config=dict(deferred, TILES=1))
+    got = {t: rms_norm_gated_bwd(*args, config=dict(deferred, TILES=t)) for t in (31, 32, 63)}
     for t, out in got.items():
         assert_same_bits(out[2], want[2], f"dweight, {t} tiles per program vs 1")
     # planted fault: int32 tile bits at 63 tiles lose the bits of tiles 32 and up
     from rlnorm.kernel import _dweight
 
     monkeypatch.setattr(_dweight, "tile_bits_dtype", _int32_tile_bits)
-    bad = rms_norm_gated_bwd(*args, config={"TILES": 63})[2]
+    bad = rms_norm_gated_bwd(*args, config=dict(deferred, TILES=63))[2]
     assert not torch.equal(bits(bad), bits(want[2]))
 
 
-def test_bwd_config_at_256_columns_halves_the_programs():
-    cfg = bwd_config(256, 256)
-    assert cfg["TILES"] == 63 and cfg["maxnreg"] == 64 and cfg["BLOCK_R"] == 1
-    assert bwd_config(128, 128)["TILES"] == 31 and bwd_config(512, 512)["TILES"] == 31
+def test_bwd_config_up_to_256_columns_is_one_warp_with_stages():
+    # the measured shape (docs/dweight-notes.md, session 14): one warp, 8 elements per thread, cp.async
+    # stages, cold values inline; 63 tiles at 256 columns halve the programs' flushes
+    for d, rows, tiles, stages in ((128, 2, 31, 4), (256, 1, 63, 6), (96, 2, 31, 4), (200, 1, 63, 6)):
+        cfg = bwd_config(d, d)
+        assert (cfg["num_warps"], cfg["BLOCK_R"], cfg["TILES"], cfg["STAGES"]) == (1, rows, tiles, stages)
+        assert cfg["COLD_MODE"] == 1 and cfg["PREFETCH"] == 0 and cfg["maxnreg"] == 168
+        assert cfg["BLOCK_R"] * cfg["BLOCK_G"] * cfg["BLOCK_C"] == 8 * 32
+    wide = bwd_config(512, 512)
+    assert (wide["num_warps"], wide["TILES"], wide["COLD_MODE"], wide["STAGES"]) == (4, 31, 0, 1)
+
+
+def test_load_paths_and_cold_paths_change_no_bit():
+    # cp.async stages or the register prefetch, cold values inline or deferred: the same rows' math, so the
+    # same dx, dz and dweight bits (rows scaled far apart, so cold values exist; the GPU repeats this in
+    # scripts/dweight_gpu_check.py, where STAGES takes effect)
+    c = make_case(63, 128, seed=12)
+    dy = (c.dy.float() * torch.exp2(torch.arange(63).float() * 4 - 125)[:, None]).bfloat16()
+    args = (dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
+    want = rms_norm_gated_bwd(*args, config={"TILES": 4})
+    for cfg in ({"STAGES": 1, "PREFETCH": 1}, {"COLD_MODE": 0}, {"COLD_MODE": 0, "STAGES": 1, "PREFETCH": 1}):
+        got = rms_norm_gated_bwd(*args, config=dict(cfg, TILES=4))
+        for a, b, name in zip(got, want, ("dx", "dz", "dweight"), strict=True):
+            assert_same_bits(a, b, f"{name}, {cfg} vs the default paths")
 
 
 def test_prefetch_changes_no_bit():

@@ -276,43 +276,44 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
     block_c = triton.next_power_of_2(group)
     block_g = triton.next_power_of_2(d // group)
     width = block_c * block_g
-    # 4 elements per thread (more only past 2048 columns), in CTAs of as few warps as the row
-    # allows: every per-program step (the hot range's max after the first tile, the flush's
-    # sums and atomics) waits for all of a CTA's warps; H200, 262144 rows (docs/dweight-notes.md):
-    # D=128 2 warps 161 us vs 4 warps 189 us; D=256 2 warps 280-301 us vs 4 warps 355 us
-    num_warps = max(2, min(16, width // 128))
-    block_r = max(1, 4 * 32 * num_warps // width)
-    # 31 tiles per program amortise those steps (63 at 256 columns: below);
-    # PREFETCH overlaps tile t + 1's loads with tile t's math; FAST_ACT drops the gate's range
-    # guards (same bits for z > -87). H200, run 2: D=128 139 us (16 tiles, neither: 161), D=256 240 (301)
     cfg = {
-        "BLOCK_R": block_r,
+        "BLOCK_R": 1,
         "BLOCK_G": block_g,
         "BLOCK_C": block_c,
         "TILES": _dweight.INT32_TILE_BITS,  # the most; fewer where rows are few (tiles_per_program)
-        "num_warps": num_warps,
+        "num_warps": 1,
         "DWEIGHT": True,
         "COLD_MODE": 0,
         "HOT_MODE": 0,
-        "PREFETCH": 1 if width <= 2048 else 0,  # wider rows: 8+ elements per thread, registers first
-        # rstd by rsqrt.approx + a Newton step: D=256 231 -> 223 us; at D<=128 the 64-register loop
-        # spills more with it and ran slower (123 -> 127-131 us): docs/dweight-notes.md, session 8
+        "PREFETCH": 0,
+        # rstd by rsqrt.approx + a Newton step: D=256 231 -> 223 us; at D=128 no faster (103.5-103.7 against
+        # 103.9-104.5 us, session 14), so there the correctly rounded one stays: docs/dweight-notes.md, session 8
         "RSTD_FAST": 1 if width > 128 else 0,
-        "FAST_ACT": 1,
+        "FAST_ACT": 1,  # the gate without its range guards: the same bits for z > -87
         "ROW_RANGE": 0,
-        "STAGES": 1,  # the register prefetch instead (cp.async stages cost issue slots: session 8)
+        "STAGES": 1,  # 1: no cp.async pipelining of the loop's loads
         "maxnreg": 0,  # 0: the compiler's choice
     }
-    if width <= 128:
-        # the loop needs 64 registers; the rare deferred path after it would take 80 (spills there only)
-        # (63 tiles here: int64 tile bits spill under that cap, 133-144 us against 119-128: session 13)
-        cfg["maxnreg"] = 64
-    elif width <= 256:
-        # one-row tiles: every program's flush is 3 atomics per column, and 262144 rows at 31 tiles are
-        # 8457 programs; 63 tiles halve the atomics (int64 tile bits, 64 registers without spills).
-        # H200, forward+backward through autograd: 328.9 -> 317.6 us (docs/dweight-notes.md, session 13)
-        cfg["TILES"] = _dweight.MAX_TILES_DEFERRED
-        cfg["maxnreg"] = 64
+    if width <= 256:
+        # one warp per program, 8 elements per thread (two 128-column rows, or one 256-column row): no
+        # barrier in the loop, per-row work spread over 8 elements; the loads 3-5 tiles ahead through
+        # shared memory (cp.async: bytes in flight without holding registers); cold dweight values added
+        # inline (no scratch copy, no tile bits); 168 registers, which both Tritons fit without spills
+        # (sm_90: 3.6 150-158, 3.7.1 160-162). H200, forward+backward through autograd, same process:
+        # D=128 170.7 -> 153.6-153.9 us, D=256 311.6 -> 291.7 (FLA fused 159.6 / 299.9); two warps with
+        # stages need 80-104 registers and lost (138-249 us): docs/dweight-notes.md, session 14
+        cfg.update(BLOCK_R=256 // width, COLD_MODE=1, STAGES=4 if width <= 128 else 6, maxnreg=168)
+        # more tiles per program: fewer flushes; D=256 63 tiles 191.7-194.0 us against 31 tiles' 195.1-197.3,
+        # D=128 31 tiles 103.9-104.5 against 40 tiles' 111.3-112.0 (the last wave of programs runs short)
+        cfg["TILES"] = 63 if width > 128 else 31
+    else:
+        # 4 elements per thread (more only past 2048 columns), in CTAs of as few warps as the row
+        # allows: every per-program step (the hot range's max after the first tile, the flush's sums
+        # and atomics) waits for all of a CTA's warps (docs/dweight-notes.md, sessions 1-2); PREFETCH
+        # overlaps tile t + 1's loads with tile t's math (wider rows: 8+ per thread, registers first)
+        cfg["num_warps"] = max(2, min(16, width // 128))
+        cfg["BLOCK_R"] = max(1, 4 * 32 * cfg["num_warps"] // width)
+        cfg["PREFETCH"] = 1 if width <= 2048 else 0
     return cfg
 
 
