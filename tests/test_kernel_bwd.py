@@ -305,8 +305,9 @@ def test_load_paths_and_cold_paths_change_no_bit():
     # cp.async stages or the register prefetch, cold values inline or deferred: the same rows' math, so the
     # same dx, dz and dweight bits (rows scaled far apart, so cold values exist; the GPU repeats this in
     # scripts/dweight_gpu_check.py, where STAGES takes effect)
-    c = make_case(63, 128, seed=12)
-    dy = (c.dy.float() * torch.exp2(torch.arange(63).float() * 4 - 125)[:, None]).bfloat16()
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    c = make_case(63, 128, seed=12, device=dev)
+    dy = (c.dy.float() * torch.exp2(torch.arange(63, device=dev).float() * 4 - 125)[:, None]).bfloat16()
     args = (dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
     want = rms_norm_gated_bwd(*args, config={"TILES": 4})
     for cfg in ({"STAGES": 1, "PREFETCH": 1}, {"COLD_MODE": 0}, {"COLD_MODE": 0, "STAGES": 1, "PREFETCH": 1}):
