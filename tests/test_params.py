@@ -35,7 +35,7 @@ def test_defaults_are_the_spec_protocol() -> None:
     assert p.backends == ALL_BACKENDS and p.checks == ALL_CHECKS
 
 
-@pytest.mark.parametrize("name", ["quick", "full", "seed"])
+@pytest.mark.parametrize("name", ["quick", "full", "seed", "kernel"])
 def test_parameter_files_are_complete_and_valid(name: str) -> None:
     path = PARAMS_DIR / f"{name}.yaml"
     data = yaml.safe_load(path.read_text())
@@ -50,6 +50,10 @@ def test_full_is_the_protocol_and_seed_only_samples() -> None:
     assert {k: v for k, v in full.as_dict().items() if k in protocol} == protocol
     diff = {k for k in FIELDS if getattr(full, k) != getattr(seed, k)}
     assert diff == {"name", "params_file", "coverage"} and seed.coverage == "sampled"
+    # kernel.yaml: the same protocol on the kernel and one same-run peer
+    kernel = load_params(PARAMS_DIR / "kernel.yaml")
+    diff = {k for k in FIELDS if getattr(full, k) != getattr(kernel, k)}
+    assert diff == {"name", "params_file", "backends"} and kernel.backends == ["rlnorm", "fla_fused_norm_gate"]
 
 
 def test_notebook_parameters_cell_is_quick_yaml(repo_root: Path) -> None:
