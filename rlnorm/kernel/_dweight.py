@@ -17,8 +17,9 @@ From its first tile a program (or, with ROW_RANGE, each row) picks a hot range o
 is an exact integer, converted exactly to int64 and added into one per-thread register per
 element slot (HOT_MODE 0, default; W = 40 - ceil(log2(TILES)) keeps the register below 2**63).
 No communication between threads per tile. A value outside the range ("cold": NaN/Inf, or far
-from the first tile's largest) is kept aside in a scratch copy with one bit per tile and added
-after the loop (`add_deferred`, COLD_MODE 0; modes 1 and 2 add it inline). At the end each
+from the first tile's largest) is added inline after a tile-wide "any cold?" test (COLD_MODE 1,
+the backward's default up to 256 columns), or kept aside in a scratch copy with one bit per tile
+and added after the loop (`add_deferred`, COLD_MODE 0: wider rows, whose registers are scarcer). At the end each
 register is cut on the counters' 2**32 grid into limbs (`flush`: summed over the program's rows
 first; `flush_rows`: per slot) and added with int64 atomics (any order: integer adds are
 associative). Per window the low part has weight 2**(32k) and the high part 2**(32(k+1)), so
