@@ -19,7 +19,7 @@ element slot (HOT_MODE 0, default; W = 40 - ceil(log2(TILES)) keeps the register
 No communication between threads per tile. A value outside the range ("cold": NaN/Inf, or far
 from the first tile's largest) is added inline after a tile-wide "any cold?" test (COLD_MODE 1,
 the backward's default up to 256 columns), or kept aside in a scratch copy with one bit per tile
-and added after the loop (`add_deferred`, COLD_MODE 0: wider rows, whose registers are scarcer). At the end each
+and added after the loop (`add_deferred`, COLD_MODE 0: the shape kept past 256 columns). At the end each
 register is cut on the counters' 2**32 grid into limbs (`flush`: summed over the program's rows
 first; `flush_rows`: per slot) and added with int64 atomics (any order: integer adds are
 associative). Per window the low part has weight 2**(32k) and the high part 2**(32(k+1)), so
