@@ -295,8 +295,8 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "maxnreg": 0,  # 0: the compiler's choice
     }
     if width <= 256:
-        # one warp per program, 8 elements per thread (two 128-column rows, or one 256-column row): no
-        # barrier in the loop, per-row work spread over 8 elements; the loads 3-5 tiles ahead through
+        # one warp per program, 8 elements per thread (two 128-column rows, or one 256-column row): its
+        # barriers wait on one warp, per-row work is spread over 8 elements; the loads 3-5 tiles ahead through
         # shared memory (cp.async: bytes in flight without holding registers); cold dweight values added
         # inline (no scratch copy, no tile bits); 168 registers, which both Tritons fit without spills
         # (sm_90: 3.6 150-158, 3.7.1 160-162). H200, forward+backward through autograd, same process:
