@@ -1,10 +1,11 @@
-"""Session 13, calls 1-3: what the exact dweight's cost at D=256 is (atomics or occupancy), and cuts (timing + bits).
+"""Sessions 13-14: what the exact dweight's cost at D=256 is (atomics or occupancy), and cuts (timing + bits).
 
     python3 scripts/bwd_gpu_v15.py                             (call 1)
     V15_SET=tiles V15_ROUNDS=3 python3 scripts/bwd_gpu_v15.py  (call 2)
     V15_SET=stripes V15_ROUNDS=3 python3 scripts/bwd_gpu_v15.py  (call 3)
     V15_SET=flush V15_ROUNDS=4 python3 scripts/bwd_gpu_v15.py  (call 5)
-    V15_SET=retile V15_ROUNDS=3 python3 scripts/bwd_gpu_v15.py  (next: prepared, not run)
+    V15_SET=retile V15_ROUNDS=2 python3 scripts/bwd_gpu_v15.py  (session 14, call 2)
+    V15_SET=stages V15_ROUNDS=2 python3 scripts/bwd_gpu_v15.py  (session 14, call 3)
     ($OUT/bwd15.json; a line per variant, then the bench's rows)
 
 Phase 1, per D at 262144 rows: GPU time per call of the backward launcher (counter zeroing and finalize included)
@@ -113,7 +114,7 @@ SETS["flush"] = {
     ]
     for d in (128, 256)
 }
-# next (prepared in session 13, not yet run): with the flush's atomics cheap, tiles per program again
+# session 14, call 2: with the flush's atomics cheap, tiles per program again, and session 12's one-warp lead
 SETS["retile"] = {
     128: [("default", {})]
     + [(f"t{t}", {"TILES": t}) for t in (8, 16, 24)]
