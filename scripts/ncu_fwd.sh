@@ -13,8 +13,7 @@ stalls=${stalls#,}
 ncu --version | tail -1
 for spec in "$@"; do
   name=${spec%%=*}; var=${spec#*=}
-  if [ "$var" = add ]; then kn='regex:elementwise|add'; else kn='regex:rms_norm_gated_fwd'; fi
-  timeout 150 ncu --clock-control none --kernel-name "$kn" --launch-skip 2 --launch-count 1 --set full \
+  timeout 150 ncu --clock-control none --nvtx --nvtx-include "prof/" --set full \
     --metrics "$stalls" python3 scripts/ncu_fwd.py "$var" "$d" "$rows" > "$OUT/ncu/$name.txt" 2>&1
   echo "== $name rc=$?"
   grep -E "^    (Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per Thread|Executed Ipc Active|Issue Slots Busy|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Warp Cycles Per Issued Instruction|Block Limit Registers|Block Limit Shared Mem|Dynamic Shared Memory Per Block|L1/TEX Hit Rate|L2 Hit Rate|Waves Per SM)" "$OUT/ncu/$name.txt"
