@@ -2,6 +2,9 @@
 
     V30_ROUNDS=3 python3 scripts/kernel_gpu_v30.py     ($OUT/fwd30.json; a line per variant)
 
+Runs at 72e381c only: the TILES / STAGES switches it times were reverted after this probe (session 15, call 1:
+every loop form was slower, 1.24-2.8x the add; docs/kernel-notes.md, session 15).
+
 Why: at 262144 rows the tier's ~15% of programs cost ~3 us over the fast path alone (docs/kernel-notes.md,
 sessions 11-12): a one-tile program that takes the tier holds its warp slot with no loads in flight. A program
 that walks TILES row blocks with the next blocks' loads in flight through shared memory (`tl.range(num_stages=)`,

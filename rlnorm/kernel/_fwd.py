@@ -309,60 +309,76 @@ def _exact_rows(
 
 
 @triton.jit
-def _fwd_tile(
-    t,  # the row block: rows t * BLOCK_R ... t * BLOCK_R + BLOCK_R - 1
-    pid_g,
+def _rms_norm_gated_fwd_kernel(
     x_ptr,
     z_ptr,
     w_ptr,
     y_ptr,
-    dbg_ptr,
-    flag_ptr,
+    dbg_ptr,  # fp32 [rows, D] fast-path values (DEBUG only)
+    flag_ptr,  # int8 [rows, D] near-midpoint flags (DEBUG only)
+    zero_ptr,  # int64 [n_zero]: the backward's workspace, zeroed here (ZERO only)
+    n_zero,
     n_rows,
     stride_x,
     stride_z,
     stride_y,
-    eps,
-    r_local,  # [BLOCK_R]
-    g2,  # [1, C]: chunk 0's columns within the group
-    cols,  # [1, C, S]: the columns within the row
-    col_ok,  # [1, C, S]
-    GROUP: tl.constexpr,
+    eps_bits,  # eps as int64 bits: see _eps_bits
+    GROUP: tl.constexpr,  # group width (D when there are no groups)
     BLOCK_R: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_C: tl.constexpr,
+    BLOCK_G: tl.constexpr,  # next power of two >= GROUP
     HAS_Z: tl.constexpr,
     NORM_BEFORE_GATE: tl.constexpr,
     SIGMOID: tl.constexpr,
-    ALL_FP64: tl.constexpr,
+    ALL_FP64: tl.constexpr,  # fp32 output: no fast path
     NEAR_T0: tl.constexpr,
     NEAR_TZ: tl.constexpr,
-    MS_FP64: tl.constexpr,
-    ACCURATE_ARG: tl.constexpr,
-    FAST_DIV: tl.constexpr,
-    LEAN_TEST: tl.constexpr,
-    RSTD_FAST: tl.constexpr,
-    XW_FIRST: tl.constexpr,
-    EXACT: tl.constexpr,
-    TIER2: tl.constexpr,
-    TIER2_MARGIN: tl.constexpr,
-    TIER2_FAULT: tl.constexpr,
-    FAULT_ULPS: tl.constexpr,
-    INTERP: tl.constexpr,
+    MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
+    ACCURATE_ARG: tl.constexpr,  # exp argument's rounding error removed (no |z| term): 1 by an FMA, 2 split
+    FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
+    LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
+    RSTD_FAST: tl.constexpr,  # rstd: 0 IEEE; rsqrt.approx + a Newton step 1 plain, 2 with an FMA residual
+    XW_FIRST: tl.constexpr,  # y = (x * w) * rstd: x * w is exact for bf16/fp16 x and w (one rounding fewer)
+    EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
+    TIER2: tl.constexpr,  # near elements of safe rows settled one by one (_exact_element.py) before the row path
+    TIER2_MARGIN: tl.constexpr,  # fp64 ulps from a midpoint below which the tier leaves an element undecided
+    TIER2_FAULT: tl.constexpr,  # tests only: the tier's fp64 value moved by this many fp64 ulps
+    FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
+    INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
-    ROW_CHUNK: tl.constexpr,
-    SPLIT: tl.constexpr,
+    ZERO: tl.constexpr,  # also zero the backward's workspace (saves the backward a memset launch)
+    ZERO_BLOCK: tl.constexpr,
+    ROW_CHUNK: tl.constexpr,  # the whole-row path's columns per step
+    SPLIT: tl.constexpr,  # column chunks per thread (the tile is [BLOCK_R, SPLIT, BLOCK_G // SPLIT])
 ):
-    """One row block of one group: loads, the fast path, the tier and the whole-row path, stores. The
-    kernel's constexprs are documented there; a row's bits depend on nothing that differs between blocks."""
-    OUT: tl.constexpr = y_ptr.dtype.element_ty
+    pid_r = tl.program_id(0)
+    pid_g = tl.program_id(1)
+    if ZERO:  # a grid-stride loop: the workspace's size does not depend on this launch's shape
+        n_prog = tl.num_programs(0) * tl.num_programs(1)
+        zoffs = tl.arange(0, ZERO_BLOCK)  # [ZERO_BLOCK]
+        for z0 in range((pid_r * tl.num_programs(1) + pid_g) * ZERO_BLOCK, n_zero, n_prog * ZERO_BLOCK):
+            tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
+    eps = eps_bits.to(tl.float64, bitcast=True)
+    # The tile is [BLOCK_R, BLOCK_C, SPLIT]: a row's BLOCK_G columns as SPLIT chunks of BLOCK_C, each
+    # loaded as a 2-D tile and joined along a last axis that stays in the thread (`_load_chunks`): Triton
+    # spreads the lanes over the columns, then the rows, so a thread holds SPLIT vectors of ONE row: a
+    # row's sums and minima are then one shuffle level shorter, and each thread computes one row's
+    # scalars, not SPLIT rows'.
+    BLOCK_C: tl.constexpr = BLOCK_G // SPLIT
+    r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    g2 = tl.arange(0, BLOCK_C)[None, :]  # [1, C]: chunk 0's columns within the group
+    if SPLIT == 2:
+        g_cols = tl.join(g2, g2 + BLOCK_C)  # [1, C, S]
+    else:
+        g_cols = g2[:, :, None]  # [1, C, 1]
+    cols = pid_g * GROUP + g_cols  # [1, C, S]
+    col_ok = g_cols < GROUP  # masks make any GROUP work
     # w as a [BLOCK_R, C, S] tile, repeated per row (L1 hits): born in x's layout, so no layout
-    # conversion through shared memory (a barrier per program) as a [BLOCK_G] vector would need. Loaded
-    # per row block, not once per program: held across a loop of blocks it cost 16 registers (spills)
+    # conversion through shared memory (a barrier per program) as a [BLOCK_G] vector would need
     r2 = r_local[:, None]  # [BLOCK_R, 1]
     wa, wb = _load_chunks(w_ptr + pid_g * GROUP + g2 + 0 * r2, r2 >= 0, g2, GROUP, BLOCK_C, SPLIT)
     w = _widen_chunks(wa, wb, SPLIT, INTERP)
-    rows64 = (t * BLOCK_R + r_local).to(tl.int64)  # [BLOCK_R]; int64: rows * stride can pass 2**31
+    OUT: tl.constexpr = y_ptr.dtype.element_ty
+    rows64 = (pid_r * BLOCK_R + r_local).to(tl.int64)  # [BLOCK_R]; int64: rows * stride can pass 2**31
     row_ok = rows64 < n_rows
     rows2 = rows64[:, None]  # [BLOCK_R, 1]
     mask = row_ok[:, None, None] & col_ok  # [BLOCK_R, C, S]: masked lanes load 0 and add 0 to sums
@@ -434,7 +450,7 @@ def _fwd_tile(
 
         # ---- is the fp32 value provably on the correct side of every rounding midpoint? ----
         bits = y.to(tl.int32, bitcast=True)
-        row_bits = (t * 0).to(tl.int64)  # rows for the whole-row path, one bit each
+        row_bits = (pid_r * 0).to(tl.int64)  # rows for the whole-row path, one bit each
         if OUT == tl.bfloat16 and NEAR_TZ == 0 and LEAN_TEST:
             # Two unsigned row minima instead of per-element flags (each test = 1 multiply-add + 1 min):
             # near: |low 16 bits - 0x8000| <= T <=> ((bits + T - 0x8000) << 16) < (2T + 1) << 16, the
@@ -523,7 +539,7 @@ def _fwd_tile(
             if row_bits != 0:
                 _exact_rows(
                     row_bits,
-                    t,
+                    pid_r,
                     x_ptr,
                     z_ptr,
                     w_ptr,
@@ -543,122 +559,6 @@ def _fwd_tile(
                 )
 
 
-@triton.jit
-def _rms_norm_gated_fwd_kernel(
-    x_ptr,
-    z_ptr,
-    w_ptr,
-    y_ptr,
-    dbg_ptr,  # fp32 [rows, D] fast-path values (DEBUG only)
-    flag_ptr,  # int8 [rows, D] near-midpoint flags (DEBUG only)
-    zero_ptr,  # int64 [n_zero]: the backward's workspace, zeroed here (ZERO only)
-    n_zero,
-    n_rows,
-    stride_x,
-    stride_z,
-    stride_y,
-    eps_bits,  # eps as int64 bits: see _eps_bits
-    GROUP: tl.constexpr,  # group width (D when there are no groups)
-    BLOCK_R: tl.constexpr,
-    BLOCK_G: tl.constexpr,  # next power of two >= GROUP
-    HAS_Z: tl.constexpr,
-    NORM_BEFORE_GATE: tl.constexpr,
-    SIGMOID: tl.constexpr,
-    ALL_FP64: tl.constexpr,  # fp32 output: no fast path
-    NEAR_T0: tl.constexpr,
-    NEAR_TZ: tl.constexpr,
-    MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
-    ACCURATE_ARG: tl.constexpr,  # exp argument's rounding error removed (no |z| term): 1 by an FMA, 2 split
-    FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
-    LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
-    RSTD_FAST: tl.constexpr,  # rstd: 0 IEEE; rsqrt.approx + a Newton step 1 plain, 2 with an FMA residual
-    XW_FIRST: tl.constexpr,  # y = (x * w) * rstd: x * w is exact for bf16/fp16 x and w (one rounding fewer)
-    EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
-    TIER2: tl.constexpr,  # near elements of safe rows settled one by one (_exact_element.py) before the row path
-    TIER2_MARGIN: tl.constexpr,  # fp64 ulps from a midpoint below which the tier leaves an element undecided
-    TIER2_FAULT: tl.constexpr,  # tests only: the tier's fp64 value moved by this many fp64 ulps
-    FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
-    INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
-    DEBUG: tl.constexpr,
-    ZERO: tl.constexpr,  # also zero the backward's workspace (saves the backward a memset launch)
-    ZERO_BLOCK: tl.constexpr,
-    ROW_CHUNK: tl.constexpr,  # the whole-row path's columns per step
-    SPLIT: tl.constexpr,  # column chunks per thread (the tile is [BLOCK_R, SPLIT, BLOCK_G // SPLIT])
-    TILES: tl.constexpr,  # row blocks per program (a loop; 1: straight-line code)
-    STAGES: tl.constexpr,  # > 1: the loop's loads software-pipelined through shared memory (cp.async)
-):
-    pid_r = tl.program_id(0)
-    pid_g = tl.program_id(1)
-    if ZERO:  # a grid-stride loop: the workspace's size does not depend on this launch's shape
-        n_prog = tl.num_programs(0) * tl.num_programs(1)
-        zoffs = tl.arange(0, ZERO_BLOCK)  # [ZERO_BLOCK]
-        for z0 in range((pid_r * tl.num_programs(1) + pid_g) * ZERO_BLOCK, n_zero, n_prog * ZERO_BLOCK):
-            tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
-    eps = eps_bits.to(tl.float64, bitcast=True)
-    # The tile is [BLOCK_R, BLOCK_C, SPLIT]: a row's BLOCK_G columns as SPLIT chunks of BLOCK_C, each
-    # loaded as a 2-D tile and joined along a last axis that stays in the thread (`_load_chunks`): Triton
-    # spreads the lanes over the columns, then the rows, so a thread holds SPLIT vectors of ONE row: a
-    # row's sums and minima are then one shuffle level shorter, and each thread computes one row's
-    # scalars, not SPLIT rows'.
-    BLOCK_C: tl.constexpr = BLOCK_G // SPLIT
-    r_local = tl.arange(0, BLOCK_R)  # [BLOCK_R]
-    g2 = tl.arange(0, BLOCK_C)[None, :]  # [1, C]: chunk 0's columns within the group
-    if SPLIT == 2:
-        g_cols = tl.join(g2, g2 + BLOCK_C)  # [1, C, S]
-    else:
-        g_cols = g2[:, :, None]  # [1, C, 1]
-    cols = pid_g * GROUP + g_cols  # [1, C, S]
-    col_ok = g_cols < GROUP  # masks make any GROUP work
-    # Row blocks pid_r * TILES ... pid_r * TILES + TILES - 1 (blocks past the last row are masked out). A
-    # row's instructions are _fwd_tile's whichever program or iteration runs it, so TILES changes no bit
-    # (tests run every value bitwise); with TILES 1 the one-trip loop folds away: the straight-line kernel.
-    for i in tl.range(0, TILES, num_stages=STAGES):
-        _fwd_tile(
-            pid_r * TILES + i,
-            pid_g,
-            x_ptr,
-            z_ptr,
-            w_ptr,
-            y_ptr,
-            dbg_ptr,
-            flag_ptr,
-            n_rows,
-            stride_x,
-            stride_z,
-            stride_y,
-            eps,
-            r_local,
-            g2,
-            cols,
-            col_ok,
-            GROUP,
-            BLOCK_R,
-            BLOCK_G,
-            BLOCK_C,
-            HAS_Z,
-            NORM_BEFORE_GATE,
-            SIGMOID,
-            ALL_FP64,
-            NEAR_T0,
-            NEAR_TZ,
-            MS_FP64,
-            ACCURATE_ARG,
-            FAST_DIV,
-            LEAN_TEST,
-            RSTD_FAST,
-            XW_FIRST,
-            EXACT,
-            TIER2,
-            TIER2_MARGIN,
-            TIER2_FAULT,
-            FAULT_ULPS,
-            INTERP,
-            DEBUG,
-            ROW_CHUNK,
-            SPLIT,
-        )
-
-
 # Fast-path variant (all choices keep the result correctly rounded; they trade fast-path work
 # against how often the exact path runs). Timed on the H200: docs/kernel-notes.md.
 DEFAULT_VARIANT = {
@@ -672,19 +572,9 @@ DEFAULT_VARIANT = {
     "TIER2": 1,  # 0: flagged rows recomputed whole in fp64 (sessions 1-5's exact path)
     "MAXNREG": None,  # register cap per thread (None: TIER_MAXNREG where it applies; 0: the compiler's choice)
     "SPLIT": None,  # column chunks per thread (None: SPLIT_CHUNKS where the row allows; 1: one chunk)
-    "TILES": None,  # row blocks per program (None: fwd_tiles_per_program); never changes a bit
-    "STAGES": None,  # cp.async pipeline depth of the row-block loop (None: FWD_STAGES; 1: plain loads)
     "FAULT_ULPS": 0,
 }
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-FWD_STAGES = 1  # row blocks whose loads are in flight ahead of the one computed (placeholder: measured next)
-
-
-def fwd_tiles_per_program(rows: int, block_r: int) -> int:
-    """Row blocks per program. Only partitions the rows (no bit depends on it): 1 for now."""
-    return 1
 
 
 def _fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
@@ -749,8 +639,6 @@ def rms_norm_gated_fwd(
         or variant["TIER2"] not in (0, 1)
         or not (variant["MAXNREG"] is None or 0 <= variant["MAXNREG"] <= 255)
         or variant["SPLIT"] not in (None, 1, 2)
-        or not (variant["TILES"] is None or (isinstance(variant["TILES"], int) and 1 <= variant["TILES"] <= 64))
-        or not (variant["STAGES"] is None or (isinstance(variant["STAGES"], int) and 1 <= variant["STAGES"] <= 8))
     ):
         raise ValueError(f"_variant: unknown switch or value in {_variant} (switches: {sorted(DEFAULT_VARIANT)})")
     t0 = (NEAR_T0_GATED if norm_before_gate else NEAR_T0_GATED_PRE) if has_z else NEAR_T0_PLAIN
@@ -777,9 +665,7 @@ def rms_norm_gated_fwd(
     split = variant["SPLIT"] or (SPLIT_CHUNKS if block_g >= 16 * SPLIT_CHUNKS else 1)
     if block_g % split:
         raise ValueError(f"_variant: SPLIT {split} does not divide the block width {block_g}")
-    tiles = variant["TILES"] or fwd_tiles_per_program(rows, block_r)
-    stages = variant["STAGES"] or FWD_STAGES
-    grid = (triton.cdiv(rows, block_r * tiles), d // group)
+    grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
         z if has_z else x,
@@ -822,8 +708,6 @@ def rms_norm_gated_fwd(
         # program's count; without it the row path is the exact path (~4-9% of rows): a row at once
         ROW_CHUNK=min(block_g, 32 * num_warps) if tier2 else block_g,
         SPLIT=split,
-        TILES=tiles,
-        STAGES=stages if tiles > 1 else 1,
         num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
     )
