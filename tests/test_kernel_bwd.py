@@ -297,6 +297,9 @@ def test_bwd_config_up_to_256_columns_is_one_warp_with_stages():
         assert (cfg["num_warps"], cfg["BLOCK_R"], cfg["TILES"], cfg["STAGES"]) == (1, rows, tiles, stages)
         assert cfg["COLD_MODE"] == 1 and cfg["PREFETCH"] == 0 and cfg["maxnreg"] == 168
         assert cfg["BLOCK_R"] * cfg["BLOCK_G"] * cfg["BLOCK_C"] == 8 * 32
+    # groups in a 256-wide row take a 200-register cap (168 spilled); narrower grouped rows keep 168
+    assert [bwd_config(256, g)["maxnreg"] for g in (256, 128, 64, 32)] == [168, 200, 200, 200]
+    assert [bwd_config(128, g)["maxnreg"] for g in (128, 64, 32)] == [168, 168, 168]
     wide = bwd_config(512, 512)
     assert (wide["num_warps"], wide["TILES"], wide["COLD_MODE"], wide["STAGES"]) == (4, 31, 0, 1)
 

@@ -306,6 +306,12 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         # more tiles per program: fewer flushes; D=256 63 tiles 191.7-194.0 us against 31 tiles' 195.1-197.3,
         # D=128 31 tiles 103.9-104.5 against 40 tiles' 111.3-112.0 (the last wave of programs runs short)
         cfg["TILES"] = 63 if width > 128 else 31
+        if width > 128 and block_g > 1:
+            # groups in a 256-wide row: at 168 ptxas spills (sm_90, D=256 groups of 64: 7 stores on Triton 3.6,
+            # 30 on 3.7.1; 200 fits both). H200, 262144 rows, launcher in graphs: 198.3-201.3 us against
+            # 203.5-206.2, the same bits. At D=128 groups of 32 the 168 cap is faster (104-107 against 115; no
+            # spills on 3.6, 15 on 3.7.1, unmeasured): docs/dweight-notes.md, session 15
+            cfg["maxnreg"] = 200
     else:
         # 4 elements per thread (more only past 2048 columns), in CTAs of as few warps as the row
         # allows: every per-program step (the hot range's max after the first tile, the flush's sums
