@@ -3,7 +3,7 @@ sum of the rows' fp32 contributions rounded once (numerics.exact_sum, on the CPU
 dweight bits equal those with 31 tiles per program (the partition must change no bit), equal those of the
 default's other load and cold-value paths (cp.async stages against the register prefetch; cold values added
 inline against deferred to the scratch copy), and equal those of a backward on counters the forward's launch
-zeroed (the autograd route), run after run.
+zeroed (the autograd route), run after run; with groups, dweight exact and the register cap changing no bit.
 
     python scripts/dweight_gpu_check.py   (prints one line per case and a final count of failures)
 """
@@ -59,8 +59,29 @@ def main() -> int:
                     f"  == prefetch / deferred paths {other}"
                     f"  forward-zeroed counters and 20 repeats give the same bits {again}"
                 )
+    failures += grouped()
     print(f"dweight_gpu_check: {failures} failures")
     return 1 if failures else 0
+
+
+def grouped() -> int:
+    """Groups: dweight exact, and the register cap (168 or 200, bwd_config's choice by width) changes no bit."""
+    failures = 0
+    for d, g in ((128, 32), (256, 64)):
+        for rows in (257, 65536):
+            c = make_case(rows, d, seed=rows + d + g, device="cuda")
+            args = (c.dy, c.x, c.z, c.w, 1e-6, g, True, "silu")
+            contrib = torch.empty(rows, d, dtype=torch.float32, device="cuda")
+            got = rms_norm_gated_bwd(*args, contributions=contrib)
+            exact = same(got[2].cpu(), exact_sum(contrib.cpu(), c.w.dtype))
+            caps = all(
+                same(a, b)
+                for cap in (168, 200)
+                for a, b in zip(rms_norm_gated_bwd(*args, config={"maxnreg": cap}), got, strict=True)
+            )
+            failures += (not exact) + (not caps)
+            print(f"d={d} group={g} rows={rows:<6} dweight exact {exact}  bits equal at caps 168 and 200 {caps}")
+    return failures
 
 
 if __name__ == "__main__":
