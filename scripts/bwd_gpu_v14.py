@@ -34,15 +34,8 @@ RES: list[dict] = []
 
 
 def regs() -> tuple:
-    """(registers, spills) of the most recently compiled backward kernel, if Triton says: the variant's own only
-    right after its first compile (round 0); round 1 reuses the cache and prints none."""
-    try:
-        caches = B._rms_norm_gated_bwd_kernel.device_caches
-        kc = next(iter(caches.values()))[0]
-        k = list(kc.values())[-1]
-        return k.n_regs, k.n_spills
-    except Exception as exc:
-        return str(exc)[:60], None
+    """(registers, spills) of the most recently compiled backward kernel (round 0: the variant's own)."""
+    return V.last_regs(B._rms_norm_gated_bwd_kernel)
 
 
 SUB2 = {"SUB": 2, "PREFETCH": 0, "num_warps": 1}

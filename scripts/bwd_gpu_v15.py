@@ -149,12 +149,7 @@ ROUNDS = int(os.environ.get("V15_ROUNDS", "2"))
 
 
 def regs() -> tuple:
-    try:
-        kc = next(iter(B._rms_norm_gated_bwd_kernel.device_caches.values()))[0]
-        k = list(kc.values())[-1]
-        return k.n_regs, k.n_spills
-    except Exception as exc:
-        return str(exc)[:60], None
+    return V.last_regs(B._rms_norm_gated_bwd_kernel)
 
 
 class stripes_set:

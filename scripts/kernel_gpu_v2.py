@@ -125,6 +125,17 @@ def timing(d: int, rows: int, variants: list[tuple[str, dict]], timer) -> None:
         )
 
 
+def last_regs(jit_fn) -> tuple:
+    """(registers, spills) of jit_fn's most recently compiled kernel, if Triton says: a variant's own only right
+    after its first compile; a later call that reuses the cache reports the last compile's."""
+    try:
+        kc = next(iter(jit_fn.device_caches.values()))[0]
+        k = list(kc.values())[-1]
+        return k.n_regs, k.n_spills
+    except Exception as exc:
+        return str(exc)[:60], None
+
+
 def graph_us(fn, calls: int, reps: int = 20) -> float:
     """GPU time per call: median over `reps` replays of a CUDA graph of `fn` (which makes `calls` calls)."""
     s = torch.cuda.Stream()

@@ -58,12 +58,7 @@ MID = {rows: MID_VARIANTS for rows in (4096, 16384, 65536)}
 def regs() -> tuple:
     from rlnorm.kernel import _fwd as F
 
-    try:
-        kc = next(iter(F._rms_norm_gated_fwd_kernel.device_caches.values()))[0]
-        k = list(kc.values())[-1]
-        return k.n_regs, k.n_spills
-    except Exception as exc:
-        return str(exc)[:60], None
+    return V.last_regs(F._rms_norm_gated_fwd_kernel)
 
 
 def run(d: int, rows: int, variants: list[tuple[str, dict]], rounds: int) -> None:
