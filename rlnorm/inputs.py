@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rlnorm.options import OpOptions
+
 # dy comes from a second generator so that changing the forward data never shifts the gradient
 # stream; the offset keeps it clear of every case seed the protocol uses.
 DY_SEED_OFFSET = 1_000_000
@@ -53,3 +55,42 @@ def make_case(
     dy = torch.randn(rows, d, generator=g_dy)
     wd = weight_dtype or dtype
     return Case(x.to(dtype).to(device), z.to(dtype).to(device), w.to(wd).to(device), dy.to(dtype).to(device), seed)
+
+
+UNDERFLOW_KINDS = ("x*w", "x*w*rstd", "no gate", "gate first")
+
+
+def make_underflow_case(
+    kind: str, rows: int = 8, d: int = 128, seed: int = 0, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, OpOptions]:
+    """bf16 (x, z, w, options) where one fp32 product of a fast path (x*w, x*w*rstd, x*silu(z)) is subnormal
+    while y is an ordinary normal number: the lost bits lie far outside any error bound set on normal
+    data, and a range test on y alone does not see them. Column 0 sets the row's rstd."""
+    if kind not in UNDERFLOW_KINDS:
+        raise ValueError(f"kind: expected one of {UNDERFLOW_KINDS}, got {kind!r}")
+    if rows < 1 or d < 2:
+        raise ValueError(f"rows, d: expected >= 1 and >= 2, got {rows}, {d}")
+    g = torch.Generator().manual_seed(seed)
+
+    def u() -> torch.Tensor:  # magnitudes in [1, 2), random signs
+        sign = torch.where(torch.rand(rows, d, generator=g) < 0.5, -1.0, 1.0).double()
+        return (1 + torch.rand(rows, d, generator=g, dtype=torch.float64)) * sign
+
+    z: torch.Tensor | None
+    if kind == "x*w":  # x*w ~ 2**-145, gate ~ 2**100
+        x, w, z, opts = 2.0**-70 * u(), 2.0**-75 * u()[0], 2.0**100 * u().abs(), OpOptions()
+        x[:, 0], w[0] = 1.0, 2.0**-70
+    elif kind == "x*w*rstd":  # x*w ~ 2**-84 is normal; rstd ~ 2**-56 (a huge column 0) takes it to ~ 2**-140
+        x, w, z, opts = 2.0**-42 * u(), 2.0**-42 * u()[0], 2.0**100 * u().abs(), OpOptions()
+        x[:, 0], w[0], z[:, 0] = 2.0**60, 1.0, 1.0
+    elif kind == "no gate":  # rstd ~ 2**48 from a tiny row and eps 1e-30; x*w ~ 2**-142
+        x, w, z, opts = 2.0**-70 * u(), 2.0**-72 * u()[0], None, OpOptions(eps=1e-30)
+        x[:, 0], w[0] = 2.0**-45, 1.0
+    else:  # "gate first": x*silu(z) ~ 2**-144, weight ~ 2**100
+        x, w, z = 2.0**-64 * u(), 2.0**100 * u()[0].abs(), 2.0**-79 * u().abs()
+        x[:, 0], w[0], z[:, 0], opts = 1.0, 1.0, 1.0, OpOptions(norm_before_gate=False)
+
+    def bf(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.bfloat16).to(device)
+
+    return bf(x), None if z is None else bf(z), bf(w), opts

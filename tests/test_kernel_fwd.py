@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
-from rlnorm.inputs import make_case
+from rlnorm.inputs import UNDERFLOW_KINDS, make_case, make_underflow_case
 from rlnorm.kernel._fwd import MAX_D, _fwd_config, rms_norm_gated_fwd
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast
 from rlnorm.numerics import round_once, ulp_distance
@@ -201,11 +201,16 @@ def test_row_chunk_layouts_give_the_same_bits(d):
     # (a chunk stored at the other's columns did, on the GPU: scripts/kernel_gpu_v16.py). The bound is
     # widened so ~0.6% of elements also go through the per-element tier, whose columns come from the
     # same layout; non-power-of-two widths put padding in the last chunk.
+    # STORE_FIRST stores each row where it becomes final (unflagged rows before the tier's branch, the
+    # tier's rows inside it): a row stored twice, never or with the wrong mask shows here too.
     c = make_case(63, d, seed=7)
-    ref = oracle(c.x, c.z, c.w)
+    x, z = c.x.clone(), c.z.clone()
+    x[5, 3] = float("nan")  # a risky row (whole-row path) among the tier's rows
+    ref = oracle(x, z, c.w)
     for split in (1, 2):
-        y = fwd(c.x, c.z, c.w, _near=(200, 0), _variant={"SPLIT": split})
-        assert same_bits(y, ref).all(), f"SPLIT {split}, d={d}"
+        for store_first in (False, True):
+            y = fwd(x, z, c.w, _near=(200, 0), _variant={"SPLIT": split, "STORE_FIRST": store_first})
+            assert same_bits(y, ref).all(), f"SPLIT {split}, STORE_FIRST {store_first}, d={d}"
 
 
 @pytest.mark.parametrize("opts", [DEFAULT, OpOptions(activation="sigmoid"), OpOptions(norm_before_gate=False)])
@@ -286,6 +291,19 @@ def test_extreme_values_take_the_exact_path():
     w[7] = 0.0
     opts = OpOptions()
     assert same_bits(fwd(x, z, w), oracle(x, z, w, opts)).all()
+
+
+@pytest.mark.parametrize("kind", UNDERFLOW_KINDS)
+def test_an_underflowed_intermediate_sends_its_row_to_the_exact_path(kind):
+    # found in session 16: x*w ~ 1e-40 under a gate ~ 1e30 gave outputs ~1000 fp32 ulps off, unflagged
+    x, z, w, opts = make_underflow_case(kind)
+    ref = oracle(x, z, w, opts)
+    y, fast, _ = fwd(x, z, w, opts, _debug=True)
+    assert same_bits(y, ref).all()
+    assert (fast[:, 1:] == 0).all()  # flushed to zero: what the range test catches
+    # the planted fault: plain products keep the subnormal, y comes out normal and wrong, and nothing
+    # sends its row to the exact path
+    assert not same_bits(fwd(x, z, w, opts, _variant={"FTZ": False}), ref).all()
 
 
 def test_nan_and_inf_stay_in_their_row():

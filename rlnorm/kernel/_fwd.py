@@ -12,7 +12,8 @@ Design (docs/kernel-notes.md has the numbers behind every choice):
   its row is "flagged". For bf16 outputs with rstd taken from x alone (gate after the norm, or no
   gate) each flagged element is then settled alone in fp64 by the lanes that hold it
   (`_exact_element.py`: the program's rows' squares summed again in fp64, inline PTX per element);
-  a row with a non-finite, zero or tiny value, or an element the tier cannot place, is recomputed
+  a row with a non-finite, zero or tiny value (every fast-path product flushes subnormals to zero, so
+  an intermediate that underflows shows as a zero y), or an element the tier cannot place, is recomputed
   whole in fp64 from its own inputs (a scalar branch per program, then per row), rounded once. An
   unflagged output is the correctly rounded value whenever the fast path's error is inside T (set
   from the worst error measured on the H200, with margin), so flagged or not every output equals
@@ -111,8 +112,39 @@ def _rcp_approx(v):
     return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [v], dtype=tl.float32, is_pure=True, pack=1)
 
 
+FP32_MIN_NORMAL = tl.constexpr(2.0**-126)  # smallest normal fp32
+
+
 @triton.jit
-def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl.constexpr, Z_BF16: tl.constexpr):
+def _mul_ftz(a, b, FTZ: tl.constexpr, INTERP: tl.constexpr):
+    """a * b rounded to nearest, subnormal inputs and results flushed to (signed) zero: a fast-path
+    product whose true value is subnormal in fp32 has lost relative precision that the error bound does
+    not cover, and as a zero it makes y zero, which the range test sends to the exact path (with plain
+    products, x*w ~ 1e-40 under a gate ~ 1e30 gave a normal y wrong by ~1000 ulps that no test saw).
+    mul.rn also keeps ptxas from contracting it into an FMA. Costs nothing: FMUL.FTZ is an FMUL."""
+    if not FTZ:
+        p = a * b  # tests only: the plain product, to show the flush is needed
+    elif INTERP:  # numpy keeps subnormals: flush inputs and result as the GPU does
+        a = tl.where(tl.abs(a) < FP32_MIN_NORMAL, a * 0.0, a)
+        b = tl.where(tl.abs(b) < FP32_MIN_NORMAL, b * 0.0, b)
+        p = a * b
+        p = tl.where(tl.abs(p) < FP32_MIN_NORMAL, p * 0.0, p)
+    else:
+        p = tl.inline_asm_elementwise(
+            "mul.rn.ftz.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32, is_pure=True, pack=1
+        )
+    return p
+
+
+@triton.jit
+def _act_fast(
+    z,
+    SIGMOID: tl.constexpr,
+    ACCURATE_ARG: tl.constexpr,
+    FAST_DIV: tl.constexpr,
+    Z_BF16: tl.constexpr,
+    FTZ: tl.constexpr,
+):
     """fp32 gate on the GPU: exp(-z) = 2**t, t = -z*log2(e), without the |z|-proportional error of
     rounding t (it would enter the bound as |z| units). ACCURATE_ARG 2 (bf16 z): log2(e) cut to 16
     significant bits, so z * L_HI is exact in fp32 (8 + 16 bits), and 2**(-z * L_LO) folded back in
@@ -135,13 +167,13 @@ def _act_fast(z, SIGMOID: tl.constexpr, ACCURATE_ARG: tl.constexpr, FAST_DIV: tl
     else:
         e = tl.exp(-z)
     if FAST_DIV:
-        sig = _rcp_approx(1.0 + e)
+        sig = _rcp_approx(1.0 + e)  # .ftz: a subnormal sigmoid is already flushed to zero
     else:
-        sig = 1.0 / (1.0 + e)
+        sig = _mul_ftz(1.0 / (1.0 + e), 1.0, FTZ, False)  # the flush alone
     if SIGMOID:
         a = sig
     else:
-        a = z * sig
+        a = _mul_ftz(z, sig, FTZ, False)  # a subnormal gate -> 0 -> y = 0: the row goes exact
     return a
 
 
@@ -338,8 +370,10 @@ def _rms_norm_gated_fwd_kernel(
     LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
     RSTD_FAST: tl.constexpr,  # rstd: 0 IEEE; rsqrt.approx + a Newton step 1 plain, 2 with an FMA residual
     XW_FIRST: tl.constexpr,  # y = (x * w) * rstd: x * w is exact for bf16/fp16 x and w (one rounding fewer)
+    FTZ: tl.constexpr,  # fast-path products flush subnormals to zero (0: tests only, NOT correctly rounded)
     EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
     TIER2: tl.constexpr,  # near elements of safe rows settled one by one (_exact_element.py) before the row path
+    STORE_FIRST: tl.constexpr,  # with TIER2: rows stored as soon as they are final (before / in the tier's branch)
     TIER2_MARGIN: tl.constexpr,  # fp64 ulps from a midpoint below which the tier leaves an element undecided
     TIER2_FAULT: tl.constexpr,  # tests only: the tier's fp64 value moved by this many fp64 ulps
     FAULT_ULPS: tl.constexpr,  # tests only: the fast path's result moved by this many fp32 ulps
@@ -403,14 +437,15 @@ def _rms_norm_gated_fwd_kernel(
         # ---- fast path: fp32 elementwise; only per-row scalars in fp64 ----
         if HAS_Z:
             if INTERP:
-                # numpy has no fused multiply-add: evaluate the gate in fp64 and round it once
-                a = _act(z.to(tl.float64), SIGMOID).to(tl.float32)
+                # numpy has no fused multiply-add: evaluate the gate in fp64 and round it once (flushed
+                # as the GPU's is: a subnormal gate must give y = 0 here too)
+                a = _mul_ftz(_act(z.to(tl.float64), SIGMOID).to(tl.float32), 1.0, FTZ, INTERP)
             else:
-                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV, z_ptr.dtype.element_ty == tl.bfloat16)
+                a = _act_fast(z, SIGMOID, ACCURATE_ARG, FAST_DIV, z_ptr.dtype.element_ty == tl.bfloat16, FTZ)
         else:
             a = x  # unused
         if HAS_Z and not NORM_BEFORE_GATE:
-            xg = x * a
+            xg = _mul_ftz(x, a, FTZ, INTERP)
         else:
             xg = x
         if MS_FP64:
@@ -438,12 +473,14 @@ def _rms_norm_gated_fwd_kernel(
             # rstd ~0 (x**2 overflowed) or a sum too small for fp32 to hold its relative precision while
             # eps does not dominate it: the row goes exact
             row_risky = (rstd < 1e-30) | ((ssum < 1.2621774e-29) & ((tl.zeros_like(ssum) + eps32) < 8.4703295e-22))
+        # Every product flushes a subnormal to zero (`_mul_ftz`): an intermediate that underflows makes y
+        # zero, which the range test below sends to the exact path, whatever the later factors scale it by
         if XW_FIRST:
-            y = (xg * w) * rstd[:, None, None]  # [BLOCK_R, C, S]
+            y = _mul_ftz(_mul_ftz(xg, w, FTZ, INTERP), rstd[:, None, None], FTZ, INTERP)  # [BLOCK_R, C, S]
         else:
-            y = xg * rstd[:, None, None] * w  # [BLOCK_R, C, S]
+            y = _mul_ftz(_mul_ftz(xg, rstd[:, None, None], FTZ, INTERP), w, FTZ, INTERP)  # [BLOCK_R, C, S]
         if HAS_Z and NORM_BEFORE_GATE:
-            y = y * a
+            y = _mul_ftz(y, a, FTZ, INTERP)
         if FAULT_ULPS != 0:  # tests only: a fast path wrong by this many fp32 ulps must still round right
             y = (y.to(tl.int32, bitcast=True) + FAULT_ULPS).to(tl.float32, bitcast=True)
         y_fast = y
@@ -454,9 +491,11 @@ def _rms_norm_gated_fwd_kernel(
         if OUT == tl.bfloat16 and NEAR_TZ == 0 and LEAN_TEST:
             # Two unsigned row minima instead of per-element flags (each test = 1 multiply-add + 1 min):
             # near: |low 16 bits - 0x8000| <= T <=> ((bits + T - 0x8000) << 16) < (2T + 1) << 16, the
-            # product by 2**16 dropping the high half; risky: |y| < 2**-96 (an intermediate may have
-            # underflowed) or inf/nan, as ~((bits << 1) - 2 * 0x0F800000) < 0x20000000 (sign shifted
-            # out). An exact 0 counts as risky: its row goes exact (same bits, only slower).
+            # product by 2**16 dropping the high half; risky: |y| < 2**-96 or inf/nan, as
+            # ~((bits << 1) - 2 * 0x0F800000) < 0x20000000 (sign shifted out). An exact 0 counts as
+            # risky: it is how an underflowed product shows (`_mul_ftz`); its row goes exact (same bits,
+            # only slower). The range test on y alone does not see an intermediate that underflowed
+            # while y stayed normal; the flush turns that into a zero y.
             risk_key = (bits * -2 + 0x1EFFFFFF).to(tl.uint32, bitcast=True)
             if GROUP != BLOCK_G:  # padding columns (y = 0) must not flag their row
                 risk_key = tl.where(col_ok, risk_key, 0xFFFFFFFF)
@@ -473,6 +512,8 @@ def _rms_norm_gated_fwd_kernel(
                 # risky rows (and any element the tier leaves undecided) go to the whole-row path.
                 # The branch test is an int32 maximum (a few shuffles); the rows' bitmask for the
                 # whole-row path is built inside, where it is rare
+                if STORE_FIRST:  # unflagged rows now: nothing of y stays live across the branch
+                    _store_chunks(y_rows, y, (row_ok & ~row_flag)[:, None], g2, GROUP, BLOCK_C, SPLIT, True, INTERP)
                 if tl.max(row_flag.to(tl.int32), axis=0) != 0:  # one scalar branch per program (~15%)
                     tier_row = row_flag & ~risky_row  # [BLOCK_R]
                     # x again (L1): keeping the tile's x, z, w live to here would double the registers
@@ -494,7 +535,11 @@ def _rms_norm_gated_fwd_kernel(
                         SIGMOID,
                         not INTERP,
                     )  # [BLOCK_R, C, S]
-                    row_flag = risky_row | _row_any(y.to(tl.int32, bitcast=True) == UNDECIDED_BITS)
+                    undecided_row = _row_any(y.to(tl.int32, bitcast=True) == UNDECIDED_BITS)  # [BLOCK_R]
+                    if STORE_FIRST:  # the tier's rows; risky and undecided ones take the whole-row path
+                        tier_done = (tier_row & ~undecided_row)[:, None]
+                        _store_chunks(y_rows, y, tier_done, g2, GROUP, BLOCK_C, SPLIT, True, INTERP)
+                    row_flag = risky_row | undecided_row
                     row_bits = _row_bits(row_flag)
             elif EXACT == 1:
                 row_bits = _row_bits(row_flag)
@@ -508,8 +553,8 @@ def _rms_norm_gated_fwd_kernel(
                 else:
                     dist = tl.abs((bits & 0xFFFF) - 0x8000)
                     near = dist.to(tl.float32) <= NEAR_T0 + NEAR_TZ * tl.abs(z)
-                # |y| < 2**-96 (an intermediate may have underflowed) or inf/nan (overflow or non-finite
-                # inputs), as one unsigned range test; an exact 0 from x == 0 is safe
+                # |y| < 2**-96 (0 included: an underflowed product, `_mul_ftz`) or inf/nan (overflow or
+                # non-finite inputs), as one unsigned range test; an exact 0 from x == 0 is safe
                 out_of_range = (mag - 0x0F800000).to(tl.uint32, bitcast=True) >= 0x70000000
                 risky = out_of_range & ((x != 0.0) | (mag != 0))
             else:
@@ -523,7 +568,9 @@ def _rms_norm_gated_fwd_kernel(
             if EXACT == 1:
                 row_bits = _row_bits(row_flag)
 
-        if EXACT == 1:  # flagged rows: stored below
+        if TIER2 and STORE_FIRST:
+            pass  # stored above
+        elif EXACT == 1:  # flagged rows: stored below
             _store_chunks(y_rows, y, (row_ok & ~row_flag)[:, None], g2, GROUP, BLOCK_C, SPLIT, True, INTERP)
         else:
             _store_chunks(y_rows, y, row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, True, INTERP)
@@ -568,8 +615,10 @@ DEFAULT_VARIANT = {
     "LEAN_TEST": True,
     "RSTD_FAST": 2,
     "XW_FIRST": True,
+    "FTZ": True,  # False: plain products (tests only: an underflowed intermediate then goes unseen)
     "EXACT": 1,
     "TIER2": 1,  # 0: flagged rows recomputed whole in fp64 (sessions 1-5's exact path)
+    "STORE_FIRST": False,
     "MAXNREG": None,  # register cap per thread (None: TIER_MAXNREG where it applies; 0: the compiler's choice)
     "SPLIT": None,  # column chunks per thread (None: SPLIT_CHUNKS where the row allows; 1: one chunk)
     "FAULT_ULPS": 0,
@@ -697,9 +746,11 @@ def rms_norm_gated_fwd(
         LEAN_TEST=variant["LEAN_TEST"],
         RSTD_FAST=variant["RSTD_FAST"],
         XW_FIRST=variant["XW_FIRST"],
+        FTZ=variant["FTZ"],
         EXACT=variant["EXACT"] if x.dtype != torch.float32 else 0,  # fp32 output: all fp64 already
         FAULT_ULPS=variant["FAULT_ULPS"],
         TIER2=tier2,
+        STORE_FIRST=variant["STORE_FIRST"],
         TIER2_MARGIN=margin,
         TIER2_FAULT=fault,
         ZERO=zero is not None,

@@ -1,0 +1,112 @@
+"""Session 17: the forward's flushed products (FTZ) and store-first variant, on the H200 (bits + timing).
+
+    V31_ROUNDS=3 python3 scripts/kernel_gpu_v31.py     ($OUT/fwd31.json; a line per variant)
+
+Why: (1) every fast-path product now flushes subnormals to zero (`_fwd._mul_ftz`, mul.rn.ftz.f32), so an
+intermediate that underflows while y stays normal shows as y = 0 and its row goes exact (the hole found in
+session 16). First the underflow cases of `rlnorm.inputs.make_underflow_case` on the GPU: outputs that differ
+from the fp64 result rounded once, with FTZ (must be 0) and with the plain products (the hole). Then the cost:
+offline sm_90 SASS has the same instruction count (3016 against 3032 static), timed here. (2) STORE_FIRST
+stores unflagged rows before the tier's branch (394 static instructions to EXIT on that path against ~413).
+Per D at 262144 rows and at decode sizes: GPU time per call from CUDA-graph replays over distinct buffers
+(`kernel_gpu_v2.graph_us`), against the same process's add, in interleaved rounds; every variant's output
+compared bitwise with the default's on every buffer set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch
+
+from rlnorm.bench import make_sets
+from rlnorm.inputs import UNDERFLOW_KINDS, make_underflow_case
+from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.numerics import round_once
+from rlnorm.reference import gated_rmsnorm_math
+from scripts import kernel_gpu_v2 as V
+
+OUT = os.environ.get("OUT", "/tmp")
+ARGS = (1e-6, None, True, "silu")
+ROUNDS = int(os.environ.get("V31_ROUNDS", "3"))
+RES: list[dict] = []
+VARIANTS = [
+    ("default", {}),
+    ("plain mul", {"FTZ": False}),
+    ("store first", {"STORE_FIRST": True}),
+    ("exact0", {"EXACT": 0}),
+]
+
+
+def regs() -> tuple:
+    from rlnorm.kernel import _fwd as F
+
+    return V.last_regs(F._rms_norm_gated_fwd_kernel)
+
+
+def underflow() -> None:
+    for kind in UNDERFLOW_KINDS:
+        x, z, w, o = make_underflow_case(kind, rows=64, device="cuda")
+        ref = round_once(gated_rmsnorm_math(x, z, w, o, torch.float64), torch.bfloat16)
+        for name, var in (("ftz", {}), ("plain mul", {"FTZ": False}), ("ftz store first", {"STORE_FIRST": True})):
+            y = rms_norm_gated_fwd(x, z, w, o.eps, None, o.norm_before_gate, o.activation, _variant=var)
+            wrong = int((y.view(torch.int16) != ref.view(torch.int16)).sum())
+            rec = {"underflow": kind, "name": name, "wrong": wrong, "of": y.numel()}
+            RES.append(rec)
+            print(rec, flush=True)
+
+
+def run(d: int, rows: int, rounds: int) -> None:
+    sets = make_sets(rows, d, torch.bfloat16, "cuda")
+    outs = [torch.empty_like(s[0]) for s in sets]
+    refs = [rms_norm_gated_fwd(s[0], s[1], s[2], *ARGS) for s in sets]
+    torch.cuda.synchronize()
+    notes: dict[str, str] = {}
+    for name, var in VARIANTS:  # compile + bits once
+        t0 = time.time()
+        try:
+            got = [rms_norm_gated_fwd(s[0], s[1], s[2], *ARGS, _variant=var) for s in sets]
+            torch.cuda.synchronize()
+            same = all(torch.equal(a, b) for a, b in zip(got, refs, strict=True))
+            notes[name] = f"bits {'=' if same else 'DIFF'} regs {regs()} compile+run {time.time() - t0:.1f}s"
+        except Exception as exc:  # one variant failing never stops the probe
+            notes[name] = f"FAILED {type(exc).__name__}: {str(exc)[:200]}"
+        print(f"d={d} rows={rows} {name}: {notes[name]}", flush=True)
+    for rnd in range(rounds):
+        add_us = V.graph_us(
+            lambda: [torch.add(s[0], s[1], out=o) for s, o in zip(sets, outs, strict=True)], len(sets), reps=20
+        )
+        print(f"d={d} rows={rows} round {rnd} add {add_us:.2f} us", flush=True)
+        for name, var in VARIANTS:
+            if notes[name].startswith("FAILED"):
+                continue
+            us = V.graph_us(
+                lambda var=var: [rms_norm_gated_fwd(s[0], s[1], s[2], *ARGS, _variant=var) for s in sets],
+                len(sets),
+                reps=20,
+            )
+            rec = {"d": d, "rows": rows, "round": rnd, "name": name, "us": us, "add_us": add_us, "x_add": us / add_us}
+            rec["note"] = notes[name]
+            RES.append(rec)
+            print(f"  {name:14s} {us:7.2f} us  {us / add_us:.3f}x add   {notes[name]}", flush=True)
+        with open(os.path.join(OUT, "fwd31.json"), "w") as f:
+            json.dump(RES, f, indent=1)
+
+
+def main() -> None:
+    print(torch.cuda.get_device_name(), torch.__version__, flush=True)
+    underflow()
+    for d in (128, 256):
+        run(d, 262144, ROUNDS)
+    for d in (128, 256):
+        for rows in (32, 512, 4096):
+            run(d, rows, 2)
+
+
+if __name__ == "__main__":
+    main()
