@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rlnorm.inputs import DY_SEED_OFFSET, make_case
+from rlnorm.inputs import DY_SEED_OFFSET, UNDERFLOW_KINDS, make_case, make_underflow_case
+from rlnorm.reference import gated_rmsnorm_math
 
 
 def test_same_seed_same_bits_and_documented_draw_order() -> None:
@@ -34,3 +35,23 @@ def test_bad_sizes_name_the_parameter() -> None:
         make_case(-1)
     with pytest.raises(ValueError, match="d: expected"):
         make_case(3, 0)
+
+
+@pytest.mark.parametrize("kind", UNDERFLOW_KINDS)
+def test_underflow_cases_put_a_product_below_the_fp32_normal_range_and_y_above_it(kind: str) -> None:
+    # what the forward's flushed products exist for (tests/test_kernel_fwd.py plants the plain products)
+    x, z, w, opts = make_underflow_case(kind, rows=4, d=16)
+    xd, wd = x.double(), w.double()
+    rstd = 1 / ((xd * xd).mean(dim=1, keepdim=True) + opts.eps).sqrt()  # rstd of x: the gate-after cases
+    products = {"x*w": xd * wd, "x*w*rstd": xd * wd * rstd, "no gate": xd * wd}
+    product = products.get(kind, xd * torch.nn.functional.silu(z.double()) if z is not None else xd)
+    y = gated_rmsnorm_math(x, z, w, opts, torch.float64)
+    assert (product[:, 1:].abs() < 2.0**-126).all() and (y[:, 1:].abs() > 2.0**-96).all()
+    assert x.dtype == w.dtype == torch.bfloat16 and (z is None) == (kind == "no gate")
+
+
+def test_underflow_case_bad_arguments_name_the_parameter() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        make_underflow_case("x*z")
+    with pytest.raises(ValueError, match="rows, d"):
+        make_underflow_case("x*w", rows=0)

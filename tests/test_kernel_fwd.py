@@ -201,16 +201,15 @@ def test_row_chunk_layouts_give_the_same_bits(d):
     # (a chunk stored at the other's columns did, on the GPU: scripts/kernel_gpu_v16.py). The bound is
     # widened so ~0.6% of elements also go through the per-element tier, whose columns come from the
     # same layout; non-power-of-two widths put padding in the last chunk.
-    # STORE_FIRST stores each row where it becomes final (unflagged rows before the tier's branch, the
-    # tier's rows inside it): a row stored twice, never or with the wrong mask shows here too.
+    # Rows are stored where they become final (unflagged rows before the tier's branch, the tier's rows
+    # inside it, risky rows by the whole-row path): a row stored never or with the wrong mask shows too.
     c = make_case(63, d, seed=7)
-    x, z = c.x.clone(), c.z.clone()
+    x = c.x.clone()
     x[5, 3] = float("nan")  # a risky row (whole-row path) among the tier's rows
-    ref = oracle(x, z, c.w)
+    ref = oracle(x, c.z, c.w)
     for split in (1, 2):
-        for store_first in (False, True):
-            y = fwd(x, z, c.w, _near=(200, 0), _variant={"SPLIT": split, "STORE_FIRST": store_first})
-            assert same_bits(y, ref).all(), f"SPLIT {split}, STORE_FIRST {store_first}, d={d}"
+        y = fwd(x, c.z, c.w, _near=(200, 0), _variant={"SPLIT": split})
+        assert same_bits(y, ref).all(), f"SPLIT {split}, d={d}"
 
 
 @pytest.mark.parametrize("opts", [DEFAULT, OpOptions(activation="sigmoid"), OpOptions(norm_before_gate=False)])
