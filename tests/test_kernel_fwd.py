@@ -189,7 +189,7 @@ def test_error_bound_is_needed(case11):
 def test_unknown_variant_switches_are_refused(case11):
     # a mistyped or retired switch must not run some other path silently
     c = case11.rows(slice(0, 2))
-    for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}, {"ACCURATE_ARG": 3}, {"SPLIT": 3}, {"SPLIT": 4}):
+    for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}, {"ACCURATE_ARG": 4}, {"SPLIT": 3}, {"SPLIT": 4}):
         with pytest.raises(ValueError, match="_variant"):
             fwd(c.x, c.z, c.w, _variant=bad)
 

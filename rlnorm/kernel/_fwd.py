@@ -76,14 +76,17 @@ MAX_BLOCK_R = 64  # flagged rows are tracked in one int64 bitmask per program
 # (the exp argument's correction, 1 + e, z * sigmoid, 2 products: x * w is exact for bf16/fp16) ~3;
 # ex2.approx ~1.5; rcp.approx ~1; rsqrt.approx + one FMA-residual Newton step ~0.75; the fp32 sum of
 # squares (positive terms; a fixed tree of depth d gives <= d/2 units in rstd). Without ACCURATE_ARG
-# the rounded argument z*log2(e) adds |z| units; ACCURATE_ARG 2 (the default for bf16 z) drops a
+# the rounded argument z*log2(e) adds |z| units; ACCURATE_ARG 2 and 3 (bf16 z) drop a
 # second-order term of 0.014 units at |z| <= 8, 1.6 at |z| = 87 (`_act_fast`). norm_before_gate=False:
 # the gate's error A enters x*act, rstd and the product again (3A + 3). Set from the worst error
 # MEASURED on the H200 (standard data, 262144 rows, this fast path, commit ec99454; docs/kernel-notes.md,
 # session 3): gated 5.42 ulps at D=128, 5.53 at D=256, 6.35 with z scaled by 32, 5.01 sigmoid;
 # norm_before_gate=False 6.40; no gate 2.71. With ACCURATE_ARG 2 and one row per thread (commit 80ddd21,
-# session 8): 5.86 at D=128, 5.49 at D=256, 5.68 with z x 32, 5.15 sigmoid. Elements within the bound
-# of a midpoint send their row to the exact path (~4% of rows at D=128, 8% at D=256).
+# session 8): 5.86 at D=128, 5.49 at D=256, 5.68 with z x 32, 5.15 sigmoid. ACCURATE_ARG 2 against 3 (the
+# default since session 17: the correction folded into 1 + e), same data (commit 350a9b1, scripts/
+# kernel_gpu_v32.py): D=128 5.71 / 5.72, D=256 5.73 / 5.95, z x 32 5.46 / 5.56, sigmoid 5.49 / 5.49, gate
+# first 6.20 / 6.73, no gate 2.71 / 2.71. Elements within the bound of a midpoint send their row to the
+# exact path (~4% of rows at D=128, 8% at D=256).
 NEAR_T0_GATED = 10
 NEAR_T0_GATED_PRE = 24
 NEAR_T0_PLAIN = 8  # no gate: 3 roundings + the fp32 sum of squares
@@ -149,8 +152,10 @@ def _act_fast(
     rounding t (it would enter the bound as |z| units). ACCURATE_ARG 2 (bf16 z): log2(e) cut to 16
     significant bits, so z * L_HI is exact in fp32 (8 + 16 bits), and 2**(-z * L_LO) folded back in
     as 1 + z * K (second-order term (z * L_LO * ln 2)**2 / 2: 0.014 units for |z| <= 8, 1.6 at the
-    |z| = 87 where exp leaves fp32); 3 fp32 operations and ex2. ACCURATE_ARG 1 (any z): the rounded
-    product's exact error from one FMA folded back in the same way; 5 fp32 operations and ex2."""
+    |z| = 87 where exp leaves fp32); 3 fp32 operations and ex2. ACCURATE_ARG 3 (bf16 z, the default):
+    the same terms as 1 + e * (1 + z * K), 2 FMAs and ex2 (D=256 97.6 -> 97.0 us at 262144 rows, H200,
+    session 17). ACCURATE_ARG 1 (any z): the rounded product's exact error from one FMA folded back in
+    the same way; 5 fp32 operations and ex2."""
     if ACCURATE_ARG == 3 and Z_BF16:
         # as 2, with the correction folded into 1 + e: c = 1 + z * K rounded (0.5 unit of 2**-24 at most,
         # scaled by e / (1 + e) in the sigmoid), then 1 + e * c by one FMA: one operation fewer per element
@@ -373,7 +378,7 @@ def _rms_norm_gated_fwd_kernel(
     NEAR_T0: tl.constexpr,
     NEAR_TZ: tl.constexpr,
     MS_FP64: tl.constexpr,  # mean of squares summed in fp64 (else fp32)
-    ACCURATE_ARG: tl.constexpr,  # exp argument's rounding error removed (no |z| term): 1 by an FMA, 2 split
+    ACCURATE_ARG: tl.constexpr,  # exp argument's rounding error removed (no |z| term): 1 by an FMA, 2-3 split
     FAST_DIV: tl.constexpr,  # sigmoid's divide as rcp.approx instead of div.full.f32
     LEAN_TEST: tl.constexpr,  # midpoint/range tests as row minima of multiply-add keys
     RSTD_FAST: tl.constexpr,  # rstd: 0 IEEE; rsqrt.approx + a Newton step 1 plain, 2 with an FMA residual
@@ -620,7 +625,7 @@ def _rms_norm_gated_fwd_kernel(
 # against how often the exact path runs). Timed on the H200: docs/kernel-notes.md.
 DEFAULT_VARIANT = {
     "MS_FP64": False,
-    "ACCURATE_ARG": 2,
+    "ACCURATE_ARG": 3,
     "FAST_DIV": True,
     "LEAN_TEST": True,
     "RSTD_FAST": 2,
