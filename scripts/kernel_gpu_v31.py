@@ -22,34 +22,25 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
-from rlnorm.bench import make_sets
 from rlnorm.inputs import UNDERFLOW_KINDS, make_underflow_case
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from rlnorm.numerics import round_once
 from rlnorm.reference import gated_rmsnorm_math
-from scripts import kernel_gpu_v2 as V
+from scripts import kernel_gpu_v30 as V30
 
 OUT = os.environ.get("OUT", "/tmp")
-ARGS = (1e-6, None, True, "silu")
 ROUNDS = int(os.environ.get("V31_ROUNDS", "3"))
-RES: list[dict] = []
+RES: list[dict] = V30.RES  # one list: the underflow records and v30's timing records
 VARIANTS = [
     ("default", {}),
     ("plain mul", {"FTZ": False}),
     ("exact0", {"EXACT": 0}),
 ]
-
-
-def regs() -> tuple:
-    from rlnorm.kernel import _fwd as F
-
-    return V.last_regs(F._rms_norm_gated_fwd_kernel)
 
 
 def underflow() -> None:
@@ -65,40 +56,10 @@ def underflow() -> None:
 
 
 def run(d: int, rows: int, rounds: int) -> None:
-    sets = make_sets(rows, d, torch.bfloat16, "cuda")
-    outs = [torch.empty_like(s[0]) for s in sets]
-    refs = [rms_norm_gated_fwd(s[0], s[1], s[2], *ARGS) for s in sets]
-    torch.cuda.synchronize()
-    notes: dict[str, str] = {}
-    for name, var in VARIANTS:  # compile + bits once
-        t0 = time.time()
-        try:
-            got = [rms_norm_gated_fwd(s[0], s[1], s[2], *ARGS, _variant=var) for s in sets]
-            torch.cuda.synchronize()
-            same = all(torch.equal(a, b) for a, b in zip(got, refs, strict=True))
-            notes[name] = f"bits {'=' if same else 'DIFF'} regs {regs()} compile+run {time.time() - t0:.1f}s"
-        except Exception as exc:  # one variant failing never stops the probe
-            notes[name] = f"FAILED {type(exc).__name__}: {str(exc)[:200]}"
-        print(f"d={d} rows={rows} {name}: {notes[name]}", flush=True)
-    for rnd in range(rounds):
-        add_us = V.graph_us(
-            lambda: [torch.add(s[0], s[1], out=o) for s, o in zip(sets, outs, strict=True)], len(sets), reps=20
-        )
-        print(f"d={d} rows={rows} round {rnd} add {add_us:.2f} us", flush=True)
-        for name, var in VARIANTS:
-            if notes[name].startswith("FAILED"):
-                continue
-            us = V.graph_us(
-                lambda var=var: [rms_norm_gated_fwd(s[0], s[1], s[2], *ARGS, _variant=var) for s in sets],
-                len(sets),
-                reps=20,
-            )
-            rec = {"d": d, "rows": rows, "round": rnd, "name": name, "us": us, "add_us": add_us, "x_add": us / add_us}
-            rec["note"] = notes[name]
-            RES.append(rec)
-            print(f"  {name:14s} {us:7.2f} us  {us / add_us:.3f}x add   {notes[name]}", flush=True)
-        with open(os.path.join(OUT, "fwd31.json"), "w") as f:
-            json.dump(RES, f, indent=1)
+    """kernel_gpu_v30's timing loop (bits against the default once, then interleaved rounds) on VARIANTS."""
+    V30.run(d, rows, VARIANTS, rounds)
+    with open(os.path.join(OUT, "fwd31.json"), "w") as f:
+        json.dump(RES, f, indent=1)
 
 
 def main() -> None:
