@@ -19,6 +19,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 
 from rlnorm.bench import make_sets
+from rlnorm.kernel import _fwd as F
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from scripts import kernel_gpu_v2 as V
 
@@ -27,24 +28,37 @@ ARGS = (1e-6, None, True, "silu")
 VARIANTS = [("default", {}), ("near0", {"_near": (0, 0)}), ("exact0", {"_variant": {"EXACT": 0}})]
 
 
-def main() -> None:
+def time_variants(variants: dict[int, list[tuple[str, dict]]], out_name: str, rounds: int = 3) -> None:
+    """Per width at 262144 rows: each variant's outputs compared bitwise with the default's on every buffer set
+    (correctly rounded variants must agree), then interleaved timing rounds against the same process's add."""
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     res = []
-    for d in (128, 256):
+    for d, named in variants.items():
         sets = make_sets(262144, d, torch.bfloat16, "cuda")
         outs = [torch.empty_like(s[0]) for s in sets]
         pairs = list(zip(sets, outs, strict=True))
-        for rnd in range(3):
+        refs = [rms_norm_gated_fwd(s[0], s[1], s[2], *ARGS) for s in sets]
+        for name, kw in named:
+            same = all(
+                torch.equal(rms_norm_gated_fwd(s[0], s[1], s[2], *ARGS, **kw), r)
+                for s, r in zip(sets, refs, strict=True)
+            )
+            print(f"d={d} {name}: bits {'=' if same else 'DIFF'} regs {V.last_regs(F._rms_norm_gated_fwd_kernel)}")
+        for rnd in range(rounds):
             add_us = V.graph_us(lambda pairs=pairs: [torch.add(s[0], s[1], out=o) for s, o in pairs], len(pairs))
-            for name, kw in VARIANTS:
+            for name, kw in named:
                 us = V.graph_us(
                     lambda kw=kw, sets=sets: [rms_norm_gated_fwd(s[0], s[1], s[2], *ARGS, **kw) for s in sets],
                     len(sets),
                 )
                 res.append({"d": d, "round": rnd, "name": name, "us": us, "add_us": add_us})
-                print(f"d={d} round {rnd} {name:8s} {us:7.2f} us  {us / add_us:.3f}x add ({add_us:.2f})", flush=True)
-    with open(os.path.join(OUT, "fwd33.json"), "w") as f:
-        json.dump(res, f, indent=1)
+                print(f"d={d} round {rnd} {name:10s} {us:7.2f} us  {us / add_us:.3f}x add ({add_us:.2f})", flush=True)
+        with open(os.path.join(OUT, out_name), "w") as f:
+            json.dump(res, f, indent=1)
+
+
+def main() -> None:
+    time_variants({128: VARIANTS, 256: VARIANTS}, "fwd33.json")
 
 
 if __name__ == "__main__":
