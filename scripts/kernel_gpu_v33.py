@@ -5,7 +5,9 @@
 default (correctly rounded) against: near0 = the same kernel with the midpoint bound T = 0 (the test and its
 reductions still run, but almost no program takes the tier's branch: timing only, NOT correctly rounded), and
 exact0 = no test and no tier (`EXACT` 0, NOT correctly rounded). near0 - exact0 is the test's cost, default -
-near0 the tier's. CUDA-graph replays over distinct buffers against the same process's add, interleaved rounds.
+near0 the tier's. Each variant's bits are first compared with the default's (near0 and exact0 may differ: they
+are not correctly rounded); then CUDA-graph replays over distinct buffers against the same process's add, in
+interleaved rounds. `time_variants` is reused by kernel_gpu_v34.py.
 """
 
 from __future__ import annotations
