@@ -1,15 +1,68 @@
-"""Shared fixtures. `import rlnorm` sets TRITON_INTERPRET=1 when there is no GPU, before any test
-imports Triton, so Triton kernels run on the CPU in CI."""
+"""Shared fixtures, and the suite's two modes.
+
+`python3 -m pytest` is the CPU suite on any machine: the kernel runs in the Triton interpreter on CPU
+tensors, as on CI, with the GPUs hidden from torch so a GPU machine gives the same results. Triton
+chooses between the interpreter and compiled kernels once per process (at decoration), so the tests
+marked `gpu` (compiled Triton on a CUDA GPU) run in a process of their own: `python3 -m pytest --gpu`.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
-import rlnorm  # noqa: F401  (sets TRITON_INTERPRET before Triton is imported)
-
 REPO_ROOT = Path(__file__).resolve().parent.parent
+GPU_HINT = "run `python3 -m pytest --gpu` on a machine with a CUDA GPU"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--gpu",
+        action="store_true",
+        help="run only the tests marked gpu, with compiled Triton on a CUDA GPU (default: the CPU suite)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # before anything imports rlnorm or Triton, and before torch initialises CUDA
+    if config.getoption("--gpu"):
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            raise pytest.UsageError("--gpu runs compiled Triton kernels: unset TRITON_INTERPRET (it is '1')")
+        import torch
+
+        if not torch.cuda.is_available():
+            raise pytest.UsageError("--gpu: no CUDA GPU is visible (torch.cuda.is_available() is False)")
+    else:
+        import torch
+
+        if torch.cuda.is_initialized():
+            raise pytest.UsageError("the CPU suite must hide the GPUs, but CUDA was initialised before the tests")
+        if torch.version.cuda or torch.version.hip:  # a CPU build (CI's) sees no GPU anyway: its env stays as it is
+            os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read when torch initialises CUDA, which it has not yet
+        os.environ["TRITON_INTERPRET"] = "1"
+    import rlnorm  # noqa: F401  (with the mode set: rlnorm and Triton read it at import)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if config.getoption("--gpu"):
+        return "rlnorm: GPU tests only (compiled Triton)"
+    return f"rlnorm: CPU suite (Triton interpreter, GPUs hidden); the tests marked gpu are skipped: {GPU_HINT}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--gpu"):
+        deselected = [item for item in items if item.get_closest_marker("gpu") is None]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if item.get_closest_marker("gpu") is not None]
+        return
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        if marker is not None:
+            why = marker.kwargs.get("reason", "needs a CUDA GPU")
+            item.add_marker(pytest.mark.skip(reason=f"{why}: {GPU_HINT}"))
 
 
 @pytest.fixture

@@ -405,7 +405,7 @@ def test_max_records_caps_records_not_counts() -> None:
 
 # -- the CUDA-graph path (GPU only: run on the H200) ------------------------------------------------
 
-cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+cuda_only = pytest.mark.gpu(reason="CUDA graphs need a GPU")
 
 
 class ForwardOnlyPosition(PositionDependentOutput):

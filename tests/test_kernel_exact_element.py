@@ -167,10 +167,7 @@ def test_default_uses_the_tier():
         assert torch.equal(bits(fwd(c.x, c.z, c.w, _near=WIDE, _tier2=planted, _variant=TIER_OFF)), ref)
 
 
-ON_GPU = torch.cuda.is_available()
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the inline PTX runs on a GPU only (the interpreter runs the tile-wide form)")
+@pytest.mark.gpu(reason="the inline PTX runs on a GPU only (the interpreter runs the tile-wide form)")
 @pytest.mark.parametrize(
     ("opts", "has_z", "wdtype"),
     TIER_CASES,

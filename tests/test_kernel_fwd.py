@@ -74,17 +74,25 @@ def _widen_kernel(x_ptr, y_ptr, n, INTERP: tl.constexpr, ASM: tl.constexpr, BLOC
     tl.store(y_ptr + offs, _widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_widen_fast_is_exact_for_every_16_bit_pattern(dtype):
+def _check_widen(dtype: torch.dtype, on_gpu: bool) -> None:
     # every bf16 / fp16 value (infinities, subnormals, signed zeros) widened to fp32 bit for bit as torch
-    # does, NaN to NaN (payloads of signalling fp16 NaNs differ between conversions); on the GPU this runs
-    # the bf16 pair's shift-and-mask PTX, on the CPU the interpreter's path
-    on_gpu = torch.cuda.is_available()
+    # does, NaN to NaN (payloads of signalling fp16 NaNs differ between conversions)
     dev = "cuda" if on_gpu else "cpu"
     v = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).to(dev)
     y = torch.empty(v.shape, dtype=torch.float32, device=dev)
     _widen_kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), INTERP=not on_gpu, ASM=on_gpu, BLOCK=4096)
     assert same_bits(y, v.float()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widen_fast_is_exact_for_every_16_bit_pattern(dtype):
+    _check_widen(dtype, on_gpu=False)  # the interpreter's path
+
+
+@pytest.mark.gpu(reason="the bf16 pair's shift-and-mask PTX runs on a GPU only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widen_fast_is_exact_for_every_16_bit_pattern_on_the_gpu(dtype):
+    _check_widen(dtype, on_gpu=True)
 
 
 def _run32(v: torch.Tensor, dtype: torch.dtype, plain: bool = False) -> torch.Tensor:
@@ -305,7 +313,7 @@ def test_an_underflowed_intermediate_sends_its_row_to_the_exact_path(kind):
     assert not same_bits(fwd(x, z, w, opts, _variant={"FTZ": False}), ref).all()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="mul.rn.ftz.f32 (inline PTX) runs on a GPU only")
+@pytest.mark.gpu(reason="mul.rn.ftz.f32 (inline PTX) runs on a GPU only")
 @pytest.mark.parametrize("kind", UNDERFLOW_KINDS)
 def test_an_underflowed_intermediate_on_the_gpu(kind):
     # the GPU's flushed products (the interpreter emulates them above); scripts/kernel_gpu_v31.py ran the
