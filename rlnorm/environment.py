@@ -3,9 +3,9 @@
 A batch-invariance or speed result means little without the exact stack it came from, so every
 artifact carries this block. It keeps the seed report's fields (`gpu`, `capability`, `cuda`,
 `libraries` with the same nine names) and adds what a reader needs to reproduce a CPU run too
-(python, platform, the Triton interpreter flag, the rlnorm version). Library versions are read
-from package metadata, never by importing the package: importing vLLM beside a CPU torch can
-fail or take seconds, and a version string must not cost that.
+(python, platform, the Triton interpreter flag, the rlnorm version). Library versions come from the
+module when it is already imported, else from package metadata, never by importing the package:
+importing vLLM beside a CPU torch can fail or take seconds, and a version string must not cost that.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,12 @@ _PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 
 
 def library_version(name: str) -> str | None:
-    """Installed version of distribution `name` (or a known alias), None when not installed."""
+    """Version of library `name` (or a known alias), None when not installed. A module already imported
+    reports its own `__version__`: that is the code that runs, and a build's metadata can lack its local
+    part (the H200 image's torch: metadata 2.11.0, torch.__version__ 2.11.0+cu130)."""
+    loaded = getattr(sys.modules.get(name), "__version__", None)
+    if isinstance(loaded, str):
+        return str(loaded)  # torch's is a str subclass
     for dist in _DIST_ALIASES.get(name, (name,)):
         try:
             return importlib.metadata.version(dist)

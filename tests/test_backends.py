@@ -7,6 +7,7 @@ import textwrap
 
 import pytest
 import torch
+import triton
 
 from rlnorm.backends import (
     REGISTRY,
@@ -247,6 +248,10 @@ def test_transformers_supports_only_what_its_source_does():
 def test_fla_layernorm_gated_runs_and_is_close_to_the_reference(opts):
     b = load_backend("fla_layernorm_gated")
     ok, why = b.available("cpu")
+    if not ok and "only 0-dimensional arrays can be converted" in why:
+        # Triton 3.6's interpreter (the GPU image's) takes int() of a 1-element array, which numpy 2 refuses
+        # (3.7's squeezes it); our kernels avoid the construct, FLA's does not: the kit reports it as here
+        pytest.skip(f"FLA's kernel cannot run in Triton {triton.__version__}'s interpreter: {why}")
     assert ok, why
     assert b.source.startswith("FLA 0.5.2 layernorm_gated.rmsnorm_fn")
     case = make_case(7, 128, seed=3, weight_dtype=torch.float32)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -34,6 +37,15 @@ def test_library_version_reads_metadata_and_says_none_when_missing() -> None:
     assert library_version("no-such-distribution-rlnorm") is None
 
 
+def test_library_version_prefers_the_imported_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a build whose metadata lacks the local version (the GPU image's torch: 2.11.0 against 2.11.0+cu130):
+    # the module that runs is what the artifact records; a module not imported is read from metadata
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(__version__="9.9.9+planted"))
+    assert library_version("torch") == "9.9.9+planted"
+    monkeypatch.delitem(sys.modules, "jsonschema", raising=False)
+    assert library_version("jsonschema") == importlib.metadata.version("jsonschema")
+
+
 def test_bad_device_is_rejected() -> None:
     with pytest.raises(TypeError, match="device"):
         collect_environment(3)  # type: ignore[arg-type]
@@ -56,6 +68,7 @@ def test_git_helpers_inside_and_outside_a_checkout(tmp_path: Path, monkeypatch: 
 
 def test_dirty_flag_follows_tracked_files_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("RLNORM_COMMIT", raising=False)
+    monkeypatch.delenv("RLNORM_TREE_DIRTY", raising=False)  # set where a run's tree cannot be read (the H200)
 
     def git(*args: str) -> None:
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)

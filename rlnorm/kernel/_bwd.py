@@ -174,7 +174,10 @@ def _rms_norm_gated_bwd_kernel(
         dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
         if HAS_Z:
             z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
-    for t in tl.range(n_tiles, num_stages=STAGES):
+    # Triton 3.6's interpreter cannot take a tensor loop bound under numpy 2 (int() of a 1-element array;
+    # 3.7's squeezes it): there every program walks its TILES tiles, the all-padding ones masked like a
+    # short tile's padding rows, so no bit changes
+    for t in tl.range(TILES if INTERP else n_tiles, num_stages=STAGES):
         rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]
