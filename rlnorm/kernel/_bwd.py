@@ -34,6 +34,7 @@ from rlnorm.kernel._dweight import (
     hot_range,
     hot_range_rows,
 )
+from rlnorm.kernel._interpreter import INTERPRETED
 from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_fast
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
@@ -174,10 +175,9 @@ def _rms_norm_gated_bwd_kernel(
         dy_next = tl.load(DY + r3n * stride_dy + c3, mask=mask_n, other=0.0)
         if HAS_Z:
             z_next = tl.load(Z + r3n * stride_z + c3, mask=mask_n, other=0.0)
-    # Triton 3.6's interpreter cannot take a tensor loop bound under numpy 2 (int() of a 1-element array;
-    # 3.7's squeezes it): there every program walks its TILES tiles, the all-padding ones masked like a
-    # short tile's padding rows, so no bit changes
-    for t in tl.range(TILES if INTERP else n_tiles, num_stages=STAGES):
+    # in the interpreter (`_interpreter.py`) every program walks its TILES tiles, the all-padding ones masked
+    # like a short tile's padding rows, so no bit changes
+    for t in tl.range(TILES if INTERPRETED else n_tiles, num_stages=STAGES):
         rows = row0 + t * BLOCK_R
         mask = (rows < n_rows)[:, None, None] & cm3  # [BLOCK_R, BLOCK_G, BLOCK_C]
         r3 = rows[:, None, None]

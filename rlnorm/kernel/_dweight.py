@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from rlnorm.kernel._interpreter import INTERPRETED
 from rlnorm.kernel._rounding import _exact_cast
 
 NUM_WINDOWS = 8  # 8 windows x 32 shifts cover every finite fp32 exponent (s = 0..253)
@@ -193,7 +194,8 @@ def _add_cold(v, count, win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN: tl.c
     k_last = _tile_max(tl.where(nonzero, win, -1))
     # Masks are the column mask alone (adding a zero count is harmless): a `& (lo != 0)` mask here
     # broke Triton 3.6's layout pass for sm_90 ("operand does not dominate this use").
-    for k in range(k_first, k_last + 1):
+    # in the interpreter (`_interpreter.py`) every window is walked, those outside [k_first, k_last] adding zeros
+    for k in range(0 if INTERPRETED else k_first, NUM_WIN if INTERPRETED else k_last + 1):
         part = tl.sum(tl.where(win == k, count, 0), axis=0, keep_dims=True)  # [1, BG, BC]
         hi = part >> 32  # arithmetic shift: 0 <= lo < 2**32, so the counters' bounds hold
         lo = part - (hi << 32)

@@ -34,6 +34,7 @@ from triton.language.extra import libdevice
 
 from rlnorm.kernel import _exact_element
 from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
+from rlnorm.kernel._interpreter import INTERPRETED
 from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast, _widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
@@ -401,8 +402,15 @@ def _rms_norm_gated_fwd_kernel(
     if ZERO:  # a grid-stride loop: the workspace's size does not depend on this launch's shape
         n_prog = tl.num_programs(0) * tl.num_programs(1)
         zoffs = tl.arange(0, ZERO_BLOCK)  # [ZERO_BLOCK]
-        for z0 in range((pid_r * tl.num_programs(1) + pid_g) * ZERO_BLOCK, n_zero, n_prog * ZERO_BLOCK):
-            tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
+        z_first = (pid_r * tl.num_programs(1) + pid_g) * ZERO_BLOCK
+        if INTERPRETED:  # no tensor loop bounds in the interpreter (`_interpreter.py`)
+            z0 = z_first
+            while z0 < n_zero:
+                tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
+                z0 += n_prog * ZERO_BLOCK
+        else:
+            for z0 in range(z_first, n_zero, n_prog * ZERO_BLOCK):
+                tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
     eps = eps_bits.to(tl.float64, bitcast=True)
     # The tile is [BLOCK_R, BLOCK_C, SPLIT]: a row's BLOCK_G columns as SPLIT chunks of BLOCK_C, each
     # loaded as a 2-D tile and joined along a last axis that stays in the thread (`_load_chunks`): Triton
