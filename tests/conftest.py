@@ -45,6 +45,18 @@ def pytest_configure(config: pytest.Config) -> None:
     import rlnorm  # noqa: F401  (with the mode set: rlnorm and Triton read it at import)
 
 
+def holds_gpu_tests(path: Path) -> bool:
+    """Whether a test module marks any test `gpu` (read as text: --gpu imports no other module, so a GPU machine
+    without the notebook extras can still run it)."""
+    return "mark.gpu" in path.read_text(encoding="utf-8")
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("--gpu") and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return not holds_gpu_tests(collection_path)
+    return None
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     if config.getoption("--gpu"):
         return "rlnorm: GPU tests only (compiled Triton)"

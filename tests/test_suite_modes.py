@@ -53,3 +53,17 @@ def test_gpu_mode_refuses_to_run_where_it_cannot(interpret: str | None, message:
     out = _pytest("--gpu", "tests/test_suite_modes.py", env=env)
     assert out.returncode == pytest.ExitCode.USAGE_ERROR, out.stdout + out.stderr
     assert message in out.stderr, out.stderr
+
+
+def test_gpu_mode_collects_only_the_modules_that_hold_gpu_tests() -> None:
+    # --gpu reads each test module as text and imports only those marking a test gpu: the notebook tests'
+    # modules (jupytext, nbformat) are not needed on a GPU machine to run the GPU tests
+    from tests.conftest import holds_gpu_tests
+
+    held = sorted(p.name for p in (REPO_ROOT / "tests").glob("test_*.py") if holds_gpu_tests(p))
+    assert held == [
+        "test_checks.py",
+        "test_kernel_bwd.py",
+        "test_kernel_exact_element.py",
+        "test_kernel_fwd.py",
+    ]
