@@ -5,12 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from conftest import REPO_ROOT, holds_gpu_tests  # tests/ is on sys.path (no __init__.py: pytest prepends it)
 
 
 def _pytest(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -58,8 +56,6 @@ def test_gpu_mode_refuses_to_run_where_it_cannot(interpret: str | None, message:
 def test_gpu_mode_collects_only_the_modules_that_hold_gpu_tests() -> None:
     # --gpu reads each test module as text and imports only those marking a test gpu: the notebook tests'
     # modules (jupytext, nbformat) are not needed on a GPU machine to run the GPU tests
-    from conftest import holds_gpu_tests  # tests/ is on sys.path (no __init__.py: pytest prepends it)
-
     held = sorted(p.name for p in (REPO_ROOT / "tests").glob("test_*.py") if holds_gpu_tests(p))
     assert held == [
         "test_checks.py",
