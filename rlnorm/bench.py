@@ -58,6 +58,7 @@ FWD_TENSORS = 3  # read x, z; write y
 FWD_BWD_TENSORS = 8  # forward's 3, then read x, z, dy; write dx, dz (dweight: [D], negligible)
 ROTATE_BYTES = 256 << 20  # enough distinct input sets that their total exceeds the 50 MB L2 several times
 MAX_SETS = 64
+LAUNCH_BOUND_US = 10.0  # a graph-timed add shorter than this is a launch, not a memory floor (H200: ~1-3 us)
 EVENT_CHUNK = 10  # timed calls per primed chunk: keeps the launch queue (~1000 entries) from filling
 MAX_PRIME_US = 500_000.0  # never sleep the GPU longer than this per chunk
 MIN_CYCLES_PER_US = 2000.0
@@ -635,13 +636,25 @@ def format_markdown(shapes: Sequence[dict]) -> str:
             return ""
         return " [every shape]" if sorted(set(w)) == everywhere else f" [{', '.join(w)}]"
 
-    if any(sh.get("graph_tried") for sh in shapes):
-        note(
-            "graph rows: GPU time per call inside a CUDA graph; there the add is launch-bound (~1-3 us), so "
-            "x add ratios compare with one launch, not a memory floor: read the fastest-peer lines. "
-            "Eager columns: back-to-back Python calls, host overhead included.",
-            "",
-        )
+    graphed = [sh for sh in shapes if "graph" in (sh.get("add") or {})]
+    if graphed:
+        # a graph times large shapes too (--graph-max-rows): only a short add is a launch, not a memory floor
+        small = [f"{sh['rows']}x{sh['d']}" for sh in graphed if sh["add"]["graph"]["us"] < LAUNCH_BOUND_US]
+        large = [f"{sh['rows']}x{sh['d']}" for sh in graphed if sh["add"]["graph"]["us"] >= LAUNCH_BOUND_US]
+        if small:
+            note(
+                f"graph rows, add under {LAUNCH_BOUND_US:g} us ({', '.join(small)}): GPU time per call inside a "
+                "CUDA graph; there the add is launch-bound (~1-3 us), so x add ratios compare with one launch, "
+                "not a memory floor: read the fastest-peer lines.",
+                "",
+            )
+        if large:
+            note(
+                f"graph rows, add of {LAUNCH_BOUND_US:g} us or more ({', '.join(large)}): GPU time per call "
+                "inside a CUDA graph, with no host time in it; the add there is the memory floor.",
+                "",
+            )
+        note("Eager columns: back-to-back Python calls, host overhead included.", "")
     out = ["", *(f"- {m}{places(w)}" for m, w in notes.items())]
     return "\n".join(lines + (out if notes else []))
 

@@ -245,6 +245,22 @@ def test_fastest_peer_compares_rlnorm_with_the_best_other_backend():
     )
 
 
+def test_the_launch_bound_note_names_only_shapes_whose_add_is_short():
+    """--graph-max-rows can put 262144 rows in a graph: its 47 us add is a memory floor, not a launch."""
+    t = bench.Timing
+
+    def shape(rows: int, add_us: float) -> dict:
+        entries = [bench.entry("torch.add", "fwd", t(add_us, add_us, add_us), add_us, 3, method="graph")]
+        return {"rows": rows, "d": 128, "entries": entries, "graph_tried": True, "add": {"graph": {"us": add_us}}}
+
+    md = bench.format_markdown([shape(32, 1.6), shape(262144, 47.1)])
+    launch = next(line for line in md.splitlines() if "launch-bound" in line)
+    floor = next(line for line in md.splitlines() if "memory floor." in line)
+    assert "32x128" in launch and "262144x128" not in launch
+    assert "262144x128" in floor and "32x128" not in floor
+    assert "launch-bound" not in bench.format_markdown([shape(262144, 47.1)])
+
+
 def test_rlnorm_backend_runs_in_the_table_on_cpu():
     shape = bench.bench_shape(2, 128, load_backends(["rlnorm"]), "cpu", FixedClock(5.0), TINY)
     assert by_key(shape)[("rlnorm", "fwd")]["status"] == "ok"
