@@ -636,11 +636,17 @@ def format_markdown(shapes: Sequence[dict]) -> str:
             return ""
         return " [every shape]" if sorted(set(w)) == everywhere else f" [{', '.join(w)}]"
 
-    graphed = [sh for sh in shapes if "graph" in (sh.get("add") or {})]
-    if graphed:
-        # a graph times large shapes too (--graph-max-rows): only a short add is a launch, not a memory floor
-        small = [f"{sh['rows']}x{sh['d']}" for sh in graphed if sh["add"]["graph"]["us"] < LAUNCH_BOUND_US]
-        large = [f"{sh['rows']}x{sh['d']}" for sh in graphed if sh["add"]["graph"]["us"] >= LAUNCH_BOUND_US]
+    # the add's graph-timed entry per shape (a run's or a merge's): a graph times large shapes too
+    # (--graph-max-rows), and only a short add is a launch rather than a memory floor
+    graph_add = {
+        f"{sh['rows']}x{sh['d']}": e["us"]
+        for sh in shapes
+        for e in sh["entries"]
+        if e["name"] == "torch.add" and e.get("method") == "graph" and e["us"] is not None
+    }
+    if graph_add:
+        small = [k for k, us in graph_add.items() if us < LAUNCH_BOUND_US]
+        large = [k for k, us in graph_add.items() if us >= LAUNCH_BOUND_US]
         if small:
             note(
                 f"graph rows, add under {LAUNCH_BOUND_US:g} us ({', '.join(small)}): GPU time per call inside a "
