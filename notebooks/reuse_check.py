@@ -151,7 +151,10 @@ runner.run_checks(run)
 display(Markdown("**Batch invariance** (counts of rows that differ; 0 everywhere is what RL needs)"))
 display(runner.invariance_table(run))
 display(
-    Markdown("**Accuracy and latency** (latency in microseconds; roofline = same-run `torch.add` moving as many bytes)")
+    Markdown(
+        "**Accuracy and latency** (latency in microseconds; roofline = same-run `torch.add` moving as many bytes; "
+        "`*`: the GPU queue ran dry while timing, so that time includes host overhead)"
+    )
 )
 runner.accuracy_table(run)
 

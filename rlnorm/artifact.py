@@ -52,6 +52,7 @@ ACCURACY_OPTIONAL_FIELDS = (
     "fwd_abs_err_hist",
     "device",
     "timed",
+    "host_bound",
 )
 BATCH_INVARIANCE_FIELDS = (
     "all_rows",

@@ -18,7 +18,6 @@ from __future__ import annotations
 import bisect
 import json
 import math
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -912,43 +911,18 @@ def batch_size_sweep(
 # ---------------------------------------------------------------------------------------------
 
 
-# ~0.1 s of GPU clock cycles: longer than the host needs to enqueue the timed iterations
-QUEUE_PRIME_CYCLES = 200_000_000
+def _clock(device: torch.device) -> Any:
+    """The bench's clocks (one timing method for the kit): on a GPU, CUDA events with the queue primed per
+    chunk of calls, so events bracket GPU work only, and a flag where the host still outran the prime (the
+    time then includes host overhead: a fast kernel behind a slow wrapper looks slow, and the reader must
+    know); on a CPU, perf_counter around each call."""
+    from rlnorm.bench import CpuClock, CudaClock
 
-
-def _time_us(fn: Any, device: torch.device, warmup: int, iters: int) -> list[float]:
-    """Per-iteration times in microseconds: CUDA events on a GPU, perf_counter on a CPU."""
-    for _ in range(warmup):
-        fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(iters)]
-        # Keep the GPU busy while the host enqueues every timed call: without this, a backend whose
-        # Python/launch overhead exceeds its kernel time is timed by its host overhead (the gaps
-        # between launches), and a fast kernel behind a slow wrapper looks slow.
-        torch.cuda._sleep(QUEUE_PRIME_CYCLES)
-        for a, b in ev:
-            a.record()
-            fn()
-            b.record()
-        torch.cuda.synchronize(device)
-        return [a.elapsed_time(b) * 1e3 for a, b in ev]
-    out = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e6)
-    return out
+    return CudaClock(str(device)) if device.type == "cuda" else CpuClock()
 
 
 def _finite_or_none(v: float) -> float | None:
     return v if math.isfinite(v) else None
-
-
-def _percentiles(times: list[float]) -> tuple[float, float, float]:
-    t = torch.tensor(times, dtype=torch.float64)
-    q = torch.quantile(t, torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64))
-    return float(q[0]), float(q[1]), float(q[2])
 
 
 def _ulp_hist(ulp: Tensor) -> dict[str, int]:
@@ -1078,20 +1052,26 @@ def accuracy_latency(
             elem = x.element_size()
             n_el = x.numel()
             out = torch.empty_like(x)
-            add_t = _time_us(lambda: torch.add(x, z, out=out), dev, warmup, iters)
-            summary["roofline_add_us"] = _percentiles(add_t)[1]
-            p20, p50, p80 = _percentiles(_time_us(lambda: backend.forward(x, z, w, opts), dev, warmup, iters))
-            summary.update(fwd_us=p50, fwd_us_p20=p20, fwd_us_p80=p80, fwd_gbps=3 * n_el * elem / (p50 * 1e3))
-            summary["fwd_roofline_ratio"] = p50 / summary["roofline_add_us"]
+            clock = _clock(dev)
+            add_t = clock.events(lambda: torch.add(x, z, out=out), iters, warmup)
+            summary["roofline_add_us"] = add_t.us
+            host_bound = {"add": add_t.host_bound}
+            t = clock.events(lambda: backend.forward(x, z, w, opts), iters, warmup)
+            summary.update(fwd_us=t.us, fwd_us_p20=t.p20, fwd_us_p80=t.p80, fwd_gbps=3 * n_el * elem / (t.us * 1e3))
+            summary["fwd_roofline_ratio"] = t.us / summary["roofline_add_us"]
+            host_bound["fwd"] = t.host_bound
             bar.update()
             if with_grad:
-                p20, p50, p80 = _percentiles(
-                    _time_us(lambda: backend.forward_backward(x, z, w, dy, opts), dev, warmup, iters)
-                )
+                t = clock.events(lambda: backend.forward_backward(x, z, w, dy, opts), iters, warmup)
                 summary.update(
-                    fwd_bwd_us=p50, fwd_bwd_us_p20=p20, fwd_bwd_us_p80=p80, fwd_bwd_gbps=8 * n_el * elem / (p50 * 1e3)
+                    fwd_bwd_us=t.us,
+                    fwd_bwd_us_p20=t.p20,
+                    fwd_bwd_us_p80=t.p80,
+                    fwd_bwd_gbps=8 * n_el * elem / (t.us * 1e3),
                 )
-                summary["fwd_bwd_roofline_ratio"] = p50 / (8 / 3 * summary["roofline_add_us"])
+                summary["fwd_bwd_roofline_ratio"] = t.us / (8 / 3 * summary["roofline_add_us"])
+                host_bound["fwd_bwd"] = t.host_bound
+            summary["host_bound"] = host_bound  # True: the GPU queue ran dry, the time includes host overhead
             summary["timed"] = True
         bar.update(bar.total - bar.n)
     except Exception as exc:

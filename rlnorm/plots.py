@@ -497,6 +497,7 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
         ("fwd_us", "forward", roof, "3 tensors"),
         ("fwd_bwd_us", "forward + backward", None if roof is None else roof * 8 / 3, "8/3 x, 8 tensors"),
     )
+    starred = False  # a time marked *: the GPU queue ran dry while it was timed (host overhead included)
     for ax, (field, label, roof_line, what) in zip(axes, panels, strict=True):
         ax.set_title(label, fontsize=11, fontweight="bold")
         if not backends:
@@ -544,7 +545,9 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
                 )
                 continue
-            text = _fmt_us(v) + (f"  ({_fmt_ratio(v / roof_line)} roofline)" if roof_line else "")
+            star = "*" if (_acc(e).get("host_bound") or {}).get(field.removesuffix("_us")) else ""
+            starred |= bool(star)
+            text = _fmt_us(v) + star + (f"  ({_fmt_ratio(v / roof_line)} roofline)" if roof_line else "")
             x = tip * 1.12 if log else tip + max(span) * 0.015
             ax.text(x, y, text, va="center", fontsize=8)
         if roof_line is not None:
@@ -558,7 +561,16 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
         ax.set_xlabel(f"time per call (us, median, {scale}); whiskers p20-p80")
         ax.grid(axis="x", alpha=0.3)
     rows = _rows_measured(doc)
-    notes = [f"{rows:,} rows" if rows else None, None if roof is not None else "roofline not measured", _cpu_note(doc)]
+    add_starred = any((_acc(e).get("host_bound") or {}).get("add") for e in (doc.get("results") or {}).values())
+    notes = [
+        f"{rows:,} rows" if rows else None,
+        None if roof is not None else "roofline not measured",
+        _cpu_note(doc),
+        "* the GPU queue ran dry while timing: host overhead included" if starred else None,
+        "torch.add ran with the queue dry in some timing: the roofline may include host overhead"
+        if add_starred
+        else None,
+    ]
     extra = " · ".join(n for n in notes if n) or None
     _title(fig, "Latency per backend (lower is better)", doc, extra)
     _save(fig, out_dir, "latency")

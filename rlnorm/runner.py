@@ -380,11 +380,13 @@ def accuracy_table(run: Run) -> pd.DataFrame:
 
 
 def _span(acc: dict[str, Any], key: str) -> str:
+    """Median (p20-p80); * where the GPU queue ran dry while timing (the time includes host overhead)."""
     mid = acc.get(key)
     if mid is None:
         return ""
     lo, hi = acc.get(f"{key}_p20"), acc.get(f"{key}_p80")
-    return f"{mid:,.1f}" + (f" ({lo:,.1f}-{hi:,.1f})" if lo is not None and hi is not None else "")
+    star = "*" if (acc.get("host_bound") or {}).get(key.removesuffix("_us")) else ""
+    return f"{mid:,.1f}{star}" + (f" ({lo:,.1f}-{hi:,.1f})" if lo is not None and hi is not None else "")
 
 
 def gates_table(run: Run) -> pd.DataFrame:

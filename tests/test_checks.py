@@ -321,6 +321,32 @@ def test_accuracy_summary_fields_and_histograms() -> None:
     assert untimed["timed"] is False and untimed["fwd_us"] is None and untimed["fwd_correctly_rounded"] is not None
 
 
+class _StarClock:
+    """A clock that says the GPU queue ran dry on every timing but the add's (the first)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def events(self, fn, reps: int, warmup: int):  # type: ignore[no-untyped-def]
+        from rlnorm.bench import Timing
+
+        fn()
+        self.calls += 1
+        return Timing(10.0 * self.calls, 9.0 * self.calls, 11.0 * self.calls, host_bound=self.calls > 1)
+
+
+def test_accuracy_latency_records_which_timings_ran_host_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A time with host overhead in it is flagged, per timing, never silently reported as GPU time."""
+    real = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=7, warmup=0, iters=2, **QUICK).summary
+    assert real["host_bound"] == {"add": False, "fwd": False, "fwd_bwd": False}  # the CPU clock never is
+    monkeypatch.setattr(checks, "_clock", lambda device: _StarClock())
+    s = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=7, warmup=0, iters=2, **QUICK).summary
+    assert s["host_bound"] == {"add": False, "fwd": True, "fwd_bwd": True}
+    assert (s["roofline_add_us"], s["fwd_us"], s["fwd_us_p20"], s["fwd_bwd_us"]) == (10.0, 20.0, 18.0, 30.0)
+    fwd_only = checks.accuracy_latency(ForwardOnly(), OPTS, rows=7, warmup=0, iters=2, **QUICK).summary
+    assert fwd_only["host_bound"] == {"add": False, "fwd": True}  # no backward: no fwd_bwd timing to flag
+
+
 # -- agreement matrix ---------------------------------------------------------------------------------
 
 
@@ -454,3 +480,35 @@ def test_uncapturable_backend_falls_back_to_eager_and_says_so() -> None:
     res = checks.all_rows(ExactReferenceBackend(), OPTS, ns=(4097,), seeds=(3,), device="cuda", progress=False)
     assert res.summary["4097"]["alone_path"].startswith("eager (")
     assert res.summary["4097"]["fwd_differ"] == res.summary["4097"]["rowgrad_differ"] == 0
+
+
+class SlowHostAfterWarmup(ReferenceBackend):
+    """A forward whose host path takes 3 ms once timing starts: the first calls (the accuracy pass, the
+    warm-up and the clock's probe of the host time) are quick, so the queue's prime is sized for them and
+    runs out."""
+
+    key = "test:SlowHostAfterWarmup"
+    has_backward = False
+
+    def __init__(self, quick_calls: int) -> None:
+        super().__init__()
+        self.quick_calls = quick_calls
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        import time
+
+        self.quick_calls -= 1
+        if self.quick_calls < 0:
+            time.sleep(0.003)
+        return super().forward(x, z, w, opts)
+
+
+@pytest.mark.gpu(reason="the queue-dry flag reads CUDA events")
+def test_accuracy_latency_flags_a_host_bound_forward_on_the_gpu() -> None:
+    warmup = 1
+    quick = 1 + warmup + 1  # the accuracy pass's forward, the warm-up, the clock's probe of the host time
+    s = checks.accuracy_latency(
+        SlowHostAfterWarmup(quick), OPTS, rows=4096, warmup=warmup, iters=20, device="cuda", progress=False
+    ).summary
+    assert s["host_bound"] == {"add": False, "fwd": True}
+    assert s["fwd_us"] > 1000  # the 3 ms host gaps are inside the events: the flag says so

@@ -304,6 +304,21 @@ def test_latency_marks_roofline_missing_backward_and_untimed(tmp_path: Path, see
     assert "no timings: skipped" in _texts(plots.plot_latency(doc))
 
 
+def test_latency_stars_a_time_taken_with_the_queue_dry(tmp_path: Path) -> None:
+    """A time with host overhead in it carries * and the title says why; a clean run shows neither."""
+    doc, _ = synthetic()
+    clean = _flat(plots.plot_latency(doc))
+    assert "*" not in clean and "queue ran dry" not in clean
+    doc["results"]["fla_fused_norm_gate"]["accuracy_latency"]["host_bound"] = {"add": False, "fwd": True}
+    text = _flat(plots.plot_latency(doc, tmp_path))
+    assert "64.0 us*" in text and "56.0 us*" not in text and "700 us*" not in text
+    assert "* the GPU queue ran dry while timing: host overhead included" in text
+    assert "roofline may include host overhead" not in text
+    doc["results"]["rlnorm"]["accuracy_latency"]["host_bound"] = {"add": True, "fwd": False, "fwd_bwd": False}
+    assert "roofline may include host overhead" in _flat(plots.plot_latency(doc))
+    _png_ok(tmp_path / "latency.png")
+
+
 def test_agreement_matrix_annotates_every_pair(tmp_path: Path, seed_report: dict) -> None:
     doc, _ = synthetic()
     fig = plots.plot_agreement(doc, tmp_path)

@@ -164,6 +164,10 @@ def test_tables_for_the_notebook(finished_run: runner.Run) -> None:
     assert "batch_size_sweep" in inv.loc["test_runner:ExplodingSweep", "errors"]
     acc = runner.accuracy_table(finished_run)
     assert "vllm" not in acc.index and acc.loc["reference", "rows"] == 31
+    assert "*" not in acc.loc["reference", "fwd us (p20-p80)"]  # the CPU clock never runs host bound
+    star = runner._span({"fwd_us": 64.0, "fwd_us_p20": 63.0, "fwd_us_p80": 65.0, "host_bound": {"fwd": True}}, "fwd_us")
+    assert star == "64.0* (63.0-65.0)"
+    assert runner._span({"fwd_bwd_us": 9.0, "host_bound": {"fwd": True}}, "fwd_bwd_us") == "9.0"
     params = runner.params_table(finished_run)
     assert "staging_dir" not in params.index and params.loc["sweep_n", "SPEC §4 protocol"] == "4097"
     env = runner.environment_table(finished_run)
