@@ -154,6 +154,13 @@ def _jsonable(value: Any, where: str) -> Any:
     return value  # left for the schema / serializer to reject with a path
 
 
+def ran_host_bound(acc: Any, field: str) -> bool:
+    """Whether the accuracy_latency timing `field` ("fwd_us", "fwd_bwd_us" or "add") ran with the GPU queue dry,
+    so its time includes host overhead (tables and plots mark it *); False where nothing says so."""
+    flags = acc.get("host_bound") if isinstance(acc, dict) else None
+    return bool((flags or {}).get(field.removesuffix("_us")))
+
+
 def _normalize_accuracy(acc: Any) -> Any:
     if not isinstance(acc, dict):
         return acc

@@ -26,7 +26,7 @@ from matplotlib import colors as mcolors
 from matplotlib import transforms as mtransforms
 from matplotlib.figure import Figure
 
-from rlnorm.artifact import normalize_artifact
+from rlnorm.artifact import normalize_artifact, ran_host_bound
 
 PLOT_NAMES = ("differing_rows", "error_distributions", "latency", "agreement", "vs_reference_report")
 
@@ -545,7 +545,7 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
                 )
                 continue
-            star = "*" if (_acc(e).get("host_bound") or {}).get(field.removesuffix("_us")) else ""
+            star = "*" if ran_host_bound(_acc(e), field) else ""
             starred |= bool(star)
             text = _fmt_us(v) + star + (f"  ({_fmt_ratio(v / roof_line)} roofline)" if roof_line else "")
             x = tip * 1.12 if log else tip + max(span) * 0.015
@@ -561,7 +561,7 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
         ax.set_xlabel(f"time per call (us, median, {scale}); whiskers p20-p80")
         ax.grid(axis="x", alpha=0.3)
     rows = _rows_measured(doc)
-    add_starred = any((_acc(e).get("host_bound") or {}).get("add") for e in (doc.get("results") or {}).values())
+    add_starred = any(ran_host_bound(_acc(e), "add") for e in (doc.get("results") or {}).values())
     notes = [
         f"{rows:,} rows" if rows else None,
         None if roof is not None else "roofline not measured",

@@ -385,7 +385,9 @@ def _span(acc: dict[str, Any], key: str) -> str:
     if mid is None:
         return ""
     lo, hi = acc.get(f"{key}_p20"), acc.get(f"{key}_p80")
-    star = "*" if (acc.get("host_bound") or {}).get(key.removesuffix("_us")) else ""
+    from rlnorm.artifact import ran_host_bound
+
+    star = "*" if ran_host_bound(acc, key) else ""
     return f"{mid:,.1f}{star}" + (f" ({lo:,.1f}-{hi:,.1f})" if lo is not None and hi is not None else "")
 
 
