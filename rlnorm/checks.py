@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from rlnorm.bench import CpuClock, CudaClock
 from rlnorm.inputs import Case, make_case
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
@@ -911,13 +912,11 @@ def batch_size_sweep(
 # ---------------------------------------------------------------------------------------------
 
 
-def _clock(device: torch.device) -> Any:
+def _clock(device: torch.device) -> CpuClock:
     """The bench's clocks (one timing method for the kit): on a GPU, CUDA events with the queue primed per
     chunk of calls, so events bracket GPU work only, and a flag where the host still outran the prime (the
     time then includes host overhead: a fast kernel behind a slow wrapper looks slow, and the reader must
     know); on a CPU, perf_counter around each call."""
-    from rlnorm.bench import CpuClock, CudaClock
-
     return CudaClock(str(device)) if device.type == "cuda" else CpuClock()
 
 

@@ -17,6 +17,7 @@ against the same process's add:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -84,8 +85,6 @@ def patched_fwd(tag: str, loads: str, stores: str):
 def main() -> None:
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
     mods = {"": None}
-    for tag, ld, st in (("L", "evict_first", ""), ("S", "", ".cs"), ("LS", "evict_first", ".cs")):
-        mods[tag] = patched_fwd(tag, ld, st)
     opts = OpOptions()
     peers = {}
     for key in ("torch_compile", "fla_fused_norm_gate"):
@@ -100,6 +99,9 @@ def main() -> None:
             print(f"{key}: {exc!r}")
     res = []
     try:
+        for tag, ld, st in (("L", "evict_first", ""), ("S", "", ".cs"), ("LS", "evict_first", ".cs")):
+            mods[tag] = None  # removed in `finally` even if the patch below fails
+            mods[tag] = patched_fwd(tag, ld, st)
         for d in (128, 256):
             sets = make_sets(262144, d, torch.bfloat16, "cuda")
             outs = [torch.empty_like(s[0]) for s in sets]
@@ -154,7 +156,8 @@ def main() -> None:
     finally:
         for tag in mods:
             if tag:
-                os.remove(os.path.join(KDIR, f"_fwd_v36_{tag}.py"))
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(KDIR, f"_fwd_v36_{tag}.py"))
 
 
 if __name__ == "__main__":

@@ -27,16 +27,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     # before anything imports rlnorm or Triton, and before torch initialises CUDA
+    import torch
+
     if config.getoption("--gpu"):
         if os.environ.get("TRITON_INTERPRET") == "1":
             raise pytest.UsageError("--gpu runs compiled Triton kernels: unset TRITON_INTERPRET (it is '1')")
-        import torch
-
         if not torch.cuda.is_available():
             raise pytest.UsageError("--gpu: no CUDA GPU is visible (torch.cuda.is_available() is False)")
     else:
-        import torch
-
         if torch.cuda.is_initialized():
             raise pytest.UsageError("the CPU suite must hide the GPUs, but CUDA was initialised before the tests")
         if torch.version.cuda or torch.version.hip:  # a CPU build (CI's) sees no GPU anyway: its env stays as it is

@@ -16,6 +16,7 @@ from torch import Tensor
 from rlnorm import checks
 from rlnorm.backends import Backend
 from rlnorm.backends.local import ExactReferenceBackend, ReferenceBackend
+from rlnorm.bench import Timing
 from rlnorm.faults import (
     BatchSizeDependentOutput,
     NondeterministicDweight,
@@ -327,9 +328,7 @@ class _StarClock:
     def __init__(self) -> None:
         self.calls = 0
 
-    def events(self, fn, reps: int, warmup: int):  # type: ignore[no-untyped-def]
-        from rlnorm.bench import Timing
-
+    def events(self, fn, reps: int, warmup: int) -> Timing:  # type: ignore[no-untyped-def]
         fn()
         self.calls += 1
         return Timing(10.0 * self.calls, 9.0 * self.calls, 11.0 * self.calls, host_bound=self.calls > 1)

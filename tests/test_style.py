@@ -16,7 +16,7 @@ NO_RUFF = importlib.util.find_spec("ruff") is None
 needs_ruff = pytest.mark.skipif(NO_RUFF, reason="ruff is not installed (the `test` extra installs it)")
 
 
-def ruff(*args: str, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
+def ruff(*args: str, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=cwd, capture_output=True, text=True)
 
 
