@@ -76,10 +76,20 @@ def patched_fwd(tag: str, loads: str, stores: str):
         seg, n = re.subn(r"(tl\.store\([^\n]*)\)\n", rf'\1, cache_modifier="{stores}")\n', seg)
         assert n == 3, seg
     src = src[:a] + seg + src[b:]
-    name = f"_fwd_v36_{tag}"
+    return load_fwd_copy(f"_fwd_v36_{tag}", src)
+
+
+def load_fwd_copy(name: str, src: str):
+    """`src` (a patched `_fwd.py`) written beside the kernel as `name`.py and imported; remove it with
+    `remove_fwd_copy` (probes time such copies against the shipped kernel in one process)."""
     with open(os.path.join(KDIR, name + ".py"), "w") as f:
         f.write(src)
     return importlib.import_module(f"rlnorm.kernel.{name}")
+
+
+def remove_fwd_copy(name: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(KDIR, name + ".py"))
 
 
 def main() -> None:
@@ -156,8 +166,7 @@ def main() -> None:
     finally:
         for tag in mods:
             if tag:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(KDIR, f"_fwd_v36_{tag}.py"))
+                remove_fwd_copy(f"_fwd_v36_{tag}")
 
 
 if __name__ == "__main__":

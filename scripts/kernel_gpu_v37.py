@@ -22,8 +22,6 @@ T only changes which elements the tier settles; with T >= the bound the bits are
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import json
 import os
 import sys
@@ -42,6 +40,7 @@ from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 from scripts import kernel_gpu_v2 as V
+from scripts import kernel_gpu_v36 as V36
 
 OUT = os.environ.get("OUT", "/tmp")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -52,7 +51,6 @@ ACC_T = [int(t) for t in os.environ.get("V37_ACC_T", "0,1,2,3,4,5,6,8,10").split
 TIME_T = [int(t) for t in os.environ.get("V37_TIME_T", "2,3,4,6,10").split(",")]
 DECODE_ROWS = (32, 512, 4096)
 ARGS = (1e-6, None, True, "silu")
-KDIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "rlnorm", "kernel")
 RES: dict[str, list] = {"acc": [], "time": [], "decode_flags": []}
 SUMMARY: list[str] = []
 
@@ -141,13 +139,11 @@ def time_shape(rows: int, d: int, peer_keys: tuple[str, ...]) -> None:
 
 def fp64_module():
     """A copy of `_fwd.py` whose launcher takes the all-fp64 path for every input dtype."""
-    with open(os.path.join(KDIR, "_fwd.py")) as f:
+    with open(os.path.join(V36.KDIR, "_fwd.py")) as f:
         src = f.read()
     old = "ALL_FP64=x.dtype == torch.float32,"
     assert src.count(old) == 1
-    with open(os.path.join(KDIR, "_fwd_v37.py"), "w") as f:
-        f.write(src.replace(old, "ALL_FP64=True,"))
-    return importlib.import_module("rlnorm.kernel._fwd_v37")
+    return V36.load_fwd_copy("_fwd_v37", src.replace(old, "ALL_FP64=True,"))
 
 
 def all_fp64(d: int) -> None:
@@ -190,8 +186,7 @@ def all_fp64(d: int) -> None:
                 SUMMARY.append(line)
                 print(SUMMARY[-1], flush=True)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(KDIR, "_fwd_v37.py"))
+        V36.remove_fwd_copy("_fwd_v37")
 
 
 def double_rounding(d: int) -> None:
