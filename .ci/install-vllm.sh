@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install vLLM 0.30.0 beside the CPU torch already in this Python environment, so the `vllm`
-# backend's adapter (rlnorm/backends/vllm.py) is tested against the real package.
+# backend's adapter (rlnorm/kit/backends/vllm.py) is tested against the real package.
 #
 # Usage:   bash .ci/install-vllm.sh            (uses `python3`; set PYTHON=/path/to/python to pick another)
 # Needs:   torch already installed (`python3 -m pip install torch==2.13.0` takes the CPU wheel from disk).

@@ -28,7 +28,7 @@ latency_move: float = 0.10  # report latency changes larger than this fraction
 accuracy_move: float = 1e-4  # report changes of fwd_correctly_rounded larger than this
 
 # %%
-from rlnorm.investigate import check_parameters as _check_parameters
+from rlnorm.report.runs import check_parameters as _check_parameters
 
 _check_parameters(globals(), _names_before_parameters, ["artifact_a", "artifact_b", "latency_move", "accuracy_move"])
 
@@ -36,8 +36,9 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from rlnorm.compare import compare_runs, plot_comparison, seed_report_path
-from rlnorm.investigate import latest_run
+from rlnorm.checkout import seed_report_path
+from rlnorm.report.compare import compare_runs, plot_comparison
+from rlnorm.report.runs import latest_run
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)

@@ -40,7 +40,7 @@ device: str = "auto"  # where to recompute: auto (the GPU if there is one), cpu 
 others_in_batch = None  # run the others on the whole batch too; None: on a GPU, or for small batches
 
 # %%
-from rlnorm.investigate import check_parameters as _check_parameters
+from rlnorm.report.runs import check_parameters as _check_parameters
 
 _check_parameters(
     globals(),
@@ -52,16 +52,15 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from rlnorm.compare import run_verdicts
-from rlnorm.investigate import (
+from rlnorm.report.compare import run_verdicts
+from rlnorm.report.investigate import (
     differing_rows,
     explain_record,
     failing_summary,
-    latest_run,
-    load_run,
-    plot_row,
     records_dropped,
 )
+from rlnorm.report.plots.row import plot_row
+from rlnorm.report.runs import latest_run, load_run
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)

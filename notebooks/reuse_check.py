@@ -36,7 +36,8 @@ import pandas as pd
 from IPython.display import Image, Markdown, display
 
 import rlnorm
-from rlnorm import runner
+from rlnorm.kit import steps
+from rlnorm.report import tables
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -107,11 +108,11 @@ max_records = 2000
 # run here with a message naming it (papermill itself would only warn).
 
 # %% Validate parameters
-params = runner.params_from_namespace(globals(), _before_parameters)
-run = runner.start_run(params)
+params = steps.params_from_namespace(globals(), _before_parameters)
+run = steps.start_run(params)
 display(Markdown(f"**Run** `{params.name}` on **{run.device}** · rlnorm {rlnorm.__version__}"))
-display(Markdown(runner.device_notice(run)))
-runner.params_table(run)
+display(Markdown(tables.device_notice(run)))
+tables.params_table(run)
 
 # %% [markdown]
 # ## Where it ran
@@ -119,7 +120,7 @@ runner.params_table(run)
 # GPU, CUDA, the library versions and the commit: what someone needs to reproduce these numbers.
 
 # %% Environment
-runner.environment_table(run)
+tables.environment_table(run)
 
 # %% [markdown]
 # ## Backends
@@ -129,7 +130,8 @@ runner.environment_table(run)
 # stops the run.
 
 # %% Load and probe backends
-runner.load_and_probe_backends(run)
+steps.load_and_probe_backends(run)
+tables.backend_table(run)
 
 # %% [markdown]
 # ## Batch invariance, accuracy and latency
@@ -147,16 +149,16 @@ runner.load_and_probe_backends(run)
 # check that raised is listed under `errors` and the others still ran.
 
 # %% Run the checks
-runner.run_checks(run)
+steps.run_checks(run)
 display(Markdown("**Batch invariance** (counts of rows that differ; 0 everywhere is what RL needs)"))
-display(runner.invariance_table(run))
+display(tables.invariance_table(run))
 display(
     Markdown(
         "**Accuracy and latency** (latency in microseconds; roofline = same-run `torch.add` moving as many bytes; "
         "`*`: the GPU queue ran dry while timing, so that time includes host overhead)"
     )
 )
-runner.accuracy_table(run)
+tables.accuracy_table(run)
 
 # %% [markdown]
 # ## Contract gates
@@ -168,7 +170,8 @@ runner.accuracy_table(run)
 # recorded as a failed gate.
 
 # %% Contract gates
-runner.run_gates(run)
+steps.run_gates(run)
+tables.gates_table(run)
 
 # %% [markdown]
 # ## Cross-backend agreement
@@ -178,7 +181,8 @@ runner.run_gates(run)
 # sampler and trainer is only safe where this is 1.
 
 # %% Agreement matrix
-runner.run_agreement(run)
+steps.run_agreement(run)
+tables.agreement_table(run)
 
 # %% [markdown]
 # ## The artifact and the per-row records
@@ -188,9 +192,9 @@ runner.run_agreement(run)
 # needed to rebuild its batch (`notebooks/investigate_rows.py`).
 
 # %% Write artifact and records
-figures = runner.make_plots(run)
-display(Markdown(f"Artifact: `{run.artifact_path.name}` · records: `{runner.RECORDS_FILE}` ({len(run.records)} rows)"))
-_records = runner.record_table(run)
+figures = tables.make_plots(run)
+display(Markdown(f"Artifact: `{run.artifact_path.name}` · records: `{steps.RECORDS_FILE}` ({len(run.records)} rows)"))
+_records = tables.record_table(run)
 display(Markdown(_records) if isinstance(_records, str) else _records)
 
 # %% [markdown]
@@ -210,7 +214,7 @@ for _name, _png in figures.items():
 # ## Verdict
 
 # %% Verdict
-display(Markdown(runner.verdict_markdown(run)))
-_done = runner.finish(run)
+display(Markdown(tables.verdict_markdown(run)))
+_done = steps.finish(run)
 display(Markdown(f"Run `{params.name}`: {_done['seconds']:.0f} s in all; where the time went:"))
-runner.time_table(run)
+tables.time_table(run)

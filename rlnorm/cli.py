@@ -24,10 +24,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from rlnorm.checkout import CHECKOUT
+from rlnorm.kit.artifact import read_artifact, resolve_path
+from rlnorm.kit.params import ParamsError, load_params
+
 __all__ = ["main", "render_html", "run_notebook"]
 
 NOTEBOOK = "reuse_check"
-REPO_ROOT = Path(__file__).resolve().parent.parent
 EXIT_CELL_FAILED = 1
 EXIT_USAGE = 2
 EXIT_EXISTS = 3
@@ -39,7 +42,7 @@ class RunFailed(RuntimeError):
 
 def notebook_source(name: str = NOTEBOOK) -> Path:
     """The jupytext source of a notebook of this checkout."""
-    path = REPO_ROOT / "notebooks" / f"{name}.py"
+    path = (CHECKOUT or Path.cwd()) / "notebooks" / f"{name}.py"
     if not path.is_file():
         raise FileNotFoundError(f"notebook source {path} not found (run from a checkout: pip install -e .)")
     return path
@@ -241,7 +244,6 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from rlnorm.params import ParamsError, load_params
 
     overrides: dict[str, Any] = {}
     if args.name:
@@ -298,8 +300,6 @@ def _print_verdicts(doc: dict[str, Any], stream: Any) -> None:
 def _cmd_validate(args: argparse.Namespace) -> int:
     path = Path(args.path)
     if path.suffix in (".yaml", ".yml"):
-        from rlnorm.params import ParamsError, load_params
-
         try:
             load_params(path)
         except ParamsError as exc:
@@ -307,7 +307,6 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             return 1
         print(f"{path}: valid run parameters")
         return 0
-    from rlnorm.artifact import read_artifact, resolve_path
 
     try:
         doc = read_artifact(path)

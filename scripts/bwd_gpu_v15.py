@@ -232,7 +232,7 @@ def phase1(d: int) -> list[tuple[float, str, dict]]:
 
 def phase2(cands: dict[int, list[tuple[float, str, dict]]]) -> None:
     from rlnorm import bench
-    from rlnorm.backends import load_backends
+    from rlnorm.kit.backends import load_backends
 
     clock = bench.CudaClock("cuda")
     backends = load_backends(["rlnorm", "fla_fused_norm_gate"])

@@ -23,12 +23,12 @@ import traceback
 import torch
 
 import rlnorm
-from rlnorm.bench import _rotating, make_sets
 from rlnorm.inputs import make_case
 from rlnorm.kernel import _fwd as F
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
+from rlnorm.timing import make_sets, rotating
 
 OUT = os.environ.get("OUT", "/tmp/kernel_gpu_check")
 gpu_timer = __import__("scripts.kernel_gpu_v2", fromlist=["gpu_timer"]).gpu_timer
@@ -164,7 +164,7 @@ def timing(configs: list[tuple[int, int]], big_rows: int) -> None:
     for d in (128, 256):
         for rows in (big_rows, 32, 512, 4096):
             sets = make_sets(rows, d, torch.bfloat16, DEV)
-            nxt = _rotating([(st, torch.empty_like(st[0])) for st in sets])
+            nxt = rotating([(st, torch.empty_like(st[0])) for st in sets])
 
             def add(nxt=nxt):
                 (x, z, _, _), o = nxt()

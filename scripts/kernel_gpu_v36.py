@@ -31,9 +31,9 @@ import torch
 import triton
 import triton.language as tl
 
-from rlnorm.backends import load_backend
 from rlnorm.bench import make_sets
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kit.backends import load_backend
 from rlnorm.options import OpOptions
 from scripts import kernel_gpu_v2 as V
 

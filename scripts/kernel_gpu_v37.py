@@ -32,10 +32,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 import triton
 
-from rlnorm.backends import load_backend
 from rlnorm.bench import make_sets
 from rlnorm.inputs import make_case
 from rlnorm.kernel._fwd import _fwd_config, rms_norm_gated_fwd
+from rlnorm.kit.backends import load_backend
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math

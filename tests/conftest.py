@@ -9,6 +9,8 @@ marked `gpu` (compiled Triton on a CUDA GPU) run in a process of their own: `pyt
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,49 @@ def tiny_params() -> dict:
         "timing": True,
         "gate_timeout_s": 300.0,
     }
+
+
+# A tiny real run with planted faulty backends: rows to find for the report and notebook tests.
+TINY_PARAMS = """\
+name: tiny
+device: cpu
+progress: false
+backends: [reference]
+custom_backends: ["rlnorm.kit.faults:BatchSizeDependentOutput", "rlnorm.kit.faults:PositionDependentOutput",
+                  "rlnorm.kit.faults:NondeterministicDweight"]
+checks: [all_rows, dweight_repeatable, full_vs_sub_batches, batch_size_sweep]
+dweight_rows: 7
+all_rows_sizes: [7]
+all_rows_seeds: [3]
+sub_batches_rows: 15
+sub_batch_sizes: [1, 7]
+sub_batches_seeds: [3]
+sweep_n: 17
+sweep_sizes: [1, 2, 9]
+sweep_probe_rows: [0, 16]
+sweep_seeds: [3]
+timing: false
+"""
+BATCH_FAULT = "rlnorm.kit.faults:BatchSizeDependentOutput"
+POSITION_FAULT = "rlnorm.kit.faults:PositionDependentOutput"
+DWEIGHT_FAULT = "rlnorm.kit.faults:NondeterministicDweight"
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real run (`python -m rlnorm run`) of `reference` and two planted faulty backends at tiny
+    sizes, made once per test session and shared by the report and notebook tests (~15 s of CPU)."""
+    base = tmp_path_factory.getbasetemp() / "tiny_runs"
+    folder = base / "tiny"
+    if not (folder / "rms_norm_gated_reuse_check.json").is_file():
+        base.mkdir(parents=True, exist_ok=True)
+        (base / "tiny.yaml").write_text(TINY_PARAMS)
+        proc = subprocess.run(
+            [sys.executable, "-m", "rlnorm", "run", str(base / "tiny.yaml"), "--outputs", str(base), "--no-progress"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert proc.returncode == 0, f"tiny run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return folder

@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from rlnorm import cli
+from rlnorm.checkout import seed_report_path
 
-SEED_REPORT = Path(__file__).parent / "data" / "rms_norm_gated_b200.json"
+SEED_REPORT = seed_report_path()
 
 # a stand-in for notebooks/reuse_check.py: the same parameters cell contract, tiny work
 TOY_NOTEBOOK = """# %% [markdown]

@@ -31,7 +31,7 @@ def test_the_cpu_suite_runs_in_the_interpreter_with_no_gpu_visible() -> None:
 @pytest.mark.slow
 def test_gpu_tests_are_skipped_in_the_cpu_suite_with_the_command_that_runs_them() -> None:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = _pytest("tests/test_kernel_fwd.py", "-k", "widen_fast", "-rs", "-q", env=env)
+    out = _pytest("tests/kernel/test_fwd.py", "-k", "widen_fast", "-rs", "-q", env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 passed, 2 skipped" in out.stdout, out.stdout
     assert out.stdout.count("run `python3 -m pytest --gpu`") == 1, out.stdout  # -rs folds the two skips
@@ -56,10 +56,11 @@ def test_gpu_mode_refuses_to_run_where_it_cannot(interpret: str | None, message:
 def test_gpu_mode_collects_only_the_modules_that_hold_gpu_tests() -> None:
     # --gpu reads each test module as text and imports only those marking a test gpu: the notebook tests'
     # modules (jupytext, nbformat) are not needed on a GPU machine to run the GPU tests
-    held = sorted(p.name for p in (REPO_ROOT / "tests").glob("test_*.py") if holds_gpu_tests(p))
+    tests = REPO_ROOT / "tests"
+    held = sorted(p.relative_to(tests).as_posix() for p in tests.rglob("test_*.py") if holds_gpu_tests(p))
     assert held == [
-        "test_checks.py",
-        "test_kernel_bwd.py",
-        "test_kernel_exact_element.py",
-        "test_kernel_fwd.py",
+        "kernel/test_bwd.py",
+        "kernel/test_exact_element.py",
+        "kernel/test_fwd.py",
+        "kit/test_checks.py",
     ]

@@ -1,0 +1,343 @@
+"""Backends: one small interface in front of every implementation the kit checks (SPEC §3).
+
+A backend either overrides `forward` / `forward_backward`, or gives one differentiable `_fn` and
+lets the base class derive both (dweight then comes from the backend's OWN autograd graph, with
+`w` a leaf in its own dtype). `available(device)` never raises: by default it runs a tiny probe
+through the real code path, because an import succeeding says little about whether a Triton
+kernel launches on this device.
+
+Built-in keys are registered lazily by import path, so a peer that is missing or broken makes
+only its own backend unavailable (with the reason), never the run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from rlnorm.inputs import make_case
+from rlnorm.options import OpOptions
+
+__all__ = [
+    "REGISTRY",
+    "Backend",
+    "BackendUnavailable",
+    "FunctionBackend",
+    "Grads",
+    "UnavailableBackend",
+    "describe_error",
+    "load_backend",
+    "load_backends",
+]
+
+
+class BackendUnavailable(RuntimeError):
+    """Raised when a backend cannot do what was asked here (no backward, no device, unsupported option)."""
+
+
+@dataclass
+class Grads:
+    """Forward output and the gradients a backend's own autograd produced for one upstream dy."""
+
+    y: Tensor  # forward output, x's dtype
+    dx: Tensor
+    dz: Tensor | None  # None when z is None
+    dw: Tensor | None  # the backend's OWN autograd dweight, in w's dtype
+
+
+def describe_error(exc: BaseException) -> str:
+    """One line naming an exception: what a skip reason or a record shows."""
+    msg = str(exc).strip().splitlines()
+    first = msg[0] if msg else ""
+    return f"{type(exc).__name__}: {first}"[:500]
+
+
+def _device_reason(device: str) -> str | None:
+    """Why a device string cannot be used at all here, or None."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        return f"device {device!r} is not a torch device ({describe_error(exc)})"
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        return "no CUDA device here (torch.cuda.is_available() is False)"
+    return None
+
+
+class Backend:
+    """The interface every check talks to (DESIGN.md, "Backend interface")."""
+
+    key: str = ""
+    source: str = ""
+    has_backward: bool = True
+    # rows / width of the availability probe: small, so an interpreted Triton kernel answers fast
+    probe_rows: int = 3
+    probe_width: int = 128
+
+    def __init__(self) -> None:
+        self._available_cache: dict[str, tuple[bool, str]] = {}
+
+    # -- what subclasses give -------------------------------------------------------------
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        """The op, differentiable with respect to x, z and w (override this, or forward/forward_backward)."""
+        raise NotImplementedError(f"{type(self).__name__} defines neither _fn nor forward")
+
+    def _import_reason(self) -> str | None:
+        """Why the backend's code cannot be imported here, or None. Cheap checks first."""
+        return None
+
+    def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        """Whether the implementation has this option combination; (False, reason) if not."""
+        return True, ""
+
+    # -- derived --------------------------------------------------------------------------
+    def available(self, device: str) -> tuple[bool, str]:
+        """(True, "") if a tiny run works on `device`, else (False, reason). Never raises; cached."""
+        device = str(device)
+        cache = self.__dict__.setdefault("_available_cache", {})  # subclasses may skip __init__
+        if device in cache:
+            return cache[device]
+        try:
+            result = self._probe(device)
+        except BaseException as exc:  # a probe must never take the run down
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            result = (False, f"probe failed: {describe_error(exc)}")
+        cache[device] = result
+        return result
+
+    def _probe(self, device: str) -> tuple[bool, str]:
+        reason = _device_reason(device)
+        if reason:
+            return False, reason
+        reason = self._import_reason()
+        if reason:
+            return False, reason
+
+        case = make_case(self.probe_rows, self.probe_width, seed=0, device=device)
+        opts = OpOptions()
+        ok, why = self.supports(opts)
+        if not ok:  # probe with the options it does support is not knowable generically
+            return False, f"does not support the default options: {why}"
+        try:
+            if self.has_backward:
+                g = self.forward_backward(case.x, case.z, case.w, case.dy, opts)
+                y = g.y
+            else:
+                y = self.forward(case.x, case.z, case.w, opts)
+        except Exception as exc:
+            return False, f"probe run on {device} failed: {describe_error(exc)}"
+        if tuple(y.shape) != tuple(case.x.shape):
+            return False, f"probe output has shape {tuple(y.shape)}, expected {tuple(case.x.shape)}"
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        return True, ""
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        """Output only; no autograd graph kept."""
+        with torch.no_grad():
+            return self._fn(x, z, w, opts)
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        """y and the backend's own autograd dx, dz, dw for upstream gradient dy."""
+        if not self.has_backward:
+            raise BackendUnavailable(f"{self.key}: no backward")
+        # detach() shares storage (no copy inside a timed forward+backward) and gives fresh
+        # leaves, so the caller's tensors never get requires_grad or .grad
+        xl = x.detach().requires_grad_(True)
+        zl = None if z is None else z.detach().requires_grad_(True)
+        wl = w.detach().requires_grad_(True)
+        with torch.enable_grad():
+            y = self._fn(xl, zl, wl, opts)
+            if not y.requires_grad:
+                raise BackendUnavailable(f"{self.key}: output has no autograd graph (no backward)")
+            leaves = [t for t in (xl, zl, wl) if t is not None]
+            grads = torch.autograd.grad(y, leaves, grad_outputs=dy, allow_unused=True)
+        dx = grads[0]
+        dz = grads[1] if zl is not None else None
+        dw = grads[-1]
+        if dx is None:
+            raise BackendUnavailable(f"{self.key}: autograd gave no dx")
+        if dw is not None and dw.dtype != w.dtype:
+            dw = dw.to(w.dtype)
+        return Grads(y=y.detach(), dx=dx, dz=dz, dw=dw)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} key={self.key!r} source={self.source!r}>"
+
+
+class UnavailableBackend(Backend):
+    """Stands in for a built-in backend whose module failed to import: reports why, runs nothing."""
+
+    has_backward = False
+
+    def __init__(self, key: str, reason: str, source: str = "") -> None:
+        super().__init__()
+        self.key = key
+        self.reason = reason
+        self.source = source or key
+
+    def available(self, device: str) -> tuple[bool, str]:
+        return False, self.reason
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        raise BackendUnavailable(f"{self.key}: {self.reason}")
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        raise BackendUnavailable(f"{self.key}: {self.reason}")
+
+
+_FN_KWARGS = ("eps", "group_size", "norm_before_gate", "activation")
+
+
+class FunctionBackend(Backend):
+    """A user's plain differentiable function f(x, z, w, *, eps, group_size, norm_before_gate, activation)."""
+
+    def __init__(self, fn: Callable[..., Tensor], key: str, source: str | None = None) -> None:
+        super().__init__()
+        self.fn = fn
+        self.key = key
+        self.source = source or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        return self.fn(
+            x,
+            z,
+            w,
+            eps=opts.eps,
+            group_size=opts.group_size,
+            norm_before_gate=opts.norm_before_gate,
+            activation=opts.activation,
+        )
+
+
+# key -> "module:attr" of the built-in backends; resolved on first use
+REGISTRY: dict[str, str] = {
+    "rlnorm": "rlnorm.kit.backends.local:RlnormBackend",
+    "reference": "rlnorm.kit.backends.local:ReferenceBackend",
+    "transformers": "rlnorm.kit.backends.peers:TransformersBackend",
+    "fla_layernorm_gated": "rlnorm.kit.backends.peers:FlaLayernormGatedBackend",
+    "fla_fused_norm_gate": "rlnorm.kit.backends.peers:FlaFusedNormGateBackend",
+    "vllm": "rlnorm.kit.backends.vllm:VllmBackend",
+    "torch_compile": "rlnorm.kit.backends.local:TorchCompileBackend",
+}
+
+
+def _check_function_signature(fn: Callable, spec: str) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins without a signature: trust them, the probe will tell
+    try:
+        sig.bind(None, None, None, **dict.fromkeys(_FN_KWARGS))
+    except TypeError as exc:
+        raise ValueError(
+            f"backend {spec!r}: a function backend must accept f(x, z, w, *, eps, group_size, "
+            f"norm_before_gate, activation); {fn!r} does not ({exc})"
+        ) from None
+
+
+def _adapt(obj: object, spec: str) -> Backend:
+    """Turn what an import path named into a Backend, or raise ValueError naming the spec."""
+    if isinstance(obj, type):
+        if not issubclass(obj, Backend):
+            raise ValueError(f"backend {spec!r}: {obj.__qualname__} is a class but not a rlnorm Backend subclass")
+        try:
+            inst = obj()
+        except Exception as exc:
+            raise ValueError(f"backend {spec!r}: {obj.__qualname__}() failed: {describe_error(exc)}") from exc
+    elif isinstance(obj, Backend):
+        inst = obj
+    elif callable(obj):
+        _check_function_signature(obj, spec)
+        return FunctionBackend(obj, key=spec)
+    else:
+        raise ValueError(
+            f"backend {spec!r}: expected a Backend subclass, a Backend instance or a function "
+            f"f(x, z, w, *, eps, group_size, norm_before_gate, activation), got {type(obj).__name__}"
+        )
+    if type(inst)._fn is Backend._fn and type(inst).forward is Backend.forward:
+        raise ValueError(f"backend {spec!r}: {type(inst).__qualname__} defines neither _fn nor forward")
+    if not inst.key:
+        inst.key = spec
+    if not inst.source:
+        inst.source = spec
+    return inst
+
+
+def _resolve_path(spec: str) -> object:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"backend {spec!r}: expected a registered key or 'package.module:attr'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ValueError(f"backend {spec!r}: cannot import module {module_name!r}: {describe_error(exc)}") from exc
+    obj: object = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _load_builtin(key: str) -> Backend:
+    """A registered backend; import or construction failure becomes an UnavailableBackend with the reason."""
+    path = REGISTRY[key]
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        return UnavailableBackend(key, f"cannot import {module_name}: {describe_error(exc)}")
+    obj = getattr(module, attr, None)
+    if obj is None:  # tolerate a differently named class: any Backend in the module with this key
+        for cand in vars(module).values():
+            if isinstance(cand, type) and issubclass(cand, Backend) and getattr(cand, "key", None) == key:
+                obj = cand
+                break
+    if obj is None:
+        return UnavailableBackend(key, f"{module_name} defines no {attr} (nor any Backend with key {key!r})")
+    try:
+        inst = _adapt(obj, key)
+    except ValueError as exc:
+        return UnavailableBackend(key, str(exc))
+    inst.key = key
+    return inst
+
+
+def load_backend(spec: str | Backend) -> Backend:
+    """A registered key (SPEC §3) or `package.module:attr` -> Backend. ValueError naming spec if it doesn't fit."""
+    if isinstance(spec, Backend):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(
+            f"backend: expected a registered key {sorted(REGISTRY)} or 'package.module:attr', got {spec!r}"
+        )
+    spec = spec.strip()
+    if spec in REGISTRY:
+        return _load_builtin(spec)
+    if ":" not in spec:
+        raise ValueError(f"backend {spec!r}: not a registered key {sorted(REGISTRY)} and not 'package.module:attr'")
+    return _adapt(_resolve_path(spec), spec)
+
+
+def load_backends(keys: Iterable[str], custom: Iterable[str] = ()) -> list[Backend]:
+    """Registered keys then custom import paths, each once, in order. Raises ValueError on a bad spec."""
+    out: list[Backend] = []
+    seen: set[str] = set()
+    for spec in [*keys, *custom]:
+        if spec in seen:
+            continue
+        seen.add(spec)
+        out.append(load_backend(spec))
+    return out
+
+
+def format_traceback_tail(exc: BaseException, limit: int = 2000) -> str:
+    """The last `limit` characters of a traceback: for records that need more than one line."""
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-limit:]

@@ -1,0 +1,31 @@
+"""The reuse checks of SPEC §4: batch invariance per row, dweight repeatability, accuracy and latency.
+
+Every check takes `(backend, opts, device, ...sizes/seeds...)` and returns `CheckResult(summary,
+records)`: `summary` holds the seed report's fields for that check (plus the NEW ones), `records`
+one dict per differing (row, tensor) in the columns of `rlnorm.kit.records.RECORD_COLUMNS`, each with
+the JSON that `rlnorm.kit.records.rebuild_case` needs to rebuild the compared batch. A backend that
+raises inside a check ends only that check: its summary carries `error` and the records so far.
+"""
+
+from rlnorm.kit.checks.accuracy import accuracy_latency
+from rlnorm.kit.checks.agreement import agreement_matrix
+from rlnorm.kit.checks.common import CheckResult, batch_invariant
+from rlnorm.kit.checks.dweight import dweight_repeatable
+from rlnorm.kit.checks.rows import COVERAGES, all_rows, full_vs_sub_batches, sub_batch_plan
+from rlnorm.kit.checks.sweep import batch_size_sweep, default_probe_rows, default_sweep_sizes, sweep_positions
+
+__all__ = [
+    "COVERAGES",
+    "CheckResult",
+    "accuracy_latency",
+    "agreement_matrix",
+    "all_rows",
+    "batch_invariant",
+    "batch_size_sweep",
+    "default_probe_rows",
+    "default_sweep_sizes",
+    "dweight_repeatable",
+    "full_vs_sub_batches",
+    "sub_batch_plan",
+    "sweep_positions",
+]

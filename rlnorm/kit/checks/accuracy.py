@@ -1,0 +1,193 @@
+"""How often the output is the correctly rounded value, the gradients' error against fp64, and the
+time against a same-run `torch.add` moving as many bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from rlnorm.inputs import make_case
+from rlnorm.numerics import round_once, ulp_distance
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+from rlnorm.timing import CpuClock, CudaClock
+
+if TYPE_CHECKING:
+    from rlnorm.kit.backends import Backend
+from rlnorm.kit.checks.common import CheckResult, backend_key, check_common, check_int, describe, has_backward
+
+ULP_HIST_MAX = 16  # fwd_ulp_hist buckets "0".."15", then "16+"
+ABS_ERR_EDGES = [10.0 ** (k / 4) for k in range(-48, 9)]  # 1e-12 .. 1e2, four per decade
+
+
+def _clock(device: torch.device) -> CpuClock:
+    """The bench's clocks (one timing method for the kit): on a GPU, CUDA events with the queue primed per
+    chunk of calls, so events bracket GPU work only, and a flag where the host still outran the prime (the
+    time then includes host overhead: a fast kernel behind a slow wrapper looks slow, and the reader must
+    know); on a CPU, perf_counter around each call."""
+    return CudaClock(str(device)) if device.type == "cuda" else CpuClock()
+
+
+def _finite_or_none(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def _ulp_hist(ulp: Tensor) -> dict[str, int]:
+    nan = ulp == torch.iinfo(torch.int64).max
+    finite = ulp[~nan]
+    counts = torch.bincount(finite.clamp(max=ULP_HIST_MAX), minlength=ULP_HIST_MAX + 1).tolist()
+    hist = {str(i): int(counts[i]) for i in range(ULP_HIST_MAX)}
+    hist[f"{ULP_HIST_MAX}+"] = int(counts[ULP_HIST_MAX])
+    hist["nan"] = int(nan.sum())
+    return hist
+
+
+def _abs_err_hist(err: Tensor) -> dict[str, Any]:
+    """Log-spaced histogram of |y - y64|; exact zeros, values below/above the edges and NaN counted apart."""
+    edges = torch.tensor(ABS_ERR_EDGES, dtype=torch.float64, device=err.device)
+    nan = err.isnan()
+    e = err[~nan]
+    zero = e == 0
+    pos = e[~zero]
+    under = pos < edges[0]
+    over = pos > edges[-1]
+    inside = pos[~under & ~over]
+    # bucket i holds edges[i] <= e < edges[i+1] (the top edge closes the last bucket)
+    b = (torch.bucketize(inside, edges, right=True) - 1).clamp(0, len(ABS_ERR_EDGES) - 2)
+    counts = torch.bincount(b, minlength=len(ABS_ERR_EDGES) - 1).tolist()
+    return {
+        "edges": ABS_ERR_EDGES,
+        "counts": [int(c) for c in counts],
+        "zero": int(zero.sum()),
+        "under": int(under.sum()),
+        "over": int(over.sum()),
+        "nan": int(nan.sum()),
+    }
+
+
+def accuracy_latency(
+    backend: Backend,
+    opts: OpOptions | None = None,
+    device: str = "cpu",
+    rows: int = 262144,
+    seed: int = 11,
+    d: int = 128,
+    dtype: torch.dtype = torch.bfloat16,
+    weight_dtype: torch.dtype | None = None,
+    *,
+    timing: bool = True,
+    warmup: int = 10,
+    iters: int = 50,
+    progress: bool = True,
+) -> CheckResult:
+    """Accuracy against fp64 (rounded ONCE for correct rounding) and latency against the same-run
+    `torch.add` roofline. Summary fields: DESIGN.md "Fields shared by checks, artifact and plots"."""
+    check_int("rows", rows, 1)
+    check_int("seed", seed)
+    check_int("warmup", warmup)
+    check_int("iters", iters, 1)
+    if not isinstance(timing, bool):
+        raise TypeError(f"timing: expected a bool, got {timing!r}")
+    opts = check_common(backend, opts, device, d)
+    wdt = weight_dtype or dtype
+    dev = torch.device(device)
+    with_grad = has_backward(backend)
+    summary: dict[str, Any] = {
+        "rows": rows,
+        "fwd_correctly_rounded": None,
+        "fwd_max_abs_err": None,
+        "fwd_us": None,
+        "grad_rel_err": None,
+        "fwd_bwd_us": None,
+        "fwd_us_p20": None,
+        "fwd_us_p80": None,
+        "fwd_bwd_us_p20": None,
+        "fwd_bwd_us_p80": None,
+        "fwd_gbps": None,
+        "fwd_bwd_gbps": None,
+        "roofline_add_us": None,
+        "fwd_roofline_ratio": None,
+        "fwd_bwd_roofline_ratio": None,
+        "fwd_ulp_hist": None,
+        "fwd_abs_err_hist": None,
+        "device": str(dev),
+        "timed": False,
+    }
+    bar = tqdm(total=4, desc=f"{backend_key(backend)} accuracy_latency", disable=not progress)
+    try:
+        case = make_case(rows, d, seed, dtype, wdt, device)
+        x, z, w, dy = case.x, case.z, case.w, case.dy
+        # -- forward accuracy
+        y = backend.forward(x, z, w, opts).detach()
+        with torch.no_grad():
+            y64 = gated_rmsnorm_math(x, z, w, opts, torch.float64)
+            oracle = round_once(y64, y.dtype)
+            ulp = ulp_distance(y, oracle)
+            summary["fwd_correctly_rounded"] = float((ulp == 0).double().mean())
+            err = (y.double() - y64).abs()
+            # NaN/inf have no place in JSON: non-finite errors show as None here and in the histograms
+            summary["fwd_max_abs_err"] = _finite_or_none(float(err.max()))
+            summary["fwd_ulp_hist"] = _ulp_hist(ulp)
+            summary["fwd_abs_err_hist"] = _abs_err_hist(err)
+            del y64, oracle, ulp, err
+        bar.update()
+        # -- gradient accuracy against fp64 autograd
+        if with_grad:
+            g = backend.forward_backward(x, z, w, dy, opts)
+            leaves = [
+                x.double().requires_grad_(),
+                None if z is None else z.double().requires_grad_(),
+                w.double().requires_grad_(),
+            ]
+            with torch.enable_grad():
+                r = gated_rmsnorm_math(leaves[0], leaves[1], leaves[2], opts, torch.float64)
+                r.backward(dy.double())
+            rel: dict[str, float | None] = {}
+            for name, got, leaf in (("x", g.dx, leaves[0]), ("z", g.dz, leaves[1]), ("w", g.dw, leaves[2])):
+                if got is None or leaf is None or leaf.grad is None:
+                    rel[name] = None
+                    continue
+                ref = leaf.grad
+                denom = float(ref.abs().max())
+                num = float((got.detach().double() - ref).abs().max())
+                rel[name] = _finite_or_none(num / denom if denom > 0 else (0.0 if num == 0 else math.inf))
+            summary["grad_rel_err"] = rel
+            del g, leaves, r
+        bar.update()
+        # -- latency
+        if timing:
+            elem = x.element_size()
+            n_el = x.numel()
+            out = torch.empty_like(x)
+            clock = _clock(dev)
+            add_t = clock.events(lambda: torch.add(x, z, out=out), iters, warmup)
+            summary["roofline_add_us"] = add_t.us
+            host_bound = {"add": add_t.host_bound}
+            t = clock.events(lambda: backend.forward(x, z, w, opts), iters, warmup)
+            summary.update(fwd_us=t.us, fwd_us_p20=t.p20, fwd_us_p80=t.p80, fwd_gbps=3 * n_el * elem / (t.us * 1e3))
+            summary["fwd_roofline_ratio"] = t.us / summary["roofline_add_us"]
+            host_bound["fwd"] = t.host_bound
+            bar.update()
+            if with_grad:
+                t = clock.events(lambda: backend.forward_backward(x, z, w, dy, opts), iters, warmup)
+                summary.update(
+                    fwd_bwd_us=t.us,
+                    fwd_bwd_us_p20=t.p20,
+                    fwd_bwd_us_p80=t.p80,
+                    fwd_bwd_gbps=8 * n_el * elem / (t.us * 1e3),
+                )
+                summary["fwd_bwd_roofline_ratio"] = t.us / (8 / 3 * summary["roofline_add_us"])
+                host_bound["fwd_bwd"] = t.host_bound
+            summary["host_bound"] = host_bound  # True: the GPU queue ran dry, the time includes host overhead
+            summary["timed"] = True
+        bar.update(bar.total - bar.n)
+    except Exception as exc:
+        summary["error"] = describe(exc)
+    finally:
+        bar.close()
+    return CheckResult(summary, [])

@@ -1,0 +1,174 @@
+"""Where a run happened: GPU, CUDA, library versions, the code's commit and whether the tree was dirty.
+
+A batch-invariance or speed result means little without the exact stack it came from, so every
+artifact carries this block. It keeps the seed report's fields (`gpu`, `capability`, `cuda`,
+`libraries` with the same nine names) and adds what a reader needs to reproduce a CPU run too
+(python, platform, the Triton interpreter flag, the rlnorm version). Library versions come from the
+module when it is already imported, else from package metadata, never by importing the package:
+importing vLLM beside a CPU torch can fail or take seconds, and a version string must not cost that.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlnorm import __version__ as rlnorm_version
+from rlnorm.checkout import PACKAGE_DIR
+
+# The seed report's library names (its order), then the ones a reader of our runs also needs.
+REPORT_LIBRARIES: tuple[str, ...] = (
+    "torch",
+    "triton",
+    "transformers",
+    "vllm",
+    "flashinfer-python",
+    "liger-kernel",
+    "fla-core",
+    "transformer_engine",
+    "megatron-core",
+)
+EXTRA_LIBRARIES: tuple[str, ...] = ("numpy", "pandas", "matplotlib", "jsonschema", "papermill")
+
+# Distribution names a library is published under, tried in order (TE ships as several).
+_DIST_ALIASES: dict[str, tuple[str, ...]] = {
+    "transformer_engine": ("transformer_engine", "transformer-engine", "transformer_engine_torch"),
+    "fla-core": ("fla-core", "flash-linear-attention"),
+}
+
+_PACKAGE_ROOT = PACKAGE_DIR.parent
+
+
+def library_version(name: str) -> str | None:
+    """Version of library `name` (or a known alias), None when not installed. A module already imported
+    reports its own `__version__`: that is the code that runs, and a build's metadata can lack its local
+    part (the H200 image's torch: metadata 2.11.0, torch.__version__ 2.11.0+cu130)."""
+    loaded = getattr(sys.modules.get(name), "__version__", None)
+    if isinstance(loaded, str):
+        return str(loaded)  # torch's is a str subclass
+    for dist in _DIST_ALIASES.get(name, (name,)):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _device_type(device: str | torch.device) -> str:
+    if isinstance(device, torch.device):
+        return device.type
+    if not isinstance(device, str):
+        raise TypeError(f"device: expected a str like 'cuda' or 'cpu' or a torch.device, got {type(device).__name__}")
+    return torch.device(device).type
+
+
+def collect_environment(device: str | torch.device = "cpu") -> dict[str, Any]:
+    """The artifact's `environment` block for a run on `device`.
+
+    Keys from the seed report: gpu (name, or "cpu"), capability ([major, minor] or None), cuda
+    (the CUDA version torch was built with, None for a CPU build), libraries {name: version or
+    None}. NEW: device, gpu_count, gpu_memory_gib, python, platform, triton_interpret (the
+    TRITON_INTERPRET value in effect, None if unset), rlnorm (package version), torch_cuda_available.
+    """
+    dev_type = _device_type(device)
+    if dev_type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA device")
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        props = torch.cuda.get_device_properties(index)
+        gpu: str = props.name
+        capability: list[int] | None = [int(props.major), int(props.minor)]
+        gpu_memory_gib: float | None = round(props.total_memory / 2**30, 1)
+    else:
+        gpu, capability, gpu_memory_gib = "cpu", None, None
+
+    libraries = {name: library_version(name) for name in REPORT_LIBRARIES}
+    libraries.update({name: library_version(name) for name in EXTRA_LIBRARIES})
+    return {
+        "gpu": gpu,
+        "capability": capability,
+        "cuda": torch.version.cuda,
+        "libraries": libraries,
+        "device": str(device),
+        "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+        "gpu_memory_gib": gpu_memory_gib,
+        "python": platform.python_version(),
+        "platform": f"{platform.system()}-{platform.release()}-{platform.machine()}",
+        "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+        "rlnorm": rlnorm_version,
+        "torch_cuda_available": bool(torch.cuda.is_available()),
+    }
+
+
+# The caller may state what `git` says: RLNORM_COMMIT=$(git rev-parse HEAD), RLNORM_TREE_DIRTY=0|1.
+# A stated value wins over the checkout: the GPU machine gets a copy of the working tree whose .git,
+# when one travels along, can be stale (seen: it reported the session's first commit under later code).
+COMMIT_ENV = "RLNORM_COMMIT"
+DIRTY_ENV = "RLNORM_TREE_DIRTY"
+
+
+def _git(repo_dir: str | os.PathLike[str] | None, *args: str) -> str | None:
+    """Output of `git -C repo_dir args...`, None when git or the checkout is not there.
+
+    With repo_dir None the checkout must be this package's own (its top level holds rlnorm/), so
+    a non-editable install inside some other repository never reports that repository's commit.
+    """
+    repo = Path(repo_dir) if repo_dir is not None else _PACKAGE_ROOT
+    if not repo.is_dir():
+        return None
+
+    def run(*argv: str) -> str | None:
+        try:
+            proc = subprocess.run(
+                ["git", "-C", str(repo), *argv], capture_output=True, text=True, timeout=30, check=False
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return proc.stdout if proc.returncode == 0 else None
+
+    if repo_dir is None:
+        top = run("rev-parse", "--show-toplevel")
+        if top is None or Path(top.strip()).resolve() != _PACKAGE_ROOT:
+            return None
+    return run(*args)
+
+
+def _env_commit() -> str | None:
+    value = os.environ.get(COMMIT_ENV, "").strip().lower()
+    if not value:
+        return None
+    if not (7 <= len(value) <= 64 and all(c in "0123456789abcdef" for c in value)):
+        raise ValueError(f"{COMMIT_ENV}: expected a git commit hash (7-64 hex digits), got {value!r}")
+    return value
+
+
+def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
+    """$RLNORM_COMMIT when set (see above), else the full hash of HEAD in `repo_dir` (default: this
+    package's checkout), else None."""
+    stated = _env_commit()
+    if stated is not None:
+        return stated
+    out = _git(repo_dir, "rev-parse", "--verify", "HEAD")
+    return out.strip() if out else None
+
+
+def tracked_tree_dirty(repo_dir: str | os.PathLike[str] | None = None) -> bool | None:
+    """$RLNORM_TREE_DIRTY (0/1) when set, else True when a tracked file differs from HEAD
+    (untracked files don't count), else None outside a checkout."""
+    value = os.environ.get(DIRTY_ENV, "").strip().lower()
+    if value:
+        if value not in ("0", "1", "true", "false"):
+            raise ValueError(f"{DIRTY_ENV}: expected 0 or 1, got {value!r}")
+        return value in ("1", "true")
+    if _git(repo_dir, "rev-parse", "--verify", "HEAD") is None:
+        return None
+    out = _git(repo_dir, "status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out.strip())

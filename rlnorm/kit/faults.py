@@ -1,0 +1,214 @@
+"""Planted faulty backends: each is a correct gated RMSNorm except for ONE broken guarantee.
+
+They exist so that every check and gate can be shown to fail when it should (COMMON quality bar:
+a check that passes by construction is a defect). Each builds on `ExactReferenceBackend` (the
+fp32 reference with the exact, order-independent dweight), which passes every check and gate,
+so the only thing wrong with a fault is the one planted. Load one by import path, e.g.
+`rlnorm.kit.faults:BatchSizeDependentOutput`.
+
+| class | broken guarantee | caught by |
+|---|---|---|
+| `BatchSizeDependentOutput` | y depends on the row count | all_rows, full_vs_sub, batch_size_sweep, fwd gate |
+| `PositionDependentOutput` | y depends on position | all_rows, full_vs_sub, batch_size_sweep, fwd gate |
+| `NondeterministicDweight` | dweight differs run to run | dweight_repeatable, gradient gate |
+| `OrderDependentDweight` | dweight is a plain fp32 fold | gradient gate (singleton_aggregate, permuted) |
+| `GateChildCrash` | the gate child process dies (SIGABRT) | both gates: returncode != 0 |
+| `GateChildHang` | the gate child sleeps past the timeout | both gates: timed_out |
+
+The output faults move outputs by exactly one ulp and leave dx, dz untouched (the perturbation is
+added outside the autograd graph), so they show up as `fwd_differ` and never as `rowgrad_differ`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from rlnorm.kit.backends import Grads
+from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.options import OpOptions
+
+__all__ = [
+    "GATE_CHILD_ENV",
+    "BatchSizeDependentOutput",
+    "GateChildCrash",
+    "GateChildHang",
+    "NondeterministicDweight",
+    "OrderDependentDweight",
+    "PositionDependentOutput",
+    "batch_size_fault_mask",
+    "bump_one_ulp",
+    "position_fault_mask",
+]
+
+# set by `python -m rlnorm.kit.gates` in its child; the crash/hang faults act only where it is "1"
+GATE_CHILD_ENV = "RLNORM_GATE_CHILD"
+
+_INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+
+
+def bump_one_ulp(t: Tensor, mask: Tensor) -> Tensor:
+    """Copy of `t` with the elements under `mask` moved one ulp away from zero (bit pattern + 1)."""
+    it = _INT_VIEW[t.dtype]
+    bits = t.detach().contiguous().view(it)
+    return torch.where(mask, bits + 1, bits).view(t.dtype)
+
+
+def _row_tag(x: Tensor) -> Tensor:
+    """Two bits of each row's own content (x[r, 0]): which rows a size-dependent fault touches."""
+    return (x[:, 0].detach().contiguous().view(_INT_VIEW[x.dtype]).to(torch.int64)) & 3
+
+
+def batch_size_fault_mask(x: Tensor) -> Tensor:
+    """Rows [rows] that `BatchSizeDependentOutput` moves by one ulp when called on this whole batch.
+
+    Like a kernel that picks its tile from the row count: a single row is regime 0, any larger
+    batch regime 1 + bit_length(rows) % 3, and a row is perturbed when its content tag (0..3)
+    equals the regime. Two batch sizes in different regimes disagree on about half the rows
+    (a row alone always differs from a batch); sizes in one regime agree.
+    """
+    rows = int(x.shape[0])
+    regime = 0 if rows <= 1 else 1 + rows.bit_length() % 3
+    return _row_tag(x) == regime
+
+
+def position_fault_mask(rows: int, device: torch.device | str = "cpu") -> Tensor:
+    """Rows [rows] that `PositionDependentOutput` moves by one ulp: every position r with r % 3 == 1."""
+    return torch.arange(rows, device=device) % 3 == 1
+
+
+class _OutputFault(ExactReferenceBackend):
+    """Exact reference whose output is bumped by one ulp (column 0) on the rows `_mask` picks."""
+
+    def _mask(self, x: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def _perturb(self, y: Tensor, x: Tensor) -> Tensor:
+        rows = self._mask(x).to(y.device)
+        mask = torch.zeros(y.shape, dtype=torch.bool, device=y.device)
+        mask[:, 0] = rows
+        return bump_one_ulp(y, mask)
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        return self._perturb(super().forward(x, z, w, opts), x)
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        g = super().forward_backward(x, z, w, dy, opts)
+        g.y = self._perturb(g.y, x)
+        return g
+
+
+class BatchSizeDependentOutput(_OutputFault):
+    """Output of some rows is one ulp off depending on how many rows are in the launch."""
+
+    key = "rlnorm.kit.faults:BatchSizeDependentOutput"
+    source = "planted fault: output depends on batch size (row-count regimes)"
+
+    def _mask(self, x: Tensor) -> Tensor:
+        return batch_size_fault_mask(x)
+
+
+class PositionDependentOutput(_OutputFault):
+    """Output is one ulp off for rows at positions r % 3 == 1 in the launch."""
+
+    key = "rlnorm.kit.faults:PositionDependentOutput"
+    source = "planted fault: output depends on position in the batch (r % 3 == 1)"
+
+    def _mask(self, x: Tensor) -> Tensor:
+        return position_fault_mask(x.shape[0], x.device)
+
+
+class NondeterministicDweight(ExactReferenceBackend):
+    """dweight differs from one call to the next: call k moves column k % D by one ulp.
+
+    Deterministic in its nondeterminism (a per-instance call counter, not a clock or RNG), so a
+    test knows it will show; a real kernel's atomics give the same symptom without the guarantee.
+    """
+
+    key = "rlnorm.kit.faults:NondeterministicDweight"
+    source = "planted fault: dweight differs run to run (call counter)"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def _reduce_dweight(self, contributions: Tensor, dtype: torch.dtype) -> Tensor:
+        dw = super()._reduce_dweight(contributions, dtype)
+        mask = torch.zeros(dw.shape, dtype=torch.bool)
+        mask[self.calls % dw.shape[0]] = True
+        self.calls += 1
+        return bump_one_ulp(dw, mask)
+
+
+class OrderDependentDweight(ExactReferenceBackend):
+    """dweight is a plain fp32 left fold over rows: repeatable, close, but permuting rows moves bits.
+
+    This is what a serial one-thread-per-column kernel does (the reference report's own op).
+    Zero-gradient padding rows add exact zeros, so the padded lines still pass.
+    """
+
+    key = "rlnorm.kit.faults:OrderDependentDweight"
+    source = "planted fault: dweight is an fp32 left fold over rows (order-dependent)"
+
+    def _reduce_dweight(self, contributions: Tensor, dtype: torch.dtype) -> Tensor:
+        c = contributions.detach().cpu().numpy().astype(np.float32)
+        if c.shape[0] == 0:
+            return torch.zeros(c.shape[1], dtype=dtype)
+        # ufunc.accumulate is a strict sequential fold (np.sum would be pairwise)
+        folded = np.add.accumulate(c, axis=0, dtype=np.float32)[-1]
+        return torch.from_numpy(folded.copy()).to(dtype)
+
+
+def _in_gate_child() -> bool:
+    return os.environ.get(GATE_CHILD_ENV) == "1"
+
+
+class GateChildCrash(ExactReferenceBackend):
+    """Aborts the process (SIGABRT, like a device assert or segfault) when run inside a gate child.
+
+    Outside a gate child it is the exact reference, so a run that loads it only loses the gates.
+    """
+
+    key = "rlnorm.kit.faults:GateChildCrash"
+    source = "planted fault: the gate child process aborts"
+
+    def _maybe_crash(self) -> None:
+        if _in_gate_child():
+            sys.stderr.write("planted fault: GateChildCrash aborting the gate child\n")
+            sys.stderr.flush()
+            os.abort()
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        self._maybe_crash()
+        return super().forward(x, z, w, opts)
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        self._maybe_crash()
+        return super().forward_backward(x, z, w, dy, opts)
+
+
+class GateChildHang(ExactReferenceBackend):
+    """Sleeps for an hour when run inside a gate child: the gate's timeout must end it."""
+
+    key = "rlnorm.kit.faults:GateChildHang"
+    source = "planted fault: the gate child process hangs"
+    hang_s: float = 3600.0
+
+    def _maybe_hang(self) -> None:
+        if _in_gate_child():
+            sys.stderr.write("planted fault: GateChildHang sleeping\n")
+            sys.stderr.flush()
+            time.sleep(self.hang_s)
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        self._maybe_hang()
+        return super().forward(x, z, w, opts)
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        self._maybe_hang()
+        return super().forward_backward(x, z, w, dy, opts)

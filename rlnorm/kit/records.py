@@ -1,0 +1,319 @@
+"""Per-row records of the checks, and the rebuild of any recorded comparison from the record alone.
+
+A record says which row differed, in which batch, by how much; its `rebuild` column is a JSON
+string holding everything needed to regenerate that exact batch (case size, width, seed, dtypes,
+options, and the slice or the sweep's seeded permutation). So a notebook reaches one failing row
+in one backend call instead of rerunning a whole check (issue 4, item 3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+
+from rlnorm.inputs import Case, make_case
+from rlnorm.options import OpOptions
+
+if TYPE_CHECKING:
+    from rlnorm.kit.backends import Backend
+
+__all__ = [
+    "REBUILD_VERSION",
+    "RECORD_COLUMNS",
+    "RebuiltCase",
+    "dtype_from_name",
+    "dtype_name",
+    "read_records",
+    "rebuild_case",
+    "records_frame",
+    "sweep_batch_rows",
+    "sweep_perm_seed",
+    "write_records",
+]
+
+# column -> pandas dtype; nullable ints because a dweight record has no row / position
+_COLUMN_DTYPES: dict[str, str] = {
+    "backend": "string",
+    "check": "string",
+    "seed": "Int64",
+    "case": "string",
+    "batch_start": "Int64",
+    "batch_size": "Int64",
+    "position": "Int64",
+    "row": "Int64",
+    "tensor": "string",
+    "cols_differ": "Int64",
+    "max_abs": "float64",
+    "max_ulp": "Int64",
+    "rebuild": "string",
+}
+RECORD_COLUMNS: list[str] = list(_COLUMN_DTYPES)
+REBUILD_VERSION = 1
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16" (the spelling records and parameters use)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise TypeError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype}")
+    return name
+
+
+def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
+    """Name -> dtype: "bfloat16" (or "torch.bfloat16", or a torch.dtype) -> torch.bfloat16."""
+    if isinstance(name, torch.dtype):
+        return name
+    key = str(name).removeprefix("torch.")
+    if key not in _DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[key]
+
+
+# -- the records table --------------------------------------------------------------------------
+
+
+def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+    """Records -> DataFrame with exactly RECORD_COLUMNS, typed (an empty frame keeps the columns)."""
+    if not isinstance(records, (list, tuple)):
+        raise TypeError(f"records: expected a list of dicts, got {type(records).__name__}")
+    for i, rec in enumerate(records):
+        if not isinstance(rec, Mapping):
+            raise TypeError(f"records[{i}]: expected a dict, got {type(rec).__name__}")
+        unknown = set(rec) - set(RECORD_COLUMNS)
+        if unknown:
+            raise ValueError(f"records[{i}]: unknown columns {sorted(unknown)}; expected a subset of {RECORD_COLUMNS}")
+    df = pd.DataFrame.from_records(list(records), columns=RECORD_COLUMNS)
+    return _typed(df)
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame(index=range(len(df)))
+    for col, dt in _COLUMN_DTYPES.items():
+        s = df[col] if col in df else pd.Series([None] * len(df))
+        s = s.reset_index(drop=True)
+        if dt == "Int64":
+            out[col] = pd.to_numeric(s, errors="raise").astype("Int64")
+        elif dt == "float64":
+            out[col] = pd.to_numeric(s, errors="raise").astype("float64")
+        else:
+            out[col] = s.astype("string")
+    return out
+
+
+def write_records(df: pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write the records as CSV atomically (temp file in the same folder, then os.replace)."""
+    if not isinstance(df, pd.DataFrame):
+        raise TypeError(f"df: expected a pandas DataFrame, got {type(df).__name__}")
+    missing = [c for c in RECORD_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"df: missing record columns {missing}")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            _typed(df[RECORD_COLUMNS]).to_csv(fh, index=False)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_records(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a records CSV written by `write_records` back into the typed frame."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"path: no records file at {path}")
+    df = pd.read_csv(
+        path,
+        dtype={c: ("string" if t == "string" else None) for c, t in _COLUMN_DTYPES.items()},
+        keep_default_na=False,
+        na_values={c: [""] for c, t in _COLUMN_DTYPES.items() if t != "string"},
+    )
+    missing = [c for c in RECORD_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"path: {path} lacks record columns {missing}")
+    return _typed(df)
+
+
+# -- the batch_size_sweep permutation (shared by the check and the rebuild) ----------------------
+
+
+def sweep_perm_seed(seed: int, m: int, probe: int) -> int:
+    """Seed of the permutation that draws the m-1 companions of `probe` (one per seed, size, probe)."""
+    return (int(seed) * 1_000_003 + int(m)) * 1_000_033 + int(probe)
+
+
+def sweep_batch_rows(n: int, m: int, probe: int, position: int, perm_seed: int) -> torch.Tensor:
+    """Case-row indices of the sweep batch: m-1 other rows drawn by a seeded permutation, probe at `position`."""
+    if not 1 <= m <= n:
+        raise ValueError(f"m: expected 1 <= m <= n={n}, got {m}")
+    if not 0 <= probe < n:
+        raise ValueError(f"probe: expected 0 <= probe < n={n}, got {probe}")
+    if not 0 <= position < m:
+        raise ValueError(f"position: expected 0 <= position < m={m}, got {position}")
+    others = torch.cat([torch.arange(0, probe), torch.arange(probe + 1, n)])
+    g = torch.Generator().manual_seed(perm_seed)
+    chosen = others[torch.randperm(n - 1, generator=g)[: m - 1]]
+    return torch.cat([chosen[:position], torch.tensor([probe]), chosen[position:]])
+
+
+# -- rebuild ------------------------------------------------------------------------------------
+
+
+@dataclass
+class RebuiltCase:
+    """The two sides of a recorded comparison, regenerated, plus the row alone.
+
+    `batch.x[position]` is the recorded row inside the batch the record names (batch_start,
+    batch_size); `other.x[other_position]` is what it was compared with: the row alone
+    (all_rows, batch_size_sweep), the full batch (full_vs_sub_batches), or the same batch run
+    again (dweight_repeatable, where `position`, `other_position` and `row` are -1). `alone` is
+    always the row as a batch of one (the batch itself for dweight records).
+    """
+
+    batch: Case
+    position: int
+    alone: Case
+    row: int
+    other: Case
+    other_position: int
+    other_label: str  # "alone", "full batch" or "same batch"
+    batch_rows: torch.Tensor  # indices into the generated case, in batch order
+    opts: OpOptions
+    check: str
+    tensor: str | None
+    spec: dict[str, Any]
+
+    def run(self, backend: Backend, with_grad: bool | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Recompute the comparison with `backend`: tensor -> (row inside `batch`, row inside `other`), on CPU.
+
+        For dweight records: "dweight" -> (first run, second run) of the same batch.
+        """
+        if with_grad is None:
+            with_grad = bool(getattr(backend, "has_backward", False))
+        if self.check == "dweight_repeatable":
+            a = backend.forward_backward(self.batch.x, self.batch.z, self.batch.w, self.batch.dy, self.opts)
+            b = backend.forward_backward(self.batch.x, self.batch.z, self.batch.w, self.batch.dy, self.opts)
+            if a.dw is None or b.dw is None:
+                raise ValueError("backend: gave no dweight, so a dweight record cannot be recomputed with it")
+            return {"dweight": (a.dw.detach().cpu(), b.dw.detach().cpu())}
+        p, q = self.position, self.other_position
+        if with_grad:
+            gb = backend.forward_backward(self.batch.x, self.batch.z, self.batch.w, self.batch.dy, self.opts)
+            go = backend.forward_backward(self.other.x, self.other.z, self.other.w, self.other.dy, self.opts)
+            out = {"y": (gb.y[p].detach().cpu(), go.y[q].detach().cpu()), "dx": (gb.dx[p].cpu(), go.dx[q].cpu())}
+            if gb.dz is not None and go.dz is not None:
+                out["dz"] = (gb.dz[p].cpu(), go.dz[q].cpu())
+            return out
+        yb = backend.forward(self.batch.x, self.batch.z, self.batch.w, self.opts)
+        yo = backend.forward(self.other.x, self.other.z, self.other.w, self.opts)
+        return {"y": (yb[p].detach().cpu(), yo[q].detach().cpu())}
+
+
+def _spec_of(record: Mapping[str, Any] | pd.Series | str) -> dict[str, Any]:
+    if isinstance(record, str):
+        text = record
+    elif isinstance(record, (Mapping, pd.Series)):
+        if "rebuild" not in record:
+            raise ValueError("record: has no 'rebuild' field")
+        text = record["rebuild"]
+    else:
+        raise TypeError(
+            f"record: expected a record dict/Series or its rebuild JSON string, got {type(record).__name__}"
+        )
+    if isinstance(text, Mapping):
+        return dict(text)
+    try:
+        spec = json.loads(str(text))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"record: 'rebuild' is not JSON ({exc})") from exc
+    if not isinstance(spec, dict) or spec.get("v") != REBUILD_VERSION:
+        raise ValueError(f"record: 'rebuild' is not a version-{REBUILD_VERSION} rebuild spec: {text!r:.200}")
+    return spec
+
+
+def rebuild_case(record: Mapping[str, Any] | pd.Series | str, device: str | torch.device = "cpu") -> RebuiltCase:
+    """Regenerate, from the record's `rebuild` JSON alone, the exact batch that was compared and the row alone."""
+    spec = _spec_of(record)
+    try:
+        c = spec["case"]
+        batch_spec = spec["batch"]
+        opts = OpOptions(**spec["opts"])
+        check = spec["check"]
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"record: rebuild spec lacks a field ({exc}): {spec}") from exc
+    case = make_case(
+        int(c["rows"]),
+        int(c["d"]),
+        int(c["seed"]),
+        dtype_from_name(c["dtype"]),
+        dtype_from_name(c["weight_dtype"]),
+        device="cpu",
+    )
+    rows = _batch_rows(case, batch_spec)
+    row = int(spec.get("row", -1))
+    position = int(spec.get("position", -1))
+    batch = case.rows(rows).to(device)
+    if row >= 0:
+        if not 0 <= position < len(rows) or int(rows[position]) != row:
+            raise ValueError(f"record: position {position} of the rebuilt batch does not hold row {row}")
+        alone = case.rows(slice(row, row + 1)).to(device)
+    else:
+        alone = batch
+    other_spec = spec.get("other")
+    if other_spec is None:  # the row alone, or (dweight) the same batch again
+        other, other_position = alone, (0 if row >= 0 else -1)
+        label = "alone" if row >= 0 else "same batch"
+    else:
+        other_rows = _batch_rows(case, other_spec)
+        hits = (other_rows == row).nonzero().flatten()
+        if row < 0 or len(hits) != 1:
+            raise ValueError(f"record: the compared batch {other_spec} does not hold row {row} exactly once")
+        other, other_position = case.rows(other_rows).to(device), int(hits[0])
+        label = str(other_spec.get("label", "full batch"))
+    return RebuiltCase(
+        batch=batch,
+        position=position,
+        alone=alone,
+        row=row,
+        other=other,
+        other_position=other_position,
+        other_label=label,
+        batch_rows=rows,
+        opts=opts,
+        check=check,
+        tensor=spec.get("tensor"),
+        spec=spec,
+    )
+
+
+def _batch_rows(case: Case, batch_spec: Mapping[str, Any]) -> torch.Tensor:
+    """Case-row indices of a batch described by a rebuild spec's "batch" / "other" entry."""
+    n_case = case.x.shape[0]
+    kind = batch_spec.get("kind")
+    if kind == "slice":
+        start, size = int(batch_spec["start"]), int(batch_spec["size"])
+        if not (start >= 0 and size >= 1 and start + size <= n_case):
+            raise ValueError(f"record: slice {start}+{size} outside a case of {n_case} rows")
+        return torch.arange(start, start + size)
+    if kind == "sweep":
+        return sweep_batch_rows(
+            n_case,
+            int(batch_spec["m"]),
+            int(batch_spec["probe"]),
+            int(batch_spec["position"]),
+            int(batch_spec["perm_seed"]),
+        )
+    raise ValueError(f"record: unknown batch kind {kind!r} (expected 'slice' or 'sweep')")

@@ -1,0 +1,1 @@
+"""Reports and analysis over run folders: tables, plots, the page, row investigation, run comparison."""

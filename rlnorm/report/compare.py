@@ -1,0 +1,456 @@
+"""Two reuse-check artifacts side by side: verdicts, latency ratios, accuracy and what changed.
+
+The typical pair is the seed B200 report and a run of ours on another GPU; both load through the
+same reader (`rlnorm.kit.artifact.read_artifact`), so every accessor here reads the report's shape and
+treats our NEW fields as optional. Nothing is recomputed: a comparison only reads two JSON files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rlnorm.report.runs import artifact_label, load_artifact
+
+# The checks a verdict is given for, in report order (gates are the contract_gates of SPEC §4).
+VERDICT_CHECKS = (
+    "all_rows",
+    "dweight_repeatable",
+    "full_vs_sub_batches",
+    "batch_size_sweep",
+    "batch_invariant",
+    "gate_forward",
+    "gate_gradient",
+)
+PASS, FAIL, NA, ERROR = "pass", "FAIL", "n/a", "error"
+DIFFER_KEYS = ("fwd_differ", "rowgrad_differ", "differ")
+
+
+@dataclass
+class Comparison:
+    """Everything `notebooks/compare_runs` shows; each table indexed by backend (and check)."""
+
+    label_a: str
+    label_b: str
+    environment: pd.DataFrame
+    verdicts: pd.DataFrame
+    latency: pd.DataFrame
+    accuracy: pd.DataFrame
+    changes: list[str] = field(default_factory=list)
+
+
+def _differ_counts(node: Any) -> dict[str, int]:
+    """Sum every fwd_differ / rowgrad_differ / differ integer below `node` (any nesting: n, seed)."""
+    out = dict.fromkeys(DIFFER_KEYS, 0)
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            if k in DIFFER_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
+                out[k] += int(v)
+            elif isinstance(v, Mapping):
+                for kk, vv in _differ_counts(v).items():
+                    out[kk] += vv
+    return out
+
+
+def _count_verdict(node: Any) -> tuple[str, str]:
+    if not isinstance(node, Mapping) or not node:
+        return NA, ""
+    c = _differ_counts(node)
+    has_split = _has_key(node, "fwd_differ") or _has_key(node, "rowgrad_differ")
+    # `differ` is the report's total for the sweep; ours splits it too, so count it only when alone
+    total = c["fwd_differ"] + c["rowgrad_differ"] if has_split else c["differ"]
+    if total == 0 and c["differ"] == 0:
+        return PASS, ""
+    if not has_split:
+        return FAIL, f"differ {c['differ']}"
+    parts = [f"fwd {c['fwd_differ']}"] if c["fwd_differ"] else []
+    if c["rowgrad_differ"]:
+        parts.append(f"grad {c['rowgrad_differ']}")
+    return FAIL, ", ".join(parts) or f"differ {c['differ']}"
+
+
+def _has_key(node: Any, key: str) -> bool:
+    if not isinstance(node, Mapping):
+        return False
+    return key in node or any(_has_key(v, key) for v in node.values())
+
+
+def _bool_verdict(value: Any) -> tuple[str, str]:
+    if value is None:
+        return NA, ""
+    return (PASS, "") if bool(value) else (FAIL, "")
+
+
+def backend_verdicts(entry: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """check -> (pass/FAIL/n/a, detail) for one `results.<backend>` entry."""
+    status = entry.get("status", "ran")
+    if status != "ran":
+        reason = str(entry.get("skip_reason") or "")
+        return {c: (status, reason) for c in VERDICT_CHECKS}
+    bi = entry.get("batch_invariance") or {}
+    gates = entry.get("contract_gates") or {}
+    errors = entry.get("errors") or {}
+    out = {
+        "all_rows": _count_verdict(bi.get("all_rows")),
+        "dweight_repeatable": _bool_verdict(bi.get("dweight_repeatable")),
+        "full_vs_sub_batches": _count_verdict(bi.get("full_vs_sub_batches")),
+        "batch_size_sweep": _count_verdict(bi.get("batch_size_sweep")),
+        "batch_invariant": _bool_verdict(bi.get("batch_invariant")),
+    }
+    # a check that raised has no verdict: say so instead of reading its partial counts as a pass
+    for check in ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep"):
+        node = bi.get(check)
+        if check in errors:
+            out[check] = (ERROR, str(errors[check]))
+        elif isinstance(node, Mapping) and node.get("error"):
+            out[check] = (ERROR, str(node["error"]))
+    for gate in ("forward", "gradient"):
+        g = gates.get(gate)
+        if "contract_gates" in errors:
+            out[f"gate_{gate}"] = (ERROR, str(errors["contract_gates"]))
+            continue
+        if not isinstance(g, Mapping):
+            out[f"gate_{gate}"] = (NA, "")
+            continue
+        verdict, _ = _bool_verdict(g.get("passed"))
+        failed = g.get("failed_lines") or []
+        detail = f"{len(failed)} failed lines" if failed else ""
+        if g.get("timed_out"):
+            detail = "timed out"
+        elif g.get("returncode") not in (0, None):
+            detail = f"returncode {g.get('returncode')}" + (f", {detail}" if detail else "")
+        out[f"gate_{gate}"] = (verdict, detail)
+    return out
+
+
+def run_verdicts(art: Mapping[str, Any]) -> pd.DataFrame:
+    """One run's verdicts: a backend per line, a check per column (pass / FAIL (counts) / n/a / ...)."""
+    rows = {
+        key: {c: _cell(v) for c, v in backend_verdicts(entry or {}).items()} for key, entry in art["results"].items()
+    }
+    return pd.DataFrame.from_dict(rows, orient="index", columns=list(VERDICT_CHECKS)).rename_axis("backend")
+
+
+def _cell(verdict: tuple[str, str]) -> str:
+    v, detail = verdict
+    return f"{v} ({detail[:80]})" if detail and v in (FAIL, ERROR) else v
+
+
+def _backends(a: Mapping, b: Mapping) -> list[str]:
+    ka, kb = list((a.get("results") or {}).keys()), list((b.get("results") or {}).keys())
+    return ka + [k for k in kb if k not in ka]
+
+
+def verdict_table(a: Mapping, b: Mapping, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
+    """Index (backend, check); columns label_a, label_b (verdict text) and `changed`."""
+    rows = []
+    ra, rb = a.get("results") or {}, b.get("results") or {}
+    for key in _backends(a, b):
+        va = backend_verdicts(ra[key]) if key in ra else dict.fromkeys(VERDICT_CHECKS, ("absent", ""))
+        vb = backend_verdicts(rb[key]) if key in rb else dict.fromkeys(VERDICT_CHECKS, ("absent", ""))
+        for check in VERDICT_CHECKS:
+            rows.append(
+                {
+                    "backend": key,
+                    "check": check,
+                    label_a: _cell(va[check]),
+                    label_b: _cell(vb[check]),
+                    "verdict_a": va[check][0],
+                    "verdict_b": vb[check][0],
+                    "changed": va[check][0] != vb[check][0],
+                }
+            )
+    return pd.DataFrame(rows).set_index(["backend", "check"])
+
+
+def _num(d: Any, *keys: str) -> float | None:
+    for k in keys:
+        if not isinstance(d, Mapping) or k not in d:
+            return None
+        d = d[k]
+    if isinstance(d, bool) or not isinstance(d, (int, float)):
+        return None
+    return float(d)
+
+
+def _ratio(x: float | None, y: float | None) -> float | None:
+    return None if x is None or y is None or x == 0 else y / x
+
+
+def latency_table(a: Mapping, b: Mapping) -> pd.DataFrame:
+    """Per backend: fwd_us and fwd_bwd_us in a and b, and the ratios b/a (< 1: b is faster)."""
+    rows = []
+    ra, rb = a.get("results") or {}, b.get("results") or {}
+    for key in _backends(a, b):
+        al_a = (ra.get(key) or {}).get("accuracy_latency")
+        al_b = (rb.get(key) or {}).get("accuracy_latency")
+        row: dict[str, Any] = {"backend": key}
+        for m in ("fwd_us", "fwd_bwd_us"):
+            x, y = _num(al_a, m), _num(al_b, m)
+            row[f"{m}_a"], row[f"{m}_b"], row[f"{m}_ratio"] = x, y, _ratio(x, y)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("backend").astype(float)
+
+
+def accuracy_table(a: Mapping, b: Mapping) -> pd.DataFrame:
+    """Per backend: fraction correctly rounded, max abs error and grad_rel_err x/z/w, a and b."""
+    rows = []
+    ra, rb = a.get("results") or {}, b.get("results") or {}
+    for key in _backends(a, b):
+        al_a = (ra.get(key) or {}).get("accuracy_latency")
+        al_b = (rb.get(key) or {}).get("accuracy_latency")
+        row: dict[str, Any] = {"backend": key}
+        for m in ("fwd_correctly_rounded", "fwd_max_abs_err"):
+            row[f"{m}_a"], row[f"{m}_b"] = _num(al_a, m), _num(al_b, m)
+        for t in ("x", "z", "w"):
+            row[f"grad_rel_err_{t}_a"] = _num(al_a, "grad_rel_err", t)
+            row[f"grad_rel_err_{t}_b"] = _num(al_b, "grad_rel_err", t)
+        rows.append(row)
+    return pd.DataFrame(rows).set_index("backend").astype(float)
+
+
+def protocol(art: Mapping[str, Any]) -> dict[str, Any]:
+    """The sizes a run measured at, read from its check summaries (the seed report has no params)."""
+
+    def first(check: str) -> Mapping[str, Any]:
+        for entry in (art.get("results") or {}).values():
+            node = ((entry or {}).get("batch_invariance") or {}).get(check)
+            if isinstance(node, Mapping):
+                return node
+        return {}
+
+    def first_acc() -> Mapping[str, Any]:
+        for entry in (art.get("results") or {}).values():
+            acc = (entry or {}).get("accuracy_latency")
+            if isinstance(acc, Mapping):
+                return acc
+        return {}
+
+    sub, sweep = first("full_vs_sub_batches"), first("batch_size_sweep")
+    return {
+        "quick": art.get("quick"),
+        "all_rows_sizes": sorted((int(k) for k in first("all_rows") if str(k).isdigit()), key=int) or None,
+        "sub_batches_full_batch": sub.get("full_batch"),
+        "sub_batch_sizes": sub.get("sub_batch_sizes"),
+        "sub_batches": sub.get("sub_batches"),
+        "sub_batches_coverage": sub.get("coverage", "sampled" if sub else None),
+        "sweep_comparisons": sweep.get("comparisons"),
+        "accuracy_rows": first_acc().get("rows"),
+    }
+
+
+def environment_table(a: Mapping, b: Mapping, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
+    """GPU, capability, CUDA, commit and library versions side by side."""
+
+    def flat(art: Mapping) -> dict[str, Any]:
+        env = art.get("environment") or {}
+        out = {k: env.get(k) for k in ("gpu", "capability", "cuda")}
+        for lib, ver in (env.get("libraries") or {}).items():
+            out[lib] = ver
+        out["commit"] = art.get("commit") or art.get("rl_kernel_commit")
+        out["tracked_tree_dirty"] = art.get("tracked_tree_dirty")
+        return out
+
+    fa = {**flat(a), **{f"protocol: {k}": v for k, v in protocol(a).items()}}
+    fb = {**flat(b), **{f"protocol: {k}": v for k, v in protocol(b).items()}}
+    keys = list(fa) + [k for k in fb if k not in fa]
+    rows = [{"field": k, label_a: fa.get(k), label_b: fb.get(k), "same": fa.get(k) == fb.get(k)} for k in keys]
+    return pd.DataFrame(rows).set_index("field")
+
+
+def _device(art: Mapping[str, Any]) -> str:
+    env = art.get("environment") or {}
+    return str(env.get("gpu") or env.get("device") or "cpu")
+
+
+def what_changed(
+    a: Mapping,
+    b: Mapping,
+    label_a: str = "a",
+    label_b: str = "b",
+    latency_move: float = 0.10,
+    accuracy_move: float = 1e-4,
+) -> list[str]:
+    """Plain sentences: protocol differences, backends in one run only, verdict flips, latency and
+    accuracy moves."""
+    out: list[str] = []
+    ga, gb = (_device(x) for x in (a, b))
+    if ga != gb:
+        out.append(f"devices differ ({ga} vs {gb}): latency ratios compare the hardware as much as the code")
+    pa, pb = protocol(a), protocol(b)
+    moved = [k for k in pa if pa[k] != pb[k]]
+    if moved:
+        out.append(f"protocol differs ({', '.join(moved)}): differ counts and timings are not like for like")
+    ra, rb = a.get("results") or {}, b.get("results") or {}
+    for key in ra:
+        if key not in rb:
+            out.append(f"{key}: only in {label_a}")
+    for key in rb:
+        if key not in ra:
+            out.append(f"{key}: only in {label_b}")
+    # a backend that ran in one run and not the other: one line with the reason, not one per check
+    not_both = set()
+    for key in ra:
+        if key in rb:
+            sa, sb = (ra[key] or {}).get("status", "ran"), (rb[key] or {}).get("status", "ran")
+            if sa != sb:
+                not_both.add(key)
+                why = (rb[key] if sb != "ran" else ra[key]).get("skip_reason") or ""
+                out.append(f"{key}: {sa} in {label_a}, {sb} in {label_b}" + (f" ({why[:160]})" if why else ""))
+    verdicts = verdict_table(a, b, label_a, label_b)
+    unmeasured: dict[str, list[str]] = {label_a: [], label_b: []}
+    for (key, check), row in verdicts.iterrows():
+        if not (row["changed"] and key in ra and key in rb) or key in not_both:
+            continue
+        if NA in (row["verdict_a"], row["verdict_b"]):  # measured in one run only: not a flip
+            unmeasured[label_a if row["verdict_a"] == NA else label_b].append(f"{key} {check}")
+        else:
+            out.append(f"{key} {check}: {row[label_a]} -> {row[label_b]}")
+    for label, items in unmeasured.items():
+        if items:
+            out.append(f"not measured in {label}: {', '.join(items)}")
+    lat = latency_table(a, b)
+    for key, row in lat.iterrows():
+        for m in ("fwd_us", "fwd_bwd_us"):
+            r = row[f"{m}_ratio"]
+            if pd.notna(r) and abs(r - 1) > latency_move:
+                word = "faster" if r < 1 else "slower"
+                out.append(f"{key} {m}: {row[f'{m}_a']:.1f} -> {row[f'{m}_b']:.1f} us ({r:.2f}x, {word})")
+    acc = accuracy_table(a, b)
+    for key, row in acc.iterrows():
+        x, y = row["fwd_correctly_rounded_a"], row["fwd_correctly_rounded_b"]
+        if pd.notna(x) and pd.notna(y) and abs(y - x) > accuracy_move:
+            out.append(f"{key} fwd_correctly_rounded: {x:.6f} -> {y:.6f}")
+    return out
+
+
+def compare_runs(
+    a: str | Path | Mapping[str, Any],
+    b: str | Path | Mapping[str, Any],
+    latency_move: float = 0.10,
+    accuracy_move: float = 1e-4,
+) -> Comparison:
+    """Compare artifact a (e.g. the seed B200 report) with artifact b (e.g. an H200 run)."""
+    if not 0 <= latency_move:
+        raise ValueError(f"latency_move: expected a fraction >= 0, got {latency_move!r}")
+    art_a, art_b = load_artifact(a), load_artifact(b)
+    for name, art in (("a", art_a), ("b", art_b)):
+        if not isinstance(art.get("results"), Mapping):
+            raise ValueError(f"{name}: expected an artifact with a 'results' mapping, got keys {sorted(art)[:10]}")
+    la, lb = artifact_label(art_a, "A"), artifact_label(art_b, "B")
+    if la == lb:
+        lb += " (2)"
+    return Comparison(
+        label_a=la,
+        label_b=lb,
+        environment=environment_table(art_a, art_b, la, lb),
+        verdicts=verdict_table(art_a, art_b, la, lb),
+        latency=latency_table(art_a, art_b),
+        accuracy=accuracy_table(art_a, art_b),
+        changes=what_changed(art_a, art_b, la, lb, latency_move, accuracy_move),
+    )
+
+
+# colour per (verdict a, verdict b) class in the verdict grid
+_GRID_CLASSES = [
+    ("pass in both", "#4caf50"),
+    ("FAIL in both", "#e53935"),
+    ("FAIL -> pass", "#1e88e5"),
+    ("pass -> FAIL", "#fb8c00"),
+    ("n/a, absent, skipped or error", "#bdbdbd"),
+]
+
+
+def _grid_class(va: str, vb: str) -> int:
+    if va == PASS and vb == PASS:
+        return 0
+    if va == FAIL and vb == FAIL:
+        return 1
+    if va == FAIL and vb == PASS:
+        return 2
+    if va == PASS and vb == FAIL:
+        return 3
+    return 4
+
+
+def plot_comparison(cmp: Comparison):
+    """Left: latency ratio b/a per backend (log scale; 1 = unchanged). Middle: share of outputs NOT
+    correctly rounded, A and B (log scale: 1e-5 for the fp32-math peers, ~0.35 for transformers).
+    Right: verdict grid."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
+
+    fig, (ax_lat, ax_acc, ax_grid) = plt.subplots(1, 3, figsize=(18, 4.8), gridspec_kw={"width_ratios": [1, 1, 1.2]})
+    lat = cmp.latency
+    keys = list(lat.index)
+    pos = np.arange(len(keys))
+    for off, m, colour in ((-0.2, "fwd_us", "#3949ab"), (0.2, "fwd_bwd_us", "#8e24aa")):
+        vals = lat[f"{m}_ratio"].to_numpy(dtype=float)
+        ok = np.isfinite(vals)
+        # bars grow from 1 (unchanged) up (slower) or down (faster) on a log axis
+        ax_lat.bar(pos[ok] + off, vals[ok] - 1.0, bottom=1.0, width=0.4, color=colour, label=m)
+        for p, v in zip(pos[ok] + off, vals[ok], strict=True):
+            ax_lat.annotate(f"{v:.2g}", (p, v), ha="center", va="bottom" if v >= 1 else "top", fontsize=7)
+    ax_lat.axhline(1.0, color="k", lw=0.8)
+    ax_lat.set_yscale("log")
+    ax_lat.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax_lat.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+    finite = lat[["fwd_us_ratio", "fwd_bwd_us_ratio"]].to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite) & (finite > 0)]
+    if finite.size:
+        ax_lat.set_ylim(min(finite.min(), 1.0) / 1.6, max(finite.max(), 1.0) * 1.6)
+    ax_lat.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
+    ax_lat.set_ylabel("latency ratio B / A  (< 1: B faster)")
+    ax_lat.set_title("latency, where both runs timed it", fontsize=10)
+    ax_lat.legend(fontsize=8)
+
+    acc = cmp.accuracy
+    apos = np.arange(len(acc.index))
+    floor = 1e-7  # exactly correctly rounded (a share of 0) is drawn at the floor, marked "0"
+    for off, side, colour in ((-0.2, "a", "#546e7a"), (0.2, "b", "#00897b")):
+        miss = 1.0 - acc[f"fwd_correctly_rounded_{side}"].to_numpy(dtype=float)
+        ok = np.isfinite(miss)
+        shown = np.maximum(miss[ok], floor)
+        label = cmp.label_a if side == "a" else cmp.label_b
+        ax_acc.bar(apos[ok] + off, shown, width=0.4, color=colour, label=label)
+        for p, v in zip(apos[ok] + off, miss[ok], strict=True):
+            if v <= 0:
+                ax_acc.annotate("0", (p, floor), ha="center", va="bottom", fontsize=7)
+    ax_acc.set_yscale("log")
+    ax_acc.set_ylim(floor / 2, 1.0)
+    ax_acc.set_xticks(apos, list(acc.index), rotation=35, ha="right", fontsize=8)
+    ax_acc.set_ylabel("share of outputs not correctly rounded")
+    ax_acc.set_title("forward accuracy (lower is better)", fontsize=10)
+    ax_acc.legend(fontsize=7)
+
+    v = cmp.verdicts
+    backends = list(dict.fromkeys(v.index.get_level_values(0)))
+    grid = np.full((len(backends), len(VERDICT_CHECKS)), 4)
+    for i, key in enumerate(backends):
+        for j, check in enumerate(VERDICT_CHECKS):
+            row = v.loc[(key, check)]
+            grid[i, j] = _grid_class(row["verdict_a"], row["verdict_b"])
+    cmap = ListedColormap([c for _, c in _GRID_CLASSES])
+    ax_grid.imshow(grid, cmap=cmap, vmin=0, vmax=len(_GRID_CLASSES) - 1, aspect="auto")
+    ax_grid.set_xticks(range(len(VERDICT_CHECKS)), VERDICT_CHECKS, rotation=35, ha="right", fontsize=8)
+    ax_grid.set_yticks(range(len(backends)), backends, fontsize=8)
+    ax_grid.set_xticks(np.arange(-0.5, len(VERDICT_CHECKS)), minor=True)
+    ax_grid.set_yticks(np.arange(-0.5, len(backends)), minor=True)
+    ax_grid.grid(which="minor", color="white", linewidth=1.5)
+    ax_grid.tick_params(which="minor", length=0)
+    ax_grid.set_title(f"verdicts, {cmp.label_a}  vs  {cmp.label_b}", fontsize=9)
+    ax_grid.legend(
+        handles=[Patch(color=c, label=n) for n, c in _GRID_CLASSES],
+        fontsize=7,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,52 @@
+"""One differing row, column by column: how far apart the two compared sides are, and how far each is
+from the correctly rounded value."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.ticker import MaxNLocator
+
+from rlnorm.report.investigate import RowExplanation
+
+
+def plot_row(expl: RowExplanation):
+    """Per column: ulp distance between the two compared sides (top) and each side's distance to
+    the correctly rounded value (bottom)."""
+    c = expl.columns
+    s = expl.summary
+    cols = np.asarray(c.index)
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.8), sharex=True)
+    if not s.get("recomputed", True):
+        ax1.set_title(f"{s['backend']} cannot run on {s['device']}: nothing recomputed to plot", fontsize=10)
+        for ax in (ax1, ax2):
+            ax.set_axis_off()
+        return fig
+    diff = c[expl.diff_column].to_numpy()
+    ax1.bar(cols, diff, color=np.where(diff != 0, "#e53935", "#9e9e9e"), width=0.9)
+    what = f"row {s['row']} ({s['check']} {s['case']})" if "row" in s else f"{s['check']} {s['case']}"
+    ax1.set_title(
+        f"{s['backend']} {s['tensor']}, {what}: {s['cols_differ']}/{s['columns']} columns differ, "
+        f"max {s['max_ulp']} ulp",
+        fontsize=10,
+    )
+    if s["tensor"] == "dweight":
+        ax1.set_ylabel("ulp, run 1 vs run 2", fontsize=8)
+        sides = [("first run", "ulp_first_vs_fp64", "#1e88e5"), ("second run", "ulp_second_vs_fp64", "#fb8c00")]
+    else:
+        ax1.set_ylabel(f"ulp, batch vs {s['compared_with']}", fontsize=8)
+        sides = [("alone", "ulp_alone_vs_cr", "#1e88e5"), ("in batch", "ulp_batch_vs_cr", "#fb8c00")]
+        if s["compared_with"] != "alone":
+            sides.append((s["compared_with"], "ulp_compared_vs_cr", "#8e24aa"))
+    width = 0.8 / len(sides)
+    for i, (label, col, colour) in enumerate(sides):
+        ax2.bar(cols + (i - (len(sides) - 1) / 2) * width, c[col], width=width, label=label, color=colour)
+    ax2.set_ylabel("ulp vs correctly rounded", fontsize=8)
+    ax2.set_xlabel("column")
+    ax2.legend(fontsize=8)
+    for ax in (ax1, ax2):
+        top = max(1, int(np.nanmax(ax.get_ylim())))
+        ax.set_ylim(0, top + 0.5)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,273 @@
+"""Clocks shared by the checks and the benchmark: one way to time a call on this device.
+
+Why these clocks: the op is memory-bound, so a time means something only beside a same-run,
+same-method `torch.add` moving as many bytes. On a GPU, `CudaClock.events` brackets each call with
+CUDA events on a queue primed by `torch.cuda._sleep`, so the events measure GPU time and not the
+host's enqueue; if the queue still ran dry, the `Timing` says `host_bound`. `CudaClock.capture`
+holds calls in one CUDA graph (decode sizes, where a launch costs as much as the work), and
+`verify_graph` refuses a graph whose replay does not reproduce an eager call. `CpuClock` has the
+same interface for CPU runs and tests: it times, but no claim rests on its numbers.
+
+Inputs rotate over distinct buffer sets (`make_sets`, `rotating`) so no call finds its inputs in
+L2 because the previous call left them there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlnorm.inputs import make_case
+
+FWD_TENSORS = 3  # read x, z; write y
+FWD_BWD_TENSORS = 8  # forward's 3, then read x, z, dy; write dx, dz (dweight: [D], negligible)
+ROTATE_BYTES = 256 << 20  # enough distinct input sets that their total exceeds the 50 MB L2 several times
+MAX_SETS = 64
+EVENT_CHUNK = 10  # timed calls per primed chunk: keeps the launch queue (~1000 entries) from filling
+MAX_PRIME_US = 500_000.0  # never sleep the GPU longer than this per chunk
+MIN_CYCLES_PER_US = 2000.0
+
+
+@dataclass
+class Timing:
+    """Microseconds: median, p20, p80 over samples; host_bound only from the events clock."""
+
+    us: float
+    p20: float
+    p80: float
+    host_bound: bool = False
+
+    def scaled(self, k: float) -> Timing:
+        return Timing(self.us * k, self.p20 * k, self.p80 * k, self.host_bound)
+
+
+def summarize(samples: Sequence[float], host_bound: bool = False) -> Timing:
+    """Median, p20, p80 (linear interpolation between order statistics)."""
+    if not samples:
+        raise ValueError("samples: expected at least one time")
+    s = sorted(samples)
+
+    def q(p: float) -> float:
+        pos = p * (len(s) - 1)
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(s) - 1)
+        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+    return Timing(q(0.5), q(0.2), q(0.8), host_bound)
+
+
+class GraphUnavailable(RuntimeError):
+    """This clock or this backend cannot be timed by a CUDA graph here (the reason is recorded)."""
+
+
+class GraphMismatch(GraphUnavailable):
+    """The graph's replay did not reproduce an eager call: its time would not be the backend's."""
+
+
+@dataclass
+class Captured:
+    """Calls held by a graph: their outputs (static buffers) and how to replay them all."""
+
+    outs: list[Any]
+    replay: Callable[[], None]
+    keep: list[Any] = field(default_factory=list)  # the graph object and what it must outlive
+
+
+class CpuClock:
+    """perf_counter clocks for CPU runs (tests): the table logic, no timing claims, no graphs."""
+
+    name = "cpu perf_counter (no timing claims)"
+    graphs = False
+
+    def events(self, fn: Callable[[], Any], reps: int, warmup: int) -> Timing:
+        for _ in range(warmup):
+            fn()
+        ts = []
+        for _ in range(max(1, reps)):
+            t0 = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t0) * 1e6)
+        return summarize(ts)
+
+    def wall(self, fn: Callable[[], Any], calls: int, rounds: int) -> Timing:
+        fn()
+        ts = []
+        for _ in range(max(1, rounds)):
+            t0 = time.perf_counter()
+            for _ in range(max(1, calls)):
+                fn()
+            ts.append((time.perf_counter() - t0) * 1e6 / max(1, calls))
+        return summarize(ts)
+
+    def capture(self, calls: Sequence[Callable[[], Any]], warmup: int) -> Captured:
+        raise GraphUnavailable("no CUDA device: CUDA graphs need one")
+
+    def sync(self) -> None:
+        pass
+
+
+class CudaClock(CpuClock):
+    """CUDA events with a primed queue, CUDA-graph capture, and a host wall clock."""
+
+    name = "cuda events (primed queue) / cuda graph replay / host wall clock"
+    graphs = True
+
+    def __init__(self, device: str = "cuda") -> None:
+        self.device = torch.device(device)
+        self._cycles_per_us: float | None = None
+
+    def sync(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    def cycles_per_us(self) -> float:
+        """GPU clock cycles per microsecond, measured once with `_sleep` (to size the queue prime)."""
+        if self._cycles_per_us is None:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1_000_000)  # wake the clocks first
+            cycles = 20_000_000
+            a.record()
+            torch.cuda._sleep(cycles)
+            b.record()
+            self.sync()
+            self._cycles_per_us = cycles / max(1.0, a.elapsed_time(b) * 1e3)
+        return self._cycles_per_us
+
+    def events(self, fn: Callable[[], Any], reps: int, warmup: int) -> Timing:
+        for _ in range(warmup):
+            fn()
+        self.sync()
+        t0 = time.perf_counter()
+        fn()  # GPU idle: this is the host's enqueue time for one call
+        host_us = (time.perf_counter() - t0) * 1e6
+        self.sync()
+        ts: list[float] = []
+        host_bound = False
+        left = max(1, reps)
+        while left:
+            n = min(EVENT_CHUNK, left)
+            left -= n
+            ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+            mark = torch.cuda.Event()
+            # the GPU sleeps while the host enqueues the chunk, so each event pair brackets GPU work only
+            prime_us = min(MAX_PRIME_US, 3 * n * host_us + 200)
+            # at least 2000 cycles/us (H200 boost is 1.98 GHz): a clock calibrated while slow never undersleeps
+            torch.cuda._sleep(int(prime_us * max(self.cycles_per_us(), MIN_CYCLES_PER_US)))
+            mark.record()
+            for a, b in ev:
+                a.record()
+                fn()
+                b.record()
+            host_bound |= mark.query()  # the sleep ended before the host was done: gaps may be host time
+            self.sync()
+            ts += [a.elapsed_time(b) * 1e3 for a, b in ev]
+        return summarize(ts, host_bound)
+
+    def wall(self, fn: Callable[[], Any], calls: int, rounds: int) -> Timing:
+        fn()
+        self.sync()
+        ts = []
+        for _ in range(max(1, rounds)):
+            t0 = time.perf_counter()
+            for _ in range(max(1, calls)):
+                fn()
+            self.sync()
+            ts.append((time.perf_counter() - t0) * 1e6 / max(1, calls))
+        return summarize(ts)
+
+    def capture(self, calls: Sequence[Callable[[], Any]], warmup: int) -> Captured:
+        """PyTorch's graph rules: warm up on a side stream, then capture every call once."""
+        cur = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(cur)
+        with torch.cuda.stream(side):
+            for c in calls[: max(1, warmup)]:
+                c()
+        cur.wait_stream(side)
+        self.sync()
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                outs = [c() for c in calls]
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                self.sync()
+            raise GraphUnavailable(f"capture failed: {describe_error(exc)}") from exc
+        return Captured(outs, graph.replay, [graph])
+
+
+def describe_error(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _tensors(out: Any) -> list[tuple[str, Tensor]]:
+    """The tensors a call returned: a forward's y, or a Grads' y, dx, dz, dw."""
+    if isinstance(out, Tensor):
+        return [("y", out)]
+    names = ("y", "dx", "dz", "dw")
+    return [(n, getattr(out, n)) for n in names if isinstance(getattr(out, n, None), Tensor)]
+
+
+def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callable[[], None]) -> str:
+    """Poison the last captured call's outputs, replay, compare with an eager call: 'bitwise' or 'close'.
+
+    Raises GraphMismatch when the replay left an output unwritten or wrote something else.
+    """
+    i = len(calls) - 1
+    got = _tensors(cap.outs[i])
+    if not got:
+        raise GraphMismatch("the captured call returned no tensor")
+    for _, t in got:
+        if t.is_floating_point():
+            t.fill_(float("nan"))
+    cap.replay()
+    sync()
+    got = [(n, t.clone()) for n, t in got]  # the eager call may write the same buffers (out=, caches)
+    want = dict(_tensors(calls[i]()))
+    sync()
+    verdict = "bitwise"
+    for name, g in got:
+        w = want.get(name)
+        if w is None or w.shape != g.shape:
+            raise GraphMismatch(f"replay's {name} has no eager counterpart of its shape")
+        if torch.equal(g, w):
+            continue
+        if torch.allclose(g.float(), w.float(), rtol=1e-2, atol=1e-2):  # NaN (unwritten) never passes
+            verdict = "close"
+            continue
+        diff = (g.float() - w.float()).abs().nan_to_num(float("inf")).max().item()
+        raise GraphMismatch(f"replay's {name} differs from an eager call (max abs diff {diff:.3g})")
+    return verdict
+
+
+def rotating(sets: Sequence[Any]) -> Callable[[], Any]:
+    """A callable returning the next item each time: consecutive calls never share buffers."""
+    state = {"i": 0}
+
+    def nxt() -> Any:
+        state["i"] = (state["i"] + 1) % len(sets)
+        return sets[state["i"]]
+
+    return nxt
+
+
+def make_sets(rows: int, d: int, dtype: torch.dtype, device: str, seed: int = 11) -> list[tuple]:
+    """Distinct (x, z, w, dy) sets on `device`, as many as fill ROTATE_BYTES (2..MAX_SETS)."""
+    c = make_case(rows, d, seed=seed, dtype=dtype, device=device)
+    set_bytes = max(1, 3 * rows * d * c.x.element_size())
+    n = max(2, min(MAX_SETS, math.ceil(ROTATE_BYTES / set_bytes)))
+    return [(c.x.clone(), c.z.clone(), c.w.clone(), c.dy.clone()) for _ in range(n)]
+
+
+def floor_us(add_us: float | None, mode: str) -> float | None:
+    """The same-method floor: the add (fwd), or 8/3 of it (fwd_bwd moves 8 tensors to the add's 3)."""
+    if not add_us:
+        return None
+    return add_us * (FWD_BWD_TENSORS / FWD_TENSORS if mode == "fwd_bwd" else 1.0)

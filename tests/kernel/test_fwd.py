@@ -1,0 +1,438 @@
+"""Forward kernel: explicit rounding, correct rounding, options, edge cases, batch invariance (CPU interpreter)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import REPO_ROOT
+
+import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
+from rlnorm.inputs import UNDERFLOW_KINDS, make_case, make_underflow_case
+from rlnorm.kernel._fwd import MAX_D, _fwd_config, rms_norm_gated_fwd
+from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast
+from rlnorm.numerics import round_once, ulp_distance
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+
+INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(INT_VIEW[t.dtype])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise bitwise equality, any NaN equal to any NaN."""
+    return (bits(a) == bits(b)) | (torch.isnan(a) & torch.isnan(b))
+
+
+DEFAULT = OpOptions()
+
+
+def fwd(x, z, w, opts: OpOptions = DEFAULT, **kw):
+    return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
+
+
+def oracle(x, z, w, opts: OpOptions = DEFAULT) -> torch.Tensor:
+    return round_once(gated_rmsnorm_math(x, z, w, opts, torch.float64), x.dtype)
+
+
+# ---------------------------------------------------------------- rounding helpers
+
+
+@triton.jit
+def _round32_kernel(x_ptr, y_ptr, n, PLAIN_CAST: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    v = tl.load(x_ptr + offs, mask=m)
+    if PLAIN_CAST:
+        out = v.to(y_ptr.dtype.element_ty)  # the interpreter truncates this one
+    else:
+        out = _round_fp32_to_out(v, y_ptr.dtype.element_ty)
+    tl.store(y_ptr + offs, out, mask=m)
+
+
+@triton.jit
+def _round64_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(y_ptr + offs, _round_fp64_to_out(tl.load(x_ptr + offs, mask=m), y_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _widen_kernel(x_ptr, y_ptr, n, INTERP: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < n
+    tl.store(y_ptr + offs, _widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
+
+
+def _check_widen(dtype: torch.dtype, on_gpu: bool) -> None:
+    # every bf16 / fp16 value (infinities, subnormals, signed zeros) widened to fp32 bit for bit as torch
+    # does, NaN to NaN (payloads of signalling fp16 NaNs differ between conversions)
+    dev = "cuda" if on_gpu else "cpu"
+    v = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).to(dev)
+    y = torch.empty(v.shape, dtype=torch.float32, device=dev)
+    _widen_kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), INTERP=not on_gpu, ASM=on_gpu, BLOCK=4096)
+    assert same_bits(y, v.float()).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widen_fast_is_exact_for_every_16_bit_pattern(dtype):
+    _check_widen(dtype, on_gpu=False)  # the interpreter's path
+
+
+@pytest.mark.gpu(reason="the bf16 pair's shift-and-mask PTX runs on a GPU only")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widen_fast_is_exact_for_every_16_bit_pattern_on_the_gpu(dtype):
+    _check_widen(dtype, on_gpu=True)
+
+
+def _run32(v: torch.Tensor, dtype: torch.dtype, plain: bool = False) -> torch.Tensor:
+    y = torch.empty(v.shape, dtype=dtype)
+    _round32_kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), PLAIN_CAST=plain, BLOCK=4096)
+    return y
+
+
+def _fp32_values() -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    random_bits = torch.randint(-(2**31), 2**31 - 1, (60000,), generator=g, dtype=torch.int64).to(torch.int32)
+    specials = torch.tensor(
+        [
+            0.0,
+            -0.0,
+            float("inf"),
+            -float("inf"),
+            float("nan"),
+            65504.0,
+            65519.99,
+            65520.0,
+            -65520.0,
+            2.0**-24 * 0.5,
+            2.0**-25 * 1.0000001,
+            6e-8,
+            3.0e-5,
+            3.3e38,
+            -3.39e38,
+            1e-40,
+            -1e-45,
+        ]
+    )
+    ties = torch.randn(4000, generator=g).to(torch.bfloat16).float()  # exact bf16 values ...
+    ties = ties.view(torch.int32) | 0x8000  # ... moved onto the midpoint above them
+    return torch.cat(
+        [
+            random_bits.view(torch.float32),
+            torch.randn(20000, generator=g) * 1e-5,
+            torch.randn(20000, generator=g) * 6e4,
+            ties.view(torch.float32),
+            specials,
+        ]
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_round_fp32_matches_torch_round_to_nearest_even(dtype):
+    v = _fp32_values()
+    assert same_bits(_run32(v, dtype), v.to(dtype)).all()
+
+
+def test_plain_cast_in_interpreter_truncates_so_the_check_catches_it():
+    # the planted fault: a plain cast, which the interpreter rounds toward zero
+    v = _fp32_values()
+    assert not same_bits(_run32(v, torch.bfloat16, plain=True), v.to(torch.bfloat16)).all()
+
+
+def test_round_fp64_once_matches_numerics_round_once():
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(40000, generator=g, dtype=torch.float64) * torch.exp2(
+        torch.randint(-40, 40, (40000,), generator=g).double()
+    )
+    b = torch.randn(4000, generator=g).to(torch.bfloat16).float()
+    mid = (b.view(torch.int32) | 0x8000).view(torch.float32).double()  # exact bf16 midpoints
+    # just above / below a midpoint by far less than an fp32 ulp: rounding through fp32 would err
+    near_mid = torch.cat([mid * (1 + 2.0**-40), mid * (1 - 2.0**-40), mid])
+    specials = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e300, -1e-300, 0.0, -0.0, 3.4e38])
+    v = torch.cat([v, near_mid, specials, torch.randn(4000, generator=g, dtype=torch.float64) * 1e-39])
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        y = torch.empty(v.shape, dtype=dtype)
+        _round64_kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), BLOCK=4096)
+        assert same_bits(y, round_once(v, dtype)).all(), dtype
+    # the planted fault: rounding through fp32 (twice) differs on the near-midpoint values
+    assert not same_bits(near_mid.float().to(torch.bfloat16), round_once(near_mid, torch.bfloat16)).all()
+
+
+# ---------------------------------------------------------------- accuracy
+
+
+@pytest.fixture(scope="module")
+def case11():
+    return make_case(1024, 128, seed=11)
+
+
+def test_correctly_rounded_on_standard_data(case11):
+    c = case11.rows(slice(0, 512))
+    y, fast, flags = fwd(c.x, c.z, c.w, _debug=True)
+    assert same_bits(y, oracle(c.x, c.z, c.w)).float().mean().item() == 1.0
+    assert not torch.isnan(fast).any()  # debug buffer fully written: every element went through the fast path
+    assert 0 < flags.float().mean().item() < 0.01  # some elements near a midpoint took the exact path
+
+
+def test_error_bound_is_needed(case11):
+    # row 350 of the standard data has an element the fp32 path alone rounds wrongly on the CPU
+    c = case11.rows(slice(344, 352))
+    ref = oracle(c.x, c.z, c.w)
+    assert same_bits(fwd(c.x, c.z, c.w), ref).all()
+    # the planted fault: no error bound, so no element is ever sent to the exact path
+    assert not same_bits(fwd(c.x, c.z, c.w, _near=(-1.0, 0.0)), ref).all()
+
+
+def test_unknown_variant_switches_are_refused(case11):
+    # a mistyped or retired switch must not run some other path silently
+    c = case11.rows(slice(0, 2))
+    for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}, {"ACCURATE_ARG": 4}, {"SPLIT": 3}, {"SPLIT": 4}):
+        with pytest.raises(ValueError, match="_variant"):
+            fwd(c.x, c.z, c.w, _variant=bad)
+
+
+@pytest.mark.parametrize("d", [96, 128, 200])
+def test_row_chunk_layouts_give_the_same_bits(d):
+    # the tile as [BLOCK_R, BLOCK_C, SPLIT] (two 2-D chunks joined: a thread holds SPLIT chunks of one row)
+    # only regroups the columns: any mis-indexed chunk, mask or per-row broadcast shows as a wrong output
+    # (a chunk stored at the other's columns did, on the GPU: scripts/kernel_gpu_v16.py). The bound is
+    # widened so ~0.6% of elements also go through the per-element tier, whose columns come from the
+    # same layout; non-power-of-two widths put padding in the last chunk.
+    # Rows are stored where they become final (unflagged rows before the tier's branch, the tier's rows
+    # inside it, risky rows by the whole-row path): a row stored never or with the wrong mask shows too.
+    c = make_case(63, d, seed=7)
+    x = c.x.clone()
+    x[5, 3] = float("nan")  # a risky row (whole-row path) among the tier's rows
+    ref = oracle(x, c.z, c.w)
+    for split in (1, 2):
+        y = fwd(x, c.z, c.w, _near=(200, 0), _variant={"SPLIT": split})
+        assert same_bits(y, ref).all(), f"SPLIT {split}, d={d}"
+
+
+@pytest.mark.parametrize("opts", [DEFAULT, OpOptions(activation="sigmoid"), OpOptions(norm_before_gate=False)])
+def test_exact_path_repairs_a_fast_path_planted_wrong(case11, opts):
+    # The fast path is moved 6 fp32 ulps off on purpose (a planted fault the default bound of 10 must
+    # absorb): every output is still the correctly rounded one, because the rows it makes near a
+    # midpoint are recomputed in fp64.
+    c = case11.rows(slice(0, 96))
+    ref = oracle(c.x, c.z, c.w, opts)
+    y, _, flags = fwd(c.x, c.z, c.w, opts, _debug=True, _variant={"FAULT_ULPS": 6})
+    assert flags.any(dim=1).float().mean().item() > 0.02  # the exact path did run
+    assert same_bits(y, ref).all()
+    # without the exact path the same planted fault shows: the repair above is what made it right
+    assert not same_bits(fwd(c.x, c.z, c.w, opts, _variant={"EXACT": 0, "FAULT_ULPS": 6}), ref).all()
+
+
+OPTION_CASES = [
+    # (opts, has_z, x dtype, w dtype)
+    (OpOptions(), True, torch.bfloat16, torch.bfloat16),
+    (OpOptions(), True, torch.bfloat16, torch.float32),
+    (OpOptions(), True, torch.bfloat16, torch.float16),
+    (OpOptions(), False, torch.bfloat16, torch.bfloat16),
+    (OpOptions(norm_before_gate=False), True, torch.bfloat16, torch.bfloat16),
+    (OpOptions(activation="sigmoid"), True, torch.bfloat16, torch.bfloat16),
+    (OpOptions(activation="swish", norm_before_gate=False), True, torch.bfloat16, torch.float32),
+    (OpOptions(activation="sigmoid", norm_before_gate=False), True, torch.bfloat16, torch.bfloat16),
+    (OpOptions(group_size=32), True, torch.bfloat16, torch.bfloat16),
+    (OpOptions(group_size=64, norm_before_gate=False), True, torch.bfloat16, torch.bfloat16),
+    (OpOptions(group_size=16), False, torch.bfloat16, torch.bfloat16),
+    (OpOptions(), True, torch.float16, torch.float16),
+    (OpOptions(norm_before_gate=False), True, torch.float16, torch.float32),
+    (OpOptions(), True, torch.float32, torch.float32),
+    (OpOptions(group_size=32, activation="sigmoid"), True, torch.float32, torch.bfloat16),
+    (OpOptions(eps=1e-3), True, torch.bfloat16, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize(("opts", "has_z", "dtype", "wdtype"), OPTION_CASES)
+def test_options_match_fp64_rounded_once(opts, has_z, dtype, wdtype):
+    c = make_case(96, 128, seed=5, dtype=dtype, weight_dtype=wdtype)
+    z = c.z if has_z else None
+    y = fwd(c.x, z, c.w, opts)
+    assert y.dtype == dtype and y.shape == c.x.shape
+    assert (ulp_distance(y, oracle(c.x, z, c.w, opts)) == 0).all()
+
+
+@pytest.mark.parametrize("d", [96, 160, 200, 1, 3])
+def test_widths_not_a_power_of_two(d):
+    c = make_case(33, d, seed=6)
+    assert same_bits(fwd(c.x, c.z, c.w), oracle(c.x, c.z, c.w)).all()
+
+
+def test_width_at_the_limit_and_above():
+    c = make_case(2, MAX_D, seed=7)
+    assert same_bits(fwd(c.x, c.z, c.w), oracle(c.x, c.z, c.w)).all()
+    c = make_case(2, MAX_D + 1, seed=7)
+    with pytest.raises(ValueError, match=r"x: .*8192"):
+        fwd(c.x, c.z, c.w)
+
+
+def test_strided_rows_and_zero_rows():
+    c = make_case(40, 256, seed=8)
+    x, z = c.x[:, :128], c.z[:, 64:192]  # row stride 256, last dim contiguous
+    w = c.w[:128].contiguous()
+    assert same_bits(fwd(x, z, w), oracle(x, z, w)).all()
+    assert same_bits(fwd(x, z, w), fwd(x.contiguous(), z.contiguous(), w)).all()
+    assert fwd(c.x[:0], c.z[:0], c.w).shape == (0, 256)
+
+
+def test_extreme_values_take_the_exact_path():
+    c = make_case(16, 128, seed=9)
+    x, z = c.x.clone(), c.z.clone()
+    x[0] *= 1e37  # mean of squares beyond fp32: rstd below fp32's normal range
+    x[1] *= 1e-38  # subnormal inputs
+    z[2] = -100.0  # sigmoid underflows in fp32
+    z[3, :5] = 3e38  # huge gate
+    w = c.w.clone()
+    w[7] = 0.0
+    opts = OpOptions()
+    assert same_bits(fwd(x, z, w), oracle(x, z, w, opts)).all()
+
+
+@pytest.mark.parametrize("kind", UNDERFLOW_KINDS)
+def test_an_underflowed_intermediate_sends_its_row_to_the_exact_path(kind):
+    # found in session 16: x*w ~ 1e-40 under a gate ~ 1e30 gave outputs ~1000 fp32 ulps off, unflagged
+    x, z, w, opts = make_underflow_case(kind)
+    ref = oracle(x, z, w, opts)
+    y, fast, _ = fwd(x, z, w, opts, _debug=True)
+    assert same_bits(y, ref).all()
+    assert (fast[:, 1:] == 0).all()  # flushed to zero: what the range test catches
+    # the planted fault: plain products keep the subnormal, y comes out normal and wrong, and nothing
+    # sends its row to the exact path
+    assert not same_bits(fwd(x, z, w, opts, _variant={"FTZ": False}), ref).all()
+
+
+@pytest.mark.gpu(reason="mul.rn.ftz.f32 (inline PTX) runs on a GPU only")
+@pytest.mark.parametrize("kind", UNDERFLOW_KINDS)
+def test_an_underflowed_intermediate_on_the_gpu(kind):
+    # the GPU's flushed products (the interpreter emulates them above); scripts/kernel_gpu_v31.py ran the
+    # same cases at 64 rows: 0 wrong with the flush, 144-4849 of 8192 wrong with plain products
+    x, z, w, opts = make_underflow_case(kind, rows=64, device="cuda")
+    ref = oracle(x, z, w, opts)
+    assert same_bits(fwd(x, z, w, opts), ref).all()
+    assert not same_bits(fwd(x, z, w, opts, _variant={"FTZ": False}), ref).all()
+
+
+def test_nan_and_inf_stay_in_their_row():
+    c = make_case(24, 128, seed=10)
+    clean = fwd(c.x, c.z, c.w)
+    x, z = c.x.clone(), c.z.clone()
+    x[3, 5] = float("nan")
+    x[9, 0] = float("inf")
+    z[17, 100] = -float("inf")
+    y = fwd(x, z, c.w)
+    bad = torch.tensor([3, 9, 17])
+    keep = torch.ones(24, dtype=torch.bool)
+    keep[bad] = False
+    assert same_bits(y[keep], clean[keep]).all()
+    assert torch.isnan(y[3]).all()  # NaN poisons the row's rstd
+    assert same_bits(y[bad], oracle(x, z, c.w)[bad]).all()  # and agrees with the fp64 oracle
+
+
+# ---------------------------------------------------------------- batch invariance
+
+
+def rows_differing(fn, x, z, w, sizes) -> list[tuple[str, int]]:
+    """(layout, row) for every row whose output inside a batch differs bitwise from the row alone.
+
+    The row alone (a batch of one) is computed for every row; the other layouts put it among others.
+    """
+    n = x.shape[0]
+    alone = torch.cat([fn(x[i : i + 1], z[i : i + 1], w) for i in range(n)])
+    bad: list[tuple[str, int]] = []
+
+    def compare(layout: str, idx: torch.Tensor, out: torch.Tensor) -> None:
+        for k in torch.nonzero(~same_bits(out, alone[idx]).all(dim=1)).flatten().tolist():
+            bad.append((layout, int(idx[k])))
+
+    for m in sizes:
+        # contiguous chunks: row i sits at position i % m, so every position is covered; small
+        # sizes stop after 20 chunks (each call is ~15 ms in the interpreter)
+        for start in range(0, min(n, max(20 * m, 64)) if m > 1 else 0, m):
+            idx = torch.arange(start, min(start + m, n))
+            compare(f"chunk{m}", idx, fn(x[idx], z[idx], w))
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
+    compare("permuted", perm, fn(x[perm], z[perm], w))
+    k = min(n, 257)  # padding and strides on the first rows (a full-size call is ~4 s here)
+    pad_x = torch.cat([torch.zeros(5, x.shape[1], dtype=x.dtype), x[:k], torch.full_like(x[:3], float("nan"))])
+    pad_z = torch.cat([torch.zeros(5, x.shape[1], dtype=x.dtype), z[:k], torch.ones_like(z[:3])])
+    compare("padded", torch.arange(k), fn(pad_x, pad_z, w)[5 : 5 + k])
+    wide_x = torch.zeros(k, 2 * x.shape[1], dtype=x.dtype)
+    wide_x[:, 3 : 3 + x.shape[1]] = x[:k]  # a row stride, and a misaligned start
+    compare("strided", torch.arange(k), fn(wide_x[:, 3 : 3 + x.shape[1]], z[:k], w))
+    return bad
+
+
+@pytest.mark.slow
+def test_batch_invariance_every_row_every_position():
+    c = make_case(1031, 128, seed=3)
+    assert rows_differing(fwd, c.x, c.z, c.w, sizes=[1, 2, 7, 63, 257, 1031]) == []
+
+
+@pytest.mark.slow
+def test_batch_invariance_options_and_fp32_inputs():
+    # fp32 squares are not exact in fp64, so here the sum's order matters: it must not depend on the batch
+    c = make_case(70, 96, seed=4, dtype=torch.float32)
+    opts = OpOptions(group_size=32, norm_before_gate=False)
+    f = lambda x, z, w: fwd(x, z, w, opts)
+    assert rows_differing(f, c.x, c.z, c.w, sizes=[7, 63]) == []
+
+
+def test_invariance_check_catches_a_batch_dependent_kernel():
+    c = make_case(20, 128, seed=3)
+
+    def faulty(x, z, w):  # the planted fault: eps depends on the batch size, as a rows-dependent launch would
+        return rms_norm_gated_fwd(x, z, w, 1e-6 * (1 + 1e4 * (x.shape[0] > 1)), None, True, "silu")
+
+    bad = rows_differing(faulty, c.x, c.z, c.w, sizes=[7])
+    assert len({r for _, r in bad}) > 0
+
+
+def _sm90_layouts(d: int, variant: dict) -> list[dict[str, list[int]]]:
+    """The 3-D blocked layouts of the forward compiled for sm_90 by the installed Triton (no GPU needed:
+    scripts/compile_sm90.py compiles in its own process, out of the interpreter)."""
+    script = REPO_ROOT / "scripts" / "compile_sm90.py"
+    out = subprocess.run(
+        [sys.executable, str(script), "--layouts", str(d), json.dumps(variant)],
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    ).stdout
+    layouts = []
+    for line in out.splitlines():
+        fields = {k: [int(v) for v in vals.split(",")] for k, vals in re.findall(r"(\w+) = \[([\d, ]+)\]", line)}
+        if len(fields.get("sizePerThread", [])) == 3:
+            layouts.append(fields)
+    return layouts
+
+
+def _rows_per_thread(layout: dict[str, list[int]], block_r: int) -> int:
+    covered = layout["sizePerThread"][0] * layout["threadsPerWarp"][0] * layout["warpsPerCTA"][0]
+    return layout["sizePerThread"][0] * max(1, block_r // covered)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_a_thread_holds_sixteen_elements_of_one_row_on_the_installed_triton(d):
+    # The forward's speed rests on each thread holding 16 columns of ONE row (one rstd per thread, three
+    # shuffle levels): Triton 3.6 gave a 3-D [R, S, C] tile that layout and 3.7 did not (two rows per
+    # thread, 22 shuffles, 99 spilled registers at D=128). The joined 2-D chunks must give it on the
+    # Triton installed here; the one-chunk layout (SPLIT 1) is the planted fault that must not pass.
+    block_r = _fwd_config(d, torch.bfloat16)[0]
+    joined = [lay for lay in _sm90_layouts(d, {}) if lay["sizePerThread"][1:] == [8, 2]]
+    assert joined and all(_rows_per_thread(lay, block_r) == 1 for lay in joined), joined
+    one_chunk = _sm90_layouts(d, {"SPLIT": 1})
+    assert not [lay for lay in one_chunk if lay["sizePerThread"][1:] == [8, 2]]
+    assert any(_rows_per_thread(lay, block_r) > 1 for lay in one_chunk if lay["sizePerThread"][1] == 8)

@@ -1,0 +1,513 @@
+"""The SPEC §4 checks: each one catches exactly the planted fault it exists for, and nothing else.
+
+CPU sizes; bitwise expectations are derived from the faults' own masks, so a check that counted
+the wrong rows (not just "some" rows) fails here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+from torch import Tensor
+
+from rlnorm.inputs import make_case
+from rlnorm.kit import checks
+from rlnorm.kit.backends import Backend
+from rlnorm.kit.backends.local import ExactReferenceBackend, ReferenceBackend
+from rlnorm.kit.checks import accuracy
+from rlnorm.kit.checks.alone import AloneRunner
+from rlnorm.kit.faults import (
+    BatchSizeDependentOutput,
+    NondeterministicDweight,
+    OrderDependentDweight,
+    PositionDependentOutput,
+    batch_size_fault_mask,
+)
+from rlnorm.kit.records import RECORD_COLUMNS, records_frame
+from rlnorm.numerics import round_once
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+from rlnorm.timing import Timing
+
+OPTS = OpOptions()
+QUICK = {"device": "cpu", "progress": False}
+
+
+class ForwardOnly(ReferenceBackend):
+    """The reference without a backward (like vLLM's forward_cuda)."""
+
+    key = "test:ForwardOnly"
+    has_backward = False
+
+
+class ForwardOnlyBatchSize(BatchSizeDependentOutput):
+    key = "test:ForwardOnlyBatchSize"
+    has_backward = False
+
+
+class Raises(ReferenceBackend):
+    key = "test:Raises"
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        raise RuntimeError("planted crash in forward")
+
+    def forward_backward(self, x, z, w, dy, opts):  # type: ignore[no-untyped-def]
+        raise RuntimeError("planted crash in forward_backward")
+
+
+class DoubleRounding(ReferenceBackend):
+    """fp64 math cast straight to bf16: torch goes through fp32, so it rounds twice."""
+
+    key = "test:DoubleRounding"
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        return gated_rmsnorm_math(x, z, w, opts, torch.float64).to(x.dtype)
+
+
+class ExactOnce(ReferenceBackend):
+    """fp64 math rounded ONCE: the measure's ceiling, must score exactly 1."""
+
+    key = "test:ExactOnce"
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        y64 = gated_rmsnorm_math(x, z, w, opts, torch.float64)
+        return round_once(y64.detach(), x.dtype) + 0 * y64.to(x.dtype)  # keep autograd for the gradients
+
+
+class Truncating(ReferenceBackend):
+    """fp32 math, then bf16 by dropping the low 16 bits (round toward zero)."""
+
+    key = "test:Truncating"
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        y32 = gated_rmsnorm_math(x, z, w, opts, torch.float32)
+        bits = y32.detach().contiguous().view(torch.int32) & ~0xFFFF
+        return bits.view(torch.float32).to(x.dtype) + 0 * y32.to(x.dtype)
+
+
+def _record_rows(result: checks.CheckResult, tensor: str = "y") -> set[tuple[int, int, int]]:
+    return {(r["seed"], r["position"], r["row"]) for r in result.records if r["tensor"] == tensor}
+
+
+# -- the reference: nothing differs ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", [ReferenceBackend(), ExactReferenceBackend()], ids=lambda b: b.key)
+def test_reference_passes_every_invariance_check(backend: Backend) -> None:
+    ar = checks.all_rows(backend, OPTS, ns=(1, 7, 63), seeds=(3, 4), **QUICK)
+    assert ar.summary == {
+        str(n): {"rows": 2 * n, "fwd_differ": 0, "rowgrad_differ": 0, "alone_path": "eager"} for n in (1, 7, 63)
+    }
+    dw = checks.dweight_repeatable(backend, OPTS, rows=257, **QUICK)
+    assert dw.summary["dweight_repeatable"] is True
+    for coverage in ("all", "sampled"):
+        fvs = checks.full_vs_sub_batches(
+            backend, OPTS, full_rows=300, sub_sizes=(1, 7, 64), seeds=(3,), coverage=coverage, sample_stride=50, **QUICK
+        )
+        assert (fvs.summary["fwd_differ"], fvs.summary["rowgrad_differ"]) == (0, 0), fvs.summary
+        assert "error" not in fvs.summary
+    sw = checks.batch_size_sweep(backend, OPTS, n=33, seeds=(3,), **QUICK)
+    assert (sw.summary["differ"], sw.summary["fwd_differ"], sw.summary["rowgrad_differ"]) == (0, 0, 0)
+    assert ar.records == dw.records == sw.records == []
+    assert checks.batch_invariant(ar.summary, dw.summary, fvs.summary, sw.summary) is True
+
+
+def test_options_reach_the_backend() -> None:
+    opts = OpOptions(group_size=32, norm_before_gate=False, activation="sigmoid")
+    ar = checks.all_rows(ReferenceBackend(), opts, ns=(7,), seeds=(3,), **QUICK)
+    assert ar.summary["7"]["fwd_differ"] == 0
+    with pytest.raises(ValueError, match="group_size"):
+        checks.all_rows(ReferenceBackend(), OpOptions(group_size=48), ns=(7,), **QUICK)
+
+
+# -- batch-size-dependent output --------------------------------------------------------------------
+
+
+def test_batch_size_fault_is_caught_row_by_row() -> None:
+    b = BatchSizeDependentOutput()
+    ar = checks.all_rows(b, OPTS, ns=(7, 63), seeds=(3, 4), **QUICK)
+    expected = set()
+    for n in (7, 63):
+        per_n = 0
+        for seed in (3, 4):
+            x = make_case(n, 128, seed).x
+            in_batch = batch_size_fault_mask(x)
+            alone = torch.stack([batch_size_fault_mask(x[r : r + 1])[0] for r in range(n)])
+            rows = (in_batch != alone).nonzero().flatten().tolist()
+            per_n += len(rows)
+            expected |= {(seed, r, r) for r in rows}
+        assert ar.summary[str(n)]["fwd_differ"] == per_n
+    assert _record_rows(ar) == expected and len(expected) > 0
+    assert all(v["rowgrad_differ"] == 0 for v in ar.summary.values())  # the fault leaves dx, dz alone
+    assert {r["tensor"] for r in ar.records} == {"y"}
+    rec = ar.records[0]
+    assert rec["cols_differ"] == 1 and rec["max_ulp"] == 1 and rec["max_abs"] > 0
+    assert rec["batch_start"] == 0 and rec["batch_size"] == int(rec["case"].split("=")[1])
+
+    fvs = checks.full_vs_sub_batches(b, OPTS, full_rows=300, sub_sizes=(1, 7, 100), seeds=(3,), **QUICK)
+    x = make_case(300, 128, 3).x
+    full_mask = batch_size_fault_mask(x)
+    want = set()
+    for size in (1, 7, 100):
+        for s, m in checks.sub_batch_plan(300, size):
+            sub = batch_size_fault_mask(x[s : s + m])
+            want |= {(s, m, r) for r in range(s, s + m) if bool(full_mask[r]) != bool(sub[r - s])}
+    got = {(r["batch_start"], r["batch_size"], r["row"]) for r in fvs.records}
+    assert got == want and fvs.summary["fwd_differ"] == len(want) and fvs.summary["rowgrad_differ"] == 0
+
+    sw = checks.batch_size_sweep(b, OPTS, n=65, seeds=(3,), **QUICK)
+    assert sw.summary["differ"] == sw.summary["fwd_differ"] == len(sw.records) > 0
+    assert sw.summary["rowgrad_differ"] == 0
+    # dweight is exact in this fault: only the forward checks see it
+    assert checks.dweight_repeatable(b, OPTS, rows=63, **QUICK).summary["dweight_repeatable"] is True
+
+
+# -- position-dependent output ----------------------------------------------------------------------
+
+
+def test_position_fault_is_caught_with_exact_positions() -> None:
+    b = PositionDependentOutput()
+    ar = checks.all_rows(b, OPTS, ns=(7, 64), seeds=(5,), **QUICK)
+    assert _record_rows(ar) == {(5, r, r) for n in (7, 64) for r in range(n) if r % 3 == 1}
+    assert ar.summary["64"]["fwd_differ"] == sum(1 for r in range(64) if r % 3 == 1)
+
+    fvs = checks.full_vs_sub_batches(b, OPTS, full_rows=100, sub_sizes=(7, 30), seeds=(3,), **QUICK)
+    want = {
+        (s, r)
+        for size in (7, 30)
+        for s, m in checks.sub_batch_plan(100, size)
+        for r in range(s, s + m)
+        if (r % 3 == 1) != ((r - s) % 3 == 1)
+    }
+    assert {(r["batch_start"], r["row"]) for r in fvs.records} == want
+    assert all(r["position"] == r["row"] - r["batch_start"] for r in fvs.records)
+
+    sw = checks.batch_size_sweep(b, OPTS, n=65, seeds=(3, 4), **QUICK)
+    sizes, probes = checks.default_sweep_sizes(65), checks.default_probe_rows(65)
+    expect = 2 * sum(1 for m in sizes for _ in probes for _, pos in checks.sweep_positions(m) if pos % 3 == 1)
+    assert sw.summary["differ"] == expect > 0
+    assert all(r["position"] % 3 == 1 and r["case"].startswith(f"m={r['batch_size']}/") for r in sw.records)
+    assert checks.dweight_repeatable(b, OPTS, rows=63, **QUICK).summary["dweight_repeatable"] is True
+
+
+# -- dweight faults -----------------------------------------------------------------------------
+
+
+def test_nondeterministic_dweight_is_caught_only_by_dweight_repeatable() -> None:
+    b = NondeterministicDweight()
+    dw = checks.dweight_repeatable(b, OPTS, rows=257, seed=3, **QUICK)
+    assert dw.summary["dweight_repeatable"] is False
+    (rec,) = dw.records
+    assert rec["tensor"] == "dweight" and rec["row"] is None and rec["cols_differ"] == 2 and rec["max_ulp"] == 1
+    ar = checks.all_rows(b, OPTS, ns=(7,), seeds=(3,), **QUICK)
+    sw = checks.batch_size_sweep(b, OPTS, n=17, seeds=(3,), **QUICK)
+    fvs = checks.full_vs_sub_batches(b, OPTS, full_rows=30, sub_sizes=(1, 7), seeds=(3,), **QUICK)
+    assert ar.summary["7"]["fwd_differ"] == ar.summary["7"]["rowgrad_differ"] == 0
+    assert sw.summary["differ"] == fvs.summary["fwd_differ"] == fvs.summary["rowgrad_differ"] == 0
+    assert checks.batch_invariant(ar.summary, dw.summary, fvs.summary, sw.summary) is False
+
+
+def test_order_dependent_dweight_is_repeatable() -> None:
+    """A serial fold is deterministic: dweight_repeatable must NOT flag it (the gates do)."""
+    dw = checks.dweight_repeatable(OrderDependentDweight(), OPTS, rows=257, **QUICK)
+    assert dw.summary["dweight_repeatable"] is True and dw.records == []
+
+
+# -- forward-only backends --------------------------------------------------------------------------
+
+
+def test_forward_only_backend() -> None:
+    ar = checks.all_rows(ForwardOnly(), OPTS, ns=(7,), seeds=(3,), **QUICK)
+    assert ar.summary["7"]["rowgrad_differ"] == 0
+    assert checks.dweight_repeatable(ForwardOnly(), OPTS, rows=7, **QUICK).summary["dweight_repeatable"] is None
+    bad = checks.all_rows(ForwardOnlyBatchSize(), OPTS, ns=(63,), seeds=(3,), **QUICK)
+    assert bad.summary["63"]["fwd_differ"] > 0 and bad.summary["63"]["rowgrad_differ"] == 0
+    assert {r["tensor"] for r in bad.records} == {"y"}
+    acc = checks.accuracy_latency(ForwardOnly(), OPTS, rows=63, warmup=0, iters=2, **QUICK)
+    assert acc.summary["grad_rel_err"] is None and acc.summary["fwd_bwd_us"] is None
+    assert acc.summary["fwd_us"] > 0
+
+
+# -- sub-batch plans ---------------------------------------------------------------------------------
+
+
+def test_sampled_coverage_is_the_reports_2188_sub_batches() -> None:
+    sizes = (1, 7, 4097, 65536, 131072)
+    per_seed = sum(len(checks.sub_batch_plan(262144, s, "sampled")) for s in sizes)
+    assert 2 * per_seed == 2188
+    assert [len(checks.sub_batch_plan(262144, s, "sampled")) for s in sizes] == [512, 512, 64, 4, 2]
+    assert checks.sub_batch_plan(262144, 4097, "sampled")[-1] == (63 * 4097, 262144 - 63 * 4097)
+    # every-row coverage: each size tiles the batch, the last tile partial
+    for s in sizes:
+        plan = checks.sub_batch_plan(262144, s, "all")
+        assert len(plan) == math.ceil(262144 / s)
+        assert sum(m for _, m in plan) == 262144 and plan[0][0] == 0
+        assert all(a + m == b for (a, m), (b, _) in itertools.pairwise(plan))
+
+
+def test_sampled_run_reports_2188_on_the_full_protocol() -> None:
+    """The real check on 262144 rows, forward only, narrow rows (the counts do not depend on d)."""
+    fvs = checks.full_vs_sub_batches(ForwardOnly(), OPTS, coverage="sampled", d=8, **QUICK)
+    s = fvs.summary
+    assert s["sub_batches"] == 2188 and s["full_batch"] == 262144
+    assert s["sub_batch_sizes"] == [1, 7, 4097, 65536, 131072]
+    assert s["rows_compared"] == 2 * (512 + 512 * 7 + 262144 * 3)
+    assert s["fwd_differ"] == 0 and "error" not in s
+
+
+def test_every_row_is_compared_with_coverage_all() -> None:
+    fvs = checks.full_vs_sub_batches(ForwardOnly(), OPTS, full_rows=101, sub_sizes=(1, 7, 50), seeds=(3,), **QUICK)
+    assert fvs.summary["rows_compared"] == 3 * 101
+    assert fvs.summary["sub_batches"] == 101 + 15 + 3
+
+
+# -- batch_size_sweep protocol ------------------------------------------------------------------------
+
+
+def test_sweep_protocol_is_the_reports() -> None:
+    sizes = checks.default_sweep_sizes(4097)
+    assert len(sizes) == 36 and sizes[:9] == list(range(1, 10)) and sizes[-3:] == [4095, 4096, 4097]
+    assert checks.default_probe_rows(4097) == [0, 515, 1027, 1539, 2051, 2563, 3075, 4096]
+    assert checks.sweep_positions(1) == [("first", 0)]
+    assert checks.sweep_positions(2) == [("first", 0), ("last", 1)]
+    assert checks.sweep_positions(65) == [("first", 0), ("mid", 32), ("last", 64)]
+    n_cmp = 3 * sum(len(checks.sweep_positions(m)) for m in sizes) * 8
+    assert n_cmp == 2520
+
+
+def test_sweep_runs_2520_comparisons() -> None:
+    sw = checks.batch_size_sweep(ForwardOnly(), OPTS, d=8, **QUICK)
+    assert sw.summary["comparisons"] == 2520 and sw.summary["differ"] == 0 and "error" not in sw.summary
+    assert sw.summary["batch_sizes"] == checks.default_sweep_sizes(4097)
+
+
+# -- accuracy ---------------------------------------------------------------------------------------
+
+
+def test_correctly_rounded_measure_can_fail() -> None:
+    rows = 8192
+    exact = checks.accuracy_latency(ExactOnce(), OPTS, rows=rows, timing=False, **QUICK).summary
+    dbl = checks.accuracy_latency(DoubleRounding(), OPTS, rows=rows, timing=False, **QUICK).summary
+    trunc = checks.accuracy_latency(Truncating(), OPTS, rows=rows, timing=False, **QUICK).summary
+    ref = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=rows, timing=False, **QUICK).summary
+    assert exact["fwd_correctly_rounded"] == 1.0
+    assert exact["fwd_ulp_hist"]["0"] == rows * 128
+    assert 0.999 < dbl["fwd_correctly_rounded"] < 1.0  # double rounding: rare, and caught
+    assert dbl["fwd_ulp_hist"]["1"] == round((1 - dbl["fwd_correctly_rounded"]) * rows * 128)
+    assert trunc["fwd_correctly_rounded"] < 0.7
+    assert 0.9999 < ref["fwd_correctly_rounded"] <= 1.0
+    # the error bound: a correctly rounded bf16 is within half an ulp (|y| < 32 here: < 2**-4)
+    assert exact["fwd_max_abs_err"] <= 2**-4 < trunc["fwd_max_abs_err"] * 2
+
+
+def test_accuracy_summary_fields_and_histograms() -> None:
+    s = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=257, warmup=1, iters=3, **QUICK).summary
+    for k in ("rows", "fwd_correctly_rounded", "fwd_max_abs_err", "fwd_us", "grad_rel_err", "fwd_bwd_us"):
+        assert s[k] is not None, k  # the report's fields
+    assert s["rows"] == 257 and s["timed"] is True and s["device"] == "cpu"
+    assert s["fwd_us_p20"] <= s["fwd_us"] <= s["fwd_us_p80"]
+    assert s["fwd_bwd_us_p20"] <= s["fwd_bwd_us"] <= s["fwd_bwd_us_p80"]
+    assert s["fwd_roofline_ratio"] == pytest.approx(s["fwd_us"] / s["roofline_add_us"])
+    assert s["fwd_bwd_roofline_ratio"] == pytest.approx(s["fwd_bwd_us"] / (8 / 3 * s["roofline_add_us"]))
+    assert s["fwd_gbps"] == pytest.approx(3 * 257 * 128 * 2 / (s["fwd_us"] * 1e3))
+    assert set(s["grad_rel_err"]) == {"x", "z", "w"} and all(0 < v < 0.01 for v in s["grad_rel_err"].values())
+    n = 257 * 128
+    assert sum(s["fwd_ulp_hist"].values()) == n
+    assert list(s["fwd_ulp_hist"]) == [str(i) for i in range(16)] + ["16+", "nan"]
+    h = s["fwd_abs_err_hist"]
+    assert len(h["counts"]) == len(h["edges"]) - 1
+    assert sum(h["counts"]) + h["zero"] + h["under"] + h["over"] + h["nan"] == n
+    untimed = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=7, timing=False, **QUICK).summary
+    assert untimed["timed"] is False and untimed["fwd_us"] is None and untimed["fwd_correctly_rounded"] is not None
+
+
+class _StarClock:
+    """A clock that says the GPU queue ran dry on every timing but the add's (the first)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def events(self, fn, reps: int, warmup: int) -> Timing:  # type: ignore[no-untyped-def]
+        fn()
+        self.calls += 1
+        return Timing(10.0 * self.calls, 9.0 * self.calls, 11.0 * self.calls, host_bound=self.calls > 1)
+
+
+def test_accuracy_latency_records_which_timings_ran_host_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A time with host overhead in it is flagged, per timing, never silently reported as GPU time."""
+    real = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=7, warmup=0, iters=2, **QUICK).summary
+    assert real["host_bound"] == {"add": False, "fwd": False, "fwd_bwd": False}  # the CPU clock never is
+    monkeypatch.setattr(accuracy, "_clock", lambda device: _StarClock())
+    s = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=7, warmup=0, iters=2, **QUICK).summary
+    assert s["host_bound"] == {"add": False, "fwd": True, "fwd_bwd": True}
+    assert (s["roofline_add_us"], s["fwd_us"], s["fwd_us_p20"], s["fwd_bwd_us"]) == (10.0, 20.0, 18.0, 30.0)
+    fwd_only = checks.accuracy_latency(ForwardOnly(), OPTS, rows=7, warmup=0, iters=2, **QUICK).summary
+    assert fwd_only["host_bound"] == {"add": False, "fwd": True}  # no backward: no fwd_bwd timing to flag
+
+
+# -- agreement matrix ---------------------------------------------------------------------------------
+
+
+def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
+    rows = 63
+    res = checks.agreement_matrix(
+        [ReferenceBackend(), PositionDependentOutput(), Raises()], OPTS, rows=rows, seed=3, **QUICK
+    )
+    s = res.summary
+    assert s["backends"] == ["reference", "rlnorm.kit.faults:PositionDependentOutput", "test:Raises"]
+    bumped = sum(1 for r in range(rows) if r % 3 == 1)  # one element (column 0) per bumped row
+    f = 1 - bumped / (rows * 128)
+    assert s["equal_fraction"][0][:2] == [1.0, pytest.approx(f)]
+    assert s["equal_fraction"][1][0] == pytest.approx(f)
+    assert s["equal_fraction"][2] == [None, None, None] and s["equal_fraction"][0][2] is None
+    assert "planted crash" in s["errors"]["test:Raises"]
+    assert s["tensor"] == "y" and s["rows"] == rows and s["seed"] == 3
+
+
+# -- failures and bad input ----------------------------------------------------------------------------
+
+
+def test_a_raising_backend_is_recorded_not_fatal() -> None:
+    b = Raises()
+    for res in (
+        checks.all_rows(b, OPTS, ns=(7,), seeds=(3,), **QUICK),
+        checks.dweight_repeatable(b, OPTS, rows=7, **QUICK),
+        checks.full_vs_sub_batches(b, OPTS, full_rows=10, sub_sizes=(1,), seeds=(3,), **QUICK),
+        checks.batch_size_sweep(b, OPTS, n=9, seeds=(3,), **QUICK),
+        checks.accuracy_latency(b, OPTS, rows=7, **QUICK),
+    ):
+        assert "planted crash" in res.summary["error"]
+    assert checks.batch_invariant({"error": "x"}, None, None, None) is None
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: checks.all_rows(ReferenceBackend(), OPTS, ns=(), **QUICK), "ns"),
+        (lambda: checks.all_rows(ReferenceBackend(), OPTS, ns=(0,), **QUICK), r"ns\[0\]"),
+        (lambda: checks.full_vs_sub_batches(ReferenceBackend(), OPTS, coverage="some", **QUICK), "coverage"),
+        (lambda: checks.batch_size_sweep(ReferenceBackend(), OPTS, n=9, sizes=(10,), **QUICK), "sizes"),
+        (lambda: checks.batch_size_sweep(ReferenceBackend(), OPTS, n=9, probe_rows=(9,), **QUICK), "probe_rows"),
+        (lambda: checks.dweight_repeatable(ReferenceBackend(), OPTS, rows=7, repeats=1, **QUICK), "repeats"),
+        (lambda: checks.accuracy_latency(ReferenceBackend(), OPTS, rows=0, **QUICK), "rows"),
+        (lambda: checks.all_rows(ReferenceBackend(), OPTS, ns=(7,), device="gpu0", progress=False), "device"),
+    ],
+)
+def test_bad_parameters_name_themselves(call, match) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_bad_types_name_themselves() -> None:
+    with pytest.raises(TypeError, match="backend"):
+        checks.all_rows(object(), OPTS, ns=(7,), **QUICK)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="opts"):
+        checks.all_rows(ReferenceBackend(), {"eps": 1e-6}, ns=(7,), **QUICK)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="sizes"):
+        checks.all_rows(ReferenceBackend(), OPTS, ns=(7,), sizes=(7,), **QUICK)
+    with pytest.raises(TypeError, match="seeds"):
+        checks.all_rows(ReferenceBackend(), OPTS, ns=(7,), seeds=3, **QUICK)  # type: ignore[arg-type]
+
+
+def test_records_fit_the_record_table() -> None:
+    ar = checks.all_rows(PositionDependentOutput(), OPTS, ns=(7,), seeds=(3,), **QUICK)
+    assert all(set(r) == set(RECORD_COLUMNS) for r in ar.records)
+    df = records_frame(ar.records)
+    assert list(df.columns) == RECORD_COLUMNS and len(df) == 2
+
+
+def test_max_records_caps_records_not_counts() -> None:
+    fvs = checks.full_vs_sub_batches(
+        PositionDependentOutput(), OPTS, full_rows=60, sub_sizes=(7,), seeds=(3,), max_records=5, **QUICK
+    )
+    assert len(fvs.records) == 5 and fvs.summary["fwd_differ"] > 5
+    assert fvs.summary["records_dropped"] == fvs.summary["fwd_differ"] - 5
+    ar = checks.all_rows(PositionDependentOutput(), OPTS, ns=(7, 63), seeds=(3,), max_records=1, **QUICK)
+    assert len(ar.records) == 1
+    assert (ar.summary["7"]["records_dropped"], ar.summary["63"]["records_dropped"]) == (1, 21)
+
+
+# -- the CUDA-graph path (GPU only: run on the H200) ------------------------------------------------
+
+cuda_only = pytest.mark.gpu(reason="CUDA graphs need a GPU")
+
+
+class ForwardOnlyPosition(PositionDependentOutput):
+    """Position fault, forward only: all on the GPU, so its single-row calls can be graph-captured."""
+
+    key = "test:ForwardOnlyPosition"
+    has_backward = False
+
+
+@cuda_only
+@pytest.mark.parametrize("backend", [ReferenceBackend(), ForwardOnly()], ids=lambda b: b.key)
+def test_graph_path_gives_what_eager_gives(backend: Backend) -> None:
+    case = make_case(3000, 128, 3, device="cuda")
+    wg = _alone(backend, case, use_graphs=True, graph_rows=512)
+    assert wg[3] == "cuda_graph"
+    we = _alone(backend, case, use_graphs=False, graph_rows=512)
+    assert we[3] == "eager"
+    for g, e in zip(wg[:3], we[:3], strict=True):
+        assert (g is None) == (e is None)
+        if g is not None:
+            assert torch.equal(g.view(torch.int16), e.view(torch.int16))
+
+
+def _alone(backend: Backend, case, use_graphs: bool, graph_rows: int):  # type: ignore[no-untyped-def]
+    runner = AloneRunner(backend, OPTS, backend.has_backward, use_graphs, graph_rows, progress=False, desc="test")
+    out = runner.run(case, torch.arange(0, 2995, 5), 5)
+    return (*out, runner.paths[5])
+
+
+@cuda_only
+def test_graph_path_still_catches_a_planted_fault() -> None:
+    b = ForwardOnlyPosition()
+    kw = {"full_rows": 20000, "sub_sizes": (1, 7), "seeds": (3,), "device": "cuda", "progress": False}
+    g = checks.full_vs_sub_batches(b, OPTS, **kw)
+    e = checks.full_vs_sub_batches(b, OPTS, use_graphs=False, **kw)
+    assert g.summary["alone_path"] == {"1": "cuda_graph", "7": "cuda_graph"}
+    assert g.summary["fwd_differ"] == e.summary["fwd_differ"] > 0
+    assert [r["row"] for r in g.records] == [r["row"] for r in e.records]
+
+
+@cuda_only
+def test_uncapturable_backend_falls_back_to_eager_and_says_so() -> None:
+    """ExactReferenceBackend sums dweight on the CPU (a sync): capture fails, eager runs, the result stands."""
+    res = checks.all_rows(ExactReferenceBackend(), OPTS, ns=(4097,), seeds=(3,), device="cuda", progress=False)
+    assert res.summary["4097"]["alone_path"].startswith("eager (")
+    assert res.summary["4097"]["fwd_differ"] == res.summary["4097"]["rowgrad_differ"] == 0
+
+
+class SlowHostAfterWarmup(ReferenceBackend):
+    """A forward whose host path takes 3 ms once timing starts: the first calls (the accuracy pass, the
+    warm-up and the clock's probe of the host time) are quick, so the queue's prime is sized for them and
+    runs out."""
+
+    key = "test:SlowHostAfterWarmup"
+    has_backward = False
+
+    def __init__(self, quick_calls: int) -> None:
+        super().__init__()
+        self.quick_calls = quick_calls
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        import time
+
+        self.quick_calls -= 1
+        if self.quick_calls < 0:
+            time.sleep(0.003)
+        return super().forward(x, z, w, opts)
+
+
+@pytest.mark.gpu(reason="the queue-dry flag reads CUDA events")
+def test_accuracy_latency_flags_a_host_bound_forward_on_the_gpu() -> None:
+    warmup = 1
+    quick = 1 + warmup + 1  # the accuracy pass's forward, the warm-up, the clock's probe of the host time
+    s = checks.accuracy_latency(
+        SlowHostAfterWarmup(quick), OPTS, rows=4096, warmup=warmup, iters=20, device="cuda", progress=False
+    ).summary
+    assert s["host_bound"] == {"add": False, "fwd": True}
+    assert s["fwd_us"] > 1000  # the 3 ms host gaps are inside the events: the flag says so

@@ -1,0 +1,166 @@
+"""Planted faults: each is the exact reference except for the ONE guarantee it breaks, exactly as documented."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from rlnorm.inputs import make_case
+from rlnorm.kit.backends import load_backend
+from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.kit.faults import (
+    GATE_CHILD_ENV,
+    BatchSizeDependentOutput,
+    GateChildCrash,
+    GateChildHang,
+    NondeterministicDweight,
+    OrderDependentDweight,
+    PositionDependentOutput,
+    batch_size_fault_mask,
+    bump_one_ulp,
+    position_fault_mask,
+)
+from rlnorm.numerics import ulp_distance
+from rlnorm.options import OpOptions
+
+OPTS = OpOptions()
+FAULTS = [
+    BatchSizeDependentOutput,
+    PositionDependentOutput,
+    NondeterministicDweight,
+    OrderDependentDweight,
+    GateChildCrash,
+    GateChildHang,
+]
+
+
+def _fb(backend, case):
+    return backend.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
+
+
+def _rows_alone(backend, case):
+    return [_fb(backend, case.rows(slice(i, i + 1))) for i in range(case.x.shape[0])]
+
+
+@pytest.mark.parametrize("cls", FAULTS, ids=lambda c: c.__name__)
+def test_every_fault_loads_by_import_path_and_is_available(cls):
+    b = load_backend(f"rlnorm.kit.faults:{cls.__name__}")
+    assert isinstance(b, cls) and b.key == f"rlnorm.kit.faults:{cls.__name__}"
+    assert b.available("cpu") == (True, "")  # crash/hang act only inside a gate child
+    assert b.source.startswith("planted fault")
+
+
+def test_bump_one_ulp_moves_exactly_one_ulp():
+    t = torch.tensor([1.0, -2.5, 0.0, 3.0], dtype=torch.bfloat16)
+    out = bump_one_ulp(t, torch.tensor([True, True, True, False]))
+    assert ulp_distance(out, t).tolist() == [1, 1, 1, 0]
+
+
+@pytest.mark.parametrize("n", [1, 7, 63, 257])
+def test_batch_size_fault_touches_only_y_and_only_the_masked_rows(n):
+    case = make_case(n, 128, seed=3, weight_dtype=torch.float32)
+    f, ex = BatchSizeDependentOutput(), ExactReferenceBackend()
+    g, r = _fb(f, case), _fb(ex, case)
+    for name in ("dx", "dz", "dw"):
+        assert torch.equal(getattr(g, name), getattr(r, name)), name
+    dist = ulp_distance(g.y, r.y)
+    mask = batch_size_fault_mask(case.x)
+    assert torch.equal(dist[:, 0] == 1, mask) and int(dist[:, 1:].max()) == 0 and int(dist.max()) <= 1
+    assert torch.equal(f.forward(case.x, case.z, case.w, OPTS), g.y)
+
+
+def test_batch_size_fault_depends_on_size_not_position():
+    case = make_case(3 * 257, 128, seed=4)
+    f = BatchSizeDependentOutput()
+    full = f.forward(case.x, case.z, case.w, OPTS)
+    alone = torch.cat([g.y for g in _rows_alone(f, case)])
+    differ = (full != alone).any(1)
+    assert 0 < int(differ.sum()) < case.x.shape[0]  # some rows, not all
+    # the same size in another order perturbs the same rows (content, not position)
+    perm = torch.randperm(case.x.shape[0], generator=torch.Generator().manual_seed(1))
+    assert torch.equal(f.forward(case.x[perm], case.z[perm], case.w, OPTS), full[perm])
+    # sizes in one regime agree (4 and 7 rows: bit_length 3); a different regime (2 rows) disagrees
+    y7 = f.forward(case.x[:7], case.z[:7], case.w, OPTS)
+    assert torch.equal(f.forward(case.x[:4], case.z[:4], case.w, OPTS), y7[:4])
+    x = case.x[:64]
+    y64_in_pairs = torch.cat([f.forward(x[i : i + 2], case.z[i : i + 2], case.w, OPTS) for i in range(0, 64, 2)])
+    y64_in_fours = torch.cat([f.forward(x[i : i + 4], case.z[i : i + 4], case.w, OPTS) for i in range(0, 64, 4)])
+    assert not torch.equal(y64_in_pairs, y64_in_fours)
+
+
+def test_position_fault_touches_positions_r_mod_3_eq_1():
+    case = make_case(63, 128, seed=5, weight_dtype=torch.float32)
+    f, ex = PositionDependentOutput(), ExactReferenceBackend()
+    g, r = _fb(f, case), _fb(ex, case)
+    for name in ("dx", "dz", "dw"):
+        assert torch.equal(getattr(g, name), getattr(r, name)), name
+    dist = ulp_distance(g.y, r.y)
+    assert torch.equal(dist[:, 0] == 1, position_fault_mask(63)) and int(dist[:, 1:].max()) == 0
+    alone = torch.cat([gg.y for gg in _rows_alone(f, case)])
+    assert torch.equal(alone, r.y)  # a row alone sits at position 0: never perturbed
+
+
+def test_nondeterministic_dweight_differs_call_to_call_by_one_ulp():
+    case = make_case(64, 128, seed=3, weight_dtype=torch.float32)
+    f, ex = NondeterministicDweight(), ExactReferenceBackend()
+    r = ex.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
+    a = f.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
+    b = f.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
+    assert not torch.equal(a.dw, b.dw)
+    for g in (a, b):
+        for name in ("y", "dx", "dz"):
+            assert torch.equal(getattr(g, name), getattr(r, name)), name
+        assert int(ulp_distance(g.dw, r.dw).sum()) == 1
+    assert torch.equal(f.forward(case.x, case.z, case.w, OPTS), r.y)
+
+
+def test_order_dependent_dweight_is_a_left_fold_repeatable_but_not_permutation_free():
+    case = make_case(257, 128, seed=3, weight_dtype=torch.float32)
+    f, ex = OrderDependentDweight(), ExactReferenceBackend()
+    r = ex.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
+    a = f.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
+    b = f.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
+    assert torch.equal(a.dw, b.dw)  # repeatable
+    for name in ("y", "dx", "dz"):
+        assert torch.equal(getattr(a, name), getattr(r, name)), name
+    singles = np.stack([g.dw.numpy() for g in _rows_alone(ex, case)]).astype(np.float32)
+    fold = singles[0].copy()
+    for row in singles[1:]:
+        fold = (fold + row).astype(np.float32)
+    assert np.array_equal(a.dw.numpy(), fold)
+    assert not torch.equal(a.dw, r.dw)  # differs from the exact sum somewhere
+    torch.testing.assert_close(a.dw, r.dw, rtol=1e-5, atol=1e-5)  # but the value is right
+    perm = torch.randperm(257, generator=torch.Generator().manual_seed(0))
+    p = f.forward_backward(case.x[perm], case.z[perm], case.w, case.dy[perm], OPTS)
+    assert not torch.equal(p.dw, a.dw)
+    pad = torch.zeros(5, 128, dtype=case.x.dtype)
+    padded = f.forward_backward(
+        torch.cat([pad, case.x]), torch.cat([pad, case.z]), case.w, torch.cat([pad, case.dy]), OPTS
+    )
+    assert torch.equal(padded.dw, a.dw)  # zero-gradient padding adds exact zeros
+
+
+@pytest.mark.parametrize("cls", [GateChildCrash, GateChildHang], ids=lambda c: c.__name__)
+def test_crash_and_hang_are_the_reference_outside_a_gate_child(cls, monkeypatch):
+    monkeypatch.delenv(GATE_CHILD_ENV, raising=False)
+    case = make_case(7, 128, seed=3)
+    g, r = _fb(cls(), case), _fb(ExactReferenceBackend(), case)
+    for name in ("y", "dx", "dz", "dw"):
+        assert torch.equal(getattr(g, name), getattr(r, name)), name
+
+
+def test_crash_fault_aborts_a_process_marked_as_gate_child():
+    code = (
+        "from rlnorm.kit.faults import GateChildCrash; from rlnorm.inputs import make_case; "
+        "from rlnorm.options import OpOptions; c = make_case(2, 16); "
+        "GateChildCrash().forward(c.x, c.z, c.w, OpOptions()); print('survived')"
+    )
+    env = dict(os.environ, **{GATE_CHILD_ENV: "1"})
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode != 0 and "survived" not in proc.stdout
+    assert "GateChildCrash aborting" in proc.stderr

@@ -1,0 +1,177 @@
+"""Per-row records: the typed table, its atomic CSV, and rebuilding any recorded comparison from it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from rlnorm.inputs import make_case
+from rlnorm.kit import checks
+from rlnorm.kit.faults import BatchSizeDependentOutput, NondeterministicDweight, PositionDependentOutput
+from rlnorm.kit.records import (
+    RECORD_COLUMNS,
+    read_records,
+    rebuild_case,
+    records_frame,
+    sweep_batch_rows,
+    write_records,
+)
+from rlnorm.options import OpOptions
+
+QUICK = {"device": "cpu", "progress": False}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+def _reproduces(record: dict, backend) -> None:  # type: ignore[no-untyped-def]
+    """The rebuilt comparison, recomputed, differs exactly as the record says."""
+    rb = rebuild_case(record)
+    got = rb.run(backend)
+    a, b = got[record["tensor"]]
+    assert int((_bits(a) != _bits(b)).sum()) == record["cols_differ"] > 0
+    assert float((a.double() - b.double()).abs().max()) == pytest.approx(record["max_abs"])
+
+
+# -- the table -------------------------------------------------------------------------------------
+
+
+def test_empty_frame_keeps_typed_columns() -> None:
+    df = records_frame([])
+    assert list(df.columns) == RECORD_COLUMNS and len(df) == 0
+    assert str(df["row"].dtype) == "Int64" and str(df["max_abs"].dtype) == "float64"
+    assert str(df["backend"].dtype) == "string"
+
+
+def test_unknown_column_or_non_dict_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown columns"):
+        records_frame([{"backend": "b", "rows": 3}])
+    with pytest.raises(TypeError, match=r"records\[0\]"):
+        records_frame(["not a dict"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="records"):
+        records_frame("x")  # type: ignore[arg-type]
+
+
+def test_csv_round_trip_is_exact_and_atomic(tmp_path: Path) -> None:
+    recs = checks.all_rows(PositionDependentOutput(), None, ns=(7,), seeds=(3,), **QUICK).records
+    recs += checks.dweight_repeatable(NondeterministicDweight(), None, rows=7, **QUICK).records
+    df = records_frame(recs)
+    assert df["row"].isna().sum() == 1  # the dweight record has no row
+    path = tmp_path / "run" / "records.csv"
+    write_records(df, path)
+    back = read_records(path)
+    pd.testing.assert_frame_equal(back, df)
+    assert [p.name for p in path.parent.iterdir()] == ["records.csv"]  # no temp file left
+    write_records(records_frame([]), path)  # replaces, still readable when empty
+    empty = read_records(path)
+    assert list(empty.columns) == RECORD_COLUMNS and len(empty) == 0
+    with pytest.raises(FileNotFoundError, match="path"):
+        read_records(tmp_path / "missing.csv")
+    with pytest.raises(ValueError, match="missing record columns"):
+        write_records(pd.DataFrame({"backend": ["x"]}), path)
+
+
+# -- rebuild: every check's records rebuild the exact batch and reproduce the difference --------------
+
+
+def test_rebuild_all_rows_record() -> None:
+    b = BatchSizeDependentOutput()
+    res = checks.all_rows(b, None, ns=(63,), seeds=(4,), **QUICK)
+    assert res.records
+    for rec in res.records[:5]:
+        rb = rebuild_case(rec)
+        case = make_case(63, 128, 4)
+        assert torch.equal(_bits(rb.batch.x), _bits(case.x)) and torch.equal(_bits(rb.batch.dy), _bits(case.dy))
+        assert rb.position == rec["position"] == rec["row"] and rb.other_label == "alone"
+        assert torch.equal(_bits(rb.alone.x), _bits(case.x[rec["row"] : rec["row"] + 1]))
+        _reproduces(rec, b)
+
+
+def test_rebuild_full_vs_sub_record_compares_sub_batch_with_full_batch() -> None:
+    b = PositionDependentOutput()
+    res = checks.full_vs_sub_batches(b, None, full_rows=100, sub_sizes=(7,), seeds=(3,), **QUICK)
+    assert res.records
+    for rec in res.records[:6]:
+        rb = rebuild_case(rec)
+        s, m = rec["batch_start"], rec["batch_size"]
+        assert rb.batch_rows.tolist() == list(range(s, s + m)) and rb.position == rec["row"] - s
+        assert rb.other.x.shape[0] == 100 and rb.other_position == rec["row"] and rb.other_label == "full batch"
+        _reproduces(rec, b)
+
+
+def test_rebuild_sweep_record_regenerates_the_permuted_batch() -> None:
+    b = PositionDependentOutput()
+    res = checks.batch_size_sweep(b, None, n=65, seeds=(5,), sizes=(9, 33, 65), probe_rows=(0, 64), **QUICK)
+    assert res.records
+    for rec in res.records:
+        rb = rebuild_case(rec)
+        assert len(rb.batch_rows) == rec["batch_size"] and int(rb.batch_rows[rb.position]) == rec["row"]
+        assert len(set(rb.batch_rows.tolist())) == rec["batch_size"]  # m distinct rows
+        case = make_case(65, 128, 5)
+        assert torch.equal(_bits(rb.batch.x), _bits(case.x[rb.batch_rows]))
+        _reproduces(rec, b)
+
+
+def test_rebuild_dweight_record() -> None:
+    b = NondeterministicDweight()
+    (rec,) = checks.dweight_repeatable(b, None, rows=63, seed=4, **QUICK).records
+    rb = rebuild_case(rec)
+    assert rb.position == rb.row == -1 and rb.batch.x.shape == (63, 128) and rb.other_label == "same batch"
+    a, c = rb.run(b)["dweight"]
+    assert int((_bits(a) != _bits(c)).sum()) == rec["cols_differ"]
+
+
+def test_rebuild_from_a_csv_row_and_from_the_json_alone(tmp_path: Path) -> None:
+    b = PositionDependentOutput()
+    recs = checks.all_rows(b, OpOptions(norm_before_gate=False), ns=(7,), seeds=(3,), **QUICK).records
+    path = write_records(records_frame(recs), tmp_path / "r.csv")
+    row = read_records(path).iloc[0]
+    rb = rebuild_case(row)
+    assert rb.opts == OpOptions(norm_before_gate=False)
+    assert rebuild_case(str(row["rebuild"])).row == rb.row
+    _reproduces({**recs[0]}, b)
+
+
+def test_sweep_batch_rows_is_seeded_and_places_the_probe() -> None:
+    a = sweep_batch_rows(100, 10, 7, 4, perm_seed=123)
+    assert a.tolist() == sweep_batch_rows(100, 10, 7, 4, perm_seed=123).tolist()
+    assert int(a[4]) == 7 and len(set(a.tolist())) == 10
+    # the other rows do not depend on the position
+    b = sweep_batch_rows(100, 10, 7, 9, perm_seed=123)
+    assert [r for r in a.tolist() if r != 7] == [r for r in b.tolist() if r != 7]
+    assert sweep_batch_rows(100, 100, 7, 0, perm_seed=1).sort().values.tolist() == list(range(100))
+    with pytest.raises(ValueError, match="position"):
+        sweep_batch_rows(100, 10, 7, 10, perm_seed=1)
+    with pytest.raises(ValueError, match="m"):
+        sweep_batch_rows(100, 101, 7, 0, perm_seed=1)
+
+
+def test_bad_rebuild_specs_are_refused() -> None:
+    with pytest.raises(ValueError, match="rebuild"):
+        rebuild_case({"backend": "x"})
+    with pytest.raises(ValueError, match="JSON"):
+        rebuild_case({"rebuild": "{not json"})
+    with pytest.raises(ValueError, match="version"):
+        rebuild_case({"rebuild": json.dumps({"v": 99})})
+    spec = {
+        "v": 1,
+        "check": "all_rows",
+        "case": {"rows": 7, "d": 128, "seed": 3, "dtype": "bfloat16", "weight_dtype": "bfloat16"},
+        "opts": OpOptions().as_dict(),
+        "batch": {"kind": "slice", "start": 0, "size": 7},
+        "row": 2,
+        "position": 3,
+    }
+    with pytest.raises(ValueError, match="does not hold row"):
+        rebuild_case(json.dumps(spec))
+    with pytest.raises(ValueError, match="outside"):
+        rebuild_case(json.dumps({**spec, "batch": {"kind": "slice", "start": 5, "size": 7}}))
+    with pytest.raises(ValueError, match="batch kind"):
+        rebuild_case(json.dumps({**spec, "batch": {"kind": "zip"}}))
+    with pytest.raises(TypeError, match="record"):
+        rebuild_case(3)  # type: ignore[arg-type]

@@ -1,0 +1,123 @@
+"""Both investigation notebooks executed end to end by papermill, asserting on what a reader sees.
+
+investigate_rows runs on a tiny run holding a planted batch-size-dependent backend, so there are
+real differing rows; compare_runs lays the seed B200 report beside an artifact with planted flips.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+
+import jupytext
+import nbformat
+import papermill
+import pytest
+
+# the tiny run with planted faulty backends, shared with the unit tests (one real run per session)
+from conftest import BATCH_FAULT, POSITION_FAULT, REPO_ROOT
+
+from rlnorm.checkout import seed_report_path
+from rlnorm.kit.artifact import read_artifact, write_artifact
+from rlnorm.report.investigate import differing_rows
+from rlnorm.report.runs import load_run
+
+pytestmark = pytest.mark.slow
+
+NOTEBOOKS = REPO_ROOT / "notebooks"
+SEED = seed_report_path()
+
+
+def execute(name: str, workdir: Path, parameters: dict) -> nbformat.NotebookNode:
+    """jupytext the percent source into an .ipynb in workdir, run it with papermill, return the result."""
+    nb = jupytext.read(NOTEBOOKS / f"{name}.py")
+    src = workdir / f"{name}.ipynb"
+    out = workdir / f"{name}.out.ipynb"
+    jupytext.write(nb, src)
+    papermill.execute_notebook(
+        str(src), str(out), parameters=parameters, kernel_name="python3", cwd=str(workdir), progress_bar=False
+    )
+    return nbformat.read(out, as_version=4)
+
+
+def texts(nb: nbformat.NotebookNode) -> list[str]:
+    """Every text a reader sees in the outputs: stream text, plain-text and markdown renderings."""
+    out = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "stream":
+                out.append(o["text"])
+            data = o.get("data", {})
+            for mime in ("text/markdown", "text/plain"):
+                if mime in data:
+                    out.append(data[mime])
+    return out
+
+
+def images(nb: nbformat.NotebookNode) -> int:
+    return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
+def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Path, tmp_path: Path) -> None:
+    nb = execute("investigate_rows", tmp_path, {"run": str(tiny_run), "device": "cpu"})
+    shown = "\n".join(texts(nb))
+    # the differing-rows table of the first planted backend, picked by default
+    assert f"**{BATCH_FAULT}**, check **all_rows**" in shown
+    # the explanation of its first row: columns differ by a nonzero number of ulps, reproduced here
+    m = re.search(r"differs in (\d+) of 128 columns by at most (\d+) ulp from the same row computed alone", shown)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) >= 1
+    assert "128/128 alone" in shown
+    assert (
+        "depends on the row count" in shown
+    )  # the probes name the planted cause  # the fault's row alone is correctly rounded, in the batch it is not
+    # the differing-columns table carries the correctly rounded value and the ulp columns
+    assert "correctly_rounded" in shown and "ulp_batch_vs_compared" in shown
+    # rstd both ways, and the other backends compared on the same row
+    assert "fp64_from_x" in shown and "fp32_from_x" in shown
+    assert "reference" in shown and POSITION_FAULT in shown and "batch_equal_compared" in shown
+    assert images(nb) == 1  # the per-column plot
+    assert "FAIL (fwd" in shown  # the run's own verdicts table
+
+
+def test_investigate_rows_notebook_on_the_seed_report_says_it_has_no_records(tmp_path: Path) -> None:
+    shown = "\n".join(texts(execute("investigate_rows", tmp_path, {"run": str(SEED)})))
+    assert "This artifact has no per-row records" in shown
+    assert "FAIL (fwd 95, grad 152)" in shown  # its counts are still shown
+
+
+def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: Path, tmp_path: Path) -> None:
+    table = differing_rows(load_run(tiny_run).records, POSITION_FAULT, "batch_size_sweep")
+    index = len(table) - 1
+    row, case = int(table.loc[index, "row"]), str(table.loc[index, "case"])
+    params = {
+        "run": str(tiny_run / "rms_norm_gated_reuse_check.json"),
+        "backend": POSITION_FAULT,
+        "check": "batch_size_sweep",
+        "row_index": index,
+        "others": ["reference"],
+    }
+    shown = "\n".join(texts(execute("investigate_rows", tmp_path, params)))
+    assert f"**{POSITION_FAULT}**, check **batch_size_sweep**" in shown
+    assert f"'s y for row {row} (batch_size_sweep, case {case}, seed 3)" in shown
+    assert "depends on the row's position" in shown
+
+
+def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:
+    seed = read_artifact(SEED)
+    b = copy.deepcopy(seed)
+    b["environment"]["gpu"] = "NVIDIA H200"
+    fused = b["results"]["fla_fused_norm_gate"]["batch_invariance"]
+    fused["full_vs_sub_batches"].update(fwd_differ=0, rowgrad_differ=0)
+    fused["batch_invariant"] = True
+    b["results"]["vllm"]["accuracy_latency"]["fwd_us"] = 58.6
+    write_artifact(b, tmp_path / "h200" / "rms_norm_gated_reuse_check.json")
+    # artifact_a left at its default: the seed report shipped with rlnorm
+    nb = execute("compare_runs", tmp_path, {"artifact_b": str(tmp_path / "h200")})
+    shown = "\n".join(texts(nb))
+    assert "- fla_fused_norm_gate full_vs_sub_batches: FAIL (fwd 95, grad 152) -> pass" in shown
+    assert "- fla_fused_norm_gate batch_invariant: FAIL -> pass" in shown
+    assert "- vllm fwd_us: 87.1 -> 58.6 us (0.67x, faster)" in shown
+    assert "A: NVIDIA B200" in shown and "B: NVIDIA H200" in shown
+    assert "fwd_us_ratio" in shown and "fwd_correctly_rounded_a" in shown
+    assert images(nb) == 1

@@ -1,0 +1,161 @@
+"""notebooks/reuse_check.py executed end to end by papermill (through the CLI) on tiny parameters:
+the artifact is schema-valid, every backend is present with its status, a planted fault is caught,
+and the plots exist both as PNG files and inline in the notebook and its HTML."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import nbformat
+import pandas as pd
+import pytest
+import yaml
+from conftest import TINY_SIZES
+
+from rlnorm import cli
+from rlnorm.kit.artifact import read_artifact
+from rlnorm.kit.params import load_params
+
+pytestmark = pytest.mark.slow
+
+FAULT = "rlnorm.kit.faults:BatchSizeDependentOutput"
+PLOTS = ["agreement", "differing_rows", "error_distributions", "latency", "vs_reference_report"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One CLI run shared by the assertions below (a notebook run costs tens of seconds on a CPU)."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    params = {
+        "name": "tiny",
+        "device": "cpu",
+        "progress": False,
+        "backends": ["reference", "rlnorm", "vllm"],
+        "custom_backends": [FAULT, "no_such_package.anywhere:fn"],
+        **TINY_SIZES,
+        "gate_timeout_s": 300.0,
+    }
+    f = tmp / "tiny.yaml"
+    f.write_text(yaml.safe_dump(params))
+    load_params(f)  # the fixture itself is valid
+    rc = cli.main(["run", str(f), "--outputs", str(tmp / "outputs")])
+    run_dir = tmp / "outputs" / "tiny"
+    assert rc == 0, (run_dir / "reuse_check.ipynb").exists() and _errors(run_dir / "reuse_check.ipynb")
+    return run_dir
+
+
+def _errors(executed: Path) -> list[str]:
+    nb = nbformat.read(executed, as_version=4)
+    return [
+        f"{o.ename}: {o.evalue}"
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o.output_type == "error"
+    ]
+
+
+def test_run_folder_holds_every_file(tiny_run: Path) -> None:
+    names = {str(p.relative_to(tiny_run)) for p in tiny_run.rglob("*") if p.is_file()}
+    assert {"reuse_check.ipynb", "reuse_check.html", "rms_norm_gated_reuse_check.json", "records.csv"} <= names
+    assert {f"plots/{p}.png" for p in PLOTS} <= names
+    assert not [n for n in names if n.endswith(".tmp") or n.startswith(".")], "no temp files left"
+
+
+def test_artifact_is_schema_valid_with_every_backend_and_its_status(tiny_run: Path) -> None:
+    art = read_artifact(tiny_run / "rms_norm_gated_reuse_check.json")  # validates against the schema
+    assert art["quick"] is True and art["params"]["name"] == "tiny" and art["param_set"] == "tiny"
+    assert art["environment"]["gpu"] == "cpu" and art["environment"]["libraries"]["torch"]
+    results = art["results"]
+    assert set(results) == {"reference", "rlnorm", "vllm", FAULT, "no_such_package.anywhere:fn"}
+    for key, r in results.items():
+        assert r["status"] in ("ran", "skipped", "failed"), key
+        if r["status"] != "ran":
+            assert r["skip_reason"], f"{key} was not run and says why"
+    assert results["vllm"]["status"] == "skipped"
+    assert results["no_such_package.anywhere:fn"]["status"] == "failed"
+    assert "no_such_package" in results["no_such_package.anywhere:fn"]["skip_reason"]
+
+    ref = results["reference"]
+    assert ref["status"] == "ran" and not ref["errors"]
+    bi = ref["batch_invariance"]
+    assert bi["batch_invariant"] is True and bi["dweight_repeatable"] is True
+    assert bi["all_rows"]["7"] == {**bi["all_rows"]["7"], "rows": 7, "fwd_differ": 0, "rowgrad_differ": 0}
+    assert ref["accuracy_latency"]["rows"] == 63
+    gates = ref["contract_gates"]
+    assert gates["forward"]["passed"] is True and gates["forward"]["returncode"] == 0
+    # the reference's own dweight is a float sum (order dependent): the gate may fail it, but it ran
+    assert gates["gradient"]["returncode"] == 0 and gates["gradient"]["singleton_aggregate"]
+
+    fault = results[FAULT]
+    assert fault["status"] == "ran"
+    assert fault["batch_invariance"]["batch_invariant"] is False, "the planted batch-size fault is caught"
+
+    agreement = art["agreement"]
+    ran = [k for k, r in results.items() if r["status"] == "ran"]
+    assert agreement["backends"] == ran
+    assert agreement["equal_fraction"][0][0] == 1.0
+
+    assert art["records"] == "records.csv"
+    assert sorted(art["plots"]) == PLOTS and all((tiny_run / p).is_file() for p in art["plots"].values())
+
+
+def test_records_name_the_faults_rows(tiny_run: Path) -> None:
+    from rlnorm.kit.records import read_records
+
+    df = read_records(tiny_run / "records.csv")
+    assert not df.empty and set(df["backend"]) == {FAULT}, "only the planted fault has differing rows"
+    assert {"all_rows", "full_vs_sub_batches", "batch_size_sweep"} & set(df["check"])
+    assert all(json.loads(s) for s in df["rebuild"])
+
+
+def test_plots_are_pngs_and_inline(tiny_run: Path) -> None:
+    for name in PLOTS:
+        data = (tiny_run / "plots" / f"{name}.png").read_bytes()
+        assert data.startswith(PNG_MAGIC) and len(data) > 5_000, name
+    nb = nbformat.read(tiny_run / "reuse_check.ipynb", as_version=4)
+    inline = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    assert len(inline) == len(PLOTS)
+    assert base64.b64decode(inline[0]["data"]["image/png"]).startswith(PNG_MAGIC)
+
+
+def test_html_reads_without_code(tiny_run: Path) -> None:
+    html = (tiny_run / "reuse_check.html").read_text()
+    assert "steps.run_checks" not in html and "params_from_namespace" not in html
+    assert "Batch invariance, accuracy and latency" in html and "Verdict" in html
+    assert html.count("data:image/png;base64") >= len(PLOTS)
+    assert "not</strong> batch invariant" in html or "**not** batch invariant" in html
+
+
+def test_executed_notebook_has_no_errors_and_shows_the_tables(tiny_run: Path) -> None:
+    assert _errors(tiny_run / "reuse_check.ipynb") == []
+    nb = nbformat.read(tiny_run / "reuse_check.ipynb", as_version=4)
+    titles = [c.metadata.get("title") for c in nb.cells if c.cell_type == "code"]
+    assert "Run the checks" in titles and "Plots" in titles
+
+
+def test_validate_command_accepts_the_run(tiny_run: Path, capsys) -> None:
+    assert cli.main(["validate", str(tiny_run / "rms_norm_gated_reuse_check.json")]) == 0
+    assert "valid artifact" in capsys.readouterr().out
+
+
+def test_the_notebook_itself_refuses_unknown_parameters(outputs_dir: Path) -> None:
+    """Under plain papermill nothing validates before the kernel: the notebook's own cell must."""
+    with pytest.raises(cli.RunFailed) as info:
+        cli.run_notebook({"name": "bad", "device": "cpu", "bogus_param": 1, "sweep_n": "9"}, outputs_dir / "bad")
+    msg = str(info.value)
+    assert "'Validate parameters' failed: ParamsError" in msg
+    assert "bogus_param: unknown parameter" in msg
+    assert (outputs_dir / "bad" / "reuse_check.ipynb").exists()
+
+
+def test_records_frame_is_empty_safe(tmp_path: Path) -> None:
+    """A run where nothing differs still writes a records CSV with the columns (read back typed)."""
+    from rlnorm.kit.records import RECORD_COLUMNS, read_records, records_frame, write_records
+
+    write_records(records_frame([]), tmp_path / "r.csv")
+    df = read_records(tmp_path / "r.csv")
+    assert list(df.columns) == RECORD_COLUMNS and isinstance(df, pd.DataFrame) and df.empty
