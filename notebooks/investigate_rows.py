@@ -53,12 +53,8 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from rlnorm.report.compare import run_verdicts
-from rlnorm.report.investigate import (
-    differing_rows,
-    explain_record,
-    failing_summary,
-    records_dropped,
-)
+from rlnorm.report.explain import explain_record
+from rlnorm.report.investigate import differing_rows, failing_summary, records_dropped
 from rlnorm.report.plots.row import plot_row
 from rlnorm.report.runs import latest_run, load_run
 

@@ -341,9 +341,26 @@ def build_parser() -> argparse.ArgumentParser:
     val = sub.add_parser("validate", help="check an artifact .json (schema, files it names) or a params .yaml")
     val.add_argument("path")
     val.set_defaults(func=_cmd_validate)
+    for name, what in BENCH_COMMANDS.items():
+        cmd = sub.add_parser(name, help=what, add_help=False)
+        cmd.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
+# the benchmark's own command lines, reached through `python -m rlnorm NAME ...` (their --help says the rest)
+BENCH_COMMANDS = {
+    "bench": "time rlnorm and its peers against a same-run torch.add (GPU); see docs/benchmarking.md",
+    "bench-merge": "merge bench runs from separate processes into one table of medians",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in BENCH_COMMANDS:
+        # imported here: the benchmark pulls in every peer's adapter, which `run` and `validate` never need
+        from rlnorm import bench
+        from rlnorm.bench import merge
+
+        return int((bench.main if argv[0] == "bench" else merge.main)(argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args))

@@ -2,7 +2,7 @@
 
 A plain `.to(torch.bfloat16)` of a float64 tensor goes through float32 and so rounds twice;
 `round_once` rounds once. `exact_sum` adds float32 values with no rounding at all (integer
-arithmetic), then rounds once: the definition of the order-independent dweight (SPEC §2).
+arithmetic), then rounds once: the definition of the order-independent dweight (docs/spec.md §2).
 """
 
 from __future__ import annotations

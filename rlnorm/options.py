@@ -9,7 +9,7 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "sigmoid": "sigmoid"}
 
 @dataclass(frozen=True)
 class OpOptions:
-    """The op's knobs (SPEC §1). `activation` is stored normalised ("swish" -> "silu")."""
+    """The op's knobs (docs/spec.md §1). `activation` is stored normalised ("swish" -> "silu")."""
 
     eps: float = 1e-6
     group_size: int | None = None

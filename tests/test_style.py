@@ -1,5 +1,5 @@
-"""The repository is ruff-clean (lint and format, pyproject's rules), and its documents' links resolve in a clean
-clone: CI proves both, not a reviewer's eye."""
+"""The repository is ruff-clean (lint and format, pyproject's rules), its documents' links and cited paths resolve
+in a clean clone, and neither documents nor code narrate how they were built: CI proves it, not a reviewer's eye."""
 
 from __future__ import annotations
 
@@ -67,8 +67,8 @@ def broken_links(md: Path, root: Path = REPO_ROOT, tracked: set[str] | None = No
 
 
 def test_every_relative_link_in_the_documents_resolves():
-    """Every committed document's links lead to committed files (session 18's README linked a folder that
-    .gitignore kept out of the repository: present here, absent from every clone)."""
+    """Every committed document's links lead to committed files (a folder that .gitignore keeps out of the
+    repository is present in the checkout that wrote the link, and absent from every clone)."""
     tracked = tracked_files(REPO_ROOT)
     docs = (
         [REPO_ROOT / f for f in sorted(tracked) if f.endswith(".md")]
@@ -91,3 +91,91 @@ def test_a_planted_broken_link_is_reported(tmp_path):
     assert broken_links(md) == ["outputs/missing/NOTE.md"]  # no git: existence only
     tracked = {"there.md", "doc.md"}
     assert broken_links(md, tmp_path, tracked) == ["outputs/missing/NOTE.md", "untracked.md"]
+
+
+# -- no development history in documents and code -----------------------------------------------------------------
+HISTORY = re.compile(r"\b(sessions?|issues?|sprints?)\s+#?\d+", re.IGNORECASE)
+TEXT_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".toml", ".sh", ".cfg", ".txt"}
+
+
+def history_words(path: Path) -> list[str]:
+    """Lines that say when something was built ("session 7", "issue 5") instead of why."""
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    return [f"{path.name}:{i}: {ln.strip()[:100]}" for i, ln in enumerate(lines, 1) if HISTORY.search(ln)]
+
+
+def _text_files(root: Path) -> list[Path]:
+    tracked = tracked_files(root)
+    names = sorted(tracked) if tracked is not None else [p.relative_to(root).as_posix() for p in root.rglob("*")]
+    return [
+        root / f
+        for f in names
+        if (root / f).is_file()
+        and (Path(f).suffix in TEXT_SUFFIXES or f.startswith(".ci/"))
+        and not f.startswith("outputs/")
+    ]
+
+
+def test_documents_and_code_do_not_narrate_their_history():
+    found = [hit for path in _text_files(REPO_ROOT) for hit in history_words(path)]
+    assert not found, found
+
+
+def test_a_planted_history_word_is_found(tmp_path):
+    doc = tmp_path / "x.md"
+    doc.write_text("Why: the bound is the proof.\nAdded in session 12 (issue #5).\nstart_new_session=True\n")
+    assert history_words(doc) == ["x.md:2: Added in session 12 (issue #5)."]
+
+
+# -- every repository path a document cites exists ----------------------------------------------------------------
+TOP = ("rlnorm/", "tests/", "notebooks/", "params/", "docs/", "tools/", "benchmarks/", "outputs/", ".ci/")
+ROOT_FILES = ("README.md", "CONTRIBUTING.md", "pyproject.toml", "environment.yml")
+CITED = re.compile(r"`([^`\s]+)`|\]\(([^)\s]+)\)")
+
+
+def cited_paths(md: Path) -> list[str]:
+    """Repository paths a document names in code spans or links (placeholders such as NAME or <gpu> skipped)."""
+    out = []
+    for code, link in CITED.findall(md.read_text(encoding="utf-8")):
+        target = (code or link).split("#", 1)[0].rstrip(".,:;)")
+        target = re.sub(r":\d+(-\d+)?$", "", target)  # path:line
+        if not (target.startswith(TOP) or target in ROOT_FILES):
+            continue
+        if re.search(r"[<>{}]|\bNAME\b|\.\.\.|[A-Z]{3,}/", target):
+            continue
+        out.append(target)
+    return out
+
+
+def missing_paths(md: Path, root: Path = REPO_ROOT) -> list[str]:
+    missing = []
+    for target in cited_paths(md):
+        if any(ch in target for ch in "*?["):
+            if not list(root.glob(target)):
+                missing.append(target)
+        elif not (root / target).exists():
+            missing.append(target)
+    return missing
+
+
+def test_every_repository_path_the_documents_cite_exists():
+    tracked = tracked_files(REPO_ROOT)
+    docs = (
+        [REPO_ROOT / f for f in sorted(tracked) if f.endswith(".md") and not f.startswith("outputs/")]
+        if tracked
+        else []
+    )
+    assert len(docs) >= 4, docs
+    bad = {str(md.relative_to(REPO_ROOT)): m for md in docs if (m := missing_paths(md))}
+    assert not bad, bad
+
+
+def test_a_planted_missing_path_is_found(tmp_path):
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "quick.yaml").write_text("")
+    md = tmp_path / "doc.md"
+    md.write_text(
+        "Run `params/quick.yaml`, see [x](params/quick.yaml#top), `params/*.yaml`, `outputs/NAME/`,"
+        " `outputs/<gpu>-full/`, and `scripts/gone.py` (not a top folder), `docs/gone.md`, `tools/x.py:12`."
+    )
+    assert missing_paths(md, tmp_path) == ["docs/gone.md", "tools/x.py"]

@@ -459,7 +459,7 @@ def format_table(shape: dict) -> str:
 def code_version() -> dict:
     """commit, tracked_tree_dirty, commit_source: what the caller states ($RLNORM_COMMIT /
     $RLNORM_TREE_DIRTY) wins over git, because the GPU machine's copy of the tree may carry a stale
-    .git (seen: it reported the session's first commit under later code). git's view is kept too."""
+    .git (seen: it reported an earlier commit under later code). git's view is kept too."""
 
     # git's HEAD where a checkout is present (else environment falls back to $RLNORM_COMMIT itself)
     git_head, git_dirty = env.git_commit(), env.tracked_tree_dirty()

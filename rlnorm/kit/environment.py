@@ -110,7 +110,7 @@ def collect_environment(device: str | torch.device = "cpu") -> dict[str, Any]:
 
 # The caller may state what `git` says: RLNORM_COMMIT=$(git rev-parse HEAD), RLNORM_TREE_DIRTY=0|1.
 # A stated value wins over the checkout: the GPU machine gets a copy of the working tree whose .git,
-# when one travels along, can be stale (seen: it reported the session's first commit under later code).
+# when one travels along, can be stale (seen: it reported an earlier commit under later code).
 COMMIT_ENV = "RLNORM_COMMIT"
 DIRTY_ENV = "RLNORM_TREE_DIRTY"
 

@@ -1,4 +1,4 @@
-"""Contract gates (SPEC §4): a forward and a gradient gate per backend, each in its own child process.
+"""Contract gates (docs/spec.md §5): a forward and a gradient gate per backend, each in its own child process.
 
 A child process, because the thing being gated may take the process down (a device assert, a
 segfault in a compiled extension) or never return; the parent records returncode, the lines
@@ -90,7 +90,7 @@ def _chunks(tokens: list[int], size: int) -> list[list[int]]:
 
 
 def build_cells(seed: int = 0) -> list[Cell]:
-    """The cells of SPEC §4, in token slots; `BN/full` first (everything is compared with it)."""
+    """The cells of docs/spec.md §5, in token slots; `BN/full` first (everything is compared with it)."""
     samples = _sample_token_ranges()
     all_tokens = [t for s in samples for t in s]
     longest = max(SAMPLE_TOKENS)

@@ -33,7 +33,7 @@ __all__ = [
     "load_params",
 ]
 
-# the SPEC §3 backends, in the registry's order: one list for the kit, not a second copy here
+# the docs/spec.md §6 backends, in the registry's order: one list for the kit, not a second copy here
 ALL_BACKENDS = list(REGISTRY)
 ALL_CHECKS = [
     "all_rows",
@@ -44,7 +44,7 @@ ALL_CHECKS = [
     "contract_gates",
     "agreement",
 ]
-# SPEC §4 batch_size_sweep: sizes 1..9 and 2^k-1, 2^k, 2^k+1 for k = 4..12 (36 sizes)
+# docs/spec.md §5 batch_size_sweep: sizes 1..9 and 2^k-1, 2^k, 2^k+1 for k = 4..12 (36 sizes)
 DEFAULT_SWEEP_SIZES = list(range(1, 10)) + [m for k in range(4, 13) for m in (2**k - 1, 2**k, 2**k + 1)]
 # probes 0 and n-1 plus 515, 1027, ..., 3075 (n = 4097)
 DEFAULT_SWEEP_PROBE_ROWS = [0, 515, 1027, 1539, 2051, 2563, 3075, 4096]
@@ -62,7 +62,7 @@ class ParamsError(ValueError):
 
 @dataclass(frozen=True)
 class RunParams:
-    """One run of the reuse check. Defaults are the SPEC §4 protocol (what `params/full.yaml` spells out)."""
+    """One run of the reuse check. Defaults: the full protocol (docs/spec.md §4-5), as `params/full.yaml` has it."""
 
     # -- the run ------------------------------------------------------------------------------
     name: str = "run"  # the run folder's name under outputs/, and the plots' titles
@@ -72,7 +72,7 @@ class RunParams:
     device: str = "auto"  # auto | cpu | cuda
     progress: bool = True  # tqdm bars for the long loops
     rfc: str = "RL-Align/RL-Kernel#428"
-    # -- the op (SPEC §1) ---------------------------------------------------------------------
+    # -- the op (docs/spec.md §1) ---------------------------------------------------------------------
     d: int = 128
     eps: float = 1e-6
     group_size: int | None = None
@@ -83,7 +83,7 @@ class RunParams:
     backends: list[str] = field(default_factory=lambda: list(ALL_BACKENDS))
     custom_backends: list[str] = field(default_factory=list)  # "package.module:attr"
     checks: list[str] = field(default_factory=lambda: list(ALL_CHECKS))
-    # -- sizes and seeds per check (SPEC §4) -----------------------------------------------------
+    # -- sizes and seeds per check (docs/spec.md §5) -----------------------------------------------------
     all_rows_sizes: list[int] = field(default_factory=lambda: [64, 257, 4097])
     all_rows_seeds: list[int] = field(default_factory=lambda: [3, 4, 5])
     dweight_rows: int = 4097

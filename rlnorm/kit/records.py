@@ -3,7 +3,7 @@
 A record says which row differed, in which batch, by how much; its `rebuild` column is a JSON
 string holding everything needed to regenerate that exact batch (case size, width, seed, dtypes,
 options, and the slice or the sweep's seeded permutation). So a notebook reaches one failing row
-in one backend call instead of rerunning a whole check (issue 4, item 3).
+in one backend call instead of rerunning a whole check .
 """
 
 from __future__ import annotations

@@ -336,7 +336,7 @@ PROTOCOL_FIELDS = (
 
 
 def is_quick(params: RunParams) -> bool:
-    """True when the run is smaller than the SPEC §4 protocol (the report's `quick` key)."""
+    """True when the run is smaller than the full protocol (docs/spec.md §4-5) (the report's `quick` key)."""
     full = RunParams()
     return any(getattr(params, f) != getattr(full, f) for f in PROTOCOL_FIELDS)
 

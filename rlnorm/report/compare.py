@@ -16,7 +16,7 @@ import pandas as pd
 
 from rlnorm.report.runs import artifact_label, load_artifact
 
-# The checks a verdict is given for, in report order (gates are the contract_gates of SPEC §4).
+# The checks a verdict is given for, in report order (gates are the contract_gates of docs/spec.md §5).
 VERDICT_CHECKS = (
     "all_rows",
     "dweight_repeatable",

@@ -160,16 +160,14 @@ def check_table(run: Run) -> pd.DataFrame:
 
 
 def params_table(run: Run) -> pd.DataFrame:
-    """This run's parameters beside the SPEC §4 protocol's (run paths left out: they say nothing)."""
+    """This run's parameters beside the full protocol (docs/spec.md §4-5)'s (run paths left out: they say nothing)."""
     p, full = run.params.as_dict(), RunParams().as_dict()
     rows = []
     for key in p:
         if key in ("output_dir", "staging_dir"):
             continue
         mine, spec = p[key], full[key]
-        rows.append(
-            {"parameter": key, "this run": _short(mine), "SPEC §4 protocol": "" if mine == spec else _short(spec)}
-        )
+        rows.append({"parameter": key, "this run": _short(mine), "full protocol": "" if mine == spec else _short(spec)})
     return pd.DataFrame(rows).set_index("parameter")
 
 
@@ -194,7 +192,7 @@ def environment_table(run: Run) -> pd.DataFrame:
 
 
 def make_plots(run: Run) -> dict[str, Path]:
-    """The SPEC §6 figures as PNGs under plots/ (titled from the artifact: GPU, commit, parameter set),
+    """The docs/spec.md §7.2 figures as PNGs under plots/ (titled from the artifact: GPU, commit, parameter set),
     with the reference B200 report beside this run where they share a measure. {name: PNG path}."""
 
     if run.artifact is None:

@@ -1,4 +1,4 @@
-"""The SPEC §4 checks: each one catches exactly the planted fault it exists for, and nothing else.
+"""The docs/spec.md §5 checks: each one catches exactly the planted fault it exists for, and nothing else.
 
 CPU sizes; bitwise expectations are derived from the faults' own masks, so a check that counted
 the wrong rows (not just "some" rows) fails here.

@@ -117,7 +117,7 @@ def test_nondeterministic_dweight_fails_the_dweight_lines_only():
 
 
 def test_eager_reference_fails_only_the_dweight_lines():
-    """Eager autograd sums dweight in fp32 in the reduction's order: not the exact aggregate (SPEC §2)."""
+    """Eager autograd sums dweight in fp32 in the reduction's order: not the exact aggregate (docs/spec.md §2)."""
     b = load_backend("reference")
     assert not _failed_pairs(forward_gate(b, OPTS, "cpu", emit=_quiet, heads=2, d=128))
     failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", emit=_quiet, heads=2, d=128))

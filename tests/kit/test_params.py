@@ -1,4 +1,4 @@
-"""Run parameters: defaults are the SPEC protocol, the parameter files are complete and valid, and
+"""Run parameters: defaults are the full protocol (docs/spec.md §4), the parameter files are complete and valid, and
 every unknown or ill-typed parameter stops the run with a message naming it."""
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ def test_tables_for_the_notebook(finished_run: steps.Run) -> None:
     assert star == "64.0* (63.0-65.0)"
     assert tables._span({"fwd_bwd_us": 9.0, "host_bound": {"fwd": True}}, "fwd_bwd_us") == "9.0"
     params = tables.params_table(finished_run)
-    assert "staging_dir" not in params.index and params.loc["sweep_n", "SPEC §4 protocol"] == "4097"
+    assert "staging_dir" not in params.index and params.loc["sweep_n", "full protocol"] == "4097"
     env = tables.environment_table(finished_run)
     assert env.loc["torch", "value"] == torch.__version__ and "commit" in env.index
     verdict = tables.verdict_markdown(finished_run)

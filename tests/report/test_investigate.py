@@ -15,12 +15,10 @@ from rlnorm.kit.backends import Backend
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
+from rlnorm.report.explain import DIAGNOSES, explain_record, explain_row
 from rlnorm.report.investigate import (
-    DIAGNOSES,
     correctly_rounded,
     differing_rows,
-    explain_record,
-    explain_row,
     failing_summary,
     pick_failing,
     records_dropped,

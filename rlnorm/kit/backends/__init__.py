@@ -1,4 +1,4 @@
-"""Backends: one small interface in front of every implementation the kit checks (SPEC §3).
+"""Backends: one small interface in front of every implementation the kit checks (docs/spec.md §6).
 
 A backend either overrides `forward` / `forward_backward`, or gives one differentiable `_fn` and
 lets the base class derive both (dweight then comes from the backend's OWN autograd graph, with
@@ -311,7 +311,7 @@ def _load_builtin(key: str) -> Backend:
 
 
 def load_backend(spec: str | Backend) -> Backend:
-    """A registered key (SPEC §3) or `package.module:attr` -> Backend. ValueError naming spec if it doesn't fit."""
+    """A registered key (docs/spec.md §6) or `package.module:attr` -> Backend; ValueError naming spec if unfit."""
     if isinstance(spec, Backend):
         return spec
     if not isinstance(spec, str) or not spec.strip():

@@ -38,7 +38,7 @@ def per_row_grads(x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOp
 
 
 class ExactReferenceBackend(Backend):
-    """The reference with the SPEC §2 dweight: exact sum of per-row fp32 contributions, rounded once.
+    """The reference with the docs/spec.md §2 dweight: exact sum of per-row fp32 contributions, rounded once.
 
     Not a registered key: eager autograd (`reference`) sums dweight in fp32 in whatever order the
     reduction takes, so it is NOT order-independent and fails the singleton-aggregate and permuted

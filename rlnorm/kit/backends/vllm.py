@@ -1,4 +1,4 @@
-"""The `vllm` backend: vLLM's own `RMSNormGated.forward_cuda`, forward only (SPEC §3).
+"""The `vllm` backend: vLLM's own `RMSNormGated.forward_cuda`, forward only (docs/spec.md §6).
 
 What is called: `vllm.model_executor.layers.layernorm.RMSNormGated(D, eps, group_size,
 norm_before_gate, dtype=w.dtype, activation)`, constructed under a current vLLM config (its

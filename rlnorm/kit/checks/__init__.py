@@ -1,4 +1,4 @@
-"""The reuse checks of SPEC §4: batch invariance per row, dweight repeatability, accuracy and latency.
+"""The reuse checks of docs/spec.md §5: batch invariance per row, dweight repeatability, accuracy and latency.
 
 Every check takes `(backend, opts, device, ...sizes/seeds...)` and returns `CheckResult(summary,
 records)`: `summary` holds the seed report's fields for that check (plus the NEW ones), `records`

@@ -1,4 +1,4 @@
-"""The SPEC §6 figures, drawn from an artifact (and the per-row records) alone.
+"""The docs/spec.md §7.2 figures, drawn from an artifact (and the per-row records) alone.
 
 Each function returns a matplotlib Figure and, given `out_dir`, also writes `<name>.png` there.
 Figures are built with `matplotlib.figure.Figure` (no pyplot state, so Agg-safe in a worker and

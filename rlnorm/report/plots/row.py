@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from rlnorm.report.investigate import RowExplanation
+from rlnorm.report.explain import RowExplanation
 
 
 def plot_row(expl: RowExplanation):

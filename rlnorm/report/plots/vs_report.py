@@ -167,7 +167,7 @@ def plot_vs_reference_report(
         ax.set_title(
             "rows that differ: this run | report   (colour = this run: green 0, red > 0, grey no value)\n"
             "gates passed: the report's gradient gates compared the reference op's own dweight hook for every "
-            "library, so their dweight lines passed by construction (SPEC §4)",
+            "library, so their dweight lines passed by construction (docs/spec.md §5)",
             fontsize=10,
             loc="left",
         )
