@@ -99,6 +99,7 @@ timing_iters = 3
 agreement_rows = 257
 agreement_seed = 3
 gate_timeout_s = 600.0
+backend_timeout_s = 900.0
 max_records = 2000
 
 # %% [markdown]
@@ -123,18 +124,12 @@ tables.params_table(run)
 tables.environment_table(run)
 
 # %% [markdown]
-# ## Backends
+# ## Backends, each in a process of its own
 #
-# Each backend is loaded and probed with a tiny run on this device. One that cannot run here
-# (package missing, no GPU, an option it does not have) is **skipped with its reason**; it never
-# stops the run.
-
-# %% Load and probe backends
-steps.load_and_probe_backends(run)
-tables.backend_table(run)
-
-# %% [markdown]
-# ## Batch invariance, accuracy and latency
+# Every backend runs its checks in a fresh process with a time limit (`backend_timeout_s`). One that cannot run
+# here (package missing, no GPU, an option it does not have) is **skipped with its reason**; one that crashes,
+# hangs or leaves the GPU in an error state is recorded as **crashed** or **timed out**, with the check and the
+# batch it was on, and keeps the checks it finished. Neither stops the run.
 #
 # * **all_rows**: every row computed alone vs inside the whole batch, bitwise (`fwd_differ` rows
 #   whose output differs, `rowgrad_differ` rows whose dx or dz differs).
@@ -148,8 +143,9 @@ tables.backend_table(run)
 # `batch_invariant` is true only when every one of these checks ran and found no difference. A
 # check that raised is listed under `errors` and the others still ran.
 
-# %% Run the checks
-steps.run_checks(run)
+# %% Run every backend
+steps.run_backends(run)
+display(tables.backend_table(run))
 display(Markdown("**Batch invariance** (counts of rows that differ; 0 everywhere is what RL needs)"))
 display(tables.invariance_table(run))
 display(

@@ -34,7 +34,9 @@ KIND = "qwen3_next_norm_reuse_check"
 OP = "rms_norm_gated"
 DEFAULT_RFC = "RL-Align/RL-Kernel#428"
 
-BACKEND_STATUSES = ("ran", "skipped", "failed")
+BACKEND_STATUSES = ("ran", "skipped", "failed", "crashed", "timed_out")
+# statuses of a backend whose own process ended before its checks did
+ENDED_EARLY = ("crashed", "timed_out")
 # accuracy_latency fields that a backend may lack (forward-only, or the seed report predating them)
 ACCURACY_OPTIONAL_FIELDS = (
     "grad_rel_err",
@@ -204,6 +206,7 @@ def _normalize_backend(entry: Any, seed: bool) -> Any:
         "accuracy_latency",
         "contract_gates",
         "errors",
+        "crash",
     )
     ordered = {k: entry[k] for k in order if k in entry}
     ordered.update({k: v for k, v in entry.items() if k not in ordered})
@@ -343,7 +346,7 @@ def build_artifact(
         "results": {k: dict(v) if isinstance(v, Mapping) else v for k, v in results.items()},
     }
     for entry in doc["results"].values():
-        if isinstance(entry, dict) and entry.get("status") in ("skipped", "failed") and not entry.get("skip_reason"):
+        if isinstance(entry, dict) and entry.get("status") != "ran" and not entry.get("skip_reason"):
             entry["skip_reason"] = "no reason given"  # say so rather than leave an empty reason
         elif isinstance(entry, dict) and entry.get("status") == "ran" and entry.get("skip_reason") == "":
             entry["skip_reason"] = None

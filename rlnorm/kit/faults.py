@@ -14,6 +14,10 @@ so the only thing wrong with a fault is the one planted. Load one by import path
 | `OrderDependentDweight` | dweight is a plain fp32 fold | gradient gate (singleton_aggregate, permuted) |
 | `GateChildCrash` | the gate child process dies (SIGABRT) | both gates: returncode != 0 |
 | `GateChildHang` | the gate child sleeps past the timeout | both gates: timed_out |
+| `SegfaultPastRows` | the process segfaults on a batch of more than `limit` rows | run: status crashed, SIGSEGV |
+| `HangPastRows` | the process sleeps on a batch of more than `limit` rows | run: status timed_out |
+| `ExitPastRows` | the process exits with code 3 on a batch of more than `limit` rows | run: status crashed, code 3 |
+| `DeviceErrorPastRows` | an illegal memory access on the GPU past `limit` rows | run: crashed, device error |
 
 The output faults move outputs by exactly one ulp and leave dx, dz untouched (the perturbation is
 added outside the autograd graph), so they show up as `fwd_differ` and never as `rowgrad_differ`.
@@ -27,6 +31,8 @@ import time
 
 import numpy as np
 import torch
+import triton
+import triton.language as tl
 from torch import Tensor
 
 from rlnorm.kit.backends import Grads
@@ -36,11 +42,15 @@ from rlnorm.options import OpOptions
 __all__ = [
     "GATE_CHILD_ENV",
     "BatchSizeDependentOutput",
+    "DeviceErrorPastRows",
+    "ExitPastRows",
     "GateChildCrash",
     "GateChildHang",
+    "HangPastRows",
     "NondeterministicDweight",
     "OrderDependentDweight",
     "PositionDependentOutput",
+    "SegfaultPastRows",
     "batch_size_fault_mask",
     "bump_one_ulp",
     "position_fault_mask",
@@ -212,3 +222,77 @@ class GateChildHang(ExactReferenceBackend):
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
         self._maybe_hang()
         return super().forward_backward(x, z, w, dy, opts)
+
+
+class _PastRows(ExactReferenceBackend):
+    """The exact reference until a batch has more than `limit` rows; then the planted failure, as a kernel bug that
+    shows only at some sizes does. Every check before that size completes."""
+
+    limit = 50
+
+    def _fail(self, rows: int) -> None:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if x.shape[0] > self.limit:
+            self._fail(x.shape[0])
+        return super().forward(x, z, w, opts)
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        if x.shape[0] > self.limit:
+            self._fail(x.shape[0])
+        return super().forward_backward(x, z, w, dy, opts)
+
+
+class SegfaultPastRows(_PastRows):
+    """Reads address 0 (SIGSEGV) on a batch of more than `limit` rows."""
+
+    key = "rlnorm.kit.faults:SegfaultPastRows"
+    source = "planted fault: segfaults past 50 rows"
+
+    def _fail(self, rows: int) -> None:
+        import ctypes
+
+        sys.stderr.write(f"planted fault: reading address 0 on a batch of {rows} rows\n")
+        sys.stderr.flush()
+        ctypes.string_at(0)
+
+
+class HangPastRows(_PastRows):
+    """Sleeps for an hour on a batch of more than `limit` rows: only the run's time limit ends it."""
+
+    key = "rlnorm.kit.faults:HangPastRows"
+    source = "planted fault: hangs past 50 rows"
+
+    def _fail(self, rows: int) -> None:
+        time.sleep(3600.0)
+
+
+class ExitPastRows(_PastRows):
+    """Ends its process with `os._exit(3)` (no cleanup, no exception) on a batch of more than `limit` rows."""
+
+    key = "rlnorm.kit.faults:ExitPastRows"
+    source = "planted fault: exits with code 3 past 50 rows"
+
+    def _fail(self, rows: int) -> None:
+        os._exit(3)
+
+
+class DeviceErrorPastRows(_PastRows):
+    """On a CUDA device, a store 2^40 elements past its buffer (an illegal memory access, which leaves the
+    process's CUDA context unusable) on a batch of more than `limit` rows; on the CPU, the exact reference."""
+
+    key = "rlnorm.kit.faults:DeviceErrorPastRows"
+    source = "planted fault: illegal memory access on the GPU past 50 rows"
+
+    def _fail(self, rows: int) -> None:
+        if not torch.cuda.is_available():
+            return
+        x = torch.zeros(rows, device="cuda")
+        _store_far_away[(1,)](x, 1 << 40)
+        torch.cuda.synchronize()
+
+
+@triton.jit
+def _store_far_away(ptr, offset):
+    tl.store(ptr + offset, 1.0)  # an address no allocation holds: the kernel faults

@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -50,6 +49,7 @@ from torch import Tensor
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import load_backend
+from rlnorm.kit.isolation import child_env, kill_group
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
 
@@ -260,24 +260,6 @@ def _gate_result(returncode: int | None, stdout: str, stderr: str, timed_out: bo
     }
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env[GATE_CHILD_ENV] = "1"
-    # the child must import whatever the parent can (a user's backend module on sys.path)
-    paths = [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    return env
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """Kill the child and anything it started (compile workers): its own process group, by id."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        proc.kill()
-
-
 def run_gates(
     backend_spec,
     opts: OpOptions | dict | None = None,
@@ -327,7 +309,7 @@ def run_gates(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_child_env(),
+            env=child_env({GATE_CHILD_ENV: "1"}),
             start_new_session=True,
         )
     results = {}
@@ -339,7 +321,7 @@ def run_gates(
                 stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _kill_group(proc)
+                kill_group(proc)
                 stdout, stderr = proc.communicate()
                 stderr = (stderr or "") + f"\n[rlnorm.kit.gates] killed after the {timeout_s:g} s timeout"
             results[g] = _gate_result(proc.returncode, stdout or "", stderr or "", timed_out)
@@ -348,7 +330,7 @@ def run_gates(
         # parent is interrupted, end them here rather than leave them orphaned
         for proc in procs.values():
             if proc.poll() is None:
-                _kill_group(proc)
+                kill_group(proc)
                 proc.wait()
     return results
 

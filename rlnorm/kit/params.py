@@ -104,6 +104,9 @@ class RunParams:
     agreement_rows: int = 4097
     agreement_seed: int = 3
     gate_timeout_s: float = 600.0
+    # a backend's own process is ended past this (its checks, not its gates); the full protocol takes a few
+    # minutes per backend on an H200
+    backend_timeout_s: float = 1800.0
     # differing rows recorded per backend and check (the summary's counts are always complete);
     # null = every one, which for a kernel that differs everywhere is millions of CSV lines
     max_records: int | None = 2000
@@ -247,6 +250,8 @@ def _validate_values(p: RunParams) -> list[str]:
         bad("max_records", "null or an int >= 0")
     if not p.gate_timeout_s > 0:
         bad("gate_timeout_s", "a positive number of seconds")
+    if not p.backend_timeout_s > 0:
+        bad("backend_timeout_s", "a positive number of seconds")
     return errors
 
 

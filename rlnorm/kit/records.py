@@ -225,6 +225,8 @@ class RebuiltCase:
 def _spec_of(record: Mapping[str, Any] | pd.Series | str) -> dict[str, Any]:
     if isinstance(record, str):
         text = record
+    elif isinstance(record, Mapping) and "rebuild" not in record and "case" in record and "batch" in record:
+        text = dict(record)  # a rebuild spec itself (a crashed backend's trail)
     elif isinstance(record, (Mapping, pd.Series)):
         if "rebuild" not in record:
             raise ValueError("record: has no 'rebuild' field")
@@ -245,7 +247,8 @@ def _spec_of(record: Mapping[str, Any] | pd.Series | str) -> dict[str, Any]:
 
 
 def rebuild_case(record: Mapping[str, Any] | pd.Series | str, device: str | torch.device = "cpu") -> RebuiltCase:
-    """Regenerate, from the record's `rebuild` JSON alone, the exact batch that was compared and the row alone."""
+    """Regenerate, from the record's `rebuild` JSON alone (or a rebuild spec itself), the exact batch that was
+    compared and the row alone."""
     spec = _spec_of(record)
     try:
         c = spec["case"]

@@ -1,8 +1,9 @@
 """The steps of the reuse-check notebook, each one function, so the notebook stays a thin narrative.
 
-A run never stops because one backend misbehaves: a backend that cannot run here is recorded as
-skipped with its reason, a check that raises is recorded in `results.<backend>.errors` and the
-other checks go on. Only bad parameters stop a run, and they stop it before any work is done.
+A run never stops because one backend misbehaves: each backend's checks run in a process of its own
+(`rlnorm.kit.worker`), so one that cannot run here is skipped with its reason, a check that raises is recorded
+in `results.<backend>.errors`, and a crash, a hang or a poisoned GPU ends only that backend's process, recorded
+with its cause. Only bad parameters stop a run, and they stop it before any work is done.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,22 +22,19 @@ import torch
 from tqdm import tqdm
 
 from rlnorm.kit import artifact as art
-from rlnorm.kit import checks, gates
+from rlnorm.kit import checks, gates, isolation
 from rlnorm.kit import records as rec
-from rlnorm.kit.backends import describe_error, load_backend
+from rlnorm.kit.backends import describe_error
 from rlnorm.kit.environment import collect_environment, git_commit, tracked_tree_dirty
 from rlnorm.kit.params import RunParams, load_params
 
 __all__ = [
-    "BI_CHECKS",
     "RECORDS_FILE",
     "Run",
-    "batch_invariant_verdict",
     "finish",
-    "load_and_probe_backends",
     "params_from_namespace",
     "run_agreement",
-    "run_checks",
+    "run_backends",
     "run_gates",
     "start_run",
     "write_artifact_and_records",
@@ -45,8 +43,6 @@ __all__ = [
 ARTIFACT_FILE = "rms_norm_gated_reuse_check.json"
 RECORDS_FILE = "records.csv"
 PLOTS_DIR = "plots"
-# the checks that decide `batch_invariant`, in the report's order
-BI_CHECKS = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
 # tqdm.auto (used by peers) warns in a kernel without ipywidgets; its text bars are what we want anyway
 warnings.filterwarnings("ignore", message="IProgress not found")
 # the CLI points this at a file it echoes to the terminal, so progress bars stay out of the notebook
@@ -60,7 +56,7 @@ class Run:
     params: RunParams
     device: str
     started: float = field(default_factory=time.time)
-    backends: dict[str, Any] = field(default_factory=dict)  # key -> Backend (those that ran)
+    agreement_outputs: dict[str, Any] = field(default_factory=dict)  # key -> its forward on the agreement inputs
     results: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> results.<key> of the artifact
     records: list[dict[str, Any]] = field(default_factory=list)
     agreement: dict[str, Any] | None = None
@@ -79,6 +75,7 @@ class Run:
         return self.params.write_dir
 
     def ran(self) -> list[str]:
+        """Backends whose checks all ran (not skipped, failed, crashed or timed out)."""
         return [k for k, r in self.results.items() if r["status"] == "ran"]
 
 
@@ -138,140 +135,38 @@ def start_run(params: RunParams) -> Run:
     return run
 
 
-def _blank_result(key: str, backend: Any | None) -> dict[str, Any]:
-    return {
-        "source": getattr(backend, "source", "") or key,
-        "backward": "full" if getattr(backend, "has_backward", False) else "none",
-        "status": "skipped",
-        "skip_reason": "",
-        "batch_invariance": {},
-        "accuracy_latency": None,
-        "contract_gates": None,
-        "errors": {},
-    }
+def run_backends(run: Run) -> None:
+    """Every backend's checks, each backend in a process of its own with the run's time limit.
 
-
-def load_and_probe_backends(run: Run) -> None:
-    """Load every requested backend and probe it on the run's device; those that cannot run are skipped."""
-
-    opts = run.opts
+    A backend that cannot run here is skipped with its reason, one that cannot be loaded failed; one whose
+    process crashes, exits, poisons its device or outlives `backend_timeout_s` is recorded as crashed or timed
+    out with the cause and the batch it was on, and keeps the checks it finished. The others are untouched.
+    """
     specs = [*run.params.backends, *run.params.custom_backends]
-    with _progress_stream() as stream:
-        bar = _bar(run, len(specs), "probe backends", stream)
-        for spec in specs:
-            bar.set_postfix_str(spec)
-            try:
-                backend = load_backend(spec)
-            except Exception as exc:  # a custom path that does not resolve: say why, go on
-                res = _blank_result(spec, None)
-                res["status"] = "failed"
-                res["skip_reason"] = f"cannot load: {describe_error(exc)}"
-                run.results[spec] = res
-                bar.update()
-                continue
-            res = _blank_result(spec, backend)
-            try:
-                ok, why = backend.available(run.device)
-                if ok:
-                    ok, why = backend.supports(opts)
-                    why = f"does not support {opts.as_dict()}: {why}" if not ok else ""
-            except Exception as exc:  # available() promises not to raise; a custom one might
-                ok, why = False, f"probe raised {describe_error(exc)}"
-            if ok:
-                res["status"] = "ran"
-                run.backends[spec] = backend
-            else:
-                res["skip_reason"] = why
-            run.results[spec] = res
-            bar.update()
-        bar.close()
-
-
-def _check_calls(run: Run) -> dict[str, Callable[[Any], Any]]:
-    """check name -> f(backend) calling rlnorm.kit.checks with this run's sizes and seeds."""
-
-    p = run.params
-    common = {
-        "opts": run.opts,
-        "device": run.device,
-        "d": p.d,
-        "weight_dtype": getattr(torch, p.weight_dtype),
-        "progress": p.progress,
-    }
-    capped = {**common, "max_records": p.max_records}
-    return {
-        "all_rows": lambda b: checks.all_rows(b, sizes=p.all_rows_sizes, seeds=p.all_rows_seeds, **capped),
-        "dweight_repeatable": lambda b: checks.dweight_repeatable(
-            b, rows=p.dweight_rows, seed=p.dweight_seed, **capped
-        ),
-        "full_vs_sub_batches": lambda b: checks.full_vs_sub_batches(
-            b,
-            rows=p.sub_batches_rows,
-            sub_batch_sizes=p.sub_batch_sizes,
-            seeds=p.sub_batches_seeds,
-            coverage=p.coverage,
-            **capped,
-        ),
-        "batch_size_sweep": lambda b: checks.batch_size_sweep(
-            b, n=p.sweep_n, sizes=p.sweep_sizes, probe_rows=p.sweep_probe_rows, seeds=p.sweep_seeds, **capped
-        ),
-        "accuracy_latency": lambda b: checks.accuracy_latency(
-            b,
-            rows=p.accuracy_rows,
-            seed=p.accuracy_seed,
-            timing=p.timing,
-            warmup=p.timing_warmup,
-            iters=p.timing_iters,
-            **common,
-        ),
-    }
-
-
-def batch_invariant_verdict(summaries: dict[str, Any]) -> bool | None:
-    """False on any difference; None when a batch-invariance check was not run or raised; else True.
-
-    `summaries`: check name -> the check's summary (dweight_repeatable's full summary dict)."""
-
-    return checks.batch_invariant(*(summaries.get(name) for name in BI_CHECKS))
-
-
-def run_checks(run: Run) -> None:
-    """Every selected check on every backend that ran; a check that raises is recorded, never fatal."""
-
-    calls = _check_calls(run)
-    selected = [c for c in run.params.checks if c in calls]
-    pairs = [(k, c) for k in run.backends for c in selected]
-    summaries: dict[str, dict[str, Any]] = {k: {} for k in run.backends}
+    params = run.params.as_dict()
     t0 = time.time()
     with _progress_stream() as stream:
-        for i, (key, name) in enumerate(pairs, 1):
+        for i, spec in enumerate(specs, 1):
             if run.params.progress:
-                print(f"[{i}/{len(pairs)}] {key}: {name}", file=stream, flush=True)
-            backend, res = run.backends[key], run.results[key]
-            t_check = time.time()
-            try:
-                result = calls[name](backend)
-            except Exception as exc:
-                res["errors"][name] = describe_error(exc)
-                continue
-            finally:
-                run.timings[f"{key}:{name}"] = round(time.time() - t_check, 2)
-            summary = result.summary
-            if isinstance(summary, dict) and summary.get("error"):
-                res["errors"][name] = str(summary["error"])  # a check that caught its own failure
-            if name == "accuracy_latency":
-                res["accuracy_latency"] = summary
-            elif name == "dweight_repeatable":
-                summaries[key][name] = summary
-                res["batch_invariance"][name] = summary.get("dweight_repeatable")
-            else:
-                summaries[key][name] = summary
-                res["batch_invariance"][name] = summary
-            run.records.extend({"backend": key, "check": name, **r} for r in result.records)
-    if any(c in selected for c in BI_CHECKS):
-        for key in run.backends:
-            run.results[key]["batch_invariance"]["batch_invariant"] = batch_invariant_verdict(summaries[key])
-    run.timings["checks"] = time.time() - t0
+                print(f"[{i}/{len(specs)}] {spec}: starting its own process", file=stream, flush=True)
+            outcome = isolation.run_backend(
+                spec,
+                params,
+                run.device,
+                run.params.backend_timeout_s,
+                relay=(lambda line: stream.write(line)) if run.params.progress else None,
+            )
+            run.results[spec] = outcome.result
+            run.records.extend(outcome.records)
+            run.timings.update(outcome.timings)
+            run.timings[spec] = outcome.seconds
+            if outcome.agreement_output is not None:
+                run.agreement_outputs[spec] = outcome.agreement_output
+            if run.params.progress:
+                status = outcome.result["status"]
+                why = f": {outcome.result['skip_reason']}" if status != "ran" else ""
+                print(f"[{i}/{len(specs)}] {spec}: {status}{why} ({outcome.seconds:.0f} s)", file=stream, flush=True)
+    run.timings["backends"] = time.time() - t0
 
 
 def run_gates(run: Run) -> None:
@@ -281,9 +176,10 @@ def run_gates(run: Run) -> None:
         return
 
     t0 = time.time()
+    keys = run.ran()
     with _progress_stream() as stream:
-        bar = _bar(run, len(run.backends), "contract gates", stream)
-        for key in run.backends:
+        bar = _bar(run, len(keys), "contract gates", stream)
+        for key in keys:
             bar.set_postfix_str(key)
             res = run.results[key]
             try:
@@ -298,25 +194,14 @@ def run_gates(run: Run) -> None:
 
 
 def run_agreement(run: Run) -> None:
-    """Fraction of forward outputs bitwise equal between each pair of backends, same inputs."""
-    if "agreement" not in run.params.checks or not run.backends:
+    """Fraction of forward outputs bitwise equal between each pair of backends, from each one's own process."""
+    if "agreement" not in run.params.checks or not run.agreement_outputs:
         return
-
     p = run.params
-    try:
-        with _progress_stream():
-            run.agreement = checks.agreement_matrix(
-                list(run.backends.values()),
-                opts=run.opts,
-                device=run.device,
-                rows=p.agreement_rows,
-                seed=p.agreement_seed,
-                d=p.d,
-                weight_dtype=getattr(torch, p.weight_dtype),
-                progress=p.progress,
-            ).summary
-    except Exception as exc:
-        run.agreement = {"error": describe_error(exc)}
+    errors = {k: r["errors"]["agreement"] for k, r in run.results.items() if "agreement" in (r.get("errors") or {})}
+    run.agreement = checks.agreement_from_outputs(
+        run.agreement_outputs, p.agreement_rows, p.agreement_seed, errors
+    ).summary
 
 
 # the parameters that set the protocol's size: a run that shrinks any of them is a "quick" run

@@ -266,14 +266,14 @@ def test_registry_loads_it_and_a_run_goes_on(
     monkeypatch: pytest.MonkeyPatch, tiny_params: dict, tmp_path: Path
 ) -> None:
     from rlnorm.kit.params import load_params
-    from rlnorm.kit.steps import load_and_probe_backends, start_run
+    from rlnorm.kit.steps import run_backends, start_run
     from rlnorm.report.tables import backend_table
 
     monkeypatch.setattr(vb, "vllm_version", lambda: None)
     assert isinstance(load_backend("vllm"), VllmBackend)
     params = load_params({**tiny_params, "backends": ["reference", "vllm"], "output_dir": str(tmp_path / "run")})
     run = start_run(params)
-    load_and_probe_backends(run)
+    run_backends(run)
     table = backend_table(run)
     assert table.loc["reference", "status"] == "ran"
     assert table.loc["vllm", "status"] == "skipped"

@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import TINY_SIZES
 
-from rlnorm.kit import steps
+from rlnorm.kit import checks, steps
 from rlnorm.kit.artifact import read_artifact
 from rlnorm.kit.backends import Backend, Grads
 from rlnorm.kit.params import ParamsError, RunParams, load_params
@@ -84,8 +84,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
         }
     )
     run = steps.start_run(params)
-    steps.load_and_probe_backends(run)
-    steps.run_checks(run)
+    steps.run_backends(run)
     steps.run_gates(run)  # not selected: a no-op that still returns a table
     steps.run_agreement(run)
     tables.make_plots(run)
@@ -129,6 +128,10 @@ def test_verdicts_are_honest(finished_run: steps.Run) -> None:
     assert r["vllm"]["batch_invariance"] == {} and r["vllm"]["accuracy_latency"] is None
 
 
+def verdict(summaries: dict) -> bool | None:
+    return checks.batch_invariant(*(summaries.get(name) for name in checks.INVARIANCE_CHECKS))
+
+
 def test_verdict_rule() -> None:
     clean = {
         "all_rows": {"7": {"rows": 7, "fwd_differ": 0, "rowgrad_differ": 0}},
@@ -136,12 +139,12 @@ def test_verdict_rule() -> None:
         "full_vs_sub_batches": {"fwd_differ": 0, "rowgrad_differ": 0},
         "batch_size_sweep": {"differ": 0},
     }
-    assert steps.batch_invariant_verdict(clean) is True
-    assert steps.batch_invariant_verdict({**clean, "batch_size_sweep": {"differ": 1}}) is False
-    assert steps.batch_invariant_verdict({**clean, "dweight_repeatable": {"dweight_repeatable": False}}) is False
+    assert verdict(clean) is True
+    assert verdict({**clean, "batch_size_sweep": {"differ": 1}}) is False
+    assert verdict({**clean, "dweight_repeatable": {"dweight_repeatable": False}}) is False
     missing = {k: v for k, v in clean.items() if k != "full_vs_sub_batches"}
-    assert steps.batch_invariant_verdict(missing) is None
-    assert steps.batch_invariant_verdict({**missing, "all_rows": {"7": {"fwd_differ": 2}}}) is False
+    assert verdict(missing) is None
+    assert verdict({**missing, "all_rows": {"7": {"fwd_differ": 2}}}) is False
 
 
 def test_artifact_records_and_plots_are_written(finished_run: steps.Run) -> None:
@@ -178,7 +181,7 @@ def test_tables_for_the_notebook(finished_run: steps.Run) -> None:
     assert "**vllm**: skipped" in verdict
     assert "CPU run" in tables.device_notice(finished_run)
     summary = finished_run.timings
-    assert summary["checks"] > 0 and "reference:all_rows" in summary
+    assert summary["backends"] > 0 and "reference:all_rows" in summary and summary["reference"] > 0
     slow = tables.time_table(finished_run, top=3)
     assert len(slow) == 3 and list(slow["seconds"]) == sorted(slow["seconds"], reverse=True)
 

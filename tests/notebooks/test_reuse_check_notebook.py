@@ -124,7 +124,7 @@ def test_plots_are_pngs_and_inline(tiny_run: Path) -> None:
 
 def test_html_reads_without_code(tiny_run: Path) -> None:
     html = (tiny_run / "reuse_check.html").read_text()
-    assert "steps.run_checks" not in html and "params_from_namespace" not in html
+    assert "steps.run_backends" not in html and "params_from_namespace" not in html
     assert "Batch invariance, accuracy and latency" in html and "Verdict" in html
     assert html.count("data:image/png;base64") >= len(PLOTS)
     assert "not</strong> batch invariant" in html or "**not** batch invariant" in html

@@ -8,23 +8,27 @@ raises inside a check ends only that check: its summary carries `error` and the 
 """
 
 from rlnorm.kit.checks.accuracy import accuracy_latency
-from rlnorm.kit.checks.agreement import agreement_matrix
-from rlnorm.kit.checks.common import CheckResult, batch_invariant
+from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_matrix, agreement_output
+from rlnorm.kit.checks.common import INVARIANCE_CHECKS, CheckResult, batch_invariant, following
 from rlnorm.kit.checks.dweight import dweight_repeatable
 from rlnorm.kit.checks.rows import COVERAGES, all_rows, full_vs_sub_batches, sub_batch_plan
 from rlnorm.kit.checks.sweep import batch_size_sweep, default_probe_rows, default_sweep_sizes, sweep_positions
 
 __all__ = [
     "COVERAGES",
+    "INVARIANCE_CHECKS",
     "CheckResult",
     "accuracy_latency",
+    "agreement_from_outputs",
     "agreement_matrix",
+    "agreement_output",
     "all_rows",
     "batch_invariant",
     "batch_size_sweep",
     "default_probe_rows",
     "default_sweep_sizes",
     "dweight_repeatable",
+    "following",
     "full_vs_sub_batches",
     "sub_batch_plan",
     "sweep_positions",

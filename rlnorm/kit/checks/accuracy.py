@@ -19,7 +19,16 @@ from rlnorm.timing import CpuClock, CudaClock
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import CheckResult, backend_key, check_common, check_int, describe, has_backward
+from rlnorm.kit.checks.common import (
+    TRAIL,
+    CheckResult,
+    backend_key,
+    case_spec,
+    check_common,
+    check_int,
+    describe,
+    has_backward,
+)
 
 ULP_HIST_MAX = 16  # fwd_ulp_hist buckets "0".."15", then "16+"
 ABS_ERR_EDGES = [10.0 ** (k / 4) for k in range(-48, 9)]  # 1e-12 .. 1e2, four per decade
@@ -122,6 +131,8 @@ def accuracy_latency(
     try:
         case = make_case(rows, d, seed, dtype, wdt, device)
         x, z, w, dy = case.x, case.z, case.w, case.dy
+        TRAIL.at_case("accuracy_latency", case_spec(rows, d, seed, dtype, wdt), opts)
+        TRAIL.at_batch({"kind": "slice", "start": 0, "size": rows})
         # -- forward accuracy
         y = backend.forward(x, z, w, opts).detach()
         with torch.no_grad():

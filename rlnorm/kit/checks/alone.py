@@ -23,7 +23,7 @@ from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import call, describe, differ_rows
+from rlnorm.kit.checks.common import TRAIL, call, describe, differ_rows
 
 
 class _GraphMismatch(RuntimeError):
@@ -107,6 +107,7 @@ class AloneRunner:
         chunk = max(1, 4096 // size)
         bar = tqdm(total=len(starts_l), desc=f"{self.desc} size {size}", disable=not self.progress, leave=False)
         for c0 in range(0, len(starts_l), chunk):
+            TRAIL.at_batch({"kind": "slice", "start": starts_l[c0], "size": size})
             parts: list[list[Tensor]] = [[], [], []]
             for s in starts_l[c0 : c0 + chunk]:
                 got = call(
@@ -134,7 +135,7 @@ class AloneRunner:
     ) -> Callable[[int], tuple[Tensor, Tensor | None, Tensor | None]]:
         """call(i): the backend on tile i of the static buffers."""
 
-        def call(i: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        def tile_call(i: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
             sl = slice(i * size, (i + 1) * size)
             return call(
                 self.backend,
@@ -146,27 +147,28 @@ class AloneRunner:
                 self.with_grad,
             )
 
-        return call
+        return tile_call
 
     def _capture(self, case: Case, starts: Tensor, size: int, k: int) -> _Graph:
         x, z, dy = case.x, case.z, case.dy
         dev = x.device
+        TRAIL.at_batch({"kind": "slice", "start": int(starts[0]), "size": size})
         first = (starts[:k].view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(dev)
         sx = x.index_select(0, first)
         sz = None if z is None else z.index_select(0, first)
         sdy = dy.index_select(0, first) if self.with_grad else None
         sw = case.w.clone()
-        call = self._tile_call(sx, sz, sdy, sw, size)
+        tile = self._tile_call(sx, sz, sdy, sw, size)
         side = torch.cuda.Stream(device=dev)
         side.wait_stream(torch.cuda.current_stream(dev))
         with torch.cuda.stream(side):  # warm-up off the capture: JIT compile, autotune, allocator
             for _ in range(3):
-                call(0)
+                tile(0)
         torch.cuda.current_stream(dev).wait_stream(side)
         torch.cuda.synchronize(dev)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            got = [call(i) for i in range(k)]
+            got = [tile(i) for i in range(k)]
             gy = torch.cat([t[0] for t in got])
             gdx = torch.cat([t[1] for t in got]) if self.with_grad else None
             gdz = torch.cat([t[2] for t in got]) if self.with_grad and z is not None else None
@@ -175,7 +177,7 @@ class AloneRunner:
         # the graph must give bitwise what eager calls give on the same inputs, or its results are not the backend's
         graph.replay()
         for i in range(min(k, 4)):
-            eager = call(i)
+            eager = tile(i)
             for name, e, o in zip(("y", "dx", "dz"), eager, g.out, strict=True):
                 if e is not None and o is not None and bool(differ_rows(e, o[i * size : (i + 1) * size]).any()):
                     raise _GraphMismatch(f"graph replay differed from eager calls in {name}")
@@ -190,6 +192,7 @@ class AloneRunner:
         bar = tqdm(total=n_tiles, desc=f"{self.desc} size {size} (graph)", disable=not self.progress, leave=False)
         for c in range(math.ceil(n_tiles / k)):
             t0 = min(c * k, n_tiles - k)  # the last chunk overlaps the one before: same values rewritten
+            TRAIL.at_batch({"kind": "slice", "start": int(starts[t0]), "size": size})
             sel = idx[t0 * size : (t0 + k) * size]
             torch.index_select(x, 0, sel, out=g.x)
             if g.z is not None and z is not None:

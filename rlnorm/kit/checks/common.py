@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -124,6 +125,40 @@ def diff_stats(a: Tensor, b: Tensor) -> tuple[list[int], list[float], list[int]]
 
 def case_spec(rows: int, d: int, seed: int, dtype: torch.dtype, weight_dtype: torch.dtype) -> dict[str, Any]:
     return {"rows": rows, "d": d, "seed": seed, "dtype": dtype_name(dtype), "weight_dtype": dtype_name(weight_dtype)}
+
+
+class _Trail:
+    """Where the checks are: the batch a backend is about to be given, for a process that may die in that call.
+
+    A check names its case (`at_case`) and then each batch before the backend sees it (`at_batch`); a follower
+    (`following`) receives a rebuild spec in the records' format, so `records.rebuild_case` regenerates the very
+    batch a crashed backend died on. With no follower, marking costs one attribute test.
+    """
+
+    def __init__(self) -> None:
+        self.sink: Callable[[dict[str, Any]], None] | None = None
+        self.where: dict[str, Any] = {}
+
+    def at_case(self, check: str, case: dict[str, Any], opts: OpOptions) -> None:
+        if self.sink is not None:
+            self.where = {"v": REBUILD_VERSION, "check": check, "case": case, "opts": opts.as_dict()}
+
+    def at_batch(self, batch: dict[str, Any]) -> None:
+        if self.sink is not None and self.where:
+            self.sink({**self.where, "batch": batch})
+
+
+TRAIL = _Trail()
+
+
+@contextlib.contextmanager
+def following(sink: Callable[[dict[str, Any]], None]) -> Iterator[None]:
+    """Call `sink(spec)` before every batch a check hands to a backend, inside the block."""
+    previous, TRAIL.sink = TRAIL.sink, sink
+    try:
+        yield
+    finally:
+        TRAIL.sink, TRAIL.where = previous, {}
 
 
 class Recorder:
@@ -252,6 +287,10 @@ def compare_rows(
             other=other,
         )
     return fwd, grad
+
+
+# the checks whose verdicts make `batch_invariant`, in the report's order
+INVARIANCE_CHECKS = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
 
 
 def batch_invariant(

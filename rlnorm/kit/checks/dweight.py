@@ -14,6 +14,7 @@ from rlnorm.options import OpOptions
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 from rlnorm.kit.checks.common import (
+    TRAIL,
     CheckResult,
     Recorder,
     backend_key,
@@ -57,6 +58,8 @@ def dweight_repeatable(
         return CheckResult(summary, [])
     try:
         case = make_case(rows, d, seed, dtype, wdt, device)
+        TRAIL.at_case("dweight_repeatable", case_spec(rows, d, seed, dtype, wdt), opts)
+        TRAIL.at_batch({"kind": "slice", "start": 0, "size": rows})
         dws = []
         for _ in tqdm(range(repeats), desc=f"{backend_key(backend)} dweight_repeatable", disable=not progress):
             g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 from rlnorm.kit.checks.alone import AloneRunner
 from rlnorm.kit.checks.common import (
+    TRAIL,
     CheckResult,
     Recorder,
     alias,
@@ -73,6 +74,8 @@ def all_rows(
             summary[str(n)] = entry
             for seed in seeds:
                 case = make_case(n, d, seed, dtype, wdt, device)
+                TRAIL.at_case("all_rows", case_spec(n, d, seed, dtype, wdt), opts)
+                TRAIL.at_batch({"kind": "slice", "start": 0, "size": n})
                 batch = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
                 alone = runner.run(case, torch.arange(n), 1)
                 entry["alone_path"] = runner.paths.get(1, "eager")
@@ -172,6 +175,8 @@ def full_vs_sub_batches(
     try:
         for seed in seeds:
             case = make_case(full_rows, d, seed, dtype, wdt, device)
+            TRAIL.at_case("full_vs_sub_batches", case_spec(full_rows, d, seed, dtype, wdt), opts)
+            TRAIL.at_batch({"kind": "slice", "start": 0, "size": full_rows})
             full = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
             for size in sub_sizes:
                 plan = plans[size]
@@ -184,6 +189,7 @@ def full_vs_sub_batches(
                     summary["alone_path"][str(size)] = runner.paths.get(size, "eager")
                     pieces.append(((starts.view(-1, 1) + torch.arange(size)).reshape(-1), out))
                 for s, m in parts:  # a partial tile: one more call of its own size
+                    TRAIL.at_batch({"kind": "slice", "start": s, "size": m})
                     got = call(
                         backend,
                         case.x[s : s + m],

@@ -15,6 +15,7 @@ from rlnorm.options import OpOptions
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 from rlnorm.kit.checks.common import (
+    TRAIL,
     CheckResult,
     Recorder,
     backend_key,
@@ -96,8 +97,10 @@ def batch_size_sweep(
         for seed in seeds:
             case = make_case(n, d, seed, dtype, wdt, device)
             cs = case_spec(n, d, seed, dtype, wdt)
+            TRAIL.at_case("batch_size_sweep", cs, opts)
             alone = {}
             for p in probes:
+                TRAIL.at_batch({"kind": "slice", "start": p, "size": 1})
                 got = call(
                     backend,
                     case.x[p : p + 1],
@@ -125,7 +128,8 @@ def batch_size_sweep(
                 if with_grad and case.z is not None
                 else None,
             )
-            for i, (_m, _p, _name, pos) in enumerate(plan):
+            for i, (m, p, _name, pos) in enumerate(plan):
+                TRAIL.at_batch({"kind": "sweep", "m": m, "probe": p, "position": pos, "perm_seed": perms[(m, p)]})
                 idx = idx_all[offsets[i] : offsets[i + 1]]
                 bx = case.x.index_select(0, idx)
                 bz = None if case.z is None else case.z.index_select(0, idx)

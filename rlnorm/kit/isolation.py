@@ -1,0 +1,208 @@
+"""Child processes that can crash, hang or poison their device without costing the parent anything.
+
+Both the per-backend workers (`rlnorm.kit.worker`) and the contract gates run this way: a fresh interpreter (so
+the child starts clean for the device in use, never a fork of a process holding a CUDA context), in a session of
+its own (so a crash cannot signal the parent's group, and a kill reaches whatever the child started), with the
+parent's import path (so a user's backend module imports there too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlnorm.kit.worker import AGREEMENT_FILE, EXIT_DEVICE_ERROR, RESULT_FILE, TRAIL_FILE
+
+__all__ = ["BackendOutcome", "child_env", "describe_exit", "kill_group", "run_backend"]
+
+STDERR_TAIL_LINES = 30
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The parent's environment, its import path, unbuffered output, plus `extra`."""
+    env = dict(os.environ)
+    paths = [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    return env
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill the child and anything it started (compile workers): its own process group, by id."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        proc.kill()
+
+
+def describe_exit(returncode: int | None) -> tuple[str, str | None]:
+    """('killed by SIGSEGV (signal 11)' or 'exited with code 3', the signal's name or None)."""
+    if returncode is None:
+        return "did not exit", None
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name} (signal {-returncode})", name
+    return f"exited with code {returncode}", None
+
+
+@dataclass
+class BackendOutcome:
+    """What one backend's worker left behind; `result` is its artifact entry (status set here if it ended early)."""
+
+    result: dict[str, Any]
+    records: list[dict[str, Any]] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    agreement_output: Any = None  # its forward on the agreement inputs (a CPU tensor), if it got that far
+    seconds: float = 0.0
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _blank(spec: str) -> dict[str, Any]:
+    return {
+        "source": spec,
+        "backward": "none",
+        "status": "failed",
+        "skip_reason": "",
+        "batch_invariance": {},
+        "accuracy_latency": None,
+        "contract_gates": None,
+        "errors": {},
+    }
+
+
+def run_backend(
+    spec: str,
+    params: dict[str, Any],
+    device: str,
+    timeout_s: float,
+    relay: Callable[[str], None] | None = None,
+    env: dict[str, str] | None = None,
+) -> BackendOutcome:
+    """Run one backend's checks in its own process (`python -m rlnorm.kit.worker`), at most `timeout_s` seconds.
+
+    Never raises for what the child does: a crash, an exit, a hang past the limit or a device left in an error
+    state becomes status `crashed` / `timed_out` with a `crash` entry (cause, the check and batch it was on,
+    the checks it finished, the end of its stderr), and the checks it finished are kept. `relay` receives each
+    line the child prints (its progress).
+    """
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rlnorm-backend-") as tmp:
+        folder = Path(tmp)
+        job = folder / "job.json"
+        job.write_text(json.dumps({"backend": spec, "device": device, "folder": str(folder), "params": params}))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlnorm.kit.worker", str(job)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=child_env(env),
+            start_new_session=True,
+        )
+        tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+
+        def pump() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                tail.append(line.rstrip("\n"))
+                if relay is not None:
+                    relay(line)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_group(proc)
+            proc.wait()
+        finally:
+            if proc.poll() is None:  # the parent itself is being interrupted: take the child down with it
+                kill_group(proc)
+                proc.wait()
+        reader.join(timeout=5)
+        seconds = round(time.monotonic() - t0, 2)
+        saved = _read_json(folder / RESULT_FILE) or {}
+        result = saved.get("result") or _blank(spec)
+        outcome = BackendOutcome(
+            result=result,
+            records=list(saved.get("records") or []),
+            timings={f"{spec}:{k}": v for k, v in (saved.get("timings") or {}).items()},
+            seconds=seconds,
+        )
+        agreement = folder / AGREEMENT_FILE
+        if agreement.is_file():
+            outcome.agreement_output = torch.load(agreement, map_location="cpu")
+        if timed_out or proc.returncode != 0:
+            _ended_early(outcome, saved, _read_json(folder / TRAIL_FILE), proc.returncode, timed_out, timeout_s, tail)
+        elif not saved:
+            result["skip_reason"] = "its process exited without writing a result"
+    return outcome
+
+
+def _ended_early(
+    outcome: BackendOutcome,
+    saved: dict[str, Any],
+    trail: dict[str, Any] | None,
+    returncode: int | None,
+    timed_out: bool,
+    timeout_s: float,
+    tail: deque[str],
+) -> None:
+    """Mark the result crashed or timed out, with where it was: the trail's batch, unless the device said more."""
+    result = outcome.result
+    finished = list(saved.get("finished") or [])
+    device_error = saved.get("device_error")
+    if timed_out:
+        cause, sig = f"timed out after {timeout_s:g} s", None
+    elif returncode == EXIT_DEVICE_ERROR and device_error:
+        cause, sig = f"device error: {device_error['error']}", None
+    else:
+        cause, sig = describe_exit(returncode)
+    batch = (trail or {}).get("batch") or {}
+    size = batch.get("size")
+    if size is None and batch.get("kind") == "sweep":
+        size = batch.get("m")
+    check = (device_error or {}).get("check") or (trail or {}).get("check")
+    if check is None and not finished and result.get("status") != "ran":
+        check = "loading the backend"
+    result["status"] = "timed_out" if timed_out else "crashed"
+    where = f" in {check}" + (f" at a batch of {size} rows" if size is not None else "") if check else ""
+    result["skip_reason"] = f"{cause}{where}"
+    result["crash"] = {
+        "cause": cause,
+        "signal": sig,
+        "exit_code": None if timed_out or returncode is None or returncode < 0 else returncode,
+        "timed_out": timed_out,
+        "check": check,
+        "batch_size": None if size is None else int(size),
+        "rebuild": trail,
+        "finished_checks": finished,
+        "seconds": outcome.seconds,
+        "stderr_tail": "\n".join(tail),
+    }

@@ -1,0 +1,261 @@
+"""One backend's checks in a process of its own, so a crash, a hang or a poisoned device stays with that backend.
+
+    python -m rlnorm.kit.worker JOB.json
+
+`rlnorm.kit.steps.run_backends` writes JOB.json (the run's parameters, one backend spec, the device, a folder)
+and starts this module in a fresh interpreter, one per backend. It loads and probes the backend, runs every
+selected check, and writes into the folder as it goes:
+
+- `trail.json`: the batch the backend is about to be given, as a rebuild spec (`rlnorm.kit.records.rebuild_case`
+  regenerates it), rewritten before every batch: where a crash happened;
+- `result.json`: the backend's entry of the artifact and its records, rewritten after every check, so the checks
+  it finished stand if it dies in the next one;
+- `agreement.pt`: its forward output on the agreement inputs, for the parent to form the matrix.
+
+A check that raises is a recorded finding and the next check runs. A device left in an error state is not: the
+process's CUDA context is lost, so every later check would fail for that reason and not its own. The worker then
+records the error and exits with `EXIT_DEVICE_ERROR`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlnorm.kit import checks
+from rlnorm.kit.backends import describe_error, load_backend
+from rlnorm.kit.params import RunParams, load_params
+
+__all__ = ["AGREEMENT_FILE", "EXIT_DEVICE_ERROR", "RESULT_FILE", "TRAIL_FILE", "blank_result", "check_calls", "main"]
+
+RESULT_FILE = "result.json"
+TRAIL_FILE = "trail.json"
+AGREEMENT_FILE = "agreement.pt"
+EXIT_DEVICE_ERROR = 70  # the device is in an error state; what was finished is in result.json
+# the checks a worker runs, in the order a run reports them (agreement and the gates are not per-backend checks)
+CHECK_ORDER = (*checks.INVARIANCE_CHECKS, "accuracy_latency")
+
+
+def blank_result(key: str, backend: Any | None) -> dict[str, Any]:
+    """A backend's artifact entry before anything has run."""
+    return {
+        "source": getattr(backend, "source", "") or key,
+        "backward": "full" if getattr(backend, "has_backward", False) else "none",
+        "status": "skipped",
+        "skip_reason": "",
+        "batch_invariance": {},
+        "accuracy_latency": None,
+        "contract_gates": None,
+        "errors": {},
+    }
+
+
+def check_calls(params: RunParams, device: str) -> dict[str, Callable[[Any], Any]]:
+    """check name -> f(backend) calling rlnorm.kit.checks with the run's sizes and seeds."""
+    p = params
+    common = {
+        "opts": p.op_options(),
+        "device": device,
+        "d": p.d,
+        "weight_dtype": getattr(torch, p.weight_dtype),
+        "progress": p.progress,
+    }
+    capped = {**common, "max_records": p.max_records}
+    return {
+        "all_rows": lambda b: checks.all_rows(b, sizes=p.all_rows_sizes, seeds=p.all_rows_seeds, **capped),
+        "dweight_repeatable": lambda b: checks.dweight_repeatable(
+            b, rows=p.dweight_rows, seed=p.dweight_seed, **capped
+        ),
+        "full_vs_sub_batches": lambda b: checks.full_vs_sub_batches(
+            b,
+            rows=p.sub_batches_rows,
+            sub_batch_sizes=p.sub_batch_sizes,
+            seeds=p.sub_batches_seeds,
+            coverage=p.coverage,
+            **capped,
+        ),
+        "batch_size_sweep": lambda b: checks.batch_size_sweep(
+            b, n=p.sweep_n, sizes=p.sweep_sizes, probe_rows=p.sweep_probe_rows, seeds=p.sweep_seeds, **capped
+        ),
+        "accuracy_latency": lambda b: checks.accuracy_latency(
+            b,
+            rows=p.accuracy_rows,
+            seed=p.accuracy_seed,
+            timing=p.timing,
+            warmup=p.timing_warmup,
+            iters=p.timing_iters,
+            **common,
+        ),
+    }
+
+
+def _write_json(path: Path, doc: Any) -> None:
+    """Whole or not at all: a reader (the parent, after this process died) never sees half a file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, allow_nan=True), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _device_error(exc: BaseException | None, device: str) -> str | None:
+    """The device's error text when the process's device context is no longer usable, else None."""
+    if torch.device(device).type != "cuda":
+        return None
+    text = f"{type(exc).__name__}: {exc}" if exc is not None else ""
+    try:
+        torch.cuda.synchronize(device)
+    except Exception as sync_exc:  # a sticky error: every later launch in this process fails with it
+        return describe_error(sync_exc)
+    if "CUDA error" in text or type(exc).__name__ == "AcceleratorError":
+        return describe_error(exc)  # type: ignore[arg-type]
+    return None
+
+
+class Worker:
+    """The child's side: one backend, its checks, and the files the parent reads back."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.spec: str = job["backend"]
+        self.device: str = job["device"]
+        self.folder = Path(job["folder"])
+        self.params = load_params(job["params"])
+        self.result = blank_result(self.spec, None)
+        self.records: list[dict[str, Any]] = []
+        self.finished: list[str] = []
+        self.timings: dict[str, float] = {}
+        self.device_error: dict[str, str] | None = None
+
+    def save(self) -> None:
+        _write_json(
+            self.folder / RESULT_FILE,
+            {
+                "result": self.result,
+                "records": self.records,
+                "finished": self.finished,
+                "timings": self.timings,
+                "device_error": self.device_error,
+            },
+        )
+
+    def say(self, text: str) -> None:
+        if self.params.progress:
+            print(f"{self.spec}: {text}", file=sys.stderr, flush=True)
+
+    def probe(self) -> Any | None:
+        """The loaded backend when it can run here; else the result says why and None."""
+        try:
+            backend = load_backend(self.spec)
+        except Exception as exc:  # a custom path that does not resolve: its own finding, never the run's end
+            self.result["status"] = "failed"
+            self.result["skip_reason"] = f"cannot load: {describe_error(exc)}"
+            return None
+        self.result = blank_result(self.spec, backend)
+        opts = self.params.op_options()
+        try:
+            ok, why = backend.available(self.device)
+            if ok:
+                ok, why = backend.supports(opts)
+                why = f"does not support {opts.as_dict()}: {why}" if not ok else ""
+        except Exception as exc:  # available() promises not to raise; a custom one might
+            ok, why = False, f"probe raised {describe_error(exc)}"
+        if not ok:
+            self.result["skip_reason"] = why
+            return None
+        self.result["status"] = "ran"
+        return backend
+
+    def run(self) -> int:
+        trail = self.folder / TRAIL_FILE
+        backend = self.probe()
+        self.save()
+        if backend is None:
+            return 0
+        selected = [c for c in CHECK_ORDER if c in self.params.checks]
+        calls = check_calls(self.params, self.device)
+        summaries: dict[str, Any] = {}
+        with checks.following(lambda spec: _write_json(trail, spec)):
+            for i, name in enumerate(selected, 1):
+                self.say(f"[{i}/{len(selected)}] {name}")
+                t0 = time.time()
+                failure: BaseException | None = None
+                try:
+                    result = calls[name](backend)
+                except Exception as exc:
+                    failure = exc
+                    self.result["errors"][name] = describe_error(exc)
+                else:
+                    self._keep(name, result, summaries)
+                self.timings[name] = round(time.time() - t0, 2)
+                lost = _device_error(failure or _summary_error(result if failure is None else None), self.device)
+                if lost is not None:
+                    self.device_error = {"check": name, "error": lost}
+                    self.save()
+                    return EXIT_DEVICE_ERROR
+                self.finished.append(name)
+                self.save()
+            if "agreement" in self.params.checks:
+                self._agreement(backend)
+        if any(c in selected for c in checks.INVARIANCE_CHECKS):
+            self.result["batch_invariance"]["batch_invariant"] = checks.batch_invariant(
+                *(summaries.get(name) for name in checks.INVARIANCE_CHECKS)
+            )
+        self.save()
+        return 0
+
+    def _keep(self, name: str, result: Any, summaries: dict[str, Any]) -> None:
+        summary = result.summary
+        if isinstance(summary, dict) and summary.get("error"):
+            self.result["errors"][name] = str(summary["error"])  # a check that caught its own failure
+        if name == "accuracy_latency":
+            self.result["accuracy_latency"] = summary
+        elif name == "dweight_repeatable":
+            summaries[name] = summary
+            self.result["batch_invariance"][name] = summary.get("dweight_repeatable")
+        else:
+            summaries[name] = summary
+            self.result["batch_invariance"][name] = summary
+        self.records.extend({"backend": self.spec, "check": name, **r} for r in result.records)
+
+    def _agreement(self, backend: Any) -> None:
+        p = self.params
+        self.say("agreement output")
+        try:
+            y = checks.agreement_output(
+                backend,
+                p.op_options(),
+                self.device,
+                rows=p.agreement_rows,
+                seed=p.agreement_seed,
+                d=p.d,
+                weight_dtype=getattr(torch, p.weight_dtype),
+            )
+            torch.save(y.cpu(), self.folder / AGREEMENT_FILE)
+        except Exception as exc:
+            self.result["errors"]["agreement"] = describe_error(exc)
+
+
+def _summary_error(result: Any) -> BaseException | None:
+    """A check that caught its own exception keeps only its text: rebuild one to test for a device error."""
+    summary = getattr(result, "summary", None)
+    if isinstance(summary, dict) and summary.get("error"):
+        return RuntimeError(str(summary["error"]))
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m rlnorm.kit.worker JOB.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    return Worker(job).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
