@@ -26,7 +26,7 @@ import torch
 
 from rlnorm.kit.worker import AGREEMENT_FILE, EXIT_DEVICE_ERROR, RESULT_FILE, TRAIL_FILE
 
-__all__ = ["BackendOutcome", "child_env", "describe_exit", "kill_group", "run_backend"]
+__all__ = ["BackendOutcome", "BackendProcess", "child_env", "describe_exit", "kill_group", "run_backend"]
 
 STDERR_TAIL_LINES = 30
 
@@ -93,6 +93,115 @@ def _blank(spec: str) -> dict[str, Any]:
     }
 
 
+class BackendProcess:
+    """One backend's worker: started (its imports and probe may run ahead, held before its checks), released,
+    and finished within a time limit counted from its release."""
+
+    def __init__(
+        self,
+        spec: str,
+        params: dict[str, Any],
+        device: str,
+        relay: Callable[[str], None] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._tmp = tempfile.TemporaryDirectory(prefix="rlnorm-backend-")
+        self.folder = Path(self._tmp.name)
+        job = self.folder / "job.json"
+        job.write_text(json.dumps({"backend": spec, "device": device, "folder": str(self.folder), "params": params}))
+        self.tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self._lines: list[str] = []  # held until released, so the progress shows in run order
+        self._relay = relay
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rlnorm.kit.worker", str(job), "--hold"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            env=child_env(env),
+            start_new_session=True,
+        )
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._lock:
+                self.tail.append(line.rstrip("\n"))
+                if not self._released.is_set():
+                    self._lines.append(line)
+                    continue
+            if self._relay is not None:
+                self._relay(line)
+
+    def release(self) -> None:
+        """Let the worker start its checks (it may still be importing: it starts them when it gets there)."""
+        with self._lock:
+            self._released.set()
+            held, self._lines = self._lines, []
+        for line in held:
+            if self._relay is not None:
+                self._relay(line)
+        try:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write("go\n")
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # it has already ended: finish() says how
+
+    def finish(self, timeout_s: float) -> BackendOutcome:
+        """Wait at most `timeout_s` seconds after release; never raises for what the child did."""
+        t0 = time.monotonic()
+        if not self._released.is_set():
+            self.release()
+        timed_out = False
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_group(self.proc)
+            self.proc.wait()
+        finally:
+            if self.proc.poll() is None:  # the parent itself is being interrupted: take the child down with it
+                self.close()
+        self._reader.join(timeout=5)
+        try:
+            return self._outcome(timed_out, timeout_s, round(time.monotonic() - t0, 2))
+        finally:
+            self._tmp.cleanup()
+
+    def close(self) -> None:
+        """End the worker and its folder, whatever state it is in."""
+        if self.proc.poll() is None:
+            kill_group(self.proc)
+            self.proc.wait()
+        self._tmp.cleanup()
+
+    def _outcome(self, timed_out: bool, timeout_s: float, seconds: float) -> BackendOutcome:
+        saved = _read_json(self.folder / RESULT_FILE) or {}
+        result = saved.get("result") or _blank(self.spec)
+        outcome = BackendOutcome(
+            result=result,
+            records=list(saved.get("records") or []),
+            timings={f"{self.spec}:{k}": v for k, v in (saved.get("timings") or {}).items()},
+            seconds=seconds,
+        )
+        agreement = self.folder / AGREEMENT_FILE
+        if agreement.is_file():
+            outcome.agreement_output = torch.load(agreement, map_location="cpu")
+        code = self.proc.returncode
+        if timed_out or code != 0:
+            _ended_early(outcome, saved, _read_json(self.folder / TRAIL_FILE), code, timed_out, timeout_s, self.tail)
+        elif not saved:
+            result["skip_reason"] = "its process exited without writing a result"
+        return outcome
+
+
 def run_backend(
     spec: str,
     params: dict[str, Any],
@@ -108,61 +217,7 @@ def run_backend(
     the checks it finished, the end of its stderr), and the checks it finished are kept. `relay` receives each
     line the child prints (its progress).
     """
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="rlnorm-backend-") as tmp:
-        folder = Path(tmp)
-        job = folder / "job.json"
-        job.write_text(json.dumps({"backend": spec, "device": device, "folder": str(folder), "params": params}))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rlnorm.kit.worker", str(job)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            env=child_env(env),
-            start_new_session=True,
-        )
-        tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
-
-        def pump() -> None:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                tail.append(line.rstrip("\n"))
-                if relay is not None:
-                    relay(line)
-
-        reader = threading.Thread(target=pump, daemon=True)
-        reader.start()
-        timed_out = False
-        try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(proc)
-            proc.wait()
-        finally:
-            if proc.poll() is None:  # the parent itself is being interrupted: take the child down with it
-                kill_group(proc)
-                proc.wait()
-        reader.join(timeout=5)
-        seconds = round(time.monotonic() - t0, 2)
-        saved = _read_json(folder / RESULT_FILE) or {}
-        result = saved.get("result") or _blank(spec)
-        outcome = BackendOutcome(
-            result=result,
-            records=list(saved.get("records") or []),
-            timings={f"{spec}:{k}": v for k, v in (saved.get("timings") or {}).items()},
-            seconds=seconds,
-        )
-        agreement = folder / AGREEMENT_FILE
-        if agreement.is_file():
-            outcome.agreement_output = torch.load(agreement, map_location="cpu")
-        if timed_out or proc.returncode != 0:
-            _ended_early(outcome, saved, _read_json(folder / TRAIL_FILE), proc.returncode, timed_out, timeout_s, tail)
-        elif not saved:
-            result["skip_reason"] = "its process exited without writing a result"
-    return outcome
+    return BackendProcess(spec, params, device, relay, env).finish(timeout_s)
 
 
 def _ended_early(

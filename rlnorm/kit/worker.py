@@ -1,6 +1,6 @@
 """One backend's checks in a process of its own, so a crash, a hang or a poisoned device stays with that backend.
 
-    python -m rlnorm.kit.worker JOB.json
+    python -m rlnorm.kit.worker JOB.json [--hold]
 
 `rlnorm.kit.steps.run_backends` writes JOB.json (the run's parameters, one backend spec, the device, a folder)
 and starts this module in a fresh interpreter, one per backend. It loads and probes the backend, runs every
@@ -11,6 +11,9 @@ selected check, and writes into the folder as it goes:
 - `result.json`: the backend's entry of the artifact and its records, rewritten after every check, so the checks
   it finished stand if it dies in the next one;
 - `agreement.pt`: its forward output on the agreement inputs, for the parent to form the matrix.
+
+With `--hold` it loads and probes the backend, then waits for a line on stdin before its checks: the parent
+starts the next backend's process while this one works, so imports overlap checks on the CPU.
 
 A check that raises is a recorded finding and the next check runs. A device left in an error state is not: the
 process's CUDA context is lost, so every later check would fail for that reason and not its own. The worker then
@@ -170,12 +173,14 @@ class Worker:
         self.result["status"] = "ran"
         return backend
 
-    def run(self) -> int:
+    def run(self, hold: bool = False) -> int:
         trail = self.folder / TRAIL_FILE
         backend = self.probe()
         self.save()
         if backend is None:
             return 0
+        if hold:  # started ahead of its turn: imports and probe are done, the checks wait for the parent
+            sys.stdin.readline()
         selected = [c for c in CHECK_ORDER if c in self.params.checks]
         calls = check_calls(self.params, self.device)
         summaries: dict[str, Any] = {}
@@ -249,12 +254,14 @@ def _summary_error(result: Any) -> BaseException | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
+    args = list(sys.argv[1:] if argv is None else argv)
+    hold = "--hold" in args
+    args = [a for a in args if a != "--hold"]
     if len(args) != 1:
-        print("usage: python -m rlnorm.kit.worker JOB.json", file=sys.stderr)
+        print("usage: python -m rlnorm.kit.worker JOB.json [--hold]", file=sys.stderr)
         return 2
     job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    return Worker(job).run()
+    return Worker(job).run(hold)
 
 
 if __name__ == "__main__":
