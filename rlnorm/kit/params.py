@@ -10,6 +10,7 @@ the same keys as the notebook's `parameters` cell.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from collections.abc import Mapping
@@ -66,9 +67,11 @@ class RunParams:
 
     # -- the run ------------------------------------------------------------------------------
     name: str = "run"  # the run folder's name under outputs/, and the plots' titles
+    # set by `python -m rlnorm run` (CLI_KEYS), never by a parameter file
     output_dir: str = ""  # where the run's files end up; "" = outputs/<name>
-    staging_dir: str = ""  # where files are written meanwhile (the CLI's temp folder); "" = output_dir
+    staging_dir: str = ""  # where files are written meanwhile (the CLI's staging folder); "" = a folder of its own
     params_file: str = ""  # which parameter set this came from (shown in plot titles)
+    overwrite: bool = False  # replace an existing run folder (the CLI's --force; papermill: -p overwrite true)
     device: str = "auto"  # auto | cpu | cuda
     progress: bool = True  # tqdm bars for the long loops
     rfc: str = "RL-Align/RL-Kernel#428"
@@ -155,6 +158,8 @@ class RunParams:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunParams)}
 _HINTS = get_type_hints(RunParams)
+# what `python -m rlnorm run` sets: a parameter file that sets them would misstate where its run goes
+CLI_KEYS = ("output_dir", "staging_dir", "params_file", "overwrite")
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
@@ -188,17 +193,26 @@ def _type_name(hint: Any) -> str:
 
 
 def _validate_values(p: RunParams) -> list[str]:
-    """Range and choice checks, one message per offending parameter."""
+    """Type checks, then range and choice checks of the parameters whose type is right: one message per
+    offending parameter, all of them at once."""
+    typed = [f"{name}: expected {_type_name(hint)}, got {getattr(p, name)!r}" for name, hint in _HINTS.items()
+             if not _type_ok(getattr(p, name), hint)]  # fmt: skip
+    if not typed:
+        return _range_errors(p)
+    # the range checks of the well-typed parameters, with defaults standing in for the ill-typed ones
+    stand_in = object.__new__(RunParams)
+    defaults = {f.name: getattr(_DEFAULTS, f.name) for f in dataclasses.fields(RunParams)}
+    for name in _FIELDS:
+        ok = _type_ok(getattr(p, name), _HINTS[name])
+        object.__setattr__(stand_in, name, getattr(p, name) if ok else defaults[name])
+    return typed + _range_errors(stand_in)
+
+
+def _range_errors(p: RunParams) -> list[str]:
     errors: list[str] = []
 
     def bad(name: str, expected: str) -> None:
         errors.append(f"{name}: expected {expected}, got {getattr(p, name)!r}")
-
-    for name, hint in _HINTS.items():
-        if not _type_ok(getattr(p, name), hint):
-            bad(name, _type_name(hint))
-    if errors:  # values of the wrong type make the range checks below meaningless
-        return errors
 
     if not _NAME_RE.match(p.name):
         bad("name", "a folder name of letters, digits, '.', '_' or '-'")
@@ -280,28 +294,46 @@ def _read_mapping(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[s
     return data, str(path)
 
 
+def read_params_file(path: str | os.PathLike) -> dict[str, Any]:
+    """A parameter file's mapping, as written (no defaults); refuses the keys the command line sets."""
+    data, where = _read_mapping(path)
+    cli = [k for k in CLI_KEYS if k in data]
+    if cli:
+        raise ParamsError(
+            f"parameters file {where!r}: {', '.join(cli)}: set by `python -m rlnorm run`, not by a parameter file"
+        )
+    return data
+
+
 def load_params(source: str | os.PathLike | Mapping[str, Any] | None = None, **overrides: Any) -> RunParams:
     """Parameters from a YAML file or a mapping (plus overrides), validated strictly.
 
     Raises ParamsError naming every unknown parameter (with the closest known name) and every
     ill-typed or out-of-range one, all at once, so one edit fixes a parameter file.
     """
-    data, path = _read_mapping(source) if source is not None else ({}, "")
+    if source is None:
+        data, path = {}, ""
+    elif isinstance(source, Mapping):
+        data, path = dict(source), ""
+    else:
+        data, path = read_params_file(source), str(source)
     data.update(overrides)
     if path and not data.get("params_file"):
         data["params_file"] = path
     errors: list[str] = []
     for key in data:
         if not isinstance(key, str) or key not in _FIELDS:
-            import difflib
-
             close = difflib.get_close_matches(str(key), list(_FIELDS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             errors.append(f"{key}: unknown parameter{hint}")
     known = {k: v for k, v in data.items() if k in _FIELDS}
-    for key, value in known.items():
-        if not _type_ok(value, _HINTS[key]):
-            errors.append(f"{key}: expected {_type_name(_HINTS[key])}, got {value!r}")
+    candidate = object.__new__(RunParams)
+    for name in _FIELDS:
+        object.__setattr__(candidate, name, known.get(name, getattr(_DEFAULTS, name)))
+    errors += _validate_values(candidate)
     if errors:
         raise ParamsError(_format_errors(errors))
     return RunParams(**known)
+
+
+_DEFAULTS = RunParams()

@@ -1,0 +1,212 @@
+"""Execute a notebook of this checkout with papermill and render its page, placing the result whole or not at all.
+
+A run of the reuse check is assembled in a staging folder beside its run folder and moved into place at the end,
+so `outputs/NAME/` is absent, the previous run (untouched), or a complete new run, never half of one. Investigation
+and comparison pages are single files written beside a run with the same rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from rlnorm.checkout import CHECKOUT, PACKAGE_DIR
+
+__all__ = [
+    "RunFailed",
+    "execute",
+    "notebook_source",
+    "render_html",
+]
+
+# the page template: the lab page with nothing fetched from the network (see its own comment)
+TEMPLATES = PACKAGE_DIR / "cli" / "templates"
+PAGE_TEMPLATE = "rlnorm_page"
+
+
+class RunFailed(RuntimeError):
+    """A cell of the notebook raised, or its kernel died; the message names the cell."""
+
+
+def notebook_source(name: str) -> Path:
+    """The jupytext source of a notebook of this checkout."""
+    path = (CHECKOUT or Path.cwd()) / "notebooks" / f"{name}.py"
+    if not path.is_file():
+        raise FileNotFoundError(f"notebook source {path} not found (run from a checkout: pip install -e .)")
+    return path
+
+
+def _cell_label(cell: Any, index: int) -> str:
+    title = cell.get("metadata", {}).get("title")
+    if title:
+        return f"cell {index} {title!r}"
+    first = next((ln for ln in cell.get("source", "").splitlines() if ln.strip()), "")
+    return f"cell {index} ({first[:60]!r})"
+
+
+@contextlib.contextmanager
+def _echo_progress(path: Path, enabled: bool) -> Iterator[None]:
+    """Copy what the kernel writes to `path` (the run's progress lines) to our stderr while the notebook runs."""
+    stop = threading.Event()
+    path.touch()
+
+    def pump() -> None:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            while True:
+                chunk = f.read()
+                if chunk:
+                    sys.stderr.write(chunk)
+                    sys.stderr.flush()
+                elif stop.is_set():
+                    return
+                else:
+                    time.sleep(0.2)
+
+    thread = threading.Thread(target=pump, daemon=True) if enabled else None
+    if thread:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        if thread:
+            thread.join(timeout=5)
+
+
+def _engine(started: list[str]) -> str:
+    """A papermill engine that notes each code cell as it starts (so a kernel that dies mid-cell still has that
+    cell named) and runs its kernel over IPC sockets (a local kernel needs no TCP port, and ipykernel warns about
+    every unencrypted one)."""
+    from jupyter_client.manager import AsyncKernelManager
+    from papermill.engines import NBClientEngine, papermill_engines
+
+    class IpcKernelManager(AsyncKernelManager):
+        def __init__(self, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.transport = "ipc"
+
+    class RlnormEngine(NBClientEngine):
+        @classmethod
+        def execute_managed_notebook(cls, nb_man: Any, kernel_name: str, **kwargs: Any) -> Any:
+            original = nb_man.cell_start
+            code_cells = [c for c in nb_man.nb.cells if c.cell_type == "code"]
+
+            def cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
+                if cell.cell_type == "code" and cell in code_cells:
+                    started.append(_cell_label(cell, code_cells.index(cell) + 1))
+                return original(cell, cell_index, **kw)
+
+            nb_man.cell_start = cell_start
+            return super().execute_managed_notebook(
+                nb_man, kernel_name, kernel_manager_class=IpcKernelManager, **kwargs
+            )
+
+    papermill_engines.register("rlnorm", RlnormEngine)
+    return "rlnorm"
+
+
+def render_html(executed: Path, html: Path, title: str) -> Path:
+    """The executed notebook as one self-contained HTML page without the code: what an RFC reader opens."""
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(executed, as_version=4)
+    exporter = HTMLExporter(
+        extra_template_basedirs=[str(TEMPLATES)],
+        template_name=PAGE_TEMPLATE,
+        exclude_input=True,
+        exclude_input_prompt=True,
+        exclude_output_prompt=True,
+    )
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
+    tmp = html.with_name(f".{html.name}.tmp")
+    tmp.write_text(body, encoding="utf-8")
+    os.replace(tmp, html)
+    return html
+
+
+def _failing_cell(executed: Path) -> str:
+    """Name the cell that failed (or was running when the kernel died), from the partial notebook."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(executed, as_version=4)
+    except Exception:
+        return "an unknown cell (no executed notebook was written)"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    for status in ("failed", "running"):  # papermill's own bookkeeping, per cell
+        for i, cell in enumerate(code, 1):
+            if cell.get("metadata", {}).get("papermill", {}).get("status") == status:
+                return _cell_label(cell, i)
+    for i, cell in enumerate(code, 1):
+        if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
+            return _cell_label(cell, i)
+    return "an unknown cell"
+
+
+def execute(
+    notebook: str,
+    params: dict[str, Any],
+    workdir: Path,
+    *,
+    progress: bool = True,
+    title: str,
+    env: dict[str, str] | None = None,
+) -> tuple[Path, str | None]:
+    """Execute `notebooks/<notebook>.py` with `params` into `workdir` (`<notebook>.ipynb` and `.html` there).
+
+    Returns (executed notebook, None) or (executed notebook, why it failed); raises only for what is not the
+    notebook's doing (the papermill stack missing, an interrupt).
+    """
+    import jupytext
+    import nbformat
+    import papermill as pm
+
+    progress_file = Path(tempfile.mkstemp(prefix="rlnorm-progress-", suffix=".log")[1])
+    env_before = dict(os.environ)
+    started: list[str] = []
+    failure: str | None = None
+    executed = workdir / f"{notebook}.ipynb"
+    try:
+        source = jupytext.read(notebook_source(notebook))
+        source.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+        input_nb = workdir / f".{notebook}.input.ipynb"
+        nbformat.write(source, input_nb)
+        # the kernel must be this interpreter, whatever `python` a system kernelspec names
+        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        os.environ["RLNORM_PROGRESS_FILE"] = str(progress_file)
+        # inline, so display(fig) puts PNGs in the notebook whatever MPLBACKEND the shell has
+        os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
+        os.environ.update(env or {})
+        try:
+            with _echo_progress(progress_file, progress):
+                pm.execute_notebook(
+                    str(input_nb),
+                    str(executed),
+                    parameters=params,
+                    kernel_name="python3",
+                    engine_name=_engine(started),
+                    progress_bar=False,
+                    log_output=False,
+                    cwd=os.getcwd(),
+                )
+        except pm.PapermillExecutionError as exc:
+            failure = f"{_failing_cell(executed)} failed: {exc.ename}: {exc.evalue}"
+        except Exception as exc:  # the kernel died (out of memory, a crash in native code) or would not start
+            where = started[-1] if started else "the kernel start"
+            failure = f"{where} did not finish: {type(exc).__name__}: {str(exc).strip()[:500]}"
+        input_nb.unlink(missing_ok=True)
+        if executed.exists():
+            render_html(executed, workdir / f"{notebook}.html", title)
+    finally:
+        os.environ.clear()
+        os.environ.update(env_before)
+        progress_file.unlink(missing_ok=True)
+    return executed, failure

@@ -1,0 +1,155 @@
+"""From parameter files and overrides to the runs they ask for.
+
+`python -m rlnorm run FILE... [-y YAML] [-p KEY VALUE]...` follows papermill's conventions: each FILE is a
+parameter set, `-y` a YAML mapping and `-p` one parameter (its value read as YAML: `-p d 256`,
+`-p backends "[rlnorm, reference]"`), later ones overriding earlier ones. A key that takes one value may be given a
+list of values: the run is then a matrix, one run per combination, each in `outputs/NAME/<combination>/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, get_origin, get_type_hints
+
+import yaml
+
+from rlnorm.kit.params import CLI_KEYS, ParamsError, RunParams, load_params, read_params_file
+
+__all__ = ["Combination", "Plan", "PlanError", "combination_name", "expand", "parse_value"]
+
+
+class PlanError(ValueError):
+    """The command line or a parameter file cannot make a run; the message says which part and why."""
+
+
+def parse_value(text: str) -> Any:
+    """A `-p` value as YAML reads it (`256` -> 256, `true` -> True, `[a, b]` -> a list, `silu` -> "silu")."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+_HINTS = get_type_hints(RunParams)
+# keys that take a list (backends, sizes, seeds...): a list there is the value, not a matrix
+_LIST_KEYS = {f.name for f in dataclasses.fields(RunParams) if get_origin(_HINTS[f.name]) is list}
+
+
+@dataclass(frozen=True)
+class Combination:
+    """One run: its parameters (validated), where its folder goes, and which matrix values made it."""
+
+    params: RunParams
+    folder: Path
+    values: dict[str, Any]
+    source: str  # the parameter file(s) and overrides it came from, for messages
+
+    @property
+    def label(self) -> str:
+        return self.folder.name if not self.values else f"{self.folder.parent.name}/{self.folder.name}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every run the command line asks for, in order; `matrices` maps a matrix's folder to its combinations."""
+
+    runs: list[Combination]
+    matrices: dict[Path, list[Combination]]
+
+
+def _value_text(v: Any) -> str:
+    text = str(v).lower() if isinstance(v, bool) or v is None else str(v)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
+
+
+def combination_name(values: Mapping[str, Any]) -> str:
+    """The folder name of one combination: `d-256_activation-sigmoid` (safe in every shell and file system)."""
+    return "_".join(f"{k}-{_value_text(v)}" for k, v in values.items())
+
+
+def _merge(files: Sequence[str], yaml_text: str | None, overrides: Sequence[tuple[str, str]]) -> list[tuple[str, dict]]:
+    """(source, raw mapping) per FILE, each with the -y and -p overrides applied on top."""
+    extra: dict[str, Any] = {}
+    if yaml_text:
+        try:
+            loaded = yaml.safe_load(yaml_text)
+        except yaml.YAMLError as exc:
+            raise PlanError(f"-y: not YAML ({exc})") from exc
+        if not isinstance(loaded, Mapping):
+            raise PlanError(f"-y: expected a YAML mapping of parameters, got {type(loaded).__name__}")
+        extra.update(loaded)
+    for key, value in overrides:
+        extra[key] = parse_value(value)
+    bad = sorted(k for k in extra if k in CLI_KEYS)
+    if bad:
+        raise PlanError(f"{', '.join(bad)}: set by the command line (--name, --outputs, --force), not a parameter")
+    out = []
+    for f in files or [None]:
+        try:
+            raw = read_params_file(f) if f is not None else {}
+        except ParamsError as exc:
+            raise PlanError(f"{f}: {exc}") from exc
+        if f is not None and "name" not in raw:
+            raw["name"] = Path(f).stem
+        out.append((f or "the command line", {**raw, **extra}))
+    return out
+
+
+def expand(
+    files: Sequence[str],
+    yaml_text: str | None = None,
+    overrides: Sequence[tuple[str, str]] = (),
+    *,
+    outputs: str | Path = "outputs",
+    name: str | None = None,
+    device: str | None = None,
+    progress: bool | None = None,
+) -> Plan:
+    """Every run the arguments ask for; every problem of every run reported at once, before any work."""
+    runs: list[Combination] = []
+    matrices: dict[Path, list[Combination]] = {}
+    errors: list[str] = []
+    for source, raw in _merge(files, yaml_text, overrides):
+        if name:
+            raw["name"] = name
+        if device:
+            raw["device"] = device
+        if progress is not None:
+            raw["progress"] = progress
+        axes = {k: v for k, v in raw.items() if isinstance(v, list) and k not in _LIST_KEYS}
+        for k, v in axes.items():
+            if not v:
+                errors.append(f"{source}: {k}: an empty list gives no run")
+        if any(not v for v in axes.values()):
+            continue
+        base = Path(outputs) / str(raw.get("name", "run"))
+        combos = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+        made = []
+        for values in combos:
+            folder = base / combination_name(values) if axes else base
+            params = {**raw, **values}
+            if axes:
+                params["name"] = combination_name(values)
+            try:
+                p = load_params({**params, "output_dir": str(folder)})
+                p.resolved_device()
+            except ParamsError as exc:
+                where = f" ({combination_name(values)})" if axes else ""
+                errors.extend(f"{source}{where}: {line.strip()}" for line in str(exc).splitlines() if line.strip())
+                continue
+            made.append(Combination(p, folder, values, source))
+        runs.extend(made)
+        if axes and made:
+            matrices[base] = made
+    if errors:
+        raise PlanError("invalid run parameters:\n  " + "\n  ".join(dict.fromkeys(errors)))
+    folders = [c.folder for c in runs]
+    dup = sorted({str(f) for f in folders if folders.count(f) > 1})
+    if dup:
+        raise PlanError(f"two runs would write the same folder: {', '.join(dup)} (give each a different name)")
+    return Plan(runs, matrices)
