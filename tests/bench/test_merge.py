@@ -6,18 +6,19 @@ import json
 
 import pytest
 
-from rlnorm import bench, timing
+from rlnorm import timing
+from rlnorm.bench import files, runner
 from rlnorm.bench.merge import MergeError, main, merge
 
 
 def run_doc(add_us: float, times: dict[str, float], commit: str = "abc1234", gpu: str = "NVIDIA H200") -> dict:
     """One bench file's worth: a 32x128 shape timed by graph, backends' fwd times in us."""
-    entries = [bench.entry("torch.add", "fwd", timing.Timing(add_us, add_us, add_us), add_us, 1, method="graph")]
+    entries = [runner.entry("torch.add", "fwd", timing.Timing(add_us, add_us, add_us), add_us, 1, method="graph")]
     for name, us in times.items():
         if us is None:
-            entries.append(bench.entry(name, "fwd", None, None, 1, "failed", "boom"))
+            entries.append(runner.entry(name, "fwd", None, None, 1, "failed", "boom"))
         else:
-            entries.append(bench.entry(name, "fwd", timing.Timing(us, us, us), add_us, 1, method="graph"))
+            entries.append(runner.entry(name, "fwd", timing.Timing(us, us, us), add_us, 1, method="graph"))
     shape = {
         "rows": 32,
         "d": 128,
@@ -27,7 +28,7 @@ def run_doc(add_us: float, times: dict[str, float], commit: str = "abc1234", gpu
         "add": {},
         "add_notes": {},
         "entries": entries,
-        "fastest_peer": bench.fastest_peer(entries),
+        "fastest_peer": runner.fastest_peer(entries),
     }
     return {
         "kind": "rlnorm.bench",
@@ -103,7 +104,7 @@ def test_cli_writes_once_and_names_a_bad_file(tmp_path, capsys):
     merged = json.loads(out.read_text())
     assert merged["kind"] == "rlnorm.bench.merged" and [s["path"] for s in merged["sources"]] == paths
     assert "no slower than the fastest peer in 2 of 3 runs" in capsys.readouterr().out
-    assert main([*paths, "--out", str(out)]) == bench.EXIT_EXISTS  # never overwritten silently
+    assert main([*paths, "--out", str(out)]) == files.EXIT_EXISTS  # never overwritten silently
     bad = tmp_path / "notes.json"
     bad.write_text(json.dumps({"kind": "something else"}))
     assert main([paths[0], str(bad)]) == 2
