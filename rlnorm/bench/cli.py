@@ -117,6 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(str(exc), file=sys.stderr)
         return EXIT_USAGE
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if a.append_results is not None:
+        try:
+            results.results_path(a.append_results)
+        except results.ResultsError as exc:
+            print(str(exc), file=sys.stderr)
+            return EXIT_USAGE
     if a.append_results is not None and not a.allow_cpu and not device.startswith("cuda"):
         print(
             f"--append-results: this run is on {device!r}, whose clock makes no speed claim; "
@@ -125,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return EXIT_USAGE
     command = command_line(PROG, argv, a)
+    partial = Path(f"{a.out}.partial") if a.out and a.base is None else None
 
     if a.base is not None:
         try:
@@ -136,7 +143,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(format_base(doc))
         print("\n" + format_footer(doc["head"]["run"]))
     else:
-        partial = Path(f"{a.out}.partial") if a.out else None
 
         def keep_partial(doc: dict) -> None:  # a run cut short (timeout) still leaves every finished shape
             if partial is not None:
@@ -158,7 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.out:
         if write_table(doc, a.out, a.force) != 0:
             return EXIT_EXISTS
-        if a.base is None and partial is not None:
+        if partial is not None:
             partial.unlink(missing_ok=True)
     if a.append_results is not None:
         return results.append_docs([doc], a.append_results, a.allow_cpu)

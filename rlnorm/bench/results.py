@@ -64,7 +64,8 @@ def add_results_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, 
         const=str(DEFAULT_CSV),
         default=None,
         metavar="CSV",
-        help=f"append the rows to the results table (default {DEFAULT_CSV}, of the checkout); never rewrites a row",
+        help=f"append the rows to the results table (default {DEFAULT_CSV}, of the checkout; put it after any "
+        "files, or write --append-results=CSV); never rewrites a row",
     )
     p.add_argument(
         "--allow-cpu", action="store_true", help="append a CPU run's rows too (no speed claim rests on them)"
@@ -79,7 +80,10 @@ def add_results_arguments(p: argparse.ArgumentParser | argparse._ArgumentGroup, 
 
 
 def results_path(value: str) -> Path:
-    """The --append-results value: the default name means the checkout's table, anything else as given."""
+    """The --append-results value: the default name means the checkout's table, anything else as given.
+    Not a .csv: ResultsError (argparse gives the option the next word, which may be a bench file)."""
+    if Path(value).suffix != ".csv":
+        raise ResultsError(f"--append-results: {value!r} is not a .csv table (did a bench file follow the option?)")
     return default_path() if Path(value) == DEFAULT_CSV else Path(value)
 
 
@@ -231,8 +235,8 @@ def append_rows(path: str | os.PathLike[str], rows: Sequence[dict[str, str]], al
 
 def append_docs(docs: Iterable[dict], value: str, allow_cpu: bool, command: str | None = None) -> int:
     """The CLI's --append-results: 0 with a line saying how many rows went in, or 2 with the reason."""
-    path = results_path(value)
     try:
+        path = results_path(value)
         rows = [r for doc in docs for r in rows_from_doc(doc, command)]
         n = append_rows(path, rows, allow_cpu)
     except ResultsError as exc:

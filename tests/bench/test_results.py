@@ -157,6 +157,8 @@ def test_bench_merge_appends_a_saved_file_or_a_merge(tmp_path, capsys):
     assert added and {r["runs"] for r in added} == {"2"} and {r["command"] for r in added} == {"two runs, merged"}
     assert merge.main([paths[0], "--append-results", str(table), "--command", "python3 -m rlnorm.bench"]) == 0
     assert "appended 0 rows" in capsys.readouterr().out  # the same file again adds nothing
+    assert merge.main(["--append-results", *paths]) == 2  # the option took the first file for the table
+    assert "not a .csv table" in capsys.readouterr().err
 
 
 def test_the_recorded_command_leaves_out_where_results_go():
