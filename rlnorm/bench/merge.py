@@ -1,44 +1,59 @@
 """Several bench runs (separate processes) merged into one table of medians, with the spread.
 
-    python -m rlnorm.bench.merge RUN.json RUN.json ... [--out MERGED.json] [--force] [--allow-mixed-commits]
+    python -m rlnorm bench-merge RUN.json RUN.json ... [--out MERGED.json] [--force] [--allow-mixed-commits]
+                                 [--append-results [CSV]] [--allow-cpu] [--command CMD]
+    python -m rlnorm bench-merge SAVED.json --append-results [CSV] [--command CMD]
 
 Why: at decode sizes the peers' times move between processes (torch.compile recompiles, FLA's
 autotuner keys on the row count): one run can make rlnorm look faster or slower than it is. Run
-`python -m rlnorm.bench --out runN.json` a few times, then merge. Every ratio stays a same-run
+`python -m rlnorm bench --out runN.json` a few times, then merge. Every ratio stays a same-run
 ratio: each run's time is divided by that run's own add before the median is taken, never by an
 add from another process. The verdict per shape and mode says in how many runs rlnorm was no
 slower than that run's fastest peer, next to the median of the per-run ratios.
 
 Runs of different commits or GPUs are refused (a median over different code answers nothing),
-unless --allow-mixed-commits says the mix is meant; the GPU must match regardless.
+unless --allow-mixed-commits says the mix is meant; the GPU must match regardless. With
+--append-results the merged rows go into the results table; one saved file alone (a run, a merge or
+a --base comparison) is appended as it is, so an earlier run becomes rows.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from rlnorm.bench import EXIT_EXISTS, add_out_arguments, fastest_peer, format_markdown, out_taken, write_table
+from rlnorm.bench import results
+from rlnorm.bench.files import (
+    EXIT_EXISTS,
+    EXIT_USAGE,
+    KINDS,
+    RUN,
+    BenchFileError,
+    add_out_arguments,
+    command_line,
+    load_doc,
+    out_taken,
+    write_table,
+)
+from rlnorm.bench.runner import fastest_peer
+from rlnorm.bench.table import format_footer, format_markdown
+
+PROG = "python -m rlnorm bench-merge"
 
 
 class MergeError(ValueError):
     """Runs that cannot be merged: the message names the file and what was expected."""
 
 
-def _load(path: str) -> dict:
+def _load(path: str, kinds: Sequence[str] = (RUN,)) -> dict:
     try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise MergeError(f"runs: cannot read {path!r}: {exc}") from exc
-    if not isinstance(doc, dict) or doc.get("kind") != "rlnorm.bench" or not isinstance(doc.get("shapes"), list):
-        raise MergeError(f"runs: {path!r} is not a `python -m rlnorm.bench --out` file (kind 'rlnorm.bench')")
-    return doc
+        return load_doc(path, kinds)
+    except BenchFileError as exc:
+        raise MergeError(str(exc)) from exc
 
 
 def _check_compatible(docs: Sequence[dict], paths: Sequence[str], allow_mixed_commits: bool) -> None:
@@ -70,6 +85,7 @@ def merge_entries(runs: list[list[dict]]) -> list[dict]:
         ok = [e for e in got if e["status"] == "ok" and e.get("us") is not None]
         ratios = [e["ratio"] for e in ok if e.get("ratio") is not None]
         walls = [e["wall_us"] for e in ok if e.get("wall_us") is not None]
+        wall_ratios = [e["wall_ratio"] for e in ok if e.get("wall_ratio") is not None]
         methods = sorted({e.get("method") or "" for e in ok})
         first_bad = next((e for e in got if e not in ok), None)
         merged.append(
@@ -86,6 +102,9 @@ def merge_entries(runs: list[list[dict]]) -> list[dict]:
                 "us_p80": max((e["us"] for e in ok), default=None),  # the slowest run's median
                 "ratio": _median(ratios),
                 "wall_us": _median(walls),
+                "wall_p20": min(walls, default=None),  # the fastest run's eager median
+                "wall_p80": max(walls, default=None),
+                "wall_ratio": _median(wall_ratios),
                 "runs_ok": len(ok),
                 "runs": len(got),
                 "not_ok": None if first_bad is None else f"{first_bad['status']}: {first_bad.get('reason', '')}",
@@ -115,7 +134,9 @@ def verdicts(runs: list[dict]) -> dict[str, Any]:
     return out
 
 
-def merge(docs: Sequence[dict], paths: Sequence[str], allow_mixed_commits: bool = False) -> dict:
+def merge(
+    docs: Sequence[dict], paths: Sequence[str], allow_mixed_commits: bool = False, command: str | None = None
+) -> dict:
     """The merged document: shapes present in any run, each with medians, spread and verdicts."""
     if len(docs) < 2:
         raise MergeError(f"runs: expected at least 2 bench files, got {len(docs)}")
@@ -156,12 +177,14 @@ def merge(docs: Sequence[dict], paths: Sequence[str], allow_mixed_commits: bool 
                 "tracked_tree_dirty": d.get("tracked_tree_dirty"),
                 "created_at": d.get("created_at"),
                 "complete": d.get("complete"),
+                "command": d.get("command"),
             }
             for p, d in zip(paths, docs, strict=True)
         ],
         "environment": docs[0].get("environment"),
+        "command": command,
         "note": "us = median over runs of each run's median; us_p20/us_p80 = fastest/slowest run; ratio = "
-        "median of per-run ratios (each to its own run's add, 8/3 of it for fwd_bwd)",
+        "median of per-run ratios (each to its own run's add, 8/3 of it for fwd_bwd); wall likewise",
         "shapes": shapes,
     }
 
@@ -182,22 +205,32 @@ def format_verdicts(merged: dict) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m rlnorm.bench.merge", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", help="bench JSON files (python -m rlnorm.bench --out), one per process")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", help="bench JSON files (python -m rlnorm bench --out), one per process")
     add_out_arguments(p, "write the merged table as JSON here (atomic)")
     p.add_argument("--allow-mixed-commits", action="store_true", help="merge runs of different commits")
+    results.add_results_arguments(p)
     a = p.parse_args(argv)
     if out_taken(a.out, a.force):
         return EXIT_EXISTS
     try:
-        merged = merge([_load(r) for r in a.runs], a.runs, a.allow_mixed_commits)
+        if len(a.runs) == 1 and a.append_results is not None and not a.out:
+            saved = _load(a.runs[0], KINDS)  # one saved file: its rows as they are
+            print(f"{a.runs[0]}: {saved['kind']}, {format_footer(saved.get('run', saved))}")
+            return results.append_docs([saved], a.append_results, a.allow_cpu, a.command)
+        merged = merge([_load(r) for r in a.runs], a.runs, a.allow_mixed_commits, command=command_line(PROG, argv, a))
     except MergeError as exc:
         print(str(exc), file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     print(format_markdown(merged["shapes"]))
     print("\nrlnorm against each run's own fastest peer:\n" + format_verdicts(merged))
     print(f"\n{len(a.runs)} runs; us = median of the runs' medians (ratios: each run's own add)")
-    return write_table(merged, a.out, a.force) if a.out else 0
+    if a.out and write_table(merged, a.out, a.force) != 0:
+        return EXIT_EXISTS
+    if a.append_results is not None:
+        return results.append_docs([merged], a.append_results, a.allow_cpu, a.command)
+    return 0
 
 
 if __name__ == "__main__":

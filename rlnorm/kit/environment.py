@@ -141,7 +141,7 @@ def _git(repo_dir: str | os.PathLike[str] | None, *args: str) -> str | None:
     return run(*args)
 
 
-def _env_commit() -> str | None:
+def commit_from_env() -> str | None:
     value = os.environ.get(COMMIT_ENV, "").strip().lower()
     if not value:
         return None
@@ -153,7 +153,7 @@ def _env_commit() -> str | None:
 def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
     """$RLNORM_COMMIT when set (see above), else the full hash of HEAD in `repo_dir` (default: this
     package's checkout), else None."""
-    stated = _env_commit()
+    stated = commit_from_env()
     if stated is not None:
         return stated
     out = _git(repo_dir, "rev-parse", "--verify", "HEAD")

@@ -401,7 +401,7 @@ def test_invariance_check_catches_a_batch_dependent_kernel():
 
 def _sm90_layouts(d: int, variant: dict) -> list[dict[str, list[int]]]:
     """The 3-D blocked layouts of the forward compiled for sm_90 by the installed Triton (no GPU needed:
-    scripts/compile_sm90.py compiles in its own process, out of the interpreter)."""
+    tools/compile_sm90.py compiles in its own process, out of the interpreter)."""
     script = REPO_ROOT / "scripts" / "compile_sm90.py"
     out = subprocess.run(
         [sys.executable, str(script), "--layouts", str(d), json.dumps(variant)],

@@ -1,0 +1,257 @@
+"""The forward's bits on a GPU, and a short timing of its variants against the same-run add.
+
+    python tools/kernel_gpu_check.py [--rows 262144] [--skip accuracy|invariance|timing ...]
+                                     [--variant fwd.NAME=VALUE ...] [--out gpu_check.json]
+
+1. accuracy: on the standard data (seed 11) for the default op, D = 256, the gate first, sigmoid, no gate
+   and a wide z: the fraction of outputs equal to the fp64 result rounded once, and, where the launcher
+   gives them (its `_debug` outputs), the fast path's worst error in fp32 ulps against the bound, and the
+   fractions of elements, rows and programs that took the exact path.
+2. invariance: sub-batches of 1, 7, 4097 and 65536 rows, and the rows permuted, against the full batch,
+   bit for bit.
+3. timing: the forward through the launcher and through the API, and rlnorm under each --variant
+   (default `fwd.EXACT=0`, the fast path alone), against a same-run `torch.add`, by the bench's clocks
+   (`rlnorm.timing`: CUDA graphs up to 4096 rows, events on a primed queue above). For the full table
+   with the peers: `python -m rlnorm bench --variant ...`.
+Without a GPU it runs on the CPU in the Triton interpreter (use a few rows): a check of the tool itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's package, from anywhere
+
+import torch
+
+import rlnorm
+from rlnorm.bench import runner, variants
+from rlnorm.inputs import make_case
+from rlnorm.kernel import _fwd as F
+from rlnorm.numerics import round_once
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+from rlnorm.timing import CpuClock, CudaClock, make_sets
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python tools/kernel_gpu_check.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=262144, help="rows of the accuracy and invariance data")
+    p.add_argument("--skip", nargs="*", default=[], choices=["accuracy", "invariance", "timing"])
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        metavar="fwd.NAME=VALUE",
+        help="forward switches to time beside the shipped kernel (repeatable; default fwd.EXACT=0)",
+    )
+    p.add_argument("--timing-rows", type=int, nargs="+", default=None, help="default: --rows, 32, 512, 4096")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="write the results as JSON here (default: $OUT/gpu_check.json where $OUT is set, else no file)",
+    )
+    return p
+
+
+class Check:
+    """Results by section, saved after each one; a section that raises is recorded and the next one runs."""
+
+    def __init__(self, out: str | None) -> None:
+        self.out = out
+        self.res: dict[str, Any] = {"accuracy": [], "invariance": [], "timing": [], "errors": []}
+        self.summary: list[str] = []
+
+    def section(self, name: str, fn: Callable[[], None]) -> None:
+        t0 = time.time()
+        try:
+            fn()
+        except Exception:
+            tb = traceback.format_exc()
+            print(tb, flush=True)
+            self.res["errors"].append({"section": name, "traceback": tb[-3000:]})
+        print(f"[{name}: {time.time() - t0:.1f}s]", flush=True)
+        if self.out:
+            Path(self.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(self.out).write_text(json.dumps(self.res, indent=1))
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a.view(torch.int16) == b.view(torch.int16)) | (torch.isnan(a) & torch.isnan(b))
+
+
+def fwd(x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOptions, **kw: Any) -> Any:
+    return F.rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
+
+
+def has_debug() -> bool:
+    """Whether the launcher hands back the fast path's values and flags (`_debug`)."""
+    return "_debug" in inspect.signature(F.rms_norm_gated_fwd).parameters
+
+
+def accuracy(ck: Check, rows: int) -> None:
+    cases = [
+        ("std", 128, OpOptions(), True, 1.0),
+        ("std", 256, OpOptions(), True, 1.0),
+        ("nbg_false", 128, OpOptions(norm_before_gate=False), True, 1.0),
+        ("sigmoid", 128, OpOptions(activation="sigmoid"), True, 1.0),
+        ("no_z", 128, OpOptions(), False, 1.0),
+        ("wide_z8", 128, OpOptions(), True, 8.0),  # |z| up to ~40
+    ]
+    for name, d, opts, has_z, zscale in cases:
+        c = make_case(rows, d, seed=11, device=DEV)
+        z = (c.z.float() * zscale).to(c.z.dtype) if has_z else None
+        y = fwd(c.x, z, c.w, opts)
+        ref64 = gated_rmsnorm_math(c.x, z, c.w, opts, torch.float64)
+        ref = round_once(ref64, torch.bfloat16)
+        frac = same_bits(y, ref).double().mean().item()
+        rec: dict[str, Any] = {"case": name, "d": d, "rows": rows, "opts": opts.as_dict(), "has_z": has_z}
+        rec.update(correctly_rounded=frac, wrong=int((~same_bits(y, ref)).sum()))
+        line = f"acc {name:<10} d={d} correct={frac:.9f} wrong={rec['wrong']}"
+        if has_debug():
+            rec.update(_fast_path(c, z, y, opts, ref64, ref, rows, d))
+            line += (
+                f" fast_alone={rec['fast_path_alone_correctly_rounded']:.6f} err_max={rec['fast_err_ulp32_max']:.2f}"
+                f" bound_used={rec['bound_used_max']} rows_exact={rec['flag_rows']:.4f}"
+                f" programs_exact={rec['flag_tiles']:.4f}"
+            )
+        ck.res["accuracy"].append(rec)
+        print(json.dumps(rec), flush=True)
+        ck.summary.append(line)
+
+
+def _fast_path(c: Any, z: Any, y: Any, opts: OpOptions, ref64: Any, ref: Any, rows: int, d: int) -> dict[str, Any]:
+    """The fast path's error against fp64 and how often the exact path ran (from the launcher's debug outputs)."""
+    y_dbg, fast, flags = fwd(c.x, z, c.w, opts, _debug=True)
+    _, e = torch.frexp(ref64)
+    ulp32 = torch.ldexp(torch.ones_like(ref64), e - 24)  # |ref| in [2**(e-1), 2**e)
+    ok = torch.isfinite(ref64) & (ref64 != 0) & (ref64.abs() > 1e-30)
+    err = torch.where(ok, (fast.double() - ref64).abs() / ulp32, torch.zeros_like(ref64))
+    if z is None:
+        bound = getattr(F, "NEAR_T0_PLAIN", None)
+    else:
+        bound = getattr(F, "NEAR_T0_GATED" if opts.norm_before_gate else "NEAR_T0_GATED_PRE", None)
+    block_r = F._fwd_config(opts.group_size or d, c.x.dtype)[0]
+    row_flag = flags.bool().any(dim=1)
+    n_blocks = (rows + block_r - 1) // block_r
+    pad = n_blocks * block_r - rows
+    tile_flag = torch.cat([row_flag, row_flag.new_zeros(pad)]).view(n_blocks, block_r).any(dim=1)
+    return {
+        "debug_equals_plain": bool(same_bits(y, y_dbg).all()),
+        "fast_path_alone_correctly_rounded": same_bits(fast.to(torch.bfloat16), ref).double().mean().item(),
+        "fast_err_ulp32_max": err.max().item(),
+        "bound": bound,
+        "bound_used_max": round(err.max().item() / bound, 3) if bound else None,  # < 1 is what the bound claims
+        "flag_elems": flags.float().mean().item(),
+        "flag_rows": row_flag.float().mean().item(),
+        "flag_tiles": tile_flag.float().mean().item(),
+        "block_r": block_r,
+    }
+
+
+def invariance(ck: Check, rows: int) -> None:
+    opts = OpOptions()
+    for d in (128, 256):
+        c = make_case(rows, d, seed=3, device=DEV)
+        full = fwd(c.x, c.z, c.w, opts)
+        for m, limit in ((1, 2048), (7, rows), (4097, rows), (65536, rows)):
+            parts = [fwd(c.x[s : s + m], c.z[s : s + m], c.w, opts) for s in range(0, min(rows, limit), m)]
+            got = torch.cat(parts)
+            n = got.shape[0]
+            diff = int((~same_bits(got, full[:n]).all(dim=1)).sum())
+            ck.res["invariance"].append({"d": d, "sub": m, "rows_checked": n, "rows_differ": diff})
+            ck.summary.append(f"inv d={d} sub={m:<6} rows={n:<7} differ={diff}")
+        perm = torch.randperm(rows, device=DEV)
+        got = fwd(c.x[perm], c.z[perm], c.w, opts)
+        diff = int((~same_bits(got, full[perm]).all(dim=1)).sum())
+        ck.res["invariance"].append({"d": d, "sub": "perm", "rows_checked": rows, "rows_differ": diff})
+        ck.summary.append(f"inv d={d} permuted rows={rows} differ={diff}")
+
+
+def timing(ck: Check, rows_list: Sequence[int], wanted: Sequence[variants.Variant]) -> None:
+    clock = CudaClock(DEV) if DEV == "cuda" else CpuClock()
+    settings = runner.QUICK if DEV == "cuda" else runner.SMOKE
+    opts = OpOptions()
+    for d in (128, 256):
+        for rows in rows_list:
+            sets = make_sets(rows, d, torch.bfloat16, DEV)
+            graph = clock.graphs and rows <= settings.graph_max_rows
+            why = "" if graph else "rows above the graph limit, or no CUDA graphs here"
+
+            def add(a: tuple) -> Any:
+                return torch.add(a[0], a[1])
+
+            add_t, add_m, _, _ = runner.time_gpu(add, sets, clock, settings, graph, why)
+
+            def launch(a: tuple) -> Any:
+                return fwd(a[0], a[1], a[2], opts)
+
+            def api(a: tuple) -> Any:
+                with torch.no_grad():
+                    return rlnorm.rms_norm_gated(a[0], a[1], a[2])
+
+            lines: list[tuple[str, Callable[[tuple], Any], Any]] = [("launcher", launch, None), ("api", api, None)]
+            lines += [(v.label, api, v) for v in wanted]
+            for name, step, v in lines:
+                if v is not None:
+                    with variants.kernel_variant()(**v.switches()):
+                        t, m, _, _ = runner.time_gpu(step, sets, clock, settings, graph, why)
+                else:
+                    t, m, _, _ = runner.time_gpu(step, sets, clock, settings, graph, why)
+                ratio = t.us / add_t.us if m == add_m and add_t.us else None
+                ck.res["timing"].append(
+                    {"d": d, "rows": rows, "name": name, "clock": m, "us": [t.us, t.p20, t.p80], "add_us": add_t.us}
+                    | {"ratio": ratio, "host_bound": t.host_bound}
+                )
+                star = "*" if t.host_bound else ""
+                ck.summary.append(
+                    f"time d={d} rows={rows:<7} {name:<22} {t.us:8.2f}{star} us (p20 {t.p20:.2f} p80 {t.p80:.2f}) "
+                    f"{m:<6} add {add_t.us:7.2f}  ratio {'-' if ratio is None else f'{ratio:.3f}'}"
+                )
+            del sets
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        wanted = variants.parse_variants(a.variant if a.variant is not None else ["fwd.EXACT=0"])
+        if "timing" not in a.skip:
+            variants.validate(wanted)
+    except variants.VariantError as exc:
+        if a.variant is not None:
+            print(str(exc), file=sys.stderr)
+            return 2
+        print(f"timing: no variants ({exc})", flush=True)  # the default variant, where the kernel has no switches
+        wanted = []
+    out = a.out or (os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None)
+    ck = Check(out)
+    ck.res["device"] = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
+    ck.res["versions"] = {"torch": torch.__version__, "triton": __import__("triton").__version__}
+    print(ck.res["device"], ck.res["versions"], flush=True)
+    if "accuracy" not in a.skip:
+        ck.section("accuracy", lambda: accuracy(ck, a.rows))
+    if "invariance" not in a.skip:
+        ck.section("invariance", lambda: invariance(ck, a.rows))
+    if "timing" not in a.skip:
+        ck.section("timing", lambda: timing(ck, a.timing_rows or [a.rows, 32, 512, 4096], wanted))
+    print("\n==== summary ====")
+    print("\n".join(ck.summary))
+    if ck.res["errors"]:
+        print("ERRORS in sections:", [e["section"] for e in ck.res["errors"]])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
