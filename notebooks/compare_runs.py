@@ -50,10 +50,18 @@ print("B:", path_b)
 
 # %% [markdown]
 # ## What changed
-# Backends present in one run only, verdicts that flipped, latency moves beyond `latency_move`,
-# and accuracy moves beyond `accuracy_move`.
+# First whether the two runs computed the same op at all, then backends present in one run only, verdicts that
+# flipped, latency moves beyond `latency_move`, and accuracy moves beyond `accuracy_move`.
 
 # %%
+if cmp.different_ops:
+    display(
+        Markdown(
+            "**These runs computed different ops** ("
+            + "; ".join(cmp.different_ops)
+            + "): read what follows as two separate results, not as a change of one."
+        )
+    )
 display(Markdown("\n".join(f"- {c}" for c in cmp.changes) if cmp.changes else "*Nothing changed.*"))
 
 # %% [markdown]

@@ -35,6 +35,8 @@ run: str = ""  # run folder (outputs/NAME) or its artifact JSON; empty: the newe
 backend = None  # backend to look at; None: the first one with differing rows
 check = None  # check to look at; None: the first check of that backend with differing rows
 row_index: int = 0  # which line of the differing-rows table to explain
+row = None  # or: the case row to explain (its first differing record); overrides row_index
+reproduce: bool = False  # give a crashed backend the batch it died on again, in a process of its own
 others = None  # backends to compare on the same row; None: every backend that ran in this run
 device: str = "auto"  # where to recompute: auto (the GPU if there is one), cpu or cuda
 others_in_batch = None  # run the others on the whole batch too; None: on a GPU, or for small batches
@@ -45,7 +47,7 @@ from rlnorm.report.runs import check_parameters as _check_parameters
 _check_parameters(
     globals(),
     _names_before_parameters,
-    ["run", "backend", "check", "row_index", "others", "device", "others_in_batch"],
+    ["run", "backend", "check", "row_index", "row", "reproduce", "others", "device", "others_in_batch"],
 )
 
 import matplotlib.pyplot as plt
@@ -54,7 +56,16 @@ from IPython.display import Markdown, display
 
 from rlnorm.report.compare import run_verdicts
 from rlnorm.report.explain import explain_record
-from rlnorm.report.investigate import differing_rows, failing_summary, records_dropped
+from rlnorm.report.investigate import (
+    crash_batch,
+    crash_table,
+    crashed_backends,
+    differing_rows,
+    failing_summary,
+    pick_row,
+    records_dropped,
+    reproduce_crash,
+)
 from rlnorm.report.plots.row import plot_row
 from rlnorm.report.runs import latest_run, load_run
 
@@ -81,6 +92,36 @@ display(backends_table)
 display(run_verdicts(the_run.artifact))
 
 # %% [markdown]
+# ## Backends whose process died
+# A backend runs its checks in a process of its own; one that crashed or outlived the run's time limit left a
+# trail: the check and the batch it was given last. That batch is rebuilt here from the trail, and with
+# `reproduce=True` (`-p reproduce true`) given to the backend again in a fresh process, so the crash can be
+# reproduced, and then debugged, in one call without rerunning the check.
+
+# %%
+crashed = crashed_backends(the_run.artifact)
+if not crashed:
+    display(Markdown("No backend crashed or timed out in this run."))
+else:
+    display(crash_table(the_run.artifact))
+    for _key in crashed:
+        try:
+            _batch = crash_batch(the_run.artifact, _key)
+        except ValueError as _exc:
+            display(Markdown(f"**{_key}**: {_exc}"))
+            continue
+        display(
+            Markdown(
+                f"**{_key}** died on a batch of {_batch.batch.x.shape[0]} rows of `{_batch.check}` "
+                f"(case {_batch.spec['case']}, batch {_batch.spec['batch']}). To give it that batch again: "
+                f"`reproduce_crash(the_run.artifact, {_key!r})`, or `crash_batch(the_run.artifact, {_key!r})` "
+                "for the tensors themselves."
+            )
+        )
+        if reproduce:
+            display(pd.Series(reproduce_crash(the_run.artifact, _key), name=_key).to_frame())
+
+# %% [markdown]
 # ## Differing records per backend, check and tensor
 # One record is one row whose output `y`, or gradient `dx` / `dz`, was not bitwise the same inside
 # the batch and alone (`dweight` records are whole-batch, not per row). `rows` counts distinct rows,
@@ -97,8 +138,11 @@ summary_table
 # Change `row_index` to pick another line.
 
 # %%
-table = differing_rows(the_run.records, backend, check) if len(the_run.records) else None
-if table is None and the_run.location.records is None:
+_rows_of_backend = backend is None or (len(the_run.records) and backend in set(the_run.records["backend"]))
+table = differing_rows(the_run.records, backend, check) if len(the_run.records) and _rows_of_backend else None
+if table is None and backend in crashed:
+    display(Markdown(f"**{backend}** recorded no differing row before its process died: see its trail above."))
+elif table is None and the_run.location.records is None:
     display(Markdown("**This artifact has no per-row records** (the seed report, for one, kept only counts)."))
 elif table is None:
     display(Markdown("**No differing rows in this run:** every check passed, so there is nothing to drill into."))
@@ -124,9 +168,7 @@ else:
 # %%
 explanation = None
 if table is not None:
-    if not 0 <= row_index < len(table):
-        raise ValueError(f"row_index: expected 0 <= row_index < {len(table)}, got {row_index}")
-    record = table.iloc[row_index]
+    record = table.iloc[pick_row(table, row, row_index)]
     explanation = explain_record(
         record,
         opts=the_run.opts,
@@ -178,6 +220,6 @@ if explanation is not None and not explanation.others.empty:
 
 # %%
 if explanation is not None:
-    fig = plot_row(explanation)
+    fig = plot_row(explanation, table)
     display(fig)
     plt.close(fig)

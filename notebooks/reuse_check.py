@@ -12,32 +12,18 @@
 # ---
 
 # %% [markdown]
-# # Can this gated RMSNorm be reused for RL? A batch-invariance reuse check
+# # Can this gated RMSNorm be reused for RL?
 #
-# Qwen3-Next's Gated DeltaNet normalises its output with a gated RMSNorm,
-# `y = rmsnorm(x) * w * silu(z)`, on rows of width 128 in bf16. RL post-training needs the
-# trainer and the sampler to compute **bitwise the same** result for a row, whatever else is in
-# the batch: otherwise the policy that generated a sample is not the policy that is trained on it.
-#
-# This notebook checks existing implementations (and any candidate you name) against that
-# requirement, and measures what each costs in accuracy and time:
-#
-# 1. **Batch invariance**: is a row's output (and dx, dz) the same alone, inside a batch, in
-#    sub-batches of any size, at any position? Is dweight repeatable?
-# 2. **Contract gates**: a realistic packed/padded/chunked workload, in a child process each.
-# 3. **Accuracy and latency**: how often the output is the correctly rounded bf16 value, and the
-#    time against a same-shape `torch.add` (the memory roofline).
-# 4. **Agreement**: how often two backends give bitwise the same output.
-#
-# Every computation lives in the `rlnorm` package; this notebook only calls it and shows what it found.
+# RL post-training needs the trainer and the sampler to compute **bitwise the same** output for a row of
+# Qwen3-Next's gated RMSNorm (`y = rmsnorm(x) * w * silu(z)`, rows of 128, bf16), whatever else is in the batch.
+# This page checks each implementation for that, and for an exact weight gradient, correct rounding and speed.
 
 # %% Setup
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
-import rlnorm
 from rlnorm.kit import steps
-from rlnorm.report import tables
+from rlnorm.report import page, tables
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -46,11 +32,13 @@ _before_parameters = set(globals())
 
 # %% Parameters tags=["parameters"]
 # These literals are params/quick.yaml (a CPU finishes in minutes). `python -m rlnorm run FILE`
-# or `papermill -f FILE` overrides them; every name must be one the kit knows.
+# or `papermill -f FILE` overrides them; every name must be one the kit knows. The first four are
+# where the run goes: the command line sets them (papermill: -p name NEW, -p overwrite true).
 name = "quick"
 output_dir = ""
 staging_dir = ""
 params_file = "params/quick.yaml"
+overwrite = False
 device = "auto"
 progress = True
 rfc = "RL-Align/RL-Kernel#428"
@@ -102,26 +90,20 @@ gate_timeout_s = 600.0
 backend_timeout_s = 900.0
 max_records = 2000
 
-# %% [markdown]
-# ## The run's parameters
-#
-# Checked before any work: a name the kit does not know, or a value of the wrong type, stops the
-# run here with a message naming it (papermill itself would only warn).
-
-# %% Validate parameters
+# %% Start the run
+# Checked before any work: a name the kit does not know, or a value of the wrong type, stops the run here
+# with a message naming it (papermill itself would only warn); so does a run folder that exists already.
 params = steps.params_from_namespace(globals(), _before_parameters)
 run = steps.start_run(params)
-display(Markdown(f"**Run** `{params.name}` on **{run.device}** · rlnorm {rlnorm.__version__}"))
-display(Markdown(tables.device_notice(run)))
-tables.params_table(run)
 
 # %% [markdown]
-# ## Where it ran
-#
-# GPU, CUDA, the library versions and the commit: what someone needs to reproduce these numbers.
+# ## Verdict
 
-# %% Environment
-tables.environment_table(run)
+# %% Verdict
+_header = display(Markdown(page.placeholder("run's identity")), display_id=True)
+_verdict = display(Markdown(page.placeholder("verdict per backend")), display_id=True)
+_headline = display(Markdown(page.placeholder("headline figure")), display_id=True)
+display(Markdown(tables.device_notice(run)))
 
 # %% [markdown]
 # ## Backends, each in a process of its own
@@ -131,27 +113,27 @@ tables.environment_table(run)
 # hangs or leaves the GPU in an error state is recorded as **crashed** or **timed out**, with the check and the
 # batch it was on, and keeps the checks it finished. Neither stops the run.
 #
-# * **all_rows**: every row computed alone vs inside the whole batch, bitwise (`fwd_differ` rows
-#   whose output differs, `rowgrad_differ` rows whose dx or dz differs).
-# * **dweight_repeatable**: the same batch twice gives bitwise the same dweight.
-# * **full_vs_sub_batches**: the full batch vs contiguous sub-batches of several sizes, covering
-#   every row (`coverage: all`) or the report's sample (`coverage: sampled`).
-# * **batch_size_sweep**: probe rows placed first, middle and last in batches of many sizes.
-# * **accuracy_latency**: fraction of outputs equal to the fp64 result rounded once to bf16, the
-#   gradients' relative error against fp64 autograd, and the median time (p20/p80 too).
+# * **all_rows**: every row computed alone against the same row inside the whole batch, bitwise.
+# * **dweight_repeatable**: the same batch run twice gives bitwise the same dweight.
+# * **full_vs_sub_batches**: each row of the full batch against the same row inside a contiguous sub-batch of
+#   several sizes, covering every row (`coverage: all`) or the report's sample (`coverage: sampled`).
+# * **batch_size_sweep**: probe rows placed first, in the middle and last in batches of many sizes, against the
+#   probe row alone.
+# * **accuracy_latency**: the fraction of outputs equal to the fp64 result rounded once, the gradients' error
+#   against fp64, and the median time against a same-run `torch.add` moving as many bytes.
 #
-# `batch_invariant` is true only when every one of these checks ran and found no difference. A
-# check that raised is listed under `errors` and the others still ran.
+# The counts are **row comparisons that differ**: a row is compared once per sub-batch size, probe position and
+# seed. `batch_invariant` is true only when every one of these checks ran and none differed.
 
 # %% Run every backend
 steps.run_backends(run)
 display(tables.backend_table(run))
-display(Markdown("**Batch invariance** (counts of rows that differ; 0 everywhere is what RL needs)"))
+display(Markdown("**Batch invariance** (row comparisons that differ; 0 everywhere is what RL needs)"))
 display(tables.invariance_table(run))
 display(
     Markdown(
-        "**Accuracy and latency** (latency in microseconds; roofline = same-run `torch.add` moving as many bytes; "
-        "`*`: the GPU queue ran dry while timing, so that time includes host overhead)"
+        "**Accuracy and latency** (microseconds; `x add` = the time over a same-run `torch.add` moving as many "
+        "bytes; `*`: the GPU queue ran dry while timing, so that time includes host overhead)"
     )
 )
 tables.accuracy_table(run)
@@ -159,58 +141,59 @@ tables.accuracy_table(run)
 # %% [markdown]
 # ## Contract gates
 #
-# A packed workload of 4 samples (11, 16, 13 and 19 tokens) run as one batch, in chunks of 7
-# tokens, each sample alone, padded left and right, permuted: every token's output and dx, dz
-# must be bitwise equal across these cells, and the backend's **own** dweight must equal the exact
-# aggregate of single-token runs. Each gate runs in a child process, so a crash or a hang is
-# recorded as a failed gate.
+# A packed workload of 4 samples (11, 16, 13 and 19 tokens) run as one batch, in chunks of 7 tokens, each sample
+# alone, padded left and right, permuted: every token's output and dx, dz must be bitwise equal across these
+# cells, and the backend's **own** dweight must equal the exact aggregate of single-row runs. Each gate runs in a
+# child process, so a crash or a hang is recorded as a failed gate.
 
 # %% Contract gates
 steps.run_gates(run)
+display(Markdown(page.GATE_EXPLANATION))
 tables.gates_table(run)
 
 # %% [markdown]
 # ## Cross-backend agreement
 #
-# Fraction of forward outputs that two backends compute bitwise alike on the same inputs. Two
-# batch-invariant kernels can still disagree with each other: swapping one for another between
-# sampler and trainer is only safe where this is 1.
+# Fraction of forward outputs that two backends compute bitwise alike on the same inputs. Two batch-invariant
+# kernels can still disagree with each other: swapping one for another between sampler and trainer is only safe
+# where this is 1.
 
 # %% Agreement matrix
 steps.run_agreement(run)
 tables.agreement_table(run)
 
 # %% [markdown]
-# ## The artifact and the per-row records
+# ## The artifact, the records and the plots
 #
-# The JSON artifact keeps every key of the reference B200 report, so the two can be compared
-# directly (`notebooks/compare_runs.py`); the CSV lists every row that differed, with what is
-# needed to rebuild its batch (`notebooks/investigate_rows.py`).
+# The JSON artifact keeps every key of the reference B200 report, so the two compare directly
+# (`python -m rlnorm compare seed outputs/NAME`); the CSV lists every row that differed, with what is needed to
+# rebuild its batch (`python -m rlnorm investigate outputs/NAME`).
 
-# %% Write artifact and records
+# %% Write artifact, records and plots
 figures = tables.make_plots(run)
-display(Markdown(f"Artifact: `{run.artifact_path.name}` · records: `{steps.RECORDS_FILE}` ({len(run.records)} rows)"))
+display(Markdown(f"Artifact: `{steps.ARTIFACT_FILE}` · records: `{steps.RECORDS_FILE}` ({len(run.records)} rows)"))
 _records = tables.record_table(run)
 display(Markdown(_records) if isinstance(_records, str) else _records)
-
-# %% [markdown]
-# ## Plots
-#
-# Rows that differ per backend and check; the error distributions (ulp distance to the correctly
-# rounded value, absolute error); forward and forward+backward latency with the roofline marked;
-# the agreement matrix; and the reference report's B200 results beside this run's where they
-# share a measure.
 
 # %% Plots
 for _name, _png in figures.items():
     display(Markdown(f"### {_name.replace('_', ' ')}"))
     display(Image(filename=str(_png)))
 
-# %% [markdown]
-# ## Verdict
-
-# %% Verdict
-display(Markdown(tables.verdict_markdown(run)))
+# %% Fill in the verdict
+_header.update(Markdown(page.page_header(run)))
+_verdict.update(Markdown(tables.verdict_markdown(run)))
+_first = next(iter(figures.values()), None)
+_headline.update(Image(filename=str(_first)) if _first is not None else Markdown("*(no figure)*"))
 _done = steps.finish(run)
+
+# %% [markdown]
+# ## Parameters, environment and time
+#
+# The parameters this run used beside the full protocol's, where it ran, and where the time went.
+
+# %% Parameters and environment
+display(tables.params_table(run))
+display(tables.environment_table(run))
 display(Markdown(f"Run `{params.name}`: {_done['seconds']:.0f} s in all; where the time went:"))
 tables.time_table(run)

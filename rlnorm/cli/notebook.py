@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnorm.checkout import CHECKOUT, PACKAGE_DIR
+from rlnorm.kit.worker import PLAIN_ENV
 
 __all__ = [
     "RunFailed",
@@ -182,6 +183,8 @@ def execute(
         # the kernel must be this interpreter, whatever `python` a system kernelspec names
         os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
         os.environ["RLNORM_PROGRESS_FILE"] = str(progress_file)
+        if not sys.stderr.isatty():  # a log file or a pipe: lines, not bars redrawn with cursor codes
+            os.environ[PLAIN_ENV] = "1"
         # inline, so display(fig) puts PNGs in the notebook whatever MPLBACKEND the shell has
         os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
         os.environ.update(env or {})

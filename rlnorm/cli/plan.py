@@ -140,7 +140,8 @@ def expand(
                 p.resolved_device()
             except ParamsError as exc:
                 where = f" ({combination_name(values)})" if axes else ""
-                errors.extend(f"{source}{where}: {line.strip()}" for line in str(exc).splitlines() if line.strip())
+                lines = [ln.strip() for ln in str(exc).splitlines()[1:]] or [str(exc)]  # past the header line
+                errors.extend(f"{source}{where}: {line}" for line in lines if line)
                 continue
             made.append(Combination(p, folder, values, source))
         runs.extend(made)

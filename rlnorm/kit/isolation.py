@@ -26,7 +26,15 @@ import torch
 
 from rlnorm.kit.worker import AGREEMENT_FILE, EXIT_DEVICE_ERROR, RESULT_FILE, TRAIL_FILE
 
-__all__ = ["BackendOutcome", "BackendProcess", "child_env", "describe_exit", "kill_group", "run_backend"]
+__all__ = [
+    "BackendOutcome",
+    "BackendProcess",
+    "child_env",
+    "describe_exit",
+    "kill_group",
+    "run_backend",
+    "run_batch",
+]
 
 STDERR_TAIL_LINES = 30
 
@@ -260,4 +268,42 @@ def _ended_early(
         "finished_checks": finished,
         "seconds": outcome.seconds,
         "stderr_tail": "\n".join(tail),
+    }
+
+
+def run_batch(spec: str, rebuild: dict[str, Any], device: str, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Give one backend one rebuilt batch in a process of its own; say how that process ended.
+
+    {"survived": bool, "cause": "killed by SIGSEGV (signal 11)" | "timed out after N s" | "exited with code 3" |
+    "ran to the end", "signal", "exit_code", "stderr_tail", "seconds"}."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="rlnorm-batch-") as tmp:
+        job = Path(tmp) / "job.json"
+        job.write_text(json.dumps({"backend": spec, "device": device, "rebuild": rebuild}))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rlnorm.kit.worker", str(job), "--batch"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            env=child_env(),
+            start_new_session=True,
+        )
+        timed_out = False
+        try:
+            _, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_group(proc)
+            _, err = proc.communicate()
+    cause, sig = (f"timed out after {timeout_s:g} s", None) if timed_out else describe_exit(proc.returncode)
+    survived = not timed_out and proc.returncode == 0
+    return {
+        "survived": survived,
+        "cause": "ran to the end" if survived else cause,
+        "signal": sig,
+        "exit_code": None if timed_out or proc.returncode < 0 else proc.returncode,
+        "stderr_tail": "\n".join((err or "").splitlines()[-STDERR_TAIL_LINES:]),
+        "seconds": round(time.monotonic() - t0, 2),
     }

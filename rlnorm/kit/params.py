@@ -140,11 +140,6 @@ class RunParams:
         root = CHECKOUT if CHECKOUT is not None and (CHECKOUT / "outputs").is_dir() else Path()
         return root / "outputs" / self.name
 
-    @property
-    def write_dir(self) -> Path:
-        """The folder files are written to while the run is in progress."""
-        return Path(self.staging_dir) if self.staging_dir else self.run_dir
-
     def resolved_device(self) -> str:
         """auto -> cuda when a GPU is visible, else cpu; asking for cuda without one is an error."""
         import torch

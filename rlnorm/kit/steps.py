@@ -12,17 +12,15 @@ import contextlib
 import os
 import sys
 import time
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 import torch
-from tqdm import tqdm
 
 from rlnorm.kit import artifact as art
-from rlnorm.kit import checks, gates, isolation
+from rlnorm.kit import checks, folders, gates, isolation
 from rlnorm.kit import records as rec
 from rlnorm.kit.backends import describe_error
 from rlnorm.kit.environment import collect_environment, git_commit, tracked_tree_dirty
@@ -43,9 +41,7 @@ __all__ = [
 ARTIFACT_FILE = "rms_norm_gated_reuse_check.json"
 RECORDS_FILE = "records.csv"
 PLOTS_DIR = "plots"
-# tqdm.auto (used by peers) warns in a kernel without ipywidgets; its text bars are what we want anyway
-warnings.filterwarnings("ignore", message="IProgress not found")
-# the CLI points this at a file it echoes to the terminal, so progress bars stay out of the notebook
+# the CLI points this at a file it echoes to the terminal, so progress stays out of the notebook
 PROGRESS_ENV = "RLNORM_PROGRESS_FILE"
 
 
@@ -70,9 +66,8 @@ class Run:
     def opts(self):
         return self.params.op_options()
 
-    @property
-    def out(self) -> Path:
-        return self.params.write_dir
+    out: Path = field(default_factory=Path)  # where files go while the run is in progress (a staging folder)
+    place_at: Path | None = None  # where `finish` moves `out`, when this process stages the folder itself
 
     def ran(self) -> list[str]:
         """Backends whose checks all ran (not skipped, failed, crashed or timed out)."""
@@ -117,19 +112,25 @@ def _progress_stream() -> Iterator[TextIO]:
         f.close()
 
 
-def _bar(run: Run, total: int, desc: str, stream: TextIO) -> tqdm:
-    return tqdm(total=total, desc=desc, file=stream, disable=not run.params.progress, mininterval=1.0, leave=True)
-
-
 # -- steps ---------------------------------------------------------------------------------------
 def start_run(params: RunParams) -> Run:
-    """Resolve the device, create the output folder, read the environment."""
+    """Resolve the device, refuse to overwrite a run unless asked, stage the run folder, read the environment.
+
+    Under `python -m rlnorm run` the command line stages the folder (`staging_dir`) and places it with the page
+    beside it; executed any other way (papermill, JupyterLab) the run stages its own folder and `finish` places
+    it, so either way `outputs/NAME/` is written whole or not at all.
+    """
     device = params.resolved_device()
     if device == "cpu" and not torch.cuda.is_available():
         # Triton only runs on the CPU interpreted; rlnorm's import set this unless the user chose otherwise
         os.environ.setdefault("TRITON_INTERPRET", "1")
     run = Run(params=params, device=device)
-    run.out.mkdir(parents=True, exist_ok=True)
+    if params.staging_dir:
+        run.out = Path(params.staging_dir)
+        run.out.mkdir(parents=True, exist_ok=True)
+    else:
+        run.place_at = params.run_dir
+        run.out = folders.staging_for(run.place_at, params.overwrite)
 
     run.environment = collect_environment(device)
     return run
@@ -184,18 +185,19 @@ def run_gates(run: Run) -> None:
     t0 = time.time()
     keys = run.ran()
     with _progress_stream() as stream:
-        bar = _bar(run, len(keys), "contract gates", stream)
-        for key in keys:
-            bar.set_postfix_str(key)
+        for i, key in enumerate(keys, 1):
             res = run.results[key]
+            t_key = time.time()
             try:
                 res["contract_gates"] = gates.run_gates(
                     key, opts=run.opts, device=run.device, timeout_s=run.params.gate_timeout_s, d=run.params.d
                 )
             except Exception as exc:
                 res["errors"]["contract_gates"] = describe_error(exc)
-            bar.update()
-        bar.close()
+            if run.params.progress:
+                got = res.get("contract_gates") or {}
+                said = ", ".join(f"{g} {'passed' if (got.get(g) or {}).get('passed') else 'failed'}" for g in got)
+                print(f"[gates {i}/{len(keys)}] {key}: {said or 'not run'} ({time.time() - t_key:.0f} s)", file=stream)
     run.timings["gates"] = time.time() - t0
 
 
@@ -259,8 +261,11 @@ def write_artifact_and_records(run: Run) -> Path:
 
 
 def finish(run: Run) -> dict[str, Any]:
-    """What the run wrote, for the notebook's last cell and the CLI's summary."""
+    """Place the run folder (when this process staged it) and say what the run wrote."""
     run.timings["total"] = time.time() - run.started
+    if run.place_at is not None:
+        folders.place(run.out, run.place_at, overwrite=run.params.overwrite)
+        run.out, run.place_at = run.place_at, None
     return {
         "run_dir": str(run.params.run_dir),
         "artifact": ARTIFACT_FILE,

@@ -1,6 +1,6 @@
 """One backend's checks in a process of its own, so a crash, a hang or a poisoned device stays with that backend.
 
-    python -m rlnorm.kit.worker JOB.json [--hold]
+    python -m rlnorm.kit.worker JOB.json [--hold | --batch]
 
 `rlnorm.kit.steps.run_backends` writes JOB.json (the run's parameters, one backend spec, the device, a folder)
 and starts this module in a fresh interpreter, one per backend. It loads and probes the backend, runs every
@@ -12,6 +12,7 @@ selected check, and writes into the folder as it goes:
   it finished stand if it dies in the next one;
 - `agreement.pt`: its forward output on the agreement inputs, for the parent to form the matrix.
 
+With `--batch` the job is one rebuilt batch (`run_batch`): how a crash is reproduced without the run.
 With `--hold` it loads and probes the backend, then waits for a line on stdin before its checks: the parent
 starts the next backend's process while this one works, so imports overlap checks on the CPU.
 
@@ -35,9 +36,12 @@ import torch
 from rlnorm.kit import checks
 from rlnorm.kit.backends import describe_error, load_backend
 from rlnorm.kit.params import RunParams, load_params
+from rlnorm.kit.records import rebuild_case
 
 __all__ = ["AGREEMENT_FILE", "EXIT_DEVICE_ERROR", "RESULT_FILE", "TRAIL_FILE", "blank_result", "check_calls", "main"]
 
+# set by the command line when its output is not a terminal: progress as lines, never redrawn bars
+PLAIN_ENV = "RLNORM_PROGRESS_PLAIN"
 RESULT_FILE = "result.json"
 TRAIL_FILE = "trail.json"
 AGREEMENT_FILE = "agreement.pt"
@@ -68,7 +72,7 @@ def check_calls(params: RunParams, device: str) -> dict[str, Callable[[Any], Any
         "device": device,
         "d": p.d,
         "weight_dtype": getattr(torch, p.weight_dtype),
-        "progress": p.progress,
+        "progress": p.progress and os.environ.get(PLAIN_ENV) != "1",
     }
     capped = {**common, "max_records": p.max_records}
     return {
@@ -253,15 +257,32 @@ def _summary_error(result: Any) -> BaseException | None:
     return None
 
 
+def run_batch(job: dict[str, Any]) -> int:
+    """One batch, rebuilt from a rebuild spec (a crashed backend's trail), given to one backend the way a check
+    gives it: the forward, then forward and backward where the backend has one. Exit 0 if it survives."""
+    backend = load_backend(job["backend"])
+    rb = rebuild_case(job["rebuild"], device=job["device"])
+    batch = rb.batch
+    print(f"{job['backend']}: a batch of {batch.x.shape[0]} rows from {rb.check}", file=sys.stderr, flush=True)
+    backend.forward(batch.x, batch.z, batch.w, rb.opts)
+    if getattr(backend, "has_backward", False):
+        backend.forward_backward(batch.x, batch.z, batch.w, batch.dy, rb.opts)
+    if torch.device(job["device"]).type == "cuda":
+        torch.cuda.synchronize(job["device"])
+    print(f"{job['backend']}: the batch ran to the end", file=sys.stderr, flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     hold = "--hold" in args
-    args = [a for a in args if a != "--hold"]
+    batch = "--batch" in args
+    args = [a for a in args if a not in ("--hold", "--batch")]
     if len(args) != 1:
-        print("usage: python -m rlnorm.kit.worker JOB.json [--hold]", file=sys.stderr)
+        print("usage: python -m rlnorm.kit.worker JOB.json [--hold | --batch]", file=sys.stderr)
         return 2
     job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    return Worker(job).run(hold)
+    return run_batch(job) if batch else Worker(job).run(hold)
 
 
 if __name__ == "__main__":

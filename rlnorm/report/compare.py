@@ -41,6 +41,7 @@ class Comparison:
     latency: pd.DataFrame
     accuracy: pd.DataFrame
     changes: list[str] = field(default_factory=list)
+    different_ops: list[str] = field(default_factory=list)  # op parameters the two runs differ in
 
 
 def _differ_counts(node: Any) -> dict[str, int]:
@@ -267,6 +268,33 @@ def _device(art: Mapping[str, Any]) -> str:
     return str(env.get("gpu") or env.get("device") or "cpu")
 
 
+# what defines the op a run computed; the seed report computed the defaults (D = 128, bf16, silu after the norm)
+OP_DEFAULTS = {
+    "d": 128,
+    "eps": 1e-6,
+    "group_size": None,
+    "norm_before_gate": True,
+    "activation": "silu",
+    "weight_dtype": "bfloat16",
+}
+
+
+def op_of(art: Mapping[str, Any]) -> dict[str, Any]:
+    """The op a run computed: width, eps, groups, gate order, activation and weight dtype."""
+    params = art.get("params") or {}
+    src = params.get("op") if isinstance(params.get("op"), Mapping) else params
+    op = {k: src.get(k, v) for k, v in OP_DEFAULTS.items()}
+    if op["activation"] == "swish":
+        op["activation"] = "silu"
+    return op
+
+
+def op_differences(a: Mapping, b: Mapping, label_a: str = "a", label_b: str = "b") -> list[str]:
+    """The op parameters two runs differ in: when there are any, their numbers measure different ops."""
+    oa, ob = op_of(a), op_of(b)
+    return [f"{k}: {oa[k]} in {label_a}, {ob[k]} in {label_b}" for k in OP_DEFAULTS if oa[k] != ob[k]]
+
+
 def what_changed(
     a: Mapping,
     b: Mapping,
@@ -275,9 +303,15 @@ def what_changed(
     latency_move: float = 0.10,
     accuracy_move: float = 1e-4,
 ) -> list[str]:
-    """Plain sentences: protocol differences, backends in one run only, verdict flips, latency and
-    accuracy moves."""
+    """Plain sentences, the one that matters most first: different ops, then protocol differences, backends in one
+    run only, verdict flips, latency and accuracy moves."""
     out: list[str] = []
+    ops = op_differences(a, b, label_a, label_b)
+    if ops:
+        out.append(
+            "the two runs computed different ops (" + "; ".join(ops) + "): their verdicts, latencies and accuracies "
+            "describe different computations and are not a before/after of one"
+        )
     ga, gb = (_device(x) for x in (a, b))
     if ga != gb:
         out.append(f"devices differ ({ga} vs {gb}): latency ratios compare the hardware as much as the code")
@@ -352,6 +386,7 @@ def compare_runs(
         latency=latency_table(art_a, art_b),
         accuracy=accuracy_table(art_a, art_b),
         changes=what_changed(art_a, art_b, la, lb, latency_move, accuracy_move),
+        different_ops=op_differences(art_a, art_b, la, lb),
     )
 
 

@@ -16,7 +16,9 @@ import pandas as pd
 import torch
 
 from rlnorm.inputs import Case
-from rlnorm.kit.records import rebuild_case
+from rlnorm.kit.artifact import ENDED_EARLY
+from rlnorm.kit.isolation import run_batch
+from rlnorm.kit.records import RebuiltCase, rebuild_case
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
@@ -75,6 +77,20 @@ def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str
     sel = sel.sort_values("_dw", kind="stable").drop(columns="_dw").reset_index(drop=True)
     sel.attrs["backend"], sel.attrs["check"] = b, c
     return sel
+
+
+def pick_row(table: pd.DataFrame, row: int | None, row_index: int = 0) -> int:
+    """The line of `table` to explain: the first record of case row `row` when given, else line `row_index`."""
+    if row is not None:
+        hits = table.index[table["row"] == row].tolist()
+        if not hits:
+            rows = sorted({int(r) for r in table["row"].dropna()})
+            shown = ", ".join(map(str, rows[:20])) + (" ..." if len(rows) > 20 else "")
+            raise ValueError(f"row: {row} has no differing record here; rows with one: {shown}")
+        return int(hits[0])
+    if not 0 <= row_index < len(table):
+        raise ValueError(f"row_index: expected 0 <= row_index < {len(table)}, got {row_index}")
+    return row_index
 
 
 def records_dropped(artifact: Mapping[str, Any], backend: str, check: str) -> int:
@@ -170,3 +186,53 @@ def rstd_from_x(case: Case, opts: OpOptions, compute_dtype: torch.dtype) -> torc
     g = opts.group_size or d
     xg = xf.reshape(xf.shape[0], d // g, g)
     return torch.rsqrt(xg.pow(2).mean(-1) + opts.eps)
+
+
+# --------------------------------------------------------------------------------------------
+# a backend whose process died
+# --------------------------------------------------------------------------------------------
+def crashed_backends(artifact: Mapping[str, Any]) -> list[str]:
+    """Backends whose own process crashed or timed out during the run."""
+    return [k for k, r in (artifact.get("results") or {}).items() if (r or {}).get("status") in ENDED_EARLY]
+
+
+def crash_table(artifact: Mapping[str, Any]) -> pd.DataFrame:
+    """One line per crashed or timed-out backend: the cause, the check and batch it was on, what it finished."""
+    rows = []
+    for key in crashed_backends(artifact):
+        c = artifact["results"][key].get("crash") or {}
+        rows.append(
+            {
+                "backend": key,
+                "status": artifact["results"][key]["status"],
+                "cause": c.get("cause"),
+                "check": c.get("check"),
+                "batch_size": c.get("batch_size"),
+                "finished": ", ".join(c.get("finished_checks") or []),
+                "seconds": c.get("seconds"),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def crash_batch(artifact: Mapping[str, Any], backend: str, device: str = "cpu") -> RebuiltCase:
+    """The batch a crashed backend was given when its process died, rebuilt from its trail."""
+    entry = (artifact.get("results") or {}).get(backend)
+    if entry is None:
+        raise ValueError(f"backend: {backend!r} is not in this run; it has {list(artifact.get('results') or {})}")
+    crash = entry.get("crash")
+    if not crash:
+        raise ValueError(f"backend: {backend!r} did not crash or time out in this run (status {entry.get('status')})")
+    if not crash.get("rebuild"):
+        raise ValueError(f"backend: {backend!r} died before it was given a batch ({crash.get('cause')})")
+    return rebuild_case(crash["rebuild"], device=device)
+
+
+def reproduce_crash(
+    artifact: Mapping[str, Any], backend: str, device: str | None = None, timeout_s: float = 600.0
+) -> dict[str, Any]:
+    """Give the crashed backend the batch it died on again, in a process of its own (so a crash costs nothing
+    here), and say how that process ended: `survived` False with the same cause reproduces the crash."""
+    crash_batch(artifact, backend)  # the same clear errors before any process starts
+    spec = artifact["results"][backend]["crash"]["rebuild"]
+    return run_batch(backend, spec, device or default_device(), timeout_s)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import TRAIL, CheckResult, backend_key, bits, case_spec, check_common, check_int, describe

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from rlnorm.inputs import Case
 from rlnorm.options import OpOptions

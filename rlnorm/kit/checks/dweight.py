@@ -6,7 +6,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from rlnorm.inputs import make_case
 from rlnorm.options import OpOptions

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from rlnorm.inputs import make_case
 from rlnorm.options import OpOptions

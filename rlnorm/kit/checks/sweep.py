@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.records import sweep_batch_rows, sweep_perm_seed

@@ -5,23 +5,27 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from rlnorm.report.explain import RowExplanation
 
 
-def plot_row(expl: RowExplanation):
+def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None):
     """Per column: ulp distance between the two compared sides (top) and each side's distance to
-    the correctly rounded value (bottom)."""
+    the correctly rounded value (bottom). Where the backend cannot run here (a GPU run read on a CPU), what the
+    records hold instead: per recorded row, the columns that differed and the largest ulp distance."""
     c = expl.columns
     s = expl.summary
     cols = np.asarray(c.index)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.8), sharex=True)
     if not s.get("recomputed", True):
-        ax1.set_title(f"{s['backend']} cannot run on {s['device']}: nothing recomputed to plot", fontsize=10)
-        for ax in (ax1, ax2):
-            ax.set_axis_off()
-        return fig
+        if records is None or records.empty:
+            ax1.set_title(f"{s['backend']} cannot run on {s['device']}: nothing recomputed to plot", fontsize=10)
+            for ax in (ax1, ax2):
+                ax.set_axis_off()
+            return fig
+        return _plot_records(fig, (ax1, ax2), s, records)
     diff = c[expl.diff_column].to_numpy()
     ax1.bar(cols, diff, color=np.where(diff != 0, "#e53935", "#9e9e9e"), width=0.9)
     what = f"row {s['row']} ({s['check']} {s['case']})" if "row" in s else f"{s['check']} {s['case']}"
@@ -47,6 +51,30 @@ def plot_row(expl: RowExplanation):
     for ax in (ax1, ax2):
         top = max(1, int(np.nanmax(ax.get_ylim())))
         ax.set_ylim(0, top + 0.5)
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    return fig
+
+
+def _plot_records(fig, axes, s, records: pd.DataFrame):
+    """The recorded differences of the row's backend and check, one bar per record, as the run measured them."""
+    ax1, ax2 = axes
+    rec = records[(records["backend"] == s["backend"]) & (records["check"] == s["check"])]
+    rec = rec[rec["tensor"] == s["tensor"]] if "tensor" in s and (rec["tensor"] == s["tensor"]).any() else rec
+    rows = rec["row"].to_numpy()
+    ax1.bar(np.arange(len(rec)), rec["cols_differ"].to_numpy(), color="#e53935", width=0.9)
+    ax1.set_ylabel("columns that differ", fontsize=8)
+    ax1.set_title(
+        f"{s['backend']} cannot run on {s['device']}: the run's own records of {s['check']} "
+        f"({len(rec)} recorded {s.get('tensor', '')} rows)",
+        fontsize=10,
+    )
+    ax2.bar(np.arange(len(rec)), rec["max_ulp"].to_numpy(), color="#fb8c00", width=0.9)
+    ax2.set_ylabel("largest ulp difference", fontsize=8)
+    ax2.set_xlabel("recorded row (its index in the seeded case below each bar)")
+    step = max(1, len(rec) // 20)
+    ax2.set_xticks(np.arange(len(rec))[::step], [str(int(r)) if r == r else "-" for r in rows[::step]], fontsize=7)
+    for ax in axes:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return fig

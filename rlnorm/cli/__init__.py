@@ -1,0 +1,135 @@
+"""`python -m rlnorm`: run the reuse check, read what it wrote, and time the kernel.
+
+    python -m rlnorm run FILE... [-y YAML] [-p KEY VALUE]... [--name N] [--outputs DIR] [--force]
+                     [--jobs N] [--gpus 0,1,...] [--only K] [--list] [--device D] [--no-progress]
+    python -m rlnorm index RUN... [--out DIR]
+    python -m rlnorm investigate RUN [--backend B] [--check C] [--row R] [--device D]
+    python -m rlnorm compare RUN_A RUN_B
+    python -m rlnorm validate RUN | ARTIFACT.json | PARAMS.yaml
+    python -m rlnorm bench ... | bench-merge ...   (docs/benchmarking.md)
+
+Exit status: 0 done; 1 a notebook cell failed (the partial run is placed, the cell named); 2 bad arguments or
+parameters (nothing ran); 3 the run folder exists (pass --force); 4 the run is complete but a backend could not be
+loaded, crashed or timed out; 130 interrupted (nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rlnorm.cli import commands
+from rlnorm.cli.runs import EXIT_INTERRUPTED, EXIT_USAGE
+
+__all__ = ["build_parser", "main"]
+
+# the benchmark's own command lines, reached through `python -m rlnorm NAME ...` (their --help says the rest)
+BENCH_COMMANDS = {
+    "bench": "time rlnorm and its peers against a same-run torch.add (GPU); see docs/benchmarking.md",
+    "bench-merge": "merge bench runs from separate processes into one table of medians",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # argparse exits 2 on usage errors, which is ours too
+        self.print_usage(sys.stderr)
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m rlnorm",
+        description="Check gated-RMSNorm implementations for reuse in RL, and time the rlnorm kernel.",
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 2)[2],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    run = sub.add_parser(
+        "run",
+        allow_abbrev=False,
+        help="run the reuse check into outputs/NAME/ (a list value makes a matrix: one run per combination)",
+        description="Run the reuse-check notebook. Parameters come from each FILE, then -y, then -p (papermill's "
+        "order); a key that takes one value may be given a list, making one run per combination in "
+        "outputs/NAME/<combination>/ with an index page.",
+    )
+    run.add_argument("files", nargs="*", metavar="FILE", help="parameter files (params/quick.yaml, ...)")
+    run.add_argument(
+        "-p",
+        "--parameter",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("KEY", "VALUE"),
+        help="one parameter, its value read as YAML (-p d 256, -p activation '[silu, sigmoid]')",
+    )
+    run.add_argument("-y", "--yaml", metavar="YAML", help="parameters as a YAML mapping ('{d: 256, eps: 1e-5}')")
+    run.add_argument("--name", help="run folder name under --outputs (default: the file's `name`, else its stem)")
+    run.add_argument("--outputs", default="outputs", help="folder holding run folders (default: outputs)")
+    run.add_argument("--force", action="store_true", help="replace existing run folders (each in one rename)")
+    run.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override the parameters' device")
+    run.add_argument("--jobs", type=int, default=1, help="combinations run at once, as separate processes")
+    run.add_argument("--gpus", help="comma-separated GPU ids: one combination per GPU at a time (sets --jobs)")
+    run.add_argument("--only", type=int, metavar="K", help="run only combination K (0-based; see --list)")
+    run.add_argument("--list", action="store_true", help="list the combinations with their K and exit")
+    run.add_argument("--no-progress", action="store_true", help="no progress lines")
+    run.set_defaults(func=commands.cmd_run)
+
+    idx = sub.add_parser("index", allow_abbrev=False, help="index page and summary.csv across run folders")
+    idx.add_argument("runs", nargs="+", metavar="RUN", help="run folders (outputs/NAME/...)")
+    idx.add_argument("--out", help="where index.html and summary.csv go (default: the runs' common parent)")
+    idx.set_defaults(func=commands.cmd_index)
+
+    inv = sub.add_parser("investigate", allow_abbrev=False, help="explain differing rows: RUN/investigate.html")
+    inv.add_argument("run", metavar="RUN", help="run folder or artifact JSON")
+    inv.add_argument("--backend", help="backend to look at (default: the first with differing rows, or a crashed one)")
+    inv.add_argument("--check", help="check to look at (default: the first with differing rows)")
+    inv.add_argument("--row", type=int, help="the case row to explain (default: the first differing one)")
+    inv.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to recompute")
+    inv.set_defaults(func=commands.cmd_investigate)
+
+    cmp = sub.add_parser("compare", allow_abbrev=False, help="two runs side by side: RUN_B/compare-<A>.html")
+    cmp.add_argument("run_a", metavar="RUN_A", help="run folder or artifact; 'seed' for the reference B200 report")
+    cmp.add_argument("run_b", metavar="RUN_B", help="run folder or artifact; the page goes beside it")
+    cmp.set_defaults(func=commands.cmd_compare)
+
+    val = sub.add_parser("validate", allow_abbrev=False, help="check a run folder, an artifact or a parameter file")
+    val.add_argument("path")
+    val.set_defaults(func=commands.cmd_validate)
+
+    for name, what in BENCH_COMMANDS.items():
+        cmd = sub.add_parser(name, help=what, add_help=False)
+        cmd.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _interrupted(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in BENCH_COMMANDS:
+        # imported here: the benchmark pulls in every peer's adapter, which the other commands never need
+        from rlnorm import bench
+        from rlnorm.bench import merge
+
+        return int((bench.main if argv[0] == "bench" else merge.main)(argv[1:]))
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    # SIGTERM (a CI timeout, a scheduler's kill) unwinds like Ctrl-C: staging folders and kernels are cleaned up
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        print("rlnorm: interrupted; nothing was written (run folders are as they were)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)

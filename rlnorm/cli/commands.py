@@ -1,0 +1,255 @@
+"""What each `python -m rlnorm` command does; the parser is in `rlnorm.cli`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rlnorm.checkout import seed_report_path
+from rlnorm.cli.notebook import execute
+from rlnorm.cli.plan import Plan, PlanError, expand
+from rlnorm.cli.runs import (
+    EXIT_CELL_FAILED,
+    EXIT_EXISTS,
+    EXIT_USAGE,
+    backend_problems,
+    exit_status,
+    run_many,
+    run_one,
+)
+from rlnorm.kit.artifact import read_artifact, resolve_path
+from rlnorm.kit.params import ParamsError, load_params
+from rlnorm.kit.records import RECORD_COLUMNS, read_records
+from rlnorm.report.index import write_index
+from rlnorm.report.runs import locate_run, resolve
+
+__all__ = ["cmd_compare", "cmd_index", "cmd_investigate", "cmd_run", "cmd_validate"]
+
+
+def _err(text: str) -> None:
+    print(f"error: {text}", file=sys.stderr)
+
+
+# -- run -------------------------------------------------------------------------------------------------------
+def _plan(args: argparse.Namespace) -> Plan:
+    return expand(
+        args.files,
+        args.yaml,
+        [tuple(p) for p in args.parameter],
+        outputs=args.outputs,
+        name=args.name,
+        device=args.device,
+        progress=False if args.no_progress else None,
+    )
+
+
+def _child_argv(args: argparse.Namespace) -> list[str]:
+    """The arguments a combination's own process gets: the same plan, so `--only K` picks the same run."""
+    out = [*args.files, "--outputs", args.outputs]
+    for key, value in args.parameter:
+        out += ["-p", key, value]
+    if args.yaml:
+        out += ["-y", args.yaml]
+    for flag, value in (("--name", args.name), ("--device", args.device)):
+        if value:
+            out += [flag, value]
+    if args.force:
+        out.append("--force")
+    if args.no_progress:
+        out.append("--no-progress")
+    return out
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if not args.files and not args.parameter and not args.yaml:
+        _err("run: give a parameter file (params/quick.yaml) or parameters (-p KEY VALUE / -y YAML)")
+        return EXIT_USAGE
+    if args.jobs < 1:
+        _err(f"--jobs: expected a positive number, got {args.jobs}")
+        return EXIT_USAGE
+    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else []
+    try:
+        plan = _plan(args)
+    except PlanError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    runs = plan.runs
+    if args.list:
+        for k, c in enumerate(runs):
+            print(f"{k}\t{c.folder}\t{c.source}")
+        return 0
+    if args.only is not None:
+        if not 0 <= args.only < len(runs):
+            _err(f"--only: expected 0..{len(runs) - 1} (see --list), got {args.only}")
+            return EXIT_USAGE
+        runs = [runs[args.only]]
+    exists = [c for c in runs if c.folder.exists() and not args.force]
+    if exists:
+        for c in exists:
+            _err(f"{c.folder} already exists: pass --force to replace it, or --name NAME")
+        return EXIT_EXISTS
+    progress = not args.no_progress
+    t0 = time.time()
+    if len(runs) == 1:
+        combo = runs[0]
+        print(f"rlnorm: running {combo.source} into {combo.folder}/", file=sys.stderr)
+        outcome = run_one(combo, force=args.force, progress=progress)
+        print(f"rlnorm: {combo.folder}/ {'written' if outcome.code != EXIT_EXISTS else 'not written'} "
+              f"in {time.time() - t0:.0f} s", file=sys.stderr)  # fmt: skip
+        if outcome.message:
+            print(outcome.message, file=sys.stderr if outcome.code else sys.stdout)
+        code = outcome.code
+    else:
+        print(f"rlnorm: {len(runs)} runs, {min(args.jobs if not gpus else len(gpus), len(runs))} at a time",
+              file=sys.stderr)  # fmt: skip
+        indices = [plan.runs.index(c) for c in runs]
+        outcomes = run_many(runs, indices, _child_argv(args), jobs=args.jobs, gpus=gpus, progress=progress)
+        failed = [o for o in outcomes if o.code]
+        for o in failed:
+            _err(f"{o.combination.label}: exit {o.code} (see its folder {o.combination.folder})")
+        code = exit_status(outcomes)
+        print(f"rlnorm: {len(runs) - len(failed)} of {len(runs)} runs clean in {time.time() - t0:.0f} s",
+              file=sys.stderr)  # fmt: skip
+    if args.only is None:
+        for base, combos in plan.matrices.items():
+            placed = [c.folder for c in combos if c.folder.is_dir() and any(c.folder.glob("*.json"))]
+            if placed:
+                index, _ = write_index(placed, base, title=f"{base.name}: {len(placed)} runs")
+                print(f"rlnorm: index of {len(placed)} runs: {index}", file=sys.stderr)
+    elif plan.matrices:
+        print("rlnorm: one combination ran; when all have, build the index with "
+              f"`python -m rlnorm index {next(iter(plan.matrices))}/*/`", file=sys.stderr)  # fmt: skip
+    return code
+
+
+# -- index -----------------------------------------------------------------------------------------------------
+def cmd_index(args: argparse.Namespace) -> int:
+    folders = []
+    for r in args.runs:
+        try:
+            folders.append(locate_run(r).folder)
+        except (ValueError, TypeError) as exc:
+            _err(f"{r}: {exc}")
+            return EXIT_USAGE
+    out = Path(args.out) if args.out else Path(os.path.commonpath([str(f.resolve()) for f in folders]))
+    if out in [f.resolve() for f in folders]:  # a single run: the index goes beside it
+        out = out.parent
+    index, csv = write_index(folders, out)
+    print(f"{index}\n{csv}")
+    return 0
+
+
+# -- pages beside a run ----------------------------------------------------------------------------------------
+def _page_beside(notebook: str, params: dict[str, Any], folder: Path, stem: str, title: str) -> int:
+    """Execute a report notebook and put its page in `folder` as `stem.html` (one rename; nothing else touched)."""
+    with tempfile.TemporaryDirectory(prefix=f"rlnorm-{notebook}-") as tmp:
+        _, failure = execute(notebook, params, Path(tmp), progress=False, title=title)
+        page = Path(tmp) / f"{notebook}.html"
+        if not page.is_file():
+            _err(failure or f"{notebook}: no page was made")
+            return EXIT_CELL_FAILED
+        target = folder / f"{stem}.html"
+        staged = folder / f".{stem}.html.tmp"
+        shutil.copyfile(page, staged)
+        os.chmod(staged, 0o644)
+        os.replace(staged, target)
+    print(str(target))
+    if failure:
+        _err(f"{failure}\n  the page shows how far it got: {target}")
+        return EXIT_CELL_FAILED
+    return 0
+
+
+def cmd_investigate(args: argparse.Namespace) -> int:
+    try:
+        loc = locate_run(args.run)
+    except (ValueError, TypeError) as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    params = {"run": str(loc.folder.resolve()), "device": args.device}
+    params.update({k: v for k, v in (("backend", args.backend), ("check", args.check)) if v})
+    if args.row is not None:
+        params["row"] = args.row
+    stem = "investigate" + "".join(f"-{v}" for v in (args.backend, args.check, args.row) if v is not None)
+    stem = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in stem)
+    return _page_beside("investigate_rows", params, loc.folder, stem, f"rlnorm: rows of {loc.folder.name}")
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    try:
+        a = seed_report_path() if args.run_a == "seed" else locate_run(args.run_a).artifact
+        b = locate_run(args.run_b)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    label = "seed" if args.run_a == "seed" else Path(a).parent.name
+    params = {"artifact_a": str(Path(a).resolve()), "artifact_b": str(b.artifact.resolve())}
+    return _page_beside("compare_runs", params, b.folder, f"compare-{label}", f"rlnorm: {label} vs {b.folder.name}")
+
+
+# -- validate --------------------------------------------------------------------------------------------------
+def _validate_params(path: Path) -> int:
+    try:
+        load_params(path)
+    except ParamsError as exc:
+        _err(f"{path}: {exc}")
+        return 1
+    print(f"{path}: valid run parameters")
+    return 0
+
+
+def _folder_problems(artifact_path: Path, doc: dict) -> list[str]:
+    """What a run folder holds that does not agree with its artifact."""
+    problems = []
+    for rel in [doc.get("records"), *(doc.get("plots") or {}).values()]:
+        if rel:
+            target = resolve_path(artifact_path, rel)
+            if target is None or not target.exists():
+                problems.append(f"{rel}: named by the artifact, missing")
+    records = resolve_path(artifact_path, doc.get("records")) if doc.get("records") else None
+    if records is not None and records.is_file():
+        try:
+            df = read_records(records)
+        except Exception as exc:
+            problems.append(f"{doc['records']}: cannot be read: {exc}")
+        else:
+            missing = [c for c in RECORD_COLUMNS if c not in df.columns]
+            if missing:
+                problems.append(f"{doc['records']}: lacks the columns {missing}")
+            strangers = sorted(set(df.get("backend", [])) - set(doc.get("results") or {}))
+            if strangers:
+                problems.append(f"{doc['records']}: rows of backends the artifact does not have: {strangers}")
+    stamp = doc.get("created_at")
+    for page in ("reuse_check.html", "reuse_check.ipynb"):
+        p = artifact_path.parent / page
+        if stamp and p.is_file() and stamp not in p.read_text(encoding="utf-8", errors="replace"):
+            problems.append(f"{page}: written by another run than this artifact ({stamp})")
+    return problems
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    path = resolve(args.path)
+    if path.suffix in (".yaml", ".yml"):
+        return _validate_params(path)
+    try:
+        artifact_path = locate_run(path).artifact
+        doc = read_artifact(artifact_path)
+    except Exception as exc:
+        _err(f"{path}: {exc}")
+        return 1
+    env = doc.get("environment") or {}
+    print(
+        f"{artifact_path}: valid artifact (schema {doc.get('schema_version')}, {env.get('gpu') or env.get('device')})"
+    )
+    problems = _folder_problems(artifact_path, doc) if doc.get("schema_version") != "seed" else []
+    for p in problems:
+        _err(p)
+    for p in backend_problems(doc):
+        print(f"  note: {p}")
+    return 1 if problems else 0

@@ -1,0 +1,187 @@
+"""Running reuse checks from the command line: one run in this process, several as independent processes.
+
+A combination of a matrix is one independent process (`python -m rlnorm run FILE --only K`), the same command a
+cluster scheduler's array task runs, so `--jobs` and `--gpus` need no layer of their own: they start those
+processes here, at most N at a time, each seeing one GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from rlnorm.cli.notebook import execute
+from rlnorm.cli.plan import Combination
+from rlnorm.kit import folders
+from rlnorm.kit.artifact import ENDED_EARLY
+from rlnorm.kit.steps import ARTIFACT_FILE
+
+__all__ = [
+    "EXIT_BACKEND",
+    "EXIT_CELL_FAILED",
+    "EXIT_EXISTS",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "Outcome",
+    "backend_problems",
+    "exit_status",
+    "run_many",
+    "run_one",
+]
+
+NOTEBOOK = "reuse_check"
+EXIT_CELL_FAILED = 1  # a cell raised or the kernel died; the partial run is placed for reading
+EXIT_USAGE = 2  # bad arguments or parameters: nothing ran
+EXIT_EXISTS = 3  # the run folder exists and --force was not given: nothing ran
+EXIT_BACKEND = 4  # the run is complete, but a backend could not be loaded, crashed or timed out
+EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: nothing was written
+# the worst first, for a batch's own exit status
+SEVERITY = (EXIT_INTERRUPTED, EXIT_CELL_FAILED, EXIT_EXISTS, EXIT_BACKEND)
+
+
+@dataclass
+class Outcome:
+    """How one run ended: its exit status, and what to tell about it."""
+
+    combination: Combination
+    code: int
+    message: str = ""
+    seconds: float = 0.0
+
+
+def backend_problems(artifact: dict) -> list[str]:
+    """Backends a script must hear about: not loadable, crashed or timed out (the run folder is complete)."""
+    out = []
+    for key, r in (artifact.get("results") or {}).items():
+        if r.get("status") == "failed" or r.get("status") in ENDED_EARLY:
+            out.append(f"{key}: {r.get('status')}: {r.get('skip_reason')}")
+    return out
+
+
+def _verdict_lines(doc: dict) -> list[str]:
+    lines = []
+    for key, r in (doc.get("results") or {}).items():
+        bi = (r.get("batch_invariance") or {}).get("batch_invariant")
+        status = r.get("status", "ran")
+        why = f" ({r.get('skip_reason')})" if status != "ran" and r.get("skip_reason") else ""
+        errors = f" errors in {', '.join(r['errors'])}" if r.get("errors") else ""
+        lines.append(f"  {key:<24} {status:<9} batch_invariant={bi}{why}{errors}")
+    return lines
+
+
+def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, str] | None = None) -> Outcome:
+    """One run in this process: the notebook executed into a staging folder, placed with its page beside it."""
+    t0 = time.time()
+    run_dir = combo.folder
+    try:
+        staging = folders.staging_for(run_dir, force)
+    except folders.RunExists as exc:
+        return Outcome(combo, EXIT_EXISTS, str(exc))
+    params = {**combo.params.as_dict(), "output_dir": str(run_dir), "staging_dir": str(staging)}
+    try:
+        executed, failure = execute(
+            NOTEBOOK, params, staging, progress=progress, title=f"rlnorm reuse check: {run_dir.name}", env=env
+        )
+        folders.place(staging, run_dir, overwrite=force)
+    except folders.RunExists as exc:
+        return Outcome(combo, EXIT_EXISTS, str(exc))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    seconds = time.time() - t0
+    if failure:
+        return Outcome(combo, EXIT_CELL_FAILED, f"{failure}\n  the partial notebook is in {run_dir / executed.name}")
+    artifact = run_dir / ARTIFACT_FILE
+    doc = json.loads(artifact.read_text()) if artifact.is_file() else {}
+    problems = backend_problems(doc)
+    lines = ["verdicts (the page says why):", *_verdict_lines(doc)]
+    if problems:
+        lines.append("backends a script must know about (the run is complete):")
+        lines += [f"  {p}" for p in problems]
+    return Outcome(combo, EXIT_BACKEND if problems else 0, "\n".join(lines), seconds)
+
+
+def _worst(codes: Sequence[int]) -> int:
+    for code in SEVERITY:
+        if code in codes:
+            return code
+    return max(codes, default=0)
+
+
+def _child_command(combo: Combination, index: int, argv: Sequence[str]) -> list[str]:
+    return [sys.executable, "-m", "rlnorm", "run", *argv, "--only", str(index)]
+
+
+def run_many(
+    combos: Sequence[Combination],
+    indices: Sequence[int],
+    argv: Sequence[str],
+    *,
+    jobs: int,
+    gpus: Sequence[str],
+    progress: bool,
+) -> list[Outcome]:
+    """Each combination as its own `python -m rlnorm run ... --only K` process, at most `jobs` at a time; with
+    `gpus`, each process sees one of them (CUDA_VISIBLE_DEVICES). Lines it prints are prefixed with its label."""
+    free: list[str] = list(gpus)
+    lock = threading.Lock()
+    done = [0]
+    total = len(combos)
+
+    def say(text: str) -> None:
+        with lock:
+            print(text, file=sys.stderr, flush=True)
+
+    def one(item: tuple[Combination, int]) -> Outcome:
+        combo, index = item
+        gpu = None
+        if gpus:
+            with lock:
+                gpu = free.pop(0)
+        env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
+        where = f" on GPU {gpu}" if gpu is not None else ""
+        say(f"rlnorm: [{combo.label}] starting{where}")
+        t0 = time.time()
+        proc = subprocess.Popen(
+            _child_command(combo, index, argv),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            env=env,
+        )
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if progress or not line.startswith("  "):
+                say(f"[{combo.label}] {line.rstrip()}")
+        code = proc.wait()
+        if gpu is not None:
+            with lock:
+                free.append(gpu)
+        with lock:
+            done[0] += 1
+            n = done[0]
+        seconds = time.time() - t0
+        say(f"rlnorm: [{n}/{total}] {combo.label}: {'done' if code == 0 else f'exit {code}'} in {seconds:.0f} s")
+        return Outcome(combo, code, "", seconds)
+
+    workers = max(1, min(jobs, total, len(gpus) or jobs))
+    pool = ThreadPoolExecutor(max_workers=workers)
+    try:
+        return list(pool.map(one, zip(combos, indices, strict=True)))
+    finally:
+        with contextlib.suppress(Exception):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def exit_status(outcomes: Sequence[Outcome]) -> int:
+    return _worst([o.code for o in outcomes])
