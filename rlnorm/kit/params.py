@@ -289,6 +289,14 @@ def _read_mapping(source: str | os.PathLike | Mapping[str, Any]) -> tuple[dict[s
     return data, str(path)
 
 
+def _shown(path: Path) -> str:
+    """A parameter file's path as titles show it: relative to the checkout when it lies inside it."""
+    try:
+        return str(path.resolve().relative_to(CHECKOUT)) if CHECKOUT is not None else str(path)
+    except ValueError:
+        return str(path)
+
+
 def read_params_file(path: str | os.PathLike) -> dict[str, Any]:
     """A parameter file's mapping, as written (no defaults); refuses the keys the command line sets."""
     data, where = _read_mapping(path)
@@ -314,7 +322,7 @@ def load_params(source: str | os.PathLike | Mapping[str, Any] | None = None, **o
         data, path = read_params_file(source), str(source)
     data.update(overrides)
     if path and not data.get("params_file"):
-        data["params_file"] = path
+        data["params_file"] = _shown(Path(path))
     errors: list[str] = []
     for key in data:
         if not isinstance(key, str) or key not in _FIELDS:

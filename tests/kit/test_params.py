@@ -14,6 +14,7 @@ from conftest import REPO_ROOT
 from rlnorm.kit.params import (
     ALL_BACKENDS,
     ALL_CHECKS,
+    CLI_KEYS,
     DEFAULT_SWEEP_PROBE_ROWS,
     DEFAULT_SWEEP_SIZES,
     ParamsError,
@@ -23,6 +24,7 @@ from rlnorm.kit.params import (
 
 PARAMS_DIR = REPO_ROOT / "params"
 FIELDS = [f.name for f in dataclasses.fields(RunParams)]
+USER_FIELDS = [f for f in FIELDS if f not in CLI_KEYS]  # what a parameter file may set
 
 
 def test_defaults_are_the_spec_protocol() -> None:
@@ -40,7 +42,7 @@ def test_defaults_are_the_spec_protocol() -> None:
 def test_parameter_files_are_complete_and_valid(name: str) -> None:
     path = PARAMS_DIR / f"{name}.yaml"
     data = yaml.safe_load(path.read_text())
-    assert sorted(data) == sorted(FIELDS), "a parameter file lists every parameter, so it reads as the whole protocol"
+    assert sorted(data) == sorted(USER_FIELDS), "a parameter file lists every parameter it may set"
     p = load_params(path)
     assert p.name == name and p.params_file == f"params/{name}.yaml"
 
@@ -69,6 +71,7 @@ def test_notebook_parameters_cell_is_quick_yaml(repo_root: Path) -> None:
         assert isinstance(node, ast.Assign), "the parameters cell holds plain assignments only"
         literals[node.targets[0].id] = ast.literal_eval(node.value)
     assert literals == load_params(PARAMS_DIR / "quick.yaml").as_dict()
+    assert set(literals) == set(FIELDS), "the command line's keys too: papermill injects them"
 
 
 def test_unknown_parameter_is_named_with_a_suggestion() -> None:
@@ -144,9 +147,8 @@ def test_overrides_and_derived_values(tmp_path: Path) -> None:
     p = load_params(f, device="cpu")
     assert (p.name, p.coverage, p.eps, p.device) == ("mine", "sampled", 1e-5, "cpu")
     assert p.params_file == str(f)
-    assert p.run_dir.parts[-2:] == ("outputs", "mine") and p.write_dir == p.run_dir
+    assert p.run_dir.parts[-2:] == ("outputs", "mine")
     assert load_params({"output_dir": "elsewhere/r"}).run_dir == Path("elsewhere/r")
-    assert load_params({"staging_dir": "x"}).write_dir == Path("x")
     assert p.op_options().eps == 1e-5
     assert p.resolved_device() == "cpu"
     assert load_params({}).as_dict() == RunParams().as_dict()
@@ -165,3 +167,25 @@ def test_cuda_without_a_gpu_is_refused() -> None:
 def test_params_are_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         RunParams().name = "x"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("key", CLI_KEYS)
+def test_a_parameter_file_cannot_say_where_its_run_goes(tmp_path: Path, key: str) -> None:
+    """Where a run goes is the command line's business: a copied file that says it misstates its run."""
+    f = tmp_path / "copied.yaml"
+    f.write_text(f"name: mine\n{key}: {'true' if key == 'overwrite' else 'somewhere'}\n")
+    with pytest.raises(ParamsError, match=rf"{key}: set by `python -m rlnorm run`, not by a parameter file"):
+        load_params(f)
+    assert load_params({key: True if key == "overwrite" else "x"})  # the command line and papermill may
+
+
+def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
+    """A wrong type, a value out of range and an unknown name: one message names all three."""
+    f = tmp_path / "p.yaml"
+    f.write_text("d: wide\ndevice: gpu\ncoverge: all\neps: -1.0\n")
+    with pytest.raises(ParamsError) as err:
+        load_params(f)
+    text = str(err.value)
+    for expected in ("d: expected an int, got 'wide'", "device: expected one of", "coverge: unknown parameter",
+                     "eps: expected a positive number"):  # fmt: skip
+        assert expected in text, text
