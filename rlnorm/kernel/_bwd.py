@@ -35,7 +35,7 @@ from rlnorm.kernel._dweight import (
     hot_range_rows,
 )
 from rlnorm.kernel._interpreter import INTERPRETED
-from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_fast
+from rlnorm.kernel._rounding import round_fp32_to_out, widen_fast
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
@@ -45,7 +45,7 @@ _INLINE_ASM = not _INTERPRET  # inline PTX (fast gate, per-element atomics): the
 @triton.jit
 def _load_fp32(ptr, mask, INTERP: tl.constexpr, ASM: tl.constexpr):
     """Load and widen to fp32 exactly."""
-    return _widen_fast(tl.load(ptr, mask=mask, other=0.0), INTERP, ASM)
+    return widen_fast(tl.load(ptr, mask=mask, other=0.0), INTERP, ASM)
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def _rounded(v, OUT: tl.constexpr, INTERP: tl.constexpr):
     """fp32 -> OUT rounded once to nearest even: the GPU's cvt.rn does it natively; the
     interpreter truncates, so there the rounding is done with integer bit operations."""
     if INTERP:
-        out = _round_fp32_to_out(v, OUT)
+        out = round_fp32_to_out(v, OUT)
     else:
         out = v.to(OUT)
     return out
@@ -197,10 +197,10 @@ def _rms_norm_gated_bwd_kernel(
             dy_raw = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0)
             if HAS_Z:
                 z_raw = tl.load(Z + r3 * stride_z + c3, mask=mask, other=0.0)
-        x = _widen_fast(x_raw, INTERP, ASM)  # [BLOCK_R, BLOCK_G, BLOCK_C]
-        dy = _widen_fast(dy_raw, INTERP, ASM)
+        x = widen_fast(x_raw, INTERP, ASM)  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        dy = widen_fast(dy_raw, INTERP, ASM)
         if HAS_Z:
-            z = _widen_fast(z_raw, INTERP, ASM)
+            z = widen_fast(z_raw, INTERP, ASM)
             act, dact = _activation(z, ACTIVATION, FAST_ACT, ASM)
         if HAS_Z and not NORM_BEFORE_GATE:
             u = x * act

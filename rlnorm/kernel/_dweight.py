@@ -49,7 +49,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from rlnorm.kernel._interpreter import INTERPRETED
-from rlnorm.kernel._rounding import _exact_cast
+from rlnorm.kernel._rounding import exact_cast
 
 NUM_WINDOWS = 8  # 8 windows x 32 shifts cover every finite fp32 exponent (s = 0..253)
 WINDOW_BITS = 32  # a window's values m << (s & 31) stay below 2**55: 256 of them sum exactly in int64
@@ -582,7 +582,7 @@ def _dweight_finalize_kernel(
     value = tl.where(n_pos > 0, float("inf"), value)
     value = tl.where((n_nan > 0) | ((n_pos > 0) & (n_neg > 0)), float("nan"), value)
     # value is representable in OUT's dtype: fp64 -> fp32 is exact, then an exact (bitwise) cast
-    tl.store(OUT + cols, _exact_cast(value.to(tl.float32), OUT.dtype.element_ty), mask=cmask)
+    tl.store(OUT + cols, exact_cast(value.to(tl.float32), OUT.dtype.element_ty), mask=cmask)
 
 
 def stripes_for(programs: int) -> int:

@@ -23,7 +23,7 @@ import struct
 import triton
 import triton.language as tl
 
-from rlnorm.kernel._rounding import _widen_to_fp32
+from rlnorm.kernel._rounding import widen_to_fp32
 
 # Undecided when the fp64 value lies within this many fp64 ulps of a bf16 midpoint (2**14 ulps is
 # 2**-38 to 2**-39 relative; the tier's own error is below 2**-43, 2**-50 for |z| < 8: 16x or more)
@@ -242,14 +242,14 @@ def exact_element(
         # the interpreter: the same decision on the whole tile (numpy's fp64 exp for the PTX series)
         near_key = (y.to(tl.int32, bitcast=True) * 65536 + ((near_t - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
         flag = (near_key < (2 * near_t + 1) * 65536) & rows_sel
-        x = _widen_to_fp32(tl.load(x_rows + cols, mask=flag, other=0.0))
+        x = widen_to_fp32(tl.load(x_rows + cols, mask=flag, other=0.0))
         w = tl.load(w_ptr + cols, mask=flag, other=0.0)
         if w.dtype == tl.bfloat16:
-            w = _widen_to_fp32(w)
+            w = widen_to_fp32(w)
         y64 = x.to(tl.float64) * w.to(tl.float64) * rstd64
         far = flag & ~flag  # all False, in the tile's shape
         if HAS_Z:
-            z64 = _widen_to_fp32(tl.load(z_rows + cols, mask=flag, other=0.0)).to(tl.float64)
+            z64 = widen_to_fp32(tl.load(z_rows + cols, mask=flag, other=0.0)).to(tl.float64)
             far = tl.abs(z64 * 1.4426950408889634) > MAX_EXP_ARG
             sig = 1.0 / (1.0 + tl.exp(-tl.where(far, 0.0, z64)))
             if SIGMOID:

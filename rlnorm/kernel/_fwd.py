@@ -35,7 +35,7 @@ from triton.language.extra import libdevice
 from rlnorm.kernel import _exact_element
 from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
 from rlnorm.kernel._interpreter import INTERPRETED
-from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast, _widen_to_fp32
+from rlnorm.kernel._rounding import round_fp32_to_out, round_fp64_to_out, widen_fast, widen_to_fp32
 
 MAX_D = 8192  # largest row width (and so group width) one program holds in registers
 
@@ -250,9 +250,9 @@ def _widen_chunks(a, b, SPLIT: tl.constexpr, INTERP: tl.constexpr):
     """`_load_chunks`' chunks as one [R, C, SPLIT] fp32 tile, joined along a last axis that stays in each
     thread; widened before the join, so each loaded bf16 pair stays in its register."""
     if SPLIT == 2:
-        t = tl.join(_widen_fast(a, INTERP, not INTERP), _widen_fast(b, INTERP, not INTERP))  # [R, C, 2]
+        t = tl.join(widen_fast(a, INTERP, not INTERP), widen_fast(b, INTERP, not INTERP))  # [R, C, 2]
     else:
-        t = _widen_fast(a, INTERP, not INTERP)  # [R, C, 1]
+        t = widen_fast(a, INTERP, not INTERP)  # [R, C, 1]
     return t
 
 
@@ -282,7 +282,7 @@ def _store_chunks(
 def _fast_out(y, OUT: tl.constexpr, INTERP: tl.constexpr):
     """fp32 values rounded to nearest even in OUT, ready to store."""
     if INTERP:
-        out = _round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
+        out = round_fp32_to_out(y, OUT)  # the interpreter's cast truncates
     else:
         out = y.to(OUT)  # the GPU's cvt.rn is round-to-nearest-even: the same value
     return out
@@ -332,26 +332,26 @@ def _exact_rows(
             acc = tl.zeros([CHUNK], tl.float64)
             for c in range(0, BLOCK_G, CHUNK):
                 ok = c + offs < GROUP
-                xg = _widen_to_fp32(tl.load(x_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                xg = widen_to_fp32(tl.load(x_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
                 if HAS_Z and not NORM_BEFORE_GATE:
-                    zc = _widen_to_fp32(tl.load(z_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                    zc = widen_to_fp32(tl.load(z_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
                     xg = xg * _act(zc, SIGMOID)
                 acc += xg * xg
             ms = tl.sum(acc, axis=0) / GROUP
             rstd = 1.0 / tl.sqrt(ms + eps)  # fp64 sqrt and divide are IEEE (sqrt.rn.f64, div.rn.f64)
             for c in range(0, BLOCK_G, CHUNK):
                 ok = c + offs < GROUP
-                xg = _widen_to_fp32(tl.load(x_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
-                w = _widen_to_fp32(tl.load(w_ptr + col0 + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                xg = widen_to_fp32(tl.load(x_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                w = widen_to_fp32(tl.load(w_ptr + col0 + c + offs, mask=ok, other=0.0)).to(tl.float64)
                 if HAS_Z:
-                    zc = _widen_to_fp32(tl.load(z_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
+                    zc = widen_to_fp32(tl.load(z_row + c + offs, mask=ok, other=0.0)).to(tl.float64)
                     a = _act(zc, SIGMOID)
                     if not NORM_BEFORE_GATE:
                         xg = xg * a
                 y = xg * rstd * w  # [CHUNK]
                 if HAS_Z and NORM_BEFORE_GATE:
                     y = y * a
-                tl.store(y_ptr + row * stride_y + col0 + c + offs, _round_fp64_to_out(y, OUT), mask=ok)
+                tl.store(y_ptr + row * stride_y + col0 + c + offs, round_fp64_to_out(y, OUT), mask=ok)
 
 
 @triton.jit
@@ -452,7 +452,7 @@ def _rms_norm_gated_fwd_kernel(
         y64 = _gated_fp64(
             x.to(tl.float64), z.to(tl.float64), w.to(tl.float64), eps, GROUP, HAS_Z, NORM_BEFORE_GATE, SIGMOID
         )
-        _store_chunks(y_rows, _round_fp64_to_out(y64, OUT), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, False, INTERP)
+        _store_chunks(y_rows, round_fp64_to_out(y64, OUT), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, False, INTERP)
     else:
         # ---- fast path: fp32 elementwise; only per-row scalars in fp64 ----
         if HAS_Z:

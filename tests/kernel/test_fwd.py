@@ -17,7 +17,7 @@ from conftest import REPO_ROOT
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import UNDERFLOW_KINDS, make_case, make_underflow_case
 from rlnorm.kernel._fwd import MAX_D, _fwd_config, rms_norm_gated_fwd
-from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast
+from rlnorm.kernel._rounding import round_fp32_to_out, round_fp64_to_out, widen_fast
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
@@ -56,7 +56,7 @@ def _round32_kernel(x_ptr, y_ptr, n, PLAIN_CAST: tl.constexpr, BLOCK: tl.constex
     if PLAIN_CAST:
         out = v.to(y_ptr.dtype.element_ty)  # the interpreter truncates this one
     else:
-        out = _round_fp32_to_out(v, y_ptr.dtype.element_ty)
+        out = round_fp32_to_out(v, y_ptr.dtype.element_ty)
     tl.store(y_ptr + offs, out, mask=m)
 
 
@@ -64,14 +64,14 @@ def _round32_kernel(x_ptr, y_ptr, n, PLAIN_CAST: tl.constexpr, BLOCK: tl.constex
 def _round64_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    tl.store(y_ptr + offs, _round_fp64_to_out(tl.load(x_ptr + offs, mask=m), y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + offs, round_fp64_to_out(tl.load(x_ptr + offs, mask=m), y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _widen_kernel(x_ptr, y_ptr, n, INTERP: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    tl.store(y_ptr + offs, _widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
+    tl.store(y_ptr + offs, widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
 
 
 def _check_widen(dtype: torch.dtype, on_gpu: bool) -> None:
