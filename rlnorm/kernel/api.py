@@ -1,4 +1,4 @@
-"""Public API of the rlnorm kernel: validation, autograd, functional and module forms (issue 5).
+"""Public API of the rlnorm kernel: validation, autograd, functional and module forms.
 
 Nothing here falls back to another implementation: an input the kernel cannot take raises a
 ValueError/TypeError that names the argument.
@@ -14,6 +14,7 @@ from torch import nn
 
 from rlnorm.kernel._bwd import rms_norm_gated_bwd, workspace_numel
 from rlnorm.kernel._fwd import MAX_D, rms_norm_gated_fwd
+from rlnorm.kernel._switches import bwd_switches
 from rlnorm.options import OpOptions
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -25,7 +26,8 @@ def _options_cached(eps: float, group_size: int | None, norm_before_gate: bool, 
 
 
 def _options(eps, group_size, norm_before_gate, activation) -> OpOptions:
-    """Validated options, cached per value (saves ~3 us per call); unhashable input validates uncached."""
+    """Validated options, cached per value (a decode-sized call's latency is mostly CPU time);
+    unhashable input validates uncached."""
     try:
         return _options_cached(eps, group_size, norm_before_gate, activation)
     except TypeError:  # unhashable argument: let OpOptions name it
@@ -87,14 +89,14 @@ class _RMSNormGatedFunction(torch.autograd.Function):
         shape = x.shape
         x2 = _as_rows(x)
         z2 = None if z is None else _as_rows(z)
-        # the backward's dweight counters, zeroed by the forward's own launch: the backward then needs
-        # no memset launch (0.8-1.2 us per call at decode sizes, H200). Held until the backward:
-        # 19 x D int64 per counter copy (19 KB at D=128 with one copy, 156 KB with 8)
+        # the backward's dweight counters, zeroed by the forward's own launch: the backward then needs no
+        # memset launch. Sized under the backward switches now in force; held until the backward.
         ws = torch.empty(workspace_numel(x2.shape[0], x2.shape[1], opts.group_size), dtype=torch.int64, device=x.device)
         y = rms_norm_gated_fwd(
             x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, zero=ws
         )
         ctx.workspace = ws  # used once: a second backward (retain_graph) gets a fresh zeroed one
+        ctx.switches = bwd_switches()  # a backward under other switches may need other counters
         ctx.save_for_backward(x2, z2, weight)
         ctx.opts = opts
         ctx.shape = shape
@@ -114,6 +116,8 @@ class _RMSNormGatedFunction(torch.autograd.Function):
             dz = torch.zeros(ctx.shape, dtype=x2.dtype, device=x2.device) if ctx.has_z else None
             return dx, dz, torch.zeros(d, dtype=weight.dtype, device=weight.device), None
         ws, ctx.workspace = ctx.workspace, None
+        if ctx.switches is not bwd_switches():
+            ws = None  # the forward ran under other backward switches: its counters may not fit
         dx, dz, dw = rms_norm_gated_bwd(
             dy2, x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, workspace=ws
         )
@@ -141,8 +145,7 @@ def rms_norm_gated(
         x.requires_grad or weight.requires_grad or (z is not None and z.requires_grad)
     )
     if not needs_grad:
-        # the same kernel without autograd's bookkeeping (~13 us of CPU time per call, which is
-        # most of a decode-sized call's latency)
+        # the same kernel without autograd's bookkeeping (most of a decode-sized call's latency is CPU time)
         y = rms_norm_gated_fwd(
             _as_rows(x),
             None if z is None else _as_rows(z),
