@@ -67,7 +67,7 @@ def near_bound(has_z: bool, norm_before_gate: bool) -> int:
 
 
 def _eps_bits(eps: float) -> int:
-    """eps as its fp64 bit pattern: Triton passes Python floats as fp32, which would change eps."""
+    """eps (>= 0) as its fp64 bit pattern: Triton passes Python floats as fp32, which would change eps."""
     return struct.unpack("<q", struct.pack("<d", float(eps)))[0]
 
 
@@ -300,7 +300,7 @@ def _exact_rows(
                 tl.store(y_ptr + row * stride_y + col0 + c + offs, round_fp64_to_out(y, OUT), mask=ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["eps_bits"])  # eps_bits == 1 must stay an argument, not a constant
 def _rms_norm_gated_fwd_kernel(
     x_ptr,
     z_ptr,
@@ -350,7 +350,7 @@ def _rms_norm_gated_fwd_kernel(
         else:
             for z0 in range(z_first, n_zero, n_prog * ZERO_BLOCK):
                 tl.store(zero_ptr + z0 + zoffs, tl.zeros([ZERO_BLOCK], tl.int64), mask=z0 + zoffs < n_zero)
-    eps = eps_bits.to(tl.float64, bitcast=True)
+    eps = eps_bits.to(tl.int64).to(tl.float64, bitcast=True)  # bits below 2**31 (eps = 0) come as int32
     # The tile is [BLOCK_R, BLOCK_C, SPLIT]: a row's BLOCK_G columns as SPLIT chunks of BLOCK_C joined
     # along a last axis that stays in the thread (`_load_chunks`), so a thread holds SPLIT vectors of
     # ONE row and computes one row's scalars.

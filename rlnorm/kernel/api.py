@@ -136,8 +136,17 @@ def rms_norm_gated(
 ) -> torch.Tensor:
     """Gated RMSNorm, batch invariant and correctly rounded; differentiable in x, z and weight.
 
+    y = rmsnorm(x) * weight * act(z) (norm_before_gate=True), or rmsnorm(x * act(z)) * weight
+    (norm_before_gate=False); per group of `group_size` columns when given; act is silu ("swish") or
+    sigmoid. Every output is the fp64 result rounded once to x's dtype, and a row's bits never depend on
+    the other rows of the batch.
+
     x, z: [..., D] (same shape and dtype; bf16/fp16/fp32; last dim contiguous, any row stride);
     weight: [D] (bf16/fp16/fp32; dweight comes back in its dtype). z=None gives plain RMSNorm.
+    eps >= 0. With eps = 0 a row of all zeros has rstd = inf, and its outputs are NaN (0 * inf, as with
+    FLA); in the backward its NaN gradients make every dweight column NaN, and a row whose mean square
+    underflows fp32 can get inf/NaN gradients too. Every other row keeps its guarantees: use eps > 0 when
+    batches hold zero (padding) rows.
     """
     opts = _options(eps, group_size, norm_before_gate, activation)
     _validate(x, z, weight, opts)
