@@ -27,6 +27,7 @@ from triton.language.extra import libdevice
 
 from rlnorm.kernel import _dweight
 from rlnorm.kernel._dweight import accumulate, add_deferred, allow_dependent_launch, flush, hot_range
+from rlnorm.kernel._fwd import unit_weight
 from rlnorm.kernel._interpreter import INTERPRETED
 from rlnorm.kernel._rounding import round_fp32_to_out, widen_fast
 from rlnorm.kernel._switches import bwd_switches
@@ -342,7 +343,7 @@ def rms_norm_gated_bwd(
     dy: torch.Tensor,
     x: torch.Tensor,
     z: torch.Tensor | None,
-    w: torch.Tensor,
+    w: torch.Tensor | None,
     eps: float,
     group_size: int | None,
     norm_before_gate: bool,
@@ -350,11 +351,12 @@ def rms_norm_gated_bwd(
     *,
     contributions: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """dx, dz (x's / z's dtype; dz None when z is None) and the exact dweight (w's dtype).
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """dx, dz (x's / z's dtype; dz None when z is None) and the exact dweight (w's dtype; None when w is None).
 
     Inputs are validated by the caller (api.py): dy, x, z are [rows, D] with a contiguous last
-    dimension, w is [D]; `activation` is already normalised ("silu" or "sigmoid"). The launch follows the switches of an
+    dimension, w is [D] and contiguous, or None for no weight (as if all ones, and no dweight);
+    `activation` is already normalised ("silu" or "sigmoid"). The launch follows the switches of an
     active `rlnorm.kernel.variant` (benchmarks); a launch with the same BLOCK_R, NUM_WARPS and RSTD_FAST
     gives the same bits of dx, dz and dweight.
     `contributions` (checks only): a contiguous fp32 [rows, D] tensor that receives every row's fp32
@@ -373,18 +375,25 @@ def rms_norm_gated_bwd(
     if rows >= _dweight.MAX_ROWS:
         raise ValueError(f"x: at most {_dweight.MAX_ROWS - 1} rows keep the exact dweight counters exact, got {rows}")
     cfg, programs, stripes = _launch_plan(rows, d, group)
-    if workspace is None:
-        counters = _dweight.new_counters(d, x.device, stripes)
-    else:
-        numel = stripes * _dweight.NUM_SLOTS * d
-        if workspace.dtype != torch.int64 or workspace.numel() != numel or not workspace.is_contiguous():
-            raise ValueError(f"workspace: expected a contiguous zeroed int64 tensor of {numel} elements")
-        counters = workspace.view(stripes, _dweight.NUM_SLOTS, d)
+    has_w = w is not None
     dx = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     dz = None if z is None else torch.empty((rows, d), dtype=z.dtype, device=z.device)
-    # COLD_MODE 0 keeps rare dweight values aside here (written only where rare, read only there)
-    deferred = cfg["DWEIGHT"] and cfg["COLD_MODE"] == 0 and rows > 0
-    scratch = torch.empty((rows, d), dtype=torch.float32, device=x.device) if deferred else counters
+    if not has_w:
+        if contributions is not None or workspace is not None:
+            raise ValueError("w: None (no weight) has no dweight: pass neither contributions nor workspace")
+        w = unit_weight(d, x.dtype, x.device)
+        counters = scratch = dx  # unused: no dweight
+    else:
+        if workspace is None:
+            counters = _dweight.new_counters(d, x.device, stripes)
+        else:
+            numel = stripes * _dweight.NUM_SLOTS * d
+            if workspace.dtype != torch.int64 or workspace.numel() != numel or not workspace.is_contiguous():
+                raise ValueError(f"workspace: expected a contiguous zeroed int64 tensor of {numel} elements")
+            counters = workspace.view(stripes, _dweight.NUM_SLOTS, d)
+        # COLD_MODE 0 keeps rare dweight values aside here (written only where rare, read only there)
+        deferred = cfg["DWEIGHT"] and cfg["COLD_MODE"] == 0 and rows > 0
+        scratch = torch.empty((rows, d), dtype=torch.float32, device=x.device) if deferred else counters
     if contributions is not None:
         if (
             contributions.shape != (rows, d)
@@ -395,7 +404,7 @@ def rms_norm_gated_bwd(
         if not cfg["DWEIGHT"]:
             raise ValueError("contributions: only with DWEIGHT enabled")
         scratch = contributions  # holds every contribution; the cold ones are the same values
-    pdl = rows > 0 and _dweight.pdl_for(x)
+    pdl = has_w and rows > 0 and _dweight.pdl_for(x)
     if rows > 0:
         grid = (programs,)
         _rms_norm_gated_bwd_kernel[grid](
@@ -422,12 +431,12 @@ def rms_norm_gated_bwd(
             ACTIVATION=0 if activation == "silu" else 1,
             NUM_WIN=_dweight.NUM_WINDOWS,
             NUM_SLOTS=_dweight.NUM_SLOTS,
-            STRIPES=counters.shape[0],
+            STRIPES=counters.shape[0] if has_w else 1,
             BLOCK_R=cfg["BLOCK_R"],
             BLOCK_G=cfg["BLOCK_G"],
             BLOCK_C=cfg["BLOCK_C"],
             TILES=cfg["TILES"],
-            DWEIGHT=bool(cfg["DWEIGHT"]),
+            DWEIGHT=has_w and bool(cfg["DWEIGHT"]),
             COLD_MODE=cfg["COLD_MODE"],
             HOT_WIDTH=_dweight.hot_width(cfg["TILES"]),
             PREFETCH=cfg["PREFETCH"],
@@ -440,5 +449,5 @@ def rms_norm_gated_bwd(
             num_warps=cfg["NUM_WARPS"],
             **({"maxnreg": cfg["MAXNREG"]} if cfg["MAXNREG"] else {}),
         )
-    dw = _dweight.finalize(counters, w.dtype, pdl=pdl)
+    dw = _dweight.finalize(counters, w.dtype, pdl=pdl) if has_w else None
     return dx, dz, dw

@@ -538,10 +538,27 @@ def fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
     return block_r, block_g, num_warps
 
 
+_UNIT_WEIGHTS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def unit_weight(d: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A [d] tensor of ones: the weight of the weight-less mode, so its outputs are those of torch.ones
+    bit for bit. Cached per (d, dtype, device), so no call pays a fill launch, except while a CUDA graph
+    is captured: a tensor filled inside a capture holds its ones only once the graph replays."""
+    key = (d, dtype, device)
+    w = _UNIT_WEIGHTS.get(key)
+    if w is None:
+        with torch.inference_mode(False):  # an inference tensor could not be read where autograd records
+            w = torch.ones(d, dtype=dtype, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _UNIT_WEIGHTS[key] = w
+    return w
+
+
 def rms_norm_gated_fwd(
     x: torch.Tensor,
     z: torch.Tensor | None,
-    w: torch.Tensor,
+    w: torch.Tensor | None,
     eps: float,
     group_size: int | None,
     norm_before_gate: bool,
@@ -552,7 +569,8 @@ def rms_norm_gated_fwd(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """y = gated RMSNorm of 2-D x [rows, D] (last dimension contiguous, any row stride); y contiguous.
 
-    Inputs are assumed validated (api.py does that); `activation` is "silu" or "sigmoid". The launch
+    Inputs are assumed validated (api.py does that): w is [D] and contiguous, or None for no weight (as
+    if all ones); `activation` is "silu" or "sigmoid". The launch
     follows the switches of an active `rlnorm.kernel.variant` (benchmarks). `zero`: a contiguous int64
     tensor this launch also fills with zeros (the backward's workspace, `_bwd.workspace_numel`); no
     output bit depends on it. `debug` also returns the fp32 fast-path values and the near-midpoint
@@ -564,6 +582,8 @@ def rms_norm_gated_fwd(
         raise ValueError(f"x: last dimension {d} exceeds the kernel's limit of {MAX_D}")
     y = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     has_z = z is not None
+    if w is None:
+        w = unit_weight(d, x.dtype, x.device)
     if debug:
         dbg = torch.full((rows, d), float("nan"), dtype=torch.float32, device=x.device)
         flags = torch.zeros((rows, d), dtype=torch.int8, device=x.device)

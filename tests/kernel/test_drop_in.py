@@ -1,8 +1,8 @@
 """What a user meets when the kernel replaces FLA's, vLLM's or transformers' gated norm (CPU interpreter).
 
 eps = 0 (FLA's own tests use it): accepted; a row of all zeros gives NaN (rstd = inf), every other row
-keeps its guarantees. Odd row counts (1, 7, 63, 257) at D=128 and a group_size case, fixed seeds,
-bitwise comparisons throughout.
+keeps its guarantees. No weight (elementwise_affine=False): bitwise a weight of ones, and no dweight. Odd
+row counts (1, 7, 63, 257) at D=128 and a group_size case, fixed seeds, bitwise comparisons throughout.
 """
 
 from __future__ import annotations
@@ -121,3 +121,48 @@ def test_eps_zero_backward_keeps_finite_rows_and_a_zero_row_makes_dweight_nan():
     assert same(dx0[keep], dx[keep]) and same(dz0[keep], dz[keep])
     assert torch.isnan(dx0[2]).all() and torch.isnan(dz0[2]).all()
     assert torch.isnan(dw0).all()  # NaN contributions reach every column (IEEE, as a float sum would)
+
+
+# ---------------------------------------------------------------- no weight
+
+
+@pytest.mark.parametrize("rows", ODD_ROWS)
+@pytest.mark.parametrize(
+    "opts",
+    [OpOptions(), OpOptions(group_size=32), OpOptions(norm_before_gate=False, activation="sigmoid")],
+)
+def test_no_weight_is_bitwise_a_weight_of_ones(rows, opts):
+    c = make_case(rows, 128, seed=rows + 1)
+    kw = dict(group_size=opts.group_size, norm_before_gate=opts.norm_before_gate, activation=opts.activation)
+    y = rms_norm_gated(c.x, c.z, None, **kw)
+    assert same(y, oracle(c.x, c.z, None, opts))
+    for ones in (torch.ones(128, dtype=torch.bfloat16), torch.ones(128)):
+        assert same(y, rms_norm_gated(c.x, c.z, ones, **kw))
+    assert same(rms_norm_gated(c.x, None, None, **kw), rms_norm_gated(c.x, None, torch.ones(128), **kw))
+
+
+@pytest.mark.parametrize("rows", [1, 63])
+def test_no_weight_backward_gives_the_ones_gradients_and_no_dweight(rows):
+    c = make_case(rows, 128, seed=rows + 2)
+    dx, dz, dw = grads(c.x, c.z, None, c.dy)
+    ones = torch.ones(128, dtype=torch.bfloat16)
+    want = grads(c.x, c.z, ones, c.dy)
+    assert dw is None and same(dx, want[0]) and same(dz, want[1])
+    plain = rms_norm_gated_bwd(c.dy, c.x, c.z, None, 1e-6, 32, True, "silu")
+    assert plain[2] is None
+    assert same(plain[0], rms_norm_gated_bwd(c.dy, c.x, c.z, ones, 1e-6, 32, True, "silu")[0])
+    with pytest.raises(ValueError, match=r"^w: None"):
+        rms_norm_gated_bwd(c.dy, c.x, c.z, None, 1e-6, None, True, "silu", contributions=torch.empty(rows, 128))
+
+
+def test_module_without_elementwise_affine_has_no_parameter():
+    c = make_case(7, 128, seed=6)
+    m = RMSNormGated(128, elementwise_affine=False, group_size=64)
+    assert m.weight is None and list(m.parameters()) == []
+    assert "elementwise_affine=False" in repr(m) and "elementwise_affine" not in repr(RMSNormGated(128))
+    assert same(m(c.x, c.z), rms_norm_gated(c.x, c.z, torch.ones(128), group_size=64))
+    x = c.x.clone().requires_grad_(True)
+    m(x, c.z).backward(c.dy)
+    assert same(x.grad, grads(c.x, c.z, torch.ones(128), c.dy, group_size=64)[0])
+    with pytest.raises(TypeError, match=r"^elementwise_affine:"):
+        RMSNormGated(128, elementwise_affine=1)
