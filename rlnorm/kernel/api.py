@@ -60,8 +60,6 @@ def _validate(x: torch.Tensor, z: torch.Tensor | None, weight: torch.Tensor | No
             raise ValueError(f"weight: expected shape [{d}] (x's last dimension), got {tuple(weight.shape)}")
         if weight.device != x.device:
             raise ValueError(f"weight: expected device {x.device} like x, got {weight.device}")
-    if x.stride(-1) != 1 and d > 1:
-        raise ValueError(f"x: last dimension must be contiguous (stride 1), got stride {x.stride(-1)}")
     if z is not None:
         _check_float("z", z)
         if z.shape != x.shape:
@@ -70,19 +68,28 @@ def _validate(x: torch.Tensor, z: torch.Tensor | None, weight: torch.Tensor | No
             raise TypeError(f"z: expected dtype {x.dtype} like x, got {z.dtype}")
         if z.device != x.device:
             raise ValueError(f"z: expected device {x.device} like x, got {z.device}")
-        if z.stride(-1) != 1 and d > 1:
-            raise ValueError(f"z: last dimension must be contiguous (stride 1), got stride {z.stride(-1)}")
     opts.check_width(d)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
-    """[..., D] -> [rows, D] without copying where a view exists (row stride kept, last dim contiguous)."""
-    if t.dim() == 2:
-        return t
-    try:
-        return t.view(-1, t.shape[-1])
-    except RuntimeError:
-        return t.reshape(-1, t.shape[-1])  # leading dims not viewable: one copy, same values
+    """[..., D] -> [rows, D] with a contiguous last dimension: a view where one exists (any row stride),
+    else one copy (same values, so the same output bits)."""
+    rows = t
+    if t.dim() != 2:
+        try:
+            rows = t.view(-1, t.shape[-1])
+        except RuntimeError:
+            return t.reshape(-1, t.shape[-1])  # leading dims not viewable: reshape copies, contiguously
+    if rows.stride(-1) != 1 and rows.shape[-1] > 1:
+        rows = rows.contiguous()  # the kernels read a row's columns as contiguous vectors
+    return rows
+
+
+def _dense(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """weight with stride 1 (the kernels read it as a contiguous vector); one copy if it is strided."""
+    if weight is None or weight.stride(0) == 1 or weight.shape[0] <= 1:
+        return weight
+    return weight.contiguous()
 
 
 class _RMSNormGatedFunction(torch.autograd.Function):
@@ -91,7 +98,7 @@ class _RMSNormGatedFunction(torch.autograd.Function):
         shape = x.shape
         x2 = _as_rows(x)
         z2 = None if z is None else _as_rows(z)
-        w = weight
+        w = _dense(weight)
         ws = None
         if w is not None:
             # the backward's dweight counters, zeroed by the forward's own launch: the backward then needs no
@@ -114,8 +121,6 @@ class _RMSNormGatedFunction(torch.autograd.Function):
         opts: OpOptions = ctx.opts
         d = x2.shape[-1]
         dy2 = _as_rows(dy)
-        if dy2.stride(-1) != 1:
-            dy2 = dy2.contiguous()
         if x2.shape[0] == 0:
             dx = torch.zeros(ctx.shape, dtype=x2.dtype, device=x2.device)
             dz = torch.zeros(ctx.shape, dtype=x2.dtype, device=x2.device) if ctx.has_z else None
@@ -147,10 +152,11 @@ def rms_norm_gated(
     sigmoid. Every output is the fp64 result rounded once to x's dtype, and a row's bits never depend on
     the other rows of the batch.
 
-    x, z: [..., D] (same shape and dtype; bf16/fp16/fp32; last dim contiguous, any row stride); z=None
-    gives plain RMSNorm. weight: [D] (bf16/fp16/fp32; dweight comes back in its dtype), or None for no
-    weight (FLA's and vLLM's elementwise_affine=False): bitwise the outputs of a weight of ones, and no
-    dweight.
+    x, z: [..., D], the same shape and dtype (bf16, fp16 or fp32); z=None gives plain RMSNorm. Any
+    strides: rows are read where they lie, and a last dimension that is not contiguous is copied once
+    (as FLA and vLLM do), which changes no bit. weight: [D] (bf16/fp16/fp32; dweight comes back in its
+    dtype), or None for no weight (FLA's and vLLM's elementwise_affine=False): bitwise the outputs of a
+    weight of ones, and no dweight.
     eps >= 0. With eps = 0 a row of all zeros has rstd = inf, and its outputs are NaN (0 * inf, as with
     FLA); in the backward its NaN gradients make every dweight column NaN, and a row whose mean square
     underflows fp32 can get inf/NaN gradients too. Every other row keeps its guarantees: use eps > 0 when
@@ -166,7 +172,7 @@ def rms_norm_gated(
         y = rms_norm_gated_fwd(
             _as_rows(x),
             None if z is None else _as_rows(z),
-            weight,
+            _dense(weight),
             opts.eps,
             opts.group_size,
             opts.norm_before_gate,

@@ -1,8 +1,9 @@
 """What a user meets when the kernel replaces FLA's, vLLM's or transformers' gated norm (CPU interpreter).
 
 eps = 0 (FLA's own tests use it): accepted; a row of all zeros gives NaN (rstd = inf), every other row
-keeps its guarantees. No weight (elementwise_affine=False): bitwise a weight of ones, and no dweight. Odd
-row counts (1, 7, 63, 257) at D=128 and a group_size case, fixed seeds, bitwise comparisons throughout.
+keeps its guarantees. No weight (elementwise_affine=False): bitwise a weight of ones, and no dweight. A last
+dimension that is not contiguous: copied once, as FLA and vLLM do, which changes no bit. Odd row counts
+(1, 7, 63, 257) at D=128 and a group_size case, fixed seeds, bitwise comparisons throughout.
 """
 
 from __future__ import annotations
@@ -166,3 +167,52 @@ def test_module_without_elementwise_affine_has_no_parameter():
     assert same(x.grad, grads(c.x, c.z, torch.ones(128), c.dy, group_size=64)[0])
     with pytest.raises(TypeError, match=r"^elementwise_affine:"):
         RMSNormGated(128, elementwise_affine=1)
+
+
+# ---------------------------------------------------------------- a last dimension that is not contiguous
+
+
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    """t's values with a last-dimension stride of rows (a transposed copy seen back in t's shape)."""
+    out = t.t().contiguous().t()
+    assert torch.equal(out, t) and (out.stride(-1) != 1 or t.shape[0] == 1)
+    return out
+
+
+@pytest.mark.parametrize("rows", ODD_ROWS)
+@pytest.mark.parametrize("group_size", [None, 32])
+def test_a_strided_last_dimension_gives_the_contiguous_bits(rows, group_size):
+    c = make_case(rows, 128, seed=rows + 3)
+    want = rms_norm_gated(c.x, c.z, c.w, group_size=group_size)
+    assert same(rms_norm_gated(transposed(c.x), transposed(c.z), c.w, group_size=group_size), want)
+    assert same(rms_norm_gated(transposed(c.x), c.z, c.w, group_size=group_size), want)
+    # every other element of a wider buffer, in a 3-D batch; and a weight that is a strided view
+    wide = torch.zeros(rows, 256, dtype=torch.bfloat16)
+    wide[:, ::2] = c.x
+    w_wide = torch.zeros(256, dtype=torch.bfloat16)
+    w_wide[1::2] = c.w
+    got = rms_norm_gated(wide[:, ::2].unsqueeze(0), c.z.unsqueeze(0), w_wide[1::2], group_size=group_size)
+    assert same(got, want.unsqueeze(0))
+
+
+@pytest.mark.parametrize("rows", [7, 63])
+def test_a_strided_last_dimension_backward_gives_the_contiguous_bits(rows):
+    c = make_case(rows, 128, seed=rows + 4)
+    want = grads(c.x, c.z, c.w, c.dy)
+    got = grads(transposed(c.x), transposed(c.z), c.w, transposed(c.dy))
+    for a, b in zip(got, want, strict=True):
+        assert same(a, b)
+    # a weight that is a strided view of a leaf: dweight lands in the leaf's column, bit for bit
+    leaf = torch.zeros(128, 3, dtype=torch.bfloat16)
+    leaf[:, 1] = c.w
+    leaf.requires_grad_(True)
+    rms_norm_gated(c.x, c.z, leaf[:, 1]).backward(c.dy)
+    assert same(leaf.grad[:, 1], want[2]) and not leaf.grad[:, [0, 2]].any()
+
+
+def test_refused_inputs_still_name_the_parameter():
+    c = make_case(3, 128, seed=7)
+    with pytest.raises(ValueError, match=r"^weight:"):
+        rms_norm_gated(c.x, c.z, c.w[:64])
+    with pytest.raises(ValueError, match=r"^z:"):
+        rms_norm_gated(c.x, transposed(c.z)[:, :64], None)
