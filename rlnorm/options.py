@@ -9,7 +9,7 @@ ACTIVATIONS = {"silu": "silu", "swish": "silu", "sigmoid": "sigmoid"}
 
 @dataclass(frozen=True)
 class OpOptions:
-    """The op's knobs (docs/spec.md §1). `activation` is stored normalised ("swish" -> "silu")."""
+    """The op's knobs (docs/spec.md §1). `activation` is stored normalised ("swish" -> "silu"); eps >= 0."""
 
     eps: float = 1e-6
     group_size: int | None = None
@@ -17,8 +17,9 @@ class OpOptions:
     activation: str = "silu"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or not self.eps > 0:
-            raise ValueError(f"eps: expected a positive float, got {self.eps!r}")
+        # eps = 0 is allowed (FLA's tests use it): a row of all zeros then has rstd = inf
+        if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or not self.eps >= 0:
+            raise ValueError(f"eps: expected a non-negative float, got {self.eps!r}")
         if self.group_size is not None and (
             isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size <= 0
         ):

@@ -16,7 +16,8 @@ def test_swish_is_silu_and_defaults_are_qwen3_next() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        ({"eps": 0}, "eps"),
+        ({"eps": -1e-6}, "eps"),
+        ({"eps": float("nan")}, "eps"),
         ({"eps": True}, "eps"),
         ({"group_size": 0}, "group_size"),
         ({"group_size": 2.0}, "group_size"),
@@ -27,6 +28,11 @@ def test_swish_is_silu_and_defaults_are_qwen3_next() -> None:
 def test_bad_options_name_the_parameter(kwargs: dict, name: str) -> None:
     with pytest.raises((ValueError, TypeError), match=name):
         OpOptions(**kwargs)
+
+
+def test_eps_zero_is_allowed() -> None:
+    # FLA's own tests use eps = 0; what the kernel gives for a row of all zeros is its docstring's business
+    assert OpOptions(eps=0).eps == 0.0 and isinstance(OpOptions(eps=0).eps, float)
 
 
 def test_group_size_must_divide_width() -> None:

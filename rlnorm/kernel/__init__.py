@@ -1,16 +1,44 @@
-"""The rlnorm Triton kernel: batch-invariant, correctly rounded gated RMSNorm (issue 5)."""
+"""The rlnorm Triton kernel: a batch-invariant, correctly rounded gated RMSNorm.
+
+rms_norm_gated, RMSNormGated: the op (functional and module forms, autograd included).
+rms_norm_gated_fwd, rms_norm_gated_bwd: the launchers on [rows, D] tensors, for benchmarks and checks.
+variant, FWD_SWITCHES, BWD_SWITCHES: the launches' switches, for benchmarks.
+rlnorm.kernel.testing: faults planted by the tests (test only).
+"""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-__all__ = ["RMSNormGated", "rms_norm_gated"]
+__all__ = [
+    "BWD_SWITCHES",
+    "FWD_SWITCHES",
+    "RMSNormGated",
+    "rms_norm_gated",
+    "rms_norm_gated_bwd",
+    "rms_norm_gated_fwd",
+    "variant",
+]
+
+# Loaded on first use: `import rlnorm.kernel` stays cheap, and the switches load without Triton.
+_HOMES = {
+    "rms_norm_gated": "api",
+    "RMSNormGated": "api",
+    "rms_norm_gated_fwd": "_fwd",
+    "rms_norm_gated_bwd": "_bwd",
+    "variant": "_switches",
+    "FWD_SWITCHES": "_switches",
+    "BWD_SWITCHES": "_switches",
+}
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy so that `rlnorm.kernel._rounding` (shared with the backward) imports without the API.
-    if name in __all__:
-        from rlnorm.kernel import api
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'rlnorm.kernel' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"rlnorm.kernel.{home}"), name)
 
-        return getattr(api, name)
-    raise AttributeError(f"module 'rlnorm.kernel' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

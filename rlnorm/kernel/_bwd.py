@@ -7,11 +7,12 @@ Math (per group of G columns; a = act(z), a' its derivative; rstd recomputed fro
                     dx = du*a, dz = du*x*a',   c = dy*uh
   z None:           a = 1 (plain RMSNorm)
 
-Batch invariance: a program owns TILES tiles of BLOCK_R whole rows; every reduction that
-feeds dx/dz runs along one row's own columns, and every launch parameter is a function of
-D alone (never of the number of rows), so a row's dx/dz bits cannot depend on its neighbours.
-dweight: each row's contribution c (fp32) goes through the exact fixed-point accumulator of
-`_dweight.py`; only integers are added across rows, so the result is order independent.
+Batch invariance: a program owns TILES tiles of BLOCK_R whole rows; every reduction that feeds
+dx/dz runs along one row's own columns, and every launch parameter that shapes a row's arithmetic
+comes from D alone (TILES, from the row count, only partitions the rows), so a row's dx/dz bits
+cannot depend on its neighbours. dweight: each row's contribution c (fp32) goes through the exact
+fixed-point accumulator of `_dweight.py`; only integers are added across rows (no float atomics),
+so the result is order independent.
 """
 
 from __future__ import annotations
@@ -25,27 +26,21 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from rlnorm.kernel import _dweight
-from rlnorm.kernel._dweight import (
-    accumulate,
-    add_deferred,
-    allow_dependent_launch,
-    flush,
-    flush_rows,
-    hot_range,
-    hot_range_rows,
-)
+from rlnorm.kernel._dweight import accumulate, add_deferred, allow_dependent_launch, flush, hot_range
+from rlnorm.kernel._fwd import unit_weight
 from rlnorm.kernel._interpreter import INTERPRETED
-from rlnorm.kernel._rounding import _round_fp32_to_out, _widen_fast
+from rlnorm.kernel._rounding import round_fp32_to_out, widen_fast
+from rlnorm.kernel._switches import bwd_switches
 
 MAX_WIDTH = 8192  # widest row kept whole in registers by one program
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
-_INLINE_ASM = not _INTERPRET  # inline PTX (fast gate, per-element atomics): the GPU only, never the interpreter
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read as Triton reads it, once per process
+_INLINE_ASM = not _INTERPRET  # inline PTX (the fast gate): the GPU only, never the interpreter
 
 
 @triton.jit
 def _load_fp32(ptr, mask, INTERP: tl.constexpr, ASM: tl.constexpr):
     """Load and widen to fp32 exactly."""
-    return _widen_fast(tl.load(ptr, mask=mask, other=0.0), INTERP, ASM)
+    return widen_fast(tl.load(ptr, mask=mask, other=0.0), INTERP, ASM)
 
 
 @triton.jit
@@ -53,7 +48,7 @@ def _rounded(v, OUT: tl.constexpr, INTERP: tl.constexpr):
     """fp32 -> OUT rounded once to nearest even: the GPU's cvt.rn does it natively; the
     interpreter truncates, so there the rounding is done with integer bit operations."""
     if INTERP:
-        out = _round_fp32_to_out(v, OUT)
+        out = round_fp32_to_out(v, OUT)
     else:
         out = v.to(OUT)
     return out
@@ -72,14 +67,14 @@ def _rcp_ftz(v):
 
 
 @triton.jit
-def _activation(z, ACTIVATION: tl.constexpr, FAST_ACT: tl.constexpr, ASM: tl.constexpr):
+def _activation(z, ACTIVATION: tl.constexpr, ASM: tl.constexpr):
     """(act(z), act'(z)) in fp32; ACTIVATION 0 = silu, 1 = sigmoid.
 
-    FAST_ACT (GPU only): the same approximations as 1.0 / (1.0 + tl.exp(-z)) (ex2.approx of
-    z * -log2(e), rcp.approx) without their range guards, 8 instructions fewer per element. Equal bits
-    wherever z > -87 (1 + exp(-z) <= 2**126); below, sigmoid(z) < 2**-126 becomes 0 instead of a subnormal.
+    On the GPU (ASM): the same approximations as 1.0 / (1.0 + tl.exp(-z)) (ex2.approx of z * -log2(e),
+    rcp.approx) without their range guards, fewer instructions per element. Equal bits wherever z > -87
+    (1 + exp(-z) <= 2**126); below, sigmoid(z) < 2**-126 becomes 0 instead of a subnormal.
     """
-    if FAST_ACT and ASM:
+    if ASM:
         s = _rcp_ftz(1.0 + _ex2_ftz(z * -1.4426950408889634))
     else:
         s = 1.0 / (1.0 + tl.exp(-z))
@@ -122,14 +117,11 @@ def _rms_norm_gated_bwd_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_C: tl.constexpr,
     TILES: tl.constexpr,
-    DWEIGHT: tl.constexpr,
-    COLD_MODE: tl.constexpr,
-    HOT_MODE: tl.constexpr,
+    DWEIGHT: tl.constexpr,  # False: no dweight (no weight, or timing dx/dz alone)
+    COLD_MODE: tl.constexpr,  # rare dweight values: 0 kept aside and added after the loop, 1 added inline
     HOT_WIDTH: tl.constexpr,
-    PREFETCH: tl.constexpr,
-    FAST_ACT: tl.constexpr,
-    ROW_RANGE: tl.constexpr,
-    DEBUG: tl.constexpr,
+    PREFETCH: tl.constexpr,  # tile t + 1's loads issued before tile t's math: memory latency overlaps it
+    DEBUG: tl.constexpr,  # every row's fp32 dweight contributions stored to SCR (checks)
     INTERP: tl.constexpr,
     ASM: tl.constexpr,
     PDL: tl.constexpr,  # the finalize is launched as a programmatic dependent of this kernel
@@ -139,7 +131,7 @@ def _rms_norm_gated_bwd_kernel(
     """One program: TILES x BLOCK_R rows, each row seen as [groups, group size] = [BLOCK_G, BLOCK_C]."""
     allow_dependent_launch(PDL)  # the finalize's CTAs may be placed now; they wait for this kernel's end
     pid = tl.program_id(0)
-    cnt_ptr = CNT + (pid % STRIPES) * NUM_SLOTS * d  # stripe: spreads atomics, never changes the exact sum
+    cnt_ptr = CNT + (pid % STRIPES) * NUM_SLOTS * d  # a stripe spreads atomics, never changes the exact sum
     offs_r = tl.arange(0, BLOCK_R)
     offs_g = tl.arange(0, BLOCK_G)
     offs_c = tl.arange(0, BLOCK_C)
@@ -150,25 +142,20 @@ def _rms_norm_gated_bwd_kernel(
     inv_group = 1.0 / group.to(tl.float32)
     c3 = col[None, :, :]  # [1, BLOCK_G, BLOCK_C]: made once, in the tile's layout
     cm3 = col_mask[None, :, :]
-    acc0 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the hot range
-    acc1 = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # (HOT_MODE 1 only)
+    acc = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], tl.int64)  # per-thread exact sums of the hot range
     # tiles whose value went to the scratch: one bit per tile (int32; int64 past 31 tiles)
     cold_bits = tl.zeros([BLOCK_R, BLOCK_G, BLOCK_C], _dweight.tile_bits_dtype(TILES))
-    # hot range, chosen from the first tile (speed only, never the result): one per program, or
-    # one per row (ROW_RANGE: no cross-warp step when a row lies in one warp; per-slot flush)
-    if ROW_RANGE:
-        start = tl.zeros([BLOCK_R, 1, 1], tl.int32)
-    else:
-        start = pid * 0
+    # the hot range, chosen from the first tile (speed only, never the result)
+    start = pid * 0
     lo = start.to(tl.float32)
     hi = lo
     scale = lo
-    row0 = pid.to(tl.int64) * (TILES * BLOCK_R) + offs_r  # [BLOCK_R] int64 row offsets of tile 0
+    row0 = pid.to(tl.int64) * (TILES * BLOCK_R) + offs_r  # [BLOCK_R]; int64: row * stride can pass 2**31
     # tiles that hold rows (the last program of a short batch stops early): all-padding tiles add
     # nothing, so skipping them changes no bit, only a decode-sized batch's latency
     rows_left = tl.minimum(n_rows - pid.to(tl.int64) * (TILES * BLOCK_R), TILES * BLOCK_R).to(tl.int32)
     n_tiles = (rows_left + BLOCK_R - 1) // BLOCK_R
-    if PREFETCH:  # tile t + 1's loads are issued before tile t's math: memory latency overlaps it
+    if PREFETCH:
         r3n = row0[:, None, None]
         mask_n = (r3n < n_rows) & cm3
         x_next = tl.load(X + r3n * stride_x + c3, mask=mask_n, other=0.0)
@@ -197,11 +184,11 @@ def _rms_norm_gated_bwd_kernel(
             dy_raw = tl.load(DY + r3 * stride_dy + c3, mask=mask, other=0.0)
             if HAS_Z:
                 z_raw = tl.load(Z + r3 * stride_z + c3, mask=mask, other=0.0)
-        x = _widen_fast(x_raw, INTERP, ASM)  # [BLOCK_R, BLOCK_G, BLOCK_C]
-        dy = _widen_fast(dy_raw, INTERP, ASM)
+        x = widen_fast(x_raw, INTERP, ASM)  # [BLOCK_R, BLOCK_G, BLOCK_C]
+        dy = widen_fast(dy_raw, INTERP, ASM)
         if HAS_Z:
-            z = _widen_fast(z_raw, INTERP, ASM)
-            act, dact = _activation(z, ACTIVATION, FAST_ACT, ASM)
+            z = widen_fast(z_raw, INTERP, ASM)
+            act, dact = _activation(z, ACTIVATION, ASM)
         if HAS_Z and not NORM_BEFORE_GATE:
             u = x * act
         else:
@@ -236,23 +223,18 @@ def _rms_norm_gated_bwd_kernel(
         tl.store(DX + r3 * stride_dx + c3, _rounded(dx, DX.dtype.element_ty, INTERP), mask=mask)
         if HAS_Z:
             tl.store(DZ + r3 * stride_dz + c3, _rounded(dz, DZ.dtype.element_ty, INTERP), mask=mask)
-        if DWEIGHT:  # (False only to time dx/dz alone in benchmarks)
-            # dweight: this tile's fp32 contributions enter the exact integer accumulator
+        if DWEIGHT:
+            # this tile's fp32 contributions enter the exact integer accumulator
             contrib = tl.where(mask, contrib, 0.0)
-            if DEBUG:  # every row's fp32 contributions, for checking the accumulator from outside
+            if DEBUG:
                 tl.store(SCR + r3 * d + c3, contrib, mask=mask)
             if t == 0:
-                if ROW_RANGE:
-                    start, lo, hi, scale = hot_range_rows(contrib, HOT_WIDTH)
-                else:
-                    start, lo, hi, scale = hot_range(contrib, HOT_MODE, HOT_WIDTH)
-            acc0, acc1, cold_bits = accumulate(
+                start, lo, hi, scale = hot_range(contrib, HOT_WIDTH)
+            acc, cold_bits = accumulate(
                 contrib,
-                acc0,
-                acc1,
+                acc,
                 cold_bits,
                 t,
-                start,
                 lo,
                 hi,
                 scale,
@@ -263,19 +245,17 @@ def _rms_norm_gated_bwd_kernel(
                 d,
                 NUM_WIN,
                 COLD_MODE,
-                HOT_MODE,
             )
     if DWEIGHT:
-        if ROW_RANGE:
-            flush_rows(acc0, start, cnt_ptr, c3, cm3, d, ASM)
-        else:
-            flush(acc0, acc1, start, cnt_ptr, c3, cm3, d, HOT_MODE)
+        flush(acc, start, cnt_ptr, c3, cm3, d)
         if COLD_MODE == 0:  # the rare values kept aside: after the loop, out of its registers
             add_deferred(SCR + row0[:, None, None] * d, BLOCK_R * d, cold_bits, cnt_ptr, c3, cm3, d, NUM_WIN, TILES)
 
 
 def bwd_config(d: int, group: int) -> dict[str, int]:
-    """Launch shape from the row width alone: never from the number of rows (batch invariance)."""
+    """The default launch from the row width alone, never from the number of rows (batch invariance):
+    the BWD_SWITCHES names (TILES: the most tiles per program; fewer where rows are few) plus BLOCK_G
+    and BLOCK_C, a row as [groups, group size]."""
     block_c = triton.next_power_of_2(group)
     block_g = triton.next_power_of_2(d // group)
     width = block_c * block_g
@@ -283,58 +263,44 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "BLOCK_R": 1,
         "BLOCK_G": block_g,
         "BLOCK_C": block_c,
-        "TILES": _dweight.INT32_TILE_BITS,  # the most; fewer where rows are few (tiles_per_program)
-        "num_warps": 1,
-        "DWEIGHT": True,
-        "COLD_MODE": 0,
-        "HOT_MODE": 0,
-        "PREFETCH": 0,
-        # rstd by rsqrt.approx + a Newton step: D=256 231 -> 223 us; at D=128 no faster (103.5-103.7 against
-        # 103.9-104.5 us, session 14), so there the correctly rounded one stays: docs/dweight-notes.md, session 8
-        "RSTD_FAST": 1 if width > 128 else 0,
-        "FAST_ACT": 1,  # the gate without its range guards: the same bits for z > -87
-        "ROW_RANGE": 0,
+        "TILES": _dweight.INT32_TILE_BITS,
+        "NUM_WARPS": 1,
         "STAGES": 1,  # 1: no cp.async pipelining of the loop's loads
-        "maxnreg": 0,  # 0: the compiler's choice
+        "PREFETCH": 0,
+        "MAXNREG": 0,  # 0: the compiler's choice
+        "COLD_MODE": 0,
+        # rstd by rsqrt.approx and a Newton step where it is faster, 1 / sqrt_rn elsewhere (measured on
+        # the H200, see docs/kernel.md)
+        "RSTD_FAST": 1 if width > 128 else 0,
+        "DWEIGHT": 1,
     }
     if width <= 256:
-        # one warp per program, 8 elements per thread (two 128-column rows, or one 256-column row): its
-        # barriers wait on one warp, per-row work is spread over 8 elements; the loads 3-5 tiles ahead through
-        # shared memory (cp.async: bytes in flight without holding registers); cold dweight values added
-        # inline (no scratch copy, no tile bits); 168 registers, which both Tritons fit without spills
-        # (sm_90: 3.6 150-158, 3.7.1 160-162). H200, forward+backward through autograd, same process:
-        # D=128 170.7 -> 153.6-153.9 us, D=256 311.6 -> 291.7 (FLA fused 159.6 / 299.9); two warps with
-        # stages need 80-104 registers and lost (138-249 us): docs/dweight-notes.md, session 14
-        cfg.update(BLOCK_R=256 // width, COLD_MODE=1, STAGES=4 if width <= 128 else 6, maxnreg=168)
-        # more tiles per program: fewer flushes; D=256 63 tiles 191.7-194.0 us against 31 tiles' 195.1-197.3,
-        # D=128 31 tiles 103.9-104.5 against 40 tiles' 111.3-112.0 (the last wave of programs runs short)
+        # One warp per program, 8 elements per thread: its barriers wait on one warp. The loads run
+        # several tiles ahead through shared memory (cp.async: bytes in flight without holding
+        # registers); cold dweight values are added inline; more tiles per program mean fewer flushes.
+        # Stages, tiles and the register cap measured on the H200, see docs/kernel.md; no spills at 168
+        # registers on either Triton, and groups in a 256-wide row need 200 to avoid them.
+        cfg.update(BLOCK_R=256 // width, COLD_MODE=1, STAGES=4 if width <= 128 else 6, MAXNREG=168)
         cfg["TILES"] = 63 if width > 128 else 31
         if width > 128 and block_g > 1:
-            # groups in a 256-wide row: at 168 ptxas spills (sm_90, D=256 groups of 64: 7 stores on Triton 3.6,
-            # 30 on 3.7.1; 200 fits both). H200, 262144 rows, launcher in graphs: 198.3-201.3 us against
-            # 203.5-206.2, the same bits. At D=128 groups of 32 the 168 cap is faster (104-107 against 115; no
-            # spills on 3.6, 15 on 3.7.1, unmeasured): docs/dweight-notes.md, session 15
-            cfg["maxnreg"] = 200
+            cfg["MAXNREG"] = 200
     else:
-        # 4 elements per thread (more only past 2048 columns), in CTAs of as few warps as the row
-        # allows: every per-program step (the hot range's max after the first tile, the flush's sums
-        # and atomics) waits for all of a CTA's warps (docs/dweight-notes.md, sessions 1-2); PREFETCH
-        # overlaps tile t + 1's loads with tile t's math (wider rows: 8+ per thread, registers first)
-        cfg["num_warps"] = max(2, min(16, width // 128))
-        cfg["BLOCK_R"] = max(1, 4 * 32 * cfg["num_warps"] // width)
+        # 4 elements per thread (more only past 2048 columns) in CTAs of as few warps as the row allows:
+        # every per-program step (the hot range's max, the flush's sums and atomics) waits for all of a
+        # CTA's warps. PREFETCH overlaps tile t + 1's loads with tile t's math (wider rows keep their
+        # registers for the row instead).
+        cfg["NUM_WARPS"] = max(2, min(16, width // 128))
+        cfg["BLOCK_R"] = max(1, 4 * 32 * cfg["NUM_WARPS"] // width)
         cfg["PREFETCH"] = 1 if width <= 2048 else 0
     return cfg
 
 
-# Tiles per program. TILES only partitions the rows: a row's dx/dz bits depend on BLOCK_R and num_warps
-# alone, and dweight is an exact sum whatever the partition, so no output bit depends on it
-# (tests/test_kernel_bwd.py runs every value bitwise; scripts/dweight_gpu_check.py on the H200). More
-# tiles per program amortise each program's flush and mean fewer programs adding into the counters
-# (fewer copies for the finalize to read, `_dweight.stripes_for`); fewer tiles shorten the programs'
-# serial walk. Measured on the H200 (scripts/bwd_gpu_v10.py, docs/dweight-notes.md, session 4), the best
-# split grows about as the square root of the tile count: sqrt(tiles) / 8 tiles per program (D=128:
-# 1 tile at 32 rows, 2 at 512, 8 at 4096, 31 from ~60000 rows on). The interpreter pays per program,
-# so on the CPU about 8 programs suffice to exercise the loop.
+# Tiles per program. TILES only partitions the rows: a row's dx/dz bits depend on BLOCK_R and NUM_WARPS
+# alone, and dweight is an exact sum whatever the partition, so no output bit depends on it. More tiles
+# per program amortise each program's flush and leave fewer programs adding into the counters; fewer
+# shorten the programs' serial walk. The best split grows about as the square root of the tile count
+# (measured on the H200, see docs/kernel.md). The interpreter pays per program, so on the CPU about 8
+# programs suffice to exercise the loop.
 SQRT_TILES_PER_TILE = 8
 
 
@@ -348,33 +314,28 @@ def tiles_per_program(rows: int, block_r: int, max_tiles: int) -> int:
     return min(max_tiles, triton.next_power_of_2(want))
 
 
-def _launch_plan(rows: int, d: int, group: int, config: dict[str, int] | None) -> tuple[dict, int, int]:
-    """(config, programs, counter copies) for a backward of `rows` rows.
+def _launch_plan(rows: int, d: int, group: int) -> tuple[dict[str, int], int, int]:
+    """(launch, programs, counter copies) for a backward of `rows` rows under the active switches.
 
     Only TILES and the copies follow the row count, and neither can change a bit: both only cut the work."""
-    cfg = dict(bwd_config(d, group), **(config or {}))
-    if not cfg.get("maxnreg"):
-        cfg.pop("maxnreg", None)  # 0 / None: no register cap
-    if cfg["ROW_RANGE"] and cfg["HOT_MODE"] != 0:
-        raise ValueError("config: ROW_RANGE needs HOT_MODE 0")
-    if cfg["ROW_RANGE"] and cfg["BLOCK_R"] * cfg["BLOCK_G"] * cfg["BLOCK_C"] < 32 * cfg["num_warps"]:
-        # its per-element atomics (inline PTX) would run once per copy of a replicated element
-        raise ValueError("config: ROW_RANGE needs at least one element per thread")
+    cfg = bwd_config(d, group)
+    switches = bwd_switches()
+    cfg.update((name, value) for name, value in switches.items() if value is not None)
     max_tiles = _dweight.MAX_TILES_DEFERRED if cfg["COLD_MODE"] == 0 else _dweight.MAX_TILES
-    if "TILES" not in (config or {}):
+    if switches["TILES"] is None:
         cfg["TILES"] = tiles_per_program(rows, cfg["BLOCK_R"], min(cfg["TILES"], max_tiles))
-    if not 1 <= cfg["TILES"] <= max_tiles or cfg["BLOCK_R"] > _dweight.MAX_TILE_ROWS:
-        raise ValueError(f"config: TILES must be 1..{max_tiles}, BLOCK_R <= {_dweight.MAX_TILE_ROWS}")
+    elif cfg["TILES"] > max_tiles:
+        raise ValueError(f"variant: TILES {cfg['TILES']} exceeds {max_tiles}, the most with COLD_MODE 0")
     programs = triton.cdiv(rows, cfg["BLOCK_R"] * cfg["TILES"])
     stripes = _dweight.stripes_for(programs)  # fewer copies for few programs
     return cfg, programs, stripes
 
 
 def workspace_numel(rows: int, d: int, group_size: int | None) -> int:
-    """int64 elements of the zeroed dweight counters the default backward of `rows` rows uses.
+    """int64 elements of the zeroed dweight counters a backward of `rows` rows uses (under the active switches).
 
     The forward can zero it inside its own launch (api.py), which saves the backward a memset launch."""
-    _, _, stripes = _launch_plan(rows, d, group_size or d, None)
+    _, _, stripes = _launch_plan(rows, d, group_size or d)
     return stripes * _dweight.NUM_SLOTS * d
 
 
@@ -382,23 +343,24 @@ def rms_norm_gated_bwd(
     dy: torch.Tensor,
     x: torch.Tensor,
     z: torch.Tensor | None,
-    w: torch.Tensor,
+    w: torch.Tensor | None,
     eps: float,
     group_size: int | None,
     norm_before_gate: bool,
     activation: str,
-    config: dict[str, int] | None = None,
+    *,
     contributions: torch.Tensor | None = None,
     workspace: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """dx, dz (x's / z's dtype; dz None when z is None) and the exact dweight (w's dtype).
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """dx, dz (x's / z's dtype; dz None when z is None) and the exact dweight (w's dtype; None when w is None).
 
     Inputs are validated by the caller (api.py): dy, x, z are [rows, D] with a contiguous last
-    dimension, w is [D]; `activation` is already normalised ("silu" or "sigmoid"). `config`
-    overrides the launch shape for benchmarks only (keys of `bwd_config`, plus `maxnreg`); a
-    shape with the same BLOCK_R and num_warps gives the same bits of dx, dz and dweight.
-    `contributions` (checks only): a contiguous fp32 [rows, D] tensor that receives every row's
-    fp32 dweight contributions, so the accumulator can be checked against `exact_sum` of them.
+    dimension, w is [D] and contiguous, or None for no weight (as if all ones, and no dweight);
+    `activation` is already normalised ("silu" or "sigmoid"). The launch follows the switches of an
+    active `rlnorm.kernel.variant` (benchmarks); a launch with the same BLOCK_R, NUM_WARPS and RSTD_FAST
+    gives the same bits of dx, dz and dweight.
+    `contributions` (checks only): a contiguous fp32 [rows, D] tensor that receives every row's fp32
+    dweight contributions, so the accumulator can be checked against `exact_sum` of them.
     `workspace`: an int64 tensor of `workspace_numel` elements, ALL ZERO (the forward zeroed it);
     None allocates a zeroed one here.
     """
@@ -412,19 +374,26 @@ def rms_norm_gated_bwd(
         raise ValueError(f"group_size: {group} does not divide the last dimension {d}")
     if rows >= _dweight.MAX_ROWS:
         raise ValueError(f"x: at most {_dweight.MAX_ROWS - 1} rows keep the exact dweight counters exact, got {rows}")
-    cfg, programs, stripes = _launch_plan(rows, d, group, config)
-    if workspace is None:
-        counters = _dweight.new_counters(d, x.device, stripes)
-    else:
-        numel = stripes * _dweight.NUM_SLOTS * d
-        if workspace.dtype != torch.int64 or workspace.numel() != numel or not workspace.is_contiguous():
-            raise ValueError(f"workspace: expected a contiguous zeroed int64 tensor of {numel} elements")
-        counters = workspace.view(stripes, _dweight.NUM_SLOTS, d)
+    cfg, programs, stripes = _launch_plan(rows, d, group)
+    has_w = w is not None
     dx = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     dz = None if z is None else torch.empty((rows, d), dtype=z.dtype, device=z.device)
-    # COLD_MODE 0 keeps rare dweight values aside here (written only where rare, read only there)
-    deferred = cfg["DWEIGHT"] and cfg["COLD_MODE"] == 0 and rows > 0
-    scratch = torch.empty((rows, d), dtype=torch.float32, device=x.device) if deferred else counters
+    if not has_w:
+        if contributions is not None or workspace is not None:
+            raise ValueError("w: None (no weight) has no dweight: pass neither contributions nor workspace")
+        w = unit_weight(d, x.dtype, x.device)
+        counters = scratch = dx  # unused: no dweight
+    else:
+        if workspace is None:
+            counters = _dweight.new_counters(d, x.device, stripes)
+        else:
+            numel = stripes * _dweight.NUM_SLOTS * d
+            if workspace.dtype != torch.int64 or workspace.numel() != numel or not workspace.is_contiguous():
+                raise ValueError(f"workspace: expected a contiguous zeroed int64 tensor of {numel} elements")
+            counters = workspace.view(stripes, _dweight.NUM_SLOTS, d)
+        # COLD_MODE 0 keeps rare dweight values aside here (written only where rare, read only there)
+        deferred = cfg["DWEIGHT"] and cfg["COLD_MODE"] == 0 and rows > 0
+        scratch = torch.empty((rows, d), dtype=torch.float32, device=x.device) if deferred else counters
     if contributions is not None:
         if (
             contributions.shape != (rows, d)
@@ -435,7 +404,7 @@ def rms_norm_gated_bwd(
         if not cfg["DWEIGHT"]:
             raise ValueError("contributions: only with DWEIGHT enabled")
         scratch = contributions  # holds every contribution; the cold ones are the same values
-    pdl = rows > 0 and _dweight.pdl_for(x)
+    pdl = has_w and rows > 0 and _dweight.pdl_for(x)
     if rows > 0:
         grid = (programs,)
         _rms_norm_gated_bwd_kernel[grid](
@@ -462,13 +431,23 @@ def rms_norm_gated_bwd(
             ACTIVATION=0 if activation == "silu" else 1,
             NUM_WIN=_dweight.NUM_WINDOWS,
             NUM_SLOTS=_dweight.NUM_SLOTS,
-            STRIPES=counters.shape[0],
+            STRIPES=counters.shape[0] if has_w else 1,
+            BLOCK_R=cfg["BLOCK_R"],
+            BLOCK_G=cfg["BLOCK_G"],
+            BLOCK_C=cfg["BLOCK_C"],
+            TILES=cfg["TILES"],
+            DWEIGHT=has_w and bool(cfg["DWEIGHT"]),
+            COLD_MODE=cfg["COLD_MODE"],
+            HOT_WIDTH=_dweight.hot_width(cfg["TILES"]),
+            PREFETCH=cfg["PREFETCH"],
+            DEBUG=contributions is not None,
             INTERP=_INTERPRET,
             ASM=_INLINE_ASM,
-            HOT_WIDTH=_dweight.hot_width(cfg["TILES"]),
-            DEBUG=contributions is not None,
             PDL=pdl,
-            **cfg,
+            RSTD_FAST=cfg["RSTD_FAST"],
+            STAGES=cfg["STAGES"],
+            num_warps=cfg["NUM_WARPS"],
+            **({"maxnreg": cfg["MAXNREG"]} if cfg["MAXNREG"] else {}),
         )
-    dw = _dweight.finalize(counters, w.dtype, pdl=pdl)
+    dw = _dweight.finalize(counters, w.dtype, pdl=pdl) if has_w else None
     return dx, dz, dw

@@ -1,41 +1,36 @@
-"""Exact, order-independent column sums of fp32 values: the dweight accumulator (SPEC §2).
+"""Exact, order-independent column sums of fp32 values: the dweight accumulator.
 
-Why integers: a float sum depends on the order of its adds, so a parallel dweight made of
-float atomics or per-program partials changes with the batch's size, order and padding. Here
-every fp32 value is turned into an exact integer count of 2**-149 (the smallest subnormal), and
-integer adds are associative: the programs may add their partials in any order and the total
-is the same exact number. One finalize step rounds that number once to the weight's dtype.
+Why integers: a float sum depends on the order of its adds, so a parallel dweight made of float
+atomics or per-program partials changes with the batch's size, order and padding. Here every fp32
+value is an exact integer count of 2**-149 (the smallest subnormal), and integer adds are
+associative: programs may add their partials in any order and the total is the same exact number.
+One finalize step rounds that number once to the weight's dtype.
 
-Layout of the fixed-point form. A finite fp32 value is m * 2**(s - 149) with an integer
-|m| < 2**24 and a shift s in 0..253 (the exponent field minus one; subnormals share s = 0).
-The shift range is cut into NUM_WINDOWS windows of WINDOW_BITS = 32 shifts: window k holds
-the values with s >> 5 == k as the int64 count m << (s & 31) (|.| < 2**55) of 2**(32k - 149).
+Fixed-point form. A finite fp32 value is m * 2**(s - 149) with an integer |m| < 2**24 and a shift s
+in 0..253 (the exponent field minus one; subnormals share s = 0). The shifts are cut into
+NUM_WINDOWS windows of WINDOW_BITS = 32: window k holds the values with s >> 5 == k as the int64
+count m << (s & 31) (|.| < 2**55) of 2**(32k - 149).
 
-Accumulation (per program of TILES tiles of BLOCK_R rows; docs/dweight-notes.md has the history).
-From its first tile a program (or, with ROW_RANGE, each row) picks a hot range of W shifts
-(`hot_range`); a hot value v is a multiple of its ulp 2**(start - 149), so n = v * 2**(149 - start)
-is an exact integer, converted exactly to int64 and added into one per-thread register per
-element slot (HOT_MODE 0, default; W = 40 - ceil(log2(TILES)) keeps the register below 2**63).
-No communication between threads per tile. A value outside the range ("cold": NaN/Inf, or far
-from the first tile's largest) is added inline after a tile-wide "any cold?" test (COLD_MODE 1,
-the backward's default up to 256 columns), or kept aside in a scratch copy with one bit per tile
-and added after the loop (`add_deferred`, COLD_MODE 0: the shape kept past 256 columns). At the end each
-register is cut on the counters' 2**32 grid into limbs (`flush`: summed over the program's rows
-first; `flush_rows`: per slot) and added with int64 atomics (any order: integer adds are
-associative). Per window the low part has weight 2**(32k) and the high part 2**(32(k+1)), so
-the counters are the limbs of one base-2**32 number. HOT_MODE 1 (v5) keeps two registers of
-shifted mantissas instead.
+Accumulation, per program of TILES tiles of BLOCK_R rows. From its first tile a program picks a hot
+range of W shifts (`hot_range`); a hot value v is a multiple of its ulp 2**(start - 149), so
+n = v * 2**(149 - start) is an exact integer, added into one per-thread int64 register per element
+slot (W = 40 - ceil(log2(TILES)) keeps the register below 2**63): no communication between threads
+per tile. A value outside the range ("cold": NaN/Inf, or far from the first tile's largest) is added
+inline after a tile-wide "any cold?" test (COLD_MODE 1), or kept aside in a scratch copy with one bit
+per tile and added after the loop (COLD_MODE 0, `add_deferred`). At the end each register is cut on the
+counters' 2**32 grid into limbs, summed over the program's rows and added with int64 atomics (`flush`).
+Per window the low part has weight 2**(32k) and the high part 2**(32(k+1)), so the counters are the
+limbs of one base-2**32 number. Which range is hot and which mode adds the cold values only change the
+speed: every value is counted exactly either way.
 
-Counters: int64 [stripes, NUM_SLOTS, D] (stripes = 1..STRIPES copies, by the number of programs:
-`stripes_for`); slot 2k is window k's low part, slot 2k+1 its high part, then three slots count
-NaN, +Inf and -Inf values (those have no integer form; they give the IEEE answer). Programs add
-into copy pid % stripes, which only spreads same-address atomic traffic; the finalize kernel adds
-the copies (exactly), then normalises per column in two passes: the sign, then the magnitude's
-top two base-2**32 digits and a sticky bit, rounded once.
+Counters: int64 [stripes, NUM_SLOTS, D] (1..STRIPES copies, by the number of programs: `stripes_for`);
+slot 2k is window k's low part, slot 2k+1 its high part, then three slots count NaN, +Inf and -Inf
+(those have no integer form; they give the IEEE answer). A program adds into copy pid % stripes, which
+only spreads same-address atomics; the finalize adds the copies (exactly), normalises per column and
+rounds once.
 
-Bounds: a register slot gains < 2**(23 + W) (HOT_MODE 0) or < 2**55 (HOT_MODE 1) per tile, so
-it stays below 2**63; every limb piece is below 2**33, so the counters stay exact for fewer than
-MAX_ROWS = 2**27 rows.
+Bounds: a register slot gains < 2**(23 + W) per tile, so it stays below 2**63; every limb piece is below
+2**33, so the counters stay exact for fewer than MAX_ROWS = 2**27 rows.
 """
 
 from __future__ import annotations
@@ -49,7 +44,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from rlnorm.kernel._interpreter import INTERPRETED
-from rlnorm.kernel._rounding import _exact_cast
+from rlnorm.kernel._rounding import exact_cast
 
 NUM_WINDOWS = 8  # 8 windows x 32 shifts cover every finite fp32 exponent (s = 0..253)
 WINDOW_BITS = 32  # a window's values m << (s & 31) stay below 2**55: 256 of them sum exactly in int64
@@ -59,12 +54,11 @@ NUM_LIMBS = NUM_WINDOWS + 2  # base-2**32 limbs of the total: windows' low parts
 STRIPES = 8  # most copies of the counters, chosen by pid: spreads atomic contention, never changes the sum
 PROGRAMS_PER_STRIPE = 64  # fewer programs share fewer copies: the finalize reads every copy of every slot
 MAX_TILE_ROWS = 256  # a flush sums BLOCK_R low parts < 2**32: far inside int64
-MAX_TILES = 256  # a register slot gains < 2**55 per tile: 256 tiles stay below 2**63
+MAX_TILES = 256  # W = hot_width(256) = 32: a slot gains < 2**55 per tile, 256 tiles stay below 2**63
 INT32_TILE_BITS = 31  # tiles whose deferred-value bits fit an int32 per slot (fewer registers than int64)
 MAX_TILES_DEFERRED = 63  # deferred cold values: one bit per tile, in an int64 per slot past INT32_TILE_BITS
 MAX_ROWS = 2**27  # counters: every slot < 3 * rows * 2**33, a limb (two slots) < 2**62
-HOT_START_MAX: tl.constexpr = tl.constexpr(253 - 63)  # hot range [start, start + 64) within the shifts 0..253
-# HOT_MODE 0 (scaled): hot range [start, start + W) with start >= 22, so the scale 2**(149 - start) is an fp32
+# hot range [start, start + W) with start >= 22, so the scale 2**(149 - start) is an fp32
 SCALED_START_MIN: tl.constexpr = tl.constexpr(22)
 SCALED_HEADROOM: tl.constexpr = tl.constexpr(3)  # shifts above the first tile's largest that stay hot
 
@@ -76,7 +70,7 @@ def tile_bits_dtype(tiles: int) -> tl.dtype:
 
 
 def hot_width(tiles: int) -> int:
-    """Shifts W of the scaled hot range (HOT_MODE 0) for a program of `tiles` tiles.
+    """Shifts W of the hot range for a program of `tiles` tiles.
 
     A hot value counts n = v * 2**(149 - start) units with |n| < 2**(23 + W); a register slot adds
     one per tile, so tiles * 2**(23 + W) <= 2**63 keeps it exact: W = 40 - ceil(log2(tiles)).
@@ -115,66 +109,27 @@ def _tile_max(t):
 
 
 @triton.jit
-def hot_start(mant, shift):
-    """First shift of a program's 64-shift hot range: 55 below the first tile's largest value,
-    so values from 2**-55 to 2**8 times it take the register path.
-
-    Only a speed choice (which values take the register path); every value is counted exactly
-    whichever range is hot, so the result cannot depend on it.
-    """
-    top = _tile_max(tl.where(mant != 0, shift, -1))
-    top = tl.where(top < 0, 128, top)  # an all-zero tile: values near 1 hot
-    return tl.minimum(tl.maximum(top - 55, 0), HOT_START_MAX)
-
-
-@triton.jit
 def _pow2_fp32(e):
     """2**e as fp32 for an int32 e in -126..128, built from its bits (e = 128 gives +Inf)."""
     return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
-def hot_range(v, HOT_MODE: tl.constexpr, HOT_WIDTH: tl.constexpr):
+def hot_range(v, HOT_WIDTH: tl.constexpr):
     """A program's hot range from its first tile `v` (fp32): (start, lo, hi, scale).
 
-    HOT_MODE 0 (scaled): shifts [start, start + HOT_WIDTH), the top SCALED_HEADROOM shifts above
-    the tile's largest value; a value v is hot iff lo <= |v| < hi (lo = 2**(start - 126), the
-    smallest value of shift start; hi = 2**(start - 126 + W), +Inf past fp32's range). A hot value
-    is a multiple of 2**(start - 149) (its ulp), so n = v * scale (scale = 2**(149 - start), exact:
-    a power of two, no overflow) is an integer with |n| < 2**(23 + W), converted to int64 exactly.
-    HOT_MODE 1: the two-register range of `hot_start` (lo, hi, scale unused).
-    Only a speed choice: every value is counted exactly whichever range is hot.
+    Shifts [start, start + HOT_WIDTH), the top SCALED_HEADROOM shifts above the tile's largest value;
+    a value v is hot iff lo <= |v| < hi (lo = 2**(start - 126), the smallest value of shift start;
+    hi = 2**(start - 126 + W), +Inf past fp32's range). A hot value is a multiple of 2**(start - 149)
+    (its ulp), so n = v * scale (scale = 2**(149 - start), exact: a power of two, no overflow) is an
+    integer with |n| < 2**(23 + W), converted to int64 exactly. Only a speed choice: every value is
+    counted exactly whichever range is hot.
     """
     bits = v.to(tl.int32, bitcast=True)
     exp_field = (bits >> 23) & 0xFF
-    if HOT_MODE == 0:
-        counted = (exp_field != 255) & ((bits & 0x7FFFFFFF) != 0)  # finite, non-zero
-        top = _tile_max(tl.where(counted, tl.maximum(exp_field, 1) - 1, -1))
-        top = tl.where(top < 0, 128, top)  # an all-zero tile: values near 1 hot
-        start = tl.minimum(tl.maximum(top + SCALED_HEADROOM + 1 - HOT_WIDTH, SCALED_START_MIN), 253)
-        lo = _pow2_fp32(start - 126)
-        hi = _pow2_fp32(tl.minimum(start - 126 + HOT_WIDTH, 128))
-        scale = _pow2_fp32(149 - start)
-    else:
-        mant, shift, _ = split_fp32(v)
-        start = hot_start(mant, shift)
-        lo = _pow2_fp32(start * 0)
-        hi = lo
-        scale = lo
-    return start, lo, hi, scale
-
-
-@triton.jit
-def hot_range_rows(v, HOT_WIDTH: tl.constexpr):
-    """`hot_range` (HOT_MODE 0) per row of the first tile `v` [BR, BG, BC]: start, lo, hi, scale as
-    [BR, 1, 1] tensors. The max runs along each row's own columns only, so when a row lies in one
-    warp it needs no barrier; `flush_rows` then adds each row slot without summing across rows."""
-    bits = v.to(tl.int32, bitcast=True)
-    exp_field = (bits >> 23) & 0xFF
     counted = (exp_field != 255) & ((bits & 0x7FFFFFFF) != 0)  # finite, non-zero
-    shift = tl.where(counted, tl.maximum(exp_field, 1) - 1, -1)
-    top = tl.max(tl.max(shift, axis=2), axis=1)[:, None, None]  # [BR, 1, 1]
-    top = tl.where(top < 0, 128, top)  # an all-zero row: values near 1 hot
+    top = _tile_max(tl.where(counted, tl.maximum(exp_field, 1) - 1, -1))
+    top = tl.where(top < 0, 128, top)  # an all-zero tile: values near 1 hot
     start = tl.minimum(tl.maximum(top + SCALED_HEADROOM + 1 - HOT_WIDTH, SCALED_START_MIN), 253)
     lo = _pow2_fp32(start - 126)
     hi = _pow2_fp32(tl.minimum(start - 126 + HOT_WIDTH, 128))
@@ -196,13 +151,13 @@ def _add_cold(v, count, win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN: tl.c
     # broke Triton 3.6's layout pass for sm_90 ("operand does not dominate this use").
     # in the interpreter (`_interpreter.py`) every window is walked, those outside [k_first, k_last] adding zeros
     for k in range(0 if INTERPRETED else k_first, NUM_WIN if INTERPRETED else k_last + 1):
-        part = tl.sum(tl.where(win == k, count, 0), axis=0, keep_dims=True)  # [1, BG, BC]
+        part = tl.sum(tl.where(win == k, count, 0), axis=0, keep_dims=True)  # [1, BLOCK_G, BLOCK_C]
         hi = part >> 32  # arithmetic shift: 0 <= lo < 2**32, so the counters' bounds hold
         lo = part - (hi << 32)
         # integer atomics are associative: their order cannot change the counters' final values
         tl.atomic_add(cnt_ptr + (2 * k) * d + col, lo, mask=col_mask, sem="relaxed")
         tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, hi, mask=col_mask, sem="relaxed")
-    n_nan = tl.sum((nonfinite & (v != v)).to(tl.int64), axis=0, keep_dims=True)  # [1, BG, BC]
+    n_nan = tl.sum((nonfinite & (v != v)).to(tl.int64), axis=0, keep_dims=True)  # [1, BLOCK_G, BLOCK_C]
     n_pos = tl.sum((nonfinite & (v > 0)).to(tl.int64), axis=0, keep_dims=True)
     n_neg = tl.sum((nonfinite & (v < 0)).to(tl.int64), axis=0, keep_dims=True)
     tl.atomic_add(cnt_ptr + (2 * NUM_WIN) * d + col, n_nan, mask=col_mask, sem="relaxed")
@@ -213,11 +168,9 @@ def _add_cold(v, count, win, nonfinite, cnt_ptr, col, col_mask, d, NUM_WIN: tl.c
 @triton.jit
 def accumulate(
     v,
-    acc0,
-    acc1,
+    acc,
     cold_bits,
     t,
-    start,
     lo,
     hi,
     scale,
@@ -228,62 +181,34 @@ def accumulate(
     d,
     NUM_WIN: tl.constexpr,
     COLD_MODE: tl.constexpr,
-    HOT_MODE: tl.constexpr,
 ):
-    """Add tile t's [BR, BG, BC] fp32 values exactly: the hot range's into per-thread int64
-    registers (no communication), the rest ("cold": rare) by COLD_MODE.
+    """Add tile t's [BLOCK_R, BLOCK_G, BLOCK_C] fp32 values exactly: the hot range's into the per-thread
+    int64 registers `acc` (no communication), the rest ("cold": rare) by COLD_MODE.
 
-    HOT_MODE 0 (scaled, default): acc0 += int64(v * scale) where lo <= |v| < hi (see `hot_range`):
-      two float compares, a multiply, a select and one exact conversion per value; acc1 unused.
-    HOT_MODE 1 (two registers): acc0 counts 2**(start - 149) for shifts start..start+31, acc1
-      counts 2**(start + 32 - 149) for the next 32, each adding m << (s - start) % 32 < 2**55.
-    COLD_MODE 0 (deferred): the value is stored to its place in `scratch` (pointers of this tile)
-      and bit t of its slot in `cold_bits` is set; `add_deferred` adds them after the tile loop,
-      so the rare path's code and registers stay out of the loop;
-    1 (inline): one tile-wide "any cold?" max, then a window loop over the cold values;
-    2 (atomics): masked per-element atomics, no cross-thread test.
-    All count every value exactly; they differ only in speed.
+    Hot: acc += int64(v * scale) where lo <= |v| < hi (see `hot_range`): two float compares, a
+    multiply, a select and one exact conversion per value.
+    COLD_MODE 0 (deferred): the value is stored to its place in `scratch` (pointers of this tile) and
+      bit t of its slot in `cold_bits` is set; `add_deferred` adds them after the tile loop, so the
+      rare path's code and registers stay out of the loop.
+    COLD_MODE 1 (inline): one tile-wide "any cold?" max, then a window loop over the cold values.
+    Both count every value exactly; they differ only in speed.
     """
-    if HOT_MODE == 0:
-        av = tl.abs(v)
-        hot = (av >= lo) & (av < hi)  # False for NaN and +-Inf
-        # v * scale is exact (power of two) and an integer below 2**(23 + W): the cast is exact
-        acc0 += tl.where(hot, v * scale, 0.0).to(tl.int64)
-        cold = (~hot) & (v != 0)  # NaN != 0 is True: NaN is cold
-    else:
-        mant, shift, nonfinite = split_fp32(v)
-        rel = shift - start
-        in0 = (rel >= 0) & (rel < 32)
-        in1 = (rel >= 32) & (rel < 64)
-        wide = mant.to(tl.int64) << (rel & 31).to(tl.int64)
-        acc0 += tl.where(in0, wide, 0)
-        acc1 += tl.where(in1, wide, 0)
-        cold = ((mant != 0) & ~(in0 | in1)) | nonfinite
+    av = tl.abs(v)
+    hot = (av >= lo) & (av < hi)  # False for NaN and +-Inf
+    # v * scale is exact (power of two) and an integer below 2**(23 + W): the cast is exact
+    acc += tl.where(hot, v * scale, 0.0).to(tl.int64)
+    cold = (~hot) & (v != 0)  # NaN != 0 is True: NaN is cold
     if COLD_MODE == 0:
         tl.store(scratch, v, mask=cold)
         one = tl.full([], 1, cold_bits.dtype)  # int32, or int64 past 31 tiles
         cold_bits = tl.where(cold, cold_bits | (one << (one * 0 + t)), cold_bits)  # t: int32 tensor or int
-    elif COLD_MODE == 1:
+    else:
         # the tile's only cross-thread step: is there any cold value at all?
         if _tile_max(cold.to(tl.int32)) > 0:
             c_mant, c_shift, c_nonfinite = split_fp32(tl.where(cold, v, 0.0))
             count = c_mant.to(tl.int64) << (c_shift & 31).to(tl.int64)  # < 2**55
             _add_cold(v, count, c_shift >> 5, c_nonfinite & cold, cnt_ptr, col, col_mask, d, NUM_WIN)
-    else:
-        c_mant, c_shift, c_nonfinite = split_fp32(v)
-        m = col_mask & cold
-        count = c_mant.to(tl.int64) << (c_shift & 31).to(tl.int64)  # in window shift >> 5: < 2**55
-        hi_part = count >> 32  # arithmetic shift: 0 <= lo < 2**32, so the counters' bounds hold
-        lo_part = count - (hi_part << 32)
-        slot = tl.where(
-            c_nonfinite,
-            tl.where(v != v, 2 * NUM_WIN, tl.where(v > 0, 2 * NUM_WIN + 1, 2 * NUM_WIN + 2)),
-            2 * (c_shift >> 5),
-        )
-        # NaN/Inf: count 1 in their slot; finite: the low part in slot 2*win, the high part next to it
-        tl.atomic_add(cnt_ptr + slot * d + col, tl.where(c_nonfinite, 1, lo_part), mask=m, sem="relaxed")
-        tl.atomic_add(cnt_ptr + (slot + 1) * d + col, hi_part, mask=m & (hi_part != 0), sem="relaxed")
-    return acc0, acc1, cold_bits
+    return acc, cold_bits
 
 
 @triton.jit
@@ -306,24 +231,6 @@ def add_deferred(
 
 
 @triton.jit
-def _red_add(ptr, val, mask, ASM: tl.constexpr):
-    """Masked int64 atomic add of a tensor, element by element. ASM (GPU only): one predicated
-    `red.relaxed.gpu.global.add.u64` per element in the tensor's own layout; tl.atomic_add first
-    converts its operands to a 2-per-thread layout through shared memory (6 barriers per call)."""
-    if ASM:
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.ne.b32 p, $3, 0; @p red.relaxed.gpu.global.add.u64 [$1], $2; mov.u32 $0, 0; }",
-            "=r,l,l,r",
-            [ptr.to(tl.int64, bitcast=True), val, mask.to(tl.int32)],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-    else:
-        tl.atomic_add(ptr, val, mask=mask, sem="relaxed")
-
-
-@triton.jit
 def _digits(acc, o):
     """acc * 2**o (o < 32) as three pieces of weights 1, 2**32, 2**64: two in [0, 2**32), one signed."""
     hi = acc >> 32
@@ -338,49 +245,27 @@ def _digits(acc, o):
 
 
 @triton.jit
-def flush(acc0, acc1, start, cnt_ptr, col, col_mask, d, HOT_MODE: tl.constexpr):
-    """Add a program's hot registers [BR, BG, BC] to its stripe of the counters, exactly.
+def flush(acc, start, cnt_ptr, col, col_mask, d):
+    """Add a program's hot registers [BLOCK_R, BLOCK_G, BLOCK_C] to its stripe of the counters, exactly.
 
-    acc0 * 2**(start - 149) (+ acc1 * 2**(start + 32 - 149) in HOT_MODE 1) is cut on the counters'
-    2**32 grid (k = start >> 5, o = start & 31) into limbs k..k+3, each piece below 2**33 in
-    magnitude, summed over the program's rows (exact) and added (any order: integer adds).
-    The atomics go out one column per lane, consecutive lanes on consecutive columns: a warp's 64-bit
-    adds then cover 8 sectors of 32 bytes, not 16 as in the two-per-thread layout Triton gives contiguous
-    columns. The L2's atomic work is what costs (H200, D=256 backward: 16 tiles 253 -> 211 us, 63 tiles
-    220 -> 215; docs/dweight-notes.md, session 13); `col ^ (d >> 30)` (d < 2**30: the same columns)
-    hides the columns' contiguity from Triton's layout choice.
+    acc * 2**(start - 149) is cut on the counters' 2**32 grid (k = start >> 5, o = start & 31) into
+    limbs k..k+2, each piece below 2**33 in magnitude, summed over the program's rows (exact) and added
+    (any order: integer adds). The atomics go out one column per lane, consecutive lanes on consecutive
+    columns, which halves the 32-byte sectors a warp's adds touch (the L2's atomic work is what costs:
+    measured on the H200, see docs/kernel.md); `col ^ (d >> 30)` (d < 2**30: the same columns) hides the
+    columns' contiguity from Triton's layout choice.
     """
     k = start >> 5
     o = (start & 31).to(tl.int64)
     col = col ^ (d >> 30)
-    a0, a1, a2 = _digits(acc0, o)
-    l0 = tl.sum(a0, axis=0, keep_dims=True)  # [1, BG, BC]
-    if HOT_MODE == 0:
-        l1 = tl.sum(a1, axis=0, keep_dims=True)
-        l2 = tl.sum(a2, axis=0, keep_dims=True)
-    else:
-        b0, b1, b2 = _digits(acc1, o)
-        l1 = tl.sum(a1 + b0, axis=0, keep_dims=True)
-        l2 = tl.sum(a2 + b1, axis=0, keep_dims=True)
-        l3 = tl.sum(b2, axis=0, keep_dims=True)
-        tl.atomic_add(cnt_ptr + (2 * k + 5) * d + col, l3, mask=col_mask & (l3 != 0), sem="relaxed")
+    a0, a1, a2 = _digits(acc, o)
+    l0 = tl.sum(a0, axis=0, keep_dims=True)  # [1, BLOCK_G, BLOCK_C]
+    l1 = tl.sum(a1, axis=0, keep_dims=True)
+    l2 = tl.sum(a2, axis=0, keep_dims=True)
     # limb k is window k's low slot; limb k+i (i >= 1) is the high slot of window k+i-1
     tl.atomic_add(cnt_ptr + (2 * k) * d + col, l0, mask=col_mask & (l0 != 0), sem="relaxed")
     tl.atomic_add(cnt_ptr + (2 * k + 1) * d + col, l1, mask=col_mask & (l1 != 0), sem="relaxed")
     tl.atomic_add(cnt_ptr + (2 * k + 3) * d + col, l2, mask=col_mask & (l2 != 0), sem="relaxed")
-
-
-@triton.jit
-def flush_rows(acc0, start, cnt_ptr, col, col_mask, d, ASM: tl.constexpr):
-    """`flush` for per-row hot ranges (`hot_range_rows`): every element slot's register acc0
-    (counts of 2**(start_row - 149)) is cut into its three limbs and added with its own atomics,
-    no sum across rows (so no barrier). Each piece is below 2**33 in magnitude, as in `flush`."""
-    k = start >> 5  # [BR, 1, 1]
-    o = (start & 31).to(tl.int64)
-    a0, a1, a2 = _digits(acc0, o)
-    _red_add(cnt_ptr + (2 * k) * d + col, a0, col_mask & (a0 != 0), ASM)
-    _red_add(cnt_ptr + (2 * k + 1) * d + col, a1, col_mask & (a1 != 0), ASM)
-    _red_add(cnt_ptr + (2 * k + 3) * d + col, a2, col_mask & (a2 != 0), ASM)
 
 
 @triton.jit
@@ -398,7 +283,6 @@ def _column_sum_kernel(
     BLOCK_C: tl.constexpr,
     TILES: tl.constexpr,
     COLD_MODE: tl.constexpr,
-    HOT_MODE: tl.constexpr,
     HOT_WIDTH: tl.constexpr,
 ):
     """Accumulate raw fp32 values [n_rows, d] into the counters: the same path the backward uses."""
@@ -408,8 +292,7 @@ def _column_sum_kernel(
     offs_r = tl.arange(0, BLOCK_R)
     col = (pid_c * BLOCK_C + tl.arange(0, BLOCK_C))[None, None, :]  # [1, 1, BC]: one group of the full width
     col_mask = col < d
-    acc0 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
-    acc1 = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
+    acc = tl.zeros([BLOCK_R, 1, BLOCK_C], tl.int64)
     cold_bits = tl.zeros([BLOCK_R, 1, BLOCK_C], tile_bits_dtype(TILES))
     start = pid * 0
     lo = start.to(tl.float32)
@@ -421,14 +304,12 @@ def _column_sum_kernel(
         mask = (rows < n_rows)[:, None, None] & col_mask
         v = tl.load(V + rows[:, None, None] * stride_v + col, mask=mask, other=0.0)  # [BR, 1, BC]
         if t == 0:
-            start, lo, hi, scale = hot_range(v, HOT_MODE, HOT_WIDTH)
-        acc0, acc1, cold_bits = accumulate(
+            start, lo, hi, scale = hot_range(v, HOT_WIDTH)
+        acc, cold_bits = accumulate(
             v,
-            acc0,
-            acc1,
+            acc,
             cold_bits,
             t,
-            start,
             lo,
             hi,
             scale,
@@ -439,9 +320,8 @@ def _column_sum_kernel(
             d,
             NUM_WIN,
             COLD_MODE,
-            HOT_MODE,
         )
-    flush(acc0, acc1, start, cnt_ptr, col, col_mask, d, HOT_MODE)
+    flush(acc, start, cnt_ptr, col, col_mask, d)
     if COLD_MODE == 0:
         add_deferred(SCR + row0[:, None, None] * d, BLOCK_R * d, cold_bits, cnt_ptr, col, col_mask, d, NUM_WIN, TILES)
 
@@ -450,7 +330,7 @@ def _column_sum_kernel(
 def _limb(CNT, i: tl.constexpr, cols, cmask, d, NUM_WIN: tl.constexpr, NUM_SLOTS: tl.constexpr, STRIPES: tl.constexpr):
     """Limb i of the total (weight 2**(32 i)): window i's low part plus window i-1's high part, all
     stripes added (int64 adds: exact, any order). Loaded per column as a [BLOCK] vector, so the
-    finalize never reduces across lanes: a long chain of cross-warp sums made it ~10 us per call."""
+    finalize never reduces across lanes (a long chain of cross-warp sums is slow)."""
     v = tl.zeros(cols.shape, tl.int64)
     for s in tl.static_range(STRIPES):
         if i < NUM_WIN:
@@ -582,7 +462,7 @@ def _dweight_finalize_kernel(
     value = tl.where(n_pos > 0, float("inf"), value)
     value = tl.where((n_nan > 0) | ((n_pos > 0) & (n_neg > 0)), float("nan"), value)
     # value is representable in OUT's dtype: fp64 -> fp32 is exact, then an exact (bitwise) cast
-    tl.store(OUT + cols, _exact_cast(value.to(tl.float32), OUT.dtype.element_ty), mask=cmask)
+    tl.store(OUT + cols, exact_cast(value.to(tl.float32), OUT.dtype.element_ty), mask=cmask)
 
 
 def stripes_for(programs: int) -> int:
@@ -590,7 +470,7 @@ def stripes_for(programs: int) -> int:
 
     Copies only spread same-address atomics (programs add into copy pid % stripes; integer sums are
     exact in any order), so the count changes no bit; at decode sizes one copy keeps the finalize's
-    reads 8x fewer (H200: the finalize was 5.5 of a 12.7 us forward+backward at 32 rows).
+    reads 8x fewer (measured on the H200, see docs/kernel.md).
     """
     return min(STRIPES, triton.next_power_of_2(triton.cdiv(max(programs, 1), PROGRAMS_PER_STRIPE)))
 
@@ -602,7 +482,7 @@ def new_counters(d: int, device: torch.device | str, stripes: int = STRIPES) -> 
 
 # Columns per finalize program on the GPU, one lane each: every column reads all its counters (19 int64
 # slots per copy), and one SM pulls only so many bytes per cycle from L2, so the copies' bytes are spread
-# over several SMs (one warp each) rather than read by one (H200: docs/dweight-notes.md, session 5).
+# over several SMs (one warp each) rather than read by one (measured on the H200, see docs/kernel.md).
 FINALIZE_BLOCK = 32
 FINALIZE_WARPS = 1
 
@@ -682,17 +562,16 @@ def exact_column_sum(
     block_rows: int = 16,
     tiles: int = 1,
     cold_mode: int = 0,
-    hot_mode: int = 0,
     stripes: int | None = None,
 ) -> torch.Tensor:
     """Column sums of fp32 `values` [n, d], exact, rounded once to `dtype`, on values' device.
 
     The same accumulation and finalize the backward uses, callable on any fp32 data (tests
-    craft wide exponent ranges, subnormals and cancellation here). `block_rows`, `tiles` and
-    `stripes` (copies of the counters; by default as the backward picks them) only change how the
-    work is cut: the result is the same bits for every choice.
+    craft wide exponent ranges, subnormals and cancellation here). `block_rows`, `tiles`, `cold_mode`
+    (as the backward's COLD_MODE) and `stripes` (copies of the counters; by default as the backward
+    picks them) only change how the work is cut: the result is the same bits for every choice.
     """
-    return finalize(column_counters(values, block_rows, tiles, cold_mode, hot_mode, stripes), dtype)
+    return finalize(column_counters(values, block_rows, tiles, cold_mode, stripes), dtype)
 
 
 def column_counters(
@@ -700,7 +579,6 @@ def column_counters(
     block_rows: int = 16,
     tiles: int = 1,
     cold_mode: int = 0,
-    hot_mode: int = 0,
     stripes: int | None = None,
 ) -> torch.Tensor:
     """The exact counters [stripes, NUM_SLOTS, d] of `values`' column sums, before the finalize."""
@@ -712,10 +590,8 @@ def column_counters(
         raise ValueError(f"block_rows: expected a power of two in 1..{MAX_TILE_ROWS}, got {block_rows}")
     if not 1 <= tiles <= (MAX_TILES_DEFERRED if cold_mode == 0 else MAX_TILES):
         raise ValueError(f"tiles: expected 1..{MAX_TILES_DEFERRED} (cold_mode 0) or ..{MAX_TILES}, got {tiles}")
-    if cold_mode not in (0, 1, 2):
-        raise ValueError(f"cold_mode: expected 0, 1 or 2, got {cold_mode}")
-    if hot_mode not in (0, 1):
-        raise ValueError(f"hot_mode: expected 0 or 1, got {hot_mode}")
+    if cold_mode not in (0, 1):
+        raise ValueError(f"cold_mode: expected 0 or 1, got {cold_mode}")
     n, d = values.shape
     if n >= MAX_ROWS:
         raise ValueError(f"values: at most {MAX_ROWS - 1} rows keep the int64 counters exact, got {n}")
@@ -742,7 +618,6 @@ def column_counters(
             BLOCK_C=block_c,
             TILES=tiles,
             COLD_MODE=cold_mode,
-            HOT_MODE=hot_mode,
             HOT_WIDTH=hot_width(tiles),
         )
     return counters

@@ -1,18 +1,17 @@
-"""The forward's second tier: one element near a rounding midpoint recomputed alone in fp64.
+"""The forward's per-element tier: an element near a rounding midpoint recomputed alone in fp64.
 
-Why it exists: the fp32 fast path flags an element when its result lies within the error bound T of
-a bf16 rounding midpoint (~0.03% of elements, but ~4% of 128-wide rows). Recomputing whole rows in
-fp64 stalled the ~28% of 8-row programs holding one (reload, a serial row loop, cross-warp sums).
-Here the program that holds a flagged element only sums its rows' squares once more in fp64 (x read
-again from L1) and refines rstd by two Newton steps; then each flagged element alone goes through an
-fp64 gate and product. On the GPU that per-element work is inline PTX behind a per-lane branch, so only
-the lanes that hold a flagged element execute it; the interpreter runs the same math tile-wide.
+Why: a flagged element is rare, but a flagged row is not, and recomputing whole rows in fp64 stalls the
+programs that hold one (a reload, a serial row loop, cross-warp sums). Here the program only sums its
+rows' squares once more in fp64 (x read again from L1) and refines rstd by two Newton steps; then each
+flagged element alone goes through an fp64 gate and product. On the GPU that per-element work is inline
+PTX behind a per-lane branch, so only the lanes holding a flagged element run it; the interpreter runs
+the same math tile-wide.
 
-A tier-2 value is used only when it is provably on one side of the midpoint: its error (< 2**-43
-relative: the fp64 exp below, whose reduced argument carries up to |t| * 2**-53 for |t| <= 1000, two
-fp64 Newton steps, a handful of fp64 roundings) is inside MARGIN_ULPS fp64 ulps (2**-38 relative).
-Otherwise it reports "undecided" and the caller sends the row to the whole-row fp64 path, so the
-output is the correctly rounded value in every case.
+A tier value is used only when it is provably on one side of the midpoint: its error (below 2**-43
+relative: the fp64 exp, whose reduced argument carries up to |t| * 2**-53 for |t| <= 1000, two fp64
+Newton steps, a handful of fp64 roundings) is inside MARGIN_ULPS fp64 ulps (2**-38 relative).
+Otherwise it reports "undecided" and the caller sends the row to the whole-row fp64 path, so the output
+is the correctly rounded value in every case.
 """
 
 from __future__ import annotations
@@ -23,7 +22,7 @@ import struct
 import triton
 import triton.language as tl
 
-from rlnorm.kernel._rounding import _widen_to_fp32
+from rlnorm.kernel._rounding import widen_to_fp32
 
 # Undecided when the fp64 value lies within this many fp64 ulps of a bf16 midpoint (2**14 ulps is
 # 2**-38 to 2**-39 relative; the tier's own error is below 2**-43, 2**-50 for |z| < 8: 16x or more)
@@ -51,8 +50,8 @@ _W_LOG2_BYTES = {"bf16": 1, "fp16": 1, "fp32": 2}  # log2 of the element size
 
 
 def _exp2_poly(coef: list[float]) -> str:
-    """2**f on |f| <= 1/2 into dp, from df: the series by Horner's rule (Estrin's tree, depth 4 against 12,
-    was no faster on the H200 with two other latency cuts: docs/kernel-notes.md, session 9, call 24)."""
+    """2**f on |f| <= 1/2 into dp, from df: the series by Horner's rule (Estrin's shallower tree was no
+    faster, measured on the H200, see docs/kernel.md)."""
     return f"mov.f64 dp, {_f64(coef[-1])};\n" + "".join(
         f"fma.rn.f64 dp, dp, df, {_f64(coef[k])};\n" for k in range(len(coef) - 2, -1, -1)
     )
@@ -65,7 +64,7 @@ def _ptx(gate: str, w_dtype: str) -> str:
     tell; $2 itself when the element is not near a midpoint or its row is not selected), $1 the
     element's column, $2 fast value, $3 / $4 the row's first x / z element (bf16; $3 = 0: row not
     selected), $5 w's first element, $6 rstd (fp64 bits), $7 margin (fp64 ulps), $8 fault (fp64
-    ulps added to the value; tests only), $9 the fast path's bound T (fp32 ulps). The near test and
+    ulps added to the value; a planted fault, else 0), $9 the fast path's bound T (fp32 ulps). The near test and
     the loads run here, by the selected lanes only: nothing of it stays in registers outside.
     Labels live inside the braces: each inlined copy has its own scope.
     """
@@ -215,10 +214,11 @@ def exact_element(
     SIGMOID: tl.constexpr,
     ASM: tl.constexpr,
 ):
-    """The tile with its near-midpoint elements settled: fp32 values whose bf16 cast is the correctly
-    rounded result, UNDECIDED_BITS where the tier cannot tell, y elsewhere. rows_sel: [R, 1, 1], the
-    rows to settle; x_rows / z_rows: [R, 1, 1] pointers to each row's first element; cols: [1, C, S]
-    columns; rstd64: [R, 1, 1] fp64 rstd; near_t: the fast path's bound T in fp32 ulps."""
+    """The [BLOCK_R, BLOCK_C, SPLIT] tile y with its near-midpoint elements settled: fp32 values whose bf16
+    cast is the correctly rounded result, UNDECIDED_BITS where the tier cannot tell, y elsewhere.
+    rows_sel: [BLOCK_R, 1, 1], the rows to settle; x_rows / z_rows: [BLOCK_R, 1, 1] pointers to each row's
+    first element; cols: [1, BLOCK_C, SPLIT] columns; rstd64: [BLOCK_R, 1, 1] fp64 rstd; near_t: the fast
+    path's bound T in fp32 ulps."""
     if ASM:
         args = (
             cols,
@@ -242,14 +242,14 @@ def exact_element(
         # the interpreter: the same decision on the whole tile (numpy's fp64 exp for the PTX series)
         near_key = (y.to(tl.int32, bitcast=True) * 65536 + ((near_t - 0x8000) * 65536)).to(tl.uint32, bitcast=True)
         flag = (near_key < (2 * near_t + 1) * 65536) & rows_sel
-        x = _widen_to_fp32(tl.load(x_rows + cols, mask=flag, other=0.0))
+        x = widen_to_fp32(tl.load(x_rows + cols, mask=flag, other=0.0))
         w = tl.load(w_ptr + cols, mask=flag, other=0.0)
         if w.dtype == tl.bfloat16:
-            w = _widen_to_fp32(w)
+            w = widen_to_fp32(w)
         y64 = x.to(tl.float64) * w.to(tl.float64) * rstd64
         far = flag & ~flag  # all False, in the tile's shape
         if HAS_Z:
-            z64 = _widen_to_fp32(tl.load(z_rows + cols, mask=flag, other=0.0)).to(tl.float64)
+            z64 = widen_to_fp32(tl.load(z_rows + cols, mask=flag, other=0.0)).to(tl.float64)
             far = tl.abs(z64 * 1.4426950408889634) > MAX_EXP_ARG
             sig = 1.0 / (1.0 + tl.exp(-tl.where(far, 0.0, z64)))
             if SIGMOID:
@@ -267,12 +267,12 @@ def exact_element(
 
 @triton.jit
 def rows_rstd64(ssum64, rstd, eps, GROUP: tl.constexpr):
-    """[R] fp64 rstd of each row from its squares summed in fp64 (ssum64: exact bf16/fp16 values' squares,
-    zeros in padding): two Newton steps from the fast path's fp32 rstd, whose error is below 2**-19 even
-    for 8192 columns (16 terms per thread, then a tree); each step squares the error (2**-37, then below
-    fp64's own rounding): no fp64 sqrt or divide."""
-    ms = ssum64 * (1.0 / GROUP) + eps  # [R]; 1/GROUP rounded once: 2**-53, and no fp64 divide
-    r = rstd.to(tl.float64)  # [R]
+    """[BLOCK_R] fp64 rstd of each row from its squares summed in fp64 (ssum64: exact bf16/fp16 values'
+    squares, zeros in padding): two Newton steps from the fast path's fp32 rstd, whose error is below
+    2**-19 even for 8192 columns (16 terms per thread, then a tree); each step squares the error (2**-37,
+    then below fp64's own rounding): no fp64 sqrt or divide."""
+    ms = ssum64 * (1.0 / GROUP) + eps  # [BLOCK_R]; 1/GROUP rounded once: 2**-53, and no fp64 divide
+    r = rstd.to(tl.float64)  # [BLOCK_R]
     h = tl.fma(-(ms * r), r, 1.0)
     r = tl.fma(r * 0.5, h, r)
     h = tl.fma(-(ms * r), r, 1.0)

@@ -9,7 +9,7 @@ Why round-to-odd: an fp64 value rounded to fp32 with round-to-nearest and then a
 can round twice (double rounding). Rounding to odd at 24 bits keeps a sticky bit, after which
 one round-to-nearest-even to <= 22 bits gives the same result as rounding the fp64 value once.
 
-Shared with the backward kernel (rlnorm/kernel/_bwd.py): keep the names and meanings stable.
+The public names are shared by the forward, the backward and the dweight finalize.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def _round_once_from_fp64(v, OUT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _exact_cast(r, OUT_DTYPE: tl.constexpr):
+def exact_cast(r, OUT_DTYPE: tl.constexpr):
     """fp32 `r`, already exactly representable in OUT_DTYPE, as an OUT_DTYPE tensor.
 
     bf16 goes through the bits: the interpreter's fp32 -> bf16 conversion mangles subnormals.
@@ -144,19 +144,19 @@ def _exact_cast(r, OUT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _round_fp32_to_out(v, OUT_DTYPE: tl.constexpr):
+def round_fp32_to_out(v, OUT_DTYPE: tl.constexpr):
     """fp32 `v` rounded to nearest even, as an OUT_DTYPE tensor ready to store."""
-    return _exact_cast(_round_store_value(v, OUT_DTYPE), OUT_DTYPE)
+    return exact_cast(_round_store_value(v, OUT_DTYPE), OUT_DTYPE)
 
 
 @triton.jit
-def _round_fp64_to_out(v, OUT_DTYPE: tl.constexpr):
+def round_fp64_to_out(v, OUT_DTYPE: tl.constexpr):
     """fp64 `v` rounded ONCE to nearest even, as an OUT_DTYPE tensor ready to store."""
-    return _exact_cast(_round_once_from_fp64(v, OUT_DTYPE), OUT_DTYPE)
+    return exact_cast(_round_once_from_fp64(v, OUT_DTYPE), OUT_DTYPE)
 
 
 @triton.jit
-def _widen_to_fp32(v):
+def widen_to_fp32(v):
     """A loaded bf16/fp16/fp32 tensor as fp32, exactly.
 
     bf16 goes through the bits (bf16 is the top half of fp32): the interpreter's bf16 -> fp32
@@ -170,12 +170,12 @@ def _widen_to_fp32(v):
 
 
 @triton.jit
-def _widen_fast(v, INTERP: tl.constexpr, ASM: tl.constexpr):
+def widen_fast(v, INTERP: tl.constexpr, ASM: tl.constexpr):
     """A loaded tile as fp32, exactly, in the fewest instructions: on the GPU (ASM) a bf16 pair (one
     32-bit register) becomes two fp32 values by one shift and one mask (the native conversion spends a
-    byte permute and a shift on the high half); the interpreter goes through `_widen_to_fp32`."""
+    byte permute and a shift on the high half); the interpreter goes through `widen_to_fp32`."""
     if INTERP:
-        out = _widen_to_fp32(v)
+        out = widen_to_fp32(v)
     elif v.dtype == tl.bfloat16 and ASM:
         out = tl.inline_asm_elementwise(
             "{ shl.b32 $0, $2, 16; and.b32 $1, $2, 0xFFFF0000; }",

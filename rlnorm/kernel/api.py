@@ -1,4 +1,4 @@
-"""Public API of the rlnorm kernel: validation, autograd, functional and module forms (issue 5).
+"""Public API of the rlnorm kernel: validation, autograd, functional and module forms.
 
 Nothing here falls back to another implementation: an input the kernel cannot take raises a
 ValueError/TypeError that names the argument.
@@ -14,6 +14,7 @@ from torch import nn
 
 from rlnorm.kernel._bwd import rms_norm_gated_bwd, workspace_numel
 from rlnorm.kernel._fwd import MAX_D, rms_norm_gated_fwd
+from rlnorm.kernel._switches import bwd_switches
 from rlnorm.options import OpOptions
 
 FLOAT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -25,7 +26,8 @@ def _options_cached(eps: float, group_size: int | None, norm_before_gate: bool, 
 
 
 def _options(eps, group_size, norm_before_gate, activation) -> OpOptions:
-    """Validated options, cached per value (saves ~3 us per call); unhashable input validates uncached."""
+    """Validated options, cached per value (a decode-sized call's latency is mostly CPU time);
+    unhashable input validates uncached."""
     try:
         return _options_cached(eps, group_size, norm_before_gate, activation)
     except TypeError:  # unhashable argument: let OpOptions name it
@@ -39,10 +41,11 @@ def _check_float(name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{name}: expected dtype bfloat16, float16 or float32, got {t.dtype}")
 
 
-def _validate(x: torch.Tensor, z: torch.Tensor | None, weight: torch.Tensor, opts: OpOptions) -> None:
+def _validate(x: torch.Tensor, z: torch.Tensor | None, weight: torch.Tensor | None, opts: OpOptions) -> None:
     """Raise ValueError/TypeError naming the offending argument; return silently if the kernel can run."""
     _check_float("x", x)
-    _check_float("weight", weight)
+    if weight is not None:
+        _check_float("weight", weight)
     if x.dim() < 1:
         raise ValueError("x: expected at least 1 dimension [..., D], got a 0-d tensor")
     if x.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
@@ -52,12 +55,11 @@ def _validate(x: torch.Tensor, z: torch.Tensor | None, weight: torch.Tensor, opt
         raise ValueError("x: last dimension D must be > 0")
     if d > MAX_D:
         raise ValueError(f"x: last dimension {d} exceeds the kernel's limit of {MAX_D}")
-    if x.stride(-1) != 1 and d > 1:
-        raise ValueError(f"x: last dimension must be contiguous (stride 1), got stride {x.stride(-1)}")
-    if weight.dim() != 1 or weight.shape[0] != d:
-        raise ValueError(f"weight: expected shape [{d}] (x's last dimension), got {tuple(weight.shape)}")
-    if weight.device != x.device:
-        raise ValueError(f"weight: expected device {x.device} like x, got {weight.device}")
+    if weight is not None:
+        if weight.dim() != 1 or weight.shape[0] != d:
+            raise ValueError(f"weight: expected shape [{d}] (x's last dimension), got {tuple(weight.shape)}")
+        if weight.device != x.device:
+            raise ValueError(f"weight: expected device {x.device} like x, got {weight.device}")
     if z is not None:
         _check_float("z", z)
         if z.shape != x.shape:
@@ -66,19 +68,28 @@ def _validate(x: torch.Tensor, z: torch.Tensor | None, weight: torch.Tensor, opt
             raise TypeError(f"z: expected dtype {x.dtype} like x, got {z.dtype}")
         if z.device != x.device:
             raise ValueError(f"z: expected device {x.device} like x, got {z.device}")
-        if z.stride(-1) != 1 and d > 1:
-            raise ValueError(f"z: last dimension must be contiguous (stride 1), got stride {z.stride(-1)}")
     opts.check_width(d)
 
 
 def _as_rows(t: torch.Tensor) -> torch.Tensor:
-    """[..., D] -> [rows, D] without copying where a view exists (row stride kept, last dim contiguous)."""
-    if t.dim() == 2:
-        return t
-    try:
-        return t.view(-1, t.shape[-1])
-    except RuntimeError:
-        return t.reshape(-1, t.shape[-1])  # leading dims not viewable: one copy, same values
+    """[..., D] -> [rows, D] with a contiguous last dimension: a view where one exists (any row stride),
+    else one copy (same values, so the same output bits)."""
+    rows = t
+    if t.dim() != 2:
+        try:
+            rows = t.view(-1, t.shape[-1])
+        except RuntimeError:
+            return t.reshape(-1, t.shape[-1])  # leading dims not viewable: reshape copies, contiguously
+    if rows.stride(-1) != 1 and rows.shape[-1] > 1:
+        rows = rows.contiguous()  # the kernels read a row's columns as contiguous vectors
+    return rows
+
+
+def _dense(weight: torch.Tensor | None) -> torch.Tensor | None:
+    """weight with stride 1 (the kernels read it as a contiguous vector); one copy if it is strided."""
+    if weight is None or weight.stride(0) == 1 or weight.shape[0] <= 1:
+        return weight
+    return weight.contiguous()
 
 
 class _RMSNormGatedFunction(torch.autograd.Function):
@@ -87,15 +98,18 @@ class _RMSNormGatedFunction(torch.autograd.Function):
         shape = x.shape
         x2 = _as_rows(x)
         z2 = None if z is None else _as_rows(z)
-        # the backward's dweight counters, zeroed by the forward's own launch: the backward then needs
-        # no memset launch (0.8-1.2 us per call at decode sizes, H200). Held until the backward:
-        # 19 x D int64 per counter copy (19 KB at D=128 with one copy, 156 KB with 8)
-        ws = torch.empty(workspace_numel(x2.shape[0], x2.shape[1], opts.group_size), dtype=torch.int64, device=x.device)
-        y = rms_norm_gated_fwd(
-            x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, zero=ws
-        )
+        w = _dense(weight)
+        ws = None
+        if w is not None:
+            # the backward's dweight counters, zeroed by the forward's own launch: the backward then needs no
+            # memset launch. Sized under the backward switches now in force; held until the backward.
+            ws = torch.empty(
+                workspace_numel(x2.shape[0], x2.shape[1], opts.group_size), dtype=torch.int64, device=x.device
+            )
+        y = rms_norm_gated_fwd(x2, z2, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, zero=ws)
         ctx.workspace = ws  # used once: a second backward (retain_graph) gets a fresh zeroed one
-        ctx.save_for_backward(x2, z2, weight)
+        ctx.switches = bwd_switches()  # a backward under other switches may need other counters
+        ctx.save_for_backward(x2, z2, w)
         ctx.opts = opts
         ctx.shape = shape
         ctx.has_z = z is not None
@@ -103,19 +117,20 @@ class _RMSNormGatedFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x2, z2, weight = ctx.saved_tensors
+        x2, z2, w = ctx.saved_tensors
         opts: OpOptions = ctx.opts
         d = x2.shape[-1]
         dy2 = _as_rows(dy)
-        if dy2.stride(-1) != 1:
-            dy2 = dy2.contiguous()
         if x2.shape[0] == 0:
             dx = torch.zeros(ctx.shape, dtype=x2.dtype, device=x2.device)
             dz = torch.zeros(ctx.shape, dtype=x2.dtype, device=x2.device) if ctx.has_z else None
-            return dx, dz, torch.zeros(d, dtype=weight.dtype, device=weight.device), None
+            dw = None if w is None else torch.zeros(d, dtype=w.dtype, device=w.device)
+            return dx, dz, dw, None
         ws, ctx.workspace = ctx.workspace, None
+        if ctx.switches is not bwd_switches():
+            ws = None  # the forward ran under other backward switches: its counters may not fit
         dx, dz, dw = rms_norm_gated_bwd(
-            dy2, x2, z2, weight, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, workspace=ws
+            dy2, x2, z2, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, workspace=ws
         )
         return dx.view(ctx.shape), (None if dz is None else dz.view(ctx.shape)), dw, None
 
@@ -123,7 +138,7 @@ class _RMSNormGatedFunction(torch.autograd.Function):
 def rms_norm_gated(
     x: torch.Tensor,
     z: torch.Tensor | None,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     *,
     eps: float = 1e-6,
     group_size: int | None = None,
@@ -132,21 +147,32 @@ def rms_norm_gated(
 ) -> torch.Tensor:
     """Gated RMSNorm, batch invariant and correctly rounded; differentiable in x, z and weight.
 
-    x, z: [..., D] (same shape and dtype; bf16/fp16/fp32; last dim contiguous, any row stride);
-    weight: [D] (bf16/fp16/fp32; dweight comes back in its dtype). z=None gives plain RMSNorm.
+    y = rmsnorm(x) * weight * act(z) (norm_before_gate=True), or rmsnorm(x * act(z)) * weight
+    (norm_before_gate=False); per group of `group_size` columns when given; act is silu ("swish") or
+    sigmoid. Every output is the fp64 result rounded once to x's dtype, and a row's bits never depend on
+    the other rows of the batch.
+
+    x, z: [..., D], the same shape and dtype (bf16, fp16 or fp32); z=None gives plain RMSNorm. Any
+    strides: rows are read where they lie, and a last dimension that is not contiguous is copied once
+    (as FLA and vLLM do), which changes no bit. weight: [D] (bf16/fp16/fp32; dweight comes back in its
+    dtype), or None for no weight (FLA's and vLLM's elementwise_affine=False): bitwise the outputs of a
+    weight of ones, and no dweight.
+    eps >= 0. With eps = 0 a row of all zeros has rstd = inf, and its outputs are NaN (0 * inf, as with
+    FLA); in the backward its NaN gradients make every dweight column NaN, and a row whose mean square
+    underflows fp32 can get inf/NaN gradients too. Every other row keeps its guarantees: use eps > 0 when
+    batches hold zero (padding) rows.
     """
     opts = _options(eps, group_size, norm_before_gate, activation)
     _validate(x, z, weight, opts)
     needs_grad = torch.is_grad_enabled() and (
-        x.requires_grad or weight.requires_grad or (z is not None and z.requires_grad)
+        x.requires_grad or (weight is not None and weight.requires_grad) or (z is not None and z.requires_grad)
     )
     if not needs_grad:
-        # the same kernel without autograd's bookkeeping (~13 us of CPU time per call, which is
-        # most of a decode-sized call's latency)
+        # the same kernel without autograd's bookkeeping (most of a decode-sized call's latency is CPU time)
         y = rms_norm_gated_fwd(
             _as_rows(x),
             None if z is None else _as_rows(z),
-            weight,
+            _dense(weight),
             opts.eps,
             opts.group_size,
             opts.norm_before_gate,
@@ -157,7 +183,8 @@ def rms_norm_gated(
 
 
 class RMSNormGated(nn.Module):
-    """nn.Module form: weight [hidden_size] initialised to ones (not zero-centred)."""
+    """nn.Module form of `rms_norm_gated`: weight [hidden_size] initialised to ones (not zero-centred),
+    or no weight at all with elementwise_affine=False (as if ones; no parameter, no dweight)."""
 
     def __init__(
         self,
@@ -168,16 +195,23 @@ class RMSNormGated(nn.Module):
         activation: str = "silu",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        elementwise_affine: bool = True,
     ) -> None:
         super().__init__()
         if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size <= 0:
             raise ValueError(f"hidden_size: expected a positive int, got {hidden_size!r}")
         if hidden_size > MAX_D:
             raise ValueError(f"hidden_size: {hidden_size} exceeds the kernel's limit of {MAX_D}")
+        if not isinstance(elementwise_affine, bool):
+            raise TypeError(f"elementwise_affine: expected a bool, got {elementwise_affine!r}")
         self.opts = OpOptions(eps=eps, group_size=group_size, norm_before_gate=norm_before_gate, activation=activation)
         self.opts.check_width(hidden_size)
         self.hidden_size = hidden_size
-        self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        self.elementwise_affine = elementwise_affine
+        if elementwise_affine:
+            self.weight = nn.Parameter(torch.ones(hidden_size, device=device, dtype=dtype))
+        else:
+            self.register_parameter("weight", None)
 
     def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         o = self.opts
@@ -193,7 +227,8 @@ class RMSNormGated(nn.Module):
 
     def extra_repr(self) -> str:
         o = self.opts
+        affine = "" if self.elementwise_affine else ", elementwise_affine=False"
         return (
             f"{self.hidden_size}, eps={o.eps}, group_size={o.group_size}, "
-            f"norm_before_gate={o.norm_before_gate}, activation={o.activation!r}"
+            f"norm_before_gate={o.norm_before_gate}, activation={o.activation!r}{affine}"
         )

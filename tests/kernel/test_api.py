@@ -1,4 +1,6 @@
-"""Public API: validation naming the argument, shapes, zero rows, the module, autograd wiring (CPU interpreter)."""
+"""Public API: validation naming the argument, shapes, zero rows, the module, autograd wiring (CPU interpreter).
+
+A last dimension that is not contiguous is copied, not refused: tests/kernel/test_drop_in.py."""
 
 from __future__ import annotations
 
@@ -86,8 +88,6 @@ def test_module_defaults_and_forward(case):
         (lambda c: {"z": c.z[:5]}, ValueError, "z"),
         (lambda c: {"weight": c.w[:64]}, ValueError, "weight"),
         (lambda c: {"weight": c.w.view(2, 64)}, ValueError, "weight"),
-        (lambda c: {"x": c.x.t().contiguous().t()}, ValueError, "x"),  # last dim not contiguous
-        (lambda c: {"z": c.z.t().contiguous().t()}, ValueError, "z"),
         (lambda c: {"weight": c.w.to("meta")}, ValueError, "weight"),
         (lambda c: {"z": c.z.to("meta")}, ValueError, "z"),
         (lambda c: {"x": c.x[0, 0]}, ValueError, "x"),  # 0-d

@@ -1,9 +1,9 @@
 """The forward's per-element second tier (rlnorm/kernel/_exact_element.py), on the CPU interpreter.
 
-The interpreter runs the tier's math tile-wide (the GPU runs it as inline PTX, checked on the H200 by
-scripts/kernel_gpu_v12.py); what is tested here is the decision: which elements it settles, that a
-settled element is the correctly rounded value, and that what it cannot settle goes to the row path.
-A bound 20x the default (T = 200 fp32 ulps) sends ~0.6% of elements through the tier.
+The interpreter runs the tier's math tile-wide (the GPU runs it as inline PTX: the gpu-marked test
+below); what is tested here is the decision: which elements it settles, that a settled element is the
+correctly rounded value, and that what it cannot settle goes to the row path. A bound 20x the default
+(NEAR_T = 200 fp32 ulps) sends many more elements through the tier.
 """
 
 from __future__ import annotations
@@ -17,14 +17,16 @@ import torch
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
-from rlnorm.kernel import _exact_element
+from rlnorm.kernel import _exact_element, variant
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kernel.testing import planted
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 
-WIDE = (200, 0)  # the fast path's bound widened: many elements go through the tier
-TIER_ON, TIER_OFF = {"TIER2": 1}, {"TIER2": 0}
+WIDE = {"NEAR_T": 200}  # the fast path's bound widened: many elements go through the tier
+TIER_ON, TIER_OFF = {**WIDE, "TIER2": 1}, {**WIDE, "TIER2": 0}
+MOVED = {"tier2_ulps": 1 << 36}  # the planted fault: the tier's value moved 2**36 fp64 ulps
 TIER_CASES = [  # (opts, has_z, w dtype): each gate (silu, sigmoid, none), each weight dtype, groups
     (OpOptions(), True, torch.bfloat16),
     (OpOptions(activation="sigmoid"), True, torch.bfloat16),
@@ -35,8 +37,10 @@ TIER_CASES = [  # (opts, has_z, w dtype): each gate (silu, sigmoid, none), each 
 ]
 
 
-def fwd(x, z, w, opts: OpOptions = OpOptions(), **kw):  # noqa: B008
-    return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
+def fwd(x, z, w, opts: OpOptions = OpOptions(), *, switches=None, faults=None, **kw):  # noqa: B008
+    """The forward under these variant switches and planted faults."""
+    with variant(fwd=switches), planted(**(faults or {})):
+        return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
 
 
 def oracle(x, z, w, opts: OpOptions = OpOptions()) -> torch.Tensor:  # noqa: B008
@@ -55,9 +59,9 @@ def test_tier_settles_near_elements_to_the_correctly_rounded_value(opts, has_z, 
     c = make_case(63, 128, seed=11, weight_dtype=wdtype)
     z = c.z if has_z else None
     ref = bits(oracle(c.x, z, c.w, opts))
-    y_tier, _, flags = fwd(c.x, z, c.w, opts, _near=WIDE, _debug=True, _variant=TIER_ON)
-    y_rows = fwd(c.x, z, c.w, opts, _near=WIDE, _variant=TIER_OFF)
-    assert flags.float().mean().item() > 0.003  # the tier had work: ~0.6% of elements near a midpoint
+    y_tier, _, flags = fwd(c.x, z, c.w, opts, switches=TIER_ON, debug=True)
+    y_rows = fwd(c.x, z, c.w, opts, switches=TIER_OFF)
+    assert flags.float().mean().item() > 0.003  # the tier had work
     assert torch.equal(bits(y_tier), ref)
     assert torch.equal(bits(y_rows), ref)  # the row path it replaces: the same bits
 
@@ -68,7 +72,7 @@ def test_tier_runs_only_where_it_applies():
     c = make_case(40, 128, seed=4)
     opts = OpOptions(norm_before_gate=False)
     ref = bits(oracle(c.x, c.z, c.w, opts))
-    assert torch.equal(bits(fwd(c.x, c.z, c.w, opts, _near=WIDE, _variant=TIER_ON)), ref)
+    assert torch.equal(bits(fwd(c.x, c.z, c.w, opts, switches=TIER_ON)), ref)
 
 
 def test_margin_sends_a_planted_tier_error_to_the_row_path():
@@ -77,9 +81,9 @@ def test_margin_sends_a_planted_tier_error_to_the_row_path():
     # the default margin under it, wrong outputs show: the margin test is what catches the fault.
     c = make_case(64, 128, seed=11)
     ref = bits(oracle(c.x, c.z, c.w))
-    covered = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(1 << 37, 1 << 36), _variant=TIER_ON)
+    covered = fwd(c.x, c.z, c.w, switches=TIER_ON, faults={**MOVED, "tier2_margin": 1 << 37})
     assert torch.equal(bits(covered), ref)
-    uncovered = fwd(c.x, c.z, c.w, _near=WIDE, _tier2=(_exact_element.MARGIN_ULPS, 1 << 36), _variant=TIER_ON)
+    uncovered = fwd(c.x, c.z, c.w, switches=TIER_ON, faults={**MOVED, "tier2_margin": _exact_element.MARGIN_ULPS})
     assert not torch.equal(bits(uncovered), ref)
 
 
@@ -89,7 +93,7 @@ def test_everything_undecided_is_still_correct(d, group):
     # which walks the row one column per thread (steps of 32 columns; 96 and 200 end mid-step)
     c = make_case(32, d, seed=2)
     opts = OpOptions(group_size=group)
-    y = fwd(c.x, c.z, c.w, opts, _near=WIDE, _tier2=(1 << 50, 0), _variant=TIER_ON)
+    y = fwd(c.x, c.z, c.w, opts, switches=TIER_ON, faults={"tier2_margin": 1 << 50})
     assert torch.equal(bits(y), bits(oracle(c.x, c.z, c.w, opts)))
 
 
@@ -99,7 +103,7 @@ def test_rows_of_risky_values_with_near_elements():
     x = c.x.clone()
     x[5, 7] = float("nan")
     x[6] *= 1e37  # rstd below fp32's normal range
-    y, ref = fwd(x, c.z, c.w, _near=WIDE, _variant=TIER_ON), oracle(x, c.z, c.w)
+    y, ref = fwd(x, c.z, c.w, switches=TIER_ON), oracle(x, c.z, c.w)
     assert ((bits(y) == bits(ref)) | (torch.isnan(y) & torch.isnan(ref))).all()  # any NaN equals any NaN
     assert torch.isnan(y[5]).all() and not torch.isnan(y[torch.arange(16) != 5]).any()
 
@@ -159,12 +163,11 @@ def test_exp2_series_text_computes_two_to_the_f():
 def test_default_uses_the_tier():
     # seen through a planted tier error that the margin does not cover: it shows with the default
     # variant at both widths, and not with the tier switched off (the whole-row path then)
-    planted = (_exact_element.MARGIN_ULPS, 1 << 36)
     for d in (128, 256):
         c = make_case(32, d, seed=11)
         ref = bits(oracle(c.x, c.z, c.w))
-        assert not torch.equal(bits(fwd(c.x, c.z, c.w, _near=WIDE, _tier2=planted)), ref)
-        assert torch.equal(bits(fwd(c.x, c.z, c.w, _near=WIDE, _tier2=planted, _variant=TIER_OFF)), ref)
+        assert not torch.equal(bits(fwd(c.x, c.z, c.w, switches=WIDE, faults=MOVED)), ref)
+        assert torch.equal(bits(fwd(c.x, c.z, c.w, switches=TIER_OFF, faults=MOVED)), ref)
 
 
 @pytest.mark.gpu(reason="the inline PTX runs on a GPU only (the interpreter runs the tile-wide form)")
@@ -173,14 +176,14 @@ def test_default_uses_the_tier():
     TIER_CASES,
 )
 def test_ptx_tier_on_the_gpu(opts, has_z, wdtype):
-    # the PTX form: tier and row path bitwise equal to fp64 rounded once with ~0.6% of elements in the
-    # tier (scripts/kernel_gpu_v12.py ran the same at 262144 rows), and the planted tier error caught
+    # the PTX form: tier and row path bitwise equal to fp64 rounded once with many elements in the tier,
+    # and the planted tier error caught
     c = make_case(4096, 256, seed=11, weight_dtype=wdtype, device="cuda")
     z = c.z if has_z else None
     ref = bits(oracle(c.x, z, c.w, opts))
-    assert torch.equal(bits(fwd(c.x, z, c.w, opts, _near=WIDE, _variant=TIER_ON)), ref)
-    assert torch.equal(bits(fwd(c.x, z, c.w, opts, _near=WIDE, _variant=TIER_OFF)), ref)
-    covered = fwd(c.x, z, c.w, opts, _near=WIDE, _tier2=(1 << 37, 1 << 36), _variant=TIER_ON)
+    assert torch.equal(bits(fwd(c.x, z, c.w, opts, switches=TIER_ON)), ref)
+    assert torch.equal(bits(fwd(c.x, z, c.w, opts, switches=TIER_OFF)), ref)
+    covered = fwd(c.x, z, c.w, opts, switches=TIER_ON, faults={**MOVED, "tier2_margin": 1 << 37})
     assert torch.equal(bits(covered), ref)
-    uncovered = fwd(c.x, z, c.w, opts, _near=WIDE, _tier2=(_exact_element.MARGIN_ULPS, 1 << 36), _variant=TIER_ON)
+    uncovered = fwd(c.x, z, c.w, opts, switches=TIER_ON, faults={**MOVED, "tier2_margin": _exact_element.MARGIN_ULPS})
     assert not torch.equal(bits(uncovered), ref)

@@ -16,8 +16,10 @@ from conftest import REPO_ROOT
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import UNDERFLOW_KINDS, make_case, make_underflow_case
-from rlnorm.kernel._fwd import MAX_D, _fwd_config, rms_norm_gated_fwd
-from rlnorm.kernel._rounding import _round_fp32_to_out, _round_fp64_to_out, _widen_fast
+from rlnorm.kernel import variant
+from rlnorm.kernel._fwd import MAX_D, fwd_config, rms_norm_gated_fwd
+from rlnorm.kernel._rounding import round_fp32_to_out, round_fp64_to_out, widen_fast
+from rlnorm.kernel.testing import planted
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
@@ -56,7 +58,7 @@ def _round32_kernel(x_ptr, y_ptr, n, PLAIN_CAST: tl.constexpr, BLOCK: tl.constex
     if PLAIN_CAST:
         out = v.to(y_ptr.dtype.element_ty)  # the interpreter truncates this one
     else:
-        out = _round_fp32_to_out(v, y_ptr.dtype.element_ty)
+        out = round_fp32_to_out(v, y_ptr.dtype.element_ty)
     tl.store(y_ptr + offs, out, mask=m)
 
 
@@ -64,14 +66,14 @@ def _round32_kernel(x_ptr, y_ptr, n, PLAIN_CAST: tl.constexpr, BLOCK: tl.constex
 def _round64_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    tl.store(y_ptr + offs, _round_fp64_to_out(tl.load(x_ptr + offs, mask=m), y_ptr.dtype.element_ty), mask=m)
+    tl.store(y_ptr + offs, round_fp64_to_out(tl.load(x_ptr + offs, mask=m), y_ptr.dtype.element_ty), mask=m)
 
 
 @triton.jit
 def _widen_kernel(x_ptr, y_ptr, n, INTERP: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
-    tl.store(y_ptr + offs, _widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
+    tl.store(y_ptr + offs, widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
 
 
 def _check_widen(dtype: torch.dtype, on_gpu: bool) -> None:
@@ -179,7 +181,7 @@ def case11():
 
 def test_correctly_rounded_on_standard_data(case11):
     c = case11.rows(slice(0, 512))
-    y, fast, flags = fwd(c.x, c.z, c.w, _debug=True)
+    y, fast, flags = fwd(c.x, c.z, c.w, debug=True)
     assert same_bits(y, oracle(c.x, c.z, c.w)).float().mean().item() == 1.0
     assert not torch.isnan(fast).any()  # debug buffer fully written: every element went through the fast path
     assert 0 < flags.float().mean().item() < 0.01  # some elements near a midpoint took the exact path
@@ -191,24 +193,25 @@ def test_error_bound_is_needed(case11):
     ref = oracle(c.x, c.z, c.w)
     assert same_bits(fwd(c.x, c.z, c.w), ref).all()
     # the planted fault: no error bound, so no element is ever sent to the exact path
-    assert not same_bits(fwd(c.x, c.z, c.w, _near=(-1.0, 0.0)), ref).all()
+    with planted(no_midpoint_test=True):
+        assert not same_bits(fwd(c.x, c.z, c.w), ref).all()
 
 
 def test_unknown_variant_switches_are_refused(case11):
     # a mistyped or retired switch must not run some other path silently
     c = case11.rows(slice(0, 2))
     for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}, {"ACCURATE_ARG": 4}, {"SPLIT": 3}, {"SPLIT": 4}):
-        with pytest.raises(ValueError, match="_variant"):
-            fwd(c.x, c.z, c.w, _variant=bad)
+        with pytest.raises(ValueError, match="variant"), variant(fwd=bad):
+            fwd(c.x, c.z, c.w)
 
 
 @pytest.mark.parametrize("d", [96, 128, 200])
 def test_row_chunk_layouts_give_the_same_bits(d):
     # the tile as [BLOCK_R, BLOCK_C, SPLIT] (two 2-D chunks joined: a thread holds SPLIT chunks of one row)
     # only regroups the columns: any mis-indexed chunk, mask or per-row broadcast shows as a wrong output
-    # (a chunk stored at the other's columns did, on the GPU: scripts/kernel_gpu_v16.py). The bound is
-    # widened so ~0.6% of elements also go through the per-element tier, whose columns come from the
-    # same layout; non-power-of-two widths put padding in the last chunk.
+    # (a chunk stored at the other's columns did, on the GPU). The bound is widened so that many elements
+    # also go through the per-element tier, whose columns come from the same layout; non-power-of-two
+    # widths put padding in the last chunk.
     # Rows are stored where they become final (unflagged rows before the tier's branch, the tier's rows
     # inside it, risky rows by the whole-row path): a row stored never or with the wrong mask shows too.
     c = make_case(63, d, seed=7)
@@ -216,7 +219,8 @@ def test_row_chunk_layouts_give_the_same_bits(d):
     x[5, 3] = float("nan")  # a risky row (whole-row path) among the tier's rows
     ref = oracle(x, c.z, c.w)
     for split in (1, 2):
-        y = fwd(x, c.z, c.w, _near=(200, 0), _variant={"SPLIT": split})
+        with variant(fwd={"NEAR_T": 200, "SPLIT": split}):
+            y = fwd(x, c.z, c.w)
         assert same_bits(y, ref).all(), f"SPLIT {split}, d={d}"
 
 
@@ -227,11 +231,13 @@ def test_exact_path_repairs_a_fast_path_planted_wrong(case11, opts):
     # midpoint are recomputed in fp64.
     c = case11.rows(slice(0, 96))
     ref = oracle(c.x, c.z, c.w, opts)
-    y, _, flags = fwd(c.x, c.z, c.w, opts, _debug=True, _variant={"FAULT_ULPS": 6})
+    with planted(fast_ulps=6):
+        y, _, flags = fwd(c.x, c.z, c.w, opts, debug=True)
     assert flags.any(dim=1).float().mean().item() > 0.02  # the exact path did run
     assert same_bits(y, ref).all()
     # without the exact path the same planted fault shows: the repair above is what made it right
-    assert not same_bits(fwd(c.x, c.z, c.w, opts, _variant={"EXACT": 0, "FAULT_ULPS": 6}), ref).all()
+    with planted(fast_ulps=6), variant(fwd={"EXACT": 0}):
+        assert not same_bits(fwd(c.x, c.z, c.w, opts), ref).all()
 
 
 OPTION_CASES = [
@@ -302,26 +308,27 @@ def test_extreme_values_take_the_exact_path():
 
 @pytest.mark.parametrize("kind", UNDERFLOW_KINDS)
 def test_an_underflowed_intermediate_sends_its_row_to_the_exact_path(kind):
-    # found in session 16: x*w ~ 1e-40 under a gate ~ 1e30 gave outputs ~1000 fp32 ulps off, unflagged
+    # x*w ~ 1e-40 under a gate ~ 1e30: with plain products the outputs came out far off, unflagged
     x, z, w, opts = make_underflow_case(kind)
     ref = oracle(x, z, w, opts)
-    y, fast, _ = fwd(x, z, w, opts, _debug=True)
+    y, fast, _ = fwd(x, z, w, opts, debug=True)
     assert same_bits(y, ref).all()
     assert (fast[:, 1:] == 0).all()  # flushed to zero: what the range test catches
     # the planted fault: plain products keep the subnormal, y comes out normal and wrong, and nothing
     # sends its row to the exact path
-    assert not same_bits(fwd(x, z, w, opts, _variant={"FTZ": False}), ref).all()
+    with planted(plain_products=True):
+        assert not same_bits(fwd(x, z, w, opts), ref).all()
 
 
 @pytest.mark.gpu(reason="mul.rn.ftz.f32 (inline PTX) runs on a GPU only")
 @pytest.mark.parametrize("kind", UNDERFLOW_KINDS)
 def test_an_underflowed_intermediate_on_the_gpu(kind):
-    # the GPU's flushed products (the interpreter emulates them above); scripts/kernel_gpu_v31.py ran the
-    # same cases at 64 rows: 0 wrong with the flush, 144-4849 of 8192 wrong with plain products
+    # the GPU's flushed products (the interpreter emulates them above)
     x, z, w, opts = make_underflow_case(kind, rows=64, device="cuda")
     ref = oracle(x, z, w, opts)
     assert same_bits(fwd(x, z, w, opts), ref).all()
-    assert not same_bits(fwd(x, z, w, opts, _variant={"FTZ": False}), ref).all()
+    with planted(plain_products=True):
+        assert not same_bits(fwd(x, z, w, opts), ref).all()
 
 
 def test_nan_and_inf_stay_in_their_row():
@@ -399,12 +406,41 @@ def test_invariance_check_catches_a_batch_dependent_kernel():
     assert len({r for _, r in bad}) > 0
 
 
-def _sm90_layouts(d: int, variant: dict) -> list[dict[str, list[int]]]:
-    """The 3-D blocked layouts of the forward compiled for sm_90 by the installed Triton (no GPU needed:
-    tools/compile_sm90.py compiles in its own process, out of the interpreter)."""
-    script = REPO_ROOT / "scripts" / "compile_sm90.py"
+# Compiles (never runs) the default forward for sm_90 in a process of its own, out of the interpreter, under
+# the switches given as JSON, and prints the blocked layouts of its TTGIR: a fake driver reports an sm_90
+# target and the launch becomes a compile-only warmup, so no GPU is needed.
+_LAYOUTS_PROGRAM = """
+import json, re, sys
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+from triton.runtime.jit import JITFunction
+
+class Sm90CompileOnly:
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_active_torch_device(self): return torch.device("cpu")
+    def get_current_device(self): return 0
+    def get_current_stream(self, device=None): return 0
+
+driver.set_active(Sm90CompileOnly())
+compiled = []
+run = JITFunction.run
+JITFunction.run = lambda self, *a, grid, warmup, **kw: compiled.append(run(self, *a, grid=grid, warmup=True, **kw))
+from rlnorm.kernel import variant
+from rlnorm.kernel._fwd import rms_norm_gated_fwd
+d, switches = int(sys.argv[1]), json.loads(sys.argv[2])
+x = torch.randn(8, d).bfloat16()
+with variant(fwd=switches):
+    rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu")
+print("\\n".join(re.findall(r"#ttg\\.blocked<\\{[^}]*\\}>", compiled[-1].asm["ttgir"])))
+"""
+
+
+def _sm90_layouts(d: int, switches: dict) -> list[dict[str, list[int]]]:
+    """The 3-D blocked layouts of the forward compiled for sm_90 by the installed Triton (no GPU needed)."""
     out = subprocess.run(
-        [sys.executable, str(script), "--layouts", str(d), json.dumps(variant)],
+        [sys.executable, "-c", _LAYOUTS_PROGRAM, str(d), json.dumps(switches)],
+        cwd=REPO_ROOT,
         env={**os.environ, "TRITON_INTERPRET": "0"},
         capture_output=True,
         text=True,
@@ -428,9 +464,9 @@ def _rows_per_thread(layout: dict[str, list[int]], block_r: int) -> int:
 def test_a_thread_holds_sixteen_elements_of_one_row_on_the_installed_triton(d):
     # The forward's speed rests on each thread holding 16 columns of ONE row (one rstd per thread, three
     # shuffle levels): Triton 3.6 gave a 3-D [R, S, C] tile that layout and 3.7 did not (two rows per
-    # thread, 22 shuffles, 99 spilled registers at D=128). The joined 2-D chunks must give it on the
+    # thread: many more shuffles, and spilled registers). The joined 2-D chunks must give it on the
     # Triton installed here; the one-chunk layout (SPLIT 1) is the planted fault that must not pass.
-    block_r = _fwd_config(d, torch.bfloat16)[0]
+    block_r = fwd_config(d, torch.bfloat16)[0]
     joined = [lay for lay in _sm90_layouts(d, {}) if lay["sizePerThread"][1:] == [8, 2]]
     assert joined and all(_rows_per_thread(lay, block_r) == 1 for lay in joined), joined
     one_chunk = _sm90_layouts(d, {"SPLIT": 1})

@@ -1,0 +1,218 @@
+"""What a user meets when the kernel replaces FLA's, vLLM's or transformers' gated norm (CPU interpreter).
+
+eps = 0 (FLA's own tests use it): accepted; a row of all zeros gives NaN (rstd = inf), every other row
+keeps its guarantees. No weight (elementwise_affine=False): bitwise a weight of ones, and no dweight. A last
+dimension that is not contiguous: copied once, as FLA and vLLM do, which changes no bit. Odd row counts
+(1, 7, 63, 257) at D=128 and a group_size case, fixed seeds, bitwise comparisons throughout.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
+from rlnorm.inputs import make_case
+from rlnorm.kernel import RMSNormGated, rms_norm_gated
+from rlnorm.kernel._bwd import rms_norm_gated_bwd
+from rlnorm.numerics import exact_sum, round_once
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+
+ODD_ROWS = [1, 7, 63, 257]
+INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+# the interpreter's numpy reports the zero rows' 1 / 0 and 0 * inf (eps = 0)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:divide by zero encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning"
+)
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(INT_VIEW[t.dtype])
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, shapes and dtypes included; NaN where the other has NaN (its sign and payload are not
+    part of the result: they differ between the CPU interpreter and the GPU)."""
+    if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(torch.isnan(a), torch.isnan(b)):
+        return False
+    return torch.equal(bits(a)[~torch.isnan(a)], bits(b)[~torch.isnan(b)])
+
+
+def oracle(x, z, w, opts: OpOptions) -> torch.Tensor:
+    w = torch.ones(x.shape[-1], dtype=torch.float64) if w is None else w
+    return round_once(gated_rmsnorm_math(x, z, w, opts, torch.float64), x.dtype)
+
+
+def grads(x, z, w, dy, **kw):
+    """(dx, dz, dweight) through autograd; dweight None when w is None."""
+    leaves = [t.detach().clone().requires_grad_(True) for t in (x, z)]
+    wl = None if w is None else w.detach().clone().requires_grad_(True)
+    rms_norm_gated(*leaves, wl, **kw).backward(dy)
+    return leaves[0].grad, leaves[1].grad, None if wl is None else wl.grad
+
+
+# ---------------------------------------------------------------- eps = 0
+
+
+def test_eps_zero_is_accepted_and_negative_eps_is_refused_naming_eps():
+    assert OpOptions(eps=0).eps == 0.0
+    assert RMSNormGated(128, eps=0.0).opts.eps == 0.0
+    c = make_case(2, 128, seed=1)
+    for bad in (-1e-6, float("nan")):
+        with pytest.raises(ValueError, match=r"^eps: expected a non-negative float"):
+            rms_norm_gated(c.x, c.z, c.w, eps=bad)
+
+
+@pytest.mark.parametrize("rows", ODD_ROWS)
+@pytest.mark.parametrize("group_size", [None, 32])
+def test_eps_zero_rounds_every_finite_row_correctly_and_gives_nan_for_a_zero_row(rows, group_size):
+    opts = OpOptions(eps=0.0, group_size=group_size)
+    c = make_case(rows, 128, seed=rows)
+    x = c.x.clone()
+    x[rows // 2] = 0.0  # a zero (padding) row: rstd = inf, its outputs 0 * inf = NaN
+    if rows > 2:
+        x[1] *= 2.0**-66  # a tiny row: the mean square leaves fp32's normal range, the row goes exact
+    y = rms_norm_gated(x, c.z, c.w, eps=0.0, group_size=group_size)
+    assert torch.isnan(y[rows // 2]).all()
+    keep = torch.arange(rows) != rows // 2
+    assert not torch.isnan(y[keep]).any()
+    assert same(y, oracle(x, c.z, c.w, opts))  # the NaN row included: the fp64 oracle gives NaN there too
+    if rows > 1:  # each finite row's bits are its bits alone: batch invariance holds at eps = 0
+        alone = torch.cat(
+            [rms_norm_gated(x[i : i + 1], c.z[i : i + 1], c.w, eps=0.0, group_size=group_size) for i in (0, 1)]
+        )
+        assert same(y[:2], alone)
+
+
+@pytest.mark.parametrize(
+    ("opts", "dtype", "has_z"),
+    [
+        (OpOptions(eps=0.0, norm_before_gate=False), torch.bfloat16, True),
+        (OpOptions(eps=0.0), torch.bfloat16, False),
+        (OpOptions(eps=0.0, activation="sigmoid"), torch.float16, True),
+        (OpOptions(eps=0.0, group_size=32), torch.float32, True),
+    ],
+)
+def test_eps_zero_for_every_path(opts, dtype, has_z):
+    # the whole-row path without the tier (gate first), no gate, fp16's flag test, fp32's all-fp64 path
+    c = make_case(9, 128, seed=4, dtype=dtype)
+    x = c.x.clone()
+    x[3] = 0.0
+    z = c.z if has_z else None
+    kw = dict(eps=0.0, group_size=opts.group_size, norm_before_gate=opts.norm_before_gate, activation=opts.activation)
+    y = rms_norm_gated(x, z, c.w, **kw)
+    assert same(y, oracle(x, z, c.w, opts))
+    assert torch.isnan(y[3]).all() and not torch.isnan(y[torch.arange(9) != 3]).any()
+
+
+def test_eps_zero_backward_keeps_finite_rows_and_a_zero_row_makes_dweight_nan():
+    c = make_case(7, 128, seed=5, weight_dtype=torch.float32)
+    dx, dz, dw = rms_norm_gated_bwd(c.dy, c.x, c.z, c.w, 0.0, None, True, "silu")
+    singles = [
+        rms_norm_gated_bwd(c.dy[i : i + 1], c.x[i : i + 1], c.z[i : i + 1], c.w, 0.0, None, True, "silu")
+        for i in range(7)
+    ]
+    assert same(dx, torch.cat([s[0] for s in singles])) and same(dz, torch.cat([s[1] for s in singles]))
+    assert same(dw, exact_sum(torch.stack([s[2] for s in singles]), torch.float32))  # exact, order independent
+    x = c.x.clone()
+    x[2] = 0.0
+    dx0, dz0, dw0 = grads(x, c.z, c.w, c.dy, eps=0.0)
+    keep = torch.arange(7) != 2
+    assert same(dx0[keep], dx[keep]) and same(dz0[keep], dz[keep])
+    assert torch.isnan(dx0[2]).all() and torch.isnan(dz0[2]).all()
+    assert torch.isnan(dw0).all()  # NaN contributions reach every column (IEEE, as a float sum would)
+
+
+# ---------------------------------------------------------------- no weight
+
+
+@pytest.mark.parametrize("rows", ODD_ROWS)
+@pytest.mark.parametrize(
+    "opts",
+    [OpOptions(), OpOptions(group_size=32), OpOptions(norm_before_gate=False, activation="sigmoid")],
+)
+def test_no_weight_is_bitwise_a_weight_of_ones(rows, opts):
+    c = make_case(rows, 128, seed=rows + 1)
+    kw = dict(group_size=opts.group_size, norm_before_gate=opts.norm_before_gate, activation=opts.activation)
+    y = rms_norm_gated(c.x, c.z, None, **kw)
+    assert same(y, oracle(c.x, c.z, None, opts))
+    for ones in (torch.ones(128, dtype=torch.bfloat16), torch.ones(128)):
+        assert same(y, rms_norm_gated(c.x, c.z, ones, **kw))
+    assert same(rms_norm_gated(c.x, None, None, **kw), rms_norm_gated(c.x, None, torch.ones(128), **kw))
+
+
+@pytest.mark.parametrize("rows", [1, 63])
+def test_no_weight_backward_gives_the_ones_gradients_and_no_dweight(rows):
+    c = make_case(rows, 128, seed=rows + 2)
+    dx, dz, dw = grads(c.x, c.z, None, c.dy)
+    ones = torch.ones(128, dtype=torch.bfloat16)
+    want = grads(c.x, c.z, ones, c.dy)
+    assert dw is None and same(dx, want[0]) and same(dz, want[1])
+    plain = rms_norm_gated_bwd(c.dy, c.x, c.z, None, 1e-6, 32, True, "silu")
+    assert plain[2] is None
+    assert same(plain[0], rms_norm_gated_bwd(c.dy, c.x, c.z, ones, 1e-6, 32, True, "silu")[0])
+    with pytest.raises(ValueError, match=r"^w: None"):
+        rms_norm_gated_bwd(c.dy, c.x, c.z, None, 1e-6, None, True, "silu", contributions=torch.empty(rows, 128))
+
+
+def test_module_without_elementwise_affine_has_no_parameter():
+    c = make_case(7, 128, seed=6)
+    m = RMSNormGated(128, elementwise_affine=False, group_size=64)
+    assert m.weight is None and list(m.parameters()) == []
+    assert "elementwise_affine=False" in repr(m) and "elementwise_affine" not in repr(RMSNormGated(128))
+    assert same(m(c.x, c.z), rms_norm_gated(c.x, c.z, torch.ones(128), group_size=64))
+    x = c.x.clone().requires_grad_(True)
+    m(x, c.z).backward(c.dy)
+    assert same(x.grad, grads(c.x, c.z, torch.ones(128), c.dy, group_size=64)[0])
+    with pytest.raises(TypeError, match=r"^elementwise_affine:"):
+        RMSNormGated(128, elementwise_affine=1)
+
+
+# ---------------------------------------------------------------- a last dimension that is not contiguous
+
+
+def transposed(t: torch.Tensor) -> torch.Tensor:
+    """t's values with a last-dimension stride of rows (a transposed copy seen back in t's shape)."""
+    out = t.t().contiguous().t()
+    assert torch.equal(out, t) and (out.stride(-1) != 1 or t.shape[0] == 1)
+    return out
+
+
+@pytest.mark.parametrize("rows", ODD_ROWS)
+@pytest.mark.parametrize("group_size", [None, 32])
+def test_a_strided_last_dimension_gives_the_contiguous_bits(rows, group_size):
+    c = make_case(rows, 128, seed=rows + 3)
+    want = rms_norm_gated(c.x, c.z, c.w, group_size=group_size)
+    assert same(rms_norm_gated(transposed(c.x), transposed(c.z), c.w, group_size=group_size), want)
+    assert same(rms_norm_gated(transposed(c.x), c.z, c.w, group_size=group_size), want)
+    # every other element of a wider buffer, in a 3-D batch; and a weight that is a strided view
+    wide = torch.zeros(rows, 256, dtype=torch.bfloat16)
+    wide[:, ::2] = c.x
+    w_wide = torch.zeros(256, dtype=torch.bfloat16)
+    w_wide[1::2] = c.w
+    got = rms_norm_gated(wide[:, ::2].unsqueeze(0), c.z.unsqueeze(0), w_wide[1::2], group_size=group_size)
+    assert same(got, want.unsqueeze(0))
+
+
+@pytest.mark.parametrize("rows", [7, 63])
+def test_a_strided_last_dimension_backward_gives_the_contiguous_bits(rows):
+    c = make_case(rows, 128, seed=rows + 4)
+    want = grads(c.x, c.z, c.w, c.dy)
+    got = grads(transposed(c.x), transposed(c.z), c.w, transposed(c.dy))
+    for a, b in zip(got, want, strict=True):
+        assert same(a, b)
+    # a weight that is a strided view of a leaf: dweight lands in the leaf's column, bit for bit
+    leaf = torch.zeros(128, 3, dtype=torch.bfloat16)
+    leaf[:, 1] = c.w
+    leaf.requires_grad_(True)
+    rms_norm_gated(c.x, c.z, leaf[:, 1]).backward(c.dy)
+    assert same(leaf.grad[:, 1], want[2]) and not leaf.grad[:, [0, 2]].any()
+
+
+def test_refused_inputs_still_name_the_parameter():
+    c = make_case(3, 128, seed=7)
+    with pytest.raises(ValueError, match=r"^weight:"):
+        rms_norm_gated(c.x, c.z, c.w[:64])
+    with pytest.raises(ValueError, match=r"^z:"):
+        rms_norm_gated(c.x, transposed(c.z)[:, :64], None)

@@ -1,0 +1,238 @@
+"""The benchmark hook `rlnorm.kernel.variant` and the test-only fault hook `rlnorm.kernel.testing.planted`.
+
+What the launches receive is read by a spy around each kernel's launch; a variant is also shown to change
+output bits where it must (EXACT=0 on a row the fast path alone rounds wrongly), and every block to
+restore the defaults on exit, also after an exception.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
+from rlnorm.inputs import make_case
+from rlnorm.kernel import BWD_SWITCHES, FWD_SWITCHES, RMSNormGated, _bwd, _fwd, rms_norm_gated, variant
+from rlnorm.kernel._switches import NO_FAULTS, bwd_switches, fwd_switches, planted_faults
+from rlnorm.kernel.testing import planted
+from rlnorm.numerics import round_once
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+
+
+class Spy:
+    """Stands in for a @triton.jit kernel: records the keyword arguments of every launch, then launches."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.launches: list[dict[str, Any]] = []
+
+    def __getitem__(self, grid: Any) -> Any:
+        launch = self.kernel[grid]
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self.launches.append(kwargs)
+            return launch(*args, **kwargs)
+
+        return run
+
+
+@pytest.fixture
+def spies(monkeypatch: pytest.MonkeyPatch) -> tuple[Spy, Spy]:
+    fwd, bwd = Spy(_fwd._rms_norm_gated_fwd_kernel), Spy(_bwd._rms_norm_gated_bwd_kernel)
+    monkeypatch.setattr(_fwd, "_rms_norm_gated_fwd_kernel", fwd)
+    monkeypatch.setattr(_bwd, "_rms_norm_gated_bwd_kernel", bwd)
+    return fwd, bwd
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int16)
+
+
+def forward_and_backward(case) -> None:
+    """The module's forward and its autograd backward: one launch of each kernel."""
+    m = RMSNormGated(128, dtype=torch.bfloat16)
+    x = case.x.clone().requires_grad_(True)
+    m(x, case.z).backward(case.dy)
+
+
+def test_the_tables_list_every_switch_with_its_allowed_values():
+    assert list(FWD_SWITCHES) == ["EXACT", "TIER2", "NEAR_T", "SPLIT", "MAXNREG", "BLOCK_R", "NUM_WARPS"]
+    assert list(BWD_SWITCHES) == [
+        "BLOCK_R",
+        "NUM_WARPS",
+        "TILES",
+        "STAGES",
+        "PREFETCH",
+        "MAXNREG",
+        "COLD_MODE",
+        "RSTD_FAST",
+        "DWEIGHT",
+    ]
+    for desc in (*FWD_SWITCHES.values(), *BWD_SWITCHES.values()):
+        assert desc and "\n" not in desc
+
+
+def test_a_variant_reaches_both_launches_through_the_module_and_autograd(spies):
+    fwd, bwd = spies
+    c = make_case(7, 128, seed=2)
+    forward_and_backward(c)
+    assert (fwd.launches[-1]["EXACT"], fwd.launches[-1]["NEAR_T"], fwd.launches[-1]["SPLIT"]) == (1, 10, 2)
+    assert (fwd.launches[-1]["maxnreg"], fwd.launches[-1]["num_warps"]) == (64, 1)
+    assert (bwd.launches[-1]["STAGES"], bwd.launches[-1]["maxnreg"], bwd.launches[-1]["num_warps"]) == (4, 168, 1)
+    fwd_sw = {"EXACT": 0, "NEAR_T": 3, "SPLIT": 1, "MAXNREG": 96, "BLOCK_R": 8, "NUM_WARPS": 2}
+    bwd_sw = {"TILES": 1, "STAGES": 2, "MAXNREG": 100, "BLOCK_R": 4, "NUM_WARPS": 2, "COLD_MODE": 0}
+    with variant(fwd=fwd_sw, bwd=bwd_sw):
+        forward_and_backward(c)
+        with torch.no_grad():
+            rms_norm_gated(c.x, c.z, c.w)  # the no-grad route takes the switches too
+    for got in fwd.launches[-2:]:
+        assert (got["EXACT"], got["NEAR_T"], got["SPLIT"], got["maxnreg"]) == (0, 3, 1, 96)
+        assert (got["BLOCK_R"], got["num_warps"]) == (8, 2)
+    got = bwd.launches[-1]
+    assert (got["TILES"], got["STAGES"], got["maxnreg"], got["BLOCK_R"], got["num_warps"], got["COLD_MODE"]) == (
+        1,
+        2,
+        100,
+        4,
+        2,
+        0,
+    )
+    forward_and_backward(c)  # restored after the block
+    assert (fwd.launches[-1]["EXACT"], fwd.launches[-1]["NEAR_T"], fwd.launches[-1]["SPLIT"]) == (1, 10, 2)
+    assert (bwd.launches[-1]["STAGES"], bwd.launches[-1]["maxnreg"]) == (4, 168)
+
+
+def test_exact_0_changes_the_bits_of_a_near_midpoint_row_and_the_block_restores_them():
+    # rows 344..351 of the standard data hold an element (row 350) that the fp32 fast path alone rounds
+    # wrongly: without the exact path its bits change, and after the block they are right again
+    c = make_case(1024, 128, seed=11).rows(slice(344, 352))
+    ref = bits(round_once(gated_rmsnorm_math(c.x, c.z, c.w, OpOptions(), torch.float64), torch.bfloat16))
+    assert torch.equal(bits(rms_norm_gated(c.x, c.z, c.w)), ref)
+    with variant(fwd={"EXACT": 0}):
+        assert not torch.equal(bits(rms_norm_gated(c.x, c.z, c.w)), ref)
+    assert torch.equal(bits(rms_norm_gated(c.x, c.z, c.w)), ref)
+
+
+@pytest.mark.parametrize(
+    ("fwd", "bwd", "name"),
+    [
+        ({"NO_SUCH": 1}, None, "NO_SUCH"),
+        ({"exact": 0}, None, "exact"),  # names are upper-case
+        ({"EXACT": 2}, None, "EXACT"),
+        ({"TIER2": -1}, None, "TIER2"),
+        ({"NEAR_T": -1}, None, "NEAR_T"),
+        ({"NEAR_T": 1.5}, None, "NEAR_T"),
+        ({"NEAR_T": "10"}, None, "NEAR_T"),
+        ({"SPLIT": 4}, None, "SPLIT"),
+        ({"MAXNREG": 256}, None, "MAXNREG"),
+        ({"BLOCK_R": 3}, None, "BLOCK_R"),
+        ({"BLOCK_R": 128}, None, "BLOCK_R"),
+        ({"NUM_WARPS": 0}, None, "NUM_WARPS"),
+        ({"TILES": 4}, None, "TILES"),  # a backward switch given to the forward
+        (None, {"NO_SUCH": 1}, "NO_SUCH"),
+        (None, {"TILES": 0}, "TILES"),
+        (None, {"STAGES": 0}, "STAGES"),
+        (None, {"COLD_MODE": 2}, "COLD_MODE"),
+        (None, {"HOT_MODE": 0}, "HOT_MODE"),  # retired
+        (None, {"BLOCK_R": 512}, "BLOCK_R"),
+        (None, {"EXACT": 0}, "EXACT"),  # a forward switch given to the backward
+    ],
+)
+def test_bad_switches_are_refused_naming_them_and_listing_the_valid_ones(fwd, bwd, name):
+    before = fwd_switches(), bwd_switches()
+    with pytest.raises(ValueError, match=rf"^variant: .*\b{name}\b") as err:
+        with variant(fwd=fwd, bwd=bwd):
+            pass
+    table = FWD_SWITCHES if fwd is not None else BWD_SWITCHES
+    assert all(f"\n  {switch}: " in str(err.value) for switch in table)
+    assert (fwd_switches(), bwd_switches()) == before
+    with pytest.raises(TypeError, match="fwd="):
+        with variant(fwd=[("EXACT", 0)]):
+            pass
+
+
+def test_switch_values_that_need_the_launch_are_checked_there():
+    c = make_case(3, 128, seed=1)
+    with pytest.raises(ValueError, match="TILES 64"), variant(bwd={"TILES": 64, "COLD_MODE": 0}):
+        _bwd.rms_norm_gated_bwd(c.dy, c.x, c.z, c.w, 1e-6, None, True, "silu")
+    x = torch.ones(2, 1, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="SPLIT 2"), variant(fwd={"SPLIT": 2}):
+        rms_norm_gated(x, x, torch.ones(1, dtype=torch.bfloat16))
+
+
+def test_defaults_are_restored_after_an_exception(spies):
+    fwd, _ = spies
+    defaults = dict(fwd_switches()), dict(bwd_switches())
+    with pytest.raises(RuntimeError, match="inside"):
+        with variant(fwd={"EXACT": 0, "NEAR_T": 0}, bwd={"TILES": 2}):
+            raise RuntimeError("inside the block")
+    assert (dict(fwd_switches()), dict(bwd_switches())) == defaults
+    c = make_case(4, 128, seed=3)
+    rms_norm_gated(c.x, c.z, c.w)
+    assert (fwd.launches[-1]["EXACT"], fwd.launches[-1]["NEAR_T"]) == (1, 10)
+
+
+def test_blocks_nest_and_each_restores_its_outer_switches():
+    assert fwd_switches()["EXACT"] == 1 and fwd_switches()["NEAR_T"] is None
+    with variant(fwd={"EXACT": 0, "NEAR_T": 20}):
+        with variant(fwd={"TIER2": 0}, bwd={"STAGES": 2}):
+            assert (fwd_switches()["EXACT"], fwd_switches()["TIER2"], fwd_switches()["NEAR_T"]) == (0, 0, 20)
+            with variant(fwd={"EXACT": None}):  # None: back to the default
+                assert (fwd_switches()["EXACT"], fwd_switches()["TIER2"]) == (1, 0)
+            assert fwd_switches()["EXACT"] == 0 and bwd_switches()["STAGES"] == 2
+        assert (fwd_switches()["EXACT"], fwd_switches()["TIER2"], fwd_switches()["NEAR_T"]) == (0, 1, 20)
+        assert bwd_switches()["STAGES"] is None
+    assert (fwd_switches()["EXACT"], fwd_switches()["NEAR_T"]) == (1, None)
+
+
+def test_a_backward_under_other_switches_than_its_forward_gets_the_same_bits():
+    # the forward sizes the backward's counters under the switches then in force; a backward run under
+    # others must not use counters of the wrong size (TILES only partitions rows: the same bits)
+    c = make_case(63, 128, seed=17)
+    leaves = [t.clone().requires_grad_(True) for t in (c.x, c.z, c.w)]
+    want = torch.autograd.grad(rms_norm_gated(*leaves), leaves, c.dy)
+    with variant(bwd={"TILES": 1}):
+        y = rms_norm_gated(*leaves)
+    got_outside = torch.autograd.grad(y, leaves, c.dy)
+    y = rms_norm_gated(*leaves)
+    with variant(bwd={"TILES": 1}):
+        got_inside = torch.autograd.grad(y, leaves, c.dy)
+    for got in (got_outside, got_inside):
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(bits(a), bits(b))
+
+
+def test_planted_faults_hold_only_within_their_block():
+    assert planted_faults() == NO_FAULTS
+    with pytest.raises(RuntimeError):
+        with planted(fast_ulps=6, plain_products=True):
+            assert planted_faults().fast_ulps == 6 and planted_faults().plain_products
+            with planted(no_midpoint_test=True):  # the innermost block's faults, not merged
+                assert planted_faults().no_midpoint_test and planted_faults().fast_ulps == 0
+            assert planted_faults().fast_ulps == 6 and not planted_faults().no_midpoint_test
+            raise RuntimeError
+    assert planted_faults() == NO_FAULTS
+    with pytest.raises(TypeError):
+        planted(no_such_fault=True)  # type: ignore[call-arg]
+
+
+def test_a_planted_fault_reaches_the_launch(spies):
+    fwd, _ = spies
+    c = make_case(4, 128, seed=3)
+    faults = {"fast_ulps": 5, "plain_products": True, "no_midpoint_test": True, "tier2_ulps": 7, "tier2_margin": 9}
+    with planted(**faults):
+        rms_norm_gated(c.x, c.z, c.w)
+    got = fwd.launches[-1]
+    assert (got["FAULT_ULPS"], got["FTZ"], got["NEAR_T"], got["TIER2_FAULT"], got["TIER2_MARGIN"]) == (
+        5,
+        False,
+        -1,
+        7,
+        9,
+    )
+    rms_norm_gated(c.x, c.z, c.w)
+    got = fwd.launches[-1]
+    assert (got["FAULT_ULPS"], got["FTZ"], got["NEAR_T"], got["TIER2_FAULT"]) == (0, True, 10, 0)
