@@ -126,8 +126,8 @@ def forward_layouts(d: int, switches: dict) -> list[str]:
     from rlnorm.kernel._fwd import rms_norm_gated_fwd
 
     x = torch.randn(8, d).bfloat16()
-    with launch_switches(rms_norm_gated_fwd, "fwd", switches, "_variant") as kw:
-        rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu", **kw)
+    with launch_switches("fwd", switches):
+        rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu")
     return re.findall(r"#ttg\.blocked<\{[^}]*\}>", compiled[-1].asm["ttgir"])
 
 
@@ -155,6 +155,7 @@ def every_combination(verbose: bool) -> int:
     import torch
     import triton
 
+    from rlnorm.bench.variants import launch_switches
     from rlnorm.kernel._bwd import rms_norm_gated_bwd
     from rlnorm.kernel._fwd import rms_norm_gated_fwd
 
@@ -198,13 +199,16 @@ def every_combination(verbose: bool) -> int:
             f"bwd {what}",
             lambda dy=dy, x=x, z=z, w=w, g=group, n=nbg, a=act: rms_norm_gated_bwd(dy, x, z, w, 1e-6, g, n, a),
         )
+
+    def tiled_bwd(x: torch.Tensor, d: int, tiles: int) -> Any:
+        with launch_switches("bwd", {"TILES": tiles}):
+            return rms_norm_gated_bwd(x, x, x, torch.ones(d), 1e-6, None, True, "silu")
+
     for d, tiles in itertools.product([128, 256], [1, 2, 4, 8, 16, 31]):  # tiles_per_program's values
         x = torch.randn(8, d).bfloat16()
         attempt(
             f"bwd d={d} TILES={tiles}",
-            lambda x=x, d=d, t=tiles: rms_norm_gated_bwd(
-                x, x, x, torch.ones(d), 1e-6, None, True, "silu", config={"TILES": t}
-            ),
+            lambda x=x, d=d, t=tiles: tiled_bwd(x, d, t),
         )
     for d in (128, 256, 96):  # the forward that also zeroes the backward's counters
         x = torch.randn(8, d).bfloat16()

@@ -49,8 +49,8 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def bwd(*args: Any, switches: dict | None = None, **kw: Any) -> tuple:
     """The backward launcher under backward switches (TILES, STAGES, PREFETCH, COLD_MODE, maxnreg...)."""
-    with launch_switches(rms_norm_gated_bwd, "bwd", switches, "config") as extra:
-        return rms_norm_gated_bwd(*args, **kw, **extra)
+    with launch_switches("bwd", switches):
+        return rms_norm_gated_bwd(*args, **kw)
 
 
 def ungrouped(rows_list: Sequence[int], repeats: int, device: str) -> int:

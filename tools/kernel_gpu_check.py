@@ -5,7 +5,7 @@
 
 1. accuracy: on the standard data (seed 11) for the default op, D = 256, the gate first, sigmoid, no gate
    and a wide z: the fraction of outputs equal to the fp64 result rounded once, and, where the launcher
-   gives them (its `_debug` outputs), the fast path's worst error in fp32 ulps against the bound, and the
+   gives them (its `debug` outputs), the fast path's worst error in fp32 ulps against the bound, and the
    fractions of elements, rows and programs that took the exact path.
 2. invariance: sub-batches of 1, 7, 4097 and 65536 rows, and the rows permuted, against the full batch,
    bit for bit.
@@ -19,7 +19,6 @@ Without a GPU it runs on the CPU in the Triton interpreter (use a few rows): a c
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import os
 import sys
@@ -95,11 +94,6 @@ def fwd(x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOption
     return F.rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
 
 
-def has_debug() -> bool:
-    """Whether the launcher hands back the fast path's values and flags (`_debug`)."""
-    return "_debug" in inspect.signature(F.rms_norm_gated_fwd).parameters
-
-
 def accuracy(ck: Check, rows: int) -> None:
     cases = [
         ("std", 128, OpOptions(), True, 1.0),
@@ -119,13 +113,12 @@ def accuracy(ck: Check, rows: int) -> None:
         rec: dict[str, Any] = {"case": name, "d": d, "rows": rows, "opts": opts.as_dict(), "has_z": has_z}
         rec.update(correctly_rounded=frac, wrong=int((~same_bits(y, ref)).sum()))
         line = f"acc {name:<10} d={d} correct={frac:.9f} wrong={rec['wrong']}"
-        if has_debug():
-            rec.update(_fast_path(c, z, y, opts, ref64, ref, rows, d))
-            line += (
-                f" fast_alone={rec['fast_path_alone_correctly_rounded']:.6f} err_max={rec['fast_err_ulp32_max']:.2f}"
-                f" bound_used={rec['bound_used_max']} rows_exact={rec['flag_rows']:.4f}"
-                f" programs_exact={rec['flag_tiles']:.4f}"
-            )
+        rec.update(_fast_path(c, z, y, opts, ref64, ref, rows, d))
+        line += (
+            f" fast_alone={rec['fast_path_alone_correctly_rounded']:.6f} err_max={rec['fast_err_ulp32_max']:.2f}"
+            f" bound_used={rec['bound_used_max']} rows_exact={rec['flag_rows']:.4f}"
+            f" programs_exact={rec['flag_tiles']:.4f}"
+        )
         ck.res["accuracy"].append(rec)
         print(json.dumps(rec), flush=True)
         ck.summary.append(line)
@@ -133,16 +126,16 @@ def accuracy(ck: Check, rows: int) -> None:
 
 def _fast_path(c: Any, z: Any, y: Any, opts: OpOptions, ref64: Any, ref: Any, rows: int, d: int) -> dict[str, Any]:
     """The fast path's error against fp64 and how often the exact path ran (from the launcher's debug outputs)."""
-    y_dbg, fast, flags = fwd(c.x, z, c.w, opts, _debug=True)
+    y_dbg, fast, flags = fwd(c.x, z, c.w, opts, debug=True)
     _, e = torch.frexp(ref64)
     ulp32 = torch.ldexp(torch.ones_like(ref64), e - 24)  # |ref| in [2**(e-1), 2**e)
     ok = torch.isfinite(ref64) & (ref64 != 0) & (ref64.abs() > 1e-30)
     err = torch.where(ok, (fast.double() - ref64).abs() / ulp32, torch.zeros_like(ref64))
     if z is None:
-        bound = getattr(F, "NEAR_T0_PLAIN", None)
+        bound = F.NEAR_T_PLAIN
     else:
-        bound = getattr(F, "NEAR_T0_GATED" if opts.norm_before_gate else "NEAR_T0_GATED_PRE", None)
-    block_r = F._fwd_config(opts.group_size or d, c.x.dtype)[0]
+        bound = F.NEAR_T_GATED if opts.norm_before_gate else F.NEAR_T_GATED_PRE
+    block_r = F.fwd_config(opts.group_size or d, c.x.dtype)[0]
     row_flag = flags.bool().any(dim=1)
     n_blocks = (rows + block_r - 1) // block_r
     pad = n_blocks * block_r - rows

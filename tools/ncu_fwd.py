@@ -42,14 +42,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     c = make_case(a.rows, a.d, seed=11, dtype=torch.bfloat16, device="cuda")
     torch.cuda.synchronize()
-    with launch_switches(rms_norm_gated_fwd, "fwd", switches, "_variant") as kw:
+    with launch_switches("fwd", switches):
         for i in range(3):
             if i == 2:
                 torch.cuda.nvtx.range_push("prof")
             if switches is None:
                 torch.add(c.x, c.z)
             else:
-                rms_norm_gated_fwd(c.x, c.z, c.w, 1e-6, None, True, "silu", **kw)
+                rms_norm_gated_fwd(c.x, c.z, c.w, 1e-6, None, True, "silu")
             torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
     return 0

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import inspect
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -182,30 +180,13 @@ class VariantBackend(Backend):
 
 
 @contextlib.contextmanager
-def launch_switches(
-    fn: Callable[..., Any], part: str, switches: Mapping[str, Any] | None, legacy: str
-) -> Iterator[dict]:
-    """Keyword arguments for calling a launcher (`rms_norm_gated_fwd` / `_bwd`) directly under kernel switches.
-
-    `rlnorm.kernel.variant` is entered where the kernel has it (and lists the names, where it lists any);
-    else the launcher's older keyword `legacy` (`_variant` for the forward, `config` for the backward)
-    carries them. The tools use this, so they keep working on either form of the kernel.
-    """
+def launch_switches(part: str, switches: Mapping[str, Any] | None) -> Iterator[None]:
+    """Kernel switches for launchers called directly (`rms_norm_gated_fwd` / `_bwd`), as the tools do."""
     if not switches:
-        yield {}
+        yield
         return
-    try:
-        variant = kernel_variant()
-    except VariantError:
-        variant = None
-    known = getattr(sys.modules.get("rlnorm.kernel"), f"{part.upper()}_SWITCHES", None)
-    if variant is not None and (known is None or all(name in known for name in switches)):
-        with variant(**{part: dict(switches)}):
-            yield {}
-    elif legacy in inspect.signature(fn).parameters:
-        yield {legacy: dict(switches)}
-    else:
-        raise VariantError(f"this kernel has no way to set the {part} switches {sorted(switches)}")
+    with kernel_variant()(**{part: dict(switches)}):
+        yield
 
 
 def describe(variants: Sequence[Variant]) -> Mapping[str, dict]:
