@@ -33,7 +33,7 @@ _before_parameters = set(globals())
 # %% Parameters tags=["parameters"]
 # These literals are params/quick.yaml (a CPU finishes in minutes). `python -m rlnorm run FILE`
 # or `papermill -f FILE` overrides them; every name must be one the kit knows. The first four are
-# where the run goes: the command line sets them (papermill: -p name NEW, -p overwrite true).
+# where the run goes: the command line sets them (papermill: -p name NEW, -p overwrite True).
 name = "quick"
 output_dir = ""
 staging_dir = ""

@@ -22,6 +22,7 @@ from rlnorm.cli.runs import (
     exit_status,
     run_many,
     run_one,
+    verdict_lines,
 )
 from rlnorm.kit.artifact import read_artifact, resolve_path
 from rlnorm.kit.params import ParamsError, load_params
@@ -244,9 +245,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         _err(f"{path}: {exc}")
         return 1
     env = doc.get("environment") or {}
-    print(
-        f"{artifact_path}: valid artifact (schema {doc.get('schema_version')}, {env.get('gpu') or env.get('device')})"
-    )
+    where = env.get("gpu") or env.get("device")
+    print(f"{artifact_path}: valid artifact (schema {doc.get('schema_version')}, {where})")
+    print("\n".join(verdict_lines(doc)))
     problems = _folder_problems(artifact_path, doc) if doc.get("schema_version") != "seed" else []
     for p in problems:
         _err(p)

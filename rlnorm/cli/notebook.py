@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -92,6 +93,22 @@ def _engine(started: list[str]) -> str:
         def __init__(self, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.transport = "ipc"
+            # sockets in a folder of this kernel's own: two runs at once (--jobs) never share one
+            self._sockets = tempfile.mkdtemp(prefix="rlnorm-kernel-")
+            self.ip = os.path.join(self._sockets, "kernel")
+
+        async def _async_launch_kernel(self, kernel_cmd: list[str], **kw: Any) -> None:
+            # the kernel's own log (ipykernel's warnings, its complaints while a run is interrupted) is not the
+            # run's output: what the run says comes through the notebook and the progress file
+            self._log = open(os.path.join(self._sockets, "kernel.log"), "w")
+            await super()._async_launch_kernel(kernel_cmd, stdout=self._log, stderr=self._log, **kw)
+
+        async def _async_cleanup_resources(self, restart: bool = False) -> None:
+            await super()._async_cleanup_resources(restart)
+            if not restart:
+                with contextlib.suppress(AttributeError, OSError):
+                    self._log.close()
+                shutil.rmtree(self._sockets, ignore_errors=True)
 
     class RlnormEngine(NBClientEngine):
         @classmethod

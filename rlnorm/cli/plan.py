@@ -63,7 +63,7 @@ class Plan:
 
 
 def _value_text(v: Any) -> str:
-    text = str(v).lower() if isinstance(v, bool) or v is None else str(v)
+    text = "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)  # as YAML writes them
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "exit_status",
     "run_many",
     "run_one",
+    "verdict_lines",
 ]
 
 NOTEBOOK = "reuse_check"
@@ -67,7 +68,7 @@ def backend_problems(artifact: dict) -> list[str]:
     return out
 
 
-def _verdict_lines(doc: dict) -> list[str]:
+def verdict_lines(doc: dict) -> list[str]:
     lines = []
     for key, r in (doc.get("results") or {}).items():
         bi = (r.get("batch_invariance") or {}).get("batch_invariant")
@@ -87,6 +88,8 @@ def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, s
     except folders.RunExists as exc:
         return Outcome(combo, EXIT_EXISTS, str(exc))
     params = {**combo.params.as_dict(), "output_dir": str(run_dir), "staging_dir": str(staging)}
+    if combo.params.resolved_device() == "cpu":  # Triton runs on CPU tensors only interpreted, GPU or not
+        env = {**(env or {}), "TRITON_INTERPRET": "1"}
     try:
         executed, failure = execute(
             NOTEBOOK, params, staging, progress=progress, title=f"rlnorm reuse check: {run_dir.name}", env=env
@@ -103,7 +106,7 @@ def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, s
     artifact = run_dir / ARTIFACT_FILE
     doc = json.loads(artifact.read_text()) if artifact.is_file() else {}
     problems = backend_problems(doc)
-    lines = ["verdicts (the page says why):", *_verdict_lines(doc)]
+    lines = ["verdicts (the page says why):", *verdict_lines(doc)]
     if problems:
         lines.append("backends a script must know about (the run is complete):")
         lines += [f"  {p}" for p in problems]

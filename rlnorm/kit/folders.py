@@ -24,7 +24,7 @@ def staging_for(run_dir: Path, overwrite: bool) -> Path:
     if run_dir.exists() and not overwrite:
         raise RunExists(
             f"{run_dir} already exists: choose another name (--name / -p name NEW) or replace it "
-            "(--force / -p overwrite true)"
+            "(--force / -p overwrite True)"
         )
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.partial-", dir=run_dir.parent))

@@ -71,7 +71,7 @@ class RunParams:
     output_dir: str = ""  # where the run's files end up; "" = outputs/<name>
     staging_dir: str = ""  # where files are written meanwhile (the CLI's staging folder); "" = a folder of its own
     params_file: str = ""  # which parameter set this came from (shown in plot titles)
-    overwrite: bool = False  # replace an existing run folder (the CLI's --force; papermill: -p overwrite true)
+    overwrite: bool = False  # replace an existing run folder (the CLI's --force; papermill: -p overwrite True)
     device: str = "auto"  # auto | cpu | cuda
     progress: bool = True  # tqdm bars for the long loops
     rfc: str = "RL-Align/RL-Kernel#428"
@@ -219,8 +219,8 @@ def _range_errors(p: RunParams) -> list[str]:
         bad("weight_dtype", f"one of {list(WEIGHT_DTYPES)}")
     if p.activation not in ACTIVATIONS:
         bad("activation", f"one of {sorted(ACTIVATIONS)}")
-    if not p.eps > 0:
-        bad("eps", "a positive number")
+    if not p.eps >= 0:  # eps = 0 divides by zero only on an all-zero row (its outputs are NaN, as the peers')
+        bad("eps", "a number >= 0")
     if p.d <= 0:
         bad("d", "a positive int")
     if p.group_size is not None and (p.group_size <= 0 or p.d % p.group_size):

@@ -1,5 +1,6 @@
-"""The command line: refuses to overwrite a run, names a failing cell (and keeps the partial
-notebook), replaces a run atomically with --force, validates artifacts and parameter files."""
+"""The command line on a toy notebook: refuses to overwrite a run, names a failing cell (and keeps the partial
+notebook), replaces a run atomically with --force, makes run folders readable, validates run folders, artifacts
+and parameter files, and says "interrupted" in one line."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ import yaml
 
 from rlnorm import cli
 from rlnorm.checkout import seed_report_path
+from rlnorm.cli import notebook as cli_notebook
+from rlnorm.cli import runs
+from rlnorm.cli.plan import expand
+from rlnorm.kit import folders
 
 SEED_REPORT = seed_report_path()
 
@@ -29,6 +34,7 @@ name = "toy"
 output_dir = ""
 staging_dir = ""
 explode = False
+device = "cpu"
 
 # %% Write a file
 Path(staging_dir, "result.txt").write_text(f"{name} TRITON_INTERPRET={os.environ.get('TRITON_INTERPRET')}")
@@ -43,7 +49,7 @@ if explode:
 def toy_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     src = tmp_path / "toy.py"
     src.write_text(TOY_NOTEBOOK)
-    monkeypatch.setattr(cli, "notebook_source", lambda name=cli.NOTEBOOK: src)
+    monkeypatch.setattr(cli_notebook, "notebook_source", lambda name: src)
     return src
 
 
@@ -53,12 +59,18 @@ def _params(tmp_path: Path, **values: object) -> Path:
     return f
 
 
+def _combo(tmp_path: Path, outputs_dir: Path, **values: object):
+    """The one run a tiny parameter file makes, as the command line plans it."""
+    (run,) = expand([str(_params(tmp_path, **values))], outputs=outputs_dir).runs
+    return run
+
+
 def test_refuses_to_overwrite_an_existing_run(tmp_path: Path, outputs_dir: Path, capsys) -> None:
     existing = outputs_dir / "tiny"
     existing.mkdir()
     (existing / "keep.txt").write_text("previous run")
     rc = cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir)])
-    assert rc == cli.EXIT_EXISTS
+    assert rc == runs.EXIT_EXISTS
     err = capsys.readouterr().err
     assert "already exists" in err and "--force" in err
     assert (existing / "keep.txt").read_text() == "previous run"
@@ -68,7 +80,7 @@ def test_refuses_to_overwrite_an_existing_run(tmp_path: Path, outputs_dir: Path,
 def test_bad_parameters_stop_before_any_work(tmp_path: Path, outputs_dir: Path, capsys) -> None:
     rc = cli.main(["run", str(_params(tmp_path, coverge="all", progress=3)), "--outputs", str(outputs_dir)])
     err = capsys.readouterr().err
-    assert rc == cli.EXIT_USAGE
+    assert rc == runs.EXIT_USAGE
     assert "coverge: unknown parameter (did you mean 'coverage'?)" in err and "progress: expected a bool" in err
     assert not any(outputs_dir.iterdir())
 
@@ -79,13 +91,18 @@ def test_run_places_the_folder_and_sets_triton_interpret(
     import torch
 
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    run_dir = cli.run_notebook({"name": "tiny", "device": "cpu"}, outputs_dir / "tiny", progress=False)
-    assert run_dir == outputs_dir / "tiny"
+    out = runs.run_one(_combo(tmp_path, outputs_dir), force=False, progress=False)
+    run_dir = outputs_dir / "tiny"
+    assert out.code == 0
     assert (run_dir / "result.txt").read_text().startswith("tiny TRITON_INTERPRET=")
     if not torch.cuda.is_available():
         assert (run_dir / "result.txt").read_text() == "tiny TRITON_INTERPRET=1"
     assert "TRITON_INTERPRET" not in os.environ, "the CLI restores its own environment"
     assert sorted(p.name for p in run_dir.iterdir()) == ["result.txt", "reuse_check.html", "reuse_check.ipynb"]
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [run_dir, *run_dir.iterdir()]}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert modes == {p: (0o777 if p == "tiny" else 0o666) & ~umask for p in modes}, "readable like any output"
     assert [p.name for p in outputs_dir.iterdir()] == ["tiny"], "no staging folder left behind"
     html = (run_dir / "reuse_check.html").read_text()
     assert "write_text" not in html, "the rendered HTML hides the code"
@@ -101,7 +118,7 @@ def test_failing_cell_is_named_and_the_partial_notebook_written(
     toy_notebook.write_text(monkey_src)
     rc = cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--force", "--no-progress"])
     err = capsys.readouterr().err
-    assert rc == cli.EXIT_CELL_FAILED
+    assert rc == runs.EXIT_CELL_FAILED
     assert (
         "cell 5 'Explode on request' failed: RuntimeError: planted failure" in err
     )  # 5: papermill's injected cell counts
@@ -119,12 +136,12 @@ def test_force_replaces_atomically(toy_notebook: Path, tmp_path: Path, outputs_d
     run_dir = outputs_dir / "tiny"
     run_dir.mkdir()
     (run_dir / "stale.txt").write_text("old")
-    cli.run_notebook({"name": "second"}, run_dir, force=True, progress=False)
+    assert runs.run_one(_combo(tmp_path, outputs_dir), force=True, progress=False).code == 0
     assert not (run_dir / "stale.txt").exists()
-    assert (run_dir / "result.txt").read_text().startswith("second")
+    assert (run_dir / "result.txt").read_text().startswith("tiny")
     assert [p.name for p in outputs_dir.iterdir()] == ["tiny"]
-    with pytest.raises(FileExistsError, match="--force"):
-        cli.run_notebook({"name": "third"}, run_dir, progress=False)
+    refused = runs.run_one(_combo(tmp_path, outputs_dir), force=False, progress=False)
+    assert refused.code == runs.EXIT_EXISTS and "--force" in refused.message
 
 
 def test_place_keeps_the_old_run_when_the_swap_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,9 +157,9 @@ def test_place_keeps_the_old_run_when_the_swap_fails(tmp_path: Path, monkeypatch
             raise OSError("disk full")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(cli.os, "replace", flaky)
+    monkeypatch.setattr(folders.os, "replace", flaky)
     with pytest.raises(OSError, match="disk full"):
-        cli._place(staging, run_dir)
+        folders.place(staging, run_dir)
     assert (run_dir / "old.txt").read_text() == "old"
 
 
@@ -156,7 +173,7 @@ def test_validate_artifact_and_params(tmp_path: Path, capsys) -> None:
     bad.write_text(json.dumps(broken))
     assert cli.main(["validate", str(bad)]) == 1
     assert "results" in capsys.readouterr().err
-    assert cli.main(["validate", str(Path(__file__).parent.parent / "params" / "quick.yaml")]) == 0
+    assert cli.main(["validate", str(Path(__file__).parents[2] / "params" / "quick.yaml")]) == 0
     assert cli.main(["validate", str(_params(tmp_path, sweep_n="4097"))]) == 1
     assert "sweep_n: expected an int" in capsys.readouterr().err
 
@@ -166,7 +183,9 @@ def test_module_entry_point_runs() -> None:
     import sys
 
     proc = subprocess.run([sys.executable, "-m", "rlnorm", "--help"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "run" in proc.stdout and "validate" in proc.stdout
+    assert proc.returncode == 0
+    for command in ("run", "index", "investigate", "compare", "validate", "bench", "bench-merge"):
+        assert command in proc.stdout
 
 
 def test_readme_holds_the_two_commands_ci_runs(repo_root: Path) -> None:
@@ -190,8 +209,9 @@ def test_readme_holds_the_two_commands_ci_runs(repo_root: Path) -> None:
 def test_a_dead_kernel_names_the_cell_and_keeps_the_partial_notebook(toy_notebook: Path, outputs_dir: Path) -> None:
     """A kernel that dies (here: os._exit, as an out-of-memory kill would) is a failure of that cell too."""
     toy_notebook.write_text(toy_notebook.read_text().replace('raise RuntimeError("planted failure")', "os._exit(9)"))
-    with pytest.raises(cli.RunFailed, match=r"cell 5 'Explode on request' did not finish"):
-        cli.run_notebook({"name": "tiny", "explode": True}, outputs_dir / "tiny", progress=False)
+    toy_notebook.write_text(toy_notebook.read_text().replace("explode = False", "explode = True"))
+    out = runs.run_one(_combo(outputs_dir.parent, outputs_dir), force=False, progress=False)
+    assert out.code == runs.EXIT_CELL_FAILED and "cell 5 'Explode on request' did not finish" in out.message
     assert (outputs_dir / "tiny" / "reuse_check.ipynb").exists()
     assert (outputs_dir / "tiny" / "result.txt").exists()
 
@@ -201,16 +221,78 @@ def test_a_run_that_appears_meanwhile_is_not_replaced(
 ) -> None:
     """Two runs of one name at once: the second keeps its staging folder instead of replacing the first."""
     run_dir = outputs_dir / "tiny"
-    real_render = cli.render_html
+    real_render = cli_notebook.render_html
 
     def render_then_race(executed: Path, html: Path, title: str) -> Path:
         run_dir.mkdir()  # the other run finished first
         (run_dir / "first.txt").write_text("first")
         return real_render(executed, html, title)
 
-    monkeypatch.setattr(cli, "render_html", render_then_race)
-    with pytest.raises(FileExistsError, match="appeared while this run was going"):
-        cli.run_notebook({"name": "tiny"}, run_dir, progress=False)
+    monkeypatch.setattr(cli_notebook, "render_html", render_then_race)
+    out = runs.run_one(_combo(outputs_dir.parent, outputs_dir), force=False, progress=False)
+    assert out.code == runs.EXIT_EXISTS and "appeared while this run was going" in out.message
     assert (run_dir / "first.txt").read_text() == "first"
     staged = [p for p in outputs_dir.iterdir() if p.name.startswith(".tiny.partial-")]
     assert len(staged) == 1 and (staged[0] / "result.txt").exists()
+
+
+def test_the_kernel_runs_over_ipc_with_no_tcp_warning(
+    toy_notebook: Path, tmp_path: Path, outputs_dir: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--no-progress"]) == 0
+    out, err = capfd.readouterr()
+    assert "without encryption" not in out + err and "IPKernelApp" not in out + err
+
+
+def test_the_page_loads_nothing_from_the_network(toy_notebook: Path, tmp_path: Path, outputs_dir: Path) -> None:
+    """An RFC attachment read offline: no script, style or module fetched from a URL (the stock template loads
+    require.js, MathJax and mermaid from a CDN)."""
+    toy_notebook.write_text(toy_notebook.read_text() + "\n# %% [markdown]\n# Some math: $x^2$ and a\n")
+    assert cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--no-progress"]) == 0
+    page = (outputs_dir / "tiny" / "reuse_check.html").read_text()
+    assert external_urls(page) == []
+    planted = '<script src="https://cdn.example/x.js"></script><link href="http://x/y.css" rel="stylesheet">'
+    assert len(external_urls(page + planted)) == 2, "the check sees a planted one"
+
+
+def external_urls(page: str) -> list[str]:
+    import re
+
+    tags = re.findall(r"<(?:script|link|img|iframe)[^>]*(?:src|href)=[\"'](https?:)?//[^\"']+[\"']", page)
+    modules = re.findall(r"import[^;'\"]*from\s+['\"]https?://", page)
+    return tags + modules
+
+
+def _run_folder(outputs_dir: Path, created: str = "2026-12-05T00:00:00+00:00") -> Path:
+    """A run folder as a finished run leaves it: the seed report as its artifact, records, a page of this run."""
+    doc = json.loads(SEED_REPORT.read_text())
+    from rlnorm.kit.artifact import normalize_artifact, write_artifact
+
+    art = normalize_artifact(doc)
+    art.update(schema_version="1", created_at=created, records="records.csv", plots={})
+    folder = outputs_dir / "r"
+    folder.mkdir()
+    write_artifact(art, folder / "rms_norm_gated_reuse_check.json", validate=False)
+    from rlnorm.kit.records import records_frame, write_records
+
+    write_records(records_frame([]), folder / "records.csv")
+    (folder / "reuse_check.html").write_text(f"<html>created {created}</html>")
+    return folder
+
+
+def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir: Path, capsys) -> None:
+    folder = _run_folder(outputs_dir)
+    assert cli.main(["validate", str(folder)]) == 0, capsys.readouterr().err
+    (folder / "reuse_check.html").write_text("<html>created 2026-01-01T00:00:00+00:00</html>")  # a stale page
+    assert cli.main(["validate", str(folder)]) == 1
+    assert "reuse_check.html: written by another run than this artifact" in capsys.readouterr().err
+    (folder / "reuse_check.html").unlink()
+    from rlnorm.kit.records import RECORD_COLUMNS
+
+    (folder / "records.csv").write_text("backend,check\nfla_fused_norm_gate,all_rows\n")
+    assert cli.main(["validate", str(folder)]) == 1
+    assert "records.csv: cannot be read" in capsys.readouterr().err
+    row = {c: "" for c in RECORD_COLUMNS} | {"backend": "not_in_the_run", "check": "all_rows", "tensor": "y"}
+    (folder / "records.csv").write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
+    assert cli.main(["validate", str(folder)]) == 1
+    assert "rows of backends the artifact does not have: ['not_in_the_run']" in capsys.readouterr().err

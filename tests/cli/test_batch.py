@@ -1,0 +1,138 @@
+"""The command line end to end on the real notebook at tiny sizes: a matrix of runs in parallel with its index, exit
+codes a script can trust, a one-line interrupt, pages beside a run, and the papermill route keeping the same
+guarantees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from conftest import REPO_ROOT, TINY_SIZES
+
+from rlnorm.cli.runs import EXIT_BACKEND, EXIT_INTERRUPTED
+from rlnorm.report.index import INDEX_FILE, SUMMARY_FILE
+
+pytestmark = pytest.mark.slow
+
+CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "accuracy_latency"]
+FAST = {**TINY_SIZES, "device": "cpu", "backends": ["reference"], "checks": CHECKS}  # no gates: seconds a run
+
+
+def rlnorm(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rlnorm", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, **kw
+    )
+
+
+def params_file(tmp_path: Path, stem: str, **values: object) -> str:
+    f = tmp_path / f"{stem}.yaml"
+    f.write_text(yaml.safe_dump({**FAST, **values}, sort_keys=False))
+    return str(f)
+
+
+@pytest.fixture(scope="module")
+def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    tmp = tmp_path_factory.mktemp("matrix")
+    f = params_file(tmp, "grid", activation=["silu", "sigmoid"])
+    out = rlnorm("run", f, "-p", "weight_dtype", "[bfloat16, float32]", "--outputs", str(tmp / "o"), "--jobs", "2")
+    return out, tmp / "o" / "grid"
+
+
+def test_a_two_by_two_matrix_writes_four_runs_and_an_index(matrix) -> None:
+    proc, grid = matrix
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = sorted(p.name for p in grid.iterdir() if p.is_dir())
+    assert runs == [
+        "activation-sigmoid_weight_dtype-bfloat16",
+        "activation-sigmoid_weight_dtype-float32",
+        "activation-silu_weight_dtype-bfloat16",
+        "activation-silu_weight_dtype-float32",
+    ]
+    for r in runs:
+        assert (grid / r / "rms_norm_gated_reuse_check.json").is_file() and (grid / r / "reuse_check.html").is_file()
+    summary = pd.read_csv(grid / SUMMARY_FILE)
+    assert len(summary) == 4 and set(summary["weight_dtype"]) == {"bfloat16", "float32"}
+    assert set(summary["verdict"]) == {"batch invariant"}
+    index = (grid / INDEX_FILE).read_text()
+    assert index.count('href="activation-') == 4 and "varying activation, weight_dtype" in index
+    assert "2 at a time" in proc.stderr and "[4/4]" in proc.stderr, "progress across runs"
+
+
+def test_the_index_command_rebuilds_it_from_gathered_folders(matrix, tmp_path: Path) -> None:
+    """As after a cluster's array tasks: the run folders gathered, the index built from them."""
+    _, grid = matrix
+    runs = sorted(str(p) for p in grid.iterdir() if p.is_dir())
+    proc = rlnorm("index", *runs, "--out", str(tmp_path / "idx"))
+    assert proc.returncode == 0, proc.stderr
+    assert len(pd.read_csv(tmp_path / "idx" / SUMMARY_FILE)) == 4
+    assert (tmp_path / "idx" / INDEX_FILE).read_text().count("<tr>") == 1 + 4, "a header and a line per run"
+
+
+def test_a_backend_that_fails_or_crashes_gives_a_nonzero_exit_and_a_complete_folder(tmp_path: Path) -> None:
+    f = params_file(tmp_path, "bad", custom_backends=["no_such_module_xyz:norm", "rlnorm.kit.faults:SegfaultPastRows"])
+    proc = rlnorm("run", f, "--outputs", str(tmp_path / "o"), "--no-progress")
+    assert proc.returncode == EXIT_BACKEND, proc.stderr[-3000:]
+    assert "no_such_module_xyz:norm: failed: cannot load" in proc.stderr
+    assert "rlnorm.kit.faults:SegfaultPastRows: crashed: killed by SIGSEGV" in proc.stderr
+    folder = tmp_path / "o" / "bad"
+    assert rlnorm("validate", str(folder)).returncode == 0, "the run folder is complete"
+    page = rlnorm("investigate", str(folder), "--backend", "rlnorm.kit.faults:SegfaultPastRows")
+    assert page.returncode == 0, page.stderr[-2000:]
+    html = Path(page.stdout.strip()).read_text()
+    assert Path(page.stdout.strip()).parent == folder and "died on a batch of 63 rows" in html
+    cmp = rlnorm("compare", "seed", str(folder))
+    assert cmp.returncode == 0 and (folder / "compare-seed.html").is_file(), cmp.stderr[-2000:]
+
+
+def test_ctrl_c_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    f = params_file(tmp_path, "stop", all_rows_sizes=[7, 64, 257])
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rlnorm", "run", f, "--outputs", str(tmp_path / "o")],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # the signal goes to the whole group, as a terminal's Ctrl-C does
+    )
+    time.sleep(12)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    tail = err[err.find("rlnorm: running") :].splitlines()[1:]
+    assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "rlnorm: interrupted; nothing was written" in err and "Traceback" not in err, err[-3000:]
+    assert len([ln for ln in tail if ln.strip() and not ln.startswith(("[", "reference"))]) <= 2, err[-3000:]
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir()), "no run folder, no staging left"
+
+
+def test_papermill_over_an_existing_run_is_refused_and_overwrite_replaces_it_whole(tmp_path: Path) -> None:
+    """The papermill route keeps the CLI's guarantees: an existing run folder is never half-rewritten."""
+    import jupytext
+    import nbformat
+
+    nb = tmp_path / "reuse_check.ipynb"
+    nbformat.write(jupytext.read(REPO_ROOT / "notebooks" / "reuse_check.py"), nb)
+    run_dir = tmp_path / "outputs" / "pm"
+    run_dir.mkdir(parents=True)
+    (run_dir / "reuse_check.html").write_text("an older page")
+    f = params_file(tmp_path, "pm")
+
+    def papermill(*extra: str) -> subprocess.CompletedProcess[str]:
+        cmd = [sys.executable, "-m", "papermill", str(nb), str(tmp_path / "out.ipynb"), "-f", f, "-p", "name", "pm"]
+        return subprocess.run([*cmd, "-p", "output_dir", str(run_dir), *extra], cwd=REPO_ROOT, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+
+    refused = papermill()
+    assert refused.returncode != 0 and "already exists" in refused.stderr + refused.stdout
+    assert [p.name for p in run_dir.iterdir()] == ["reuse_check.html"], "nothing written over it"
+    replaced = papermill("-p", "overwrite", "True")
+    assert replaced.returncode == 0, replaced.stderr[-3000:]
+    assert not (run_dir / "reuse_check.html").exists(), "the older page went with the older run"
+    assert (run_dir / "rms_norm_gated_reuse_check.json").is_file()
+    assert [p.name for p in run_dir.parent.iterdir()] == ["pm"], "no staging folder left"

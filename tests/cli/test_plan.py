@@ -1,0 +1,92 @@
+"""From parameter files and overrides to runs: papermill's -p / -y conventions, matrices, and every problem of every
+file reported at once, before any work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlnorm.cli import main
+from rlnorm.cli.plan import PlanError, combination_name, expand, parse_value
+from rlnorm.cli.runs import EXIT_USAGE
+
+
+def _file(tmp_path: Path, stem: str = "p", **values: object) -> str:
+    f = tmp_path / f"{stem}.yaml"
+    f.write_text(yaml.safe_dump({"device": "cpu", **values}, sort_keys=False))
+    return str(f)
+
+
+def test_values_are_read_as_yaml() -> None:
+    assert parse_value("256") == 256 and parse_value("1.0e-5") == 1e-5 and parse_value("true") is True
+    assert parse_value("null") is None and parse_value("[128, 256]") == [128, 256] and parse_value("silu") == "silu"
+
+
+def test_overrides_apply_in_papermill_order(tmp_path: Path) -> None:
+    f = _file(tmp_path, d=128, activation="silu", eps=1e-6)
+    plan = expand([f], "{d: 256, eps: 1.0e-5}", [("d", "64")], outputs=tmp_path / "o")
+    (run,) = plan.runs
+    assert (run.params.d, run.params.eps, run.params.activation) == (64, 1e-5, "silu"), "-p over -y over the file"
+    assert run.folder == tmp_path / "o" / "p" and not plan.matrices, "no list: one run, named from the file"
+
+
+def test_a_list_for_a_one_value_key_is_a_matrix(tmp_path: Path) -> None:
+    f = _file(tmp_path, "grid", d=[128, 256], activation=["silu", "sigmoid"], backends=["reference"])
+    plan = expand([f], outputs=tmp_path / "o")
+    names = [r.folder.name for r in plan.runs]
+    assert names == ["d-128_activation-silu", "d-128_activation-sigmoid", "d-256_activation-silu",
+                     "d-256_activation-sigmoid"]  # fmt: skip
+    assert {r.folder.parent for r in plan.runs} == {tmp_path / "o" / "grid"}
+    assert [(r.params.d, r.params.activation) for r in plan.runs][1] == (128, "sigmoid")
+    assert all(r.params.backends == ["reference"] for r in plan.runs), "a list-valued key stays a value"
+    assert list(plan.matrices) == [tmp_path / "o" / "grid"]
+    assert combination_name({"weight_dtype": "float32", "group_size": None}) == "weight_dtype-float32_group_size-null"
+
+
+def test_every_problem_of_every_combination_is_named_at_once(tmp_path: Path) -> None:
+    bad = _file(tmp_path, "bad", d=[128, "wide"], coverge="all", device="gpu")
+    with pytest.raises(PlanError) as err:
+        expand([bad], outputs=tmp_path / "o")
+    text = str(err.value)
+    for expected in ("coverge: unknown parameter", "device: expected one of", "(d-wide): d: expected an int"):
+        assert expected in text, text
+
+
+@pytest.mark.parametrize("key", ["output_dir", "staging_dir", "params_file", "overwrite"])
+def test_where_a_run_goes_is_not_a_parameter(tmp_path: Path, key: str) -> None:
+    with pytest.raises(PlanError, match=f"{key}: set by the command line"):
+        expand([_file(tmp_path)], overrides=[(key, "x")])
+    copied = tmp_path / "copied.yaml"
+    copied.write_text(f"name: c\n{key}: x\n")
+    with pytest.raises(PlanError, match=f"{key}: set by `python -m rlnorm run`"):
+        expand([str(copied)])
+
+
+def test_runs_that_would_share_a_folder_are_refused(tmp_path: Path) -> None:
+    a, b = _file(tmp_path, "a", name="same"), _file(tmp_path, "b", name="same")
+    with pytest.raises(PlanError, match="two runs would write the same folder"):
+        expand([a, b], outputs=tmp_path / "o")
+    with pytest.raises(PlanError, match="an empty list gives no run"):
+        expand([_file(tmp_path, d=[])])
+
+
+def test_no_option_is_abbreviated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--d 256` is not `--device 256`: an unknown option is refused, not guessed."""
+    assert main(["run", _file(tmp_path), "--d", "256"]) == EXIT_USAGE
+    assert "unrecognized arguments: --d 256" in capsys.readouterr().err
+
+
+def test_list_and_only_name_the_combinations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    f = _file(tmp_path, "grid", d=[128, 256], weight_dtype=["bfloat16", "float32"])
+    assert main(["run", f, "--outputs", str(tmp_path / "o"), "--list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        len(lines) == 4
+        and lines[3].startswith("3\t")
+        and lines[3].split("\t")[1].endswith("d-256_weight_dtype-float32")
+    )
+    assert main(["run", f, "--only", "4"]) == EXIT_USAGE
+    assert "--only: expected 0..3" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists(), "nothing ran"
