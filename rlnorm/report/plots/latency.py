@@ -30,6 +30,7 @@ from rlnorm.report.plots.common import (
     save,
     set_title,
 )
+from rlnorm.report.verdicts import ended_state
 
 
 def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | None = None) -> Figure:
@@ -87,7 +88,7 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
                     transform=x_in_axes,
                     va="center",
                     fontsize=9,
-                    color=MISSING_COLOR,
+                    color=MISSING_COLOR if ended_state(e) is None else BAD_COLOR,  # a crash is no skip
                     style="italic",
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
                 )

@@ -79,7 +79,7 @@ def plot_verdict(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
     ticks = list(range(len(COLUMNS)))
     if any(notes):
         ticks.append(len(COLUMNS) + 0.75)
-        labels.append("status\n(why not ran)")
+        labels.append("status\n(crash or skip: why)")
         for i, note in enumerate(notes):
             if note:
                 ax.text(note_x, i, textwrap.fill(note, 44), ha="left", va="center", fontsize=7.5, color="#424242")
