@@ -207,7 +207,7 @@ def count_table(
                 }
             )
         elif entry is not None:
-            line[NOT_KEPT_WORDS] = 0  # dweight_repeatable keeps every differing run
+            line[NOT_KEPT_WORDS] = 0  # dweight_repeatable: at most one record per repeat, none left out
         rows.append(line)
     out = pd.DataFrame(rows, columns=COUNT_COLUMNS)
     for col in (COMPARED_WORDS, Y_WORDS, GRAD_WORDS, ANY_WORDS, KEPT_WORDS, NOT_KEPT_WORDS):

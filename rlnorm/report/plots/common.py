@@ -146,11 +146,6 @@ def rows_measured(doc: Mapping[str, Any]) -> int | None:
     return None
 
 
-def size_entries(all_rows: Any) -> dict[str, Mapping[str, Any]]:
-    """all_rows' per-size entries (its `error` key, when the check raised, is not one)."""
-    return {k: v for k, v in (all_rows or {}).items() if isinstance(v, Mapping)}
-
-
 def latency_missing_reason(entry: Mapping[str, Any], field: str) -> str:
     why = not_ran(entry)
     if why is not None:
