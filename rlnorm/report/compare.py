@@ -14,7 +14,9 @@ from typing import Any
 
 import pandas as pd
 
+from rlnorm.report.counts import check_counts
 from rlnorm.report.runs import artifact_label, load_artifact
+from rlnorm.report.verdicts import crash_note, ended_state, finished_checks
 
 # The checks a verdict is given for, in report order (gates are the contract_gates of docs/spec.md §5).
 VERDICT_CHECKS = (
@@ -27,7 +29,8 @@ VERDICT_CHECKS = (
     "gate_gradient",
 )
 PASS, FAIL, NA, ERROR = "pass", "FAIL", "n/a", "error"
-DIFFER_KEYS = ("fwd_differ", "rowgrad_differ", "differ")
+INVARIANCE = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
+ENDED = ("crashed", "timed_out")
 
 
 @dataclass
@@ -44,40 +47,13 @@ class Comparison:
     different_ops: list[str] = field(default_factory=list)  # op parameters the two runs differ in
 
 
-def _differ_counts(node: Any) -> dict[str, int]:
-    """Sum every fwd_differ / rowgrad_differ / differ integer below `node` (any nesting: n, seed)."""
-    out = dict.fromkeys(DIFFER_KEYS, 0)
-    if isinstance(node, Mapping):
-        for k, v in node.items():
-            if k in DIFFER_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[k] += int(v)
-            elif isinstance(v, Mapping):
-                for kk, vv in _differ_counts(v).items():
-                    out[kk] += vv
-    return out
-
-
-def _count_verdict(node: Any) -> tuple[str, str]:
-    if not isinstance(node, Mapping) or not node:
+def _count_verdict(entry: Mapping[str, Any], check: str) -> tuple[str, str]:
+    """pass, or FAIL with the row comparisons that differ in the words of `rlnorm.report.counts` ('95 y / 152
+    dx,dz'; the report's sweep counts only the total: '4 y, dx or dz')."""
+    c = check_counts(entry, check)
+    if c is None:
         return NA, ""
-    c = _differ_counts(node)
-    has_split = _has_key(node, "fwd_differ") or _has_key(node, "rowgrad_differ")
-    # `differ` is the report's total for the sweep; ours splits it too, so count it only when alone
-    total = c["fwd_differ"] + c["rowgrad_differ"] if has_split else c["differ"]
-    if total == 0 and c["differ"] == 0:
-        return PASS, ""
-    if not has_split:
-        return FAIL, f"differ {c['differ']}"
-    parts = [f"fwd {c['fwd_differ']}"] if c["fwd_differ"] else []
-    if c["rowgrad_differ"]:
-        parts.append(f"grad {c['rowgrad_differ']}")
-    return FAIL, ", ".join(parts) or f"differ {c['differ']}"
-
-
-def _has_key(node: Any, key: str) -> bool:
-    if not isinstance(node, Mapping):
-        return False
-    return key in node or any(_has_key(v, key) for v in node.values())
+    return (FAIL, c.short()) if c.differs else (PASS, "")
 
 
 def _bool_verdict(value: Any) -> tuple[str, str]:
@@ -87,23 +63,26 @@ def _bool_verdict(value: Any) -> tuple[str, str]:
 
 
 def backend_verdicts(entry: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
-    """check -> (pass/FAIL/n/a, detail) for one `results.<backend>` entry."""
+    """check -> (pass/FAIL/n/a, detail) for one `results.<backend>` entry. A backend whose process crashed or
+    timed out keeps the verdicts of the checks it finished; the others read `crashed` / `timed_out` with the
+    cause and where."""
     status = entry.get("status", "ran")
-    if status != "ran":
+    ended = ended_state(entry)
+    if status != "ran" and ended is None:
         reason = str(entry.get("skip_reason") or "")
         return {c: (status, reason) for c in VERDICT_CHECKS}
     bi = entry.get("batch_invariance") or {}
     gates = entry.get("contract_gates") or {}
     errors = entry.get("errors") or {}
     out = {
-        "all_rows": _count_verdict(bi.get("all_rows")),
+        "all_rows": _count_verdict(entry, "all_rows"),
         "dweight_repeatable": _bool_verdict(bi.get("dweight_repeatable")),
-        "full_vs_sub_batches": _count_verdict(bi.get("full_vs_sub_batches")),
-        "batch_size_sweep": _count_verdict(bi.get("batch_size_sweep")),
+        "full_vs_sub_batches": _count_verdict(entry, "full_vs_sub_batches"),
+        "batch_size_sweep": _count_verdict(entry, "batch_size_sweep"),
         "batch_invariant": _bool_verdict(bi.get("batch_invariant")),
     }
     # a check that raised has no verdict: say so instead of reading its partial counts as a pass
-    for check in ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep"):
+    for check in INVARIANCE:
         node = bi.get(check)
         if check in errors:
             out[check] = (ERROR, str(errors[check]))
@@ -125,6 +104,13 @@ def backend_verdicts(entry: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         elif g.get("returncode") not in (0, None):
             detail = f"returncode {g.get('returncode')}" + (f", {detail}" if detail else "")
         out[f"gate_{gate}"] = (verdict, detail)
+    if ended is not None:
+        done, note = set(finished_checks(entry)), crash_note(entry) or ""
+        for check in (*INVARIANCE, "gate_forward", "gate_gradient"):
+            if check not in done:
+                out[check] = (status, note)
+        found = any(out[c][0] == FAIL for c in INVARIANCE)
+        out["batch_invariant"] = (FAIL, "") if found else (status, note)
     return out
 
 
@@ -138,7 +124,7 @@ def run_verdicts(art: Mapping[str, Any]) -> pd.DataFrame:
 
 def _cell(verdict: tuple[str, str]) -> str:
     v, detail = verdict
-    return f"{v} ({detail[:80]})" if detail and v in (FAIL, ERROR) else v
+    return f"{v} ({detail[:80]})" if detail and v in (FAIL, ERROR, *ENDED) else v
 
 
 def _backends(a: Mapping, b: Mapping) -> list[str]:
@@ -397,6 +383,7 @@ _GRID_CLASSES = [
     ("FAIL -> pass", "#1e88e5"),
     ("pass -> FAIL", "#fb8c00"),
     ("n/a, absent, skipped or error", "#bdbdbd"),
+    ("crashed or timed out (either run)", "#ce93d8"),
 ]
 
 
@@ -409,6 +396,8 @@ def _grid_class(va: str, vb: str) -> int:
         return 2
     if va == PASS and vb == FAIL:
         return 3
+    if va in ENDED or vb in ENDED:
+        return 5
     return 4
 
 

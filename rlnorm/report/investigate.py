@@ -1,6 +1,7 @@
 """Drill into the rows a check found differing: which rows, by how much, and why it matters.
 
-Someone reads "fwd_differ: 95" in an RFC and needs the rows behind it. A run folder holds the
+Someone reads "fwd_differ: 95" in an RFC and needs the rows behind it (what each count counts, and how a record
+relates to it, is `rlnorm.report.counts`). A run folder holds the
 artifact and the per-row records; each record carries what `rlnorm.kit.records.rebuild_case` needs to
 rebuild the exact batch that was compared, so one row is re-examined by recomputing that batch and
 the row alone, never by rerunning the check. `notebooks/investigate_rows` only calls this module.
@@ -22,6 +23,15 @@ from rlnorm.kit.records import RebuiltCase, rebuild_case
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
+from rlnorm.report.counts import (
+    COMPARES,
+    ROW_CHECKS,
+    check_counts,
+    count_table,
+    kept_by_tensor,
+    records_line,
+    records_of,
+)
 
 ROW_TENSORS = ("y", "dx", "dz")
 
@@ -29,13 +39,25 @@ ROW_TENSORS = ("y", "dx", "dz")
 # --------------------------------------------------------------------------------------------
 # the differing rows
 # --------------------------------------------------------------------------------------------
-def failing_summary(records: pd.DataFrame) -> pd.DataFrame:
-    """Counts of differing records per backend, check and tensor, in record order."""
-    if records.empty:
-        return pd.DataFrame(columns=["backend", "check", "tensor", "records", "rows", "max_ulp"])
-    g = records.groupby(["backend", "check", "tensor"], sort=False)
-    out = g.agg(records=("tensor", "size"), rows=("row", "nunique"), max_ulp=("max_ulp", "max"))
-    return out.reset_index()
+def failing_summary(records: pd.DataFrame, artifact: Mapping[str, Any] | None = None) -> pd.DataFrame:
+    """One line per backend and check that differs: the artifact's complete counts of row comparisons
+    (`rlnorm.report.counts`: y differs, dx or dz differs), the records kept and those `max_records` left out,
+    the records kept per tensor, and the largest difference recorded (bf16 ulps).
+
+    Without the artifact only the records are known, and they cannot give the counts: those columns stay empty.
+    """
+    results = None if artifact is None else (artifact.get("results") or {})
+    out = count_table(results, records)
+    per_tensor, max_ulp = [], []
+    for key, check in zip(out["backend"], out["check"], strict=True):
+        kept = kept_by_tensor(records, key, check)
+        per_tensor.append(", ".join(f"{t} {n:,}" for t, n in kept.items()))
+        sel = records_of(records, key, check)
+        ulps = pd.to_numeric(sel["max_ulp"], errors="coerce") if "max_ulp" in sel.columns else pd.Series([])
+        max_ulp.append(None if ulps.dropna().empty else int(ulps.max()))
+    out["records kept per tensor"] = per_tensor
+    out["max_ulp"] = pd.array(max_ulp, dtype="Int64")
+    return out
 
 
 def pick_failing(records: pd.DataFrame, backend: str | None = None, check: str | None = None) -> tuple[str, str]:
@@ -66,16 +88,23 @@ def _uniq(df: pd.DataFrame, col: str) -> list[str]:
     return [str(v) for v in dict.fromkeys(df[col])]
 
 
-def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None) -> pd.DataFrame:
-    """The differing rows of one backend and check (defaults: the first failing ones), row-level first.
+def differing_rows(
+    records: pd.DataFrame,
+    backend: str | None = None,
+    check: str | None = None,
+    artifact: Mapping[str, Any] | None = None,
+) -> pd.DataFrame:
+    """The kept records of one backend and check (defaults: the first failing ones), row-level first.
 
-    The result's `attrs` name the backend and check chosen, so a notebook can say what it shows.
+    The result's `attrs` name the backend and check chosen, and `counts`: the sentence that says how many row
+    comparisons differ (from the artifact, when given) and how many of the differing pairs were kept as records.
     """
     b, c = pick_failing(records, backend, check)
     sel = records[(records["backend"] == b) & (records["check"] == c)].copy()
     sel["_dw"] = ~sel["tensor"].isin(ROW_TENSORS)
     sel = sel.sort_values("_dw", kind="stable").drop(columns="_dw").reset_index(drop=True)
     sel.attrs["backend"], sel.attrs["check"] = b, c
+    sel.attrs["counts"] = counts_sentence(artifact, b, c, len(sel))
     return sel
 
 
@@ -93,17 +122,23 @@ def pick_row(table: pd.DataFrame, row: int | None, row_index: int = 0) -> int:
     return row_index
 
 
+def counts_sentence(artifact: Mapping[str, Any] | None, backend: str, check: str, kept: int) -> str:
+    """'full_vs_sub_batches (row in a sub-batch vs the full batch): y differs in 736 and dx or dz in 3,128 of
+    2,621,440 row comparisons; 2,000 of 3,888 records kept (1,888 not kept: max_records)'."""
+    what = f"{check} ({COMPARES[check]})" if check in COMPARES else check
+    entry = None if artifact is None else (artifact.get("results") or {}).get(backend)
+    counted = check_counts(entry, check) if entry is not None and check in ROW_CHECKS else None
+    if counted is None:
+        dropped = None if entry is None else records_dropped(artifact or {}, backend, check)
+        return f"{what}: {records_line(kept, dropped)}"
+    return f"{what}: {counted.sentence()}; {records_line(kept, counted.not_kept)}"
+
+
 def records_dropped(artifact: Mapping[str, Any], backend: str, check: str) -> int:
-    """How many differing (row, tensor) pairs a check counted but did not record (`max_records`)."""
+    """How many differing (row comparison, tensor) pairs a check counted but did not keep as records (`max_records`)."""
     entry = (artifact.get("results") or {}).get(backend) or {}
-
-    def total(node: Any) -> int:  # all_rows notes it per size, the other checks once
-        if not isinstance(node, Mapping):
-            return 0
-        own = node.get("records_dropped")
-        return (int(own) if isinstance(own, int) else 0) + sum(total(v) for v in node.values())
-
-    return total((entry.get("batch_invariance") or {}).get(check))
+    counted = check_counts(entry, check) if check in ROW_CHECKS else None
+    return 0 if counted is None else counted.not_kept
 
 
 # --------------------------------------------------------------------------------------------

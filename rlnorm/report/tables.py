@@ -7,6 +7,7 @@ it out for a reader, so the notebook stays a narrative of calls.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,19 @@ from rlnorm.kit.params import RunParams
 from rlnorm.kit.records import records_frame
 from rlnorm.kit.steps import PLOTS_DIR, Run, write_artifact_and_records
 from rlnorm.report import plots
+from rlnorm.report.counts import COMPARED_WORDS, KEPT_WORDS, NOT_KEPT_WORDS, ROW_CHECKS, backend_counts, count
+from rlnorm.report.investigate import failing_summary
+from rlnorm.report.plots.common import fmt_ratio, fmt_us, roofline_ratio
+from rlnorm.report.verdicts import (
+    ERROR,
+    FAILED,
+    PASSED,
+    backend_cells,
+    crash_note,
+    finished_checks,
+    fraction,
+    gradient_gate_clause,
+)
 
 
 def device_notice(run: Run) -> str:
@@ -61,41 +75,48 @@ def _fmt(v: Any, digits: int = 1) -> Any:
     return v
 
 
-def _total(node: dict[str, Any] | None, field_name: str) -> Any:
-    """Sum of a differ count over all_rows' sizes (None when the check did not run)."""
-    if not node:
-        return None
-    vals = [v.get(field_name) for v in node.values() if isinstance(v, dict)]
-    vals = [v for v in vals if isinstance(v, int)]
-    return sum(vals) if vals else None
+def _results(source: Any) -> dict[str, Any]:
+    """`results` of a kit Run, a loaded run (`rlnorm.report.runs.Run`) or an artifact dict."""
+    if isinstance(source, Mapping):
+        return dict(source.get("results") or {})
+    results = getattr(source, "results", None)
+    if isinstance(results, Mapping):
+        return dict(results)
+    return dict((getattr(source, "artifact", None) or {}).get("results") or {})
 
 
 def invariance_table(run: Run) -> pd.DataFrame:
-    """Batch invariance per backend: the differ counts of each check, the verdict, and errors."""
+    """Batch invariance per backend, in the artifact's own field names: per row check the row comparisons made,
+    `fwd_differ` (row comparisons whose y differs) and `rowgrad_differ` (whose dx or dz differs; the sweep's
+    `differ`: any of them), then the records kept and those `max_records` left out (`rlnorm.report.counts`)."""
     rows = []
     for key, r in run.results.items():
         bi = r.get("batch_invariance") or {}
-        fvs = bi.get("full_vs_sub_batches") or {}
-        sweep = bi.get("batch_size_sweep") or {}
-        rows.append(
-            {
-                "backend": key,
-                "status": r["status"],
-                "batch_invariant": _fmt(bi.get("batch_invariant")),
-                "all_rows fwd_differ": _fmt(_total(bi.get("all_rows"), "fwd_differ")),
-                "all_rows rowgrad_differ": _fmt(_total(bi.get("all_rows"), "rowgrad_differ")),
-                "sub_batches fwd_differ": _fmt(fvs.get("fwd_differ")),
-                "sub_batches rowgrad_differ": _fmt(fvs.get("rowgrad_differ")),
-                "sweep differ": _fmt(sweep.get("differ")),
-                "dweight_repeatable": _fmt(bi.get("dweight_repeatable")),
-                "errors": "; ".join(f"{c}: {m}" for c, m in r.get("errors", {}).items()),
-            }
-        )
+        counts = backend_counts(r)
+        line: dict[str, Any] = {
+            "backend": key,
+            "status": r["status"],
+            "batch_invariant": _fmt(bi.get("batch_invariant")),
+        }
+        for check in ROW_CHECKS:
+            c = counts.get(check)
+            line[f"{check} {COMPARED_WORDS}"] = _fmt(None if c is None else c.compared)
+            if check == "batch_size_sweep":
+                line[f"{check} differ"] = _fmt(None if c is None else (c.any if c.any is not None else c.y))
+            else:
+                line[f"{check} fwd_differ"] = _fmt(None if c is None else c.y)
+                line[f"{check} rowgrad_differ"] = _fmt(None if c is None else c.grad)
+        line["dweight_repeatable"] = _fmt(bi.get("dweight_repeatable"))
+        line[KEPT_WORDS] = sum(1 for rec in run.records if rec.get("backend") == key)
+        line[NOT_KEPT_WORDS] = sum(c.not_kept for c in counts.values())
+        line["errors"] = "; ".join(f"{c}: {m}" for c, m in (r.get("errors") or {}).items())
+        rows.append(line)
     return pd.DataFrame(rows).set_index("backend")
 
 
 def accuracy_table(run: Run) -> pd.DataFrame:
-    """Accuracy against fp64 and latency against the same-run torch.add roofline, per backend that ran."""
+    """Accuracy against fp64, and latency against the torch.add timed beside each backend in the same run (the
+    ratios are the artifact's `fwd_roofline_ratio` / `fwd_bwd_roofline_ratio`, as the latency plot prints them)."""
     rows = []
     for key, r in run.results.items():
         acc = r.get("accuracy_latency")
@@ -111,11 +132,17 @@ def accuracy_table(run: Run) -> pd.DataFrame:
                 "grad rel err x / z / w": " / ".join(_fmt(g.get(t), 5) or "-" for t in ("x", "z", "w")),
                 "fwd us (p20-p80)": _span(acc, "fwd_us"),
                 "fwd+bwd us (p20-p80)": _span(acc, "fwd_bwd_us"),
-                "fwd / roofline": _fmt(acc.get("fwd_roofline_ratio"), 2),
-                "fwd+bwd / roofline": _fmt(acc.get("fwd_bwd_roofline_ratio"), 2),
+                "fwd / its add": _ratio(acc, "fwd_us"),
+                "fwd+bwd / its add (8/3)": _ratio(acc, "fwd_bwd_us"),
             }
         )
     return pd.DataFrame(rows).set_index("backend") if rows else pd.DataFrame()
+
+
+def _ratio(acc: dict[str, Any], field: str) -> str:
+    """The time over the add timed beside this backend: the latency plot prints this same string."""
+    ratio = roofline_ratio(acc, field)
+    return "" if ratio is None else fmt_ratio(ratio)
 
 
 def _span(acc: dict[str, Any], key: str) -> str:
@@ -214,37 +241,70 @@ def _seed_report() -> dict[str, Any] | None:
 
 
 def record_table(run: Run) -> pd.DataFrame | str:
-    """Differing rows per backend, check and tensor (the full list is in the records CSV)."""
+    """Per backend and check that differs: the complete counts of row comparisons, the records kept (per tensor)
+    and those `max_records` left out; the records themselves are the CSV's lines."""
+    table = failing_summary(records_frame(run.records), {"results": run.results})
+    if table.empty:
+        return "No row comparison differed in any check: the records CSV has its header only."
+    return table.set_index(["backend", "check"])
 
-    df = records_frame(run.records)
-    if df.empty:
-        return "No row differed in any check: the records CSV has its header only."
-    return df.groupby(["backend", "check", "tensor"]).size().unstack("tensor", fill_value=0)
+
+def verdict_markdown(run: Any) -> str:
+    """One line per backend, for the top of the page: status, batch invariant or not with the counts, the
+    gradient gate and what it compares, the correctly rounded fraction, the forward time over the same-run add.
+
+    `run`: a kit Run, a loaded run or an artifact dict (only its `results` are read).
+    """
+    return "\n".join(f"- **{key}**: " + "; ".join(_verdict_parts(r)) for key, r in _results(run).items())
 
 
-def verdict_markdown(run: Run) -> str:
-    """One line per backend: the answer an RFC thread is looking for."""
-    lines = []
-    for key, r in run.results.items():
-        if r["status"] != "ran":
-            lines.append(f"- **{key}**: {r['status']}: {r['skip_reason']}")
-            continue
-        bi = (r.get("batch_invariance") or {}).get("batch_invariant")
-        verdict = {True: "batch invariant", False: "**not** batch invariant", None: "no verdict (checks missing)"}[bi]
-        acc = r.get("accuracy_latency") or {}
-        parts = [verdict]
-        if acc.get("fwd_correctly_rounded") is not None:
-            parts.append(f"correctly rounded {acc['fwd_correctly_rounded']:.5f}")
-        if acc.get("fwd_us") is not None:
-            parts.append(f"forward {acc['fwd_us']:.1f} us")
-        gates = r.get("contract_gates") or {}
-        if gates:
-            ok = all((gates.get(g) or {}).get("passed") for g in ("forward", "gradient"))
-            parts.append("gates passed" if ok else "**gates failed**")
-        if r.get("errors"):
-            parts.append(f"errors in {', '.join(r['errors'])}")
-        lines.append(f"- **{key}**: " + ", ".join(parts))
-    return "\n".join(lines)
+def _verdict_parts(r: Mapping[str, Any]) -> list[str]:
+    status = r.get("status") or "ran"
+    if status in ("skipped", "failed"):
+        return [f"{status}: {r.get('skip_reason') or 'no reason recorded'}"]
+    cells = backend_cells(r)
+    parts = []
+    crashed = crash_note(r)
+    if crashed is not None:
+        state, _, rest = crashed.partition(": ")
+        done = finished_checks(r)
+        parts.append(f"**{state}** ({rest}); finished before it: " + (", ".join(done) if done else "no check"))
+    counts = backend_counts(r)
+    overall = cells["batch_invariant"]
+    if overall.state == PASSED:
+        compared = sum(c.compared or 0 for c in counts.values())
+        parts.append(f"batch invariant (0 of {count(compared)} row comparisons differ; dweight repeatable)")
+    elif overall.state == FAILED:
+        found = [f"{c}: {counts[c].sentence()}" for c in ROW_CHECKS if c in counts and cells[c].state == FAILED]
+        if cells["dweight_repeatable"].state == FAILED:
+            found.append("dweight_repeatable: the same batch gives another dweight when run again")
+        parts.append("**not** batch invariant (" + "; ".join(found) + ")")
+    elif overall.state == ERROR:
+        errors = r.get("errors") or {}
+        parts.append("no batch-invariance verdict (" + "; ".join(f"{c} raised {m}" for c, m in errors.items()) + ")")
+    elif crashed is not None:
+        ran = [c for c in (*ROW_CHECKS, "dweight_repeatable") if cells[c].state == PASSED]
+        clean = f": {', '.join(ran)} passed before it" if ran else ""
+        parts.append(f"no batch-invariance verdict (it {overall.state} before its checks ended{clean})")
+    else:
+        parts.append("no batch-invariance verdict (checks missing)")
+    gates = r.get("contract_gates") or {}
+    if gates.get("forward") is not None and cells["forward gate"].state != PASSED:
+        parts.append(f"forward gate **{cells['forward gate'].state}**")
+    if gates.get("gradient") is not None:
+        parts.append(gradient_gate_clause(gates.get("gradient")))
+    acc = r.get("accuracy_latency") or {}
+    cr = acc.get("fwd_correctly_rounded")
+    if isinstance(cr, (int, float)):
+        parts.append(f"correctly rounded {fraction(cr)}" + (" (every output)" if cr >= 1 else ""))
+    fwd = acc.get("fwd_us")
+    if isinstance(fwd, (int, float)):
+        ratio = _ratio(acc, "fwd_us")
+        star = "*" if ran_host_bound(acc, "fwd_us") else ""
+        parts.append(f"forward {fmt_us(fwd)}{star}" + (f" = {ratio} the torch.add timed beside it" if ratio else ""))
+    if r.get("errors") and overall.state != ERROR:
+        parts.append("errors in " + ", ".join(r["errors"]))
+    return parts
 
 
 def time_table(run: Run, top: int = 10) -> pd.DataFrame:

@@ -47,11 +47,11 @@ def synthetic_h200(seed: dict) -> dict:
 
 def test_seed_report_verdicts_match_what_it_says(seed: dict) -> None:
     v = backend_verdicts(seed["results"]["fla_fused_norm_gate"])
-    assert v["full_vs_sub_batches"] == ("FAIL", "fwd 95, grad 152")
+    assert v["full_vs_sub_batches"] == ("FAIL", "95 y / 152 dx,dz")
     assert v["batch_invariant"] == ("FAIL", "")
     assert v["all_rows"] == ("pass", "")
     vllm = backend_verdicts(seed["results"]["vllm"])
-    assert vllm["all_rows"] == ("FAIL", "fwd 3")
+    assert vllm["all_rows"] == ("FAIL", "3 y")
     assert vllm["dweight_repeatable"][0] == "n/a"  # forward only: null in the report
     assert vllm["gate_forward"][0] == "n/a"  # the report ran no gates for vLLM
     assert backend_verdicts(seed["results"]["rl_kernel"])["gate_gradient"] == ("pass", "")
@@ -60,8 +60,8 @@ def test_seed_report_verdicts_match_what_it_says(seed: dict) -> None:
 def test_run_verdicts_table_of_the_seed_report(seed: dict) -> None:
     table = run_verdicts(seed)
     assert list(table.columns) == list(VERDICT_CHECKS)
-    assert table.loc["fla_fused_norm_gate", "full_vs_sub_batches"] == "FAIL (fwd 95, grad 152)"
-    assert table.loc["vllm", "all_rows"] == "FAIL (fwd 3)" and table.loc["reference", "all_rows"] == "pass"
+    assert table.loc["fla_fused_norm_gate", "full_vs_sub_batches"] == "FAIL (95 y / 152 dx,dz)"
+    assert table.loc["vllm", "all_rows"] == "FAIL (3 y)" and table.loc["reference", "all_rows"] == "pass"
 
 
 def test_seed_against_itself_changes_nothing(seed: dict) -> None:
@@ -81,9 +81,9 @@ def test_compare_finds_every_planted_change(seed: dict) -> None:
     )
     assert "rl_kernel: only in A: NVIDIA B200" in changes
     assert "rlnorm: only in B: NVIDIA H200" in changes
-    assert "fla_fused_norm_gate full_vs_sub_batches: FAIL (fwd 95, grad 152) -> pass" in changes
+    assert "fla_fused_norm_gate full_vs_sub_batches: FAIL (95 y / 152 dx,dz) -> pass" in changes
     assert "fla_fused_norm_gate batch_invariant: FAIL -> pass" in changes
-    assert "fla_layernorm_gated batch_size_sweep: pass -> FAIL (differ 4)" in changes
+    assert "fla_layernorm_gated batch_size_sweep: pass -> FAIL (4 y, dx or dz)" in changes
     assert "fla_layernorm_gated batch_invariant: pass -> FAIL" in changes
     assert "vllm fwd_us: 87.1 -> 58.6 us (0.67x, faster)" in changes
     assert "transformers fwd_correctly_rounded: 0.654748 -> 1.000000" in changes
@@ -134,9 +134,9 @@ def test_sweep_counts_are_not_double_counted_and_unmeasured_is_not_a_flip(seed: 
     sweep.update(differ=6, fwd_differ=4, rowgrad_differ=2)  # our split of the report's total
     b["results"]["transformers"]["batch_invariance"]["dweight_repeatable"] = None
     v = backend_verdicts(b["results"]["reference"])
-    assert v["batch_size_sweep"] == ("FAIL", "fwd 4, grad 2")
+    assert v["batch_size_sweep"] == ("FAIL", "4 y / 2 dx,dz")
     changes = compare_runs(seed, b).changes
-    assert "reference batch_size_sweep: pass -> FAIL (fwd 4, grad 2)" in changes
+    assert "reference batch_size_sweep: pass -> FAIL (4 y / 2 dx,dz)" in changes
     assert "not measured in B: NVIDIA B200: transformers dweight_repeatable" in changes
 
 

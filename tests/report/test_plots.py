@@ -205,30 +205,33 @@ def test_differing_rows_shows_rows_counts_and_clean_and_missing_panels(tmp_path:
     doc, df = synthetic()
     fig = plots.plot_differing_rows(df, doc, tmp_path)
     text = _texts(fig)
-    assert "full_vs_sub_batches\n95 rows" in text  # 95 rows, three tensors each: counted once
-    assert "all_rows\n3 rows" in text
+    # the lane label is the artifact's count of row comparisons (95 y, 190 dx or dz), not the records' rows
+    assert "full_vs_sub_batches\nrow in a sub-batch vs the full batch\n95 y / 190 dx,dz" in text
+    assert "all_rows\nrow in its batch vs the row alone\n3 y of 12,483 row comparisons" in text  # forward only
+    assert "all 285 records kept" in text  # 95 row comparisons x (y, dx, dz): one record each
     flat = " ".join(text.split())
-    assert "no differing rows in all_rows, dweight_repeatable, full_vs_sub_batches, batch_size_sweep" in flat
+    assert "nothing differs in all_rows, dweight_repeatable, full_vs_sub_batches, batch_size_sweep" in flat
     assert "skipped: fla-core is not installed" in text
     assert "failed: accuracy_latency raised" in text
-    assert "row index in the generated case" in text
+    assert "row index in the generated case (one point per kept record)" in text
     _png_ok(tmp_path / "differing_rows.png")
     # the scattered points are the recorded rows
     fla_ax = next(ax for ax in fig.axes if ax.get_title("left") == "fla_fused_norm_gate")
     xs = np.concatenate([c.get_offsets()[:, 0] for c in fla_ax.collections if len(c.get_offsets())])
     assert sorted(set(xs.astype(int))) == sorted(set(df[df.backend == "fla_fused_norm_gate"].row))
+    assert len(xs) == (df.backend == "fla_fused_norm_gate").sum()  # one point per record
 
 
 def test_differing_rows_all_clean_all_skipped_and_no_records(tmp_path: Path, seed_report: dict) -> None:
     doc, df = synthetic(clean=True)
     assert len(df) == 0
     text = _texts(plots.plot_differing_rows(df, doc, tmp_path / "clean"))
-    assert text.count("no differing rows in all_rows") == 4
+    assert text.count("nothing differs in all_rows") == 4
     doc, df = synthetic(skipped=True)
     text = _texts(plots.plot_differing_rows(df, doc, tmp_path / "skipped"))
     assert text.count("skipped: no GPU here") == 6
-    text = _texts(plots.plot_differing_rows(None, seed_report, tmp_path / "seed"))
-    assert "per-row records not available" in text and "full_vs_sub_batches: fwd 95, grad 152" in text
+    text = " ".join(_texts(plots.plot_differing_rows(None, seed_report, tmp_path / "seed")).split())
+    assert "per-row records not available" in text and "full_vs_sub_batches: 95 y / 152 dx,dz" in text
     for sub in ("clean", "skipped", "seed"):
         _png_ok(tmp_path / sub / "differing_rows.png")
 
@@ -236,16 +239,20 @@ def test_differing_rows_all_clean_all_skipped_and_no_records(tmp_path: Path, see
 def test_differing_rows_never_calls_clean_what_the_summary_counts(tmp_path: Path) -> None:
     """Records capped away or lost: the summary still counts differences, and the panel says so."""
     doc, df = synthetic()
-    text = _flat(plots.plot_differing_rows(df[df.backend != "vllm"], doc))
-    assert "rows differ (all_rows: 3, full_vs_sub_batches: 3) but no per-row records were kept" in text
+    fig = plots.plot_differing_rows(df[df.backend != "vllm"], doc)
+    vllm_ax = next(ax for ax in fig.axes if ax.get_title("left") == "vllm")
+    lanes = [t.get_text() for t in vllm_ax.get_yticklabels()]
+    assert lanes[0].endswith("3 y of 12,483 row comparisons") and lanes[1].endswith("3 y")
+    assert [t.get_text() for t in vllm_ax.texts].count("no records kept for this check") == 2
+    assert vllm_ax.get_title("right") == "0 records kept"
     doc["results"]["fla_fused_norm_gate"]["batch_invariance"]["full_vs_sub_batches"]["records_dropped"] = 40
     text = _flat(plots.plot_differing_rows(df, doc))
-    assert "95 differing rows (285 records; 40 more not recorded (max_records))" in text
+    assert "285 of 325 records kept (40 not kept: max_records)" in text
     for entry in doc["results"].values():
         if entry["status"] == "ran":
             entry["batch_invariance"] = None
     text = _flat(plots.plot_differing_rows(df.iloc[:0], doc))
-    assert "no batch-invariance check ran" in text and "no differing rows" not in text
+    assert "no batch-invariance check ran" in text and "nothing differs" not in text
 
 
 def test_differing_rows_shows_a_whole_batch_dweight_record(tmp_path: Path) -> None:
@@ -255,8 +262,8 @@ def test_differing_rows_shows_a_whole_batch_dweight_record(tmp_path: Path) -> No
     )
     fig = plots.plot_differing_rows(pd.concat([df, extra], ignore_index=True), doc, tmp_path)
     text = _flat(fig)
-    assert "dweight_repeatable 1 whole-batch" in text
-    assert "dweight differs between identical whole-batch runs (1x)" in text
+    assert "dweight_repeatable dweight of one batch, run vs run differs (1 record)" in text
+    assert "dweight differs between two runs of one whole batch (1x)" in text
     _png_ok(tmp_path / "differing_rows.png")
 
 
@@ -287,8 +294,9 @@ def test_latency_marks_roofline_missing_backward_and_untimed(tmp_path: Path, see
     doc, _ = synthetic()
     fig = plots.plot_latency(doc, tmp_path)
     text = _texts(fig)
-    assert "torch.add roofline 53.1 us (3 tensors)" in text
-    assert "torch.add roofline 142 us (8/3 x, 8 tensors)" in text
+    assert "torch.add timed beside each backend, same run (3 tensors)" in text
+    assert "torch.add timed beside each backend, same run (8/3 x, 8 tensors)" in text
+    assert "56.0 us  (1.05x its add)" in text  # 56.0 / 53.1: no ratio field here, so its parts
     assert "no backward" in text and "skipped" in text and "failed" in text
     assert "time per call (us" in text
     fwd_ax = fig.axes[0]
@@ -411,6 +419,7 @@ def test_every_plot_on_the_all_clean_and_all_skipped_runs(
 ) -> None:
     doc, df = synthetic(clean=case == "clean", skipped=case == "skipped")
     draw = {
+        "verdict": lambda: plots.plot_verdict(doc, tmp_path),
         "differing_rows": lambda: plots.plot_differing_rows(df, doc, tmp_path),
         "error_distributions": lambda: plots.plot_error_distributions(doc, tmp_path),
         "latency": lambda: plots.plot_latency(doc, tmp_path),

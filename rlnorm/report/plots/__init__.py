@@ -1,4 +1,5 @@
-"""The docs/spec.md §7.2 figures, drawn from an artifact (and the per-row records) alone.
+"""The docs/spec.md §7.2 figures, drawn from an artifact (and the per-row records) alone; `plot_verdict`, the
+headline, first. What their counts count is defined once, in `rlnorm.report.counts`.
 
 Each function returns a matplotlib Figure and, given `out_dir`, also writes `<name>.png` there.
 Figures are built with `matplotlib.figure.Figure` (no pyplot state, so Agg-safe in a worker and
@@ -23,6 +24,7 @@ from rlnorm.report.plots.common import BAD_COLOR, as_doc, message, run_label, sa
 from rlnorm.report.plots.errors import plot_error_distributions
 from rlnorm.report.plots.latency import plot_latency
 from rlnorm.report.plots.rows import plot_differing_rows
+from rlnorm.report.plots.verdict import plot_verdict
 from rlnorm.report.plots.vs_report import plot_vs_reference_report
 
 __all__ = [
@@ -32,11 +34,13 @@ __all__ = [
     "plot_differing_rows",
     "plot_error_distributions",
     "plot_latency",
+    "plot_verdict",
     "plot_vs_reference_report",
     "run_label",
 ]
 
-PLOT_NAMES = ("differing_rows", "error_distributions", "latency", "agreement", "vs_reference_report")
+# the headline figure first: a page (or a reader of the plots folder) shows it before the evidence
+PLOT_NAMES = ("verdict", "differing_rows", "error_distributions", "latency", "agreement", "vs_reference_report")
 
 
 def _failed_figure(name: str, artifact: Mapping[str, Any], exc: BaseException) -> Figure:
@@ -58,6 +62,7 @@ def plot_all(
     """Draw every figure into `out_dir`; {name: PNG path}. A plot that raises is replaced by a PNG
     that states the error (and a warning), so one broken figure never costs the others."""
     jobs: list[tuple[str, Any]] = [
+        ("verdict", lambda: plot_verdict(artifact, out_dir)),
         ("differing_rows", lambda: plot_differing_rows(records_df, artifact, out_dir)),
         ("error_distributions", lambda: plot_error_distributions(artifact, out_dir)),
         ("latency", lambda: plot_latency(artifact, out_dir)),

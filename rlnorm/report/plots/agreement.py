@@ -1,4 +1,5 @@
-"""The agreement matrix: how often two backends compute bitwise the same output."""
+"""The agreement matrix: how often two backends compute bitwise the same output (colour and numbers: the
+fraction that agrees)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,23 @@ from matplotlib import colors as mcolors
 from matplotlib.figure import Figure
 
 from rlnorm.report.plots.common import BAD_COLOR, as_doc, message, num, save, set_title, shorten
+from rlnorm.report.verdicts import crash_brief
+
+_FLOOR = 1e-7  # agreement within 1e-7 of 1 takes the scale's last colour
+AGREE_TICKS = (0.0, 0.9, 0.99, 0.999, 0.9999, 0.99999, 0.999999, 1.0 - _FLOOR)
+
+
+def _agree_to_scale(f: Any) -> Any:
+    """Fraction that agrees -> -log10(fraction that differs): 0 at no agreement, 7 at 1 - 1e-7."""
+    return -np.log10(np.clip(1.0 - np.asarray(f, dtype=float), _FLOOR, 1.0))
+
+
+def _scale_to_agree(s: Any) -> Any:
+    return 1.0 - 10.0 ** (-np.asarray(s, dtype=float))
+
+
+def _fmt_tick(t: float) -> str:
+    return "0" if t == 0 else f"{t:.7f}".rstrip("0")
 
 
 def _fmt_fraction(f: float | None) -> str:
@@ -47,14 +65,15 @@ def plot_agreement(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] 
         for j in range(min(k, len(raw[i]))):
             v = num(raw[i][j])
             frac[i, j] = np.nan if v is None else v
-    # colour by how many outputs differ, on a log scale: 1 - 1e-5 and 1 must look different
-    mismatch = 1.0 - frac
-    shown = np.where(mismatch > 0, np.log10(np.clip(mismatch, 1e-9, 1)), np.nan)
-    cmap = matplotlib.colormaps["YlOrRd"].with_extremes(bad="white")
+    # colour and numbers both read as the fraction that agrees; the colour scale is logarithmic in the fraction
+    # that differs (1 - f), so 1 - 1e-5 and 1 - 1e-3 look different; exactly 1 is drawn green apart
+    norm = mcolors.FuncNorm((_agree_to_scale, _scale_to_agree), vmin=0.0, vmax=1.0 - _FLOOR)
+    shown = np.where(frac < 1.0, frac, np.nan)
+    cmap = matplotlib.colormaps["YlOrRd_r"].with_extremes(bad="white")
     size = 2.6 + 1.05 * k
     fig = Figure(figsize=(size + 1.2, size), layout="constrained")
     ax = fig.subplots()
-    im = ax.imshow(shown, cmap=cmap, norm=mcolors.Normalize(vmin=-7, vmax=0))
+    im = ax.imshow(shown, cmap=cmap, norm=norm)
     for i in range(k):
         for j in range(k):
             f = None if np.isnan(frac[i, j]) else float(frac[i, j])
@@ -69,12 +88,14 @@ def plot_agreement(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] 
     ax.set_xlabel("backend")
     ax.set_ylabel("backend")
     cbar = fig.colorbar(im, ax=ax, shrink=0.8)
-    cbar.set_label("log10(fraction of outputs that differ)\n(green: bitwise identical; grey: n/a)")
+    cbar.set_ticks(AGREE_TICKS, labels=[_fmt_tick(t) for t in AGREE_TICKS])
+    cbar.set_label("fraction of outputs bitwise equal (as in the cells)\n(green: all equal; grey: n/a)")
     rows, seed = agreement.get("rows"), agreement.get("seed")
     lines = []
     if isinstance(rows, int):
         lines.append(f"fraction of {agreement.get('tensor', 'y')} elements bitwise equal · {rows:,} rows, seed {seed}")
-    left_out = [f"{k} ({e.get('status', '?')})" for k, e in (doc.get("results") or {}).items() if k not in keys]
+    results = doc.get("results") or {}
+    left_out = [f"{k} ({crash_brief(e) or e.get('status', '?')})" for k, e in results.items() if k not in keys]
     if left_out:
         lines.append("not in the matrix: " + ", ".join(left_out))
     failed = agreement.get("errors") or {}

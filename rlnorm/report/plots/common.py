@@ -12,6 +12,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from rlnorm.kit.artifact import normalize_artifact
+from rlnorm.report.verdicts import crash_brief, ended_state
 
 MISSING_COLOR = "#888888"
 OK_COLOR = "#2e7d32"
@@ -78,9 +79,10 @@ def backend_keys(doc: Mapping[str, Any]) -> list[str]:
 
 
 def not_ran(entry: Mapping[str, Any]) -> str | None:
-    """Why a backend has no data: 'skipped: reason' / 'failed: reason', None when it ran."""
+    """Why a backend has no data: 'skipped: reason' / 'failed: reason'; None when it ran, even in part (a backend
+    whose process crashed or timed out keeps the checks it finished: each plot shows those, and the crash)."""
     status = entry.get("status") or "ran"
-    if status == "ran":
+    if status == "ran" or ended_state(entry) is not None:
         return None
     reason = entry.get("skip_reason") or "no reason recorded"
     return f"{status}: {shorten(reason, 90)}"
@@ -144,16 +146,13 @@ def rows_measured(doc: Mapping[str, Any]) -> int | None:
     return None
 
 
-def size_entries(all_rows: Any) -> dict[str, Mapping[str, Any]]:
-    """all_rows' per-size entries (its `error` key, when the check raised, is not one)."""
-    return {k: v for k, v in (all_rows or {}).items() if isinstance(v, Mapping)}
-
-
 def latency_missing_reason(entry: Mapping[str, Any], field: str) -> str:
     why = not_ran(entry)
     if why is not None:
         return why.split(":")[0]
     acc = accuracy_of(entry)
+    if not acc and ended_state(entry) is not None:
+        return crash_brief(entry) or "crashed"
     if field == "fwd_bwd_us" and entry.get("backward") == "none":
         return "no backward"
     if not acc:
@@ -164,6 +163,27 @@ def latency_missing_reason(entry: Mapping[str, Any], field: str) -> str:
         device = acc.get("device") or "this device"
         return f"not timed ({device})"
     return "not measured"
+
+
+RATIO_FIELDS = {"fwd_us": "fwd_roofline_ratio", "fwd_bwd_us": "fwd_bwd_roofline_ratio"}
+ADD_TENSORS = {"fwd_us": 1.0, "fwd_bwd_us": 8 / 3}  # the add moves 3 tensors; forward+backward must move 8
+
+
+def own_add_us(acc: Mapping[str, Any], field: str) -> float | None:
+    """The floor `field` is measured against: the torch.add timed in the same run beside this backend (3 tensors;
+    8/3 of it for forward+backward)."""
+    add = num(acc.get("roofline_add_us"))
+    return None if add is None or add <= 0 else add * ADD_TENSORS[field]
+
+
+def roofline_ratio(acc: Mapping[str, Any], field: str) -> float | None:
+    """`field`'s time over this backend's own same-run add: the artifact's `fwd_roofline_ratio` /
+    `fwd_bwd_roofline_ratio`, or the same quotient from its parts when an artifact lacks the ratio."""
+    ratio = num(acc.get(RATIO_FIELDS[field]))
+    if ratio is not None:
+        return ratio
+    t, floor = num(acc.get(field)), own_add_us(acc, field)
+    return None if t is None or floor is None else t / floor
 
 
 def gates_passed(entry: Mapping[str, Any]) -> bool | None:

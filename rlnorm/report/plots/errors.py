@@ -23,6 +23,7 @@ from rlnorm.report.plots.common import (
     set_title,
     shorten,
 )
+from rlnorm.report.verdicts import crash_note
 
 
 def _ulp_items(hist: Mapping[str, Any]) -> tuple[list[str], list[int]]:
@@ -57,12 +58,15 @@ def plot_error_distributions(artifact: Mapping[str, Any], out_dir: str | os.Path
         entry = doc["results"][key]
         acc = accuracy_of(entry)
         why = not_ran(entry)
+        crashed = crash_note(entry)
         cr = num(acc.get("fwd_correctly_rounded"))
         head = f"{key}" + (f"   correctly rounded: {cr:.6f}" if cr is not None else "")
         ax_ulp.set_title(head, loc="left", fontsize=10, fontweight="bold")
         ulp = acc.get("fwd_ulp_hist")
         if why is not None:
             message(ax_ulp, f"no data ({why})")
+        elif crashed is not None and not acc:
+            message(ax_ulp, f"{crashed}: accuracy_latency not reached", color=BAD_COLOR)
         elif not ulp:
             why_not = f" (the check raised: {shorten(acc['error'], 80)})" if acc.get("error") else ""
             message(ax_ulp, "no ulp histogram recorded" + (why_not if acc else " (accuracy check not run)"))
@@ -86,6 +90,8 @@ def plot_error_distributions(artifact: Mapping[str, Any], out_dir: str | os.Path
         hist = acc.get("fwd_abs_err_hist")
         if why is not None:
             message(ax_abs, f"no data ({why})")
+        elif crashed is not None and not acc:
+            message(ax_abs, f"no data ({crashed.split(':')[0]} before accuracy_latency)", color=BAD_COLOR)
         elif not hist or not hist.get("edges") or not hist.get("counts"):
             max_err = num(acc.get("fwd_max_abs_err"))
             extra = f"\nmax abs err {max_err:.3g}" if max_err is not None else ""

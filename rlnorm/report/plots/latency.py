@@ -1,4 +1,4 @@
-"""Forward and forward+backward latency against the same-run `torch.add` floor."""
+"""Forward and forward+backward latency against the `torch.add` floor timed beside each backend in the same run."""
 
 from __future__ import annotations
 
@@ -24,34 +24,28 @@ from rlnorm.report.plots.common import (
     latency_missing_reason,
     message,
     num,
+    own_add_us,
+    roofline_ratio,
     rows_measured,
     save,
     set_title,
 )
-
-
-def _roofline_us(doc: Mapping[str, Any]) -> float | None:
-    """The same-run torch.add time (3 tensors); the median over backends that recorded one."""
-    values = [num(accuracy_of(e).get("roofline_add_us")) for e in (doc.get("results") or {}).values()]
-    values = [v for v in values if v is not None and v > 0]
-    return float(np.median(values)) if values else None
+from rlnorm.report.verdicts import ended_state
 
 
 def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | None = None) -> Figure:
-    """Forward and forward+backward time per backend (median, p20-p80 whiskers), with the same-run
-    torch.add roofline (3 tensors forward; 8/3 of it for 8 tensors forward+backward)."""
+    """Forward and forward+backward time per backend (median, p20-p80 whiskers), each against the torch.add
+    timed in the same run beside that backend (3 tensors forward; 8/3 of it for 8 tensors forward+backward).
+    The ratio printed is the artifact's `fwd_roofline_ratio` / `fwd_bwd_roofline_ratio`, as in the table."""
     doc = as_doc(artifact)
     backends = backend_keys(doc)
-    roof = _roofline_us(doc)
     n = max(len(backends), 1)
     fig = Figure(figsize=(14, 2.0 + 0.5 * n), layout="constrained")
     axes = fig.subplots(1, 2, squeeze=False)[0]
-    panels = (
-        ("fwd_us", "forward", roof, "3 tensors"),
-        ("fwd_bwd_us", "forward + backward", None if roof is None else roof * 8 / 3, "8/3 x, 8 tensors"),
-    )
+    panels = (("fwd_us", "forward", "3 tensors"), ("fwd_bwd_us", "forward + backward", "8/3 x, 8 tensors"))
     starred = False  # a time marked *: the GPU queue ran dry while it was timed (host overhead included)
-    for ax, (field, label, roof_line, what) in zip(axes, panels, strict=True):
+    any_add = False
+    for ax, (field, label, what) in zip(axes, panels, strict=True):
         ax.set_title(label, fontsize=11, fontweight="bold")
         if not backends:
             message(ax, "no backends in this artifact")
@@ -76,7 +70,8 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
         ax.errorbar(
             [v or np.nan for v in values], ys, xerr=[lows, highs], fmt="none", ecolor="#222222", capsize=3, lw=1
         )
-        span = present + ([roof_line] if roof_line else [])
+        adds = [None if v is None else own_add_us(accuracy_of(e), field) for e, v in zip(entries, values, strict=True)]
+        span = present + [a for a in adds if a is not None]
         log = max(span) / min(span) > 8  # within 8x a linear axis still shows the differences
         if log:
             ax.set_xscale("log")
@@ -93,20 +88,23 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
                     transform=x_in_axes,
                     va="center",
                     fontsize=9,
-                    color=MISSING_COLOR,
+                    color=MISSING_COLOR if ended_state(e) is None else BAD_COLOR,  # a crash is no skip
                     style="italic",
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1},
                 )
                 continue
             star = "*" if ran_host_bound(accuracy_of(e), field) else ""
             starred |= bool(star)
-            text = fmt_us(v) + star + (f"  ({fmt_ratio(v / roof_line)} roofline)" if roof_line else "")
+            ratio = roofline_ratio(accuracy_of(e), field)
+            text = fmt_us(v) + star + (f"  ({fmt_ratio(ratio)} its add)" if ratio is not None else "")
             x = tip * 1.12 if log else tip + max(span) * 0.015
             ax.text(x, y, text, va="center", fontsize=8)
-        if roof_line is not None:
-            ax.axvline(
-                roof_line, color=BAD_COLOR, ls="--", lw=1.3, label=f"torch.add roofline {fmt_us(roof_line)} ({what})"
-            )
+        drawn = [(y, a) for y, a in zip(ys, adds, strict=True) if a is not None]
+        if drawn:
+            any_add = True
+            for i, (y, a) in enumerate(drawn):
+                label_add = f"torch.add timed beside each backend, same run ({what})" if i == 0 else None
+                ax.plot([a, a], [y - 0.42, y + 0.42], color=BAD_COLOR, ls="--", lw=1.4, label=label_add)
             ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
         ax.set_yticks(ys, backends)
         ax.set_ylim(len(backends) - 0.4, -0.6)
@@ -117,7 +115,10 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
     add_starred = any(ran_host_bound(accuracy_of(e), "add") for e in (doc.get("results") or {}).values())
     notes = [
         f"{rows:,} rows" if rows else None,
-        None if roof is not None else "roofline not measured",
+        None if any_add else "roofline not measured",
+        "ratio: the time over the add timed beside that backend (fwd_roofline_ratio, fwd_bwd_roofline_ratio)"
+        if any_add
+        else None,
         cpu_note(doc),
         "* the GPU queue ran dry while timing: host overhead included" if starred else None,
         "torch.add ran with the queue dry in some timing: the roofline may include host overhead"
@@ -125,6 +126,7 @@ def plot_latency(artifact: Mapping[str, Any], out_dir: str | os.PathLike[str] | 
         else None,
     ]
     extra = " · ".join(n for n in notes if n) or None
-    set_title(fig, "Latency per backend (lower is better)", doc, extra)
+    what = "Latency per backend, against the torch.add timed beside it in the same run (lower is better)"
+    set_title(fig, what, doc, extra)
     save(fig, out_dir, "latency")
     return fig

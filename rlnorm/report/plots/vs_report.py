@@ -11,6 +11,7 @@ from matplotlib import colors as mcolors
 from matplotlib import transforms as mtransforms
 from matplotlib.figure import Figure
 
+from rlnorm.report.counts import backend_counts
 from rlnorm.report.plots.common import (
     MISSING_COLOR,
     REPORT_COLOR,
@@ -29,41 +30,68 @@ from rlnorm.report.plots.common import (
     run_label,
     save,
     set_title,
-    size_entries,
+)
+from rlnorm.report.verdicts import crash_brief, ended_state, finished_checks
+
+COUNT_COLUMNS = (
+    "all_rows\ny",
+    "all_rows\ndx,dz",
+    "full_vs_sub_batches\ny",
+    "full_vs_sub_batches\ndx,dz",
+    "batch_size_sweep\ny, dx or dz",
+    "dweight_repeatable",
+    "gates passed",
 )
 
 
-def _differ_cells(entry: Mapping[str, Any] | None) -> dict[str, int | bool | None]:
+def _differ_cells(entry: Mapping[str, Any] | None) -> dict[str, int | bool | str | None]:
+    """column -> the count (row comparisons that differ), a yes/no, None (no value), or 'crashed' / 'timed out'
+    for a check a backend's process did not live to finish."""
     if entry is None or not_ran(entry) is not None:
         return {}
     bi = entry.get("batch_invariance") or {}
-    all_rows = size_entries(bi.get("all_rows")) or None
-    sub = bi.get("full_vs_sub_batches") or {}
-    sweep = bi.get("batch_size_sweep") or {}
+    counts = backend_counts(entry)
+    ended = ended_state(entry)
+    done = set(finished_checks(entry))
 
-    def total(field: str) -> int | None:
-        if not all_rows:
+    def died(check: str) -> bool:
+        return ended is not None and check not in done
+
+    def pick(check: str, attr: str) -> int | str | None:
+        if died(check):
+            return ended
+        c = counts.get(check)
+        if c is None:
             return None
-        vals = [v.get(field) for v in all_rows.values()]
-        return None if any(v is None for v in vals) else int(sum(vals))
+        if attr == "any":  # the sweep: the report counts only the total; ours also counts it
+            return c.any if c.any is not None else c.y
+        return getattr(c, attr)
 
     return {
-        "all_rows fwd": total("fwd_differ"),
-        "all_rows grad": total("rowgrad_differ") if entry.get("backward") != "none" else None,
-        "sub-batch fwd": sub.get("fwd_differ"),
-        "sub-batch grad": sub.get("rowgrad_differ") if entry.get("backward") != "none" else None,
-        "size sweep": sweep.get("differ"),
-        "dweight repeatable": bi.get("dweight_repeatable"),
-        "gates passed": gates_passed(entry),
+        COUNT_COLUMNS[0]: pick("all_rows", "y"),
+        COUNT_COLUMNS[1]: pick("all_rows", "grad"),
+        COUNT_COLUMNS[2]: pick("full_vs_sub_batches", "y"),
+        COUNT_COLUMNS[3]: pick("full_vs_sub_batches", "grad"),
+        COUNT_COLUMNS[4]: pick("batch_size_sweep", "any"),
+        COUNT_COLUMNS[5]: ended if died("dweight_repeatable") else bi.get("dweight_repeatable"),
+        COUNT_COLUMNS[6]: ended if ended is not None else gates_passed(entry),
     }
 
 
 def _fmt_cell(v: Any) -> str:
     if v is None:
         return "–"
+    if isinstance(v, str):
+        return v
     if isinstance(v, bool):
         return "yes" if v else "NO"
     return f"{int(v):,}"
+
+
+def _key_label(doc: Mapping[str, Any], key: str) -> str:
+    e = (doc.get("results") or {}).get(key)
+    brief = None if e is None else crash_brief(e)
+    return key if brief is None else f"{key}\n({brief})"
 
 
 def plot_vs_reference_report(
@@ -139,33 +167,26 @@ def plot_vs_reference_report(
         if name == "fwd":
             fig.legend(loc="outside upper right", fontsize=9, ncols=2)
     ax = grid["counts"]
-    columns = [
-        "all_rows fwd",
-        "all_rows grad",
-        "sub-batch fwd",
-        "sub-batch grad",
-        "size sweep",
-        "dweight repeatable",
-        "gates passed",
-    ]
+    columns = list(COUNT_COLUMNS)
     if not keys:
         message(ax, "no backends")
     else:
-        status = np.zeros((len(keys), len(columns)))  # 0 missing, 1 ok, 2 differs
+        status = np.zeros((len(keys), len(columns)))  # 0 missing, 1 ok, 2 differs, 3 crashed or timed out
         for i, k in enumerate(keys):
             a_cells, b_cells = _differ_cells(entry(doc, k)), _differ_cells(entry(ref, k))
             for j, col in enumerate(columns):
                 a, b = a_cells.get(col), b_cells.get(col)
-                bad = (a is False) if isinstance(a, bool) else (a is not None and a > 0)
-                status[i, j] = 0 if a is None else (2 if bad else 1)
+                bad = (a is False) if isinstance(a, bool) else (isinstance(a, int) and a > 0)
+                status[i, j] = 3 if isinstance(a, str) else (0 if a is None else (2 if bad else 1))
                 ax.text(j, i, f"{_fmt_cell(a)}  |  {_fmt_cell(b)}", ha="center", va="center", fontsize=9)
-        cmap = mcolors.ListedColormap(["#eeeeee", "#c8e6c9", "#ffcdd2"])
-        ax.imshow(status, cmap=cmap, vmin=0, vmax=2, aspect="auto")
-        ax.set_xticks(range(len(columns)), columns)
-        ax.set_yticks(range(len(keys)), keys)
+        cmap = mcolors.ListedColormap(["#eeeeee", "#c8e6c9", "#ffcdd2", "#ce93d8"])
+        ax.imshow(status, cmap=cmap, vmin=0, vmax=3, aspect="auto")
+        ax.set_xticks(range(len(columns)), columns, fontsize=8.5)
+        ax.set_yticks(range(len(keys)), [_key_label(doc, k) for k in keys])
         ax.xaxis.tick_top()
         ax.set_title(
-            "rows that differ: this run | report   (colour = this run: green 0, red > 0, grey no value)\n"
+            "row comparisons that differ (y: the output; dx,dz: dx or dz; sweep: any of them): this run | report"
+            "   (colour = this run: green 0, red > 0, grey no value, purple crashed or timed out)\n"
             "gates passed: the report's gradient gates compared the reference op's own dweight hook for every "
             "library, so their dweight lines passed by construction (docs/spec.md §5)",
             fontsize=10,
