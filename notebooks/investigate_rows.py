@@ -63,7 +63,6 @@ from rlnorm.report.investigate import (
     differing_rows,
     failing_summary,
     pick_row,
-    records_dropped,
     reproduce_crash,
 )
 from rlnorm.report.plots.row import plot_row
@@ -78,8 +77,8 @@ print("records: ", the_run.location.records)
 # %% [markdown]
 # ## The run's backends and verdicts
 # `status` says whether each backend ran here; a skipped one carries the reason, and has no rows below.
-# The verdicts are the run's own: `FAIL (fwd N, grad M)` counts the rows whose output (N) or
-# gradients (M) differed; those rows are what the records below hold.
+# The verdicts are the run's own: `FAIL (736 y / 3,128 dx,dz)` counts the row comparisons whose output (y) or
+# gradients (dx or dz) differed; a row is compared once per size and seed.
 
 # %%
 backends_table = pd.DataFrame(
@@ -122,13 +121,14 @@ else:
             display(pd.Series(reproduce_crash(the_run.artifact, _key), name=_key).to_frame())
 
 # %% [markdown]
-# ## Differing records per backend, check and tensor
-# One record is one row whose output `y`, or gradient `dx` / `dz`, was not bitwise the same inside
-# the batch and alone (`dweight` records are whole-batch, not per row). `rows` counts distinct rows,
-# `max_ulp` is the largest difference in bf16 ulps.
+# ## What differs, per backend and check
+# One line per backend and check that differs: the row comparisons made, those whose `y` differs and those
+# whose `dx` or `dz` differs (the artifact's counts, always complete), then the **records**: one per differing
+# (row comparison, tensor), kept up to `max_records`, so `records kept` + `records not kept` is every differing
+# pair. `max_ulp` is the largest recorded difference in bf16 ulps.
 
 # %%
-summary_table = failing_summary(the_run.records)
+summary_table = failing_summary(the_run.records, the_run.artifact)
 summary_table
 
 # %% [markdown]
@@ -139,7 +139,11 @@ summary_table
 
 # %%
 _rows_of_backend = backend is None or (len(the_run.records) and backend in set(the_run.records["backend"]))
-table = differing_rows(the_run.records, backend, check) if len(the_run.records) and _rows_of_backend else None
+table = (
+    differing_rows(the_run.records, backend, check, artifact=the_run.artifact)
+    if len(the_run.records) and _rows_of_backend
+    else None
+)
 if table is None and backend in crashed:
     display(Markdown(f"**{backend}** recorded no differing row before its process died: see its trail above."))
 elif table is None and the_run.location.records is None:
@@ -147,12 +151,7 @@ elif table is None and the_run.location.records is None:
 elif table is None:
     display(Markdown("**No differing rows in this run:** every check passed, so there is nothing to drill into."))
 else:
-    display(Markdown(f"**{table.attrs['backend']}**, check **{table.attrs['check']}**: {len(table)} records"))
-    dropped = records_dropped(the_run.artifact, table.attrs["backend"], table.attrs["check"])
-    if dropped:
-        display(
-            Markdown(f"*{dropped} more differing (row, tensor) pairs were counted but not recorded (max_records).*")
-        )
+    display(Markdown(f"**{table.attrs['backend']}**: {table.attrs['counts']}"))
     display(table.drop(columns=["rebuild"]).head(50))
 
 # %% [markdown]

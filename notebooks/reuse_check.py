@@ -98,6 +98,13 @@ run = steps.start_run(params)
 
 # %% [markdown]
 # ## Verdict
+#
+# One line per backend: whether it is **batch invariant** (a count is row comparisons that differ: `y` its
+# output, `dx,dz` either gradient, of all those made, summed over sizes and seeds); the **gradient gate**, which
+# compares dx and dz across batch arrangements and the backend's *own* fp32 dweight with the exact sum of
+# single-row dweights; how often its output is the **correctly rounded** bf16 value; and its forward time over
+# the `torch.add` timed beside it in the same run. A backend whose process crashed or timed out says so, with the
+# cause and the check and batch it was on; the checks it finished stand. The figure shows each check's state.
 
 # %% Verdict
 _header = display(Markdown(page.placeholder("run's identity")), display_id=True)
@@ -128,12 +135,18 @@ display(Markdown(tables.device_notice(run)))
 # %% Run every backend
 steps.run_backends(run)
 display(tables.backend_table(run))
-display(Markdown("**Batch invariance** (row comparisons that differ; 0 everywhere is what RL needs)"))
+display(
+    Markdown(
+        "**Batch invariance** (row comparisons that differ, in the artifact's field names; a row is compared once "
+        "per size and seed; 0 everywhere is what RL needs)"
+    )
+)
 display(tables.invariance_table(run))
 display(
     Markdown(
-        "**Accuracy and latency** (microseconds; `x add` = the time over a same-run `torch.add` moving as many "
-        "bytes; `*`: the GPU queue ran dry while timing, so that time includes host overhead)"
+        "**Accuracy and latency** (microseconds; `fwd / its add`: the time over the `torch.add` timed beside that "
+        "backend in the same run, as the latency plot prints it; `*`: the GPU queue ran dry while timing, so that "
+        "time includes host overhead)"
     )
 )
 tables.accuracy_table(run)
@@ -171,20 +184,26 @@ tables.agreement_table(run)
 
 # %% Write artifact, records and plots
 figures = tables.make_plots(run)
-display(Markdown(f"Artifact: `{steps.ARTIFACT_FILE}` · records: `{steps.RECORDS_FILE}` ({len(run.records)} rows)"))
+display(
+    Markdown(
+        f"Artifact: `{steps.ARTIFACT_FILE}` · records: `{steps.RECORDS_FILE}` ({len(run.records)} kept; "
+        "`max_records` caps them, the counts above are complete)"
+    )
+)
 _records = tables.record_table(run)
 display(Markdown(_records) if isinstance(_records, str) else _records)
 
 # %% Plots
 for _name, _png in figures.items():
+    if _name == "verdict":
+        continue  # shown with the verdict at the top
     display(Markdown(f"### {_name.replace('_', ' ')}"))
     display(Image(filename=str(_png)))
 
 # %% Fill in the verdict
 _header.update(Markdown(page.page_header(run)))
 _verdict.update(Markdown(tables.verdict_markdown(run)))
-_first = next(iter(figures.values()), None)
-_headline.update(Image(filename=str(_first)) if _first is not None else Markdown("*(no figure)*"))
+_headline.update(Image(filename=str(figures["verdict"])) if "verdict" in figures else Markdown("*(no figure)*"))
 _done = steps.finish(run)
 
 # %% [markdown]
