@@ -99,7 +99,7 @@ TEXT_SUFFIXES = {".md", ".py", ".yaml", ".yml", ".toml", ".sh", ".cfg", ".txt"}
 
 
 def history_words(path: Path) -> list[str]:
-    """Lines that say when something was built ("session 7", "issue 5") instead of why."""
+    """Lines that say when something was built (a session or an issue, by number) instead of why."""
     lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     return [f"{path.name}:{i}: {ln.strip()[:100]}" for i, ln in enumerate(lines, 1) if HISTORY.search(ln)]
 
@@ -123,8 +123,9 @@ def test_documents_and_code_do_not_narrate_their_history():
 
 def test_a_planted_history_word_is_found(tmp_path):
     doc = tmp_path / "x.md"
-    doc.write_text("Why: the bound is the proof.\nAdded in session 12 (issue #5).\nstart_new_session=True\n")
-    assert history_words(doc) == ["x.md:2: Added in session 12 (issue #5)."]
+    planted = "Added in " + "session" + " 12 (" + "issue" + " #5)."  # spelled apart: this file is scanned too
+    doc.write_text(f"Why: the bound is the proof.\n{planted}\nstart_new_session=True\n")
+    assert history_words(doc) == [f"x.md:2: {planted}"]
 
 
 # -- every repository path a document cites exists ----------------------------------------------------------------

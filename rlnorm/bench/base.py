@@ -82,7 +82,7 @@ def build_tree(base: str, dest: Path, repo: Path) -> tuple[str, str | None]:
         if not (src / "__init__.py").is_file():
             raise BaseError(f"--base: folder {base!r} holds no rlnorm/kernel/ package")
         shutil.copytree(src, dest / KERNEL, ignore=ignore)
-        head = env._git(folder, "rev-parse", "--verify", "HEAD")
+        head = env.git_output(folder, "rev-parse", "--verify", "HEAD")
         return str(folder), head.strip() if head else None
     commit = resolve(base, repo)
     _extract_kernel(commit, repo, dest)

@@ -115,7 +115,7 @@ COMMIT_ENV = "RLNORM_COMMIT"
 DIRTY_ENV = "RLNORM_TREE_DIRTY"
 
 
-def _git(repo_dir: str | os.PathLike[str] | None, *args: str) -> str | None:
+def git_output(repo_dir: str | os.PathLike[str] | None, *args: str) -> str | None:
     """Output of `git -C repo_dir args...`, None when git or the checkout is not there.
 
     With repo_dir None the checkout must be this package's own (its top level holds rlnorm/), so
@@ -156,7 +156,7 @@ def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
     stated = commit_from_env()
     if stated is not None:
         return stated
-    out = _git(repo_dir, "rev-parse", "--verify", "HEAD")
+    out = git_output(repo_dir, "rev-parse", "--verify", "HEAD")
     return out.strip() if out else None
 
 
@@ -168,7 +168,7 @@ def tracked_tree_dirty(repo_dir: str | os.PathLike[str] | None = None) -> bool |
         if value not in ("0", "1", "true", "false"):
             raise ValueError(f"{DIRTY_ENV}: expected 0 or 1, got {value!r}")
         return value in ("1", "true")
-    if _git(repo_dir, "rev-parse", "--verify", "HEAD") is None:
+    if git_output(repo_dir, "rev-parse", "--verify", "HEAD") is None:
         return None
-    out = _git(repo_dir, "status", "--porcelain", "--untracked-files=no")
+    out = git_output(repo_dir, "status", "--porcelain", "--untracked-files=no")
     return None if out is None else bool(out.strip())
