@@ -274,10 +274,10 @@ def trainer_sampler_check() -> dict[str, Any]:
     """The kit's check at width 32: as shipped, and with a planted replacement that keeps rlnorm's default eps in a
     model whose eps is 1e-5."""
     from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
-    from rlnorm.kit.checks.trainer_sampler import trainer_sampler
+    from rlnorm.kit.checks.trainer_sampler import trainer_vs_sampler
 
-    shipped = trainer_sampler(d=D, rows=40, seed=3, eps=1e-6).summary
-    at_1e5 = trainer_sampler(d=D, rows=40, seed=3, eps=1e-5).summary
+    shipped = trainer_vs_sampler(d=D, rows=40, seed=3, eps=1e-6).summary
+    at_1e5 = trainer_vs_sampler(d=D, rows=40, seed=3, eps=1e-5).summary
 
     def wrong_eps(self: Any, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         return rms_norm_gated_op(x, z, self.weight, 1e-6, self.group_size, self.norm_before_gate, self.activation)
@@ -285,7 +285,7 @@ def trainer_sampler_check() -> dict[str, Any]:
     saved = RlnormRMSNormGated._rlnorm
     RlnormRMSNormGated._rlnorm = wrong_eps
     try:
-        planted = trainer_sampler(d=D, rows=40, seed=3, eps=1e-5).summary
+        planted = trainer_vs_sampler(d=D, rows=40, seed=3, eps=1e-5).summary
     finally:
         RlnormRMSNormGated._rlnorm = saved
     return {"shipped": shipped, "at_1e5": at_1e5, "planted": planted, "registered_after": plugin.is_registered()}
