@@ -84,3 +84,24 @@ def test_inductor_runs_the_kernel_itself_at_every_row_count() -> None:
     with torch.inference_mode():
         for n in (37, 5, 1):
             assert torch.equal(compiled(x[:n], z[:n], w), ref[:n])
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_inductor_and_a_cuda_graph_run_the_kernel_itself() -> None:
+    x, z, w = (t.cuda() for t in _rows(4097, d=128))
+    ref = rlnorm.rms_norm_gated(x, z, w)
+    torch._dynamo.reset()
+    compiled = torch.compile(_through_the_op, dynamic=True, fullgraph=True)
+    with torch.inference_mode():
+        for n in (4097, 257, 7, 1):
+            assert torch.equal(compiled(x[:n], z[:n], w), ref[:n])
+        xs, zs = x[:64].clone(), z[:64].clone()
+        _through_the_op(xs, zs, w)  # compile and warm the kernel outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _through_the_op(xs, zs, w)
+        xs.copy_(x[64:128])
+        zs.copy_(z[64:128])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref[64:128])
