@@ -231,6 +231,7 @@ _TOP_ORDER = (
     "records",
     "plots",
     "agreement",
+    "trainer_sampler",
     "results",
 )
 
@@ -258,6 +259,7 @@ def normalize_artifact(doc: Mapping[str, Any]) -> dict[str, Any]:
             f"doc: schema_version {version!r} is not one this rlnorm reads "
             f"({SCHEMA_VERSION!r}, {SEED_SCHEMA_VERSION!r}); upgrade rlnorm"
         )
+    out.setdefault("trainer_sampler", None)  # artifacts from before the check had none
     env = out.get("environment")
     if isinstance(env, dict):
         for key in ENVIRONMENT_NEW_FIELDS:
@@ -305,6 +307,7 @@ def build_artifact(
     wall_time_s: float | None = None,
     kind: str = KIND,
     op: str = OP,
+    trainer_sampler: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Assemble a valid artifact (raises ArtifactValidationError naming the bad key otherwise).
 
@@ -312,7 +315,8 @@ def build_artifact(
     accuracy_latency, contract_gates, errors}}; absent optional parts become None.
     records_path / plots: paths of the per-row table and the PNGs; absolute ones are stored
     relative to `base_dir` (the artifact's folder). rl_kernel_commit: the RL-Kernel commit whose
-    op was checked, if any (the seed report's key; None for a plain rlnorm run).
+    op was checked, if any (the seed report's key; None for a plain rlnorm run). trainer_sampler: the
+    trainer-vs-sampler check's summary (`rlnorm.kit.checks.trainer_sampler`), None where it did not run.
     """
     if not isinstance(quick, bool):
         raise TypeError(f"quick: expected bool, got {type(quick).__name__}")
@@ -343,6 +347,7 @@ def build_artifact(
         "records": None if records_path is None else _relative(records_path, base_dir, "records_path"),
         "plots": None if plots is None else {k: _relative(v, base_dir, f"plots[{k!r}]") for k, v in plots.items()},
         "agreement": None if agreement is None else dict(agreement),
+        "trainer_sampler": None if trainer_sampler is None else dict(trainer_sampler),
         "results": {k: dict(v) if isinstance(v, Mapping) else v for k, v in results.items()},
     }
     for entry in doc["results"].values():

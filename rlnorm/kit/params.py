@@ -44,6 +44,7 @@ ALL_CHECKS = [
     "accuracy_latency",
     "contract_gates",
     "agreement",
+    "trainer_sampler",
 ]
 # docs/spec.md §5 batch_size_sweep: sizes 1..9 and 2^k-1, 2^k, 2^k+1 for k = 4..12 (36 sizes)
 DEFAULT_SWEEP_SIZES = list(range(1, 10)) + [m for k in range(4, 13) for m in (2**k - 1, 2**k, 2**k + 1)]

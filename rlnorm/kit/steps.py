@@ -34,6 +34,7 @@ __all__ = [
     "run_agreement",
     "run_backends",
     "run_gates",
+    "run_trainer_sampler",
     "start_run",
     "write_artifact_and_records",
 ]
@@ -56,6 +57,7 @@ class Run:
     results: dict[str, dict[str, Any]] = field(default_factory=dict)  # key -> results.<key> of the artifact
     records: list[dict[str, Any]] = field(default_factory=list)
     agreement: dict[str, Any] | None = None
+    trainer_sampler: dict[str, Any] | None = None  # the trainer-vs-sampler check's summary
     environment: dict[str, Any] = field(default_factory=dict)
     artifact: dict[str, Any] | None = None
     artifact_path: Path | None = None
@@ -254,6 +256,7 @@ def write_artifact_and_records(run: Run) -> Path:
         param_set=run.params.name,
         rfc=run.params.rfc,
         wall_time_s=round(time.time() - run.started, 1),
+        trainer_sampler=run.trainer_sampler,
     )
     run.artifact_path = out / ARTIFACT_FILE
     art.write_artifact(run.artifact, run.artifact_path, overwrite=True)
@@ -275,3 +278,61 @@ def finish(run: Run) -> dict[str, Any]:
         "seconds": round(run.timings["total"], 1),
         "seconds_per_step": {k: round(v, 1) for k, v in run.timings.items() if k != "total"},
     }
+
+
+# -- trainer against sampler ---------------------------------------------------------------------------------------
+TRAINER_SAMPLER_CHILD = "import sys; from rlnorm.kit.checks.trainer_sampler import main; sys.exit(main(sys.argv[1:]))"
+
+
+def run_trainer_sampler(run: Run) -> None:
+    """The same rows through the norm as transformers' and vLLM's Qwen3-Next layers call it, patched with rlnorm and
+    not (`rlnorm.kit.checks.trainer_sampler`), at the run's width, eps and agreement rows and seed.
+
+    It runs in a process of its own (it imports vLLM, whose import patches torch's compiler for the rest of a
+    process), within `backend_timeout_s`; a crash or a hang becomes the summary's `error`, never the run's end.
+    """
+    if "trainer_sampler" not in run.params.checks:
+        return
+    # kept with the one step that starts a process by hand; the other steps go through isolation's workers
+    import json
+    import subprocess
+    import tempfile
+
+    p = run.params
+    t0 = time.time()
+    job = {
+        "d": p.d,
+        "eps": p.eps,
+        "rows": p.agreement_rows,
+        "seed": p.agreement_seed,
+        "device": run.device,
+        "weight_dtype": p.weight_dtype,
+        "opts": run.opts.as_dict(),
+    }
+    with tempfile.TemporaryDirectory(prefix="rlnorm-trainer-sampler-") as tmp:
+        job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
+        job_path.write_text(json.dumps(job), encoding="utf-8")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", TRAINER_SAMPLER_CHILD, str(job_path), str(out_path)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            env=isolation.child_env(),
+            start_new_session=True,
+        )
+        try:
+            _, err = proc.communicate(timeout=p.backend_timeout_s)
+        except subprocess.TimeoutExpired:
+            isolation.kill_group(proc)
+            proc.communicate()
+            summary: dict[str, Any] = {"error": f"timed out after {p.backend_timeout_s:g} s"}
+        else:
+            if out_path.is_file():
+                summary = json.loads(out_path.read_text(encoding="utf-8"))["summary"]
+            else:
+                how, _ = isolation.describe_exit(proc.returncode)
+                tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+                summary = {"error": f"its process {how}; last line: {tail[-1][:500] if tail else '(no stderr)'}"}
+    run.trainer_sampler = summary
+    run.timings["trainer_sampler"] = time.time() - t0

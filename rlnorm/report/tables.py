@@ -320,3 +320,30 @@ def agreement_table(run: Run) -> pd.DataFrame | None:
     if not a or "equal_fraction" not in a:
         return None
     return pd.DataFrame(a["equal_fraction"], index=a["backends"], columns=a["backends"])
+
+
+def trainer_sampler_table(run: Run) -> pd.DataFrame | str:
+    """Trainer against sampler: per pair, who computed each side and how their outputs differ (a line of text
+    where the check was skipped or failed, empty text where it did not run)."""
+    ts = run.trainer_sampler
+    if not ts:
+        return ""
+    if ts.get("error") or ts.get("skip_reason"):
+        return f"trainer vs sampler did not run: {ts.get('error') or ts.get('skip_reason')}"
+    n = ts["rows"] * ts["d"]
+    rows = []
+    for name, pair in ts["pairs"].items():
+        why = pair.get("error") or pair.get("skip_reason") or ""
+        rows.append(
+            {
+                "pair": name,
+                "trainer": pair.get("trainer") or "",
+                "sampler": pair.get("sampler") or "",
+                "bitwise equal": "" if pair.get("bitwise_equal") is None else pair["bitwise_equal"],
+                "rows differ": "" if why else f"{pair['rows_differ']} / {ts['rows']}",
+                "elements differ": "" if why else f"{pair['elements_differ']} / {n}",
+                "max ulp": "" if why else pair["max_ulp"],
+                "why not compared": why,
+            }
+        )
+    return pd.DataFrame(rows).set_index("pair")

@@ -13,6 +13,7 @@ from rlnorm.kit.checks.common import INVARIANCE_CHECKS, CheckResult, batch_invar
 from rlnorm.kit.checks.dweight import dweight_repeatable
 from rlnorm.kit.checks.rows import COVERAGES, all_rows, full_vs_sub_batches, sub_batch_plan
 from rlnorm.kit.checks.sweep import batch_size_sweep, default_probe_rows, default_sweep_sizes, sweep_positions
+from rlnorm.kit.checks.trainer_sampler import trainer_vs_sampler
 
 __all__ = [
     "COVERAGES",
@@ -32,4 +33,5 @@ __all__ = [
     "full_vs_sub_batches",
     "sub_batch_plan",
     "sweep_positions",
+    "trainer_vs_sampler",
 ]

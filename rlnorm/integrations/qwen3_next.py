@@ -1,0 +1,153 @@
+"""The gated norm of a Qwen3-Next linear-attention layer as each side of RL builds it from one config.
+
+The trainer (transformers) holds `Qwen3NextGatedDeltaNet.norm`, a `Qwen3NextRMSNormGated(head_v_dim,
+eps=config.rms_norm_eps)`; the sampler (vLLM) builds `RMSNormGated(head_v_dim, eps=config.rms_norm_eps,
+group_size=None, norm_before_gate=True, activation=<config's output gate>)` in its Qwen3-Next layer. Both call
+the norm on rows of width head_v_dim, one per token and value head. `transformers_norm` and `vllm_norm` build
+those two modules, patched with rlnorm or not, holding the same weight, so the same rows can be run through each.
+
+`tiny_config` is a Qwen3-Next small enough for a CPU (no weights are downloaded); `torch_delta_rule` makes
+transformers run its own PyTorch delta rule where FLA is installed (FLA's kernels autotune, which needs a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from rlnorm.integrations.transformers import apply_rlnorm_to_qwen3_next
+
+__all__ = ["DELTA_RULES", "sampler_activation", "tiny_config", "torch_delta_rule", "transformers_norm", "vllm_norm"]
+
+# the functions transformers binds to FLA's kernels when FLA is installed (through functools.wraps)
+DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+
+
+def tiny_config(*, d: int = 32, eps: float = 1e-6, heads: int = 2, **overrides: Any) -> Any:
+    """A two-layer Qwen3-Next (a linear-attention layer, then a full-attention one) of hidden size 64 whose gated
+    norm has width d. Its MLPs are dense (`mlp_only_layers`): the sparse MoE routes tokens to experts, so a
+    token's expert matmuls change shape with the other tokens of the batch, and that model is not batch invariant
+    whatever the norm does."""
+    from transformers import Qwen3NextConfig
+
+    values: dict[str, Any] = {
+        "vocab_size": 97,
+        "hidden_size": 64,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
+        "linear_num_key_heads": heads,
+        "linear_num_value_heads": heads,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": d,
+        "layer_types": ["linear_attention", "full_attention"],
+        "mlp_only_layers": [0, 1],
+        "max_position_embeddings": 64,
+        "rms_norm_eps": eps,
+    }
+    values.update(overrides)
+    return Qwen3NextConfig(**values)
+
+
+@contextlib.contextmanager
+def torch_delta_rule() -> Iterator[None]:
+    """Within: transformers' Qwen3-Next runs its PyTorch gated delta rule, even where FLA's kernels are bound."""
+    from transformers.models.qwen3_next import modeling_qwen3_next as mq
+
+    saved = {name: getattr(mq, name) for name in DELTA_RULES}
+    try:
+        for name, fn in saved.items():
+            setattr(mq, name, getattr(fn, "__wrapped__", fn))
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(mq, name, fn)
+
+
+def _first_linear_layer(config: Any) -> int:
+    for i, kind in enumerate(config.layer_types):
+        if kind == "linear_attention":
+            return i
+    raise ValueError(f"config: layer_types {config.layer_types} has no linear_attention layer (no gated norm)")
+
+
+def transformers_norm(
+    config: Any,
+    *,
+    patched: bool,
+    weight: torch.Tensor | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+) -> nn.Module:
+    """The trainer's norm: `norm` of the config's first Gated DeltaNet layer, in `dtype` on `device`, holding
+    `weight` (as a checkpoint load would), swapped for rlnorm's by `apply_rlnorm_to_qwen3_next` when patched."""
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
+
+    layer = Qwen3NextGatedDeltaNet(config, _first_linear_layer(config)).to(device=device, dtype=dtype)
+    if weight is not None:
+        with torch.no_grad():
+            layer.norm.weight.copy_(weight)
+    if patched:
+        apply_rlnorm_to_qwen3_next(layer)
+    return layer.norm
+
+
+def sampler_activation(config: Any) -> str:
+    """The gate vLLM's Qwen3-Next layer passes its norm (the config's `output_gate_type`, silu when absent)."""
+    gate = getattr(config, "output_gate_type", None) or "silu"
+    return "silu" if gate == "swish" else gate
+
+
+def vllm_norm(
+    config: Any,
+    *,
+    patched: bool,
+    weight: torch.Tensor | None = None,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    compilation: dict[str, Any] | None = None,
+) -> nn.Module:
+    """The sampler's norm: vLLM's `RMSNormGated` constructed as its Qwen3-Next layer constructs it, under a vLLM
+    config for `device` (plus `compilation`, CompilationConfig's fields), holding `weight` as vLLM's weight loader
+    copies it. patched: with rlnorm's layer registered (what `RLNORM_VLLM=1` does); the process's registration
+    is restored afterwards. Imports vLLM."""
+    from vllm.config import CompilationConfig, DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.layernorm import RMSNormGated
+
+    from rlnorm.integrations import vllm as plugin
+
+    was = plugin.is_registered()
+    device = torch.device(device)
+    vllm_config = VllmConfig(
+        device_config=DeviceConfig(device=device.type), compilation_config=CompilationConfig(**(compilation or {}))
+    )
+    try:
+        if patched:
+            plugin.register()
+        else:
+            plugin.unregister()
+        with set_current_vllm_config(vllm_config):
+            layer = RMSNormGated(
+                config.linear_value_head_dim,
+                eps=config.rms_norm_eps,
+                group_size=None,
+                norm_before_gate=True,
+                activation=sampler_activation(config),
+                device=device,
+                dtype=dtype,
+            )
+    finally:
+        if was:
+            plugin.register()
+        else:
+            plugin.unregister()
+    if weight is not None:
+        with torch.no_grad():
+            layer.weight.copy_(weight)
+    return layer

@@ -1,0 +1,409 @@
+"""rlnorm's kernel in a transformers (or FLA) model: `apply_rlnorm(model)` swaps every gated RMSNorm it knows.
+
+Each known module is replaced, where it sits, by an rlnorm module that holds the *same* weight Parameter (so the
+optimizer, tied weights and the state_dict see one tensor, under the same key) and the replaced module's own eps,
+group size, gate order and activation, read off the module, never the libraries' defaults (which differ: see
+docs/integrations.md). An option rlnorm cannot honour raises `UnsupportedGatedNorm` naming the module and the
+option, before anything is swapped. `Replacements.undo()`, or leaving `with apply_rlnorm(model):`, puts the
+original modules back.
+
+Modules are recognised by their class (or a base class) and its defining module, so nothing is imported to look
+for them: a model without FLA modules never imports FLA.
+
+Numerics: rlnorm rounds once. transformers' Qwen3NextRMSNormGated rounds three times in bf16 (the normalised x,
+its product with the weight, the gated output), so in bf16 about a third of the outputs move by 1-2 ulp when a
+model is patched: a run patched from the start is reproducible bit for bit, a run begun unpatched is not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
+from typing import overload
+
+import torch
+from torch import nn
+
+from rlnorm.kernel.api import RMSNormGated
+from rlnorm.options import ACTIVATIONS
+
+__all__ = [
+    "KNOWN",
+    "QWEN3_NEXT_CLASSES",
+    "GatedNormOptions",
+    "Replaced",
+    "Replacements",
+    "RlnormFlaFusedRMSNormGated",
+    "RlnormFlaRMSNormGated",
+    "RlnormQwen3NextRMSNormGated",
+    "UnsupportedGatedNorm",
+    "apply_rlnorm",
+    "apply_rlnorm_to_qwen3_next",
+]
+
+
+class UnsupportedGatedNorm(ValueError):
+    """A gated norm that rlnorm cannot stand in for with the same meaning (the message names module and option)."""
+
+
+@dataclass(frozen=True)
+class GatedNormOptions:
+    """What a replacement must carry over from the module it replaces."""
+
+    hidden_size: int
+    eps: float
+    group_size: int | None
+    norm_before_gate: bool
+    activation: str
+    weight: nn.Parameter | None  # None: a weight-less module (FLA's elementwise_affine=False)
+
+
+# -- the replacements ---------------------------------------------------------------------------------------------
+class _Replacement(RMSNormGated):
+    """rlnorm's module holding the replaced module's weight Parameter itself, not a copy."""
+
+    source = ""  # the class it replaces, for messages
+
+    def __init__(self, o: GatedNormOptions, where: str = "") -> None:
+        affine = {} if o.weight is not None else {"elementwise_affine": False}
+        super().__init__(
+            o.hidden_size,
+            eps=o.eps,
+            group_size=o.group_size,
+            norm_before_gate=o.norm_before_gate,
+            activation=o.activation,
+            **affine,
+        )
+        if o.weight is not None:
+            self.weight = o.weight
+        self.where = where  # its name in the model it was put into, for messages
+
+
+class RlnormQwen3NextRMSNormGated(_Replacement):
+    """Stands in for transformers' Qwen3NextRMSNormGated (and its Qwen3.5 copies): forward(hidden_states, gate),
+    the norm before the gate; `variance_epsilon` and `activation` read as on the original."""
+
+    source = "Qwen3NextRMSNormGated"
+
+    @property
+    def variance_epsilon(self) -> float:
+        return self.opts.eps
+
+    @property
+    def activation(self) -> str:
+        return self.opts.activation
+
+    def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(hidden_states, gate)
+
+
+class RlnormFlaRMSNormGated(_Replacement):
+    """Stands in for FLA's layernorm_gated.RMSNormGated: forward(x, z=None); `eps`, `group_size` and
+    `norm_before_gate` read as on the original (FLA's own defaults are eps 1e-5 and the gate first)."""
+
+    source = "FLA RMSNormGated"
+    bias = None
+
+    @property
+    def eps(self) -> float:
+        return self.opts.eps
+
+    @property
+    def group_size(self) -> int | None:
+        return self.opts.group_size
+
+    @property
+    def norm_before_gate(self) -> bool:
+        return self.opts.norm_before_gate
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(x, z)
+
+
+class RlnormFlaFusedRMSNormGated(_Replacement):
+    """Stands in for FLA's fused_norm_gate.FusedRMSNormGated: forward(x, g), the norm before the gate. Its
+    residual/prenorm form adds a residual in fp32 inside the kernel: rlnorm normalises x as given, so a call with
+    a residual or prenorm=True raises (add the residual before the call)."""
+
+    source = "FLA FusedRMSNormGated"
+    bias = None
+
+    @property
+    def eps(self) -> float:
+        return self.opts.eps
+
+    @property
+    def activation(self) -> str:
+        return self.opts.activation
+
+    def forward(  # type: ignore[override]
+        self,
+        x: torch.Tensor,
+        g: torch.Tensor,
+        residual: torch.Tensor | None = None,
+        prenorm: bool = False,
+        residual_in_fp32: bool = False,
+    ) -> torch.Tensor:
+        if residual is not None or prenorm:
+            option = "residual" if residual is not None else "prenorm=True"
+            raise UnsupportedGatedNorm(
+                f"{self.where or 'module'} (rlnorm in place of {self.source}): {option} cannot be honoured: rlnorm "
+                "normalises x as given; add the residual to x before the call"
+            )
+        return super().forward(x, g)
+
+
+# -- reading the replaced module ----------------------------------------------------------------------------------
+def _refuse(where: str, source: str, option: str, why: str) -> UnsupportedGatedNorm:
+    return UnsupportedGatedNorm(f"{where} ({source}): {option} cannot be honoured: {why}")
+
+
+def _weight(mod: nn.Module, where: str, source: str) -> nn.Parameter | None:
+    w = getattr(mod, "weight", None)
+    if w is None:
+        return None
+    if not isinstance(w, nn.Parameter) or w.dim() != 1:
+        raise _refuse(where, source, "weight", f"expected a 1-d nn.Parameter, got {type(w).__name__} {tuple(w.shape)}")
+    return w
+
+
+def _activation(name: object, where: str, source: str) -> str:
+    if not isinstance(name, str) or name not in ACTIVATIONS:
+        raise _refuse(where, source, f"activation={name!r}", f"rlnorm gates with one of {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]
+
+
+def _no_bias(mod: nn.Module, where: str, source: str) -> None:
+    if getattr(mod, "bias", None) is not None:
+        raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
+
+
+def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
+    w = _weight(mod, where, source)
+    if w is None:
+        raise _refuse(where, source, "weight=None", "transformers' gated norm always multiplies by its weight")
+    return GatedNormOptions(
+        hidden_size=w.shape[0],
+        eps=mod.variance_epsilon,
+        group_size=None,
+        norm_before_gate=True,  # its forward normalises, multiplies by the weight, then gates
+        activation=_activation(mod.activation, where, source),
+        weight=w,
+    )
+
+
+def _read_fla_rmsnorm_gated(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
+    _no_bias(mod, where, source)
+    w = _weight(mod, where, source)
+    if w is None:
+        raise _refuse(where, source, "weight=None", "FLA's RMSNormGated always multiplies by its weight")
+    return GatedNormOptions(
+        hidden_size=w.shape[0],
+        eps=mod.eps,
+        group_size=mod.group_size,
+        norm_before_gate=mod.norm_before_gate,
+        activation="silu",  # layernorm_gated gates with silu only
+        weight=w,
+    )
+
+
+def _read_fla_fused(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
+    _no_bias(mod, where, source)
+    return GatedNormOptions(
+        hidden_size=mod.hidden_size,
+        eps=mod.eps,
+        group_size=None,
+        norm_before_gate=True,  # fused_norm_gate normalises, scales, then gates
+        activation=_activation(mod.activation, where, source),
+        weight=_weight(mod, where, source),
+    )
+
+
+@dataclass(frozen=True)
+class _Kind:
+    source: str
+    read: Callable[[nn.Module, str, str], GatedNormOptions]
+    replacement: type[_Replacement]
+
+
+_TRANSFORMERS = _Kind("transformers {}", _read_transformers, RlnormQwen3NextRMSNormGated)
+# (defining module, class name) -> how to replace it. Qwen3.5's gated norms are copies of Qwen3-Next's.
+KNOWN: dict[tuple[str, str], _Kind] = {
+    ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextRMSNormGated"): _TRANSFORMERS,
+    ("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5RMSNormGated"): _TRANSFORMERS,
+    ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeRMSNormGated"): _TRANSFORMERS,
+    ("fla.modules.layernorm_gated", "RMSNormGated"): _Kind("FLA {}", _read_fla_rmsnorm_gated, RlnormFlaRMSNormGated),
+    ("fla.modules.fused_norm_gate", "FusedRMSNormGated"): _Kind("FLA {}", _read_fla_fused, RlnormFlaFusedRMSNormGated),
+}
+
+
+def _known_base(mod: nn.Module, names: Collection[str] | None) -> type | None:
+    """The known class `mod` is (or derives from), or None."""
+    for cls in type(mod).__mro__:
+        if (cls.__module__, cls.__qualname__) in KNOWN and (names is None or cls.__qualname__ in names):
+            return cls
+    return None
+
+
+def _hooked(mod: nn.Module) -> str | None:
+    """Why swapping `mod` would silently drop something attached to it, or None."""
+    if "forward" in vars(mod):
+        return "its forward was replaced on the instance (accelerate's hooks, another kernel library)"
+    hooks = [
+        n
+        for n in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+        if getattr(mod, n, None)
+    ]
+    if hooks:
+        return f"it has {', '.join(h.strip('_') for h in hooks)} (FSDP, DDP or a user's): apply rlnorm before them"
+    return None
+
+
+def _build(mod: nn.Module, base: type, where: str) -> _Replacement:
+    kind = KNOWN[(base.__module__, base.__qualname__)]
+    source = kind.source.format(base.__qualname__)
+    if type(mod).forward is not base.forward:
+        option = f"{type(mod).__qualname__}.forward"
+        raise _refuse(where, source, option, "it overrides the forward rlnorm stands in for")
+    why = _hooked(mod)
+    if why:
+        raise _refuse(where, source, "the module itself", why)
+    o = kind.read(mod, where, source)
+    try:
+        rep = kind.replacement(o, where)
+    except (ValueError, TypeError) as exc:  # rlnorm's own validation names the option (eps, group_size, width)
+        raise UnsupportedGatedNorm(f"{where} ({source}): rlnorm cannot honour it: {exc}") from exc
+    rep.source = source
+    return rep
+
+
+# -- applying and undoing -----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Replaced:
+    """One place in the model where a module was swapped."""
+
+    name: str  # qualified name in the model, e.g. "model.layers.0.linear_attn.norm"
+    source: str  # what was there, e.g. "transformers Qwen3NextRMSNormGated"
+    original: nn.Module
+    replacement: nn.Module
+
+
+class Replacements(Sequence[Replaced]):
+    """What `apply_rlnorm` swapped, in model order; `undo()` (or leaving a `with` block) swaps it back.
+
+    `skipped` lists (name, reason) for modules left in place under strict=False.
+    """
+
+    def __init__(self, model: nn.Module, items: Sequence[Replaced], skipped: Sequence[tuple[str, str]] = ()) -> None:
+        self.model = model
+        self._items = tuple(items)
+        self.skipped = tuple(skipped)
+        self.undone = False
+
+    @overload
+    def __getitem__(self, i: int) -> Replaced: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Replaced]: ...
+    def __getitem__(self, i: int | slice) -> Replaced | Sequence[Replaced]:
+        return self._items[i]
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[Replaced]:
+        return iter(self._items)
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self._items]
+
+    def __repr__(self) -> str:
+        state = ", undone" if self.undone else ""
+        return f"<Replacements: {len(self)} module(s){state}, {len(self.skipped)} skipped: {self.names}>"
+
+    def undo(self) -> None:
+        """Put every original module back where it was; the weight it ends with is the one trained meanwhile.
+
+        Raises RuntimeError, changing nothing, if something else has since been put in one of those places.
+        """
+        if self.undone:
+            return
+        places = []
+        for item in self._items:
+            parent_name, _, attr = item.name.rpartition(".")
+            parent = self.model.get_submodule(parent_name)
+            now = getattr(parent, attr, None)
+            if now is not item.replacement:
+                raise RuntimeError(
+                    f"{item.name}: holds {type(now).__name__}, not the rlnorm module apply_rlnorm put there; "
+                    "nothing was undone"
+                )
+            places.append((parent, attr, item))
+        for parent, attr, item in reversed(places):
+            w = getattr(item.replacement, "weight", None)
+            if w is not None and getattr(item.original, "weight", None) is not w:
+                item.original.weight = w  # reassigned meanwhile (load_state_dict(assign=True)): keep the new one
+            setattr(parent, attr, item.original)
+        self.undone = True
+
+    def __enter__(self) -> Replacements:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.undo()
+
+
+def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, strict: bool = True) -> Replacements:
+    """Swap every gated norm of `model` that rlnorm knows (`KNOWN`) for an rlnorm module, in place.
+
+    The replacement holds the same weight Parameter and the module's own eps, group size, gate order and
+    activation; state_dict keys do not change. only: class names to replace (default: every known class).
+    strict (default): a module rlnorm cannot stand in for raises UnsupportedGatedNorm naming it and the option,
+    and nothing is swapped; strict=False leaves such modules in place and lists them in `skipped`.
+    Call it before wrapping the model (FSDP, DDP, torch.compile, accelerate's device map): a module with hooks
+    is refused. Returns the `Replacements`, whose `undo()` puts the originals back.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
+    if _known_base(model, only) is not None:
+        raise ValueError(f"model: is itself a {type(model).__qualname__}; pass the model that holds it")
+    built: dict[int, _Replacement] = {}  # one replacement per module, so a module shared by two parents stays shared
+    refused: dict[int, str] = {}
+    items: list[Replaced] = []
+    skipped: list[tuple[str, str]] = []
+    for parent_name, parent in model.named_modules(remove_duplicate=False):
+        for attr, child in parent.named_children():
+            base = _known_base(child, only)
+            if base is None:
+                continue
+            where = f"{parent_name}.{attr}" if parent_name else attr
+            if id(child) in refused:
+                skipped.append((where, refused[id(child)]))
+                continue
+            if id(child) not in built:
+                try:
+                    built[id(child)] = _build(child, base, where)
+                except UnsupportedGatedNorm as exc:
+                    if strict:
+                        raise
+                    refused[id(child)] = str(exc)
+                    skipped.append((where, str(exc)))
+                    continue
+            rep = built[id(child)]
+            items.append(Replaced(where, rep.source, child, rep))
+    for item in items:  # every module was accepted: now swap, so a refusal never leaves a half-patched model
+        parent_name, _, attr = item.name.rpartition(".")
+        setattr(model.get_submodule(parent_name), attr, item.replacement)
+    return Replacements(model, items, skipped)
+
+
+QWEN3_NEXT_CLASSES = ("Qwen3NextRMSNormGated",)
+
+
+def apply_rlnorm_to_qwen3_next(model: nn.Module, *, strict: bool = True) -> Replacements:
+    """`apply_rlnorm` for a transformers Qwen3-Next model (its Gated DeltaNet layers' `norm`); raises
+    ValueError if the model holds no Qwen3NextRMSNormGated."""
+    done = apply_rlnorm(model, only=QWEN3_NEXT_CLASSES, strict=strict)
+    if not done and not done.skipped:
+        raise ValueError(f"model: {type(model).__qualname__} holds no Qwen3NextRMSNormGated (not a Qwen3-Next model?)")
+    return done

@@ -1,0 +1,83 @@
+"""rlnorm's vLLM plugin: with `RLNORM_VLLM=1`, vLLM builds rlnorm's layer wherever a model asks for `RMSNormGated`.
+
+vLLM runs every entry point of the `vllm.general_plugins` group in each of its processes (front end, engine core,
+workers) before it builds a model; rlnorm declares `register_plugin` there (pyproject.toml). It acts only when
+the environment variable is 1, so installing rlnorm changes no engine by itself. `register` puts
+`RlnormRMSNormGated` (`rlnorm.integrations.vllm_layer`) in vLLM's out-of-tree registry under the in-tree class's
+name, which `CustomOp.__new__` looks up at every construction: the model code is unchanged and calls
+`RMSNormGated(...)` with its own eps, group size, gate order and activation.
+
+Importing this module does not import vLLM; `register` does.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["ENV", "IN_TREE", "enabled_by_env", "is_registered", "register", "register_plugin", "unregister"]
+
+ENV = "RLNORM_VLLM"
+IN_TREE = "RMSNormGated"  # the key vLLM's registry uses: the in-tree class's __name__
+
+
+def enabled_by_env(environ: dict[str, str] | None = None) -> bool:
+    """Whether `RLNORM_VLLM` asks for rlnorm's layer: "1" yes, unset, "" or "0" no, anything else is an error
+    (a typo must not leave an engine silently unpatched)."""
+    value = (os.environ if environ is None else environ).get(ENV, "").strip()
+    if value in ("", "0"):
+        return False
+    if value == "1":
+        return True
+    raise ValueError(f"{ENV}: expected 1 (use rlnorm's kernel in vLLM) or 0/unset, got {value!r}")
+
+
+def register_plugin() -> None:
+    """vLLM's general-plugin entry point: registers rlnorm's layer when `RLNORM_VLLM=1`, else does nothing.
+
+    vLLM may call it more than once per process and once in every process; each call after the first is a no-op.
+    """
+    if enabled_by_env():
+        register()
+
+
+def _registry() -> dict[str, type]:
+    from vllm.model_executor.custom_op import op_registry_oot
+
+    return op_registry_oot
+
+
+def is_registered() -> bool:
+    """Whether vLLM builds rlnorm's layer for RMSNormGated in this process."""
+    from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
+
+    return _registry().get(IN_TREE) is RlnormRMSNormGated
+
+
+def register() -> type:
+    """Make vLLM build `RlnormRMSNormGated` for every `RMSNormGated` constructed from now on in this process.
+
+    Idempotent. Raises RuntimeError if another out-of-tree layer already replaces RMSNormGated (vLLM keeps one).
+    """
+    from vllm.model_executor.layers.layernorm import RMSNormGated
+
+    from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
+
+    current = _registry().get(IN_TREE)
+    if current is RlnormRMSNormGated:
+        return current
+    if current is not None:
+        raise RuntimeError(
+            f"{ENV}: vLLM's {IN_TREE} is already replaced by {current.__module__}.{current.__qualname__}; "
+            "vLLM holds one out-of-tree layer per class, so rlnorm's cannot be registered beside it"
+        )
+    RMSNormGated.register_oot(RlnormRMSNormGated)
+    # register_oot names the class after its registry key; the in-tree name keeps vLLM's custom_ops switches
+    # ("+rms_norm_gated") and its logs meaning what they meant (both dispatch paths run rlnorm anyway)
+    RlnormRMSNormGated.name = RMSNormGated.name
+    return RlnormRMSNormGated
+
+
+def unregister() -> None:
+    """Undo `register` in this process (layers already built keep their class); no-op if it is not registered."""
+    if is_registered():
+        del _registry()[IN_TREE]

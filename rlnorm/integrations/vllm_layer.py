@@ -1,0 +1,55 @@
+"""The layer vLLM instantiates for its `RMSNormGated` once rlnorm's plugin is on (importing this imports vLLM).
+
+vLLM picks a layer's forward per platform and per `compilation_config.custom_ops`: `forward_cuda` when the op is
+enabled on a GPU, `forward_native` when it is disabled, which is vLLM's default under Inductor: the whole model is
+then traced by torch.compile and `forward_native`'s PyTorch body is re-derived by Inductor. Every one of these
+methods here calls the opaque operator `torch.ops.rlnorm.rms_norm_gated` (`rlnorm.integrations.ops`), so each path,
+eager or compiled, runs rlnorm's kernel on the layer's own eps, group size, gate order and activation, read at
+each call from the attributes vLLM's constructor set (vLLM's defaults, eps 1e-5 and the gate first, differ from
+rlnorm's; a model passes its own). vLLM's fusion passes that match the PyTorch body (norm + quant) no longer
+match it: the norm stays one kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+from vllm.model_executor.layers.layernorm import RMSNormGated
+
+from rlnorm.integrations.ops import rms_norm_gated_op
+from rlnorm.options import OpOptions
+
+__all__ = ["RlnormRMSNormGated"]
+
+
+class RlnormRMSNormGated(RMSNormGated):
+    """vLLM's RMSNormGated with rlnorm's kernel on every dispatch path; constructed exactly as vLLM's."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        try:  # refuse at model construction what the kernel would refuse at the first forward
+            OpOptions(
+                eps=self.eps,
+                group_size=self.group_size,
+                norm_before_gate=self.norm_before_gate,
+                activation=self.activation,
+            ).check_width(self.weight.shape[0])
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"vLLM RMSNormGated with rlnorm's kernel (RLNORM_VLLM=1): {exc}") from exc
+
+    def _rlnorm(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        if self.bias is not None:
+            raise ValueError("vLLM RMSNormGated with rlnorm's kernel: bias is set, and rlnorm's norm has no bias")
+        return rms_norm_gated_op(x, z, self.weight, self.eps, self.group_size, self.norm_before_gate, self.activation)
+
+    def forward_native(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        return self._rlnorm(x, z)
+
+    def forward_cuda(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        return self._rlnorm(x, z)
+
+    # the other platforms' methods default to one of the two above in vLLM; named here so none can escape
+    forward_hip = forward_cuda
+    forward_xpu = forward_cuda
+    forward_cpu = forward_native
+    forward_tpu = forward_native
+    forward_oot = forward_native

@@ -1,0 +1,270 @@
+"""Trainer against sampler: the same rows through the norm as transformers calls it and as vLLM calls it, bitwise.
+
+RL trains on what the sampler generated, so for one token the trainer (transformers, with FSDP- or Megatron-style
+batches) and the sampler (vLLM, in prefill chunks and decode steps) must compute the same bits. The check builds a
+Qwen3-Next config of width d (`rlnorm.integrations.qwen3_next.tiny_config`; no weights are downloaded), one
+weight, and the norm of its Gated DeltaNet layer as each side builds it:
+
+- patched pair: transformers' norm swapped by `apply_rlnorm_to_qwen3_next`, called as a training step calls it
+  (every row in one call, inputs requiring grad); vLLM's `RMSNormGated` built with rlnorm's layer registered (what
+  `RLNORM_VLLM=1` does), called as an engine calls it (a prefill of the leading rows, then decode steps of one
+  token, `heads` rows, each), through the method vLLM's dispatch chose;
+- unpatched pair, for contrast: transformers' own `Qwen3NextRMSNormGated` against vLLM's own layer, called the
+  same ways.
+
+Each pair reports the rows and elements whose output differs and the largest distance in ulps; `agree` is the
+patched pair's bitwise equality. Row r of x is scaled by 2^-(r mod 16), an exact scaling, so rows reach from
+mean squares far above eps to far below it, where an eps that one side took from a default shows.
+
+Where vLLM cannot be imported (the H200 image pins another torch), the patched sampler is the operator rlnorm's vLLM
+layer calls (`torch.ops.rlnorm.rms_norm_gated` with the arguments that layer passes), labelled so, and the unpatched
+pair is skipped with the reason. `main` runs the check in a process of its own (`rlnorm.kit.steps`): importing
+vLLM patches torch's compiler for the rest of a process.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from rlnorm.inputs import make_case
+from rlnorm.kit.checks.common import CheckResult, bits, check_int, describe
+from rlnorm.numerics import ulp_distance
+from rlnorm.options import OpOptions
+
+__all__ = [
+    "QWEN3_NEXT_OPTIONS",
+    "compare_outputs",
+    "main",
+    "row_scales",
+    "sampler_plan",
+    "trainer_vs_sampler",
+    "vllm_unavailable_reason",
+]
+
+# what Qwen3-Next's gated norm is: whole rows, the norm before a silu gate (eps is the config's)
+QWEN3_NEXT_OPTIONS = {"group_size": None, "norm_before_gate": True, "activation": "silu"}
+SHOWN_ROWS = 10  # differing rows listed by index in the summary (the counts are complete)
+Side = Callable[[Tensor, Tensor], Tensor]
+
+
+def row_scales(rows: int) -> Tensor:
+    """[rows, 1] fp32: 2^-(r mod 16), exact in every float dtype, so scaling x rounds nothing."""
+    return torch.pow(2.0, -(torch.arange(rows) % 16).to(torch.float32))[:, None]
+
+
+def sampler_plan(rows: int, heads: int, decode_tokens: int) -> list[int]:
+    """Row counts of the sampler's calls: one prefill of the leading rows, then up to `decode_tokens` decode steps
+    of one token (`heads` rows) each."""
+    steps = min(decode_tokens, rows // heads)
+    prefill = rows - steps * heads
+    return ([prefill] if prefill else []) + [heads] * steps
+
+
+def compare_outputs(trainer_y: Tensor, sampler_y: Tensor) -> dict[str, Any]:
+    """How the sampler's output differs from the trainer's, row by row, bitwise."""
+    if trainer_y.shape != sampler_y.shape or trainer_y.dtype != sampler_y.dtype:
+        raise ValueError(
+            f"sampler output {tuple(sampler_y.shape)} {sampler_y.dtype}, expected the trainer's "
+            f"{tuple(trainer_y.shape)} {trainer_y.dtype}"
+        )
+    a, b = trainer_y.detach().cpu(), sampler_y.detach().cpu()
+    differ = bits(a) != bits(b)
+    rows = differ.any(dim=-1).nonzero().flatten().tolist()
+    return {
+        "bitwise_equal": not rows,
+        "rows_differ": len(rows),
+        "elements_differ": int(differ.sum()),
+        "max_ulp": int(ulp_distance(a, b).max()) if a.numel() else 0,
+        "differing_rows": rows[:SHOWN_ROWS],
+    }
+
+
+def vllm_unavailable_reason() -> str | None:
+    """Why vLLM cannot be used in this process, or None after importing its layer."""
+    from rlnorm.kit.backends.vllm import ALLOW_TORCH_MISMATCH_ENV, torch_pin_reason, torch_requirement, vllm_version
+
+    version = vllm_version()
+    if version is None:
+        return "vllm is not installed"
+    if os.environ.get(ALLOW_TORCH_MISMATCH_ENV) != "1":
+        reason = torch_pin_reason(torch.__version__, torch_requirement(), version)
+        if reason:
+            return reason
+    try:
+        import vllm.model_executor.layers.layernorm  # noqa: F401
+    except Exception as exc:
+        return f"importing vLLM {version} fails: {describe(exc)}"
+    return None
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def _trainer(config: Any, weight: Tensor, patched: bool, device: str) -> tuple[str, Side]:
+    from rlnorm.integrations.qwen3_next import transformers_norm
+
+    norm = transformers_norm(config, patched=patched, weight=weight, device=device, dtype=weight.dtype)
+    label = f"transformers {_version('transformers')} {type(norm).__qualname__}"
+
+    def run(x: Tensor, z: Tensor) -> Tensor:  # a training step: inputs that need grad, autograd recording
+        with torch.enable_grad():
+            return norm(x.detach().requires_grad_(True), z.detach().requires_grad_(True)).detach()
+
+    return label, run
+
+
+def _sampler(config: Any, weight: Tensor, patched: bool, device: str, vllm_reason: str | None) -> tuple[str, Side]:
+    from rlnorm.integrations.qwen3_next import sampler_activation, vllm_norm
+
+    if vllm_reason is None:
+        layer = vllm_norm(config, patched=patched, weight=weight, device=device, dtype=weight.dtype)
+        method = getattr(getattr(layer, "_forward_method", None), "__name__", "forward")
+
+        def run(x: Tensor, z: Tensor) -> Tensor:
+            with torch.inference_mode():  # as vLLM's model runner calls a model
+                return layer(x, z).clone()  # a normal tensor again, for comparing outside inference mode
+
+        return f"vLLM {_version('vllm')} {type(layer).__qualname__}.{method}", run
+    if not patched:
+        raise _Skip(f"vLLM's own layer cannot run here: {vllm_reason}")
+    from rlnorm.integrations.ops import rms_norm_gated_op
+
+    w = weight.to(device)
+    eps, activation = config.rms_norm_eps, sampler_activation(config)
+
+    def op(x: Tensor, z: Tensor) -> Tensor:  # the arguments RlnormRMSNormGated passes from vLLM's constructor
+        with torch.inference_mode():
+            return rms_norm_gated_op(x, z, w, eps, None, True, activation).clone()
+
+    return f"torch.ops.rlnorm.rms_norm_gated as rlnorm's vLLM layer calls it (vLLM cannot run here: {vllm_reason})", op
+
+
+class _Skip(Exception):
+    """A side that cannot be built here, for a reason that is a finding, not an error."""
+
+
+def _pair(
+    config: Any,
+    weight: Tensor,
+    patched: bool,
+    x: Tensor,
+    z: Tensor,
+    plan: Sequence[int],
+    device: str,
+    vllm_reason: str | None,
+) -> dict[str, Any]:
+    out: dict[str, Any] = {"trainer": None, "sampler": None, "bitwise_equal": None}
+    try:
+        out["trainer"], trainer = _trainer(config, weight, patched, device)
+        out["sampler"], sampler = _sampler(config, weight, patched, device, vllm_reason)
+        y_trainer = trainer(x, z)
+        parts, start = [], 0
+        for size in plan:
+            parts.append(sampler(x[start : start + size], z[start : start + size]))
+            start += size
+        out.update(compare_outputs(y_trainer, torch.cat(parts)))
+    except _Skip as why:
+        out["skip_reason"] = str(why)
+    except Exception as exc:
+        out["error"] = describe(exc)
+    return out
+
+
+def trainer_vs_sampler(
+    *,
+    d: int = 128,
+    eps: float = 1e-6,
+    rows: int = 257,
+    seed: int = 3,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    weight_dtype: torch.dtype | None = None,
+    heads: int = 2,
+    decode_tokens: int = 8,
+    opts: OpOptions | None = None,
+) -> CheckResult:
+    """Run the same `rows` rows (make_case(rows, d, seed), x scaled per row) through both pairs; see the module.
+
+    opts: the run's op options; anything but Qwen3-Next's norm (whole rows, norm before a silu gate) is skipped
+    with the reason, since the trainer's module is Qwen3-Next's. eps is the config's rms_norm_eps.
+    """
+    check_int("rows", rows, 1)
+    check_int("d", d, 1)
+    check_int("heads", heads, 1)
+    check_int("decode_tokens", decode_tokens, 0)
+    wdt = weight_dtype or dtype
+    plan = sampler_plan(rows, heads, decode_tokens)
+    summary: dict[str, Any] = {
+        "rows": rows,
+        "d": d,
+        "heads": heads,
+        "seed": seed,
+        "eps": eps,
+        "dtype": str(dtype).removeprefix("torch."),
+        "weight_dtype": str(wdt).removeprefix("torch."),
+        "device": device,
+        "trainer_calls": [rows],
+        "sampler_calls": plan,
+        "vllm": None,
+        "vllm_reason": None,
+        "agree": None,
+        "pairs": {},
+    }
+    if opts is not None:
+        other = {k: v for k, v in QWEN3_NEXT_OPTIONS.items() if getattr(opts, k) != v}
+        if other:
+            summary["skip_reason"] = (
+                f"the trainer's norm is Qwen3-Next's ({QWEN3_NEXT_OPTIONS}); the run's options differ: "
+                + ", ".join(f"{k}={getattr(opts, k)!r}" for k in other)
+            )
+            return CheckResult(summary)
+    try:
+        from rlnorm.integrations.qwen3_next import tiny_config
+
+        config = tiny_config(d=d, eps=eps, heads=heads)
+    except Exception as exc:
+        summary["error"] = f"cannot build a Qwen3-Next config with transformers: {describe(exc)}"
+        return CheckResult(summary)
+    case = make_case(rows, d, seed, dtype, wdt)
+    x = (case.x.float() * row_scales(rows)).to(dtype).to(device)
+    z = case.z.to(device)
+    reason = vllm_unavailable_reason()
+    summary["vllm_reason"] = reason
+    summary["vllm"] = None if reason else _version("vllm")
+    for name, patched in (("patched", True), ("unpatched", False)):
+        summary["pairs"][name] = _pair(config, case.w, patched, x, z, plan, device, reason)
+    summary["agree"] = summary["pairs"]["patched"]["bitwise_equal"]
+    return CheckResult(summary)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`main([JOB.json, OUT.json])`: the check with JOB's keyword arguments; the summary goes to OUT."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2:
+        print("usage: main([JOB.json, OUT.json])", file=sys.stderr)
+        return 2
+    job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
+    for key in ("dtype", "weight_dtype"):
+        if job.get(key) is not None:
+            job[key] = getattr(torch, job[key])
+    if job.get("opts") is not None:
+        job["opts"] = OpOptions(**job["opts"])
+    try:
+        summary = trainer_vs_sampler(**job).summary
+    except Exception as exc:
+        summary = {"error": describe(exc)}
+    Path(args[1]).write_text(json.dumps({"summary": summary}, allow_nan=False), encoding="utf-8")
+    return 0

@@ -1,0 +1,115 @@
+"""rlnorm's vLLM plugin against the installed vLLM, on the CPU (vLLM's own kernel cannot run here; rlnorm's runs in
+Triton's interpreter): the class vLLM instantiates, both dispatch paths eager and compiled, the layer's own
+options, and the entry point vLLM's plugin loader reads. The vLLM side runs in a child (`vllm_scenarios.py`)."""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT
+from vllm_scenarios import facts
+
+from rlnorm.integrations import vllm as plugin
+from rlnorm.kit.isolation import child_env
+
+slow = pytest.mark.slow
+ENTRY = "rlnorm.integrations.vllm:register_plugin"
+
+
+# -- without vLLM ----------------------------------------------------------------------------------------------
+def test_pyproject_declares_the_general_plugin() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    meta = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert meta["project"]["entry-points"]["vllm.general_plugins"] == {"rlnorm": ENTRY}
+    module, _, attr = ENTRY.partition(":")
+    assert getattr(importlib.import_module(module), attr) is plugin.register_plugin
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, False), ("", False), ("0", False), (" 1 ", True), ("1", True)])
+def test_the_variable_switches_it(value: str | None, on: bool) -> None:
+    env = {} if value is None else {plugin.ENV: value}
+    assert plugin.enabled_by_env(env) is on
+
+
+@pytest.mark.parametrize("value", ["yes", "true", "2", "on"])
+def test_any_other_value_is_refused_by_name(value: str) -> None:
+    with pytest.raises(ValueError, match=f"^RLNORM_VLLM: expected 1 .* got '{value}'"):
+        plugin.enabled_by_env({plugin.ENV: value})
+
+
+def test_importing_the_plugin_imports_no_vllm() -> None:
+    code = "import sys, rlnorm.integrations.vllm; print(sorted(m for m in sys.modules if m.split('.')[0] == 'vllm'))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env(), check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+# -- inside vLLM (child process) --------------------------------------------------------------------------------
+@slow
+def test_installing_is_not_switching_on() -> None:
+    f = facts("off_unless_asked")
+    assert f["unset"] == f["zero"] == "RMSNormGated" and not f["registered"]
+    assert f["typo"].startswith("RLNORM_VLLM: expected 1")
+
+
+@slow
+def test_vllm_s_plugin_loader_finds_the_entry_point_and_switches_it_on() -> None:
+    f = facts("through_the_entry_point")
+    assert ENTRY in f["found"]
+    assert f["class"] == "rlnorm.integrations.vllm_layer.RlnormRMSNormGated" and f["registered"]
+
+
+@slow
+@pytest.mark.parametrize(
+    ("custom_ops", "dispatched"),
+    [("all", "forward_cuda"), ("none", "forward_native"), ("none++rms_norm_gated", "forward_cuda")],
+)
+def test_vllm_instantiates_it_and_both_dispatch_paths_equal_rlnorm_bitwise(custom_ops: str, dispatched: str) -> None:
+    f = facts("instantiated_and_dispatched")[custom_ops]
+    assert f["class"] == "RlnormRMSNormGated"
+    assert f["name"] == "rms_norm_gated"  # vLLM's custom_ops switches keep their in-tree meaning
+    assert f["dispatched"] == dispatched  # this machine's vLLM platform is not the CPU one: enabled means forward_cuda
+    assert f["options"] == [1e-5, 16, False, "sigmoid"]
+    assert f["differing"] == 0
+    assert set(f["every_method_differing"].values()) == {0}
+
+
+@slow
+def test_compiled_forward_native_keeps_rlnorm_opaque_and_equal() -> None:
+    f = facts("compiled")
+    assert f["is_compiled"]
+    assert f["differing_by_rows"] == {"37": 0, "5": 0, "1": 0}  # dynamic shapes, one compiled graph
+    assert f["traced_differing"] == 0
+    assert f["graph_has_op"] and not f["graph_has_rsqrt"]
+    assert f["vllm_graph_has_rsqrt"]  # the inspection sees a re-derivable body when there is one
+
+
+@slow
+def test_the_layer_s_own_options_reach_the_kernel() -> None:
+    f = facts("layer_options_not_defaults")
+    assert f["0"]["options"] == [1e-5, None, False, "swish"]  # vLLM's defaults, as vLLM's constructor sets them
+    assert f["1"]["options"] == [1e-6, None, True, "silu"]
+    assert f["2"]["options"] == [1e-3, 8, False, "swish"]
+    for case in f.values():
+        assert case["differing"] == 0
+    assert f["0"]["differing_from_rlnorm_defaults"] > 0 and f["2"]["differing_from_rlnorm_defaults"] > 0
+
+
+@slow
+def test_a_planted_default_eps_is_caught() -> None:
+    assert facts("planted_default_eps")["differing"] > 0
+
+
+@slow
+def test_what_the_kernel_cannot_take_is_refused_when_the_model_is_built() -> None:
+    f = facts("refused_at_construction")
+    assert f["group_size"].startswith("vLLM RMSNormGated with rlnorm's kernel (RLNORM_VLLM=1): group_size: 5")
+    assert "activation: expected one of" in f["activation"]
+
+
+@slow
+def test_another_out_of_tree_rmsnormgated_is_named() -> None:
+    message = facts("another_replacement_registered")["message"]
+    assert "already replaced by" in message and "Theirs" in message
