@@ -66,6 +66,7 @@ checks = [
     "accuracy_latency",
     "contract_gates",
     "agreement",
+    "trainer_sampler",
 ]
 all_rows_sizes = [7, 64]
 all_rows_seeds = [3]
@@ -174,6 +175,29 @@ tables.gates_table(run)
 # %% Agreement matrix
 steps.run_agreement(run)
 tables.agreement_table(run)
+
+# %% [markdown]
+# ## Trainer against sampler
+#
+# RL trains on what the sampler generated, so for one token the trainer (transformers) and the sampler (vLLM)
+# must compute the same bits. The same rows (the agreement rows and seed, row r scaled by 2^-(r mod 16) so that
+# some rows' mean square lies below eps) go through Qwen3-Next's gated norm as transformers' model calls it in a
+# training step (every row at once) and as vLLM's layer calls it while generating (a prefill, then decode steps of
+# one token each), in a process of its own:
+#
+# * **patched**: rlnorm on both sides (`apply_rlnorm_to_qwen3_next`, and vLLM with `RLNORM_VLLM=1`): must be
+#   bitwise equal;
+# * **unpatched**, for contrast: transformers' own norm against vLLM's default path.
+#
+# Where vLLM cannot run here, the patched sampler is the operator rlnorm's vLLM layer calls (labelled so) and the
+# unpatched pair is skipped with the reason.
+
+# %% Trainer against sampler
+steps.run_trainer_sampler(run)
+_ts = tables.trainer_sampler_table(run)
+display(Markdown(_ts) if isinstance(_ts, str) else _ts)
+if run.trainer_sampler and run.trainer_sampler.get("agree") is not None:
+    display(Markdown(f"**Trainer and sampler agree bitwise: {run.trainer_sampler['agree']}**"))
 
 # %% [markdown]
 # ## The artifact, the records and the plots

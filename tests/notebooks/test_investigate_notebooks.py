@@ -63,7 +63,7 @@ def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Pa
     nb = execute("investigate_rows", tmp_path, {"run": str(tiny_run), "device": "cpu"})
     shown = "\n".join(texts(nb))
     # the differing-rows table of the first planted backend, picked by default
-    assert f"**{BATCH_FAULT}**, check **all_rows**" in shown
+    assert f"**{BATCH_FAULT}**: all_rows (row in its batch vs the row alone): y differs in" in shown
     # the explanation of its first row: columns differ by a nonzero number of ulps, reproduced here
     m = re.search(r"differs in (\d+) of 128 columns by at most (\d+) ulp from the same row computed alone", shown)
     assert m and int(m.group(1)) > 0 and int(m.group(2)) >= 1
@@ -98,7 +98,7 @@ def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: P
         "others": ["reference"],
     }
     shown = "\n".join(texts(execute("investigate_rows", tmp_path, params)))
-    assert f"**{POSITION_FAULT}**, check **batch_size_sweep**" in shown
+    assert f"**{POSITION_FAULT}**: batch_size_sweep" in shown and "row comparisons" in shown
     assert f"'s y for row {row} (batch_size_sweep, case {case}, seed 3)" in shown
     assert "depends on the row's position" in shown
 
