@@ -22,7 +22,15 @@ import torch
 
 from rlnorm.bench import base as base_mod
 from rlnorm.bench import results, runner, variants
-from rlnorm.bench.files import EXIT_EXISTS, EXIT_USAGE, add_out_arguments, command_line, out_taken, write_table
+from rlnorm.bench.files import (
+    EXIT_EXISTS,
+    EXIT_USAGE,
+    add_out_arguments,
+    command_line,
+    out_taken,
+    timing_args,
+    write_table,
+)
 from rlnorm.bench.table import format_base, format_footer, format_markdown
 from rlnorm.kit.artifact import jsonable, write_artifact
 
@@ -83,24 +91,6 @@ def _settings(p: argparse.ArgumentParser, a: argparse.Namespace) -> runner.Setti
     return settings
 
 
-def _child_args(argv: Sequence[str]) -> list[str]:
-    """The options both --base runs get: this command's, without --base and the output options."""
-    keep: list[str] = []
-    args = list(argv)
-    i = 0
-    while i < len(args):
-        name, eq, _ = args[i].partition("=")
-        i += 1
-        if name in ("--base", "--out", "--append-results", "--command"):
-            if not eq and i < len(args) and not args[i].startswith("--"):
-                i += 1
-            continue
-        if name in ("--force", "--no-progress", "--allow-cpu"):
-            continue
-        keep.append(args[i - 1])
-    return keep
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     p = build_parser()
@@ -135,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if a.base is not None:
         try:
-            doc = base_mod.run_base(a.base, _child_args(argv))
+            doc = base_mod.run_base(a.base, timing_args(argv, a, drop=("--base",)))
         except base_mod.BaseError as exc:
             print(str(exc), file=sys.stderr)
             return 1

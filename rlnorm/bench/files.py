@@ -69,9 +69,9 @@ _VALUED = ("--out", "--command")
 _FLAGS = ("--force", "--no-progress", "--allow-cpu")
 
 
-def command_line(prog: str, argv: Sequence[str], a: argparse.Namespace) -> str:
-    """The command that made the numbers, as the results table records it: prog and argv without the
-    output options (--out, --force, --no-progress, --append-results, --allow-cpu, --command)."""
+def timing_args(argv: Sequence[str], a: argparse.Namespace, drop: Sequence[str] = ()) -> list[str]:
+    """argv without the output options (--out, --force, --no-progress, --append-results, --allow-cpu,
+    --command) and without the valued options in `drop`: how the numbers were timed, and nothing else."""
     keep: list[str] = []
     args = list(argv)
     i = 0
@@ -80,7 +80,7 @@ def command_line(prog: str, argv: Sequence[str], a: argparse.Namespace) -> str:
         i += 1
         if name in _FLAGS:
             continue
-        if name in _VALUED:
+        if name in _VALUED or name in drop:
             i += 0 if eq else 1
             continue
         if name == "--append-results":
@@ -89,4 +89,10 @@ def command_line(prog: str, argv: Sequence[str], a: argparse.Namespace) -> str:
                 i += 1
             continue
         keep.append(args[i - 1])
+    return keep
+
+
+def command_line(prog: str, argv: Sequence[str], a: argparse.Namespace) -> str:
+    """The command that made the numbers, as the results table records it."""
+    keep = timing_args(argv, a)
     return f"{prog} {shlex.join(keep)}".strip()

@@ -70,6 +70,20 @@ def describe_exit(returncode: int | None) -> tuple[str, str | None]:
     return f"exited with code {returncode}", None
 
 
+def _start_worker(job: Path, mode: str, stdin: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`python -m rlnorm.kit.worker JOB mode` in a session of its own, its stderr (progress, tracebacks) piped."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlnorm.kit.worker", str(job), mode],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        stdin=stdin,
+        text=True,
+        errors="replace",
+        env=child_env(env),
+        start_new_session=True,
+    )
+
+
 @dataclass
 class BackendOutcome:
     """What one backend's worker left behind; `result` is its artifact entry (status set here if it ended early)."""
@@ -123,16 +137,7 @@ class BackendProcess:
         self._relay = relay
         self._released = threading.Event()
         self._lock = threading.Lock()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rlnorm.kit.worker", str(job), "--hold"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            env=child_env(env),
-            start_new_session=True,
-        )
+        self.proc = _start_worker(job, "--hold", subprocess.PIPE, env)
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
 
@@ -280,16 +285,7 @@ def run_batch(spec: str, rebuild: dict[str, Any], device: str, timeout_s: float 
     with tempfile.TemporaryDirectory(prefix="rlnorm-batch-") as tmp:
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"backend": spec, "device": device, "rebuild": rebuild}))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "rlnorm.kit.worker", str(job), "--batch"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            errors="replace",
-            env=child_env(),
-            start_new_session=True,
-        )
+        proc = _start_worker(job, "--batch", subprocess.DEVNULL)
         timed_out = False
         try:
             _, err = proc.communicate(timeout=timeout_s)

@@ -168,36 +168,33 @@ def _ratio(x: float | None, y: float | None) -> float | None:
     return None if x is None or y is None or x == 0 else y / x
 
 
-def latency_table(a: Mapping, b: Mapping) -> pd.DataFrame:
-    """Per backend: fwd_us and fwd_bwd_us in a and b, and the ratios b/a (< 1: b is faster)."""
+def _side_by_side(a: Mapping, b: Mapping, fields: tuple[tuple[str, ...], ...]) -> pd.DataFrame:
+    """Per backend: each accuracy_latency field (a path into it) in a and in b."""
     rows = []
-    ra, rb = a.get("results") or {}, b.get("results") or {}
     for key in _backends(a, b):
-        al_a = (ra.get(key) or {}).get("accuracy_latency")
-        al_b = (rb.get(key) or {}).get("accuracy_latency")
+        al_a, al_b = (((x.get("results") or {}).get(key) or {}).get("accuracy_latency") for x in (a, b))
         row: dict[str, Any] = {"backend": key}
-        for m in ("fwd_us", "fwd_bwd_us"):
-            x, y = _num(al_a, m), _num(al_b, m)
-            row[f"{m}_a"], row[f"{m}_b"], row[f"{m}_ratio"] = x, y, _ratio(x, y)
+        for path in fields:
+            name = "_".join(path)
+            row[f"{name}_a"], row[f"{name}_b"] = _num(al_a, *path), _num(al_b, *path)
         rows.append(row)
     return pd.DataFrame(rows).set_index("backend").astype(float)
+
+
+def latency_table(a: Mapping, b: Mapping) -> pd.DataFrame:
+    """Per backend: fwd_us and fwd_bwd_us in a and b, and the ratios b/a (< 1: b is faster)."""
+    table = _side_by_side(a, b, (("fwd_us",), ("fwd_bwd_us",)))
+    for m in ("fwd_us", "fwd_bwd_us"):
+        table.insert(table.columns.get_loc(f"{m}_b") + 1, f"{m}_ratio", [
+            _ratio(x, y) for x, y in zip(table[f"{m}_a"], table[f"{m}_b"], strict=True)
+        ])  # fmt: skip
+    return table.astype(float)
 
 
 def accuracy_table(a: Mapping, b: Mapping) -> pd.DataFrame:
     """Per backend: fraction correctly rounded, max abs error and grad_rel_err x/z/w, a and b."""
-    rows = []
-    ra, rb = a.get("results") or {}, b.get("results") or {}
-    for key in _backends(a, b):
-        al_a = (ra.get(key) or {}).get("accuracy_latency")
-        al_b = (rb.get(key) or {}).get("accuracy_latency")
-        row: dict[str, Any] = {"backend": key}
-        for m in ("fwd_correctly_rounded", "fwd_max_abs_err"):
-            row[f"{m}_a"], row[f"{m}_b"] = _num(al_a, m), _num(al_b, m)
-        for t in ("x", "z", "w"):
-            row[f"grad_rel_err_{t}_a"] = _num(al_a, "grad_rel_err", t)
-            row[f"grad_rel_err_{t}_b"] = _num(al_b, "grad_rel_err", t)
-        rows.append(row)
-    return pd.DataFrame(rows).set_index("backend").astype(float)
+    fields = (("fwd_correctly_rounded",), ("fwd_max_abs_err",), *(("grad_rel_err", t) for t in ("x", "z", "w")))
+    return _side_by_side(a, b, fields)
 
 
 def protocol(art: Mapping[str, Any]) -> dict[str, Any]:

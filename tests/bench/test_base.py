@@ -12,6 +12,7 @@ import pytest
 
 from rlnorm import timing
 from rlnorm.bench import base, cli, files, results, runner, table
+from rlnorm.bench.files import timing_args
 from rlnorm.checkout import PACKAGE_DIR
 
 
@@ -85,9 +86,12 @@ def test_the_comparison_is_per_shape_and_mode_with_both_ratios():
 
 
 def test_the_options_both_runs_get():
+    def both(argv: list[str]) -> list[str]:
+        return timing_args(argv, cli.build_parser().parse_args(argv), drop=("--base",))
+
     argv = ["--base", "HEAD~2", "--d", "128", "--out", "x.json", "--smoke", "--append-results", "--force"]
-    assert cli._child_args(argv) == ["--d", "128", "--smoke"]
-    assert cli._child_args(["--base=v1", "--append-results", "t.csv", "--quick"]) == ["--quick"]
+    assert both(argv) == ["--d", "128", "--smoke"]
+    assert both(["--base=v1", "--append-results", "t.csv", "--quick"]) == ["--quick"]
 
 
 def test_base_refuses_backends_and_variants():
