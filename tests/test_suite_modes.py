@@ -59,8 +59,11 @@ def test_gpu_mode_collects_only_the_modules_that_hold_gpu_tests() -> None:
     tests = REPO_ROOT / "tests"
     held = sorted(p.relative_to(tests).as_posix() for p in tests.rglob("test_*.py") if holds_gpu_tests(p))
     assert held == [
+        "integrations/test_ops.py",
+        "integrations/test_trainer_sampler.py",
         "kernel/test_bwd.py",
         "kernel/test_exact_element.py",
         "kernel/test_fwd.py",
         "kit/test_checks.py",
+        "kit/test_isolation.py",
     ]
