@@ -265,7 +265,8 @@ def _adapt(obj: object, spec: str) -> Backend:
         raise ValueError(f"backend {spec!r}: {type(inst).__qualname__} defines neither _fn nor forward")
     if not inst.key:
         inst.key = spec
-    if not inst.source:
+    # a source that is a property is decided when first read (vLLM's, once it knows whether vllm imports): not here
+    if not isinstance(getattr(type(inst), "source", None), property) and not inst.source:
         inst.source = spec
     return inst
 
