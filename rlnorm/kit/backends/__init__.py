@@ -224,6 +224,9 @@ REGISTRY: dict[str, str] = {
     "fla_layernorm_gated": "rlnorm.kit.backends.peers:FlaLayernormGatedBackend",
     "fla_fused_norm_gate": "rlnorm.kit.backends.peers:FlaFusedNormGateBackend",
     "vllm": "rlnorm.kit.backends.vllm:VllmBackend",
+    "vllm_native": "rlnorm.kit.backends.vllm_native:VllmNativeBackend",
+    "vllm_native_compiled": "rlnorm.kit.backends.vllm_native:VllmNativeCompiledBackend",
+    "vllm_native_batch_invariant": "rlnorm.kit.backends.vllm_native:VllmNativeBatchInvariantBackend",
     "torch_compile": "rlnorm.kit.backends.local:TorchCompileBackend",
 }
 
