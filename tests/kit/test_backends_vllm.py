@@ -1,9 +1,9 @@
-"""The `vllm` backend: exact reasons where vLLM cannot run, checked against the real vllm package.
+"""The `vllm` backend: what runs where (vLLM imported, vLLM's files, nothing), and reasons true for the machine.
 
-The real-package tests never import vllm into this process (vLLM's import patches torch._inductor
-for everything after it); they go through the adapter's child-process probe, or a child script.
-Where vllm is installed but not importable they skip with the reason, except in CI (CI=true),
-where .ci/install-vllm.sh must have made it importable, so they fail instead.
+The real-package tests never import vllm into this process (vLLM's import patches torch._inductor for everything
+after it); they go through the adapter's child-process probe, or a child script. Where vllm is installed but not
+importable they skip with the reason, except in CI (CI=true), where .ci/install-vllm.sh must have made it
+importable, so they fail instead.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -21,69 +22,137 @@ import torch
 
 import rlnorm.kit.backends.vllm as vb
 from rlnorm.kit.backends import BackendUnavailable, load_backend
+from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.backends.vllm import VllmBackend, reason_from_probe, run_probe, torch_pin_reason, torch_requirement
 from rlnorm.options import OpOptions
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
-ON_GPU = torch.cuda.is_available()
+INSTALLED = vf.installed_root() is not None and vb.vllm_version() is not None
+PLANTED_IMPORT_ERROR = "ImportError: planted: libcudart.so.13: cannot open shared object file"
 
 
 def _no_probe(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    raise AssertionError("the probe child must not be started when package metadata already says why")
+    raise AssertionError("the probe child must not be started when vllm is not installed")
 
 
-# -- planted conditions: the reason logic ---------------------------------------------------------
+def _plant_vllm(root: Path, body: str) -> dict[str, str]:
+    """A fake `vllm` package ahead of the real one on the probe child's path."""
+    (root / "vllm").mkdir()
+    (root / "vllm" / "__init__.py").write_text(textwrap.dedent(body))
+    return {"PYTHONPATH": str(root)}
 
 
-def test_vllm_missing_is_reported_without_a_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+def _needs_installed_vllm() -> None:
+    if not INSTALLED:
+        msg = "vllm is not installed here (bash .ci/install-vllm.sh installs it)"
+        if IN_CI:
+            pytest.fail(f"{msg}: CI must check the adapter against the real package")
+        pytest.skip(msg)
+
+
+@pytest.fixture
+def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A machine with no vllm installed and no copy of its files."""
     monkeypatch.setattr(vb, "vllm_version", lambda: None)
+    monkeypatch.setattr(vf, "installed_root", lambda: None)
+    monkeypatch.setattr(vf, "DEFAULT_ARCHIVE", tmp_path / "absent.tar.gz")
+    monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
+
+
+@pytest.fixture(scope="module")
+def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tools/vllm_sources.py's archive of the installed vLLM's files."""
+    _needs_installed_vllm()
+    out = tmp_path_factory.mktemp("vllm-src") / "vllm-src.tar.gz"
+    tool = Path(__file__).resolve().parents[2] / "tools" / "vllm_sources.py"
+    proc = subprocess.run([sys.executable, str(tool), "--out", str(out)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+# -- what runs where ------------------------------------------------------------------------------------------------
+
+
+def test_not_installed_and_no_files_says_where_it_looked(monkeypatch: pytest.MonkeyPatch, nowhere: None) -> None:
     monkeypatch.setattr(vb, "run_probe", _no_probe)
     b = VllmBackend()
     ok, why = b.available("cpu")
     assert not ok
-    assert why.startswith("vllm is not installed") and ".ci/install-vllm.sh" in why
+    assert why.startswith(
+        "vllm is not installed here, and vLLM's Python files were not found (RLNORM_VLLM_SOURCES is unset, vllm is "
+        "not installed, and .whl/vllm-src.tar.gz does not exist): `bash .ci/install-vllm.sh` installs"
+    )
+    assert "python tools/vllm_sources.py" in why
     assert b.source == "vLLM (not installed) RMSNormGated.forward_cuda"
-    with pytest.raises(BackendUnavailable, match="vllm is not installed"):
+    with pytest.raises(BackendUnavailable, match="vllm is not installed here"):
         b.forward(torch.zeros(2, 128), torch.zeros(2, 128), torch.ones(128), OpOptions())
 
 
-def test_torch_pin_mismatch_is_reported_without_a_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(vb, "vllm_version", lambda: "0.30.0")
+def test_a_missing_sources_path_is_named(monkeypatch: pytest.MonkeyPatch, nowhere: None, tmp_path: Path) -> None:
+    monkeypatch.setattr(vb, "run_probe", _no_probe)
+    monkeypatch.setenv(vf.SOURCES_ENV, str(tmp_path / "nope.tar.gz"))
+    ok, why = VllmBackend().available("cpu")
+    assert not ok and f"{vf.SOURCES_ENV}={tmp_path / 'nope.tar.gz'} does not exist" in why
+
+
+def test_not_installed_with_vllms_files_runs_them(
+    monkeypatch: pytest.MonkeyPatch, nowhere: None, archive: Path
+) -> None:
+    """The GPU image's case: no vllm, its Python files carried as tools/vllm_sources.py packs them."""
+    monkeypatch.setattr(vb, "run_probe", _no_probe)
+    monkeypatch.setenv(vf.SOURCES_ENV, str(archive))
+    b = VllmBackend()
+    assert b.available("cpu") == (True, "")
+    assert b.plan().mode == "files"
+    source = b.source
+    assert source.startswith(
+        "vLLM 0.30.0 layernorm_guard.rmsnorm_fn, called as RMSNormGated.forward_cuda calls it, run from vLLM's own "
+        "files, under the Triton interpreter"
+    )
+    for part in (f"{archive} ({vf.SOURCES_ENV})", "vllm is not installed here", "stood in for: vllm.triton_utils"):
+        assert part in source, part
+    assert source.endswith("what enforce_eager=True runs; unchanged by VLLM_BATCH_INVARIANT=1")
+    case_x = torch.randn(5, 128).to(torch.bfloat16)
+    y = b.forward(case_x, case_x.flip(0), torch.ones(128, dtype=torch.bfloat16), OpOptions())
+    assert y.shape == (5, 128) and y.dtype == torch.bfloat16
+    assert "vllm" not in sys.modules
+
+
+def test_installed_but_not_importable_runs_its_files_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where `import vllm` fails (the GPU image: vLLM's torch pin unmet), the row runs vLLM's installed files and its
+    source quotes the import error, not "not installed"."""
+    _needs_installed_vllm()
     monkeypatch.setattr(vb, "torch_requirement", lambda: "torch==2.13.0")
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")  # the GPU image's torch
-    monkeypatch.setattr(vb, "run_probe", _no_probe)
-    monkeypatch.delenv(vb.ALLOW_TORCH_MISMATCH_ENV, raising=False)
-    ok, why = VllmBackend().available("cuda")
-    assert not ok
-    assert why.startswith("vLLM 0.30.0 pins torch==2.13.0 but torch 2.11.0+cu130 is installed")
-    assert vb.ALLOW_TORCH_MISMATCH_ENV in why
+    monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
+    b = VllmBackend()
+    b.probe_env = _plant_vllm(Path(tempfile.mkdtemp()), "raise ImportError('planted: libcudart.so.13: cannot open')\n")
+    plan = b.plan()
+    assert plan.mode == "files"
+    assert b.last_probe is not None and b.last_probe["stage"] == "import"
+    assert (
+        "vllm 0.30.0 is installed but `import vllm` fails here: ImportError: planted: libcudart.so.13: cannot open "
+        "(vLLM 0.30.0 pins torch==2.13.0 but torch 2.11.0+cu130 is installed" in b.source
+    )
+    assert "the installed package" in b.source and "not installed here" not in b.source
+    assert b.available("cpu") == (True, "")
 
 
-@pytest.mark.parametrize("how", ["argument", "environment"])
-def test_torch_pin_mismatch_can_be_overridden(monkeypatch: pytest.MonkeyPatch, how: str) -> None:
+def test_installed_unimportable_and_no_files_is_a_true_skip_reason(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vb, "vllm_version", lambda: "0.30.0")
-    monkeypatch.setattr(vb, "torch_requirement", lambda: "torch==2.13.0")
-    monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
-    calls: list[str] = []
-
-    def fake_probe(device: str, timeout_s: float, env: dict[str, str] | None) -> dict[str, Any]:
-        calls.append(device)
-        return {"device": device, "stage": "ok", "error": None}
-
-    monkeypatch.setattr(vb, "run_probe", fake_probe)
-    if how == "environment":
-        monkeypatch.setenv(vb.ALLOW_TORCH_MISMATCH_ENV, "1")
-        b = VllmBackend()
-    else:
-        monkeypatch.delenv(vb.ALLOW_TORCH_MISMATCH_ENV, raising=False)
-        b = VllmBackend(allow_torch_mismatch=True)
-    assert b.available("cuda") == (True, "")
-    assert b.available("cuda") == (True, "")  # cached: one probe per device
-    assert calls == ["cuda"]
-    # tensors on cuda:0 use the "cuda" probe; another GPU gets its own
-    assert b._probed_name(torch.device("cuda", 0)) == "cuda"
-    assert b._probed_name(torch.device("cuda", 1)) == "cuda:1"
-    assert b._probed_name(torch.device("cpu")) == "cpu"
+    monkeypatch.setattr(vb, "torch_requirement", lambda: None)
+    monkeypatch.setattr(vf, "installed_root", lambda: None)
+    monkeypatch.setattr(vf, "DEFAULT_ARCHIVE", Path(tempfile.mkdtemp()) / "absent.tar.gz")
+    monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
+    b = VllmBackend()
+    b.probe_env = _plant_vllm(Path(tempfile.mkdtemp()), "raise ImportError('planted: libcudart.so.13: cannot open')\n")
+    ok, why = b.available("cpu")
+    assert not ok
+    assert why.startswith(
+        "vllm 0.30.0 is installed but `import vllm` fails here: ImportError: planted: libcudart.so.13: cannot open, "
+        "and vLLM's Python files were not found"
+    )
+    assert "is not installed here" not in why
 
 
 @pytest.mark.parametrize(
@@ -133,6 +202,7 @@ _TRITON_OFF = {
     "has_triton": False,
     "triton_installed": True,
     "active_drivers": [],
+    "triton_interpret": "1",
 }
 
 
@@ -157,9 +227,9 @@ _TRITON_OFF = {
             [],
         ),
         (
-            _TRITON_OFF,
+            _TRITON_OFF,  # vllm imported before CUDA_VISIBLE_DEVICES could be emptied
             "no GPU driver: vLLM disabled Triton (vllm/triton_utils/importing.py found 0 active Triton GPU driver(s)",
-            ["CUDA_VISIBLE_DEVICES"],
+            ["interpreter"],
         ),
         (
             {**_TRITON_OFF, "triton_installed": False, "active_drivers": None},
@@ -170,16 +240,11 @@ _TRITON_OFF = {
             {
                 **_TRITON_OFF,
                 "has_triton": True,
-                "cuda_visible_devices": "",
-                "error": "NotImplementedError: num_compute_units is not implemented for the current platform.",
+                "triton_interpret": None,
+                "error": "RuntimeError: 0 active drivers ([]). There should only be one.",
             },
-            "CUDA_VISIBLE_DEVICES is empty, so vLLM kept Triton with no active driver",
+            "Triton's interpreter is off (TRITON_INTERPRET is not 1)",
             ["no GPU driver"],
-        ),
-        (
-            {**_TRITON_OFF, "device": "cuda", "stage": "inputs", "error": "AssertionError: Torch not compiled"},
-            "the probe's tensors cannot be placed on cuda: AssertionError: Torch not compiled",
-            ["forward_cuda launches"],
         ),
         (
             {
@@ -192,7 +257,7 @@ _TRITON_OFF = {
                 "torch_cuda_available": True,
             },
             "forward_cuda launches a CUDA Triton kernel and device 'cpu' is not CUDA",
-            ["no GPU driver"],
+            ["no GPU driver", "interpreter"],
         ),
         (
             {
@@ -204,7 +269,7 @@ _TRITON_OFF = {
                 "active_drivers": ["cuda"],
             },
             "RMSNormGated.forward_cuda(x, z) on cuda:0 raises RuntimeError: Triton Error [CUDA]: out of memory",
-            ["not CUDA", "no GPU driver"],
+            ["not CUDA", "no GPU driver", "interpreter"],
         ),
     ],
 )
@@ -219,18 +284,11 @@ def test_reason_from_probe(probe: dict[str, Any], expected: str | None, absent: 
         assert text not in reason
 
 
-def _plant_vllm(root: Path, body: str) -> dict[str, str]:
-    """A fake `vllm` package ahead of the real one on the child's path."""
-    (root / "vllm").mkdir()
-    (root / "vllm" / "__init__.py").write_text(textwrap.dedent(body))
-    return {"PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
-
-
 def test_probe_reports_the_real_import_error(tmp_path: Path) -> None:
     env = _plant_vllm(tmp_path, "raise ImportError('planted: libcudart.so.13: cannot open shared object file')\n")
     p = run_probe("cpu", timeout_s=120, env=env)
     assert p["stage"] == "import"
-    assert p["error"] == "ImportError: planted: libcudart.so.13: cannot open shared object file"
+    assert p["error"] == PLANTED_IMPORT_ERROR
     assert reason_from_probe(p, "0.30.0").endswith(p["error"])
 
 
@@ -262,36 +320,56 @@ def test_every_option_is_supported() -> None:
                 assert b.supports(OpOptions(group_size=gs, norm_before_gate=nbg, activation=act)) == (True, "")
 
 
-def test_registry_loads_it_and_a_run_goes_on(
+def test_loading_does_not_decide() -> None:
+    """Loading the backend starts no probe: what runs (and so `source`) is decided when first asked."""
+    b = load_backend("vllm")
+    assert isinstance(b, VllmBackend)
+    assert b._plan is None and b.last_probe is None
+    assert "(not decided yet)" in repr(b)
+
+
+class UnimportableVllm(VllmBackend):
+    """vLLM installed, `import vllm` failing, and none of its files to fall back on: a planted machine."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.version = "0.30.0"
+        self.probe_env = _plant_vllm(Path(tempfile.mkdtemp()), "raise ImportError('planted: no vllm._C')\n")
+
+
+def test_a_run_records_the_reason_true_for_the_machine(
     monkeypatch: pytest.MonkeyPatch, tiny_params: dict, tmp_path: Path
 ) -> None:
+    """Through the kit's worker process: skipped, and the reason says installed-but-unimportable with the error."""
     from rlnorm.kit.params import load_params
     from rlnorm.kit.steps import run_backends, start_run
     from rlnorm.report.tables import backend_table
 
-    monkeypatch.setattr(vb, "vllm_version", lambda: None)
-    assert isinstance(load_backend("vllm"), VllmBackend)
-    params = load_params({**tiny_params, "backends": ["reference", "vllm"], "output_dir": str(tmp_path / "run")})
-    run = start_run(params)
+    monkeypatch.setenv(vf.SOURCES_ENV, str(tmp_path / "no-such-archive.tar.gz"))  # the worker inherits it
+    spec = f"{__name__}:UnimportableVllm"
+    params = load_params({**tiny_params, "backends": ["reference"], "custom_backends": [spec]})
+    run = start_run(load_params({**params.as_dict(), "output_dir": str(tmp_path / "run")}))
     run_backends(run)
     table = backend_table(run)
     assert table.loc["reference", "status"] == "ran"
-    assert table.loc["vllm", "status"] == "skipped"
-    assert table.loc["vllm", "why"].startswith("vllm is not installed")
-    assert table.loc["vllm", "backward"] == "none"
+    assert table.loc[spec, "status"] == "skipped"
+    why = table.loc[spec, "why"]
+    assert why.startswith("vllm 0.30.0 is installed but `import vllm` fails here: ImportError: planted: no vllm._C")
+    assert f"{vf.SOURCES_ENV}={tmp_path / 'no-such-archive.tar.gz'} does not exist" in why
+    assert table.loc[spec, "backward"] == "none"
 
 
-# -- the real vllm package ------------------------------------------------------------------------
+# -- the real vllm package ------------------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def real() -> VllmBackend:
-    """One real probe on the CPU (importing vllm takes ~25 s), shared by the tests below."""
-    b = VllmBackend(allow_torch_mismatch=False)
-    _, why = b.available("cpu")
-    probe = b.last_probe
-    if probe is None or probe.get("stage") in ("import", "child"):
-        msg = f"vllm cannot be imported here: {why}"
+    """One real probe on the CPU (importing vllm takes ~10-25 s), shared by the tests below."""
+    _needs_installed_vllm()
+    b = VllmBackend()
+    plan = b.plan()
+    if plan.mode != "imported":
+        msg = f"vllm cannot be imported here: {plan.source}"
         if IN_CI:
             pytest.fail(f"{msg} (CI must run the adapter against the real package: .ci/install-vllm.sh)")
         pytest.skip(msg)
@@ -299,55 +377,82 @@ def real() -> VllmBackend:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(ON_GPU, reason="checks the CPU machine's reason; on a GPU the probe runs the kernel")
-def test_real_vllm_on_this_cpu_machine(real: VllmBackend) -> None:
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU machine's set-up; on a GPU vLLM runs as it is")
+def test_real_vllm_runs_forward_cuda_under_the_interpreter_here(real: VllmBackend) -> None:
+    """Item by item, what a new user does to run vLLM's kernel without a GPU, done by the backend itself."""
     ok, why = real.available("cpu")
+    assert (ok, why) == (True, "")
     p = real.last_probe
-    assert real.source == f"vLLM {real.version} RMSNormGated.forward_cuda"
-    assert not ok
+    assert p is not None and p["stage"] == "ok"
     # the adapter really imported vLLM's class and constructed it under a vLLM config ...
     assert p["module"] == "vllm.model_executor.layers.layernorm.RMSNormGated"
     assert p["vllm_version"] == real.version
-    # ... and forward_cuda really ran into vLLM's Triton placeholder
-    assert p["stage"] == "forward_cuda"
-    assert p["has_triton"] is False and p["triton_placeholder"] is True
-    assert p["error"] == "AttributeError: module 'triton' has no attribute 'next_power_of_2'"
-    if p["triton_installed"]:
-        assert p["active_drivers"] == []
-        assert why.startswith(
-            "no GPU driver: vLLM disabled Triton (vllm/triton_utils/importing.py found 0 active Triton GPU driver(s)"
-        )
-    assert "TritonPlaceholder" in why
-    assert "forward_cuda launches a CUDA Triton kernel and device 'cpu' is not CUDA" in why
-    assert why.endswith("raises AttributeError: module 'triton' has no attribute 'next_power_of_2'")
-    with pytest.raises(BackendUnavailable, match=r"no GPU driver|found no Triton"):
-        real.forward(torch.zeros(2, 128, dtype=torch.bfloat16), None, torch.ones(128), OpOptions())
+    # ... with CUDA_VISIBLE_DEVICES emptied before the import, so vLLM kept the real Triton, interpreted ...
+    assert p["cuda_visible_devices"] == "" and p["triton_interpret"] == "1"
+    assert p["has_triton"] is True and p["triton_placeholder"] is False and p["active_drivers"] == []
+    # ... and the compute units vLLM's platform here cannot give answered as its CPU platform does
+    assert p["platform"] == "UnspecifiedPlatform"
+    assert p["compute_units_answered"] == torch.get_num_threads()
+    assert real.source == (
+        f"vLLM {real.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported, under the "
+        "Triton interpreter (CUDA_VISIBLE_DEVICES='' so vLLM keeps Triton without a GPU driver; num_compute_units "
+        f"answered {torch.get_num_threads()} (torch.get_num_threads(), as vLLM's CPU platform answers)); what "
+        "enforce_eager=True runs; unchanged by VLLM_BATCH_INVARIANT=1"
+    )
     assert "vllm" not in sys.modules  # the kit's process never imported vllm
 
 
+_SET_UP_SCRIPT = r"""
+import json, os, sys
+step = sys.argv[1]
+if step == "none":
+    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+else:
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+import torch
+from rlnorm.inputs import make_case
+from rlnorm.kit.backends.vllm import answer_compute_units, build_module
+from rlnorm.options import OpOptions
+
+if step == "both":
+    answer_compute_units()
+c = make_case(3, 128, seed=0)
+mod = build_module(128, c.w, OpOptions())
+try:
+    y = mod.forward_cuda(c.x, c.z)
+    print("RESULT " + json.dumps({"ran": list(y.shape)}))
+except Exception as exc:
+    print("RESULT " + json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(ON_GPU, reason="a CPU-machine mechanism")
-def test_real_vllm_keeps_triton_when_cuda_visible_devices_is_empty(real: VllmBackend) -> None:
-    # vllm/triton_utils/importing.py tolerates 0 drivers where CUDA_VISIBLE_DEVICES is "" (Ray's
-    # actor init): then the real Triton stays, and the kernel launch fails further on instead.
-    p = run_probe("cpu", env={"CUDA_VISIBLE_DEVICES": ""})
-    if not p.get("triton_installed"):
-        pytest.skip("triton is not installed: vLLM has no Triton to keep")
-    assert p["has_triton"] is True and p["triton_placeholder"] is False
-    assert p["stage"] == "forward_cuda" and p["error"].startswith("NotImplementedError: num_compute_units")
-    why = reason_from_probe(p, real.version)
-    assert why.startswith("CUDA_VISIBLE_DEVICES is empty, so vLLM kept Triton with no active driver")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine needs no set-up")
+def test_each_step_of_the_set_up_is_needed(real: VllmBackend) -> None:
+    """Without CUDA_VISIBLE_DEVICES="" vLLM swaps Triton for its placeholder; without the compute units answered its
+    platform raises; with both, vLLM's own forward_cuda runs (interpreted)."""
+    outcome = {}
+    for step in ("none", "visible_devices", "both"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _SET_UP_SCRIPT, step], capture_output=True, text=True, timeout=600, check=False
+        )
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert lines, proc.stderr[-3000:]
+        outcome[step] = json.loads(lines[-1][len("RESULT ") :])
+    assert outcome["none"] == {"error": "AttributeError: module 'triton' has no attribute 'next_power_of_2'"}
+    assert outcome["visible_devices"]["error"].startswith("NotImplementedError: num_compute_units is not implemented")
+    assert outcome["both"] == {"ran": [3, 128]}
 
 
 _MAPPING_SCRIPT = r"""
-import json, sys
+import json
 import torch
-from rlnorm.kit.backends.vllm import VllmBackend
+from rlnorm.kit.backends.vllm import build_module, prepare_import
 from rlnorm.inputs import make_case
 from rlnorm.options import OpOptions
 from rlnorm.reference import rms_norm_gated_reference
 
-b = VllmBackend(allow_torch_mismatch=True)
+prepare_import("cpu")
 out = []
 for gs in (None, 32):
     for nbg in (True, False):
@@ -355,7 +460,7 @@ for gs in (None, 32):
             for wdt in (torch.bfloat16, torch.float32):
                 opts = OpOptions(eps=1e-5, group_size=gs, norm_before_gate=nbg, activation=act)
                 c = make_case(7, 128, seed=3, weight_dtype=wdt)
-                mod = b._module(128, c.w, opts)
+                mod = build_module(128, c.w, opts)
                 mod.weight = torch.nn.Parameter(c.w.detach(), requires_grad=False)
                 y = mod.forward_native(c.x, c.z)  # the same attributes forward_cuda passes to its kernel
                 ref = rms_norm_gated_reference(c.x, c.z, c.w, opts)
@@ -372,7 +477,7 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 def test_real_vllm_module_gets_our_options_and_weight(real: VllmBackend) -> None:
     """The adapter's constructor mapping, checked on the real class: vLLM's forward_native reads the
-    same attributes forward_cuda hands its kernel, and runs on the CPU, so it must match the reference."""
+    same attributes forward_cuda hands its kernel, so it must match the reference."""
     proc = subprocess.run(
         [sys.executable, "-c", _MAPPING_SCRIPT], capture_output=True, text=True, timeout=600, check=False
     )

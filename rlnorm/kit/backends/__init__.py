@@ -224,6 +224,9 @@ REGISTRY: dict[str, str] = {
     "fla_layernorm_gated": "rlnorm.kit.backends.peers:FlaLayernormGatedBackend",
     "fla_fused_norm_gate": "rlnorm.kit.backends.peers:FlaFusedNormGateBackend",
     "vllm": "rlnorm.kit.backends.vllm:VllmBackend",
+    "vllm_native": "rlnorm.kit.backends.vllm_native:VllmNativeBackend",
+    "vllm_native_compiled": "rlnorm.kit.backends.vllm_native:VllmNativeCompiledBackend",
+    "vllm_native_batch_invariant": "rlnorm.kit.backends.vllm_native:VllmNativeBatchInvariantBackend",
     "torch_compile": "rlnorm.kit.backends.local:TorchCompileBackend",
 }
 
@@ -265,7 +268,8 @@ def _adapt(obj: object, spec: str) -> Backend:
         raise ValueError(f"backend {spec!r}: {type(inst).__qualname__} defines neither _fn nor forward")
     if not inst.key:
         inst.key = spec
-    if not inst.source:
+    # a source that is a property is decided when first read (vLLM's, once it knows whether vllm imports): not here
+    if not isinstance(getattr(type(inst), "source", None), property) and not inst.source:
         inst.source = spec
     return inst
 

@@ -1,24 +1,26 @@
-"""The `vllm` backend: vLLM's own `RMSNormGated.forward_cuda`, forward only (docs/spec.md §6).
+"""The `vllm` backend: vLLM's `RMSNormGated.forward_cuda`, forward only (docs/spec.md §6, docs/vllm.md).
 
-What is called: `vllm.model_executor.layers.layernorm.RMSNormGated(D, eps, group_size,
-norm_before_gate, dtype=w.dtype, activation)`, constructed under a current vLLM config (its
-`CustomOp.__init__` reads `get_current_vllm_config()`), our weight swapped in as its `weight`
-parameter, then `.forward_cuda(x, z)`: vLLM's copy of FLA's `layernorm_guard.rmsnorm_fn`, a
-Triton kernel called directly (no autograd.Function: vLLM is inference-only, so no backward).
+forward_cuda is one call, `layernorm_guard.rmsnorm_fn(x, self.weight, self.bias, z=z, eps=..., group_size=...,
+norm_before_gate=..., activation=...)`: vLLM's copy of FLA's gated norm, a Triton kernel launched directly (no
+autograd.Function: vLLM is inference-only, so no backward). It is what a deployment with `enforce_eager=True` runs;
+a default (compiled) deployment runs `forward_native` instead (`rlnorm.kit.backends.vllm_native`).
 
-Why it often cannot run, and how this module says so exactly (`available`):
-- vllm not installed, or its torch pin (0.30.0: `torch==2.13.0`) not met: read from package
-  metadata, without importing vllm;
-- importing vllm fails, crashes or hangs: the first import happens in a CHILD process
-  (`python -m rlnorm.kit.backends.vllm --probe DEVICE`), which also keeps vLLM's import-time patches
-  of torch (`vllm/env_override.py` patches torch._inductor and sets TORCHINDUCTOR_COMPILE_THREADS)
-  out of the kit's process until vLLM is known to run;
-- no GPU driver: `vllm/triton_utils/importing.py` counts active Triton drivers and, unless
-  exactly one is active, sets HAS_TRITON = False, and `vllm.triton_utils.triton` becomes its
-  `TritonPlaceholder` (no `next_power_of_2`, `jit` a no-op), so forward_cuda raises AttributeError;
-- forward_cuda on a CPU tensor: the kernel is launched for CUDA.
-The child really constructs the module and calls forward_cuda on a tiny input, so the reason
-quotes the error vLLM itself raises.
+What runs, decided once (`plan`), and said in `source`:
+- where vllm imports: the real `RMSNormGated(D, eps, group_size, norm_before_gate, dtype=w.dtype, activation)`,
+  built under a vLLM config, our weight swapped in, `.forward_cuda(x, z)`. On a machine without a GPU, as a new
+  user would get it running: CUDA_VISIBLE_DEVICES="" before the import (vLLM then keeps Triton with no active
+  driver, triton_utils/importing.py), the Triton interpreter, and vLLM's `num_compute_units` answered as its CPU
+  platform answers it (the platform vLLM detects there raises NotImplementedError);
+- where vllm is installed but does not import, or is not installed but its Python files are here
+  (`tools/vllm_sources.py`): `rmsnorm_fn` from vLLM's own files (`rlnorm.kit.backends.vllm_files`), called with
+  exactly the arguments forward_cuda passes (`rmsnorm_call`; tests/kit/test_vllm_files.py proves it against the
+  installed vLLM);
+- else nothing, and `available` says why.
+
+The first import happens in a CHILD process (`python -m rlnorm.kit.backends.vllm --probe DEVICE`), which also runs
+forward_cuda on a tiny input: an import that fails, crashes or hangs is reported, and vLLM's import-time patches of
+torch (`env_override.py`: torch._inductor, TORCHINDUCTOR_COMPILE_THREADS) stay out of the kit's process until vLLM
+is known to run. The reason quotes the error vLLM itself raised.
 """
 
 from __future__ import annotations
@@ -31,19 +33,26 @@ import re
 import subprocess
 import sys
 import traceback
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads
+from rlnorm.inputs import make_case
+from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, describe_error
+from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.options import OpOptions
 
 __all__ = [
-    "ALLOW_TORCH_MISMATCH_ENV",
+    "INSTALL_HINT",
     "VllmBackend",
+    "answer_compute_units",
+    "prepare_import",
     "probe",
     "reason_from_probe",
+    "rmsnorm_call",
     "run_probe",
     "torch_pin_reason",
     "torch_requirement",
@@ -51,10 +60,13 @@ __all__ = [
 ]
 
 DIST = "vllm"
-ALLOW_TORCH_MISMATCH_ENV = "RLNORM_VLLM_ALLOW_TORCH_MISMATCH"
-INSTALL_HINT = "bash .ci/install-vllm.sh installs vllm==0.30.0 beside the installed torch"
+INSTALL_HINT = (
+    "`bash .ci/install-vllm.sh` installs vllm==0.30.0 beside the installed torch where a package index is reachable; "
+    "`python tools/vllm_sources.py` packs an installed vLLM's Python files into .whl/vllm-src.tar.gz for a machine "
+    "without one"
+)
 _PROBE_MARK = "RLNORM_VLLM_PROBE "
-_PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~25 s on 2 cores; a hang must still end
+_PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang must still end
 
 
 def vllm_version() -> str | None:
@@ -99,7 +111,7 @@ def torch_pin_reason(torch_version: str, requirement: str | None, vllm_ver: str 
         return None
     return (
         f"vLLM {vllm_ver} pins {requirement} but torch {torch_version} is installed (vLLM's compiled "
-        f"ops are built against the pinned torch; set {ALLOW_TORCH_MISMATCH_ENV}=1 to try it anyway)"
+        "extensions are built against the pinned torch)"
     )
 
 
@@ -115,19 +127,79 @@ def _device_type(device: str) -> str:
         return str(device)
 
 
-def probe(device: str) -> dict[str, Any]:
-    """Run in the child: import vllm, construct RMSNormGated under a vLLM config, call forward_cuda.
+def default_device() -> str:
+    """The device a run on this machine uses by default (params' `device: auto`)."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
-    Returns facts only (stage reached, vLLM's Triton decision, the error's last line); the parent
-    turns them into a reason with `reason_from_probe`.
+
+# -- getting vLLM's own forward_cuda to run ---------------------------------------------------------------------
+def prepare_import(device: str) -> None:
+    """Before the first `import vllm`: with no GPU here and a CPU device, CUDA_VISIBLE_DEVICES="" (vLLM then keeps
+    Triton although no driver is active, triton_utils/importing.py). Changes nothing for any other code: this
+    machine has no GPU for torch to hide. After vllm is imported it is too late, and nothing is done."""
+    if "vllm" not in sys.modules and _device_type(device) == "cpu" and not torch.cuda.is_available():
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def answer_compute_units() -> int | None:
+    """Where vLLM's platform cannot say how many compute units the device has (the platform vLLM detects on a
+    machine without a GPU raises NotImplementedError), answer as vLLM's CPU platform does (torch's thread count).
+    Returns the answer given, or None where vLLM answers itself."""
+    from vllm.platforms import current_platform
+
+    try:
+        current_platform.num_compute_units(0)
+        return None
+    except NotImplementedError:
+        current_platform.num_compute_units = vf.compute_units
+        return vf.compute_units()
+
+
+def rmsnorm_call(rmsnorm_fn: Any, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+    """The call `RMSNormGated.forward_cuda(x, z)` makes, for a module with weight w built with opts (bias None)."""
+    return rmsnorm_fn(
+        x,
+        w,
+        None,
+        z=z,
+        eps=opts.eps,
+        group_size=opts.group_size,
+        norm_before_gate=opts.norm_before_gate,
+        activation=opts.activation,
+    )
+
+
+def build_module(d: int, w: Tensor, opts: OpOptions) -> Any:
+    """vLLM's RMSNormGated for width d and these options, under a vLLM config (its CustomOp.__init__ reads one)."""
+    from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.layers.layernorm import RMSNormGated
+
+    with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=w.device.type))):
+        return RMSNormGated(
+            d,
+            eps=opts.eps,
+            group_size=opts.group_size,
+            norm_before_gate=opts.norm_before_gate,
+            device=w.device,
+            dtype=w.dtype,
+            activation=opts.activation,
+        )
+
+
+def probe(device: str) -> dict[str, Any]:
+    """Run in the child: import vllm as the backend does, build RMSNormGated, call forward_cuda on a tiny input.
+
+    Returns facts only (stage reached, vLLM's Triton decision, the error's last line); the parent turns them into a
+    reason with `reason_from_probe`.
     """
+    prepare_import(device)
     out: dict[str, Any] = {"device": device, "stage": "import", "error": None}
     out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    out["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
     out["torch_cuda_available"] = torch.cuda.is_available()
     try:
         import vllm
-        from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-        from vllm.model_executor.layers.layernorm import RMSNormGated
+        from vllm.model_executor.layers.layernorm import RMSNormGated  # noqa: F401
         from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
         from vllm.triton_utils import triton as vllm_triton
@@ -149,28 +221,22 @@ def probe(device: str) -> dict[str, Any]:
             ]
         except Exception as exc:
             out["active_drivers_error"] = _last_line(exc)
+    if _device_type(device) == "cpu":
+        out["compute_units_answered"] = answer_compute_units()
     out["stage"] = "construct"
     try:
-        with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=_device_type(device)))):
-            mod = RMSNormGated(128, eps=1e-6, norm_before_gate=True, dtype=torch.float32, activation="silu")
+        case = make_case(3, 128, seed=0, device=device)
+        mod = build_module(128, case.w, OpOptions())
         out["module"] = f"{type(mod).__module__}.{type(mod).__qualname__}"
-    except BaseException as exc:
-        out["error"] = _last_line(exc)
-        return out
-    out["stage"] = "inputs"
-    try:
-        gen = torch.Generator().manual_seed(0)
-        x = (2 * torch.randn(3, 128, generator=gen)).to(torch.bfloat16).to(device)
-        z = torch.randn(3, 128, generator=gen).to(torch.bfloat16).to(device)
-        mod = mod.to(device)
     except BaseException as exc:
         out["error"] = _last_line(exc)
         return out
     out["stage"] = "forward_cuda"
     try:
+        mod.weight = torch.nn.Parameter(case.w, requires_grad=False)
         with torch.no_grad():
-            y = mod.forward_cuda(x, z)
-        if device.startswith("cuda"):
+            y = mod.forward_cuda(case.x, case.z)
+        if _device_type(device) == "cuda":
             torch.cuda.synchronize()
         out["output_shape"] = list(y.shape)
     except BaseException as exc:
@@ -182,7 +248,11 @@ def probe(device: str) -> dict[str, Any]:
 
 def run_probe(device: str, timeout_s: float = _PROBE_TIMEOUT_S, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`probe(device)` in a child process; a crash, hang or unreadable answer is described, never raised."""
-    child_env = {**os.environ, **(env or {})}
+    extra = dict(env or {})
+    child_env = {**os.environ, **extra}
+    # what `env` puts on the path first (tests plant a vllm there), then the kit's own import path, as the parent's
+    paths = [extra.get("PYTHONPATH", ""), *sys.path, os.environ.get("PYTHONPATH", "")]
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     cmd = [sys.executable, "-m", "rlnorm.kit.backends.vllm", "--probe", device]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=child_env)
@@ -224,52 +294,123 @@ def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
                 f"GPU driver(s){named}, expected exactly 1; torch.cuda.is_available()={p.get('torch_cuda_available')}"
                 "), so vllm.triton_utils.triton is its TritonPlaceholder"
             )
-    elif p.get("cuda_visible_devices") == "" and not p.get("active_drivers"):
-        parts.append(
-            "CUDA_VISIBLE_DEVICES is empty, so vLLM kept Triton with no active driver (its distributed-init leniency)"
-        )
-    if _device_type(str(device)) != "cuda":
+    cpu = _device_type(str(device)) == "cpu"
+    if cpu and p.get("has_triton", True) and not p.get("active_drivers") and p.get("triton_interpret") != "1":
+        parts.append("Triton's interpreter is off (TRITON_INTERPRET is not 1), and without it the kernel needs a GPU")
+    if cpu and p.get("active_drivers"):
         parts.append(f"forward_cuda launches a CUDA Triton kernel and device {device!r} is not CUDA")
-    if stage == "inputs":
-        parts.append(f"the probe's tensors cannot be placed on {device}: {err}")
-    else:
-        parts.append(f"RMSNormGated.forward_cuda(x, z) on {device} raises {err}")
+    elif _device_type(str(device)) not in ("cuda", "cpu"):
+        parts.append(f"forward_cuda launches a Triton kernel and device {device!r} is neither CUDA nor the CPU")
+    parts.append(f"RMSNormGated.forward_cuda(x, z) on {device} raises {err}")
     return "; ".join(parts)
 
 
+@dataclass
+class Plan:
+    """What the backend runs on this machine: `mode` "imported", "files" or "none", and what its source says."""
+
+    mode: str
+    source: str
+    reason: str = ""  # mode "none": why nothing can run
+    files: vf.VllmFiles | None = None
+    device: str = ""  # the device the deciding probe ran on
+
+
 class VllmBackend(Backend):
-    """vLLM's `RMSNormGated.forward_cuda`: forward only; `available` says exactly why it cannot run."""
+    """vLLM's `RMSNormGated.forward_cuda`, or its `rmsnorm_fn` from vLLM's files where vllm cannot import."""
 
     key = "vllm"
     has_backward = False
 
-    def __init__(self, allow_torch_mismatch: bool | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
+    def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
+        """files: run `rmsnorm_fn` from these vLLM files (a folder holding vllm/, or tools/vllm_sources.py's
+        archive) whether or not vllm imports; default: the imported vllm where it imports."""
         super().__init__()
         self.version = vllm_version()
-        self.source = f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda"
-        if allow_torch_mismatch is None:
-            allow_torch_mismatch = os.environ.get(ALLOW_TORCH_MISMATCH_ENV, "") == "1"
-        self.allow_torch_mismatch = allow_torch_mismatch
+        self.files_given = files
         self.probe_timeout_s = probe_timeout_s
         self.probe_env: dict[str, str] | None = None  # extra environment for the probe child (tests)
         self.last_probe: dict[str, Any] | None = None  # what the child reported, for the record
+        self._probes: dict[str, dict[str, Any]] = {}
+        self._plan: Plan | None = None
         self._modules: dict[tuple, Any] = {}
+        self._guard: Any = None
 
-    def _static_reason(self) -> str | None:
-        """Reasons read off package metadata, without importing vllm."""
+    # -- what runs here ---------------------------------------------------------------------------------------------
+    @property
+    def source(self) -> str:  # type: ignore[override]
+        """Exactly what runs: decided on first read (it needs to know whether vllm imports here)."""
+        return self.plan().source
+
+    def plan(self) -> Plan:
+        if self._plan is None:
+            self._plan = self._decide()
+        return self._plan
+
+    def _decide(self) -> Plan:
+        if self.files_given is not None:
+            return self._files_plan(*_find_files(self.files_given), why="the files were given")
         if self.version is None:
-            return f"vllm is not installed ({INSTALL_HINT})"
-        if not self.allow_torch_mismatch:
-            return torch_pin_reason(torch.__version__, torch_requirement(), self.version)
-        return None
+            return self._files_plan(*_find_files(None), why="vllm is not installed here")
+        device = default_device()
+        p = self._probe_child(device)
+        if p.get("stage") in ("import", "child"):
+            why = f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}"
+            pin = torch_pin_reason(torch.__version__, torch_requirement(), self.version)
+            return self._files_plan(*_find_files(None), why=why + (f" ({pin})" if pin else ""))
+        return Plan("imported", self._imported_source(p), device=device)
 
+    def _imported_source(self, p: dict[str, Any]) -> str:
+        text = f"vLLM {self.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported"
+        if _device_type(p["device"]) == "cpu":
+            units = p.get("compute_units_answered")
+            answered = f"answered {units} (torch.get_num_threads(), as vLLM's CPU platform answers)" if units else ""
+            text += (
+                ", under the Triton interpreter (CUDA_VISIBLE_DEVICES='' so vLLM keeps Triton without a GPU driver"
+                + (f"; num_compute_units {answered}" if answered else "")
+                + ")"
+            )
+        return text + _PATH_NOTE
+
+    def _files_plan(self, files: vf.VllmFiles | None, where: str, why: str) -> Plan:
+        if files is None:
+            reason = f"{why}, and vLLM's Python files were not found ({where}): {INSTALL_HINT}"
+            return Plan("none", f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda", reason=reason)
+        units = vf.compute_units(0 if torch.cuda.is_available() else None)
+        what = "SMs" if torch.cuda.is_available() else "torch threads, as vLLM's CPU platform answers"
+        interp = ", under the Triton interpreter" if not torch.cuda.is_available() else ""
+        source = (
+            f"vLLM {files.version or '?'} layernorm_guard.rmsnorm_fn, called as RMSNormGated.forward_cuda calls it, "
+            f"run from vLLM's own files{interp} ({files.origin}; {why}); stood in for: vllm.triton_utils (Triton "
+            f"itself), vllm.platforms and vllm.utils.platform_utils (num_compute_units = {units} {what})"
+        )
+        return Plan("files", source + _PATH_NOTE, files=files)
+
+    def _probe_child(self, device: str) -> dict[str, Any]:
+        if device not in self._probes:
+            self._probes[device] = run_probe(device, timeout_s=self.probe_timeout_s, env=self.probe_env)
+        self.last_probe = self._probes[device]
+        return self.last_probe
+
+    # -- Backend ----------------------------------------------------------------------------------------------------
     def _probe(self, device: str) -> tuple[bool, str]:
-        reason = self._static_reason()
-        if reason:
-            return False, reason
-        self.last_probe = run_probe(device, timeout_s=self.probe_timeout_s, env=self.probe_env)
-        reason = reason_from_probe(self.last_probe, self.version)
-        return (False, reason) if reason else (True, "")
+        plan = self.plan()
+        if plan.mode == "none":
+            return False, plan.reason
+        if plan.mode == "imported":
+            reason = reason_from_probe(self._probe_child(device), self.version)
+            return (False, reason) if reason else (True, "")
+        try:  # files: nothing is imported, so the tiny run happens here
+            case = make_case(self.probe_rows, self.probe_width, seed=0, device=device)
+            y = self._run_files(case.x, case.z, case.w, OpOptions())
+            if _device_type(device) == "cuda":
+                torch.cuda.synchronize()
+        except Exception as exc:
+            origin = plan.files.origin if plan.files is not None else "?"
+            return False, f"vLLM's rmsnorm_fn from its files ({origin}) fails on {device}: {describe_error(exc)}"
+        if tuple(y.shape) != tuple(case.x.shape):
+            return False, f"probe output has shape {tuple(y.shape)}, expected {tuple(case.x.shape)}"
+        return True, ""
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
         # vLLM 0.30.0 RMSNormGated takes group_size, norm_before_gate and activation in
@@ -277,30 +418,9 @@ class VllmBackend(Backend):
         # OpOptions value maps onto it; group_size must divide D, checked per call.
         return True, ""
 
-    def _module(self, d: int, w: Tensor, opts: OpOptions) -> Any:
-        key = (d, w.dtype, str(w.device), opts)
-        mod = self._modules.get(key)
-        if mod is None:
-            from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
-            from vllm.model_executor.layers.layernorm import RMSNormGated
-
-            config = VllmConfig(device_config=DeviceConfig(device=w.device.type))
-            with set_current_vllm_config(config):
-                mod = RMSNormGated(
-                    d,
-                    eps=opts.eps,
-                    group_size=opts.group_size,
-                    norm_before_gate=opts.norm_before_gate,
-                    device=w.device,
-                    dtype=w.dtype,
-                    activation=opts.activation,
-                )
-            self._modules[key] = mod
-        return mod
-
     def _probed_name(self, device: torch.device) -> str:
         """The device name already probed that means this tensor's device ("cuda" for cuda:0), so a
-        run that probed "cuda" does not pay a second ~25 s probe for tensors on "cuda:0"."""
+        run that probed "cuda" does not pay a second probe for tensors on "cuda:0"."""
         name = str(device)
         cache = self.__dict__.get("_available_cache", {})
         if name not in cache and device.type == "cuda" and device.index in (None, 0):
@@ -321,16 +441,51 @@ class VllmBackend(Backend):
         opts.check_width(x.shape[-1])
         if x.numel() == 0:  # no rows: nothing to compute, vLLM is not called
             return torch.empty_like(x)
-        mod = self._module(x.shape[-1], w, opts)
+        if self.plan().mode == "files":
+            return self._run_files(x, z, w, opts)
+        return self._run_imported(x, z, w, opts)
+
+    def _run_imported(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        key = (x.shape[-1], w.dtype, str(w.device), opts)
+        mod = self._modules.get(key)
+        if mod is None:
+            prepare_import(str(x.device))
+            if x.device.type == "cpu":
+                answer_compute_units()
+            mod = build_module(x.shape[-1], w, opts)
+            self._modules[key] = mod
         mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         with torch.no_grad():
             return mod.forward_cuda(x, z)
+
+    def _run_files(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if self._guard is None:
+            files = self.plan().files
+            assert files is not None
+            self._guard = vf.load_layernorm_guard(files)
+        with torch.no_grad():
+            return rmsnorm_call(self._guard.rmsnorm_fn, x, z, w.detach(), opts)
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
         raise BackendUnavailable(
             f"{self.key}: no backward: vLLM's RMSNormGated.forward_cuda calls its Triton kernel directly, "
             "without an autograd.Function (vLLM is inference-only)"
         )
+
+    def __repr__(self) -> str:  # never decides: reading `source` may start the probe child
+        decided = self._plan.source if self._plan is not None else "(not decided yet)"
+        return f"<VllmBackend key={self.key!r} source={decided!r}>"
+
+
+def _find_files(given: str | Path | None) -> tuple[vf.VllmFiles | None, str]:
+    try:
+        return vf.find_files(given)
+    except Exception as exc:  # an archive that does not unpack: a reason, never a failed load
+        return None, f"vLLM's files do not load: {describe_error(exc)}"
+
+
+# what a deployment runs, and what VLLM_BATCH_INVARIANT does to it (docs/vllm.md)
+_PATH_NOTE = "; what enforce_eager=True runs; unchanged by VLLM_BATCH_INVARIANT=1"
 
 
 def _main(argv: list[str]) -> int:

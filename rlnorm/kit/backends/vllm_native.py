@@ -1,0 +1,284 @@
+"""vLLM's `RMSNormGated.forward_native` as vLLM runs it: eager, compiled by Inductor, and under VLLM_BATCH_INVARIANT=1.
+
+`forward_native` is one call, `forward_static(x, z, self.weight, self.eps, x.dtype, group_size=...,
+norm_before_gate=..., activation=...)` (fp32 PyTorch), and `forward_static` needs nothing of vLLM but torch.
+These rows run that function from vLLM's own file (`vllm/model_executor/layers/layernorm.py`, read by
+`rlnorm.kit.backends.vllm_files.read_function`) without importing vllm, so they run the same way on a machine where
+vllm imports and on one where it cannot. `tests/kit/test_vllm_native.py` proves against the installed vLLM that
+forward_native makes exactly this call and that the rows give its bits.
+
+- `vllm_native`: the eager call (what vLLM's CPU platform runs, and any deployment with the op disabled and no
+  compilation).
+- `vllm_native_compiled`: what a default vLLM deployment runs. With Inductor, vLLM disables every custom op
+  (`custom_ops` gets "none", config/vllm.py), so `RMSNormGated.forward` is `forward_native`, traced into the model's
+  graph. vLLM compiles that graph with `torch.compile(fullgraph=True, dynamic=False)`, the token dimension marked
+  dynamic (backed), once, at its profile run's size, then drops every guard (compilation/wrapper.py:
+  `skip_all_guards_unsafe`), so that one graph serves every batch size; its Inductor options are
+  `vllm_inductor_options`. Here the op is compiled alone: in a model, Inductor may fuse it with neighbouring ops.
+- `vllm_native_batch_invariant`: the eager call with what VLLM_BATCH_INVARIANT=1 changes for this op.
+  `enable_batch_invariant_mode()` (model_executor/determinism/batch_invariant.py) registers vLLM's Triton
+  `mean_batch_invariant` as `aten::mean.dim` on the device's dispatch key, and forward_static's
+  `x.pow(2).mean(-1)` dispatches to it. The override is registered around each call and removed after, so no
+  other code in the process sees it. It changes nothing else here: forward_cuda's kernel makes no aten call, and
+  Inductor generates its own reduction instead of calling aten's mean.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import types
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, describe_error
+from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.options import OpOptions
+
+__all__ = [
+    "COMPILE_ROWS",
+    "VllmNativeBackend",
+    "VllmNativeBatchInvariantBackend",
+    "VllmNativeCompiledBackend",
+    "native_call",
+    "vllm_inductor_options",
+]
+
+# The row count the compiled graph is traced and tuned at, as vLLM's profile run traces it: vLLM's offline
+# max_num_batched_tokens on an H200 (16384, engine/arg_utils.py) x Qwen3-Next-80B's 32 value heads over tensor
+# parallel 2, the rows that reach the norm (GDN's _output_projection reshapes [tokens, heads, 128] to rows).
+COMPILE_ROWS = 16384 * 16
+_CODE_IDS = itertools.count()
+
+
+def native_call(
+    forward_static: Callable[..., Tensor], x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions
+) -> Tensor:
+    """The call `RMSNormGated.forward_native(x, z)` makes, for a module with weight w built with opts."""
+    return forward_static(
+        x,
+        z,
+        w,
+        opts.eps,
+        x.dtype,
+        group_size=opts.group_size,
+        norm_before_gate=opts.norm_before_gate,
+        activation=opts.activation,
+    )
+
+
+def _torch_at_least(target: str) -> bool:
+    from packaging.version import Version
+
+    return Version(torch.__version__) >= Version(target)
+
+
+def vllm_inductor_options(device_type: str) -> dict[str, Any]:
+    """The Inductor options a default vLLM 0.30 config gives (config/compilation.py, CompilationConfig's post-init),
+    for a platform whose device is `device_type`: functionalisation v1 for its passes; on torch < 2.12 no runtime
+    asserts (unless VLLM_LOGGING_LEVEL=DEBUG); on torch >= 2.9 and not a CPU, combo kernels."""
+    opts: dict[str, Any] = {"enable_auto_functionalized_v2": False}
+    if not _torch_at_least("2.12.0.dev"):
+        debug = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() == "DEBUG"
+        opts.update(size_asserts=debug, alignment_asserts=debug, scalar_asserts=debug)
+    if _torch_at_least("2.9.0.dev") and device_type != "cpu":
+        opts.update(combo_kernels=True, benchmark_combo_kernel=True)
+    return opts
+
+
+def _skip_all_guards() -> Callable[[list[Any]], list[bool]]:
+    """What vLLM passes as guard_filter_fn (compilation/wrapper.py): drop every guard."""
+    skip = getattr(torch.compiler, "skip_all_guards_unsafe", None)
+    return skip if skip is not None else (lambda entries: [False for _ in entries])
+
+
+class _FromVllmFiles(Backend):
+    """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only)."""
+
+    has_backward = False
+    what = ""  # the path, for the source string
+
+    def __init__(self, files: str | Path | None = None) -> None:
+        super().__init__()
+        try:
+            self.files, self._where = vf.find_files(files)
+        except Exception as exc:  # an archive that does not unpack: say so when asked, never at load
+            self.files, self._where = None, f"vLLM's files do not load: {describe_error(exc)}"
+        self.version = self.files.version if self.files is not None else None
+        self._static: Callable[..., Tensor] | None = None
+        self.source = self._describe()
+
+    def _describe(self) -> str:
+        where = self.files.origin if self.files is not None else "(vLLM's files not found)"
+        return f"vLLM {self.version or '?'} {self.what}; forward_static read from {where}, vllm not imported"
+
+    def _import_reason(self) -> str | None:
+        if self.files is None:
+            return (
+                f"vLLM's Python files were not found ({self._where}): `bash .ci/install-vllm.sh` installs vllm where "
+                "a package index is reachable; `python tools/vllm_sources.py` packs an installed vLLM's files into "
+                ".whl/vllm-src.tar.gz for a machine without one"
+            )
+        try:
+            self._forward_static()
+            self._extra()
+        except Exception as exc:
+            return f"vLLM's files under {self.files.root} do not give this path: {describe_error(exc)}"
+        return None
+
+    def _forward_static(self) -> Callable[..., Tensor]:
+        if self._static is None:
+            if self.files is None:
+                raise BackendUnavailable(f"{self.key}: vLLM's Python files were not found ({self._where})")
+            path = self.files.path(vf.LAYERNORM)
+            self._static = vf.read_function(path, "RMSNormGated.forward_static", {"torch": torch, "F": F})
+        return self._static
+
+    def _extra(self) -> None:
+        """Whatever else the row reads from vLLM's files (checked by the probe)."""
+
+    def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        # forward_static takes group_size (einops), norm_before_gate and activation in {silu, swish, sigmoid}
+        return True, ""
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if w.dim() != 1 or x.dim() < 1 or w.shape[0] != x.shape[-1]:
+            raise ValueError(f"w: expected shape [{x.shape[-1] if x.dim() else '?'}], got {tuple(w.shape)}")
+        if z is not None and z.shape != x.shape:
+            raise ValueError(f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
+        opts.check_width(x.shape[-1])
+        if x.numel() == 0:
+            return torch.empty_like(x)
+        with torch.no_grad():
+            return self._run(x, z, w, opts)
+
+    def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        return native_call(self._forward_static(), x, z, w, opts)
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        raise BackendUnavailable(f"{self.key}: no backward (vLLM is inference-only; forward_native has none)")
+
+
+class VllmNativeBackend(_FromVllmFiles):
+    """`RMSNormGated.forward_native`, eager."""
+
+    key = "vllm_native"
+    what = "RMSNormGated.forward_native, eager (fp32 PyTorch, one rounding)"
+
+
+class VllmNativeCompiledBackend(_FromVllmFiles):
+    """`RMSNormGated.forward_native` compiled by Inductor as a default vLLM deployment compiles it."""
+
+    key = "vllm_native_compiled"
+    compile_rows = COMPILE_ROWS
+
+    def __init__(self, files: str | Path | None = None) -> None:
+        self._compiled: dict[tuple, Callable[..., Tensor]] = {}
+        super().__init__(files)
+
+    @property
+    def what(self) -> str:  # type: ignore[override]
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return (
+            "RMSNormGated.forward_native compiled by Inductor as a default vLLM deployment runs it (custom op "
+            f"disabled): torch.compile(fullgraph=True, dynamic=False), rows marked dynamic, compiled once at "
+            f"{self.compile_rows} rows, every guard dropped, options {vllm_inductor_options(device)}; alone, not "
+            "fused with a model's neighbouring ops; unchanged by VLLM_BATCH_INVARIANT=1"
+        )
+
+    def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        d = x.shape[-1]
+        # every guard is dropped, so nothing but this key may tell two graphs apart
+        key = (opts, d, x.dtype, w.dtype, z is None, str(x.device))
+        fn = self._compiled.get(key)
+        if fn is None:
+            fn = self._compile(x, z, w, opts)
+            self._compiled[key] = fn
+        x2 = x.reshape(-1, d).contiguous()
+        z2 = None if z is None else z.reshape(-1, d).contiguous()
+        return fn(x2, z2, w.contiguous()).reshape(x.shape)
+
+    def _compile(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Callable[..., Tensor]:
+        forward_static = self._forward_static()
+
+        def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
+            return native_call(forward_static, x, z, w, opts)
+
+        # Dynamo keeps compiled graphs per code object, and with every guard dropped the first graph of a code
+        # object would serve every later closure (other options, dtypes): each key gets a code object of its own
+        code = op.__code__.replace(co_name=f"vllm_native_compiled_{next(_CODE_IDS)}")
+        fresh = types.FunctionType(code, op.__globals__, code.co_name, op.__defaults__, op.__closure__)
+        options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": _skip_all_guards()}
+        fn = torch.compile(fresh, fullgraph=True, dynamic=False, backend="inductor", options=options)
+        # the one compile, at the profile run's size, with the row dimension dynamic (backed), as vLLM marks it
+        gen = torch.Generator().manual_seed(0)
+        shape = (self.compile_rows, x.shape[-1])
+        xh = torch.randn(shape, generator=gen).to(device=x.device, dtype=x.dtype)
+        zh = None if z is None else torch.randn(shape, generator=gen).to(device=z.device, dtype=z.dtype)
+        torch._dynamo.mark_dynamic(xh, 0)
+        if zh is not None:
+            torch._dynamo.mark_dynamic(zh, 0)
+        fn(xh, zh, w.contiguous())
+        return fn
+
+
+@contextmanager
+def _mean_override(mean: Callable[..., Tensor], dispatch_key: str) -> Iterator[None]:
+    """aten::mean.dim -> `mean` on `dispatch_key` for the duration, as enable_batch_invariant_mode() registers it."""
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+            lib.impl("aten::mean.dim", mean, dispatch_key)
+        yield
+    finally:
+        lib._destroy()
+
+
+class VllmNativeBatchInvariantBackend(_FromVllmFiles):
+    """`RMSNormGated.forward_native`, eager, with VLLM_BATCH_INVARIANT=1's aten::mean.dim override."""
+
+    key = "vllm_native_batch_invariant"
+
+    def __init__(self, files: str | Path | None = None) -> None:
+        self._mean: Callable[..., Tensor] | None = None
+        super().__init__(files)
+
+    @property
+    def what(self) -> str:  # type: ignore[override]
+        key = "CUDA" if torch.cuda.is_available() else "CPU (vLLM registers it on CUDA, from its GPU worker only)"
+        return (
+            "RMSNormGated.forward_native, eager, under VLLM_BATCH_INVARIANT=1: aten::mean.dim dispatched to "
+            f"batch_invariant.mean_batch_invariant (vLLM's Triton mean kernel), registered on {key} around each "
+            "call as enable_batch_invariant_mode() registers it"
+        )
+
+    def _extra(self) -> None:
+        self._mean_fn()
+
+    def _mean_fn(self) -> Callable[..., Tensor]:
+        if self._mean is None:
+            import triton
+            import triton.language as tl
+
+            assert self.files is not None
+            path = self.files.path(vf.BATCH_INVARIANT)
+            scope: dict[str, Any] = {"torch": torch, "triton": triton, "tl": tl}
+            for name in ("mean_kernel", "mean_dim", "mean_batch_invariant"):  # each reads the ones before
+                scope[name] = vf.read_function(path, name, scope)
+            self._mean = scope["mean_batch_invariant"]
+        return self._mean
+
+    def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        key = {"cuda": "CUDA", "cpu": "CPU"}.get(x.device.type)
+        if key is None:
+            raise BackendUnavailable(f"{self.key}: no dispatch key for device {x.device} (expected cuda or cpu)")
+        with _mean_override(self._mean_fn(), key):
+            return native_call(self._forward_static(), x, z, w, opts)

@@ -1,0 +1,355 @@
+"""vLLM's forward_native rows (eager, compiled, VLLM_BATCH_INVARIANT=1): they run what vLLM runs.
+
+Proven against the installed vLLM, in child processes (vllm never enters this one):
+- `RMSNormGated.forward_native(x, z)` is `native_call(forward_static, x, z, w, opts)`, and the rows give its bits;
+- a default (compiled) vLLM config disables the op, so its forward is forward_native; the mode enforce_eager sets
+  keeps it enabled, so its forward is forward_cuda; the compiled row's Inductor options are the config's;
+- vLLM's own `enable_batch_invariant_mode()` reroutes the eager forward_native's mean (and the row gives those bits),
+  and leaves forward_cuda and the compiled forward_native as they were.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rlnorm.inputs import make_case
+from rlnorm.kit.backends import BackendUnavailable, load_backend
+from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.kit.backends.vllm import vllm_version
+from rlnorm.kit.backends.vllm_native import (
+    COMPILE_ROWS,
+    VllmNativeBackend,
+    VllmNativeBatchInvariantBackend,
+    VllmNativeCompiledBackend,
+)
+from rlnorm.numerics import ulp_distance
+from rlnorm.options import OpOptions
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+ROWS = ("vllm_native", "vllm_native_compiled", "vllm_native_batch_invariant")
+OPTIONS = (
+    OpOptions(),
+    OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid"),
+)
+
+
+@pytest.fixture(scope="module")
+def installed() -> vf.VllmFiles:
+    root = vf.installed_root()
+    if root is None or vllm_version() is None:
+        msg = "vllm is not installed here (bash .ci/install-vllm.sh installs it)"
+        if IN_CI:
+            pytest.fail(f"{msg}: CI must check vLLM's rows against the real package")
+        pytest.skip(msg)
+    files, _ = vf.find_files(root)
+    assert files is not None
+    return files
+
+
+def _child(script: str, *args: str) -> Any:
+    """Run a script in a fresh interpreter (vllm imported there, never here); its `RESULT <json>` line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600, check=False
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+_PRELUDE = r"""
+import json, sys
+import torch
+from rlnorm.inputs import make_case
+from rlnorm.kit.backends.vllm import answer_compute_units, build_module, prepare_import
+from rlnorm.kit.backends.vllm_native import (VllmNativeBackend, VllmNativeBatchInvariantBackend,
+                                             VllmNativeCompiledBackend, native_call, vllm_inductor_options)
+from rlnorm.options import OpOptions
+
+prepare_import("cpu")
+from vllm.model_executor.layers.layernorm import RMSNormGated
+answer_compute_units()
+OPTIONS = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid"))
+
+def describe(v):
+    if isinstance(v, torch.Tensor):
+        return ["tensor", v.data_ptr(), list(v.shape), list(v.stride()), str(v.dtype)]
+    if isinstance(v, (list, tuple)):
+        return [describe(e) for e in v]
+    if isinstance(v, dict):
+        return {k: describe(e) for k, e in sorted(v.items())}
+    return str(v) if isinstance(v, torch.dtype) else v
+
+def module(w, opts):
+    mod = build_module(128, w, opts)
+    mod.weight = torch.nn.Parameter(w, requires_grad=False)
+    return mod
+"""
+
+_CALL_SCRIPT = (
+    _PRELUDE
+    + r"""
+planted = sys.argv[1] == "planted"
+calls = []
+
+def recorder(*args, **kwargs):
+    calls.append(describe([list(args), kwargs]))
+    return torch.zeros(1)
+
+out = []
+for opts in OPTIONS:
+    for gated in (True, False):
+        c = make_case(5, 128, seed=1)
+        z = c.z if gated else None
+        mod = module(c.w, opts)
+        if planted:
+            mod.activation = "swish" if opts.activation == "sigmoid" else "sigmoid"
+        real_static = RMSNormGated.forward_static
+        RMSNormGated.forward_static = staticmethod(recorder)
+        calls.clear()
+        mod.forward_native(c.x, z)
+        vllm_calls = list(calls)
+        RMSNormGated.forward_static = real_static
+        calls.clear()
+        native_call(recorder, c.x, z, c.w, opts)
+        out.append({"vllm": vllm_calls, "ours": list(calls)})
+print("RESULT " + json.dumps(out))
+"""
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["real", "planted"])
+def test_forward_native_calls_forward_static_with_exactly_these_arguments(
+    installed: vf.VllmFiles, variant: str
+) -> None:
+    """forward_native(x, z) is native_call(forward_static, x, z, w, opts); the planted variant (a module whose
+    activation differs) shows the comparison catches a difference."""
+    results = _child(_CALL_SCRIPT, variant)
+    assert len(results) == 4
+    for r in results:
+        assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r
+        assert (r["vllm"] == r["ours"]) is (variant == "real"), r
+
+
+_BITS_SCRIPT = (
+    _PRELUDE
+    + r"""
+eager, compiled = VllmNativeBackend(), VllmNativeCompiledBackend()
+compiled.compile_rows = 64
+out = []
+for opts in OPTIONS:
+    for wdt in (torch.bfloat16, torch.float32):
+        for gated in (True, False):
+            c = make_case(9, 128, seed=4, weight_dtype=wdt)
+            z = c.z if gated else None
+            y = module(c.w, opts).forward_native(c.x, z)
+            e = eager.forward(c.x, z, c.w, opts)
+            k = compiled.forward(c.x, z, c.w, opts)
+            out.append({"eager": bool(torch.equal(y, e)), "compiled_ulps": int((y.view(torch.int16).int()
+                        - k.view(torch.int16).int()).abs().max()) if y.dtype == torch.bfloat16 else None})
+print("RESULT " + json.dumps(out))
+"""
+)
+
+
+@pytest.mark.slow
+def test_the_rows_give_vllms_forward_native_bits(installed: vf.VllmFiles) -> None:
+    """The eager row is the installed forward_native bit for bit (options, weight dtypes, with and without a gate);
+    the compiled row is Inductor's code for the same function, within a bf16 ulp of it."""
+    results = _child(_BITS_SCRIPT)
+    assert len(results) == 8
+    for r in results:
+        assert r["eager"], r
+        assert r["compiled_ulps"] <= 1, r
+
+
+_DISPATCH_SCRIPT = (
+    _PRELUDE
+    + r"""
+import inspect
+from vllm.config import CompilationConfig, DeviceConfig, VllmConfig, set_current_vllm_config
+from vllm.config.compilation import CompilationMode
+from vllm.platforms import current_platform
+
+out = {}
+for name, mode in (("default", None), ("compiled", CompilationMode.VLLM_COMPILE), ("none", CompilationMode.NONE)):
+    cc = CompilationConfig() if mode is None else CompilationConfig(mode=mode)
+    cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), compilation_config=cc)
+    with set_current_vllm_config(cfg):
+        mod = RMSNormGated(128, eps=1e-6, norm_before_gate=True)
+    out[name] = {"mode": int(cfg.compilation_config.mode), "custom_ops": list(cfg.compilation_config.custom_ops),
+                 "backend": cfg.compilation_config.backend, "forward": mod._forward_method.__name__,
+                 "inductor": cfg.compilation_config.inductor_compile_config}
+out["ours_gpu"] = vllm_inductor_options("cuda")
+current_platform.is_cpu = lambda: True  # the options vLLM's CPU platform gets
+out["cpu_platform"] = CompilationConfig(mode=CompilationMode.VLLM_COMPILE).inductor_compile_config
+out["ours_cpu"] = vllm_inductor_options("cpu")
+post_init = inspect.getsource(VllmConfig.__post_init__)
+out["enforce_eager_sets_none"] = (
+    "if self.model_config is not None and self.model_config.enforce_eager:" in post_init
+    and "self.compilation_config.mode = CompilationMode.NONE" in post_init
+)
+print("RESULT " + json.dumps(out))
+"""
+)
+
+
+@pytest.mark.slow
+def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(installed: vf.VllmFiles) -> None:
+    r = _child(_DISPATCH_SCRIPT)
+    # a default config compiles with Inductor: every custom op disabled, RMSNormGated's forward is forward_native
+    assert r["default"]["mode"] == 3 and r["default"]["backend"] == "inductor"
+    assert r["default"]["custom_ops"] == ["none"] and r["default"]["forward"] == "forward_native"
+    assert r["compiled"] == r["default"]
+    # enforce_eager=True sets mode NONE: every custom op enabled, forward is forward_cuda (layernorm_guard)
+    assert r["enforce_eager_sets_none"]
+    assert r["none"]["custom_ops"] == ["all"] and r["none"]["forward"] == "forward_cuda"
+    # the compiled row compiles with the options vLLM's config gives, on a GPU platform and on vLLM's CPU platform
+    assert r["default"]["inductor"] == r["ours_gpu"]
+    assert r["cpu_platform"] == r["ours_cpu"] and "combo_kernels" not in r["ours_cpu"]
+
+
+_BATCH_INVARIANT_SCRIPT = (
+    _PRELUDE
+    + r"""
+import inspect, os
+os.environ["VLLM_BATCH_INVARIANT"] = "1"
+import vllm.model_executor.determinism.batch_invariant as bi
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.third_party.flash_linear_attention.ops import layernorm_guard
+
+c = make_case(9, 128, seed=6)
+mod = module(c.w, OpOptions())
+before = {"cuda": mod.forward_cuda(c.x, c.z), "native": mod.forward_native(c.x, c.z)}
+compiled = VllmNativeCompiledBackend()
+compiled.compile_rows = 64
+before["compiled"] = compiled.forward(c.x, c.z, c.w, OpOptions())
+row = VllmNativeBatchInvariantBackend().forward(c.x, c.z, c.w, OpOptions())  # our override only, then removed
+x32 = make_case(9, 128, seed=6, dtype=torch.float32).x
+mean_before = x32.pow(2).mean(-1, keepdim=True)
+
+calls = []
+real_mean = bi.mean_batch_invariant
+def counting(*args, **kwargs):
+    calls.append(1)
+    return real_mean(*args, **kwargs)
+bi.mean_batch_invariant = counting
+bi.enable_batch_invariant_mode()  # vLLM's own: registers its overrides on this platform's key (CPU here)
+
+out = {}
+n = len(calls); y = mod.forward_native(c.x, c.z); out["native_calls"] = len(calls) - n
+out["native_is_the_row"] = bool(torch.equal(y, row))
+n = len(calls); y = mod.forward_cuda(c.x, c.z); out["cuda_calls"] = len(calls) - n
+out["cuda_unchanged"] = bool(torch.equal(y, before["cuda"]))
+fresh = VllmNativeCompiledBackend()
+fresh.compile_rows = 64
+n = len(calls); y = fresh.forward(c.x, c.z, c.w, OpOptions()); out["compiled_calls"] = len(calls) - n
+out["compiled_unchanged"] = bool(torch.equal(y, before["compiled"]))
+out["mean_differs_in_fp32"] = not torch.equal(x32.pow(2).mean(-1, keepdim=True), mean_before)
+out["reads_flag"] = {
+    "RMSNormGated": "VLLM_BATCH_INVARIANT" in inspect.getsource(RMSNormGated),
+    "layernorm_guard": "VLLM_BATCH_INVARIANT" in inspect.getsource(layernorm_guard),
+    "RMSNorm.forward_cuda": "VLLM_BATCH_INVARIANT" in inspect.getsource(RMSNorm.forward_cuda),
+}
+print("RESULT " + json.dumps(out))
+"""
+)
+
+
+@pytest.mark.slow
+def test_batch_invariant_mode_changes_only_the_eager_native_path(installed: vf.VllmFiles) -> None:
+    """Under vLLM's own enable_batch_invariant_mode(): the eager forward_native's mean goes to vLLM's Triton kernel
+    (its bits are the row's, and fp32 means change), while forward_cuda and the compiled forward_native never call
+    it and keep their bits. Neither RMSNormGated nor layernorm_guard reads VLLM_BATCH_INVARIANT (RMSNorm does)."""
+    r = _child(_BATCH_INVARIANT_SCRIPT)
+    assert r["native_calls"] >= 1 and r["native_is_the_row"], r
+    assert r["mean_differs_in_fp32"], r
+    assert r["cuda_calls"] == 0 and r["cuda_unchanged"], r
+    assert r["compiled_calls"] == 0 and r["compiled_unchanged"], r
+    assert r["reads_flag"] == {"RMSNormGated": False, "layernorm_guard": False, "RMSNorm.forward_cuda": True}
+
+
+# -- the rows, here in this process ---------------------------------------------------------------------------------
+
+
+def test_the_rows_are_registered_forward_only_and_read_vllms_files(installed: vf.VllmFiles) -> None:
+    for key in ROWS:
+        b = load_backend(key)
+        assert b.key == key and b.has_backward is False
+        assert f"read from the installed package ({installed.root / 'vllm'}), vllm not imported" in b.source
+        with pytest.raises(BackendUnavailable, match="no backward"):
+            b.forward_backward(torch.zeros(2, 128), None, torch.ones(128), torch.zeros(2, 128), OpOptions())
+    assert "compiled once at 262144 rows, every guard dropped" in load_backend("vllm_native_compiled").source
+    assert COMPILE_ROWS == 262144
+
+
+def test_without_vllms_files_the_rows_say_where_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(vf, "installed_root", lambda: None)
+    monkeypatch.setattr(vf, "DEFAULT_ARCHIVE", tmp_path / "absent.tar.gz")
+    monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
+    for cls in (VllmNativeBackend, VllmNativeCompiledBackend, VllmNativeBatchInvariantBackend):
+        ok, why = cls().available("cpu")
+        assert not ok
+        assert why.startswith("vLLM's Python files were not found (RLNORM_VLLM_SOURCES is unset, vllm is not")
+        assert ".ci/install-vllm.sh" in why and "tools/vllm_sources.py" in why
+
+
+def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(installed: vf.VllmFiles) -> None:
+    """One graph serves every row count, 1 included (vLLM drops the guards that would recompile for it); other
+    options get a graph of their own (with every guard dropped, sharing one would silently reuse the first)."""
+    from torch._dynamo.utils import counters
+
+    b = VllmNativeCompiledBackend()
+    b.compile_rows = 64
+    eager = VllmNativeBackend()
+    start = counters["stats"]["unique_graphs"]
+    for opts in OPTIONS:
+        for rows in (1, 2, 7, 65):
+            c = make_case(rows, 128, seed=rows)
+            y = b.forward(c.x, c.z, c.w, opts)
+            assert int(ulp_distance(y, eager.forward(c.x, c.z, c.w, opts)).max()) <= 1, (opts, rows)
+    assert counters["stats"]["unique_graphs"] - start == 2
+    assert len(b._compiled) == 2
+
+
+def test_the_batch_invariant_override_lasts_one_call(installed: vf.VllmFiles) -> None:
+    b = VllmNativeBatchInvariantBackend()
+    real = b._mean_fn()
+    calls: list[int] = []
+
+    def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    b._mean = counting
+    c = make_case(9, 128, seed=2)
+    y = b.forward(c.x, c.z, c.w, OpOptions())
+    assert len(calls) == 1 and y.shape == (9, 128)
+    x = make_case(9, 128, seed=2, dtype=torch.float32).x
+    expected = x.sum(-1, keepdim=True) / 128  # torch's own mean, exact here: 128 is a power of two
+    assert torch.equal(x.mean(-1, keepdim=True), expected)
+    assert len(calls) == 1  # after the call, aten::mean.dim is torch's again
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", ROWS)
+def test_the_native_rows_on_the_gpu(key: str) -> None:
+    from rlnorm.reference import rms_norm_gated_reference
+
+    b = load_backend(key)
+    ok, why = b.available("cuda")
+    if not ok and "files were not found" in why:
+        pytest.skip(why)
+    assert (ok, why) == (True, "")
+    c = make_case(1000, 128, seed=3, device="cuda")
+    y = b.forward(c.x, c.z, c.w, OpOptions())
+    ref = rms_norm_gated_reference(c.x, c.z, c.w, OpOptions())
+    assert int(ulp_distance(y, ref).max()) <= 1
