@@ -55,6 +55,9 @@ backends = [
     "fla_layernorm_gated",
     "fla_fused_norm_gate",
     "vllm",
+    "vllm_native",
+    "vllm_native_compiled",
+    "vllm_native_batch_invariant",
     "torch_compile",
 ]
 custom_backends = []
@@ -129,6 +132,14 @@ display(Markdown(tables.device_notice(run)))
 #   probe row alone.
 # * **accuracy_latency**: the fraction of outputs equal to the fp64 result rounded once, the gradients' error
 #   against fp64, and the median time against a same-run `torch.add` moving as many bytes.
+#
+# **vLLM's rows.** A default vLLM deployment compiles the model with Inductor and disables vLLM's custom ops, so
+# Qwen3-Next's gated norm runs `RMSNormGated.forward_native` compiled by Inductor (row `vllm_native_compiled`;
+# fused with neighbouring ops in a whole model graph, the code can differ); with `enforce_eager=True`, common in RL
+# rollouts, it runs `forward_cuda`, `layernorm_guard`'s Triton kernel (row `vllm`). `VLLM_BATCH_INVARIANT=1`
+# changes neither: it reroutes only the eager `forward_native`'s mean (row `vllm_native_batch_invariant`). Where
+# vLLM cannot be imported (its wheel pins its own torch), the `vllm` row runs vLLM's own `layernorm_guard` from its
+# Python files, with only its Triton and platform helpers stood in; each row's `source` says what ran.
 #
 # The counts are **row comparisons that differ**: a row is compared once per sub-batch size, probe position and
 # seed. `batch_invariant` is true only when every one of these checks ran and none differed.

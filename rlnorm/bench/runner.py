@@ -43,6 +43,7 @@ from rlnorm.timing import (
 PEERS = [
     "rlnorm",
     "vllm",
+    "vllm_native_compiled",
     "fla_fused_norm_gate",
     "fla_layernorm_gated",
     "torch_compile",

@@ -30,6 +30,9 @@ SPEC_KEYS = {
     "fla_layernorm_gated",
     "fla_fused_norm_gate",
     "vllm",
+    "vllm_native",
+    "vllm_native_compiled",
+    "vllm_native_batch_invariant",
     "torch_compile",
 }
 OPTS = OpOptions()

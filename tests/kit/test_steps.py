@@ -74,7 +74,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
         {
             **TINY,
             "output_dir": str(out),
-            "backends": ["reference", "vllm"],
+            "backends": ["reference", "fla_fused_norm_gate"],  # FLA fused cannot run on a CPU
             "custom_backends": [
                 FAULT,
                 "test_steps:ExplodingSweep",
@@ -96,14 +96,14 @@ def test_every_backend_is_listed_with_a_status(finished_run: steps.Run) -> None:
     table = tables.backend_table(finished_run)
     assert list(table.index) == [
         "reference",
-        "vllm",
+        "fla_fused_norm_gate",
         FAULT,
         "test_steps:ExplodingSweep",
         "test_steps:NoBackwardFault",
         "test_steps:no_such_attr",
     ]
     assert table.loc["reference", "status"] == "ran"
-    assert table.loc["vllm", "status"] == "skipped" and table.loc["vllm", "why"]
+    assert table.loc["fla_fused_norm_gate", "status"] == "skipped" and table.loc["fla_fused_norm_gate", "why"]
     assert table.loc["test_steps:no_such_attr", "status"] == "failed"
     assert "no attribute" in table.loc["test_steps:no_such_attr", "why"]
     assert table.loc["test_steps:NoBackwardFault", "backward"] == "none"
@@ -125,7 +125,8 @@ def test_verdicts_are_honest(finished_run: steps.Run) -> None:
     assert r[FAULT]["batch_invariance"]["batch_invariant"] is False
     nb = r["test_steps:NoBackwardFault"]["batch_invariance"]
     assert nb["dweight_repeatable"] is None and nb["batch_invariant"] is False
-    assert r["vllm"]["batch_invariance"] == {} and r["vllm"]["accuracy_latency"] is None
+    fused = r["fla_fused_norm_gate"]
+    assert fused["batch_invariance"] == {} and fused["accuracy_latency"] is None
 
 
 def verdict(summaries: dict) -> bool | None:
@@ -167,7 +168,7 @@ def test_tables_for_the_notebook(finished_run: steps.Run) -> None:
     assert inv.loc["reference", "batch_invariant"] is True and inv.loc["reference", "all_rows fwd_differ"] == 0
     assert "batch_size_sweep" in inv.loc["test_steps:ExplodingSweep", "errors"]
     acc = tables.accuracy_table(finished_run)
-    assert "vllm" not in acc.index and acc.loc["reference", "rows"] == 31
+    assert "fla_fused_norm_gate" not in acc.index and acc.loc["reference", "rows"] == 31
     assert "*" not in acc.loc["reference", "fwd us (p20-p80)"]  # the CPU clock never runs host bound
     star = tables._span({"fwd_us": 64.0, "fwd_us_p20": 63.0, "fwd_us_p80": 65.0, "host_bound": {"fwd": True}}, "fwd_us")
     assert star == "64.0* (63.0-65.0)"
@@ -178,7 +179,7 @@ def test_tables_for_the_notebook(finished_run: steps.Run) -> None:
     assert env.loc["torch", "value"] == torch.__version__ and "commit" in env.index
     verdict = tables.verdict_markdown(finished_run)
     assert "**reference**: batch invariant" in verdict and f"**{FAULT}**: **not** batch invariant" in verdict
-    assert "**vllm**: skipped" in verdict
+    assert "**fla_fused_norm_gate**: skipped" in verdict
     assert "CPU run" in tables.device_notice(finished_run)
     summary = finished_run.timings
     assert summary["backends"] > 0 and "reference:all_rows" in summary and summary["reference"] > 0

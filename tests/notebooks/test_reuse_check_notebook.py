@@ -34,7 +34,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "name": "tiny",
         "device": "cpu",
         "progress": False,
-        "backends": ["reference", "rlnorm", "vllm"],
+        "backends": ["reference", "rlnorm", "fla_fused_norm_gate"],  # FLA fused cannot run on a CPU
         "custom_backends": [FAULT, "no_such_package.anywhere:fn"],
         **TINY_SIZES,
         "gate_timeout_s": 300.0,
@@ -72,12 +72,12 @@ def test_artifact_is_schema_valid_with_every_backend_and_its_status(tiny_run: Pa
     assert art["quick"] is True and art["params"]["name"] == "tiny" and art["param_set"] == "tiny"
     assert art["environment"]["gpu"] == "cpu" and art["environment"]["libraries"]["torch"]
     results = art["results"]
-    assert set(results) == {"reference", "rlnorm", "vllm", FAULT, "no_such_package.anywhere:fn"}
+    assert set(results) == {"reference", "rlnorm", "fla_fused_norm_gate", FAULT, "no_such_package.anywhere:fn"}
     for key, r in results.items():
         assert r["status"] in ("ran", "skipped", "failed", "crashed", "timed_out"), key
         if r["status"] != "ran":
             assert r["skip_reason"], f"{key} was not run and says why"
-    assert results["vllm"]["status"] == "skipped"
+    assert results["fla_fused_norm_gate"]["status"] == "skipped"
     assert results["no_such_package.anywhere:fn"]["status"] == "failed"
     assert "no_such_package" in results["no_such_package.anywhere:fn"]["skip_reason"]
 

@@ -229,9 +229,9 @@ def test_explain_record_of_a_nondeterministic_dweight(tiny_run: Path) -> None:
 
 
 def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> None:
-    # a GPU run's vLLM record read on a machine where vLLM cannot run
+    # a GPU run's record of FLA's fused kernel read on a CPU, where it cannot run
     record = {
-        "backend": "vllm",
+        "backend": "fla_fused_norm_gate",
         "check": "all_rows",
         "seed": 3,
         "case": "n=7",
@@ -243,11 +243,17 @@ def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> 
     }
     expl = explain_row(record, others=["reference"], device="cpu")
     assert not expl.summary["recomputed"] and expl.summary["reproduced"] is None
-    assert "vllm cannot run on cpu" in expl.text and "2 columns, 1 ulp" in expl.text
+    assert "fla_fused_norm_gate cannot run on cpu" in expl.text and "2 columns, 1 ulp" in expl.text
     assert expl.columns["in_batch"].isna().all() and expl.columns["correctly_rounded"].notna().all()
     assert expl.others.set_index("backend").loc["reference", "alone_max_ulp_vs_cr"] == 0
     assert expl.differing_columns.empty
     assert len(plot_row(expl).axes) == 2
+    # with the run's records, the plot shows what they hold instead of empty columns
+    records = pd.DataFrame([{**record, "max_ulp": u, "cols_differ": c, "row": r} for r, c, u in [(4, 2, 1), (5, 7, 3)]])
+    fig = plot_row(expl, records)
+    top, bottom = fig.axes
+    assert "the run's own records of all_rows" in top.get_title()
+    assert [p.get_height() for p in top.patches] == [2, 7] and [p.get_height() for p in bottom.patches] == [1, 3]
 
 
 def _hand_record(spec: str, row: int = 2, tensor: str = "y") -> dict:
