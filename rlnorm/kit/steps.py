@@ -171,7 +171,12 @@ def run_backends(run: Run) -> None:
                 if run.params.progress:
                     r = outcome.result
                     why = f": {r['skip_reason']}" if r["status"] != "ran" else ""
-                    print(f"[{i + 1}/{len(specs)}] {spec}: {r['status']}{why} ({outcome.seconds:.0f} s)", file=stream)
+                    checks_s = sum(outcome.timings.values())  # the rest is the process: start, imports, probe
+                    print(
+                        f"[{i + 1}/{len(specs)}] {spec}: {r['status']}{why} ({outcome.seconds:.1f} s, of which checks "
+                        f"{checks_s:.1f} s)",
+                        file=stream,
+                    )
         finally:
             for proc in started.values():  # interrupted: no process outlives the run
                 proc.close()
