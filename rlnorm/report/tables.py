@@ -273,7 +273,9 @@ def _verdict_parts(r: Mapping[str, Any]) -> list[str]:
     overall = cells["batch_invariant"]
     if overall.state == PASSED:
         compared = sum(c.compared or 0 for c in counts.values())
-        parts.append(f"batch invariant (0 of {count(compared)} row comparisons differ; dweight repeatable)")
+        dweight = (r.get("batch_invariance") or {}).get("dweight_repeatable")
+        said = {True: "dweight repeatable", None: "no dweight: forward only"}.get(dweight, "dweight not repeatable")
+        parts.append(f"batch invariant (0 of {count(compared)} row comparisons differ; {said})")
     elif overall.state == FAILED:
         found = [f"{c}: {counts[c].sentence()}" for c in ROW_CHECKS if c in counts and cells[c].state == FAILED]
         if cells["dweight_repeatable"].state == FAILED:

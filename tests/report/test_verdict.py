@@ -4,6 +4,7 @@ plot's ratio is the table's; the agreement plot's colour bar and its numbers rea
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 from typing import Any
@@ -266,7 +267,13 @@ def test_verdict_lines_lead_with_the_answer_per_backend() -> None:
     lines = text.split("\n")
     assert [ln.split("**")[1] for ln in lines] == list(art["results"])
     line = dict(zip(art["results"], lines, strict=True))
-    assert line["rlnorm"].startswith("- **rlnorm**: batch invariant (0 of 49 row comparisons differ")
+    assert line["rlnorm"].startswith(
+        "- **rlnorm**: batch invariant (0 of 49 row comparisons differ; dweight repeatable)"
+    )
+    forward_only = copy.deepcopy(art)
+    forward_only["results"]["rlnorm"]["batch_invariance"]["dweight_repeatable"] = None
+    forward_only["results"]["rlnorm"]["backward"] = "none"
+    assert "differ; no dweight: forward only)" in tables.verdict_markdown(forward_only).split("\n")[0]
     assert "correctly rounded 1.0 (every output)" in line["rlnorm"]
     assert "forward 52.0 us = 1.05x the torch.add timed beside it" in line["rlnorm"]  # 52.0 / 49.6
     fused = line["fla_fused_norm_gate"]

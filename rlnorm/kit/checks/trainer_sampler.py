@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -90,15 +89,14 @@ def compare_outputs(trainer_y: Tensor, sampler_y: Tensor) -> dict[str, Any]:
 
 def vllm_unavailable_reason() -> str | None:
     """Why vLLM cannot be used in this process, or None after importing its layer."""
-    from rlnorm.kit.backends.vllm import ALLOW_TORCH_MISMATCH_ENV, torch_pin_reason, torch_requirement, vllm_version
+    from rlnorm.kit.backends.vllm import torch_pin_reason, torch_requirement, vllm_version
 
     version = vllm_version()
     if version is None:
         return "vllm is not installed"
-    if os.environ.get(ALLOW_TORCH_MISMATCH_ENV) != "1":
-        reason = torch_pin_reason(torch.__version__, torch_requirement(), version)
-        if reason:
-            return reason
+    reason = torch_pin_reason(torch.__version__, torch_requirement(), version)
+    if reason:
+        return reason
     try:
         import vllm.model_executor.layers.layernorm  # noqa: F401
     except Exception as exc:
