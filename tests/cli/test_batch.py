@@ -63,6 +63,8 @@ def test_a_two_by_two_matrix_writes_four_runs_and_an_index(matrix) -> None:
     index = (grid / INDEX_FILE).read_text()
     assert index.count('href="activation-') == 4 and "varying activation, weight_dtype" in index
     assert "2 at a time" in proc.stderr and "[4/4]" in proc.stderr, "progress across runs"
+    assert "\r" not in proc.stderr and "\x1b[" not in proc.stderr, "a log, not a terminal: lines, no redrawn bars"
+    assert "IPKernelApp" not in proc.stderr
 
 
 def test_the_index_command_rebuilds_it_from_gathered_folders(matrix, tmp_path: Path) -> None:

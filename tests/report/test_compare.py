@@ -107,6 +107,20 @@ def test_a_different_protocol_is_said_first(seed: dict) -> None:
     assert cmp.environment.loc["protocol: sub_batches_coverage", "A: NVIDIA B200"] == "sampled"
 
 
+def test_runs_of_different_ops_are_said_to_be_so_before_anything_else(seed: dict) -> None:
+    """A D=256 silu run against a D=128 sigmoid run: not "0.60x, faster" but two different computations."""
+    a, b = copy.deepcopy(seed), copy.deepcopy(seed)
+    a["params"] = {"d": 256, "activation": "silu"}
+    b["params"] = {"d": 128, "activation": "sigmoid", "weight_dtype": "bfloat16"}
+    b["results"]["reference"]["accuracy_latency"]["fwd_us"] *= 0.6
+    cmp = compare_runs(a, b)
+    la, lb = "A: NVIDIA B200", "B: NVIDIA B200"
+    assert cmp.different_ops == [f"d: 256 in {la}, 128 in {lb}", f"activation: silu in {la}, sigmoid in {lb}"]
+    assert cmp.changes[0].startswith(f"the two runs computed different ops (d: 256 in {la}, 128 in {lb}; activation")
+    assert any("0.60x, faster" in c for c in cmp.changes[1:]), "the latency move is still listed, after"
+    assert compare_runs(seed, copy.deepcopy(seed)).different_ops == [], "the same op: nothing said"
+
+
 def test_latency_threshold_is_respected(seed: dict) -> None:
     b = copy.deepcopy(seed)
     b["results"]["vllm"]["accuracy_latency"]["fwd_us"] *= 1.05

@@ -108,6 +108,23 @@ def test_latest_run_from_a_notebook_folder_finds_the_runs_beside_it(
     assert latest_run().resolve() == (tmp_path / "outputs" / "tiny").resolve()
 
 
+def test_a_path_relative_to_the_repository_root_works_from_notebooks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JupyterLab's working directory is notebooks/: `run = "outputs/NAME"` still means the checkout's outputs/NAME,
+    and a path that is nowhere says where it was looked for."""
+    from rlnorm.checkout import CHECKOUT
+    from rlnorm.report import runs
+
+    if CHECKOUT is None:
+        pytest.skip("rlnorm is not installed from a checkout")
+    monkeypatch.chdir(CHECKOUT / "notebooks")
+    assert locate_run("outputs/h200-full").folder.resolve() == (CHECKOUT / "outputs" / "h200-full").resolve()
+    with pytest.raises(ValueError, match=r"outputs/nowhere does not exist in .*notebooks \(nor under the checkout"):
+        locate_run("outputs/nowhere")
+    assert runs.resolve("/abs/path") == Path("/abs/path")
+
+
 def test_locate_run_rejects_bad_sources(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         locate_run(tmp_path / "nope")
