@@ -66,4 +66,6 @@ def test_gpu_mode_collects_only_the_modules_that_hold_gpu_tests() -> None:
         "kernel/test_fwd.py",
         "kit/test_checks.py",
         "kit/test_isolation.py",
+        "kit/test_vllm_files.py",
+        "kit/test_vllm_native.py",
     ]

@@ -65,7 +65,7 @@ def pack(root: Path, names: list[str], out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python tools/vllm_sources.py", description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=vllm_files.DEFAULT_ARCHIVE, help="archive to write")
     ap.add_argument("--all", action="store_true", help="every .py file of the package, not only the ones read")
     args = ap.parse_args(argv)

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO_ROOT
 
 TOOLS = REPO_ROOT / "tools"
-PYTHON_TOOLS = ["compile_sm90.py", "ncu_fwd.py", "kernel_gpu_check.py", "dweight_gpu_check.py"]
+PYTHON_TOOLS = ["compile_sm90.py", "ncu_fwd.py", "kernel_gpu_check.py", "dweight_gpu_check.py", "vllm_sources.py"]
 ALLOWED = {"rlnorm", "torch", "triton", "__future__"} | set(sys.stdlib_module_names)
 
 

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -103,9 +102,15 @@ def test_ctrl_c_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
         text=True,
         start_new_session=True,  # the signal goes to the whole group, as a terminal's Ctrl-C does
     )
-    time.sleep(12)
+    # interrupt once the backend's process has started, not after a fixed sleep a fast machine outruns
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "reference: in its own process" in line:
+            break
     os.killpg(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, rest = proc.communicate(timeout=120)
+    err = "".join(seen) + rest
     tail = err[err.find("rlnorm: running") :].splitlines()[1:]
     assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
     assert "rlnorm: interrupted; nothing was written" in err and "Traceback" not in err, err[-3000:]

@@ -39,6 +39,9 @@ from rlnorm.kit.checks.common import CheckResult, bits, check_int, describe
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
+# rlnorm.integrations and rlnorm.kit.backends.vllm are imported inside the functions that need them: they bring in
+# transformers and vLLM, which every other check's process would otherwise pay for.
+
 __all__ = [
     "QWEN3_NEXT_OPTIONS",
     "compare_outputs",
