@@ -8,15 +8,18 @@ marked `gpu` (compiled Triton on a CUDA GPU) run in a process of their own: `pyt
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GPU_HINT = "run `python3 -m pytest --gpu` on a machine with a CUDA GPU"
+IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -75,6 +78,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marker is not None:
             why = marker.kwargs.get("reason", "needs a CUDA GPU")
             item.add_marker(pytest.mark.skip(reason=f"{why}: {GPU_HINT}"))
+
+
+def needs_installed_vllm(what: str) -> None:
+    """Skip where vllm is not installed; fail on CI, which installs it so that `what` is checked against it."""
+    from rlnorm.kit.backends import vllm_files
+    from rlnorm.kit.backends.vllm import vllm_version
+
+    if vllm_files.installed_root() is None or vllm_version() is None:
+        msg = "vllm is not installed here (bash .ci/install-vllm.sh installs it)"
+        if IN_CI:
+            pytest.fail(f"{msg}: CI must check {what} against the real package")
+        pytest.skip(msg)
+
+
+def child_result(script: str, *args: str) -> Any:
+    """Run a script in a fresh interpreter (vllm imported there, never here); its last `RESULT <json>` line."""
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600, check=False
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, proc.stderr[-4000:]
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.fixture

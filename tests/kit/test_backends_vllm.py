@@ -8,8 +8,6 @@ importable, so they fail instead.
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -19,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import IN_CI, child_result, needs_installed_vllm
 
 import rlnorm.kit.backends.vllm as vb
 from rlnorm.kit.backends import BackendUnavailable, load_backend
@@ -26,8 +25,6 @@ from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.backends.vllm import VllmBackend, reason_from_probe, run_probe, torch_pin_reason, torch_requirement
 from rlnorm.options import OpOptions
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
-INSTALLED = vf.installed_root() is not None and vb.vllm_version() is not None
 PLANTED_IMPORT_ERROR = "ImportError: planted: libcudart.so.13: cannot open shared object file"
 
 
@@ -42,14 +39,6 @@ def _plant_vllm(root: Path, body: str) -> dict[str, str]:
     return {"PYTHONPATH": str(root)}
 
 
-def _needs_installed_vllm() -> None:
-    if not INSTALLED:
-        msg = "vllm is not installed here (bash .ci/install-vllm.sh installs it)"
-        if IN_CI:
-            pytest.fail(f"{msg}: CI must check the adapter against the real package")
-        pytest.skip(msg)
-
-
 @pytest.fixture
 def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A machine with no vllm installed and no copy of its files."""
@@ -62,7 +51,7 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tools/vllm_sources.py's archive of the installed vLLM's files."""
-    _needs_installed_vllm()
+    needs_installed_vllm("the adapter")
     out = tmp_path_factory.mktemp("vllm-src") / "vllm-src.tar.gz"
     tool = Path(__file__).resolve().parents[2] / "tools" / "vllm_sources.py"
     proc = subprocess.run([sys.executable, str(tool), "--out", str(out)], capture_output=True, text=True, check=False)
@@ -121,7 +110,7 @@ def test_not_installed_with_vllms_files_runs_them(
 def test_installed_but_not_importable_runs_its_files_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where `import vllm` fails (the GPU image: vLLM's torch pin unmet), the row runs vLLM's installed files and its
     source quotes the import error, not "not installed"."""
-    _needs_installed_vllm()
+    needs_installed_vllm("the adapter")
     monkeypatch.setattr(vb, "torch_requirement", lambda: "torch==2.13.0")
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")  # the GPU image's torch
     monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
@@ -365,7 +354,7 @@ def test_a_run_records_the_reason_true_for_the_machine(
 @pytest.fixture(scope="module")
 def real() -> VllmBackend:
     """One real probe on the CPU (importing vllm takes ~10-25 s), shared by the tests below."""
-    _needs_installed_vllm()
+    needs_installed_vllm("the adapter")
     b = VllmBackend()
     plan = b.plan()
     if plan.mode != "imported":
@@ -433,12 +422,7 @@ def test_each_step_of_the_set_up_is_needed(real: VllmBackend) -> None:
     platform raises; with both, vLLM's own forward_cuda runs (interpreted)."""
     outcome = {}
     for step in ("none", "visible_devices", "both"):
-        proc = subprocess.run(
-            [sys.executable, "-c", _SET_UP_SCRIPT, step], capture_output=True, text=True, timeout=600, check=False
-        )
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert lines, proc.stderr[-3000:]
-        outcome[step] = json.loads(lines[-1][len("RESULT ") :])
+        outcome[step] = child_result(_SET_UP_SCRIPT, step)
     assert outcome["none"] == {"error": "AttributeError: module 'triton' has no attribute 'next_power_of_2'"}
     assert outcome["visible_devices"]["error"].startswith("NotImplementedError: num_compute_units is not implemented")
     assert outcome["both"] == {"ran": [3, 128]}
@@ -478,12 +462,7 @@ print("RESULT " + json.dumps(out))
 def test_real_vllm_module_gets_our_options_and_weight(real: VllmBackend) -> None:
     """The adapter's constructor mapping, checked on the real class: vLLM's forward_native reads the
     same attributes forward_cuda hands its kernel, so it must match the reference."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _MAPPING_SCRIPT], capture_output=True, text=True, timeout=600, check=False
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, proc.stderr[-3000:]
-    results = json.loads(lines[-1][len("RESULT ") :])
+    results = child_result(_MAPPING_SCRIPT)
     assert len(results) == 16
     for r in results:
         gs, nbg, act, wdt = r["opts"]

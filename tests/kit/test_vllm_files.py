@@ -11,34 +11,27 @@ Proven against the installed vLLM, each in a child process (vllm never enters th
 from __future__ import annotations
 
 import inspect
-import json
-import os
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
+from conftest import child_result, needs_installed_vllm
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.backends.vllm import VllmBackend, rmsnorm_call, vllm_version
 from rlnorm.options import OpOptions
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "vllm_sources.py"
 
 
 @pytest.fixture(scope="module")
 def installed() -> vf.VllmFiles:
+    needs_installed_vllm("vLLM's files")
     root = vf.installed_root()
-    if root is None or vllm_version() is None:
-        msg = "vllm is not installed here (bash .ci/install-vllm.sh installs it)"
-        if IN_CI:
-            pytest.fail(f"{msg}: CI must check vLLM's files against the real package")
-        pytest.skip(msg)
     files, _ = vf.find_files(root)
     assert files is not None
     return files
@@ -50,16 +43,6 @@ def archive(installed: vf.VllmFiles, tmp_path_factory: pytest.TempPathFactory) -
     proc = subprocess.run([sys.executable, str(TOOL), "--out", str(out)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     return out
-
-
-def _child(script: str, *args: str) -> Any:
-    """Run a script in a fresh interpreter (vllm imported there, never here); its `RESULT <json>` line."""
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600, check=False
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT ") :])
 
 
 # Imports the real vllm as the backend does on this CPU machine; `describe` names a call's arguments by value,
@@ -123,7 +106,7 @@ def test_forward_cuda_calls_rmsnorm_fn_with_exactly_these_arguments(installed: v
     """RMSNormGated.forward_cuda(x, z) is rmsnorm_call(rmsnorm_fn, x, z, w, opts): the same function (the recorder
     put in its place is what forward_cuda calls), the same positional and keyword arguments, the same tensors. The
     planted variant (forward_cuda reading a flipped norm_before_gate) shows the comparison catches a difference."""
-    results = _child(_CALL_SCRIPT, variant)
+    results = child_result(_CALL_SCRIPT, variant)
     assert len(results) == 4
     for r in results:
         assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r  # forward_cuda called rmsnorm_fn, once
@@ -162,7 +145,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.slow
 def test_vllms_files_give_the_installed_modules_bits(installed: vf.VllmFiles, archive: Path) -> None:
-    r = _child(_BITS_SCRIPT, str(archive))
+    r = child_result(_BITS_SCRIPT, str(archive))
     assert r["restored"] == []  # the real vllm modules are back, and none of ours is left
     assert r["distinct"]
     assert r["files"][0] == str(installed.path(vf.LAYERNORM_GUARD))
@@ -243,7 +226,7 @@ def test_gdn_fused_path_is_forward_cudas_kernel_with_the_same_arguments(installe
     """The GDN layer's fused path (vLLM's own `_rms_norm_gated_cuda`) and forward_cuda launch
     `layer_norm_fwd_kernel` with the same grid, scalars, constexprs and tensor shapes, strides and dtypes; only the
     output differs in where it lives (the fused path writes over its input), and the bits are the same."""
-    results = _child(_GDN_SCRIPT)
+    results = child_result(_GDN_SCRIPT)
     for r in results:
         assert r["launches"] == [1], r
         assert r["same_launch"], r

@@ -10,20 +10,16 @@ Proven against the installed vLLM, in child processes (vllm never enters this on
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import child_result, needs_installed_vllm
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import BackendUnavailable, load_backend
 from rlnorm.kit.backends import vllm_files as vf
-from rlnorm.kit.backends.vllm import vllm_version
 from rlnorm.kit.backends.vllm_native import (
     COMPILE_ROWS,
     VllmNativeBackend,
@@ -33,7 +29,6 @@ from rlnorm.kit.backends.vllm_native import (
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
-IN_CI = os.environ.get("CI", "").lower() == "true"
 ROWS = ("vllm_native", "vllm_native_compiled", "vllm_native_batch_invariant")
 OPTIONS = (
     OpOptions(),
@@ -43,25 +38,11 @@ OPTIONS = (
 
 @pytest.fixture(scope="module")
 def installed() -> vf.VllmFiles:
+    needs_installed_vllm("vLLM's rows")
     root = vf.installed_root()
-    if root is None or vllm_version() is None:
-        msg = "vllm is not installed here (bash .ci/install-vllm.sh installs it)"
-        if IN_CI:
-            pytest.fail(f"{msg}: CI must check vLLM's rows against the real package")
-        pytest.skip(msg)
     files, _ = vf.find_files(root)
     assert files is not None
     return files
-
-
-def _child(script: str, *args: str) -> Any:
-    """Run a script in a fresh interpreter (vllm imported there, never here); its `RESULT <json>` line."""
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=600, check=False
-    )
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, proc.stderr[-4000:]
-    return json.loads(lines[-1][len("RESULT ") :])
 
 
 _PRELUDE = r"""
@@ -132,7 +113,7 @@ def test_forward_native_calls_forward_static_with_exactly_these_arguments(
 ) -> None:
     """forward_native(x, z) is native_call(forward_static, x, z, w, opts); the planted variant (a module whose
     activation differs) shows the comparison catches a difference."""
-    results = _child(_CALL_SCRIPT, variant)
+    results = child_result(_CALL_SCRIPT, variant)
     assert len(results) == 4
     for r in results:
         assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r
@@ -164,7 +145,7 @@ print("RESULT " + json.dumps(out))
 def test_the_rows_give_vllms_forward_native_bits(installed: vf.VllmFiles) -> None:
     """The eager row is the installed forward_native bit for bit (options, weight dtypes, with and without a gate);
     the compiled row is Inductor's code for the same function, within a bf16 ulp of it."""
-    results = _child(_BITS_SCRIPT)
+    results = child_result(_BITS_SCRIPT)
     assert len(results) == 8
     for r in results:
         assert r["eager"], r
@@ -204,7 +185,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.slow
 def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(installed: vf.VllmFiles) -> None:
-    r = _child(_DISPATCH_SCRIPT)
+    r = child_result(_DISPATCH_SCRIPT)
     # a default config compiles with Inductor: every custom op disabled, RMSNormGated's forward is forward_native
     assert r["default"]["mode"] == 3 and r["default"]["backend"] == "inductor"
     assert r["default"]["custom_ops"] == ["none"] and r["default"]["forward"] == "forward_native"
@@ -269,7 +250,7 @@ def test_batch_invariant_mode_changes_only_the_eager_native_path(installed: vf.V
     """Under vLLM's own enable_batch_invariant_mode(): the eager forward_native's mean goes to vLLM's Triton kernel
     (its bits are the row's, and fp32 means change), while forward_cuda and the compiled forward_native never call
     it and keep their bits. Neither RMSNormGated nor layernorm_guard reads VLLM_BATCH_INVARIANT (RMSNorm does)."""
-    r = _child(_BATCH_INVARIANT_SCRIPT)
+    r = child_result(_BATCH_INVARIANT_SCRIPT)
     assert r["native_calls"] >= 1 and r["native_is_the_row"], r
     assert r["mean_differs_in_fp32"], r
     assert r["cuda_calls"] == 0 and r["cuda_unchanged"], r
