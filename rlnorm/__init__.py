@@ -23,3 +23,8 @@ def __getattr__(name: str) -> Any:
 
         return getattr(kernel, name)
     raise AttributeError(f"module 'rlnorm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # the lazily loaded names too, as rlnorm.kernel lists its own
+    return sorted(set(globals()) | set(__all__))

@@ -1,4 +1,4 @@
-"""Seeded inputs of the check protocol (docs/spec.md §5), identical on every device."""
+"""Seeded inputs of the check protocol (docs/spec.md §3), identical on every device."""
 
 from __future__ import annotations
 

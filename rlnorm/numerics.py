@@ -98,8 +98,11 @@ def _round_scaled_int(total: int, scale_exp: int, dtype: torch.dtype) -> float:
 def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Column sums of a [N, D] float32 tensor, computed exactly, rounded once to `dtype`.
 
-    Each float32 is m * 2**(e - 149) with an integer m < 2**24 and 0 <= e < 256; mantissas are
-    summed per exponent in int64 (exact below 2**39 rows), then combined as Python integers.
+    Each finite float32 is m * 2**(e - 149) with an integer m < 2**24 and 0 <= e <= 253; mantissas are
+    summed per exponent in int64 (exact below 2**39 rows), then combined as Python integers. NaN and
+    +-Inf have no integer form: a column holding any decides its sum as the kernel's finalize does
+    (`_dweight.py`): NaN if it holds a NaN or both infinities, else the infinity it holds; every other
+    column is the exact sum of its values, rounded once.
     """
     if values.dtype != torch.float32:
         raise TypeError(f"values: expected float32, got {values.dtype}")
@@ -108,9 +111,11 @@ def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     if dtype not in _FORMAT:
         raise TypeError(f"dtype: expected bfloat16, float16 or float32, got {dtype}")
     v = values.detach().cpu().numpy()
-    if not np.isfinite(v).all():
-        # inf/nan have no exact integer form; their float sum is the IEEE answer (inf, -inf or nan)
-        return torch.from_numpy(v.astype(np.float64).sum(0)).to(dtype)
+    finite = np.isfinite(v)
+    has_nan = np.isnan(v).any(0)
+    has_pos = (v == np.inf).any(0)
+    has_neg = (v == -np.inf).any(0)
+    v = np.where(finite, v, np.float32(0))  # a non-finite value adds nothing to the exact part
     bits = v.view(np.int32).astype(np.int64)
     exp_field = (bits >> 23) & 0xFF
     mant = bits & 0x7FFFFF
@@ -124,5 +129,12 @@ def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     for j in range(v.shape[1]):
         col = per_exp[:, j]
         total = sum(int(col[k]) << int(k) for k in np.nonzero(col)[0])
-        out.append(_round_scaled_int(total, -149, dtype))
+        if has_nan[j] or (has_pos[j] and has_neg[j]):
+            out.append(math.nan)
+        elif has_pos[j]:
+            out.append(math.inf)
+        elif has_neg[j]:
+            out.append(-math.inf)
+        else:
+            out.append(_round_scaled_int(total, -149, dtype))
     return torch.tensor(out, dtype=torch.float64).to(dtype)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "sigmoid": "sigmoid"}
 
@@ -36,5 +37,5 @@ class OpOptions:
         if self.group_size is not None and d % self.group_size != 0:
             raise ValueError(f"group_size: {self.group_size} does not divide the last dimension {d}")
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)

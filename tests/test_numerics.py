@@ -90,3 +90,25 @@ def test_exact_sum_rejects_bad_input() -> None:
         exact_sum(torch.zeros(2, 2, dtype=torch.float64))
     with pytest.raises(ValueError, match="values: expected a 2-D"):
         exact_sum(torch.zeros(2))
+
+
+def test_exact_sum_keeps_finite_columns_exact_beside_non_finite_ones() -> None:
+    inf, nan = float("inf"), float("nan")
+    # column 0 is finite and needs the exact sum: 1 + 2**-8 + 2**-60 rounds up to bf16's 1.0078125, while
+    # an fp64 sum drops the 2**-60 and leaves the tie 1 + 2**-8, which rounds to even: 1.0
+    v = torch.tensor(
+        [
+            [1 + 2**-8, inf, inf, nan, -inf, 1.0],
+            [2**-60, 0.0, -inf, 1.0, -inf, 2.0**-149],
+            [0.0, -3e38, 0.0, 0.0, 3e38, 0.0],
+        ],
+        dtype=torch.float32,
+    )
+    got = exact_sum(v, torch.bfloat16)
+    assert got[0].item() == 1.0078125
+    assert got[1].item() == inf  # an infinity decides, whatever the finite values add up to
+    assert torch.isnan(got[2]) and torch.isnan(got[3])  # both infinities, or a NaN
+    assert got[4].item() == -inf
+    assert got[5].item() == 1.0  # the finite columns beside them stay exact
+    # a finite column is unaffected by non-finite values in other columns
+    assert torch.equal(got[[0, 5]], exact_sum(v[:, [0, 5]].contiguous(), torch.bfloat16))

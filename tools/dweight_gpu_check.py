@@ -48,7 +48,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def bwd(*args: Any, switches: dict | None = None, **kw: Any) -> tuple:
-    """The backward launcher under backward switches (TILES, STAGES, PREFETCH, COLD_MODE, maxnreg...)."""
+    """The backward launcher under backward switches (TILES, STAGES, PREFETCH, COLD_MODE, MAXNREG...)."""
     with launch_switches("bwd", switches):
         return rms_norm_gated_bwd(*args, **kw)
 
@@ -98,7 +98,7 @@ def grouped(rows_list: Sequence[int], device: str) -> int:
             caps = all(
                 same(a, b)
                 for cap in (168, 200)
-                for a, b in zip(bwd(*args, switches={"maxnreg": cap}), got, strict=True)
+                for a, b in zip(bwd(*args, switches={"MAXNREG": cap}), got, strict=True)
             )
             failures += (not exact) + (not caps)
             print(

@@ -27,12 +27,11 @@ from triton.language.extra import libdevice
 
 from rlnorm.kernel import _dweight
 from rlnorm.kernel._dweight import accumulate, add_deferred, allow_dependent_launch, flush, hot_range
-from rlnorm.kernel._fwd import unit_weight
+from rlnorm.kernel._fwd import MAX_D, unit_weight
 from rlnorm.kernel._interpreter import INTERPRETED
 from rlnorm.kernel._rounding import round_fp32_to_out, widen_fast
 from rlnorm.kernel._switches import bwd_switches
 
-MAX_WIDTH = 8192  # widest row kept whole in registers by one program
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read as Triton reads it, once per process
 _INLINE_ASM = not _INTERPRET  # inline PTX (the fast gate): the GPU only, never the interpreter
 
@@ -132,9 +131,9 @@ def _rms_norm_gated_bwd_kernel(
     allow_dependent_launch(PDL)  # the finalize's CTAs may be placed now; they wait for this kernel's end
     pid = tl.program_id(0)
     cnt_ptr = CNT + (pid % STRIPES) * NUM_SLOTS * d  # a stripe spreads atomics, never changes the exact sum
-    offs_r = tl.arange(0, BLOCK_R)
-    offs_g = tl.arange(0, BLOCK_G)
-    offs_c = tl.arange(0, BLOCK_C)
+    offs_r = tl.arange(0, BLOCK_R)  # [BLOCK_R]
+    offs_g = tl.arange(0, BLOCK_G)  # [BLOCK_G]
+    offs_c = tl.arange(0, BLOCK_C)  # [BLOCK_C]
     col = offs_g[:, None] * group + offs_c[None, :]  # [BLOCK_G, BLOCK_C]
     col_mask = (offs_g[:, None] < n_groups) & (offs_c[None, :] < group)
     w = _load_fp32(W + col, col_mask, INTERP, ASM)[None, :, :]  # [1, BLOCK_G, BLOCK_C]
@@ -269,8 +268,7 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         "PREFETCH": 0,
         "MAXNREG": 0,  # 0: the compiler's choice
         "COLD_MODE": 0,
-        # rstd by rsqrt.approx and a Newton step where it is faster, 1 / sqrt_rn elsewhere (measured on
-        # the H200, see docs/kernel.md)
+        # rstd by rsqrt.approx and a Newton step where it was faster on the H200, 1 / sqrt_rn elsewhere
         "RSTD_FAST": 1 if width > 128 else 0,
         "DWEIGHT": 1,
     }
@@ -278,8 +276,9 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
         # One warp per program, 8 elements per thread: its barriers wait on one warp. The loads run
         # several tiles ahead through shared memory (cp.async: bytes in flight without holding
         # registers); cold dweight values are added inline; more tiles per program mean fewer flushes.
-        # Stages, tiles and the register cap measured on the H200, see docs/kernel.md; no spills at 168
-        # registers on either Triton, and groups in a 256-wide row need 200 to avoid them.
+        # Stages, tiles and the register cap were chosen by timing on the H200. Rows without groups compile
+        # without spills at 168 registers on Triton 3.6 and 3.7.1; grouped 256-wide rows get 200 (faster on
+        # the H200), and grouped rows still spill a few registers on 3.7.1 (docs/kernel.md §6).
         cfg.update(BLOCK_R=256 // width, COLD_MODE=1, STAGES=4 if width <= 128 else 6, MAXNREG=168)
         cfg["TILES"] = 63 if width > 128 else 31
         if width > 128 and block_g > 1:
@@ -298,9 +297,8 @@ def bwd_config(d: int, group: int) -> dict[str, int]:
 # Tiles per program. TILES only partitions the rows: a row's dx/dz bits depend on BLOCK_R and NUM_WARPS
 # alone, and dweight is an exact sum whatever the partition, so no output bit depends on it. More tiles
 # per program amortise each program's flush and leave fewer programs adding into the counters; fewer
-# shorten the programs' serial walk. The best split grows about as the square root of the tile count
-# (measured on the H200, see docs/kernel.md). The interpreter pays per program, so on the CPU about 8
-# programs suffice to exercise the loop.
+# shorten the programs' serial walk; on the H200 the best split grew about as the square root of the
+# tile count. The interpreter pays per program, so on the CPU about 8 programs suffice to exercise the loop.
 SQRT_TILES_PER_TILE = 8
 
 
@@ -368,8 +366,8 @@ def rms_norm_gated_bwd(
     group = group_size or d
     if activation not in ("silu", "sigmoid"):
         raise ValueError(f"activation: expected 'silu' or 'sigmoid', got {activation!r}")
-    if d > MAX_WIDTH:
-        raise ValueError(f"x: last dimension {d} exceeds the kernel's limit of {MAX_WIDTH}")
+    if d > MAX_D:  # the forward's limit: one program holds a whole row
+        raise ValueError(f"x: last dimension {d} exceeds the kernel's limit of {MAX_D}")
     if d % group:
         raise ValueError(f"group_size: {group} does not divide the last dimension {d}")
     if rows >= _dweight.MAX_ROWS:

@@ -8,8 +8,8 @@ One finalize step rounds that number once to the weight's dtype.
 
 Fixed-point form. A finite fp32 value is m * 2**(s - 149) with an integer |m| < 2**24 and a shift s
 in 0..253 (the exponent field minus one; subnormals share s = 0). The shifts are cut into
-NUM_WINDOWS windows of WINDOW_BITS = 32: window k holds the values with s >> 5 == k as the int64
-count m << (s & 31) (|.| < 2**55) of 2**(32k - 149).
+NUM_WINDOWS windows of 32: window k holds the values with s >> 5 == k as the int64 count
+m << (s & 31) (|.| < 2**55) of 2**(32k - 149).
 
 Accumulation, per program of TILES tiles of BLOCK_R rows. From its first tile a program picks a hot
 range of W shifts (`hot_range`); a hot value v is a multiple of its ulp 2**(start - 149), so
@@ -30,7 +30,9 @@ only spreads same-address atomics; the finalize adds the copies (exactly), norma
 rounds once.
 
 Bounds: a register slot gains < 2**(23 + W) per tile, so it stays below 2**63; every limb piece is below
-2**33, so the counters stay exact for fewer than MAX_ROWS = 2**27 rows.
+2**33, so the counters stay exact for fewer than MAX_ROWS = 2**27 rows. A program's three flushed limbs
+k..k+2 (k = start >> 5) must stay below the NaN / Inf slots: k <= 6, which holds for start <= 223, i.e.
+W >= 34, i.e. at most MAX_TILES = 64 tiles per program.
 """
 
 from __future__ import annotations
@@ -47,17 +49,18 @@ from rlnorm.kernel._interpreter import INTERPRETED
 from rlnorm.kernel._rounding import exact_cast
 
 NUM_WINDOWS = 8  # 8 windows x 32 shifts cover every finite fp32 exponent (s = 0..253)
-WINDOW_BITS = 32  # a window's values m << (s & 31) stay below 2**55: 256 of them sum exactly in int64
 NUM_SLOTS = 2 * NUM_WINDOWS + 3  # (low, high) per window, then NaN, +Inf, -Inf counts
-SLOT_NAN, SLOT_POS_INF, SLOT_NEG_INF = 2 * NUM_WINDOWS, 2 * NUM_WINDOWS + 1, 2 * NUM_WINDOWS + 2
 NUM_LIMBS = NUM_WINDOWS + 2  # base-2**32 limbs of the total: windows' low parts, last high part, headroom
 STRIPES = 8  # most copies of the counters, chosen by pid: spreads atomic contention, never changes the sum
 PROGRAMS_PER_STRIPE = 64  # fewer programs share fewer copies: the finalize reads every copy of every slot
 MAX_TILE_ROWS = 256  # a flush sums BLOCK_R low parts < 2**32: far inside int64
-MAX_TILES = 256  # W = hot_width(256) = 32: a slot gains < 2**55 per tile, 256 tiles stay below 2**63
+# Most tiles per program. More would keep the registers exact (W = hot_width(tiles) shrinks with them) but
+# narrow the hot range so far that a first tile near fp32's top (|v| >= 2**127 at 65 tiles) starts it at
+# shift 224 (k = 7): the flush's third limb, k + 2 = 9, goes to slot 2k + 3 = 17, the +Inf count.
+MAX_TILES = 64  # W = hot_width(64) = 34: start <= 253 + 4 - 34 = 223, so k = start >> 5 <= 6
 INT32_TILE_BITS = 31  # tiles whose deferred-value bits fit an int32 per slot (fewer registers than int64)
 MAX_TILES_DEFERRED = 63  # deferred cold values: one bit per tile, in an int64 per slot past INT32_TILE_BITS
-MAX_ROWS = 2**27  # counters: every slot < 3 * rows * 2**33, a limb (two slots) < 2**62
+MAX_ROWS = 2**27  # counters: every slot < 3 * rows * 2**33 = 1.5 * 2**62, a limb (two slots) < 2**63
 # hot range [start, start + W) with start >= 22, so the scale 2**(149 - start) is an fp32
 SCALED_START_MIN: tl.constexpr = tl.constexpr(22)
 SCALED_HEADROOM: tl.constexpr = tl.constexpr(3)  # shifts above the first tile's largest that stay hot
@@ -252,7 +255,7 @@ def flush(acc, start, cnt_ptr, col, col_mask, d):
     limbs k..k+2, each piece below 2**33 in magnitude, summed over the program's rows (exact) and added
     (any order: integer adds). The atomics go out one column per lane, consecutive lanes on consecutive
     columns, which halves the 32-byte sectors a warp's adds touch (the L2's atomic work is what costs:
-    measured on the H200, see docs/kernel.md); `col ^ (d >> 30)` (d < 2**30: the same columns) hides the
+    docs/kernel.md §7, per-element atomics); `col ^ (d >> 30)` (d < 2**30: the same columns) hides the
     columns' contiguity from Triton's layout choice.
     """
     k = start >> 5
@@ -384,7 +387,7 @@ def _dweight_finalize_kernel(
     if PDL:  # before any access: waits until the previous kernel has finished and its writes are visible
         gdc_wait()
     pid = tl.program_id(0)
-    cols = pid * BLOCK + tl.arange(0, BLOCK)
+    cols = pid * BLOCK + tl.arange(0, BLOCK)  # [BLOCK]
     cmask = cols < d
     # Carry propagation in base 2**32 with floor shifts gives digits in [0, 2**32) of the total T and
     # a final carry of -1 exactly when T is negative; then |T| = 2**(32 N) - D for the digit string D,
@@ -465,12 +468,26 @@ def _dweight_finalize_kernel(
     tl.store(OUT + cols, exact_cast(value.to(tl.float32), OUT.dtype.element_ty), mask=cmask)
 
 
+def check_tiles(name: str, tiles: int, cold_mode: int) -> None:
+    """Raise ValueError naming `name` unless a program may walk `tiles` tiles under this COLD_MODE."""
+    if cold_mode == 0 and not 1 <= tiles <= MAX_TILES_DEFERRED:
+        raise ValueError(
+            f"{name}: expected 1..{MAX_TILES_DEFERRED} with COLD_MODE 0 (one deferred-value bit per tile in an "
+            f"int64), got {tiles}"
+        )
+    if not 1 <= tiles <= MAX_TILES:
+        raise ValueError(
+            f"{name}: expected 1..{MAX_TILES} (more narrow the hot range until a flush near fp32's top reaches "
+            f"the counters' NaN / Inf slots), got {tiles}"
+        )
+
+
 def stripes_for(programs: int) -> int:
     """Copies of the counters for `programs` adding into them: a power of two up to STRIPES.
 
     Copies only spread same-address atomics (programs add into copy pid % stripes; integer sums are
-    exact in any order), so the count changes no bit; at decode sizes one copy keeps the finalize's
-    reads 8x fewer (measured on the H200, see docs/kernel.md).
+    exact in any order), so the count changes no bit; at decode sizes one copy leaves the finalize an
+    eighth of the reads that eight copies would.
     """
     return min(STRIPES, triton.next_power_of_2(triton.cdiv(max(programs, 1), PROGRAMS_PER_STRIPE)))
 
@@ -482,7 +499,7 @@ def new_counters(d: int, device: torch.device | str, stripes: int = STRIPES) -> 
 
 # Columns per finalize program on the GPU, one lane each: every column reads all its counters (19 int64
 # slots per copy), and one SM pulls only so many bytes per cycle from L2, so the copies' bytes are spread
-# over several SMs (one warp each) rather than read by one (measured on the H200, see docs/kernel.md).
+# over several SMs (one warp each) rather than read by one.
 FINALIZE_BLOCK = 32
 FINALIZE_WARPS = 1
 
@@ -570,6 +587,7 @@ def exact_column_sum(
     craft wide exponent ranges, subnormals and cancellation here). `block_rows`, `tiles`, `cold_mode`
     (as the backward's COLD_MODE) and `stripes` (copies of the counters; by default as the backward
     picks them) only change how the work is cut: the result is the same bits for every choice.
+    `tiles` is at most MAX_TILES_DEFERRED (cold_mode 0) or MAX_TILES (cold_mode 1): the counters' layout.
     """
     return finalize(column_counters(values, block_rows, tiles, cold_mode, stripes), dtype)
 
@@ -588,10 +606,9 @@ def column_counters(
         raise ValueError(f"values: expected a 2-D [rows, columns] tensor, got shape {tuple(values.shape)}")
     if not 1 <= block_rows <= MAX_TILE_ROWS or block_rows & (block_rows - 1):
         raise ValueError(f"block_rows: expected a power of two in 1..{MAX_TILE_ROWS}, got {block_rows}")
-    if not 1 <= tiles <= (MAX_TILES_DEFERRED if cold_mode == 0 else MAX_TILES):
-        raise ValueError(f"tiles: expected 1..{MAX_TILES_DEFERRED} (cold_mode 0) or ..{MAX_TILES}, got {tiles}")
     if cold_mode not in (0, 1):
         raise ValueError(f"cold_mode: expected 0 or 1, got {cold_mode}")
+    check_tiles("tiles", tiles, cold_mode)
     n, d = values.shape
     if n >= MAX_ROWS:
         raise ValueError(f"values: at most {MAX_ROWS - 1} rows keep the int64 counters exact, got {n}")

@@ -51,7 +51,7 @@ _W_LOG2_BYTES = {"bf16": 1, "fp16": 1, "fp32": 2}  # log2 of the element size
 
 def _exp2_poly(coef: list[float]) -> str:
     """2**f on |f| <= 1/2 into dp, from df: the series by Horner's rule (Estrin's shallower tree was no
-    faster, measured on the H200, see docs/kernel.md)."""
+    faster on the H200)."""
     return f"mov.f64 dp, {_f64(coef[-1])};\n" + "".join(
         f"fma.rn.f64 dp, dp, df, {_f64(coef[k])};\n" for k in range(len(coef) - 2, -1, -1)
     )

@@ -7,12 +7,14 @@
 - Fast path (fp32): the sum of squares (bf16/fp16 squares are exact in fp32), rstd by rsqrt and one
   Newton step, the gate with an exactly split exp argument, the products; then a test on the result's
   bits folded into two row minima. An output within T fp32 ulps of a rounding midpoint of the output
-  format, where T bounds the fast path's error, flags its row; away from midpoints the fast value
-  rounds to the same output as the exact result.
+  format, where T is the error bound the fast path is held to, flags its row; away from midpoints the
+  fast value then rounds to the same output as the exact result. That the error stays below T is an
+  error budget backed by measurement, not a proof (docs/kernel.md §3).
 - Exact paths (fp64): a flagged element of a bf16 row whose rstd comes from x alone is settled alone
   (`_exact_element.py`); a row with a non-finite, zero or tiny value, or an element that tier cannot
   place, is recomputed whole from its own inputs. Every output therefore equals the fp64 result
-  rounded once, which is also why the CPU interpreter and the GPU agree bitwise.
+  rounded once (wherever the fast path's error is inside T), which is also why the CPU interpreter and
+  the GPU agree bitwise.
 - fp32 outputs have no spare bits to test: they take the fp64 path everywhere.
 """
 
@@ -35,32 +37,34 @@ from rlnorm.kernel._switches import fwd_switches, planted_faults
 MAX_D = 8192  # widest row (and group) one program holds in registers
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read as Triton reads it, once per process
 
-# Launch shape, from the group width alone (measured on the H200, see docs/kernel.md): 16 elements per
-# thread in one-warp programs (every reduction of the tier's branch is then a warp shuffle), tiles of
-# 512 elements up to 256 columns, 1024 above.
+# Launch shape, from the group width alone (timed on the H200; docs/kernel.md §7 lists the alternatives
+# measured against it): 16 elements per thread in one-warp programs (every reduction of the tier's
+# branch is then a warp shuffle), tiles of 512 elements up to 256 columns, 1024 above.
 TILE_ELEMENTS = 1024
 TILE_ELEMENTS_NARROW = 512  # rows of at most 256 columns
 ELEMENTS_PER_THREAD = 16
 # Register cap of a one-warp program where the tier applies, by BLOCK_G: uncapped, ptxas sizes the
 # registers for the rare tier and row paths and the fast path loses occupancy; a lower cap delays one
-# of z's loads (measured on the H200, see docs/kernel.md; no spills at these caps).
+# of z's loads (docs/kernel.md §7; no spills at these caps, §6).
 TIER_MAXNREG = {128: 64, 256: 64}
 # A thread's 16 elements as two 16-byte vectors of ONE row rather than one vector of each of two rows:
 # a row's sums, minima and rstd then cost each thread one row and one shuffle level fewer.
 SPLIT_CHUNKS = 2
 MAX_BLOCK_R = 64  # the rows of a program that go to the whole-row path are one int64 bitmask
 
-# T, the fast path's error bound in fp32 ulps of the result, by the op's options: the roundings, ex2,
-# rcp and rsqrt approximations and the fp32 sum of squares, set above the worst error measured on the
-# H200 with margin (see docs/kernel.md). Gate first (norm_before_gate=False): the gate's error enters
-# x * act, rstd and the product again.
+# T, the midpoint test's bound on the fast path's error in fp32 ulps of the result, by the op's options:
+# set from an error budget (the roundings, the ex2, rcp and rsqrt approximations, the fp32 sum of squares)
+# and above the worst error measured on the H200 with margin. Not a proven bound: the budget's terms
+# exceed 10 once the compiled summation order is counted (docs/kernel.md §3). Gate first
+# (norm_before_gate=False): the gate's error enters x * act, rstd and the product again.
 NEAR_T_GATED = 10
 NEAR_T_GATED_PRE = 24
 NEAR_T_PLAIN = 8  # no gate
 
 
 def near_bound(has_z: bool, norm_before_gate: bool) -> int:
-    """The analytic bound T (fp32 ulps) for these options: the default of the NEAR_T switch."""
+    """The midpoint test's bound T (fp32 ulps) for these options, the NEAR_T switch's default: an error
+    budget with a measured margin, not a proven bound (docs/kernel.md §3)."""
     if not has_z:
         return NEAR_T_PLAIN
     return NEAR_T_GATED if norm_before_gate else NEAR_T_GATED_PRE
@@ -390,7 +394,7 @@ def _rms_norm_gated_fwd_kernel(
         )
         _store_chunks(y_rows, round_fp64_to_out(y64, OUT), row_ok[:, None], g2, GROUP, BLOCK_C, SPLIT, False, INTERP)
     else:
-        # ---- fast path: fp32 elementwise; only per-row scalars in fp64 ----
+        # ---- fast path: all fp32, per-row scalars included (eps is rounded to fp32 too) ----
         if HAS_Z:
             if INTERP:
                 # numpy has no fused multiply-add: the gate in fp64, rounded once and flushed as the
@@ -427,7 +431,7 @@ def _rms_norm_gated_fwd_kernel(
             y = (y.to(tl.int32, bitcast=True) + FAULT_ULPS).to(tl.float32, bitcast=True)
         y_fast = y
 
-        # ---- is the fp32 value provably on the correct side of every rounding midpoint? ----
+        # ---- is the fp32 value farther than T ulps from every rounding midpoint (and in the safe range)? ----
         bits = y.to(tl.int32, bitcast=True)
         row_bits = (pid_r * 0).to(tl.int64)  # rows for the whole-row path, one bit each
         if OUT == tl.bfloat16:
@@ -570,16 +574,23 @@ def rms_norm_gated_fwd(
     """y = gated RMSNorm of 2-D x [rows, D] (last dimension contiguous, any row stride); y contiguous.
 
     Inputs are assumed validated (api.py does that): w is [D] and contiguous, or None for no weight (as
-    if all ones); `activation` is "silu" or "sigmoid". The launch
-    follows the switches of an active `rlnorm.kernel.variant` (benchmarks). `zero`: a contiguous int64
-    tensor this launch also fills with zeros (the backward's workspace, `_bwd.workspace_numel`); no
-    output bit depends on it. `debug` also returns the fp32 fast-path values and the near-midpoint
-    flags (fp32 [rows, D] and int8 [rows, D]) for error measurements.
+    if all ones). `activation` ("silu" or "sigmoid") and `group_size` (None or a divisor of D) are
+    checked here too, as the backward launcher checks them. The launch follows the switches of an
+    active `rlnorm.kernel.variant` (benchmarks). `zero`: a contiguous int64 tensor this launch also
+    fills with zeros (the backward's workspace, `_bwd.workspace_numel`); no output bit depends on it.
+    `debug` also returns the fp32 fast-path values and the near-midpoint flags (fp32 [rows, D] and
+    int8 [rows, D]) for error measurements.
     """
     rows, d = x.shape
     group = group_size or d
+    if activation not in ("silu", "sigmoid"):
+        raise ValueError(f"activation: expected 'silu' or 'sigmoid', got {activation!r}")
+    if d == 0:
+        raise ValueError("x: last dimension D must be > 0")
     if d > MAX_D:
         raise ValueError(f"x: last dimension {d} exceeds the kernel's limit of {MAX_D}")
+    if group <= 0 or d % group:
+        raise ValueError(f"group_size: {group} does not divide the last dimension {d}")
     y = torch.empty((rows, d), dtype=x.dtype, device=x.device)
     has_z = z is not None
     if w is None:

@@ -2,8 +2,9 @@
 
 `variant` sets switches for the forward and backward launches within a block (the benchmark hook);
 `rlnorm.kernel.testing.planted` plants faults (tests only). Both only ever change the launch through
-values that are the same for every row, so every variant is still batch invariant; the forward is
-correctly rounded under every variant except EXACT=0 and a NEAR_T below the analytic bound.
+values that are the same for every row, so every variant is still batch invariant; the forward's outputs
+are claimed correctly rounded under every variant except EXACT=0 and a NEAR_T below the op's default bound
+(docs/kernel.md §3 says what that claim rests on).
 This module imports neither torch nor Triton: `from rlnorm.kernel import variant` stays cheap.
 """
 
@@ -16,13 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 FWD_SWITCHES: dict[str, str] = {
-    "EXACT": "1 (default): rows the fast path cannot prove are recomputed in fp64; "
+    "EXACT": "1 (default): rows the midpoint and range tests flag are settled in fp64; "
     "0: never (timing only, outputs NOT correctly rounded)",
     "TIER2": "1 (default): near-midpoint elements of bf16 rows settled one by one first; "
     "0: flagged rows go whole to fp64",
-    "NEAR_T": "int 0..4096: the midpoint test's bound T in fp32 ulps (default: the analytic bound for the op's "
-    "options, 8 to 24; below it outputs are NOT proven correctly rounded)",
-    "SPLIT": "1 or 2: column chunks per thread (default: 2 where the row has 32 columns or more)",
+    "NEAR_T": "int 0..4096: the midpoint test's bound T in fp32 ulps (default: the op's bound, 10 gated, 24 with "
+    "the gate first, 8 without a gate; below it outputs are NOT claimed correctly rounded)",
+    "SPLIT": "1 or 2: column chunks per thread (default: 2 where the group width rounded up to a power of two, "
+    "BLOCK_G, is 32 or more, else 1)",
     "MAXNREG": "int 0..255: register cap per thread, 0 = the compiler's choice (default: 64 at 128 and 256 "
     "columns where the tier runs, else 0)",
     "BLOCK_R": "power of two 1..64: rows per program (default: from the width, 512 or 1024 elements per program)",
@@ -31,8 +33,8 @@ FWD_SWITCHES: dict[str, str] = {
 BWD_SWITCHES: dict[str, str] = {
     "BLOCK_R": "power of two 1..256: rows per tile (default: from the width)",
     "NUM_WARPS": "power of two 1..32: warps per program (default: 1 up to 256 columns, else width / 128, 2..16)",
-    "TILES": "int 1..256 (1..63 with COLD_MODE 0): tiles per program (default: from the row count; "
-    "it only partitions the rows and changes no bit)",
+    "TILES": "int 1..64 (1..63 with COLD_MODE 0): tiles per program, capped by the dweight counters' window "
+    "layout (_dweight.MAX_TILES) (default: from the row count; it only partitions the rows and changes no bit)",
     "STAGES": "int 1..8: cp.async pipeline depth of the tile loop's loads (default: 4, or 6 above 128 columns, "
     "up to 256 columns; else 1)",
     "PREFETCH": "0 or 1: load tile t + 1 before tile t's math (default: 1 for 257..2048 columns)",
@@ -70,7 +72,7 @@ _FWD_VALID = {
 _BWD_VALID = {
     "BLOCK_R": _pow2(256),
     "NUM_WARPS": _pow2(32),
-    "TILES": _int_range(1, 256),
+    "TILES": _int_range(1, 64),  # _dweight.MAX_TILES (not imported: no Triton here)
     "STAGES": _int_range(1, 8),
     "PREFETCH": _one_of(0, 1),
     "MAXNREG": _int_range(0, 255),

@@ -25,7 +25,7 @@ def _options_cached(eps: float, group_size: int | None, norm_before_gate: bool, 
     return OpOptions(eps=eps, group_size=group_size, norm_before_gate=norm_before_gate, activation=activation)
 
 
-def _options(eps, group_size, norm_before_gate, activation) -> OpOptions:
+def _options(eps: float, group_size: int | None, norm_before_gate: bool, activation: str) -> OpOptions:
     """Validated options, cached per value (a decode-sized call's latency is mostly CPU time);
     unhashable input validates uncached."""
     try:
