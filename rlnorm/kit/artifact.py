@@ -1,6 +1,6 @@
 """The run artifact: build, validate, write atomically, read (the B200 seed report loads too).
 
-One JSON file per run keeps every key of the seed report (`tests/data/rms_norm_gated_b200.json`),
+One JSON file per run keeps every key of the seed report (`rlnorm/data/rms_norm_gated_b200.json`),
 so a run can be laid beside it, plus what a reader needs to trust and reproduce it: the schema
 version, the code's commit, the parameters, per-backend status and skip reason, the errors of
 checks that raised, and the paths of the per-row records and plots. `read_artifact` brings the
@@ -34,7 +34,6 @@ KIND = "qwen3_next_norm_reuse_check"
 OP = "rms_norm_gated"
 DEFAULT_RFC = "RL-Align/RL-Kernel#428"
 
-BACKEND_STATUSES = ("ran", "skipped", "failed", "crashed", "timed_out")
 # statuses of a backend whose own process ended before its checks did
 ENDED_EARLY = ("crashed", "timed_out")
 # accuracy_latency fields that a backend may lack (forward-only, or the seed report predating them)
@@ -85,7 +84,7 @@ class ArtifactValidationError(ValueError):
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
         hint = ""
         if any("Additional properties" in msg for _, msg in problems):
-            hint = "\n(a misspelled key, or a NEW field that needs its line in the schema and in DESIGN.md)"
+            hint = "\n(a misspelled key, or a NEW field that needs its line in the schema and in docs/design.md)"
         super().__init__(
             f"artifact does not match rlnorm/kit/schema/artifact.schema.json ({len(problems)} problem(s)):\n"
             f"{shown}{more}{hint}"

@@ -109,8 +109,9 @@ def collect_environment(device: str | torch.device = "cpu") -> dict[str, Any]:
 
 
 # The caller may state what `git` says: RLNORM_COMMIT=$(git rev-parse HEAD), RLNORM_TREE_DIRTY=0|1.
-# A stated value wins over the checkout: the GPU machine gets a copy of the working tree whose .git,
-# when one travels along, can be stale (seen: it reported an earlier commit under later code).
+# A stated value wins over the checkout: a copy of the working tree sent to another machine may carry a
+# .git that does not match the files beside it (copied at another time, or only in part), and then HEAD
+# names a commit other than the code that ran, where the caller knows the right one.
 COMMIT_ENV = "RLNORM_COMMIT"
 DIRTY_ENV = "RLNORM_TREE_DIRTY"
 

@@ -265,6 +265,9 @@ class HangPastRows(_PastRows):
     source = "planted fault: hangs past 50 rows"
 
     def _fail(self, rows: int) -> None:
+        # says where it hangs, so a test can tell the planted hang from a process still importing
+        sys.stderr.write(f"planted fault: hanging on a batch of {rows} rows\n")
+        sys.stderr.flush()
         time.sleep(3600.0)
 
 

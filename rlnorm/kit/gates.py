@@ -41,14 +41,18 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import IO, Any
 
 import torch
 from torch import Tensor
 
-from rlnorm.inputs import make_case
-from rlnorm.kit.backends import load_backend
+from rlnorm.inputs import Case, make_case
+from rlnorm.kit.backends import Backend, load_backend
+from rlnorm.kit.faults import GATE_CHILD_ENV  # the planted crash and hang faults act where the gates set it
 from rlnorm.kit.isolation import child_env, kill_group
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
@@ -56,7 +60,6 @@ from rlnorm.options import OpOptions
 SAMPLE_TOKENS = (11, 16, 13, 19)
 CHUNK_TOKENS = 7
 GATES = ("forward", "gradient")
-GATE_CHILD_ENV = "RLNORM_GATE_CHILD"  # same name as rlnorm.kit.faults.GATE_CHILD_ENV
 STDERR_TAIL_LINES = 20
 # exit codes of the child: 0 ran to the end (verdict in the lines), 3 backend cannot run here
 EXIT_UNAVAILABLE = 3
@@ -158,12 +161,20 @@ def parse_line(line: str) -> dict | None:
 
 
 # ----------------------------------------------------------------------------- gate bodies (child side)
-def _workload(heads: int, d: int, seed: int, weight_dtype: torch.dtype, device: str):
+def _workload(heads: int, d: int, seed: int, weight_dtype: torch.dtype, device: str) -> Case:
     return make_case(sum(SAMPLE_TOKENS) * heads, d, seed=seed, weight_dtype=weight_dtype, device=device)
 
 
-def forward_gate(backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0,
-                 weight_dtype: torch.dtype = torch.float32, emit=print) -> list[str]:  # fmt: skip
+def forward_gate(
+    backend: Backend,
+    opts: OpOptions,
+    device: str,
+    heads: int = 2,
+    d: int = 128,
+    seed: int = 0,
+    weight_dtype: torch.dtype = torch.float32,
+    emit: Callable[[str], Any] = print,
+) -> list[str]:
     """Every token's forward output bitwise equal across cells. Emits lines as they are made."""
     case = _workload(heads, d, seed, weight_dtype, device)
     lines: list[str] = []
@@ -182,8 +193,16 @@ def forward_gate(backend, opts: OpOptions, device: str, heads: int = 2, d: int =
     return lines
 
 
-def gradient_gate(backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0,
-                  weight_dtype: torch.dtype = torch.float32, emit=print) -> list[str]:  # fmt: skip
+def gradient_gate(
+    backend: Backend,
+    opts: OpOptions,
+    device: str,
+    heads: int = 2,
+    d: int = 128,
+    seed: int = 0,
+    weight_dtype: torch.dtype = torch.float32,
+    emit: Callable[[str], Any] = print,
+) -> list[str]:
     """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
     case = _workload(heads, d, seed, weight_dtype, device)
     lines: list[str] = []
@@ -244,7 +263,7 @@ def gradient_gate(backend, opts: OpOptions, device: str, heads: int = 2, d: int 
 
 
 # ----------------------------------------------------------------------------- parent side
-def _gate_result(returncode: int | None, stdout: str, stderr: str, timed_out: bool) -> dict:
+def _gate_result(returncode: int | None, stdout: str, stderr: str, timed_out: bool) -> dict[str, Any]:
     lines = [ln.strip() for ln in stdout.splitlines() if parse_line(ln)]
     failed = [ln for ln in lines if not parse_line(ln)["passed"]]
     singleton = [ln for ln in lines if ln.startswith("singleton_aggregate ")]
@@ -260,9 +279,14 @@ def _gate_result(returncode: int | None, stdout: str, stderr: str, timed_out: bo
     }
 
 
+def _read(f: IO[bytes]) -> str:
+    f.seek(0)
+    return f.read().decode("utf-8", errors="replace")
+
+
 def run_gates(
-    backend_spec,
-    opts: OpOptions | dict | None = None,
+    backend_spec: str | Backend,
+    opts: OpOptions | dict[str, Any] | None = None,
     device: str = "cpu",
     timeout_s: float = 600.0,
     *,
@@ -271,16 +295,13 @@ def run_gates(
     d: int = 128,
     seed: int = 0,
     weight_dtype: str = "float32",
-    timeout: float | None = None,
-) -> dict[str, dict]:
-    """Run each gate in its own child process (concurrently); never raises for what the child does.
+) -> dict[str, dict[str, Any]]:
+    """Run each gate in its own child process (concurrently, one deadline of `timeout_s` for all); never raises for
+    what the child does.
 
     `backend_spec` is a registered key, an import path, or a Backend whose `key` is one of those.
-    `timeout` is an alias of `timeout_s` (one deadline for all gates, which run concurrently).
     Returns {gate: {returncode, passed, failed_lines, singleton_aggregate, stderr_tail, timed_out, lines}}.
     """
-    if timeout is not None:  # alias: the runner's keyword
-        timeout_s = timeout
     spec = getattr(backend_spec, "key", backend_spec)
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"backend_spec: expected a registered key or 'package.module:attr', got {backend_spec!r}")
@@ -297,34 +318,39 @@ def run_gates(
         raise ValueError(f"weight_dtype: expected one of {sorted(_DTYPES)}, got {weight_dtype!r}")
     if not timeout_s > 0:
         raise ValueError(f"timeout_s: expected > 0, got {timeout_s!r}")
-    procs = {}
-    for g in gates:
-        cmd = [
-            sys.executable, "-m", "rlnorm.kit.gates", "--backend", spec, "--gate", g, "--device", str(device),
-            "--opts", json.dumps(opts.as_dict()), "--heads", str(heads), "--d", str(d), "--seed", str(seed),
-            "--weight-dtype", weight_dtype,
-        ]  # fmt: skip
-        procs[g] = subprocess.Popen(
-            cmd,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=child_env({GATE_CHILD_ENV: "1"}),
-            start_new_session=True,
-        )
-    results = {}
-    deadline = time.monotonic() + timeout_s
+    procs: dict[str, subprocess.Popen] = {}
+    # each child writes to files, never pipes: a child waited on second must not block on a full pipe meanwhile
+    files: dict[str, tuple[IO[bytes], IO[bytes]]] = {}
+    results: dict[str, dict[str, Any]] = {}
     try:
+        for g in gates:
+            cmd = [
+                sys.executable, "-m", "rlnorm.kit.gates", "--backend", spec, "--gate", g, "--device", str(device),
+                "--opts", json.dumps(opts.as_dict()), "--heads", str(heads), "--d", str(d), "--seed", str(seed),
+                "--weight-dtype", weight_dtype,
+            ]  # fmt: skip
+            files[g] = (tempfile.TemporaryFile(), tempfile.TemporaryFile())
+            procs[g] = subprocess.Popen(
+                cmd,
+                stdout=files[g][0],
+                stderr=files[g][1],
+                stdin=subprocess.DEVNULL,
+                env=child_env({GATE_CHILD_ENV: "1"}),
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout_s
         for g, proc in procs.items():
             timed_out = False
             try:
-                stdout, stderr = proc.communicate(timeout=max(deadline - time.monotonic(), 0.1))
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 timed_out = True
                 kill_group(proc)
-                stdout, stderr = proc.communicate()
-                stderr = (stderr or "") + f"\n[rlnorm.kit.gates] killed after the {timeout_s:g} s timeout"
-            results[g] = _gate_result(proc.returncode, stdout or "", stderr or "", timed_out)
+                proc.wait()
+            stderr = _read(files[g][1])
+            if timed_out:
+                stderr += f"\n[rlnorm.kit.gates] killed after the {timeout_s:g} s timeout"
+            results[g] = _gate_result(proc.returncode, _read(files[g][0]), stderr, timed_out)
     finally:
         # children run in their own sessions (so a crash cannot take the parent's group down); if the
         # parent is interrupted, end them here rather than leave them orphaned
@@ -332,6 +358,9 @@ def run_gates(
             if proc.poll() is None:
                 kill_group(proc)
                 proc.wait()
+        for out, err in files.values():
+            out.close()
+            err.close()
     return results
 
 

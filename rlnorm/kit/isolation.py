@@ -1,9 +1,10 @@
 """Child processes that can crash, hang or poison their device without costing the parent anything.
 
-Both the per-backend workers (`rlnorm.kit.worker`) and the contract gates run this way: a fresh interpreter (so
-the child starts clean for the device in use, never a fork of a process holding a CUDA context), in a session of
-its own (so a crash cannot signal the parent's group, and a kill reaches whatever the child started), with the
-parent's import path (so a user's backend module imports there too).
+The per-backend workers (`rlnorm.kit.worker`), the contract gates and every other child (`run_child`: a rebuilt
+batch, the trainer-vs-sampler check) run this way: a fresh interpreter (so the child starts clean for the device in
+use, never a fork of a process holding a CUDA context), in a session of its own (so a crash cannot signal the
+parent's group, and a kill reaches whatever the child started), with the parent's import path (so a user's backend
+module imports there too).
 """
 
 from __future__ import annotations
@@ -24,16 +25,20 @@ from typing import Any
 
 import torch
 
+from rlnorm.kit.backends import describe_error
 from rlnorm.kit.worker import AGREEMENT_FILE, EXIT_DEVICE_ERROR, RESULT_FILE, TRAIL_FILE
 
 __all__ = [
     "BackendOutcome",
     "BackendProcess",
+    "ChildEnd",
     "child_env",
     "describe_exit",
     "kill_group",
+    "load_agreement",
     "run_backend",
     "run_batch",
+    "run_child",
 ]
 
 STDERR_TAIL_LINES = 30
@@ -70,10 +75,10 @@ def describe_exit(returncode: int | None) -> tuple[str, str | None]:
     return f"exited with code {returncode}", None
 
 
-def _start_worker(job: Path, mode: str, stdin: int, env: dict[str, str] | None = None) -> subprocess.Popen:
-    """`python -m rlnorm.kit.worker JOB mode` in a session of its own, its stderr (progress, tracebacks) piped."""
+def _start(argv: list[str], stdin: int, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """`argv` in a session of its own, its stderr (progress, tracebacks) piped, its stdout dropped."""
     return subprocess.Popen(
-        [sys.executable, "-m", "rlnorm.kit.worker", str(job), mode],
+        argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         stdin=stdin,
@@ -81,6 +86,55 @@ def _start_worker(job: Path, mode: str, stdin: int, env: dict[str, str] | None =
         errors="replace",
         env=child_env(env),
         start_new_session=True,
+    )
+
+
+def _worker_argv(job: Path, mode: str) -> list[str]:
+    return [sys.executable, "-m", "rlnorm.kit.worker", str(job), mode]
+
+
+@dataclass
+class ChildEnd:
+    """How a child started by `run_child` ended, and the JSON it left (None where it left none that parses)."""
+
+    returncode: int | None
+    timed_out: bool
+    stderr: str
+    seconds: float
+    result: Any = None
+
+    def stderr_tail(self, lines: int = STDERR_TAIL_LINES) -> str:
+        return "\n".join(self.stderr.splitlines()[-lines:])
+
+
+def run_child(
+    argv: list[str], timeout_s: float, *, result_file: Path | None = None, env: dict[str, str] | None = None
+) -> ChildEnd:
+    """Run `argv` in a session of its own for at most `timeout_s` seconds and read back `result_file`'s JSON.
+
+    Past the limit, and when the parent is interrupted while it waits, the child's process group (the child and
+    whatever it started) is killed, so no child outlives the wait. Never raises for what the child did.
+    """
+    t0 = time.monotonic()
+    proc = _start(argv, subprocess.DEVNULL, env)
+    timed_out = False
+    try:
+        try:
+            _, err = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_group(proc)
+            _, err = proc.communicate()
+    finally:
+        if proc.poll() is None:  # interrupted: take the child down with the parent
+            kill_group(proc)
+            proc.wait()
+    return ChildEnd(
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        stderr=err or "",
+        seconds=round(time.monotonic() - t0, 2),
+        result=None if result_file is None else _read_json(result_file),
     )
 
 
@@ -100,6 +154,15 @@ def _read_json(path: Path) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+
+
+def load_agreement(path: Path) -> tuple[Any, str | None]:
+    """(the saved agreement output, None), or (None, why) when the file does not load: one backend's bad file is
+    that backend's missing output, never the run's end."""
+    try:
+        return torch.load(path, map_location="cpu"), None
+    except Exception as exc:
+        return None, f"its agreement output does not load: {describe_error(exc)}"
 
 
 def _blank(spec: str) -> dict[str, Any]:
@@ -137,29 +200,29 @@ class BackendProcess:
         self._relay = relay
         self._released = threading.Event()
         self._lock = threading.Lock()
-        self.proc = _start_worker(job, "--hold", subprocess.PIPE, env)
+        self.proc = _start(_worker_argv(job, "--hold"), subprocess.PIPE, env)
         self._reader = threading.Thread(target=self._pump, daemon=True)
         self._reader.start()
 
     def _pump(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
+            # relayed under the lock, so a line read while `release` relays the held ones waits its turn
             with self._lock:
                 self.tail.append(line.rstrip("\n"))
                 if not self._released.is_set():
                     self._lines.append(line)
-                    continue
-            if self._relay is not None:
-                self._relay(line)
+                elif self._relay is not None:
+                    self._relay(line)
 
     def release(self) -> None:
         """Let the worker start its checks (it may still be importing: it starts them when it gets there)."""
         with self._lock:
             self._released.set()
             held, self._lines = self._lines, []
-        for line in held:
             if self._relay is not None:
-                self._relay(line)
+                for line in held:
+                    self._relay(line)
         try:
             assert self.proc.stdin is not None
             self.proc.stdin.write("go\n")
@@ -206,7 +269,9 @@ class BackendProcess:
         )
         agreement = self.folder / AGREEMENT_FILE
         if agreement.is_file():
-            outcome.agreement_output = torch.load(agreement, map_location="cpu")
+            outcome.agreement_output, why = load_agreement(agreement)
+            if why is not None:
+                result.setdefault("errors", {})["agreement"] = why
         code = self.proc.returncode
         if timed_out or code != 0:
             _ended_early(outcome, saved, _read_json(self.folder / TRAIL_FILE), code, timed_out, timeout_s, self.tail)
@@ -281,25 +346,18 @@ def run_batch(spec: str, rebuild: dict[str, Any], device: str, timeout_s: float 
 
     {"survived": bool, "cause": "killed by SIGSEGV (signal 11)" | "timed out after N s" | "exited with code 3" |
     "ran to the end", "signal", "exit_code", "stderr_tail", "seconds"}."""
-    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="rlnorm-batch-") as tmp:
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"backend": spec, "device": device, "rebuild": rebuild}))
-        proc = _start_worker(job, "--batch", subprocess.DEVNULL)
-        timed_out = False
-        try:
-            _, err = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(proc)
-            _, err = proc.communicate()
-    cause, sig = (f"timed out after {timeout_s:g} s", None) if timed_out else describe_exit(proc.returncode)
-    survived = not timed_out and proc.returncode == 0
+        end = run_child(_worker_argv(job, "--batch"), timeout_s)
+    code = end.returncode
+    cause, sig = (f"timed out after {timeout_s:g} s", None) if end.timed_out else describe_exit(code)
+    survived = not end.timed_out and code == 0
     return {
         "survived": survived,
         "cause": "ran to the end" if survived else cause,
         "signal": sig,
-        "exit_code": None if timed_out or proc.returncode < 0 else proc.returncode,
-        "stderr_tail": "\n".join((err or "").splitlines()[-STDERR_TAIL_LINES:]),
-        "seconds": round(time.monotonic() - t0, 2),
+        "exit_code": None if end.timed_out or code is None or code < 0 else code,
+        "stderr_tail": end.stderr_tail(),
+        "seconds": end.seconds,
     }

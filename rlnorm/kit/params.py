@@ -21,7 +21,10 @@ from typing import Any, get_args, get_origin, get_type_hints
 import yaml
 
 from rlnorm.checkout import CHECKOUT
+from rlnorm.kit.artifact import DEFAULT_RFC
 from rlnorm.kit.backends import REGISTRY
+from rlnorm.kit.checks.rows import COVERAGES
+from rlnorm.kit.checks.sweep import default_probe_rows, default_sweep_sizes
 from rlnorm.options import ACTIVATIONS, OpOptions
 
 __all__ = [
@@ -46,13 +49,12 @@ ALL_CHECKS = [
     "agreement",
     "trainer_sampler",
 ]
-# docs/spec.md §5 batch_size_sweep: sizes 1..9 and 2^k-1, 2^k, 2^k+1 for k = 4..12 (36 sizes)
-DEFAULT_SWEEP_SIZES = list(range(1, 10)) + [m for k in range(4, 13) for m in (2**k - 1, 2**k, 2**k + 1)]
-# probes 0 and n-1 plus 515, 1027, ..., 3075 (n = 4097)
-DEFAULT_SWEEP_PROBE_ROWS = [0, 515, 1027, 1539, 2051, 2563, 3075, 4096]
+# docs/spec.md §5 batch_size_sweep at n = 4097, as the check itself defaults them: sizes 1..9 and 2^k-1, 2^k,
+# 2^k+1 for k = 4..12 (36 sizes); probes 0 and n-1 plus 515, 1027, ..., 3075
+DEFAULT_SWEEP_SIZES = default_sweep_sizes(4097)
+DEFAULT_SWEEP_PROBE_ROWS = default_probe_rows(4097)
 
 DEVICES = ("auto", "cpu", "cuda")
-COVERAGES = ("all", "sampled")
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
@@ -75,7 +77,7 @@ class RunParams:
     overwrite: bool = False  # replace an existing run folder (the CLI's --force; papermill: -p overwrite True)
     device: str = "auto"  # auto | cpu | cuda
     progress: bool = True  # tqdm bars for the long loops
-    rfc: str = "RL-Align/RL-Kernel#428"
+    rfc: str = DEFAULT_RFC
     # -- the op (docs/spec.md §1) ---------------------------------------------------------------------
     d: int = 128
     eps: float = 1e-6
@@ -246,6 +248,13 @@ def _range_errors(p: RunParams) -> list[str]:
     for name in ("dweight_rows", "sub_batches_rows", "sweep_n", "accuracy_rows", "agreement_rows"):
         if getattr(p, name) <= 0:
             bad(name, "a positive int")
+    # the checks refuse a negative seed too, but only in each backend's process, as that check's error
+    for name in ("all_rows_seeds", "sub_batches_seeds", "sweep_seeds"):
+        if any(v < 0 for v in getattr(p, name)):
+            bad(name, "seeds >= 0")
+    for name in ("dweight_seed", "accuracy_seed", "agreement_seed"):
+        if getattr(p, name) < 0:
+            bad(name, "an int >= 0")
     if any(s > p.sub_batches_rows for s in p.sub_batch_sizes):
         bad("sub_batch_sizes", f"sizes no larger than sub_batches_rows={p.sub_batches_rows}")
     if any(s > p.sweep_n for s in p.sweep_sizes) or not p.sweep_sizes:

@@ -9,8 +9,10 @@ with its cause. Only bad parameters stop a run, and they stop it before any work
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ from rlnorm.kit import records as rec
 from rlnorm.kit.backends import describe_error
 from rlnorm.kit.environment import collect_environment, git_commit, tracked_tree_dirty
 from rlnorm.kit.params import RunParams, load_params
+from rlnorm.options import OpOptions
 
 __all__ = [
     "RECORDS_FILE",
@@ -63,13 +66,16 @@ class Run:
     artifact_path: Path | None = None
     plots: dict[str, str] = field(default_factory=dict)  # plot name -> path relative to the run folder
     timings: dict[str, float] = field(default_factory=dict)  # step -> seconds
-
-    @property
-    def opts(self):
-        return self.params.op_options()
-
     out: Path = field(default_factory=Path)  # where files go while the run is in progress (a staging folder)
     place_at: Path | None = None  # where `finish` moves `out`, when this process stages the folder itself
+    # the code's commit and whether its tracked files differ, read when the run starts: a malformed
+    # RLNORM_COMMIT / RLNORM_TREE_DIRTY stops the run before any work, not at its artifact
+    commit: str | None = None
+    dirty: bool | None = None
+
+    @property
+    def opts(self) -> OpOptions:
+        return self.params.op_options()
 
     def ran(self) -> list[str]:
         """Backends whose checks all ran (not skipped, failed, crashed or timed out)."""
@@ -123,10 +129,11 @@ def start_run(params: RunParams) -> Run:
     it, so either way `outputs/NAME/` is written whole or not at all.
     """
     device = params.resolved_device()
+    commit, dirty = git_commit(), tracked_tree_dirty()  # ValueError naming the variable when one is malformed
     if device == "cpu" and not torch.cuda.is_available():
         # Triton only runs on the CPU interpreted; rlnorm's import set this unless the user chose otherwise
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    run = Run(params=params, device=device)
+    run = Run(params=params, device=device, commit=commit, dirty=dirty)
     if params.staging_dir:
         run.out = Path(params.staging_dir)
         run.out.mkdir(parents=True, exist_ok=True)
@@ -153,15 +160,18 @@ def run_backends(run: Run) -> None:
     t0 = time.time()
     with _progress_stream() as stream:
         relay = (lambda line: stream.write(line)) if run.params.progress else None
+        # every started process stays here until it has finished, so an interrupt anywhere closes it
         started: dict[int, isolation.BackendProcess] = {}
         try:
             for i, spec in enumerate(specs):
-                proc = started.pop(i, None) or isolation.BackendProcess(spec, params, run.device, relay)
+                if i not in started:
+                    started[i] = isolation.BackendProcess(spec, params, run.device, relay)
                 if ahead and i + 1 < len(specs):
                     started[i + 1] = isolation.BackendProcess(specs[i + 1], params, run.device, relay)
                 if run.params.progress:
                     print(f"[{i + 1}/{len(specs)}] {spec}: in its own process", file=stream, flush=True)
-                outcome = proc.finish(run.params.backend_timeout_s)
+                outcome = started[i].finish(run.params.backend_timeout_s)
+                del started[i]
                 run.results[spec] = outcome.result
                 run.records.extend(outcome.records)
                 run.timings.update(outcome.timings)
@@ -256,8 +266,8 @@ def write_artifact_and_records(run: Run) -> Path:
         plots=dict(run.plots),
         quick=is_quick(run.params),
         checks=list(run.params.checks),
-        commit=git_commit(),
-        dirty=tracked_tree_dirty(),
+        commit=run.commit,
+        dirty=run.dirty,
         param_set=run.params.name,
         rfc=run.params.rfc,
         wall_time_s=round(time.time() - run.started, 1),
@@ -298,11 +308,6 @@ def run_trainer_sampler(run: Run) -> None:
     """
     if "trainer_sampler" not in run.params.checks:
         return
-    # kept with the one step that starts a process by hand; the other steps go through isolation's workers
-    import json
-    import subprocess
-    import tempfile
-
     p = run.params
     t0 = time.time()
     job = {
@@ -317,27 +322,18 @@ def run_trainer_sampler(run: Run) -> None:
     with tempfile.TemporaryDirectory(prefix="rlnorm-trainer-sampler-") as tmp:
         job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job_path.write_text(json.dumps(job), encoding="utf-8")
-        proc = subprocess.Popen(
+        end = isolation.run_child(
             [sys.executable, "-c", TRAINER_SAMPLER_CHILD, str(job_path), str(out_path)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            env=isolation.child_env(),
-            start_new_session=True,
+            p.backend_timeout_s,
+            result_file=out_path,
         )
-        try:
-            _, err = proc.communicate(timeout=p.backend_timeout_s)
-        except subprocess.TimeoutExpired:
-            isolation.kill_group(proc)
-            proc.communicate()
-            summary: dict[str, Any] = {"error": f"timed out after {p.backend_timeout_s:g} s"}
-        else:
-            if out_path.is_file():
-                summary = json.loads(out_path.read_text(encoding="utf-8"))["summary"]
-            else:
-                how, _ = isolation.describe_exit(proc.returncode)
-                tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
-                summary = {"error": f"its process {how}; last line: {tail[-1][:500] if tail else '(no stderr)'}"}
+    summary = end.result.get("summary") if isinstance(end.result, dict) else None
+    if end.timed_out:
+        summary = {"error": f"timed out after {p.backend_timeout_s:g} s"}
+    elif not isinstance(summary, dict):
+        how, _ = isolation.describe_exit(end.returncode)
+        what = "left no readable result" if end.returncode == 0 else how
+        tail = [ln for ln in end.stderr.strip().splitlines() if ln.strip()]
+        summary = {"error": f"its process {what}; last line: {tail[-1][:500] if tail else '(no stderr)'}"}
     run.trainer_sampler = summary
     run.timings["trainer_sampler"] = time.time() - t0

@@ -6,15 +6,18 @@
 and starts this module in a fresh interpreter, one per backend. It loads and probes the backend, runs every
 selected check, and writes into the folder as it goes:
 
-- `trail.json`: the batch the backend is about to be given, as a rebuild spec (`rlnorm.kit.records.rebuild_case`
-  regenerates it), rewritten before every batch: where a crash happened;
+- `trail.json`: where the checks are, as a rebuild spec (`rlnorm.kit.records.rebuild_case` regenerates it):
+  rewritten before each batch a check gives the backend, except that the many small calls of a row-alone pass
+  (`rlnorm.kit.checks.alone`) rewrite it once per chunk of calls, naming the chunk's first call; so after a crash
+  it names the batch it died on, or the first call of the chunk it died in;
 - `result.json`: the backend's entry of the artifact and its records, rewritten after every check, so the checks
   it finished stand if it dies in the next one;
 - `agreement.pt`: its forward output on the agreement inputs, for the parent to form the matrix.
 
 With `--batch` the job is one rebuilt batch (`run_batch`): how a crash is reproduced without the run.
-With `--hold` it loads and probes the backend, then waits for a line on stdin before its checks: the parent
-starts the next backend's process while this one works, so imports overlap checks on the CPU.
+With `--hold` it loads and probes the backend, then waits for the line `go` on stdin before its checks: the parent
+starts the next backend's process while this one works, so imports overlap checks on the CPU. End of input instead
+(the parent died, or closed the pipe without releasing it) ends the worker with its checks not run.
 
 A check that raises is a recorded finding and the next check runs. A device left in an error state is not: the
 process's CUDA context is lost, so every later check would fail for that reason and not its own. The worker then
@@ -38,7 +41,17 @@ from rlnorm.kit.backends import describe_error, load_backend
 from rlnorm.kit.params import RunParams, load_params
 from rlnorm.kit.records import rebuild_case
 
-__all__ = ["AGREEMENT_FILE", "EXIT_DEVICE_ERROR", "RESULT_FILE", "TRAIL_FILE", "blank_result", "check_calls", "main"]
+__all__ = [
+    "AGREEMENT_FILE",
+    "EXIT_DEVICE_ERROR",
+    "RESULT_FILE",
+    "TRAIL_FILE",
+    "Worker",
+    "blank_result",
+    "check_calls",
+    "device_lost",
+    "main",
+]
 
 # set by the command line when its output is not a terminal: progress as lines, never redrawn bars
 PLAIN_ENV = "RLNORM_PROGRESS_PLAIN"
@@ -76,14 +89,14 @@ def check_calls(params: RunParams, device: str) -> dict[str, Callable[[Any], Any
     }
     capped = {**common, "max_records": p.max_records}
     return {
-        "all_rows": lambda b: checks.all_rows(b, sizes=p.all_rows_sizes, seeds=p.all_rows_seeds, **capped),
+        "all_rows": lambda b: checks.all_rows(b, ns=p.all_rows_sizes, seeds=p.all_rows_seeds, **capped),
         "dweight_repeatable": lambda b: checks.dweight_repeatable(
             b, rows=p.dweight_rows, seed=p.dweight_seed, **capped
         ),
         "full_vs_sub_batches": lambda b: checks.full_vs_sub_batches(
             b,
-            rows=p.sub_batches_rows,
-            sub_batch_sizes=p.sub_batch_sizes,
+            full_rows=p.sub_batches_rows,
+            sub_sizes=p.sub_batch_sizes,
             seeds=p.sub_batches_seeds,
             coverage=p.coverage,
             **capped,
@@ -103,24 +116,31 @@ def check_calls(params: RunParams, device: str) -> dict[str, Callable[[Any], Any
     }
 
 
-def _write_json(path: Path, doc: Any) -> None:
+def _replace_whole(path: Path, write: Callable[[Path], None]) -> None:
     """Whole or not at all: a reader (the parent, after this process died) never sees half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(doc, allow_nan=True), encoding="utf-8")
+    write(tmp)
     os.replace(tmp, path)
 
 
-def _device_error(exc: BaseException | None, device: str) -> str | None:
-    """The device's error text when the process's device context is no longer usable, else None."""
+def _write_json(path: Path, doc: Any) -> None:
+    _replace_whole(path, lambda tmp: tmp.write_text(json.dumps(doc, allow_nan=True), encoding="utf-8"))
+
+
+def device_lost(device: str) -> str | None:
+    """The device's error when this process's device context no longer works, else None.
+
+    Asked of the device itself, never read off a check's error text: a message that mentions CUDA (an
+    out-of-memory, a launch refused for its arguments) leaves the context usable, and the next check deserves it.
+    """
     if torch.device(device).type != "cuda":
         return None
-    text = f"{type(exc).__name__}: {exc}" if exc is not None else ""
     try:
         torch.cuda.synchronize(device)
-    except Exception as sync_exc:  # a sticky error: every later launch in this process fails with it
-        return describe_error(sync_exc)
-    if "CUDA error" in text or type(exc).__name__ == "AcceleratorError":
-        return describe_error(exc)  # type: ignore[arg-type]
+        torch.ones(1, device=device).add_(1)  # a tiny allocation and launch: a lost context refuses both
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # a sticky error: every later launch in this process fails with it
+        return describe_error(exc)
     return None
 
 
@@ -183,8 +203,10 @@ class Worker:
         self.save()
         if backend is None:
             return 0
-        if hold:  # started ahead of its turn: imports and probe are done, the checks wait for the parent
-            sys.stdin.readline()
+        # started ahead of its turn: imports and probe are done, the checks wait for the parent's "go"; end of input
+        # means the parent is gone, and a worker nobody reads must not run every check
+        if hold and sys.stdin.readline().strip() != "go":
+            return 0
         selected = [c for c in CHECK_ORDER if c in self.params.checks]
         calls = check_calls(self.params, self.device)
         summaries: dict[str, Any] = {}
@@ -192,16 +214,14 @@ class Worker:
             for i, name in enumerate(selected, 1):
                 self.say(f"[{i}/{len(selected)}] {name}")
                 t0 = time.time()
-                failure: BaseException | None = None
                 try:
                     result = calls[name](backend)
                 except Exception as exc:
-                    failure = exc
                     self.result["errors"][name] = describe_error(exc)
                 else:
                     self._keep(name, result, summaries)
                 self.timings[name] = round(time.time() - t0, 2)
-                lost = _device_error(failure or _summary_error(result if failure is None else None), self.device)
+                lost = device_lost(self.device)
                 if lost is not None:
                     self.device_error = {"check": name, "error": lost}
                     self.save()
@@ -229,7 +249,8 @@ class Worker:
         else:
             summaries[name] = summary
             self.result["batch_invariance"][name] = summary
-        self.records.extend({"backend": self.spec, "check": name, **r} for r in result.records)
+        # the worker's own names win: a record that names another backend or check would be filed under it
+        self.records.extend({**r, "backend": self.spec, "check": name} for r in result.records)
 
     def _agreement(self, backend: Any) -> None:
         p = self.params
@@ -244,17 +265,9 @@ class Worker:
                 d=p.d,
                 weight_dtype=getattr(torch, p.weight_dtype),
             )
-            torch.save(y.cpu(), self.folder / AGREEMENT_FILE)
+            _replace_whole(self.folder / AGREEMENT_FILE, lambda tmp: torch.save(y.cpu(), tmp))
         except Exception as exc:
             self.result["errors"]["agreement"] = describe_error(exc)
-
-
-def _summary_error(result: Any) -> BaseException | None:
-    """A check that caught its own exception keeps only its text: rebuild one to test for a device error."""
-    summary = getattr(result, "summary", None)
-    if isinstance(summary, dict) and summary.get("error"):
-        return RuntimeError(str(summary["error"]))
-    return None
 
 
 def run_batch(job: dict[str, Any]) -> int:

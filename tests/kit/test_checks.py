@@ -221,10 +221,10 @@ def test_order_dependent_dweight_is_repeatable() -> None:
 
 def test_forward_only_backend() -> None:
     ar = checks.all_rows(ForwardOnly(), OPTS, ns=(7,), seeds=(3,), **QUICK)
-    assert ar.summary["7"]["rowgrad_differ"] == 0
+    assert ar.summary["7"]["rowgrad_differ"] is None  # no gradients compared: not "none differ"
     assert checks.dweight_repeatable(ForwardOnly(), OPTS, rows=7, **QUICK).summary["dweight_repeatable"] is None
     bad = checks.all_rows(ForwardOnlyBatchSize(), OPTS, ns=(63,), seeds=(3,), **QUICK)
-    assert bad.summary["63"]["fwd_differ"] > 0 and bad.summary["63"]["rowgrad_differ"] == 0
+    assert bad.summary["63"]["fwd_differ"] > 0 and bad.summary["63"]["rowgrad_differ"] is None
     assert {r["tensor"] for r in bad.records} == {"y"}
     acc = checks.accuracy_latency(ForwardOnly(), OPTS, rows=63, warmup=0, iters=2, **QUICK)
     assert acc.summary["grad_rel_err"] is None and acc.summary["fwd_bwd_us"] is None
@@ -511,3 +511,18 @@ def test_accuracy_latency_flags_a_host_bound_forward_on_the_gpu() -> None:
     ).summary
     assert s["host_bound"] == {"add": False, "fwd": True}
     assert s["fwd_us"] > 1000  # the 3 ms host gaps are inside the events: the flag says so
+
+
+def test_a_forward_only_backend_compares_no_gradients_and_says_so() -> None:
+    fvs = checks.full_vs_sub_batches(ForwardOnly(), OPTS, full_rows=15, sub_sizes=(7,), seeds=(3,), **QUICK)
+    sw = checks.batch_size_sweep(ForwardOnly(), OPTS, n=17, sizes=[1, 9], probe_rows=[0, 16], seeds=[3], **QUICK)
+    ar = checks.all_rows(ForwardOnly(), OPTS, ns=(7,), seeds=(3,), **QUICK)
+    assert fvs.summary["rowgrad_differ"] is None and sw.summary["rowgrad_differ"] is None
+    assert (fvs.summary["fwd_differ"], sw.summary["fwd_differ"], sw.summary["differ"]) == (0, 0, 0)
+    assert checks.batch_invariant(ar.summary, {"dweight_repeatable": None}, fvs.summary, sw.summary) is True
+
+
+def test_dweight_repeatable_says_how_many_records_the_cap_dropped() -> None:
+    dw = checks.dweight_repeatable(NondeterministicDweight(), OPTS, rows=257, repeats=3, max_records=0, **QUICK)
+    assert dw.summary["dweight_repeatable"] is False and dw.records == []
+    assert dw.summary["records_dropped"] == 2  # each repeat that differed from the first

@@ -189,3 +189,15 @@ def test_every_problem_of_a_file_is_reported_at_once(tmp_path: Path) -> None:
     for expected in ("d: expected an int, got 'wide'", "device: expected one of", "coverge: unknown parameter",
                      "eps: expected a number >= 0"):  # fmt: skip
         assert expected in text, text
+
+
+def test_a_negative_seed_is_named_with_every_other_error() -> None:
+    seeds = {"all_rows_seeds": [3, -1], "sub_batches_seeds": [-2], "sweep_seeds": [-3]}
+    seeds.update(dweight_seed=-1, accuracy_seed=-4, agreement_seed=-5)
+    with pytest.raises(ParamsError) as info:
+        load_params({**seeds, "timing_iters": 0})
+    msg = str(info.value)
+    for key in seeds:
+        assert f"{key}: expected" in msg, key
+    assert "timing_iters: expected a positive int" in msg
+    assert load_params({"dweight_seed": 0, "sweep_seeds": [0]}).dweight_seed == 0

@@ -210,3 +210,50 @@ def test_cuda_device_without_a_gpu_stops_before_any_work(tmp_path: Path) -> None
     with pytest.raises(ParamsError, match="device: 'cuda'"):
         steps.start_run(load_params({**TINY, "device": "cuda", "output_dir": str(tmp_path / "r")}))
     assert not (tmp_path / "r").exists()
+
+
+def test_a_malformed_commit_variable_stops_the_run_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    params = load_params({**TINY, "output_dir": str(tmp_path / "r")})
+    for var, value in (("RLNORM_COMMIT", "not-a-hash"), ("RLNORM_TREE_DIRTY", "maybe")):
+        with monkeypatch.context() as m:
+            m.setenv(var, value)
+            with pytest.raises(ValueError, match=var):
+                steps.start_run(params)
+        assert not (tmp_path / "r").exists() and not list(tmp_path.iterdir())
+    monkeypatch.setenv("RLNORM_COMMIT", "abcdef0")
+    monkeypatch.setenv("RLNORM_TREE_DIRTY", "1")
+    run = steps.start_run(params)
+    monkeypatch.delenv("RLNORM_COMMIT")  # read once, at the start: the artifact says what the run started with
+    assert (run.commit, run.dirty) == ("abcdef0", True)
+    steps.write_artifact_and_records(run)
+    assert (run.artifact["commit"], run.artifact["tracked_tree_dirty"]) == ("abcdef0", True)
+
+
+def test_an_interrupt_while_starting_the_next_process_closes_the_one_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[FakeProcess] = []
+
+    class FakeProcess:
+        def __init__(self, spec: str, *args: object) -> None:
+            if made:  # the next backend's process, started ahead on the CPU
+                raise KeyboardInterrupt
+            self.closed = False
+            made.append(self)
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setattr(steps.isolation, "BackendProcess", FakeProcess)
+    run = steps.Run(params=load_params({**TINY, "backends": ["reference", "rlnorm"]}), device="cpu")
+    with pytest.raises(KeyboardInterrupt):
+        steps.run_backends(run)
+    assert len(made) == 1 and made[0].closed
+
+
+def test_a_trainer_sampler_child_that_leaves_half_a_result_is_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the child writes a result file that is not JSON: the step records that, the run goes on
+    monkeypatch.setattr(steps, "TRAINER_SAMPLER_CHILD", "import sys; open(sys.argv[2], 'w').write('{\"summ')")
+    run = steps.Run(params=load_params({**TINY, "checks": ["trainer_sampler"]}), device="cpu")
+    steps.run_trainer_sampler(run)
+    assert run.trainer_sampler == {"error": "its process left no readable result; last line: (no stderr)"}

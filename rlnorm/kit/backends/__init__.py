@@ -13,8 +13,8 @@ only its own backend unavailable (with the reason), never the run.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import inspect
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -32,6 +32,7 @@ __all__ = [
     "Grads",
     "UnavailableBackend",
     "describe_error",
+    "dist_version",
     "load_backend",
     "load_backends",
 ]
@@ -58,6 +59,15 @@ def describe_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {first}"[:500]
 
 
+def dist_version(dist: str) -> str:
+    """The installed version of distribution `dist` (its metadata, without importing it), "?" when not installed:
+    what a backend's source string shows."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
 def _device_reason(device: str) -> str | None:
     """Why a device string cannot be used at all here, or None."""
     try:
@@ -70,7 +80,7 @@ def _device_reason(device: str) -> str | None:
 
 
 class Backend:
-    """The interface every check talks to (DESIGN.md, "Backend interface")."""
+    """The interface every check talks to (docs/design.md, "Backend interface")."""
 
     key: str = ""
     source: str = ""
@@ -299,13 +309,8 @@ def _load_builtin(key: str) -> Backend:
     except Exception as exc:
         return UnavailableBackend(key, f"cannot import {module_name}: {describe_error(exc)}")
     obj = getattr(module, attr, None)
-    if obj is None:  # tolerate a differently named class: any Backend in the module with this key
-        for cand in vars(module).values():
-            if isinstance(cand, type) and issubclass(cand, Backend) and getattr(cand, "key", None) == key:
-                obj = cand
-                break
     if obj is None:
-        return UnavailableBackend(key, f"{module_name} defines no {attr} (nor any Backend with key {key!r})")
+        return UnavailableBackend(key, f"{module_name} defines no {attr}")
     try:
         inst = _adapt(obj, key)
     except ValueError as exc:
@@ -340,8 +345,3 @@ def load_backends(keys: Iterable[str], custom: Iterable[str] = ()) -> list[Backe
         seen.add(spec)
         out.append(load_backend(spec))
     return out
-
-
-def format_traceback_tail(exc: BaseException, limit: int = 2000) -> str:
-    """The last `limit` characters of a traceback: for records that need more than one line."""
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-limit:]

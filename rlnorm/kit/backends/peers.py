@@ -7,20 +7,12 @@ nothing here re-implements a peer. Option support is read off the peers' sources
 
 from __future__ import annotations
 
-import importlib.metadata
 from typing import ClassVar
 
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error
+from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error, dist_version
 from rlnorm.options import OpOptions
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 def _need_gate(key: str, z: Tensor | None) -> None:
@@ -40,7 +32,7 @@ class TransformersBackend(Backend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.source = f"transformers {_version('transformers')} Qwen3NextRMSNormGated"
+        self.source = f"transformers {dist_version('transformers')} Qwen3NextRMSNormGated"
         self._modules: dict[tuple[int, float, str], object] = {}
 
     def _import_reason(self) -> str | None:
@@ -88,7 +80,7 @@ class FlaLayernormGatedBackend(Backend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.source = f"FLA {_version('fla-core')} layernorm_gated.rmsnorm_fn"
+        self.source = f"FLA {dist_version('fla-core')} layernorm_gated.rmsnorm_fn"
 
     def _import_reason(self) -> str | None:
         try:
@@ -122,7 +114,7 @@ class FlaFusedNormGateBackend(Backend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.source = f"FLA {_version('fla-core')} fused_norm_gate.rms_norm_gated"
+        self.source = f"FLA {dist_version('fla-core')} fused_norm_gate.rms_norm_gated"
 
     def _import_reason(self) -> str | None:
         try:

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, describe_error
 from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.kit.backends.vllm import INSTALL_HINT
 from rlnorm.options import OpOptions
 
 __all__ = [
@@ -121,11 +122,7 @@ class _FromVllmFiles(Backend):
 
     def _import_reason(self) -> str | None:
         if self.files is None:
-            return (
-                f"vLLM's Python files were not found ({self._where}): `bash .ci/install-vllm.sh` installs vllm where "
-                "a package index is reachable; `python tools/vllm_sources.py` packs an installed vLLM's files into "
-                ".whl/vllm-src.tar.gz for a machine without one"
-            )
+            return f"vLLM's Python files were not found ({self._where}): {INSTALL_HINT}"
         try:
             self._forward_static()
             self._extra()

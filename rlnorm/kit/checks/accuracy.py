@@ -12,6 +12,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rlnorm.inputs import make_case
+from rlnorm.kit.backends import describe_error
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
@@ -26,7 +27,6 @@ from rlnorm.kit.checks.common import (
     case_spec,
     check_common,
     check_int,
-    describe,
     has_backward,
 )
 
@@ -95,7 +95,7 @@ def accuracy_latency(
     progress: bool = True,
 ) -> CheckResult:
     """Accuracy against fp64 (rounded ONCE for correct rounding) and latency against the same-run
-    `torch.add` roofline. Summary fields: DESIGN.md "Fields shared by checks, artifact and plots"."""
+    `torch.add` roofline. Summary fields: docs/design.md "Fields shared by checks, artifact and plots"."""
     check_int("rows", rows, 1)
     check_int("seed", seed)
     check_int("warmup", warmup)
@@ -198,7 +198,7 @@ def accuracy_latency(
             summary["timed"] = True
         bar.update(bar.total - bar.n)
     except Exception as exc:
-        summary["error"] = describe(exc)
+        summary["error"] = describe_error(exc)
     finally:
         bar.close()
     return CheckResult(summary, [])

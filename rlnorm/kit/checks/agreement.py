@@ -15,7 +15,8 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.checks.common import TRAIL, CheckResult, backend_key, bits, case_spec, check_common, check_int, describe
+from rlnorm.kit.backends import describe_error
+from rlnorm.kit.checks.common import TRAIL, CheckResult, backend_key, bits, case_spec, check_common, check_int
 from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
@@ -98,5 +99,5 @@ def agreement_matrix(
             outputs[backend_key(b)] = agreement_output(b, opts, device, rows, seed, d, dtype, weight_dtype)
         except Exception as exc:
             outputs[backend_key(b)] = None
-            errors[backend_key(b)] = describe(exc)
+            errors[backend_key(b)] = describe_error(exc)
     return agreement_from_outputs(outputs, rows, seed, errors)

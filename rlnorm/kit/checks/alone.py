@@ -19,11 +19,12 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rlnorm.inputs import Case
+from rlnorm.kit.backends import describe_error
 from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import TRAIL, call, describe, differ_rows
+from rlnorm.kit.checks.common import TRAIL, call, differ_rows
 
 
 class _GraphMismatch(RuntimeError):
@@ -91,7 +92,7 @@ class AloneRunner:
             except _GraphMismatch as exc:
                 self._no_graph[size] = f"eager ({exc})"
             except Exception as exc:
-                self._no_graph[size] = f"eager (graph capture failed: {describe(exc)})"
+                self._no_graph[size] = f"eager (graph capture failed: {describe_error(exc)})"
             self._graphs.pop(size, None)
             try:
                 torch.cuda.synchronize(x.device)

@@ -28,11 +28,6 @@ class CheckResult:
     records: list[dict[str, Any]] = field(default_factory=list)
 
 
-def describe(exc: BaseException) -> str:
-    msg = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {msg[0] if msg else ''}"[:500]
-
-
 def check_int(name: str, value: Any, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int, got {value!r}")
@@ -67,7 +62,8 @@ def check_common(backend: Any, opts: Any, device: Any, d: int) -> OpOptions:
 
 
 def alias(name: str, value: Any, alias_name: str, alias: Any) -> Any:
-    """Accept the runner's older keyword (`alias_name`) for `name`; both at once is an error."""
+    """`value`, or `alias` given under the run parameter's name (`alias_name`, e.g. `sizes` for `all_rows_sizes`)
+    for keyword `name`; both at once is an error."""
     if alias is None:
         return value
     if value is not None:
@@ -132,7 +128,9 @@ class _Trail:
 
     A check names its case (`at_case`) and then each batch before the backend sees it (`at_batch`); a follower
     (`following`) receives a rebuild spec in the records' format, so `records.rebuild_case` regenerates the very
-    batch a crashed backend died on. With no follower, marking costs one attribute test.
+    batch a crashed backend died on. The many small calls of a row-alone pass (`alone.AloneRunner`) are marked once
+    per chunk of calls, by the chunk's first: a crash inside the chunk names that call. With no follower, marking
+    costs one attribute test.
     """
 
     def __init__(self) -> None:
@@ -153,7 +151,7 @@ TRAIL = _Trail()
 
 @contextlib.contextmanager
 def following(sink: Callable[[dict[str, Any]], None]) -> Iterator[None]:
-    """Call `sink(spec)` before every batch a check hands to a backend, inside the block."""
+    """Call `sink(spec)` wherever a check marks a batch (`_Trail`), inside the block."""
     previous, TRAIL.sink = TRAIL.sink, sink
     try:
         yield
@@ -303,14 +301,15 @@ def batch_invariant(
     parts = [all_rows_summary, dweight_summary, sub_batches_summary, sweep_summary]
     counts: list[int] = []
     if all_rows_summary:
+        # rowgrad_differ is None where gradients were not compared (a forward-only backend)
         counts += [
-            v.get("fwd_differ", 0) + v.get("rowgrad_differ", 0)
+            (v.get("fwd_differ") or 0) + (v.get("rowgrad_differ") or 0)
             for v in all_rows_summary.values()
             if isinstance(v, dict)
         ]
     for s in (sub_batches_summary, sweep_summary):
         if s:
-            counts += [s.get("fwd_differ", 0), s.get("rowgrad_differ", 0), s.get("differ", 0)]
+            counts += [s.get(k) or 0 for k in ("fwd_differ", "rowgrad_differ", "differ")]
     if any(c > 0 for c in counts) or (dweight_summary or {}).get("dweight_repeatable") is False:
         return False
     if any(p is None or "error" in p for p in parts):

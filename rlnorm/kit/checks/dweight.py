@@ -9,6 +9,7 @@ import torch
 from tqdm import tqdm
 
 from rlnorm.inputs import make_case
+from rlnorm.kit.backends import describe_error
 from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
@@ -21,7 +22,6 @@ from rlnorm.kit.checks.common import (
     case_spec,
     check_common,
     check_int,
-    describe,
     differ_rows,
     has_backward,
 )
@@ -90,5 +90,6 @@ def dweight_repeatable(
             r["rebuild"] = json.dumps(spec, separators=(",", ":"))
         summary["dweight_repeatable"] = same
     except Exception as exc:
-        summary["error"] = describe(exc)
+        summary["error"] = describe_error(exc)
+    rec.note(summary)
     return CheckResult(summary, rec.records)

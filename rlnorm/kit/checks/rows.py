@@ -13,6 +13,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rlnorm.inputs import make_case
+from rlnorm.kit.backends import describe_error
 from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
@@ -30,7 +31,6 @@ from rlnorm.kit.checks.common import (
     check_int,
     check_ints,
     compare_rows,
-    describe,
     has_backward,
 )
 
@@ -55,8 +55,8 @@ def all_rows(
 ) -> CheckResult:
     """Every row computed alone vs inside its batch of n, bitwise (output; dx and dz with a backward).
 
-    Summary: {str(n): {rows, fwd_differ, rowgrad_differ, alone_path}} with rows = n * len(seeds).
-    `sizes` is an alias of `ns`.
+    Summary: {str(n): {rows, fwd_differ, rowgrad_differ, alone_path}} with rows = n * len(seeds);
+    rowgrad_differ is None for a forward-only backend (no gradients compared). `sizes` is an alias of `ns`.
     """
     ns = alias("ns", ns, "sizes", sizes)
     ns = check_ints("ns", (64, 257, 4097) if ns is None else ns, 1)
@@ -70,7 +70,7 @@ def all_rows(
     bar = tqdm(total=len(ns) * len(seeds), desc=f"{backend_key(backend)} all_rows", disable=not progress)
     try:
         for n in ns:
-            entry = {"rows": 0, "fwd_differ": 0, "rowgrad_differ": 0, "alone_path": "eager"}
+            entry = {"rows": 0, "fwd_differ": 0, "rowgrad_differ": 0 if with_grad else None, "alone_path": "eager"}
             summary[str(n)] = entry
             for seed in seeds:
                 case = make_case(n, d, seed, dtype, wdt, device)
@@ -92,11 +92,12 @@ def all_rows(
                 )
                 entry["rows"] += n
                 entry["fwd_differ"] += fwd
-                entry["rowgrad_differ"] += grad
+                if with_grad:
+                    entry["rowgrad_differ"] += grad
                 bar.update()
             rec.note(entry)
     except Exception as exc:
-        summary["error"] = describe(exc)
+        summary["error"] = describe_error(exc)
     finally:
         bar.close()
     return CheckResult(summary, rec.records)
@@ -141,8 +142,9 @@ def full_vs_sub_batches(
     """Contiguous sub-batches vs the full batch, bitwise; every differing (row, tensor) recorded.
 
     Summary: the report's {full_batch, sub_batch_sizes, sub_batches, fwd_differ, rowgrad_differ}
-    (differ counts are row comparisons summed over seeds and sizes) plus NEW coverage,
-    rows_compared, alone_path {size: path}. `rows` / `sub_batch_sizes` alias `full_rows` / `sub_sizes`.
+    (differ counts are row comparisons summed over seeds and sizes; rowgrad_differ None for a forward-only
+    backend) plus NEW coverage, rows_compared, alone_path {size: path}. `rows` / `sub_batch_sizes` alias
+    `full_rows` / `sub_sizes`.
     """
     full_rows = alias("full_rows", full_rows, "rows", rows)
     sub_sizes = alias("sub_sizes", sub_sizes, "sub_batch_sizes", sub_batch_sizes)
@@ -160,7 +162,7 @@ def full_vs_sub_batches(
         "sub_batch_sizes": list(sub_sizes),
         "sub_batches": sum(len(p) for p in plans.values()) * len(seeds),
         "fwd_differ": 0,
-        "rowgrad_differ": 0,
+        "rowgrad_differ": 0 if with_grad else None,
         "coverage": coverage,
         "rows_compared": 0,
         "alone_path": {},
@@ -222,11 +224,12 @@ def full_vs_sub_batches(
                         other={"kind": "slice", "start": 0, "size": full_rows, "label": "full batch"},
                     )
                     summary["fwd_differ"] += fwd
-                    summary["rowgrad_differ"] += grad
+                    if with_grad:
+                        summary["rowgrad_differ"] += grad
                     summary["rows_compared"] += len(rows_idx)
                 bar.update()
     except Exception as exc:
-        summary["error"] = describe(exc)
+        summary["error"] = describe_error(exc)
     finally:
         bar.close()
     rec.note(summary)

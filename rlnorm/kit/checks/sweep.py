@@ -9,6 +9,7 @@ import torch
 from tqdm import tqdm
 
 from rlnorm.inputs import make_case
+from rlnorm.kit.backends import describe_error
 from rlnorm.kit.records import sweep_batch_rows, sweep_perm_seed
 from rlnorm.options import OpOptions
 
@@ -24,7 +25,6 @@ from rlnorm.kit.checks.common import (
     check_common,
     check_int,
     check_ints,
-    describe,
     differ_rows,
     has_backward,
 )
@@ -69,7 +69,7 @@ def batch_size_sweep(
     for every size m, compared bitwise (output, dx, dz) with the probe alone.
 
     Summary: the report's {batch_sizes, probe_rows, comparisons, differ} plus NEW fwd_differ and
-    rowgrad_differ (comparisons whose y / whose dx or dz differ).
+    rowgrad_differ (comparisons whose y / whose dx or dz differ; None for a forward-only backend).
     """
     check_int("n", n, 1)
     seeds = check_ints("seeds", seeds)
@@ -89,7 +89,7 @@ def batch_size_sweep(
         "comparisons": len(plan) * len(seeds),
         "differ": 0,
         "fwd_differ": 0,
-        "rowgrad_differ": 0,
+        "rowgrad_differ": 0 if with_grad else None,
     }
     rec = Recorder(backend, "batch_size_sweep", opts, max_records)
     bar = tqdm(total=len(plan) * len(seeds), desc=f"{backend_key(backend)} batch_size_sweep", disable=not progress)
@@ -158,7 +158,8 @@ def batch_size_sweep(
                     grad_mask |= mk
             summary["differ"] += int(any_mask.sum())
             summary["fwd_differ"] += int(masks["y"].sum())
-            summary["rowgrad_differ"] += int(grad_mask.sum())
+            if with_grad:
+                summary["rowgrad_differ"] += int(grad_mask.sum())
             for name, b, a in zip(("y", "dx", "dz"), in_batch, ref, strict=True):
                 if name not in masks or not bool(masks[name].any()):
                     continue
@@ -181,7 +182,7 @@ def batch_size_sweep(
                     ],
                 )
     except Exception as exc:
-        summary["error"] = describe(exc)
+        summary["error"] = describe_error(exc)
     finally:
         bar.close()
     rec.note(summary)

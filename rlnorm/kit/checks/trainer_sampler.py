@@ -24,7 +24,6 @@ vLLM patches torch's compiler for the rest of a process.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import sys
 from collections.abc import Callable, Sequence
@@ -35,7 +34,8 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.checks.common import CheckResult, bits, check_int, describe
+from rlnorm.kit.backends import describe_error, dist_version
+from rlnorm.kit.checks.common import CheckResult, bits, check_int
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
@@ -103,22 +103,15 @@ def vllm_unavailable_reason() -> str | None:
     try:
         import vllm.model_executor.layers.layernorm  # noqa: F401
     except Exception as exc:
-        return f"importing vLLM {version} fails: {describe(exc)}"
+        return f"importing vLLM {version} fails: {describe_error(exc)}"
     return None
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
 
 
 def _trainer(config: Any, weight: Tensor, patched: bool, device: str) -> tuple[str, Side]:
     from rlnorm.integrations.qwen3_next import transformers_norm
 
     norm = transformers_norm(config, patched=patched, weight=weight, device=device, dtype=weight.dtype)
-    label = f"transformers {_version('transformers')} {type(norm).__qualname__}"
+    label = f"transformers {dist_version('transformers')} {type(norm).__qualname__}"
 
     def run(x: Tensor, z: Tensor) -> Tensor:  # a training step: inputs that need grad, autograd recording
         with torch.enable_grad():
@@ -138,7 +131,7 @@ def _sampler(config: Any, weight: Tensor, patched: bool, device: str, vllm_reaso
             with torch.inference_mode():  # as vLLM's model runner calls a model
                 return layer(x, z).clone()  # a normal tensor again, for comparing outside inference mode
 
-        return f"vLLM {_version('vllm')} {type(layer).__qualname__}.{method}", run
+        return f"vLLM {dist_version('vllm')} {type(layer).__qualname__}.{method}", run
     if not patched:
         raise _Skip(f"vLLM's own layer cannot run here: {vllm_reason}")
     from rlnorm.integrations.ops import rms_norm_gated_op
@@ -180,7 +173,7 @@ def _pair(
     except _Skip as why:
         out["skip_reason"] = str(why)
     except Exception as exc:
-        out["error"] = describe(exc)
+        out["error"] = describe_error(exc)
     return out
 
 
@@ -237,14 +230,14 @@ def trainer_vs_sampler(
 
         config = tiny_config(d=d, eps=eps, heads=heads)
     except Exception as exc:
-        summary["error"] = f"cannot build a Qwen3-Next config with transformers: {describe(exc)}"
+        summary["error"] = f"cannot build a Qwen3-Next config with transformers: {describe_error(exc)}"
         return CheckResult(summary)
     case = make_case(rows, d, seed, dtype, wdt)
     x = (case.x.float() * row_scales(rows)).to(dtype).to(device)
     z = case.z.to(device)
     reason = vllm_unavailable_reason()
     summary["vllm_reason"] = reason
-    summary["vllm"] = None if reason else _version("vllm")
+    summary["vllm"] = None if reason else dist_version("vllm")
     for name, patched in (("patched", True), ("unpatched", False)):
         summary["pairs"][name] = _pair(config, case.w, patched, x, z, plan, device, reason)
     summary["agree"] = summary["pairs"]["patched"]["bitwise_equal"]
@@ -266,6 +259,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         summary = trainer_vs_sampler(**job).summary
     except Exception as exc:
-        summary = {"error": describe(exc)}
+        summary = {"error": describe_error(exc)}
     Path(args[1]).write_text(json.dumps({"summary": summary}, allow_nan=False), encoding="utf-8")
     return 0
