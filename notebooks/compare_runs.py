@@ -54,15 +54,7 @@ print("B:", path_b)
 # flipped, latency moves beyond `latency_move`, and accuracy moves beyond `accuracy_move`.
 
 # %%
-if cmp.different_ops:
-    display(
-        Markdown(
-            "**These runs computed different ops** ("
-            + "; ".join(cmp.different_ops)
-            + "): read what follows as two separate results, not as a change of one."
-        )
-    )
-display(Markdown("\n".join(f"- {c}" for c in cmp.changes) if cmp.changes else "*Nothing changed.*"))
+display(Markdown(cmp.changes_markdown()))
 
 # %% [markdown]
 # ## Environments
@@ -72,9 +64,10 @@ cmp.environment
 
 # %% [markdown]
 # ## Verdicts per backend and check
-# `pass`: no row differed (or the gate passed); `FAIL (fwd N, grad M)`: N rows with a differing
-# output, M with differing gradients; `n/a`: not measured (for example no backward); `skipped` /
-# `failed`: the backend did not run, see its reason; `absent`: not in that run.
+# `pass`: no row comparison differed (or the gate passed); `FAIL (N y / M dx,dz)`: N row comparisons whose
+# output differed, M whose dx or dz did (the sweep, as the reference report, counts only their total);
+# `n/a`: not measured (for example no backward); `skipped` / `failed` / `crashed` / `timed_out`: the backend
+# did not run or did not finish, see its reason; `absent`: not in that run.
 
 # %%
 cmp.verdicts[[cmp.label_a, cmp.label_b, "changed"]]

@@ -57,13 +57,14 @@ from IPython.display import Markdown, display
 from rlnorm.report.compare import run_verdicts
 from rlnorm.report.explain import explain_record
 from rlnorm.report.investigate import (
+    backends_table,
     crash_batch,
     crash_table,
     crashed_backends,
-    differing_rows,
     failing_summary,
     pick_row,
     reproduce_crash,
+    rows_or_reason,
 )
 from rlnorm.report.plots.row import plot_row
 from rlnorm.report.runs import latest_run, load_run
@@ -81,13 +82,7 @@ print("records: ", the_run.location.records)
 # gradients (dx or dz) differed; a row is compared once per size and seed.
 
 # %%
-backends_table = pd.DataFrame(
-    [
-        {"backend": k, "status": v.get("status"), "skip_reason": v.get("skip_reason"), "source": v.get("source")}
-        for k, v in the_run.artifact["results"].items()
-    ]
-)
-display(backends_table)
+display(backends_table(the_run.artifact))
 display(run_verdicts(the_run.artifact))
 
 # %% [markdown]
@@ -138,20 +133,11 @@ summary_table
 # Change `row_index` to pick another line.
 
 # %%
-_rows_of_backend = backend is None or (len(the_run.records) and backend in set(the_run.records["backend"]))
-table = (
-    differing_rows(the_run.records, backend, check, artifact=the_run.artifact)
-    if len(the_run.records) and _rows_of_backend
-    else None
+table, _sentence = rows_or_reason(
+    the_run.records, the_run.artifact, backend, check, has_records=the_run.location.records is not None
 )
-if table is None and backend in crashed:
-    display(Markdown(f"**{backend}** recorded no differing row before its process died: see its trail above."))
-elif table is None and the_run.location.records is None:
-    display(Markdown("**This artifact has no per-row records** (the seed report, for one, kept only counts)."))
-elif table is None:
-    display(Markdown("**No differing rows in this run:** every check passed, so there is nothing to drill into."))
-else:
-    display(Markdown(f"**{table.attrs['backend']}**: {table.attrs['counts']}"))
+display(Markdown(_sentence))
+if table is not None:
     display(table.drop(columns=["rebuild"]).head(50))
 
 # %% [markdown]
@@ -219,6 +205,6 @@ if explanation is not None and not explanation.others.empty:
 
 # %%
 if explanation is not None:
-    fig = plot_row(explanation, table)
+    fig = plot_row(explanation, table, the_run.artifact)
     display(fig)
     plt.close(fig)

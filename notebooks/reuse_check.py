@@ -32,7 +32,7 @@ _before_parameters = set(globals())
 
 # %% Parameters tags=["parameters"]
 # These literals are params/quick.yaml (a CPU finishes in minutes). `python -m rlnorm run FILE`
-# or `papermill -f FILE` overrides them; every name must be one the kit knows. The first four are
+# or `papermill -f FILE` overrides them; every name must be one the kit knows. The first five say
 # where the run goes: the command line sets them (papermill: -p name NEW, -p overwrite True).
 name = "quick"
 output_dir = ""
@@ -205,8 +205,7 @@ tables.agreement_table(run)
 
 # %% Trainer against sampler
 steps.run_trainer_sampler(run)
-_ts = tables.trainer_sampler_table(run)
-display(Markdown(_ts) if isinstance(_ts, str) else _ts)
+display(page.shown(tables.trainer_sampler_table(run)))
 if run.trainer_sampler and run.trainer_sampler.get("agree") is not None:
     display(Markdown(f"**Trainer and sampler agree bitwise: {run.trainer_sampler['agree']}**"))
 
@@ -214,8 +213,8 @@ if run.trainer_sampler and run.trainer_sampler.get("agree") is not None:
 # ## The artifact, the records and the plots
 #
 # The JSON artifact keeps every key of the reference B200 report, so the two compare directly
-# (`python -m rlnorm compare seed outputs/NAME`); the CSV lists every row that differed, with what is needed to
-# rebuild its batch (`python -m rlnorm investigate outputs/NAME`).
+# (`python -m rlnorm compare seed outputs/NAME`); the CSV has a line per differing row comparison and tensor
+# (up to `max_records`), with what is needed to rebuild its batch (`python -m rlnorm investigate outputs/NAME`).
 
 # %% Write artifact, records and plots
 figures = tables.make_plots(run)
@@ -225,14 +224,11 @@ display(
         "`max_records` caps them, the counts above are complete)"
     )
 )
-_records = tables.record_table(run)
-display(Markdown(_records) if isinstance(_records, str) else _records)
+display(page.shown(tables.record_table(run)))
 
 # %% Plots
-for _name, _png in figures.items():
-    if _name == "verdict":
-        continue  # shown with the verdict at the top
-    display(Markdown(f"### {_name.replace('_', ' ')}"))
+for _heading, _png in page.plot_sections(figures):
+    display(Markdown(f"### {_heading}"))
     display(Image(filename=str(_png)))
 
 # %% Fill in the verdict

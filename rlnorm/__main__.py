@@ -1,4 +1,4 @@
-"""`python -m rlnorm run params/quick.yaml`: see rlnorm/cli.py."""
+"""`python -m rlnorm run params/quick.yaml`: see rlnorm/cli/__init__.py."""
 
 from rlnorm.cli import main
 

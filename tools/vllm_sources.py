@@ -5,11 +5,11 @@
 The `vllm` and `vllm_native*` backends run vLLM's own files where `import vllm` cannot
 (rlnorm/kit/backends/vllm_files.py): this writes those files, with the package's METADATA (its version), into one
 archive, read from the vllm installed beside this Python without importing it. By default only the files the
-backends read (`vllm_files.NEEDED`, about 150 KB); with --all every .py file of the package (46 MB, ~9 MB packed).
-Compiled extensions are never packed. The archive is byte-for-byte the same for the same files (sorted, no
-timestamps or owners), so the backends unpack it once per content.
+backends read (`vllm_files.NEEDED`: vLLM 0.30.0's 156 KB, 39 KB packed); with --all every .py file of the package
+(42 MB, 8.5 MB packed). Compiled extensions are never packed. The archive is byte-for-byte the same for the same
+files (sorted, no timestamps or owners), so the backends unpack it once per content.
 
-`.whl/` is git-ignored: send it along to a GPU machine (the device tool's `carry`), where the backends find
+`.whl/` is git-ignored: copy it to the GPU machine with the checkout, where the backends find
 `.whl/vllm-src.tar.gz` by themselves, or point RLNORM_VLLM_SOURCES at the archive.
 """
 

@@ -31,6 +31,7 @@ from rlnorm.bench.files import (
     EXIT_EXISTS,
     EXIT_USAGE,
     KINDS,
+    MERGED,
     RUN,
     BenchFileError,
     add_out_arguments,
@@ -168,7 +169,7 @@ def merge(
             }
         )
     return {
-        "kind": "rlnorm.bench.merged",
+        "kind": MERGED,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "sources": [
             {

@@ -343,8 +343,8 @@ def fastest_peer(entries: Sequence[dict]) -> dict:
 
 def code_version() -> dict:
     """commit, tracked_tree_dirty, commit_source: what the caller states ($RLNORM_COMMIT /
-    $RLNORM_TREE_DIRTY) wins over git, because the GPU machine's copy of the tree may carry a stale
-    .git (seen: it reported an earlier commit under later code). git's view is kept too."""
+    $RLNORM_TREE_DIRTY) wins over git, because a copy of the tree sent to a GPU machine may carry a .git
+    that is not the code's; what git says is kept beside it."""
 
     # git's HEAD where a checkout is present (else environment falls back to $RLNORM_COMMIT itself)
     git_head, git_dirty = env.git_commit(), env.tracked_tree_dirty()

@@ -10,7 +10,8 @@
 
 Exit status: 0 done; 1 a notebook cell failed (the partial run is placed, the cell named); 2 bad arguments or
 parameters (nothing ran); 3 the run folder exists (pass --force); 4 the run is complete but a backend could not be
-loaded, crashed or timed out; 130 interrupted (nothing written).
+loaded, crashed or timed out; 130 interrupted (nothing written). `validate`: 0 valid, 1 invalid (each problem
+named), 2 nothing to read at that path.
 """
 
 from __future__ import annotations

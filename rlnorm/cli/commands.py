@@ -18,17 +18,19 @@ from rlnorm.cli.runs import (
     EXIT_CELL_FAILED,
     EXIT_EXISTS,
     EXIT_USAGE,
+    MATRIX_CHILD_ENV,
     backend_problems,
     exit_status,
     run_many,
     run_one,
     verdict_lines,
+    workers,
 )
 from rlnorm.kit.artifact import read_artifact, resolve_path
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.records import RECORD_COLUMNS, read_records
 from rlnorm.report.index import write_index
-from rlnorm.report.runs import locate_run, resolve
+from rlnorm.report.runs import locate_run, resolve, run_device
 
 __all__ = ["cmd_compare", "cmd_index", "cmd_investigate", "cmd_run", "cmd_validate"]
 
@@ -99,6 +101,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     t0 = time.time()
     if len(runs) == 1:
         combo = runs[0]
+        if gpus:  # one run in this process: the notebook's kernel inherits the GPU it is given
+            os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
         print(f"rlnorm: running {combo.source} into {combo.folder}/", file=sys.stderr)
         outcome = run_one(combo, force=args.force, progress=progress)
         print(f"rlnorm: {combo.folder}/ {'written' if outcome.code != EXIT_EXISTS else 'not written'} "
@@ -107,8 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(outcome.message, file=sys.stderr if outcome.code else sys.stdout)
         code = outcome.code
     else:
-        print(f"rlnorm: {len(runs)} runs, {min(args.jobs if not gpus else len(gpus), len(runs))} at a time",
-              file=sys.stderr)  # fmt: skip
+        print(f"rlnorm: {len(runs)} runs, {workers(args.jobs, gpus, len(runs))} at a time", file=sys.stderr)
         indices = [plan.runs.index(c) for c in runs]
         outcomes = run_many(runs, indices, _child_argv(args), jobs=args.jobs, gpus=gpus, progress=progress)
         failed = [o for o in outcomes if o.code]
@@ -123,7 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             if placed:
                 index, _ = write_index(placed, base, title=f"{base.name}: {len(placed)} runs")
                 print(f"rlnorm: index of {len(placed)} runs: {index}", file=sys.stderr)
-    elif plan.matrices:
+    elif plan.matrices and not os.environ.get(MATRIX_CHILD_ENV):
         print("rlnorm: one combination ran; when all have, build the index with "
               f"`python -m rlnorm index {next(iter(plan.matrices))}/*/`", file=sys.stderr)  # fmt: skip
     return code
@@ -236,6 +239,9 @@ def _folder_problems(artifact_path: Path, doc: dict) -> list[str]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     path = resolve(args.path)
+    if not path.exists():
+        _err(f"{args.path}: no such file or folder")
+        return EXIT_USAGE
     if path.suffix in (".yaml", ".yml"):
         return _validate_params(path)
     try:
@@ -244,9 +250,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except Exception as exc:
         _err(f"{path}: {exc}")
         return 1
-    env = doc.get("environment") or {}
-    where = env.get("gpu") or env.get("device")
-    print(f"{artifact_path}: valid artifact (schema {doc.get('schema_version')}, {where})")
+    print(f"{artifact_path}: valid artifact (schema {doc.get('schema_version')}, {run_device(doc)})")
     print("\n".join(verdict_lines(doc)))
     problems = _folder_problems(artifact_path, doc) if doc.get("schema_version") != "seed" else []
     for p in problems:

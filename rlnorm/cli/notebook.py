@@ -22,7 +22,6 @@ from rlnorm.checkout import CHECKOUT, PACKAGE_DIR
 from rlnorm.kit.worker import PLAIN_ENV
 
 __all__ = [
-    "RunFailed",
     "execute",
     "notebook_source",
     "render_html",
@@ -31,10 +30,6 @@ __all__ = [
 # the page template: the lab page with nothing fetched from the network (see its own comment)
 TEMPLATES = PACKAGE_DIR / "cli" / "templates"
 PAGE_TEMPLATE = "rlnorm_page"
-
-
-class RunFailed(RuntimeError):
-    """A cell of the notebook raised, or its kernel died; the message names the cell."""
 
 
 def notebook_source(name: str) -> Path:

@@ -11,6 +11,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -70,12 +71,13 @@ def backend_problems(artifact: dict) -> list[str]:
 
 def verdict_lines(doc: dict) -> list[str]:
     lines = []
+    width = max((len(k) for k in doc.get("results") or {}), default=0)
     for key, r in (doc.get("results") or {}).items():
         bi = (r.get("batch_invariance") or {}).get("batch_invariant")
         status = r.get("status", "ran")
         why = f" ({r.get('skip_reason')})" if status != "ran" and r.get("skip_reason") else ""
         errors = f" errors in {', '.join(r['errors'])}" if r.get("errors") else ""
-        lines.append(f"  {key:<24} {status:<9} batch_invariant={bi}{why}{errors}")
+        lines.append(f"  {key:<{width}} {status:<9} batch_invariant={bi}{why}{errors}")
     return lines
 
 
@@ -120,7 +122,11 @@ def _worst(codes: Sequence[int]) -> int:
     return max(codes, default=0)
 
 
-def _child_command(combo: Combination, index: int, argv: Sequence[str]) -> list[str]:
+# set in each combination's own process: its parent builds the index, so the child gives no hint about it
+MATRIX_CHILD_ENV = "RLNORM_MATRIX_CHILD"
+
+
+def _child_command(index: int, argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "rlnorm", "run", *argv, "--only", str(index)]
 
 
@@ -137,6 +143,7 @@ def run_many(
     `gpus`, each process sees one of them (CUDA_VISIBLE_DEVICES). Lines it prints are prefixed with its label."""
     free: list[str] = list(gpus)
     lock = threading.Lock()
+    running: list[subprocess.Popen[str]] = []
     done = [0]
     total = len(combos)
 
@@ -150,18 +157,20 @@ def run_many(
         if gpus:
             with lock:
                 gpu = free.pop(0)
-        env = dict(os.environ, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
+        env = dict(os.environ, **{MATRIX_CHILD_ENV: "1"}, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
         where = f" on GPU {gpu}" if gpu is not None else ""
         say(f"rlnorm: [{combo.label}] starting{where}")
         t0 = time.time()
-        proc = subprocess.Popen(
-            _child_command(combo, index, argv),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            env=env,
-        )
+        with lock:
+            proc = subprocess.Popen(
+                _child_command(index, argv),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                env=env,
+            )
+            running.append(proc)
         assert proc.stdout is not None
         for line in proc.stdout:
             if progress or not line.startswith("  "):
@@ -177,13 +186,31 @@ def run_many(
         say(f"rlnorm: [{n}/{total}] {combo.label}: {'done' if code == 0 else f'exit {code}'} in {seconds:.0f} s")
         return Outcome(combo, code, "", seconds)
 
-    workers = max(1, min(jobs, total, len(gpus) or jobs))
-    pool = ThreadPoolExecutor(max_workers=workers)
+    pool = ThreadPoolExecutor(max_workers=workers(jobs, gpus, total))
     try:
         return list(pool.map(one, zip(combos, indices, strict=True)))
+    except BaseException:
+        # interrupted: a terminal's Ctrl-C reached every process of the group already; a SIGTERM sent to this one
+        # alone did not, so those still running are told, and each unwinds its own staging folder
+        pool.shutdown(wait=False, cancel_futures=True)
+        for grace, sig in ((5, None), (60, signal.SIGTERM)):
+            with lock:
+                alive = [proc for proc in running if proc.poll() is None]
+            for proc in alive:
+                if sig is not None:
+                    proc.send_signal(sig)
+            for proc in alive:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=grace)
+        raise
     finally:
         with contextlib.suppress(Exception):
             pool.shutdown(wait=True, cancel_futures=True)
+
+
+def workers(jobs: int, gpus: Sequence[str], total: int) -> int:
+    """Processes at once: one per GPU when GPUs are given (whatever --jobs says), else `jobs`."""
+    return max(1, min(len(gpus) if gpus else jobs, total))
 
 
 def exit_status(outcomes: Sequence[Outcome]) -> int:

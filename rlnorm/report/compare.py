@@ -14,9 +14,12 @@ from typing import Any
 
 import pandas as pd
 
+from rlnorm.kit.artifact import ENDED_EARLY
 from rlnorm.report.counts import check_counts
-from rlnorm.report.runs import artifact_label, load_artifact
-from rlnorm.report.verdicts import crash_note, ended_state, finished_checks
+from rlnorm.report.plots.common import run_label
+from rlnorm.report.runs import OP_DEFAULTS, artifact_label, load_artifact, run_device
+from rlnorm.report.verdicts import ERROR as ERROR_STATE
+from rlnorm.report.verdicts import NOT_RUN, PASSED, crash_note, ended_state, finished_checks, gate_cell
 
 # The checks a verdict is given for, in report order (gates are the contract_gates of docs/spec.md §5).
 VERDICT_CHECKS = (
@@ -30,7 +33,6 @@ VERDICT_CHECKS = (
 )
 PASS, FAIL, NA, ERROR = "pass", "FAIL", "n/a", "error"
 INVARIANCE = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
-ENDED = ("crashed", "timed_out")
 
 
 @dataclass
@@ -45,6 +47,19 @@ class Comparison:
     accuracy: pd.DataFrame
     changes: list[str] = field(default_factory=list)
     different_ops: list[str] = field(default_factory=list)  # op parameters the two runs differ in
+    source_a: str = ""  # GPU, commit and parameter set of each run, for the figure's title
+    source_b: str = ""
+
+    def changes_markdown(self) -> str:
+        """What changed, as the page says it: first whether the runs computed the same op, then each change."""
+        lines = []
+        if self.different_ops:
+            lines.append(
+                f"**These runs computed different ops** ({'; '.join(self.different_ops)}): read what follows as two "
+                "separate results, not as a change of one.\n"
+            )
+        lines += [f"- {c}" for c in self.changes] if self.changes else ["*Nothing changed.*"]
+        return "\n".join(lines)
 
 
 def _count_verdict(entry: Mapping[str, Any], check: str) -> tuple[str, str]:
@@ -96,14 +111,10 @@ def backend_verdicts(entry: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         if not isinstance(g, Mapping):
             out[f"gate_{gate}"] = (NA, "")
             continue
-        verdict, _ = _bool_verdict(g.get("passed"))
-        failed = g.get("failed_lines") or []
-        detail = f"{len(failed)} failed lines" if failed else ""
-        if g.get("timed_out"):
-            detail = "timed out"
-        elif g.get("returncode") not in (0, None):
-            detail = f"returncode {g.get('returncode')}" + (f", {detail}" if detail else "")
-        out[f"gate_{gate}"] = (verdict, detail)
+        cell = gate_cell(g)
+        detail = " ".join(cell.text.split())
+        verdict = {PASSED: PASS, NOT_RUN: NA, ERROR_STATE: ERROR}.get(cell.state, FAIL)  # a crashed child fails it
+        out[f"gate_{gate}"] = (verdict, "" if cell.state == PASSED else detail)
     if ended is not None:
         done, note = set(finished_checks(entry)), crash_note(entry) or ""
         for check in (*INVARIANCE, "gate_forward", "gate_gradient"):
@@ -124,7 +135,7 @@ def run_verdicts(art: Mapping[str, Any]) -> pd.DataFrame:
 
 def _cell(verdict: tuple[str, str]) -> str:
     v, detail = verdict
-    return f"{v} ({detail[:80]})" if detail and v in (FAIL, ERROR, *ENDED) else v
+    return f"{v} ({detail[:80]})" if detail and v in (FAIL, ERROR, *ENDED_EARLY) else v
 
 
 def _backends(a: Mapping, b: Mapping) -> list[str]:
@@ -246,22 +257,6 @@ def environment_table(a: Mapping, b: Mapping, label_a: str = "a", label_b: str =
     return pd.DataFrame(rows).set_index("field")
 
 
-def _device(art: Mapping[str, Any]) -> str:
-    env = art.get("environment") or {}
-    return str(env.get("gpu") or env.get("device") or "cpu")
-
-
-# what defines the op a run computed; the seed report computed the defaults (D = 128, bf16, silu after the norm)
-OP_DEFAULTS = {
-    "d": 128,
-    "eps": 1e-6,
-    "group_size": None,
-    "norm_before_gate": True,
-    "activation": "silu",
-    "weight_dtype": "bfloat16",
-}
-
-
 def op_of(art: Mapping[str, Any]) -> dict[str, Any]:
     """The op a run computed: width, eps, groups, gate order, activation and weight dtype."""
     params = art.get("params") or {}
@@ -295,7 +290,7 @@ def what_changed(
             "the two runs computed different ops (" + "; ".join(ops) + "): their verdicts, latencies and accuracies "
             "describe different computations and are not a before/after of one"
         )
-    ga, gb = (_device(x) for x in (a, b))
+    ga, gb = (run_device(x) for x in (a, b))
     if ga != gb:
         out.append(f"devices differ ({ga} vs {gb}): latency ratios compare the hardware as much as the code")
     pa, pb = protocol(a), protocol(b)
@@ -370,6 +365,8 @@ def compare_runs(
         accuracy=accuracy_table(art_a, art_b),
         changes=what_changed(art_a, art_b, la, lb, latency_move, accuracy_move),
         different_ops=op_differences(art_a, art_b, la, lb),
+        source_a=run_label(art_a),
+        source_b=run_label(art_b),
     )
 
 
@@ -393,7 +390,7 @@ def _grid_class(va: str, vb: str) -> int:
         return 2
     if va == PASS and vb == FAIL:
         return 3
-    if va in ENDED or vb in ENDED:
+    if va in ENDED_EARLY or vb in ENDED_EARLY:
         return 5
     return 4
 
@@ -473,5 +470,6 @@ def plot_comparison(cmp: Comparison):
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),
     )
+    fig.suptitle(f"A: {cmp.source_a}   against   B: {cmp.source_b}", fontsize=10)
     fig.tight_layout()
     return fig

@@ -10,17 +10,19 @@ import html
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from rlnorm.report.runs import load_artifact, locate_run
+from rlnorm.report.runs import OP_DEFAULTS, load_artifact, locate_run, run_device
+from rlnorm.report.verdicts import NOT_RUN, PASSED, gate_cell
 
 __all__ = ["INDEX_FILE", "OP_KEYS", "SUMMARY_FILE", "summary_table", "write_index"]
 
 INDEX_FILE = "index.html"
 SUMMARY_FILE = "summary.csv"
 # the parameters that define the op a run computed: the ones a matrix usually varies
-OP_KEYS = ("d", "eps", "group_size", "norm_before_gate", "activation", "weight_dtype", "device")
+OP_KEYS = (*OP_DEFAULTS, "device")
 
 
 def _verdict(r: dict) -> str:
@@ -31,6 +33,12 @@ def _verdict(r: dict) -> str:
     return {True: "batch invariant", False: "NOT batch invariant", None: "no verdict"}[bi]
 
 
+def _gate_passed(gate: Any) -> bool | None:
+    """True or False for a gate the backend took; None where it could not (no backward) or it did not run."""
+    state = gate_cell(gate).state
+    return None if state == NOT_RUN else state == PASSED
+
+
 def summary_table(runs: Sequence[str | Path]) -> pd.DataFrame:
     """One line per run and backend: where the run is, the op it computed, and each backend's verdict."""
     rows = []
@@ -38,11 +46,10 @@ def summary_table(runs: Sequence[str | Path]) -> pd.DataFrame:
         loc = locate_run(source)
         art = load_artifact(loc.artifact)
         params = art.get("params") or {}
-        env = art.get("environment") or {}
         base = {
             "run": loc.folder.name,
             "folder": str(loc.folder),
-            "gpu": env.get("gpu") or env.get("device") or "cpu",
+            "gpu": run_device(art),
             "commit": (art.get("commit") or "")[:9],
             **{k: params.get(k) for k in OP_KEYS},
         }
@@ -60,7 +67,7 @@ def summary_table(runs: Sequence[str | Path]) -> pd.DataFrame:
                     "fwd_us": acc.get("fwd_us"),
                     "fwd_x_add": acc.get("fwd_roofline_ratio"),
                     "fwd_bwd_us": acc.get("fwd_bwd_us"),
-                    "gradient_gate": (gates.get("gradient") or {}).get("passed"),
+                    "gradient_gate": _gate_passed(gates.get("gradient")),
                 }
             )
     return pd.DataFrame(rows)

@@ -108,6 +108,36 @@ def differing_rows(
     return sel
 
 
+def backends_table(artifact: Mapping[str, Any]) -> pd.DataFrame:
+    """One line per backend of the run: whether it ran here, why not, and what ran."""
+    res = artifact.get("results") or {}
+    cols = ["status", "skip_reason", "source"]
+    return pd.DataFrame([{"backend": k, **{c: (v or {}).get(c) for c in cols}} for k, v in res.items()])
+
+
+def rows_or_reason(
+    records: pd.DataFrame,
+    artifact: Mapping[str, Any],
+    backend: str | None,
+    check: str | None,
+    *,
+    has_records: bool,
+) -> tuple[pd.DataFrame | None, str]:
+    """The chosen backend's differing rows and the sentence that counts them, or None and why there are none."""
+    if not has_records:
+        return None, "**This artifact has no per-row records** (the seed report, for one, kept only counts)."
+    with_rows = sorted(set(records["backend"])) if len(records) else []
+    if backend is not None and backend not in with_rows:
+        if backend in crashed_backends(artifact):
+            return None, f"**{backend}** recorded no differing row before its process died: see its trail above."
+        others = f"backends with some: {', '.join(with_rows)}" if with_rows else "no backend has any"
+        return None, f"**{backend}** has no differing rows in this run; {others}."
+    if not with_rows:
+        return None, "**No differing rows in this run:** no check recorded one, so there is nothing to drill into."
+    table = differing_rows(records, backend, check, artifact=artifact)
+    return table, f"**{table.attrs['backend']}**: {table.attrs['counts']}"
+
+
 def pick_row(table: pd.DataFrame, row: int | None, row_index: int = 0) -> int:
     """The line of `table` to explain: the first record of case row `row` when given, else line `row_index`."""
     if row is not None:
@@ -128,9 +158,8 @@ def counts_sentence(artifact: Mapping[str, Any] | None, backend: str, check: str
     what = f"{check} ({COMPARES[check]})" if check in COMPARES else check
     entry = None if artifact is None else (artifact.get("results") or {}).get(backend)
     counted = check_counts(entry, check) if entry is not None and check in ROW_CHECKS else None
-    if counted is None:
-        dropped = None if entry is None else records_dropped(artifact or {}, backend, check)
-        return f"{what}: {records_line(kept, dropped)}"
+    if counted is None:  # no row-check counts to read: how many were not kept is unknown, and not said
+        return f"{what}: {records_line(kept, None)}"
     return f"{what}: {counted.sentence()}; {records_line(kept, counted.not_kept)}"
 
 

@@ -6,9 +6,13 @@ code and which run it is (the run's timestamp also ties the page to its artifact
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
 from rlnorm.kit.steps import Run
 
-__all__ = ["GATE_EXPLANATION", "page_header", "placeholder"]
+__all__ = ["GATE_EXPLANATION", "page_header", "placeholder", "plot_sections", "shown"]
 
 GATE_EXPLANATION = (
     "**Reading the gradient gate.** It compares the backend's *own* dweight (the weight's gradient) with the "
@@ -17,6 +21,18 @@ GATE_EXPLANATION = (
     "a trainer then gets a weight gradient that depends on how tokens were packed. rlnorm adds the rows' "
     "contributions exactly (integer counters), so its dweight is the same for every packing."
 )
+
+
+def shown(obj: Any) -> Any:
+    """What a cell displays: text (what a table says when it has no rows) as Markdown, a table as it is."""
+    from IPython.display import Markdown  # the notebooks' dependency, not the package's
+
+    return Markdown(obj) if isinstance(obj, str) else obj
+
+
+def plot_sections(figures: Mapping[str, Path]) -> list[tuple[str, Path]]:
+    """(heading, PNG) for each figure of the evidence; the verdict figure is shown at the top instead."""
+    return [(name.replace("_", " "), png) for name, png in figures.items() if name != "verdict"]
 
 
 def placeholder(what: str) -> str:

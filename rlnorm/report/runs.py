@@ -169,9 +169,24 @@ def load_artifact(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     return read_artifact(locate_run(source).artifact)
 
 
+# what defines the op a run computed; the seed report computed the defaults (D = 128, bf16, silu after the norm)
+OP_DEFAULTS: dict[str, Any] = {
+    "d": 128,
+    "eps": 1e-6,
+    "group_size": None,
+    "norm_before_gate": True,
+    "activation": "silu",
+    "weight_dtype": "bfloat16",
+}
+
+
+def run_device(art: Mapping[str, Any]) -> str:
+    """Where a run's numbers come from: its GPU's name, else the device it ran on ('cpu')."""
+    env = art.get("environment") or {}
+    return str(env.get("gpu") or env.get("device") or "cpu")
+
+
 def artifact_label(art: Mapping[str, Any], fallback: str) -> str:
     """A short name for column headers: the GPU (or 'cpu') plus the run name when known."""
-    env = art.get("environment") or {}
-    gpu = env.get("gpu") or env.get("device") or "cpu"
     name = art.get("name") or (art.get("params") or {}).get("name")
-    return f"{fallback}: {gpu}" + (f" ({name})" if name else "")
+    return f"{fallback}: {run_device(art)}" + (f" ({name})" if name else "")

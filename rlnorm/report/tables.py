@@ -15,7 +15,6 @@ import pandas as pd
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.artifact import ran_host_bound, read_artifact
-from rlnorm.kit.environment import git_commit, tracked_tree_dirty
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.records import records_frame
 from rlnorm.kit.steps import PLOTS_DIR, Run, write_artifact_and_records
@@ -24,13 +23,16 @@ from rlnorm.report.counts import COMPARED_WORDS, KEPT_WORDS, NOT_KEPT_WORDS, ROW
 from rlnorm.report.investigate import failing_summary
 from rlnorm.report.plots.common import fmt_ratio, fmt_us, roofline_ratio
 from rlnorm.report.verdicts import (
+    CRASHED,
     ERROR,
     FAILED,
     PASSED,
+    TIMED_OUT,
     backend_cells,
     crash_note,
     finished_checks,
     fraction,
+    gate_cell,
     gradient_gate_clause,
 )
 
@@ -73,6 +75,11 @@ def _fmt(v: Any, digits: int = 1) -> Any:
     if isinstance(v, float):
         return f"{v:,.{digits}f}"
     return v
+
+
+def _fraction(v: Any) -> str:
+    """A correctly-rounded fraction as the verdict lines print it (six decimals), blank when not measured."""
+    return fraction(float(v)) if isinstance(v, (int, float)) and not isinstance(v, bool) else ""
 
 
 def _results(source: Any) -> dict[str, Any]:
@@ -127,7 +134,7 @@ def accuracy_table(run: Run) -> pd.DataFrame:
             {
                 "backend": key,
                 "rows": acc.get("rows"),
-                "correctly rounded": _fmt(acc.get("fwd_correctly_rounded"), 5),
+                "correctly rounded": _fraction(acc.get("fwd_correctly_rounded")),
                 "max abs err": _fmt(acc.get("fwd_max_abs_err"), 6),
                 "grad rel err x / z / w": " / ".join(_fmt(g.get(t), 5) or "-" for t in ("x", "z", "w")),
                 "fwd us (p20-p80)": _span(acc, "fwd_us"),
@@ -166,12 +173,11 @@ def gates_table(run: Run) -> pd.DataFrame:
         row: dict[str, Any] = {"backend": key}
         for name in ("forward", "gradient"):
             g = gates.get(name) or {}
-            state = "passed" if g.get("passed") else "FAILED"
-            if g.get("timed_out"):
-                state += " (timed out)"
-            elif g.get("returncode") not in (0, None):
-                state += f" (child exit {g.get('returncode')})"
-            row[name] = state
+            cell = gate_cell(gates.get(name))
+            detail = " ".join(cell.text.split())
+            row[name] = cell.state.upper() if cell.state in (FAILED, CRASHED, TIMED_OUT, ERROR) else cell.state
+            if cell.state not in (PASSED, FAILED):
+                row[name] += f" ({detail})"
             row[f"{name} failed lines"] = len(g.get("failed_lines") or [])
         grad = gates.get("gradient") or {}
         row["dweight vs exact singleton aggregate"] = "; ".join(
@@ -179,11 +185,6 @@ def gates_table(run: Run) -> pd.DataFrame:
         )
         rows.append(row)
     return pd.DataFrame(rows).set_index("backend") if rows else pd.DataFrame()
-
-
-def check_table(run: Run) -> pd.DataFrame:
-    """The headline per backend (what the CLI summary and a quick look need)."""
-    return invariance_table(run)
 
 
 def params_table(run: Run) -> pd.DataFrame:
@@ -208,8 +209,8 @@ def environment_table(run: Run) -> pd.DataFrame:
 
     env = dict(run.environment)
     libs = env.pop("libraries", {}) or {}
-    commit = git_commit()
-    env["commit"] = (commit or "not a git checkout") + (" (uncommitted changes)" if tracked_tree_dirty() else "")
+    # the commit read when the run started, the one its artifact and page header name
+    env["commit"] = (run.commit or "not a git checkout") + (" (uncommitted changes)" if run.dirty else "")
     rows = [{"what": k, "value": _short(v)} for k, v in env.items()]
     rows += [{"what": name, "value": version} for name, version in libs.items() if version]
     missing = [name for name, version in libs.items() if not version]

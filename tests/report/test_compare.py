@@ -16,6 +16,7 @@ from rlnorm.report.compare import (
     plot_comparison,
     run_verdicts,
 )
+from rlnorm.report.plots.common import gates_passed
 from rlnorm.report.runs import load_artifact
 
 SEED = seed_report_path()
@@ -118,7 +119,9 @@ def test_runs_of_different_ops_are_said_to_be_so_before_anything_else(seed: dict
     assert cmp.different_ops == [f"d: 256 in {la}, 128 in {lb}", f"activation: silu in {la}, sigmoid in {lb}"]
     assert cmp.changes[0].startswith(f"the two runs computed different ops (d: 256 in {la}, 128 in {lb}; activation")
     assert any("0.60x, faster" in c for c in cmp.changes[1:]), "the latency move is still listed, after"
-    assert compare_runs(seed, copy.deepcopy(seed)).different_ops == [], "the same op: nothing said"
+    assert cmp.changes_markdown().startswith(f"**These runs computed different ops** (d: 256 in {la}")
+    same = compare_runs(seed, copy.deepcopy(seed))
+    assert same.different_ops == [] and same.changes_markdown() == "*Nothing changed.*", "the same op: nothing said"
 
 
 def test_latency_threshold_is_respected(seed: dict) -> None:
@@ -139,7 +142,23 @@ def test_skipped_backend_and_gate_failure_show_as_such(seed: dict) -> None:
     # one line for the backend, with its reason, instead of one per check
     assert "vllm: ran in A: NVIDIA B200, skipped in B: NVIDIA B200 (no GPU driver)" in cmp.changes
     assert not any(c.startswith("vllm all_rows") for c in cmp.changes)
-    assert "transformers gate_gradient: pass -> FAIL (returncode -11, 1 failed lines)" in cmp.changes
+    assert "transformers gate_gradient: pass -> FAIL (gate child killed by SIGSEGV (signal 11))" in cmp.changes
+
+
+def test_a_backend_without_a_backward_has_no_gradient_gate_not_a_failed_one(seed: dict) -> None:
+    """The gate child exits 3 for a forward-only backend: compare, the index's summary and the plots' "gates
+    passed" read that as not applicable, as the page's verdict does, never as a failure."""
+    b = copy.deepcopy(seed)
+    no_backward = {"passed": False, "returncode": 3, "failed_lines": [], "timed_out": False,
+                   "stderr_tail": ["backend 'vllm' has no backward"]}  # fmt: skip
+    passed = {"passed": True, "returncode": 0, "failed_lines": [], "timed_out": False, "lines": ["ok"]}
+    b["results"]["vllm"]["contract_gates"] = {"forward": passed, "gradient": no_backward}
+    assert backend_verdicts(b["results"]["vllm"])["gate_gradient"] == ("n/a", "no backward")
+    assert gates_passed(b["results"]["vllm"]) is True
+    crashed = {**no_backward, "returncode": -11, "stderr_tail": []}
+    b["results"]["transformers"]["contract_gates"] = {"forward": passed, "gradient": crashed}
+    assert backend_verdicts(b["results"]["transformers"])["gate_gradient"][0] == "FAIL"
+    assert gates_passed(b["results"]["transformers"]) is False
 
 
 def test_sweep_counts_are_not_double_counted_and_unmeasured_is_not_a_flip(seed: dict) -> None:

@@ -17,11 +17,13 @@ from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.report.explain import DIAGNOSES, explain_record, explain_row
 from rlnorm.report.investigate import (
+    backends_table,
     correctly_rounded,
     differing_rows,
     failing_summary,
     pick_failing,
     records_dropped,
+    rows_or_reason,
     rstd_from_x,
 )
 from rlnorm.report.plots.row import plot_row
@@ -350,6 +352,21 @@ def test_records_dropped_reads_the_checks_note(tiny_run: Path) -> None:
     assert records_dropped(art, BATCH_FAULT, "all_rows") == 12
     assert records_dropped(art, BATCH_FAULT, "full_vs_sub_batches") == 5
     assert records_dropped(art, "nope", "all_rows") == 0
+
+
+def test_a_backend_without_differing_rows_says_which_backends_have_some(tiny_run: Path) -> None:
+    run = load_run(tiny_run)
+    table, sentence = rows_or_reason(run.records, run.artifact, "reference", None, has_records=True)
+    assert table is None and sentence.startswith("**reference** has no differing rows in this run")
+    assert BATCH_FAULT in sentence and "every check passed" not in sentence
+    table, sentence = rows_or_reason(run.records, run.artifact, BATCH_FAULT, "all_rows", has_records=True)
+    assert table is not None and len(table) and sentence == f"**{BATCH_FAULT}**: {table.attrs['counts']}"
+    table, sentence = rows_or_reason(run.records.iloc[:0], run.artifact, None, None, has_records=True)
+    assert table is None and sentence.startswith("**No differing rows in this run")
+    table, sentence = rows_or_reason(run.records.iloc[:0], run.artifact, None, None, has_records=False)
+    assert table is None and "no per-row records" in sentence
+    statuses = backends_table(run.artifact).set_index("backend")["status"]
+    assert statuses.to_dict() == {"reference": "ran", BATCH_FAULT: "ran", POSITION_FAULT: "ran", DWEIGHT_FAULT: "ran"}
 
 
 def test_failing_summary_of_an_empty_table_keeps_columns() -> None:

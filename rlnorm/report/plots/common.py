@@ -12,7 +12,7 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from rlnorm.kit.artifact import normalize_artifact
-from rlnorm.report.verdicts import crash_brief, ended_state
+from rlnorm.report.verdicts import NOT_RUN, PASSED, crash_brief, ended_state, gate_cell
 
 MISSING_COLOR = "#888888"
 OK_COLOR = "#2e7d32"
@@ -187,7 +187,9 @@ def roofline_ratio(acc: Mapping[str, Any], field: str) -> float | None:
 
 
 def gates_passed(entry: Mapping[str, Any]) -> bool | None:
-    """Both contract gates passed (None when the gates were not run)."""
+    """The contract gates the backend could take all passed (None when it could take none: not run, or no
+    backward and so no gradient gate)."""
     gates = entry.get("contract_gates") or {}
-    ran = [g for g in (gates.get("forward"), gates.get("gradient")) if isinstance(g, Mapping)]
-    return all(bool(g.get("passed")) for g in ran) if ran else None
+    cells = [gate_cell(gates.get(name)) for name in ("forward", "gradient")]
+    taken = [c for c in cells if c.state != NOT_RUN]
+    return all(c.state == PASSED for c in taken) if taken else None
