@@ -8,14 +8,22 @@ marked `gpu` (compiled Triton on a CUDA GPU) run in a process of their own: `pyt
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+    from torch import Tensor
+
+    from rlnorm.options import OpOptions
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 GPU_HINT = "run `python3 -m pytest --gpu` on a machine with a CUDA GPU"
@@ -90,6 +98,43 @@ def needs_installed_vllm(what: str) -> None:
         if IN_CI:
             pytest.fail(f"{msg}: CI must check {what} against the real package")
         pytest.skip(msg)
+
+
+def require(module: str) -> ModuleType:
+    """Import `module`; where it is missing, skip (the whole test module, at its top), but fail on CI, which installs
+    every extra so that the tests needing it run."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        msg = f"{module} cannot be imported here ({e})"
+        if IN_CI:
+            pytest.fail(f"{msg}: CI installs it, so the tests that need it must run", pytrace=False)
+        pytest.skip(msg, allow_module_level=True)
+
+
+def oracle(x: Tensor, z: Tensor | None, w: Tensor | None, opts: OpOptions | None = None) -> Tensor:
+    """What the kernel must give: the gated norm in fp64, rounded once to x's dtype (w None: a weight of ones)."""
+    import torch  # here, not at the top: rlnorm and Triton must not load before pytest_configure sets the mode
+
+    from rlnorm.numerics import round_once
+    from rlnorm.options import OpOptions
+    from rlnorm.reference import gated_rmsnorm_math
+
+    w = torch.ones(x.shape[-1], dtype=torch.float64) if w is None else w
+    return round_once(gated_rmsnorm_math(x, z, w, opts or OpOptions(), torch.float64), x.dtype)
+
+
+def figure_texts(fig: Figure) -> str:
+    """Every text a figure shows, a line each: titles, axis labels, annotations, tick labels and legend entries."""
+    parts = [fig.get_suptitle()]
+    for ax in fig.axes:
+        parts += [ax.get_title(), ax.get_title("left"), ax.get_title("right"), ax.get_xlabel(), ax.get_ylabel()]
+        parts += [t.get_text() for t in ax.texts]
+        parts += [t.get_text() for t in ax.get_yticklabels() + ax.get_xticklabels()]
+        legend = ax.get_legend()
+        if legend is not None:
+            parts += [t.get_text() for t in legend.get_texts()]
+    return "\n".join(p for p in parts if p)
 
 
 def child_result(script: str, *args: str) -> Any:
@@ -176,7 +221,7 @@ DWEIGHT_FAULT = "rlnorm.kit.faults:NondeterministicDweight"
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real run (`python -m rlnorm run`) of `reference` and two planted faulty backends at tiny
+    """A real run (`python -m rlnorm run`) of `reference` and three planted faulty backends at tiny
     sizes, made once per test session and shared by the report and notebook tests (~15 s of CPU)."""
     base = tmp_path_factory.getbasetemp() / "tiny_runs"
     folder = base / "tiny"

@@ -8,7 +8,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
+from typing import IO
 
 import pandas as pd
 import pytest
@@ -92,27 +94,48 @@ def test_a_backend_that_fails_or_crashes_gives_a_nonzero_exit_and_a_complete_fol
     assert cmp.returncode == 0 and (folder / "compare-seed.html").is_file(), cmp.stderr[-2000:]
 
 
+BACKEND_STARTED = "reference: in its own process"
+
+
+def _collect(stream: IO[str], into: list[str], ready: threading.Event) -> None:
+    """Every line of `stream` into `into`; `ready` is set at the first BACKEND_STARTED line and at the end."""
+    for line in stream:
+        into.append(line)
+        if BACKEND_STARTED in line:
+            ready.set()
+    ready.set()
+
+
 def test_ctrl_c_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
     f = params_file(tmp_path, "stop", all_rows_sizes=[7, 64, 257])
     proc = subprocess.Popen(
         [sys.executable, "-m", "rlnorm", "run", f, "--outputs", str(tmp_path / "o")],
         cwd=REPO_ROOT,
-        stdout=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # the signal goes to the whole group, as a terminal's Ctrl-C does
     )
-    # interrupt once the backend's process has started, not after a fixed sleep a fast machine outruns
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if "reference: in its own process" in line:
-            break
-    os.killpg(proc.pid, signal.SIGINT)
-    _, rest = proc.communicate(timeout=120)
-    err = "".join(seen) + rest
-    tail = err[err.find("rlnorm: running") :].splitlines()[1:]
+    lines: list[str] = []
+    ready = threading.Event()
+    reader = threading.Thread(target=_collect, args=(proc.stderr, lines, ready), daemon=True)
+    reader.start()
+    try:
+        # the interrupt lands while the backend's own process runs: the case that must stop it and leave nothing
+        assert ready.wait(timeout=300), f"no {BACKEND_STARTED!r} line in 300 s:\n{''.join(lines)[-3000:]}"
+        assert any(BACKEND_STARTED in ln for ln in lines), f"the run ended first:\n{''.join(lines)[-3000:]}"
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+        reader.join(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert not reader.is_alive(), "stderr still open after the run ended"
+    err = "".join(lines)
     assert proc.returncode == EXIT_INTERRUPTED, err[-3000:]
+    assert "rlnorm: running" in err, err[-3000:]
+    tail = err[err.find("rlnorm: running") :].splitlines()[1:]
     assert "rlnorm: interrupted; nothing was written" in err and "Traceback" not in err, err[-3000:]
     assert len([ln for ln in tail if ln.strip() and not ln.startswith(("[", "reference"))]) <= 2, err[-3000:]
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir()), "no run folder, no staging left"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import require
 from vllm_scenarios import facts
 
 import rlnorm.kit.checks.trainer_sampler as ts
@@ -22,7 +23,7 @@ from rlnorm.kit.params import ALL_CHECKS, load_params
 from rlnorm.options import OpOptions
 from rlnorm.report import tables
 
-pytest.importorskip("transformers")
+require("transformers")
 slow = pytest.mark.slow
 
 

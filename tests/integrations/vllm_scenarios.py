@@ -7,7 +7,6 @@ vLLM on the CPU and writes each one's facts (or its error) for `test_vllm.py` an
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -292,21 +291,18 @@ def trainer_sampler_check() -> dict[str, Any]:
 
 
 # -- the test process's side ----------------------------------------------------------------------------------
-IN_CI = os.environ.get("CI", "").lower() == "true"
 _FACTS: dict[str, Any] = {}
 
 
 def facts(name: str) -> dict[str, Any]:
     """One scenario's facts, from the session's one child run; skips (fails in CI) where vLLM is not installed."""
     import pytest
+    from conftest import needs_installed_vllm  # the test process's: this side runs only under pytest
 
     from rlnorm.kit.isolation import child_env
 
     if not _FACTS:
-        if importlib.util.find_spec("vllm") is None:
-            if IN_CI:
-                pytest.fail("vllm is not installed (CI installs it with .ci/install-vllm.sh)")
-            pytest.skip("vllm is not installed (bash .ci/install-vllm.sh installs vllm==0.30.0 beside the CPU torch)")
+        needs_installed_vllm("the vLLM plugin")
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "facts.json"
             proc = subprocess.run(
@@ -332,6 +328,10 @@ def main(argv: list[str]) -> int:
             out[name] = {"facts": fn()}
         except Exception:
             out[name] = {"error": traceback.format_exc()[-3000:]}
+        finally:  # each scenario starts unregistered and with the switch unset, whatever the one before did
+            if plugin.is_registered():
+                plugin.unregister()
+            os.environ.pop(plugin.ENV, None)
     Path(argv[0]).write_text(json.dumps(out))
     return 0
 

@@ -21,16 +21,12 @@ from rlnorm.inputs import make_case
 from rlnorm.kernel import variant
 from rlnorm.kernel._bwd import bwd_config, rms_norm_gated_bwd, tiles_per_program, workspace_numel
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kit.checks.common import bits
 from rlnorm.numerics import exact_sum, round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 
-_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 BATCH_SIZES = (1, 2, 7, 63, 257, 1031)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(_BITS[t.dtype])
 
 
 def assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
@@ -337,12 +333,19 @@ def test_prefetch_changes_no_bit():
         assert_same_bits(a, b, f"{name}, no prefetch vs a tile ahead")
 
 
-def test_tiles_per_program_on_the_gpu_follow_the_measured_split(monkeypatch):
-    # the GPU rule (sqrt(tiles) / 8, a power of two) gives the splits measured fastest on the H200 at
-    # D=128 (2-row tiles): 1 tile per program at 32 rows, 2 at 512, 8 at 4096, the most at 262144
+def test_tiles_per_program_on_the_gpu_is_a_capped_power_of_two_growing_with_rows(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # TILES only partitions the rows, and no output bit depends on it (_bwd.py): the split is tuning, so what is
+    # held here is its shape (one tile for a row, more for more rows, a power of two up to the cap), not the split
+    # one GPU measured fastest
     monkeypatch.setattr(rlnorm.kernel._bwd, "_INTERPRET", False)
-    assert [tiles_per_program(r, 2, 31) for r in (1, 32, 512, 4096, 262144)] == [1, 1, 2, 8, 31]
-    assert [tiles_per_program(r, 1, 31) for r in (32, 512, 4096)] == [1, 4, 8]  # D=256: 1-row tiles
+    rows = (1, 2, 3, 31, 32, 33, 512, 4096, 65536, 262144, 1 << 24)
+    for block_r, max_tiles in ((2, 31), (1, 31), (2, 63), (1, 8)):
+        got = [tiles_per_program(r, block_r, max_tiles) for r in rows]
+        assert all(1 <= t <= max_tiles and (t == max_tiles or t & (t - 1) == 0) for t in got), got
+        assert got == sorted(got), got
+        assert got[0] == 1 and got[-1] == max_tiles, got
 
 
 def test_workspace_zeroed_by_the_forward_gives_the_same_bits():

@@ -10,25 +10,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import oracle
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
 from rlnorm.kernel import RMSNormGated, rms_norm_gated
 from rlnorm.kernel._bwd import rms_norm_gated_bwd
-from rlnorm.numerics import exact_sum, round_once
+from rlnorm.kit.checks.common import bits
+from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
-from rlnorm.reference import gated_rmsnorm_math
 
 ODD_ROWS = [1, 7, 63, 257]
-INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 # the interpreter's numpy reports the zero rows' 1 / 0 and 0 * inf (eps = 0)
 pytestmark = pytest.mark.filterwarnings(
     "ignore:divide by zero encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning"
 )
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(INT_VIEW[t.dtype])
 
 
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -37,11 +33,6 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(torch.isnan(a), torch.isnan(b)):
         return False
     return torch.equal(bits(a)[~torch.isnan(a)], bits(b)[~torch.isnan(b)])
-
-
-def oracle(x, z, w, opts: OpOptions) -> torch.Tensor:
-    w = torch.ones(x.shape[-1], dtype=torch.float64) if w is None else w
-    return round_once(gated_rmsnorm_math(x, z, w, opts, torch.float64), x.dtype)
 
 
 def grads(x, z, w, dy, **kw):

@@ -17,11 +17,11 @@ import torch
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 on a machine without a GPU)
 from rlnorm.kernel import _dweight
 from rlnorm.kernel._dweight import MAX_TILE_ROWS, MAX_TILES_DEFERRED, column_counters, exact_column_sum, finalize
+from rlnorm.kit.checks.common import bits
 from rlnorm.numerics import exact_sum
 
 # (precision with the implicit bit, smallest normal exponent, largest exponent)
 _FMT = {torch.float32: (24, -126, 127), torch.bfloat16: (8, -126, 127), torch.float16: (11, -14, 15)}
-_BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 # cold values (outside a program's hot range) deferred to the scratch (0) or added inline (1)
 CUTS = [
@@ -58,7 +58,7 @@ def assert_bitwise(a: torch.Tensor, b: torch.Tensor) -> None:
     assert a.dtype == b.dtype and a.shape == b.shape
     nan = torch.isnan(a)
     assert torch.equal(nan, torch.isnan(b)), "NaN in different places"
-    ia, ib = a.view(_BITS[a.dtype])[~nan], b.view(_BITS[b.dtype])[~nan]
+    ia, ib = bits(a)[~nan], bits(b)[~nan]
     bad = (ia != ib).nonzero().flatten().tolist()
     assert not bad, f"{len(bad)} columns differ, first {bad[:5]}: {a[~nan][bad[:5]]} vs {b[~nan][bad[:5]]}"
 

@@ -14,15 +14,15 @@ from fractions import Fraction
 
 import pytest
 import torch
+from conftest import oracle
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
 from rlnorm.kernel import _exact_element, variant
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from rlnorm.kernel.testing import planted
-from rlnorm.numerics import round_once
+from rlnorm.kit.checks.common import bits
 from rlnorm.options import OpOptions
-from rlnorm.reference import gated_rmsnorm_math
 
 WIDE = {"NEAR_T": 200}  # the fast path's bound widened: many elements go through the tier
 TIER_ON, TIER_OFF = {**WIDE, "TIER2": 1}, {**WIDE, "TIER2": 0}
@@ -41,14 +41,6 @@ def fwd(x, z, w, opts: OpOptions = OpOptions(), *, switches=None, faults=None, *
     """The forward under these variant switches and planted faults."""
     with variant(fwd=switches), planted(**(faults or {})):
         return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
-
-
-def oracle(x, z, w, opts: OpOptions = OpOptions()) -> torch.Tensor:  # noqa: B008
-    return round_once(gated_rmsnorm_math(x, z, w, opts, torch.float64), x.dtype)
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int16)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, oracle
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import UNDERFLOW_KINDS, make_case, make_underflow_case
@@ -20,15 +20,9 @@ from rlnorm.kernel import variant
 from rlnorm.kernel._fwd import MAX_D, fwd_config, rms_norm_gated_fwd
 from rlnorm.kernel._rounding import round_fp32_to_out, round_fp64_to_out, widen_fast
 from rlnorm.kernel.testing import planted
+from rlnorm.kit.checks.common import bits
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
-from rlnorm.reference import gated_rmsnorm_math
-
-INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(INT_VIEW[t.dtype])
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -41,10 +35,6 @@ DEFAULT = OpOptions()
 
 def fwd(x, z, w, opts: OpOptions = DEFAULT, **kw):
     return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
-
-
-def oracle(x, z, w, opts: OpOptions = DEFAULT) -> torch.Tensor:
-    return round_once(gated_rmsnorm_math(x, z, w, opts, torch.float64), x.dtype)
 
 
 # ---------------------------------------------------------------- rounding helpers
@@ -208,8 +198,8 @@ def test_unknown_variant_switches_are_refused(case11):
 @pytest.mark.parametrize("d", [96, 128, 200])
 def test_row_chunk_layouts_give_the_same_bits(d):
     # the tile as [BLOCK_R, BLOCK_C, SPLIT] (two 2-D chunks joined: a thread holds SPLIT chunks of one row)
-    # only regroups the columns: any mis-indexed chunk, mask or per-row broadcast shows as a wrong output
-    # (a chunk stored at the other's columns did, on the GPU). The bound is widened so that many elements
+    # only regroups the columns: any mis-indexed chunk, mask or per-row broadcast (a chunk stored at the other's
+    # columns among them) shows as a wrong output. The bound is widened so that many elements
     # also go through the per-element tier, whose columns come from the same layout; non-power-of-two
     # widths put padding in the last chunk.
     # Rows are stored where they become final (unflagged rows before the tier's branch, the tier's rows
@@ -463,9 +453,9 @@ def _rows_per_thread(layout: dict[str, list[int]], block_r: int) -> int:
 @pytest.mark.parametrize("d", [128, 256])
 def test_a_thread_holds_sixteen_elements_of_one_row_on_the_installed_triton(d):
     # The forward's speed rests on each thread holding 16 columns of ONE row (one rstd per thread, three
-    # shuffle levels): Triton 3.6 gave a 3-D [R, S, C] tile that layout and 3.7 did not (two rows per
-    # thread: many more shuffles, and spilled registers). The joined 2-D chunks must give it on the
-    # Triton installed here; the one-chunk layout (SPLIT 1) is the planted fault that must not pass.
+    # shuffle levels). Which layout Triton gives a 3-D [R, S, C] tile depends on its version (on Triton 3.7 two
+    # rows per thread: many more shuffles, and spilled registers); the joined 2-D chunks must give one row per
+    # thread on the Triton installed here. The one-chunk layout (SPLIT 1) is the planted fault that must not pass.
     block_r = fwd_config(d, torch.bfloat16)[0]
     joined = [lay for lay in _sm90_layouts(d, {}) if lay["sizePerThread"][1:] == [8, 2]]
     assert joined and all(_rows_per_thread(lay, block_r) == 1 for lay in joined), joined

@@ -11,15 +11,14 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import oracle
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
 from rlnorm.kernel import BWD_SWITCHES, FWD_SWITCHES, RMSNormGated, _bwd, _fwd, rms_norm_gated, variant
 from rlnorm.kernel._switches import NO_FAULTS, bwd_switches, fwd_switches, planted_faults
 from rlnorm.kernel.testing import planted
-from rlnorm.numerics import round_once
-from rlnorm.options import OpOptions
-from rlnorm.reference import gated_rmsnorm_math
+from rlnorm.kit.checks.common import bits
 
 
 class Spy:
@@ -45,10 +44,6 @@ def spies(monkeypatch: pytest.MonkeyPatch) -> tuple[Spy, Spy]:
     monkeypatch.setattr(_fwd, "_rms_norm_gated_fwd_kernel", fwd)
     monkeypatch.setattr(_bwd, "_rms_norm_gated_bwd_kernel", bwd)
     return fwd, bwd
-
-
-def bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int16)
 
 
 def forward_and_backward(case) -> None:
@@ -109,7 +104,7 @@ def test_exact_0_changes_the_bits_of_a_near_midpoint_row_and_the_block_restores_
     # rows 344..351 of the standard data hold an element (row 350) that the fp32 fast path alone rounds
     # wrongly: without the exact path its bits change, and after the block they are right again
     c = make_case(1024, 128, seed=11).rows(slice(344, 352))
-    ref = bits(round_once(gated_rmsnorm_math(c.x, c.z, c.w, OpOptions(), torch.float64), torch.bfloat16))
+    ref = bits(oracle(c.x, c.z, c.w))
     assert torch.equal(bits(rms_norm_gated(c.x, c.z, c.w)), ref)
     with variant(fwd={"EXACT": 0}):
         assert not torch.equal(bits(rms_norm_gated(c.x, c.z, c.w)), ref)

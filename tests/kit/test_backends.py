@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 import triton
+from conftest import IN_CI
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import (
@@ -124,7 +126,10 @@ def test_load_backends_keeps_order_and_dedupes():
         load_backends(["reference"], custom=["nope"])
 
 
-def test_builtin_whose_module_is_missing_or_broken_is_unavailable_not_an_error(monkeypatch, tmp_path):
+def test_builtin_whose_module_is_missing_or_broken_is_unavailable_not_an_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    request.addfinalizer(lambda: sys.modules.pop("rlnorm_broken_backend_mod", None))
     (tmp_path / "rlnorm_broken_backend_mod.py").write_text("raise RuntimeError('import-time failure')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setitem(REGISTRY, "vllm", "rlnorm_missing_backend_mod_xyz:VllmBackend")
@@ -137,7 +142,6 @@ def test_builtin_whose_module_is_missing_or_broken_is_unavailable_not_an_error(m
     monkeypatch.setitem(REGISTRY, "vllm", "rlnorm_broken_backend_mod:VllmBackend")
     ok, why = load_backend("vllm").available("cpu")
     assert not ok and "import-time failure" in why
-    sys.modules.pop("rlnorm_broken_backend_mod", None)
 
 
 def test_vllm_key_never_raises():
@@ -284,12 +288,9 @@ def test_fla_fused_norm_gate_availability_and_options():
     assert not b.supports(OpOptions(norm_before_gate=False))[0]
 
 
-def test_rlnorm_backend_reports_or_runs():
+def test_rlnorm_backend_runs_on_the_cpu_and_matches_the_reference() -> None:
     b = load_backend("rlnorm")
-    ok, why = b.available("cpu")
-    if not ok:
-        assert why  # recorded with a reason, never raised
-        return
+    assert b.available("cpu") == (True, "")  # the Triton interpreter runs it wherever the package installs
     case = make_case(7, 128, seed=3, weight_dtype=torch.float32)
     g = b.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
     r = ExactReferenceBackend().forward_backward(case.x, case.z, case.w, case.dy, OPTS)
@@ -298,12 +299,12 @@ def test_rlnorm_backend_reports_or_runs():
 
 
 @pytest.mark.slow
-def test_torch_compile_backend_compiles_and_is_close():
+def test_torch_compile_backend_compiles_and_is_close() -> None:
     b = load_backend("torch_compile")
     ok, why = b.available("cpu")
-    if not ok:  # e.g. no C compiler: reported, not raised
+    if not ok:  # e.g. no C compiler: reported, not raised; CI has one, so there it must compile
         assert "probe" in why
-        return
+        (pytest.fail if IN_CI else pytest.skip)(why)
     assert "torch.compile" in b.source
     case = make_case(7, 128, seed=3)
     g = b.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
@@ -312,7 +313,10 @@ def test_torch_compile_backend_compiles_and_is_close():
     torch.testing.assert_close(g.dw.float(), r.dw.float(), rtol=2e-2, atol=2e-2)
 
 
-def test_custom_backend_file_by_import_path(tmp_path, monkeypatch):
+def test_custom_backend_file_by_import_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    request.addfinalizer(lambda: sys.modules.pop("my_candidate_op", None))
     (tmp_path / "my_candidate_op.py").write_text(
         textwrap.dedent(
             """
@@ -331,4 +335,3 @@ def test_custom_backend_file_by_import_path(tmp_path, monkeypatch):
     b = load_backend("my_candidate_op:Candidate")
     assert b.key == "my_candidate_op:Candidate" and b.source == "my candidate"
     assert b.available("cpu") == (True, "")
-    sys.modules.pop("my_candidate_op", None)

@@ -8,9 +8,9 @@ importable, so they fail instead.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ def _no_probe(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 def _plant_vllm(root: Path, body: str) -> dict[str, str]:
     """A fake `vllm` package ahead of the real one on the probe child's path."""
-    (root / "vllm").mkdir()
+    (root / "vllm").mkdir(parents=True)
     (root / "vllm" / "__init__.py").write_text(textwrap.dedent(body))
     return {"PYTHONPATH": str(root)}
 
@@ -107,7 +107,9 @@ def test_not_installed_with_vllms_files_runs_them(
     assert "vllm" not in sys.modules
 
 
-def test_installed_but_not_importable_runs_its_files_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_installed_but_not_importable_runs_its_files_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """Where `import vllm` fails (the GPU image: vLLM's torch pin unmet), the row runs vLLM's installed files and its
     source quotes the import error, not "not installed"."""
     needs_installed_vllm("the adapter")
@@ -115,7 +117,7 @@ def test_installed_but_not_importable_runs_its_files_and_says_why(monkeypatch: p
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")  # the GPU image's torch
     monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
     b = VllmBackend()
-    b.probe_env = _plant_vllm(Path(tempfile.mkdtemp()), "raise ImportError('planted: libcudart.so.13: cannot open')\n")
+    b.probe_env = _plant_vllm(tmp_path, "raise ImportError('planted: libcudart.so.13: cannot open')\n")
     plan = b.plan()
     assert plan.mode == "files"
     assert b.last_probe is not None and b.last_probe["stage"] == "import"
@@ -127,14 +129,16 @@ def test_installed_but_not_importable_runs_its_files_and_says_why(monkeypatch: p
     assert b.available("cpu") == (True, "")
 
 
-def test_installed_unimportable_and_no_files_is_a_true_skip_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_installed_unimportable_and_no_files_is_a_true_skip_reason(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(vb, "vllm_version", lambda: "0.30.0")
     monkeypatch.setattr(vb, "torch_requirement", lambda: None)
     monkeypatch.setattr(vf, "installed_root", lambda: None)
-    monkeypatch.setattr(vf, "DEFAULT_ARCHIVE", Path(tempfile.mkdtemp()) / "absent.tar.gz")
+    monkeypatch.setattr(vf, "DEFAULT_ARCHIVE", tmp_path / "absent.tar.gz")
     monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
     b = VllmBackend()
-    b.probe_env = _plant_vllm(Path(tempfile.mkdtemp()), "raise ImportError('planted: libcudart.so.13: cannot open')\n")
+    b.probe_env = _plant_vllm(tmp_path, "raise ImportError('planted: libcudart.so.13: cannot open')\n")
     ok, why = b.available("cpu")
     assert not ok
     assert why.startswith(
@@ -317,13 +321,17 @@ def test_loading_does_not_decide() -> None:
     assert "(not decided yet)" in repr(b)
 
 
+# where the test plants the unimportable vllm package; the kit's worker process, which builds the backend, inherits it
+PLANTED_VLLM_ENV = "RLNORM_TEST_PLANTED_VLLM"
+
+
 class UnimportableVllm(VllmBackend):
     """vLLM installed, `import vllm` failing, and none of its files to fall back on: a planted machine."""
 
     def __init__(self) -> None:
         super().__init__()
         self.version = "0.30.0"
-        self.probe_env = _plant_vllm(Path(tempfile.mkdtemp()), "raise ImportError('planted: no vllm._C')\n")
+        self.probe_env = {"PYTHONPATH": os.environ[PLANTED_VLLM_ENV]}
 
 
 def test_a_run_records_the_reason_true_for_the_machine(
@@ -335,6 +343,8 @@ def test_a_run_records_the_reason_true_for_the_machine(
     from rlnorm.report.tables import backend_table
 
     monkeypatch.setenv(vf.SOURCES_ENV, str(tmp_path / "no-such-archive.tar.gz"))  # the worker inherits it
+    planted = _plant_vllm(tmp_path / "planted", "raise ImportError('planted: no vllm._C')\n")
+    monkeypatch.setenv(PLANTED_VLLM_ENV, planted["PYTHONPATH"])
     spec = f"{__name__}:UnimportableVllm"
     params = load_params({**tiny_params, "backends": ["reference"], "custom_backends": [spec]})
     run = start_run(load_params({**params.as_dict(), "output_dir": str(tmp_path / "run")}))

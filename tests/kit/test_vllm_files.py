@@ -46,10 +46,13 @@ def archive(installed: vf.VllmFiles, tmp_path_factory: pytest.TempPathFactory) -
 
 
 # Imports the real vllm as the backend does on this CPU machine; `describe` names a call's arguments by value,
-# tensors by storage, shape, strides and dtype.
+# tensors by storage, shape, strides and dtype. vLLM's CPU platform answers torch's thread count for the compute
+# units its rows-per-program choice reads (and caches), so the child fixes that count at 2 before anything asks:
+# the grids and tile sizes asserted below are then the same on every machine.
 _PRELUDE = r"""
 import json, sys
 import torch
+torch.set_num_threads(2)
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.backends.vllm import VllmBackend, answer_compute_units, build_module, prepare_import, rmsnorm_call
@@ -58,6 +61,7 @@ from rlnorm.options import OpOptions
 prepare_import("cpu")
 import vllm.third_party.flash_linear_attention.ops.layernorm_guard as lg
 answer_compute_units()
+assert torch.get_num_threads() == 2
 
 def describe(v):
     if isinstance(v, torch.Tensor):

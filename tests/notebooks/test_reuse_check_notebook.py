@@ -27,7 +27,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One CLI run shared by the assertions below (a notebook run costs tens of seconds on a CPU)."""
     tmp = tmp_path_factory.mktemp("e2e")
     params = {
@@ -60,15 +60,15 @@ def _errors(executed: Path) -> list[str]:
     ]
 
 
-def test_run_folder_holds_every_file(tiny_run: Path) -> None:
-    names = {str(p.relative_to(tiny_run)) for p in tiny_run.rglob("*") if p.is_file()}
+def test_run_folder_holds_every_file(cli_run: Path) -> None:
+    names = {str(p.relative_to(cli_run)) for p in cli_run.rglob("*") if p.is_file()}
     assert {"reuse_check.ipynb", "reuse_check.html", "rms_norm_gated_reuse_check.json", "records.csv"} <= names
     assert {f"plots/{p}.png" for p in PLOTS} <= names
     assert not [n for n in names if n.endswith(".tmp") or n.startswith(".")], "no temp files left"
 
 
-def test_artifact_is_schema_valid_with_every_backend_and_its_status(tiny_run: Path) -> None:
-    art = read_artifact(tiny_run / "rms_norm_gated_reuse_check.json")  # validates against the schema
+def test_artifact_is_schema_valid_with_every_backend_and_its_status(cli_run: Path) -> None:
+    art = read_artifact(cli_run / "rms_norm_gated_reuse_check.json")  # validates against the schema
     assert art["quick"] is True and art["params"]["name"] == "tiny" and art["param_set"] == "tiny"
     assert art["environment"]["gpu"] == "cpu" and art["environment"]["libraries"]["torch"]
     results = art["results"]
@@ -102,33 +102,33 @@ def test_artifact_is_schema_valid_with_every_backend_and_its_status(tiny_run: Pa
     assert agreement["equal_fraction"][0][0] == 1.0
 
     assert art["records"] == "records.csv"
-    assert sorted(art["plots"]) == PLOTS and all((tiny_run / p).is_file() for p in art["plots"].values())
+    assert sorted(art["plots"]) == PLOTS and all((cli_run / p).is_file() for p in art["plots"].values())
 
 
-def test_records_name_the_faults_rows(tiny_run: Path) -> None:
+def test_records_name_the_faults_rows(cli_run: Path) -> None:
     from rlnorm.kit.records import read_records
 
-    df = read_records(tiny_run / "records.csv")
+    df = read_records(cli_run / "records.csv")
     assert not df.empty and set(df["backend"]) == {FAULT}, "only the planted fault has differing rows"
     assert {"all_rows", "full_vs_sub_batches", "batch_size_sweep"} & set(df["check"])
     assert all(json.loads(s) for s in df["rebuild"])
 
 
-def test_plots_are_pngs_and_inline(tiny_run: Path) -> None:
+def test_plots_are_pngs_and_inline(cli_run: Path) -> None:
     for name in PLOTS:
-        data = (tiny_run / "plots" / f"{name}.png").read_bytes()
+        data = (cli_run / "plots" / f"{name}.png").read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5_000, name
-    nb = nbformat.read(tiny_run / "reuse_check.ipynb", as_version=4)
+    nb = nbformat.read(cli_run / "reuse_check.ipynb", as_version=4)
     inline = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
     assert len(inline) == len(PLOTS), "each plot once: the headline figure at the top, the others below"
     assert base64.b64decode(inline[0]["data"]["image/png"]).startswith(PNG_MAGIC)
 
 
-def test_html_reads_without_code_and_leads_with_its_verdict(tiny_run: Path) -> None:
-    html = (tiny_run / "reuse_check.html").read_text()
+def test_html_reads_without_code_and_leads_with_its_verdict(cli_run: Path) -> None:
+    html = (cli_run / "reuse_check.html").read_text()
     assert "steps.run_backends" not in html and "params_from_namespace" not in html
     assert html.count("data:image/png;base64") >= len(PLOTS)
-    art = read_artifact(tiny_run / "rms_norm_gated_reuse_check.json")
+    art = read_artifact(cli_run / "rms_norm_gated_reuse_check.json")
     body = html[html.index("<body") :]
     verdict = body.index(">Verdict<")
     first_png = body.index("data:image/png;base64")
@@ -142,15 +142,15 @@ def test_html_reads_without_code_and_leads_with_its_verdict(tiny_run: Path) -> N
     assert "Reading the gradient gate" in body
 
 
-def test_executed_notebook_has_no_errors_and_shows_the_tables(tiny_run: Path) -> None:
-    assert _errors(tiny_run / "reuse_check.ipynb") == []
-    nb = nbformat.read(tiny_run / "reuse_check.ipynb", as_version=4)
+def test_executed_notebook_has_no_errors_and_shows_the_tables(cli_run: Path) -> None:
+    assert _errors(cli_run / "reuse_check.ipynb") == []
+    nb = nbformat.read(cli_run / "reuse_check.ipynb", as_version=4)
     titles = [c.metadata.get("title") for c in nb.cells if c.cell_type == "code"]
     assert "Run every backend" in titles and "Plots" in titles and "Fill in the verdict" in titles
 
 
-def test_validate_command_accepts_the_run(tiny_run: Path, capsys) -> None:
-    assert cli.main(["validate", str(tiny_run)]) == 0, capsys.readouterr().err
+def test_validate_command_accepts_the_run(cli_run: Path, capsys) -> None:
+    assert cli.main(["validate", str(cli_run)]) == 0, capsys.readouterr().err
     assert "valid artifact" in capsys.readouterr().out
 
 

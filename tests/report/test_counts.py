@@ -235,7 +235,7 @@ def test_counts_are_one_number_everywhere_with_records_capped(capped: tuple) -> 
     art, records, run = capped
     entry = art["results"][CAPPED]
     wants = {c: expected(entry, c, records, CAPPED) for c in ROW_CHECKS}
-    # the planted fault makes the numbers tell apart what the old plots conflated: records were capped away,
+    # the planted fault makes every count that could be confused for another differ: records were capped away,
     # dx and dz both differ in some comparisons (pairs > comparisons), and a row index repeats across sizes
     assert all(w["dropped"] > 0 for w in wants.values()), wants
     assert all(w["y"] > 0 and w["grad"] > 0 for w in wants.values()), wants

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import figure_texts
 from matplotlib.figure import Figure
 
 from rlnorm.checkout import seed_report_path
@@ -165,21 +166,9 @@ def synthetic(clean: bool = False, skipped: bool = False, timed: bool = True) ->
     return doc, df
 
 
-def _texts(fig: Figure) -> str:
-    parts = [fig.get_suptitle()]
-    for ax in fig.axes:
-        parts += [ax.get_title(), ax.get_title("left"), ax.get_title("right"), ax.get_xlabel(), ax.get_ylabel()]
-        parts += [t.get_text() for t in ax.texts]
-        parts += [t.get_text() for t in ax.get_yticklabels() + ax.get_xticklabels()]
-        legend = ax.get_legend()
-        if legend is not None:
-            parts += [t.get_text() for t in legend.get_texts()]
-    return "\n".join(p for p in parts if p)
-
-
 def _flat(fig: Figure) -> str:
     """The figure's texts with line wrapping undone."""
-    return " ".join(_texts(fig).split())
+    return " ".join(figure_texts(fig).split())
 
 
 def _png_ok(path: Path) -> None:
@@ -204,7 +193,7 @@ def test_title_carries_gpu_commit_and_param_set(tmp_path: Path) -> None:
 def test_differing_rows_shows_rows_counts_and_clean_and_missing_panels(tmp_path: Path) -> None:
     doc, df = synthetic()
     fig = plots.plot_differing_rows(df, doc, tmp_path)
-    text = _texts(fig)
+    text = figure_texts(fig)
     # the lane label is the artifact's count of row comparisons (95 y, 190 dx or dz), not the records' rows
     assert "full_vs_sub_batches\nrow in a sub-batch vs the full batch\n95 y / 190 dx,dz" in text
     assert "all_rows\nrow in its batch vs the row alone\n3 y of 12,483 row comparisons" in text  # forward only
@@ -225,12 +214,12 @@ def test_differing_rows_shows_rows_counts_and_clean_and_missing_panels(tmp_path:
 def test_differing_rows_all_clean_all_skipped_and_no_records(tmp_path: Path, seed_report: dict) -> None:
     doc, df = synthetic(clean=True)
     assert len(df) == 0
-    text = _texts(plots.plot_differing_rows(df, doc, tmp_path / "clean"))
+    text = figure_texts(plots.plot_differing_rows(df, doc, tmp_path / "clean"))
     assert text.count("nothing differs in all_rows") == 4
     doc, df = synthetic(skipped=True)
-    text = _texts(plots.plot_differing_rows(df, doc, tmp_path / "skipped"))
+    text = figure_texts(plots.plot_differing_rows(df, doc, tmp_path / "skipped"))
     assert text.count("skipped: no GPU here") == 6
-    text = " ".join(_texts(plots.plot_differing_rows(None, seed_report, tmp_path / "seed")).split())
+    text = " ".join(figure_texts(plots.plot_differing_rows(None, seed_report, tmp_path / "seed")).split())
     assert "per-row records not available" in text and "full_vs_sub_batches: 95 y / 152 dx,dz" in text
     for sub in ("clean", "skipped", "seed"):
         _png_ok(tmp_path / sub / "differing_rows.png")
@@ -275,7 +264,7 @@ def test_differing_rows_rejects_a_table_without_the_record_columns(seed_report: 
 def test_error_distributions(tmp_path: Path, seed_report: dict) -> None:
     doc, _ = synthetic()
     fig = plots.plot_error_distributions(doc, tmp_path)
-    text = _texts(fig)
+    text = figure_texts(fig)
     assert "ulp distance to the correctly rounded value" in text
     assert "|y - y_fp64| (absolute error, log scale)" in text
     assert "correctly rounded: 0.655000" in text
@@ -283,17 +272,17 @@ def test_error_distributions(tmp_path: Path, seed_report: dict) -> None:
     assert "skipped: fla-core is not installed" in text
     _png_ok(tmp_path / "error_distributions.png")
     # the seed report has no histograms: every panel says so
-    text = _texts(plots.plot_error_distributions(seed_report, tmp_path / "seed"))
+    text = figure_texts(plots.plot_error_distributions(seed_report, tmp_path / "seed"))
     assert text.count("no ulp histogram recorded") == 6
     _png_ok(tmp_path / "seed" / "error_distributions.png")
     doc, _ = synthetic(skipped=True)
-    assert "no data (skipped" in _texts(plots.plot_error_distributions(doc))
+    assert "no data (skipped" in figure_texts(plots.plot_error_distributions(doc))
 
 
 def test_latency_marks_roofline_missing_backward_and_untimed(tmp_path: Path, seed_report: dict) -> None:
     doc, _ = synthetic()
     fig = plots.plot_latency(doc, tmp_path)
-    text = _texts(fig)
+    text = figure_texts(fig)
     assert "torch.add timed beside each backend, same run (3 tensors)" in text
     assert "torch.add timed beside each backend, same run (8/3 x, 8 tensors)" in text
     assert "56.0 us  (1.05x its add)" in text  # 56.0 / 53.1: no ratio field here, so its parts
@@ -303,14 +292,14 @@ def test_latency_marks_roofline_missing_backward_and_untimed(tmp_path: Path, see
     assert fwd_ax.get_xscale() == "log"  # 53 us .. 825 us: a spread > 8x
     _png_ok(tmp_path / "latency.png")
     doc, _ = synthetic(timed=False)
-    text = _texts(plots.plot_latency(doc, tmp_path / "cpu"))
+    text = figure_texts(plots.plot_latency(doc, tmp_path / "cpu"))
     assert "no timings" in text and "not timed (cuda)" in text
     assert "CPU run: times say nothing about GPU speed" in text
     _png_ok(tmp_path / "cpu" / "latency.png")
-    text = _texts(plots.plot_latency(seed_report, tmp_path / "seed"))
+    text = figure_texts(plots.plot_latency(seed_report, tmp_path / "seed"))
     assert "roofline not measured" in text and "115.3 ms" in text
     doc, _ = synthetic(skipped=True)
-    assert "no timings: skipped" in _texts(plots.plot_latency(doc))
+    assert "no timings: skipped" in figure_texts(plots.plot_latency(doc))
 
 
 def test_latency_stars_a_time_taken_with_the_queue_dry(tmp_path: Path) -> None:
@@ -331,7 +320,7 @@ def test_latency_stars_a_time_taken_with_the_queue_dry(tmp_path: Path) -> None:
 def test_agreement_matrix_annotates_every_pair(tmp_path: Path, seed_report: dict) -> None:
     doc, _ = synthetic()
     fig = plots.plot_agreement(doc, tmp_path)
-    text = _texts(fig)
+    text = figure_texts(fig)
     assert "1\n(bitwise)" in text and "0.6550" in text and "0.999987" in text
     text = _flat(fig)
     assert "not in the matrix: fla_layernorm_gated (skipped), torch_compile (failed)" in text
@@ -342,14 +331,14 @@ def test_agreement_matrix_annotates_every_pair(tmp_path: Path, seed_report: dict
     text = _flat(plots.plot_agreement(doc))
     assert text.count("n/a") >= 4 and "n/a: vllm: RuntimeError: no driver" in text
     _png_ok(tmp_path / "agreement.png")
-    text = _texts(plots.plot_agreement(seed_report, tmp_path / "seed"))
+    text = figure_texts(plots.plot_agreement(seed_report, tmp_path / "seed"))
     assert "no cross-backend agreement matrix" in text
 
 
 def test_vs_reference_report(tmp_path: Path, seed_report: dict) -> None:
     doc, _ = synthetic()
     fig = plots.plot_vs_reference_report(doc, seed_report, tmp_path)
-    text = _texts(fig)
+    text = figure_texts(fig)
     assert "NVIDIA B200" in text and "rl_kernel" in text and "rlnorm" in text
     assert "95  |  95" in text  # FLA fused sub-batch fwd: this run | report
     assert "gates passed" in text and "–  |  yes" in text  # transformers: no gates here, passed there
@@ -358,7 +347,7 @@ def test_vs_reference_report(tmp_path: Path, seed_report: dict) -> None:
     assert "0 (all correctly rounded)" in text  # rlnorm 1.0
     _png_ok(tmp_path / "vs_reference_report.png")
     # the report against itself: every shared measure present on both sides
-    text = _texts(plots.plot_vs_reference_report(seed_report, seed_report))
+    text = figure_texts(plots.plot_vs_reference_report(seed_report, seed_report))
     assert "absent" not in text
 
 
@@ -406,10 +395,10 @@ def test_checks_that_raised_are_shown_not_hidden() -> None:
     plots.plot_differing_rows(None, doc)
     plots.plot_differing_rows(df.iloc[:0], doc)
     plots.plot_vs_reference_report(doc, doc)
-    text = _texts(plots.plot_error_distributions(doc))
+    text = figure_texts(plots.plot_error_distributions(doc))
     assert "the check raised: RuntimeError: OOM" in text
-    assert "check raised" in _texts(plots.plot_latency(doc))
-    assert "agreement matrix failed: ValueError: shapes differ" in _texts(plots.plot_agreement(doc))
+    assert "check raised" in figure_texts(plots.plot_latency(doc))
+    assert "agreement matrix failed: ValueError: shapes differ" in figure_texts(plots.plot_agreement(doc))
 
 
 @pytest.mark.parametrize("case", ["clean", "skipped"])

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import TINY_SIZES
+from conftest import TINY_SIZES, figure_texts
 from matplotlib import colors as mcolors
 from matplotlib.figure import Figure
 
@@ -238,7 +238,7 @@ def test_every_figure_shows_the_crash_with_its_cause_and_where(tmp_path: Path) -
         "agreement": plots.plot_agreement(art),
         "vs_reference_report": plots.plot_vs_reference_report(art, seed),
     }
-    said = {name: " ".join(_texts(fig).split()) for name, fig in figs.items()}
+    said = {name: " ".join(figure_texts(fig).split()) for name, fig in figs.items()}
     assert full in said["differing_rows"] and full in said["error_distributions"]
     assert brief in said["latency"] and f"{SEGV} ({brief})" in said["agreement"]
     assert f"{SEGV} ({brief})" in said["vs_reference_report"]
@@ -251,14 +251,6 @@ def test_every_figure_shows_the_crash_with_its_cause_and_where(tmp_path: Path) -
     cells = {cols[round(t.get_position()[0])]: t.get_text() for t in ax.texts if round(t.get_position()[1]) == row}
     assert cells["all_rows\ny"].startswith("0  |") and cells["dweight_repeatable"].startswith("yes  |")
     assert cells["full_vs_sub_batches\ny"].startswith("crashed  |") and cells["gates passed"].startswith("crashed")
-
-
-def _texts(fig: Figure) -> str:
-    parts = [fig.get_suptitle()]
-    for ax in fig.axes:
-        parts += [ax.get_title(), ax.get_title("left"), ax.get_title("right"), ax.get_xlabel(), ax.get_ylabel()]
-        parts += [t.get_text() for t in ax.texts + ax.get_yticklabels() + ax.get_xticklabels()]
-    return "\n".join(p for p in parts if p)
 
 
 def test_verdict_lines_lead_with_the_answer_per_backend() -> None:
