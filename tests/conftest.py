@@ -100,6 +100,41 @@ def needs_installed_vllm(what: str) -> None:
         pytest.skip(msg)
 
 
+@pytest.fixture(scope="session")
+def installed_vllm() -> Any:
+    """The installed vLLM's files (`rlnorm.kit.backends.vllm_files.VllmFiles`); skips, or fails on CI, without it."""
+    from rlnorm.kit.backends import vllm_files
+
+    needs_installed_vllm("vLLM's rows")
+    files, _ = vllm_files.find_files(vllm_files.installed_root())
+    assert files is not None
+    return files
+
+
+@pytest.fixture(scope="session")
+def vllm_archive(installed_vllm: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tools/vllm_sources.py's archive of the installed vLLM's files, packed once per session."""
+    out = tmp_path_factory.mktemp("vllm-src") / "vllm-src.tar.gz"
+    tool = REPO_ROOT / "tools" / "vllm_sources.py"
+    proc = subprocess.run([sys.executable, str(tool), "--out", str(out)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+# For child scripts that compare calls: a call's arguments named by value, tensors by storage, shape, strides and
+# dtype, dtypes by name (so the result is JSON).
+CHILD_DESCRIBE = r"""
+def describe(v):
+    if isinstance(v, torch.Tensor):
+        return ["tensor", v.data_ptr(), list(v.shape), list(v.stride()), str(v.dtype)]
+    if isinstance(v, (list, tuple)):
+        return [describe(e) for e in v]
+    if isinstance(v, dict):
+        return {k: describe(e) for k, e in sorted(v.items())}
+    return str(v) if isinstance(v, torch.dtype) else v
+"""
+
+
 def require(module: str) -> ModuleType:
     """Import `module`; where it is missing, skip (the whole test module, at its top), but fail on CI, which installs
     every extra so that the tests needing it run."""

@@ -178,7 +178,23 @@ def _in_gate_child() -> bool:
     return os.environ.get(GATE_CHILD_ENV) == "1"
 
 
-class GateChildCrash(ExactReferenceBackend):
+class _Tripwire(ExactReferenceBackend):
+    """The exact reference, except where `_trip` (called with the batch's row count before every forward and
+    forward+backward) does the planted thing: the crash and hang faults differ only in when and what."""
+
+    def _trip(self, rows: int) -> None:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        self._trip(x.shape[0])
+        return super().forward(x, z, w, opts)
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        self._trip(x.shape[0])
+        return super().forward_backward(x, z, w, dy, opts)
+
+
+class GateChildCrash(_Tripwire):
     """Aborts the process (SIGABRT, like a device assert or segfault) when run inside a gate child.
 
     Outside a gate child it is the exact reference, so a run that loads it only loses the gates.
@@ -187,61 +203,39 @@ class GateChildCrash(ExactReferenceBackend):
     key = "rlnorm.kit.faults:GateChildCrash"
     source = "planted fault: the gate child process aborts"
 
-    def _maybe_crash(self) -> None:
+    def _trip(self, rows: int) -> None:
         if _in_gate_child():
             sys.stderr.write("planted fault: GateChildCrash aborting the gate child\n")
             sys.stderr.flush()
             os.abort()
 
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._maybe_crash()
-        return super().forward(x, z, w, opts)
 
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        self._maybe_crash()
-        return super().forward_backward(x, z, w, dy, opts)
-
-
-class GateChildHang(ExactReferenceBackend):
+class GateChildHang(_Tripwire):
     """Sleeps for an hour when run inside a gate child: the gate's timeout must end it."""
 
     key = "rlnorm.kit.faults:GateChildHang"
     source = "planted fault: the gate child process hangs"
     hang_s: float = 3600.0
 
-    def _maybe_hang(self) -> None:
+    def _trip(self, rows: int) -> None:
         if _in_gate_child():
             sys.stderr.write("planted fault: GateChildHang sleeping\n")
             sys.stderr.flush()
             time.sleep(self.hang_s)
 
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._maybe_hang()
-        return super().forward(x, z, w, opts)
 
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        self._maybe_hang()
-        return super().forward_backward(x, z, w, dy, opts)
-
-
-class _PastRows(ExactReferenceBackend):
+class _PastRows(_Tripwire):
     """The exact reference until a batch has more than `limit` rows; then the planted failure, as a kernel bug that
     shows only at some sizes does. Every check before that size completes."""
 
     limit = 50
 
+    def _trip(self, rows: int) -> None:
+        if rows > self.limit:
+            self._fail(rows)
+
     def _fail(self, rows: int) -> None:
         raise NotImplementedError
-
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if x.shape[0] > self.limit:
-            self._fail(x.shape[0])
-        return super().forward(x, z, w, opts)
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        if x.shape[0] > self.limit:
-            self._fail(x.shape[0])
-        return super().forward_backward(x, z, w, dy, opts)
 
 
 class SegfaultPastRows(_PastRows):

@@ -49,7 +49,6 @@ __all__ = [
     "Worker",
     "blank_result",
     "check_calls",
-    "device_lost",
     "main",
 ]
 
@@ -125,23 +124,6 @@ def _replace_whole(path: Path, write: Callable[[Path], None]) -> None:
 
 def _write_json(path: Path, doc: Any) -> None:
     _replace_whole(path, lambda tmp: tmp.write_text(json.dumps(doc, allow_nan=True), encoding="utf-8"))
-
-
-def device_lost(device: str) -> str | None:
-    """The device's error when this process's device context no longer works, else None.
-
-    Asked of the device itself, never read off a check's error text: a message that mentions CUDA (an
-    out-of-memory, a launch refused for its arguments) leaves the context usable, and the next check deserves it.
-    """
-    if torch.device(device).type != "cuda":
-        return None
-    try:
-        torch.cuda.synchronize(device)
-        torch.ones(1, device=device).add_(1)  # a tiny allocation and launch: a lost context refuses both
-        torch.cuda.synchronize(device)
-    except Exception as exc:  # a sticky error: every later launch in this process fails with it
-        return describe_error(exc)
-    return None
 
 
 class Worker:
@@ -221,7 +203,7 @@ class Worker:
                 else:
                     self._keep(name, result, summaries)
                 self.timings[name] = round(time.time() - t0, 2)
-                lost = device_lost(self.device)
+                lost = backend.device_lost(self.device)
                 if lost is not None:
                     self.device_error = {"check": name, "error": lost}
                     self.save()

@@ -9,7 +9,6 @@ importable, so they fail instead.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -48,17 +47,6 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
 
 
-@pytest.fixture(scope="module")
-def archive(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tools/vllm_sources.py's archive of the installed vLLM's files."""
-    needs_installed_vllm("the adapter")
-    out = tmp_path_factory.mktemp("vllm-src") / "vllm-src.tar.gz"
-    tool = Path(__file__).resolve().parents[2] / "tools" / "vllm_sources.py"
-    proc = subprocess.run([sys.executable, str(tool), "--out", str(out)], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 # -- what runs where ------------------------------------------------------------------------------------------------
 
 
@@ -85,11 +73,11 @@ def test_a_missing_sources_path_is_named(monkeypatch: pytest.MonkeyPatch, nowher
 
 
 def test_not_installed_with_vllms_files_runs_them(
-    monkeypatch: pytest.MonkeyPatch, nowhere: None, archive: Path
+    monkeypatch: pytest.MonkeyPatch, nowhere: None, vllm_archive: Path
 ) -> None:
     """The GPU image's case: no vllm, its Python files carried as tools/vllm_sources.py packs them."""
     monkeypatch.setattr(vb, "run_probe", _no_probe)
-    monkeypatch.setenv(vf.SOURCES_ENV, str(archive))
+    monkeypatch.setenv(vf.SOURCES_ENV, str(vllm_archive))
     b = VllmBackend()
     assert b.available("cpu") == (True, "")
     assert b.plan().mode == "files"
@@ -98,7 +86,7 @@ def test_not_installed_with_vllms_files_runs_them(
         "vLLM 0.30.0 layernorm_guard.rmsnorm_fn, called as RMSNormGated.forward_cuda calls it, run from vLLM's own "
         "files, under the Triton interpreter"
     )
-    for part in (f"{archive} ({vf.SOURCES_ENV})", "vllm is not installed here", "stood in for: vllm.triton_utils"):
+    for part in (f"{vllm_archive} ({vf.SOURCES_ENV})", "vllm is not installed here", "stood in for: vllm.triton_utils"):
         assert part in source, part
     assert source.endswith("what enforce_eager=True runs; unchanged by VLLM_BATCH_INVARIANT=1")
     case_x = torch.randn(5, 128).to(torch.bfloat16)

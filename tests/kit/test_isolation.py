@@ -19,13 +19,14 @@ from conftest import TINY_SIZES
 
 from rlnorm.kit import isolation, steps
 from rlnorm.kit.artifact import read_artifact, validate_artifact
+from rlnorm.kit.backends import device_lost
 from rlnorm.kit.backends.local import ExactReferenceBackend
 from rlnorm.kit.checks import CheckResult
 from rlnorm.kit.faults import GATE_CHILD_ENV, DeviceErrorPastRows, HangPastRows
 from rlnorm.kit.gates import run_gates
 from rlnorm.kit.params import load_params
 from rlnorm.kit.records import rebuild_case
-from rlnorm.kit.worker import AGREEMENT_FILE, EXIT_DEVICE_ERROR, RESULT_FILE, TRAIL_FILE, Worker, device_lost
+from rlnorm.kit.worker import AGREEMENT_FILE, EXIT_DEVICE_ERROR, RESULT_FILE, TRAIL_FILE, Worker
 
 SEGFAULT = "rlnorm.kit.faults:SegfaultPastRows"
 EXIT = "rlnorm.kit.faults:ExitPastRows"
@@ -48,18 +49,17 @@ PLANTED_DEVICE_ERROR = "CUDA error: an illegal memory access was encountered (pl
 
 class DeviceErrorOnTheCpu(DeviceErrorPastRows):
     """DeviceErrorPastRows as its worker sees it on a GPU, without one: past `limit` rows the check raises the CUDA
-    error and the worker's question to the device (`device_lost`) gets that error back. The worker's own code then
-    records it and exits with EXIT_DEVICE_ERROR, which the parent turns into the crash record."""
+    error and the worker's question to the device (`Backend.device_lost`) gets that error back. The worker's own
+    code then records it and exits with EXIT_DEVICE_ERROR, which the parent turns into the crash record."""
 
     key = "test_isolation:DeviceErrorOnTheCpu"
 
     def __init__(self) -> None:
         super().__init__()
         self.lost: str | None = None
-        # the worker runs as __main__ (python -m rlnorm.kit.worker); in any other process this changes nothing
-        worker = sys.modules["__main__"]
-        if hasattr(worker, "Worker") and hasattr(worker, "device_lost"):
-            worker.device_lost = lambda device: self.lost
+
+    def device_lost(self, device: str) -> str | None:
+        return self.lost
 
     def _fail(self, rows: int) -> None:
         self.lost = f"{PLANTED_DEVICE_ERROR} on a batch of {rows} rows"

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import child_result, needs_installed_vllm
+from conftest import CHILD_DESCRIBE, child_result
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import vllm_files as vf
@@ -28,27 +28,10 @@ from rlnorm.options import OpOptions
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "vllm_sources.py"
 
 
-@pytest.fixture(scope="module")
-def installed() -> vf.VllmFiles:
-    needs_installed_vllm("vLLM's files")
-    root = vf.installed_root()
-    files, _ = vf.find_files(root)
-    assert files is not None
-    return files
-
-
-@pytest.fixture(scope="module")
-def archive(installed: vf.VllmFiles, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("vllm-src") / "vllm-src.tar.gz"
-    proc = subprocess.run([sys.executable, str(TOOL), "--out", str(out)], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
-# Imports the real vllm as the backend does on this CPU machine; `describe` names a call's arguments by value,
-# tensors by storage, shape, strides and dtype. vLLM's CPU platform answers torch's thread count for the compute
-# units its rows-per-program choice reads (and caches), so the child fixes that count at 2 before anything asks:
-# the grids and tile sizes asserted below are then the same on every machine.
+# Imports the real vllm as the backend does on this CPU machine (`describe`: conftest's CHILD_DESCRIBE). vLLM's CPU
+# platform answers torch's thread count for the compute units its rows-per-program choice reads (and caches), so
+# the child fixes that count at 2 before anything asks: the grids and tile sizes asserted below are then the same
+# on every machine.
 _PRELUDE = r"""
 import json, sys
 import torch
@@ -62,16 +45,8 @@ prepare_import("cpu")
 import vllm.third_party.flash_linear_attention.ops.layernorm_guard as lg
 answer_compute_units()
 assert torch.get_num_threads() == 2
-
-def describe(v):
-    if isinstance(v, torch.Tensor):
-        return ["tensor", v.data_ptr(), list(v.shape), list(v.stride()), str(v.dtype)]
-    if isinstance(v, (list, tuple)):
-        return [describe(e) for e in v]
-    if isinstance(v, dict):
-        return {k: describe(e) for k, e in sorted(v.items())}
-    return v
 """
+_PRELUDE += CHILD_DESCRIBE
 
 _CALL_SCRIPT = (
     _PRELUDE
@@ -106,7 +81,7 @@ print("RESULT " + json.dumps(out))
 
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["real", "planted"])
-def test_forward_cuda_calls_rmsnorm_fn_with_exactly_these_arguments(installed: vf.VllmFiles, variant: str) -> None:
+def test_forward_cuda_calls_rmsnorm_fn_with_exactly_these_arguments(installed_vllm: vf.VllmFiles, variant: str) -> None:
     """RMSNormGated.forward_cuda(x, z) is rmsnorm_call(rmsnorm_fn, x, z, w, opts): the same function (the recorder
     put in its place is what forward_cuda calls), the same positional and keyword arguments, the same tensors. The
     planted variant (forward_cuda reading a flipped norm_before_gate) shows the comparison catches a difference."""
@@ -148,11 +123,11 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.slow
-def test_vllms_files_give_the_installed_modules_bits(installed: vf.VllmFiles, archive: Path) -> None:
-    r = child_result(_BITS_SCRIPT, str(archive))
+def test_vllms_files_give_the_installed_modules_bits(installed_vllm: vf.VllmFiles, vllm_archive: Path) -> None:
+    r = child_result(_BITS_SCRIPT, str(vllm_archive))
     assert r["restored"] == []  # the real vllm modules are back, and none of ours is left
     assert r["distinct"]
-    assert r["files"][0] == str(installed.path(vf.LAYERNORM_GUARD))
+    assert r["files"][0] == str(installed_vllm.path(vf.LAYERNORM_GUARD))
     assert r["files"][1].endswith(vf.LAYERNORM_GUARD) and "rlnorm-vllm-src-" in r["files"][1]
     assert len(r["cases"]) == 20
     for case in r["cases"]:
@@ -226,7 +201,7 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.slow
-def test_gdn_fused_path_is_forward_cudas_kernel_with_the_same_arguments(installed: vf.VllmFiles) -> None:
+def test_gdn_fused_path_is_forward_cudas_kernel_with_the_same_arguments(installed_vllm: vf.VllmFiles) -> None:
     """The GDN layer's fused path (vLLM's own `_rms_norm_gated_cuda`) and forward_cuda launch
     `layer_norm_fwd_kernel` with the same grid, scalars, constexprs and tensor shapes, strides and dtypes; only the
     output differs in where it lives (the fused path writes over its input), and the bits are the same."""
@@ -245,21 +220,21 @@ def test_gdn_fused_path_is_forward_cudas_kernel_with_the_same_arguments(installe
 # -- the loader, here in this process --------------------------------------------------------------------------------
 
 
-def test_loading_runs_vllms_files_and_leaves_no_vllm_behind(installed: vf.VllmFiles) -> None:
+def test_loading_runs_vllms_files_and_leaves_no_vllm_behind(installed_vllm: vf.VllmFiles) -> None:
     import triton
 
     assert not any(k == "vllm" or k.startswith("vllm.") for k in sys.modules)
-    lg = vf.load_layernorm_guard(installed)
+    lg = vf.load_layernorm_guard(installed_vllm)
     c = make_case(9, 128, seed=2)
     y = rmsnorm_call(lg.rmsnorm_fn, c.x, c.z, c.w, OpOptions())
     assert y.shape == (9, 128)
     assert not any(k == "vllm" or k.startswith("vllm.") for k in sys.modules)
     # what ran is vLLM's files: the module, the decorator and the kernel base class it imports ...
-    assert lg.__file__ == str(installed.path(vf.LAYERNORM_GUARD))
+    assert lg.__file__ == str(installed_vllm.path(vf.LAYERNORM_GUARD))
     ops = "vllm/third_party/flash_linear_attention/ops/utils.py"
-    assert lg.input_guard.__code__.co_filename == str(installed.path(ops))
+    assert lg.input_guard.__code__.co_filename == str(installed_vllm.path(ops))
     assert lg.VllmJitKernel.__init__.__code__.co_filename == str(
-        installed.path("vllm/model_executor/warmup/jit_warmup.py")
+        installed_vllm.path("vllm/model_executor/warmup/jit_warmup.py")
     )
     # ... and only the helpers named in STOOD_IN are ours
     assert lg.triton is triton
@@ -267,8 +242,8 @@ def test_loading_runs_vllms_files_and_leaves_no_vllm_behind(installed: vf.VllmFi
     assert set(vf.STOOD_IN) == {"vllm.triton_utils", "vllm.platforms", "vllm.utils.platform_utils"}
 
 
-def test_read_function_runs_the_files_own_lines(installed: vf.VllmFiles) -> None:
-    path = installed.path(vf.LAYERNORM)
+def test_read_function_runs_the_files_own_lines(installed_vllm: vf.VllmFiles) -> None:
+    path = installed_vllm.path(vf.LAYERNORM)
     fn = vf.read_function(path, "RMSNormGated.forward_static", {"torch": torch, "F": torch.nn.functional})
     assert fn.__code__.co_filename == str(path)
     lines, start = inspect.getsourcelines(fn)
@@ -288,15 +263,15 @@ def test_read_function_names_what_the_namespace_lacks(tmp_path: Path) -> None:
         vf.read_function(f, "A.h", {})
 
 
-def test_the_archive_is_reproducible_and_holds_what_is_read(archive: Path, tmp_path: Path) -> None:
+def test_the_archive_is_reproducible_and_holds_what_is_read(vllm_archive: Path, tmp_path: Path) -> None:
     again = tmp_path / "again.tar.gz"
     proc = subprocess.run([sys.executable, str(TOOL), "--out", str(again)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert again.read_bytes() == archive.read_bytes()
-    with tarfile.open(archive) as tar:
+    assert again.read_bytes() == vllm_archive.read_bytes()
+    with tarfile.open(vllm_archive) as tar:
         names = tar.getnames()
     assert names == [*sorted(vf.NEEDED), f"vllm-{vllm_version()}.dist-info/METADATA"]
-    assert vf.unpack(archive) == vf.unpack(archive)  # unpacked once per content
+    assert vf.unpack(vllm_archive) == vf.unpack(vllm_archive)  # unpacked once per content
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import child_result, needs_installed_vllm
+from conftest import CHILD_DESCRIBE, child_result
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import BackendUnavailable, load_backend
@@ -36,15 +36,6 @@ OPTIONS = (
 )
 
 
-@pytest.fixture(scope="module")
-def installed() -> vf.VllmFiles:
-    needs_installed_vllm("vLLM's rows")
-    root = vf.installed_root()
-    files, _ = vf.find_files(root)
-    assert files is not None
-    return files
-
-
 _PRELUDE = r"""
 import json, sys
 import torch
@@ -59,20 +50,12 @@ from vllm.model_executor.layers.layernorm import RMSNormGated
 answer_compute_units()
 OPTIONS = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid"))
 
-def describe(v):
-    if isinstance(v, torch.Tensor):
-        return ["tensor", v.data_ptr(), list(v.shape), list(v.stride()), str(v.dtype)]
-    if isinstance(v, (list, tuple)):
-        return [describe(e) for e in v]
-    if isinstance(v, dict):
-        return {k: describe(e) for k, e in sorted(v.items())}
-    return str(v) if isinstance(v, torch.dtype) else v
-
 def module(w, opts):
     mod = build_module(128, w, opts)
     mod.weight = torch.nn.Parameter(w, requires_grad=False)
     return mod
 """
+_PRELUDE += CHILD_DESCRIBE
 
 _CALL_SCRIPT = (
     _PRELUDE
@@ -109,7 +92,7 @@ print("RESULT " + json.dumps(out))
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["real", "planted"])
 def test_forward_native_calls_forward_static_with_exactly_these_arguments(
-    installed: vf.VllmFiles, variant: str
+    installed_vllm: vf.VllmFiles, variant: str
 ) -> None:
     """forward_native(x, z) is native_call(forward_static, x, z, w, opts); the planted variant (a module whose
     activation differs) shows the comparison catches a difference."""
@@ -142,7 +125,7 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.slow
-def test_the_rows_give_vllms_forward_native_bits(installed: vf.VllmFiles) -> None:
+def test_the_rows_give_vllms_forward_native_bits(installed_vllm: vf.VllmFiles) -> None:
     """The eager row is the installed forward_native bit for bit (options, weight dtypes, with and without a gate);
     the compiled row is Inductor's code for the same function, within a bf16 ulp of it."""
     results = child_result(_BITS_SCRIPT)
@@ -184,7 +167,7 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.slow
-def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(installed: vf.VllmFiles) -> None:
+def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(installed_vllm: vf.VllmFiles) -> None:
     r = child_result(_DISPATCH_SCRIPT)
     # a default config compiles with Inductor: every custom op disabled, RMSNormGated's forward is forward_native
     assert r["default"]["mode"] == 3 and r["default"]["backend"] == "inductor"
@@ -246,7 +229,7 @@ print("RESULT " + json.dumps(out))
 
 
 @pytest.mark.slow
-def test_batch_invariant_mode_changes_only_the_eager_native_path(installed: vf.VllmFiles) -> None:
+def test_batch_invariant_mode_changes_only_the_eager_native_path(installed_vllm: vf.VllmFiles) -> None:
     """Under vLLM's own enable_batch_invariant_mode(): the eager forward_native's mean goes to vLLM's Triton kernel
     (its bits are the row's, and fp32 means change), while forward_cuda and the compiled forward_native never call
     it and keep their bits. Neither RMSNormGated nor layernorm_guard reads VLLM_BATCH_INVARIANT (RMSNorm does)."""
@@ -261,11 +244,11 @@ def test_batch_invariant_mode_changes_only_the_eager_native_path(installed: vf.V
 # -- the rows, here in this process ---------------------------------------------------------------------------------
 
 
-def test_the_rows_are_registered_forward_only_and_read_vllms_files(installed: vf.VllmFiles) -> None:
+def test_the_rows_are_registered_forward_only_and_read_vllms_files(installed_vllm: vf.VllmFiles) -> None:
     for key in ROWS:
         b = load_backend(key)
         assert b.key == key and b.has_backward is False
-        assert f"read from the installed package ({installed.root / 'vllm'}), vllm not imported" in b.source
+        assert f"read from the installed package ({installed_vllm.root / 'vllm'}), vllm not imported" in b.source
         with pytest.raises(BackendUnavailable, match="no backward"):
             b.forward_backward(torch.zeros(2, 128), None, torch.ones(128), torch.zeros(2, 128), OpOptions())
     assert "compiled once at 262144 rows, every guard dropped" in load_backend("vllm_native_compiled").source
@@ -283,7 +266,7 @@ def test_without_vllms_files_the_rows_say_where_to_get_them(monkeypatch: pytest.
         assert ".ci/install-vllm.sh" in why and "tools/vllm_sources.py" in why
 
 
-def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(installed: vf.VllmFiles) -> None:
+def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(installed_vllm: vf.VllmFiles) -> None:
     """One graph serves every row count, 1 included (vLLM drops the guards that would recompile for it); other
     options get a graph of their own (with every guard dropped, sharing one would silently reuse the first)."""
     from torch._dynamo.utils import counters
@@ -301,7 +284,7 @@ def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(ins
     assert len(b._compiled) == 2
 
 
-def test_the_batch_invariant_override_lasts_one_call(installed: vf.VllmFiles) -> None:
+def test_the_batch_invariant_override_lasts_one_call(installed_vllm: vf.VllmFiles) -> None:
     b = VllmNativeBatchInvariantBackend()
     real = b._mean_fn()
     calls: list[int] = []

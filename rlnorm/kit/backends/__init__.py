@@ -32,6 +32,7 @@ __all__ = [
     "Grads",
     "UnavailableBackend",
     "describe_error",
+    "device_lost",
     "dist_version",
     "load_backend",
     "load_backends",
@@ -57,6 +58,23 @@ def describe_error(exc: BaseException) -> str:
     msg = str(exc).strip().splitlines()
     first = msg[0] if msg else ""
     return f"{type(exc).__name__}: {first}"[:500]
+
+
+def device_lost(device: str) -> str | None:
+    """The device's error when this process's device context no longer works, else None.
+
+    Asked of the device itself, never read off a check's error text: a message that mentions CUDA (an
+    out-of-memory, a launch refused for its arguments) leaves the context usable, and the next check deserves it.
+    """
+    if torch.device(device).type != "cuda":
+        return None
+    try:
+        torch.cuda.synchronize(device)
+        torch.ones(1, device=device).add_(1)  # a tiny allocation and launch: a lost context refuses both
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # a sticky error: every later launch in this process fails with it
+        return describe_error(exc)
+    return None
 
 
 def dist_version(dist: str) -> str:
@@ -147,6 +165,11 @@ class Backend:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         return True, ""
+
+    def device_lost(self, device: str) -> str | None:
+        """Asked after each check: the device's error when its context no longer works, else None (then the
+        backend's process ends and the next backend starts in a fresh one)."""
+        return device_lost(device)
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         """Output only; no autograd graph kept."""
