@@ -406,8 +406,6 @@ def test_bad_types_name_themselves() -> None:
         checks.all_rows(object(), OPTS, ns=(7,), **QUICK)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="opts"):
         checks.all_rows(ReferenceBackend(), {"eps": 1e-6}, ns=(7,), **QUICK)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="sizes"):
-        checks.all_rows(ReferenceBackend(), OPTS, ns=(7,), sizes=(7,), **QUICK)
     with pytest.raises(TypeError, match="seeds"):
         checks.all_rows(ReferenceBackend(), OPTS, ns=(7,), seeds=3, **QUICK)  # type: ignore[arg-type]
 

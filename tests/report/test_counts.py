@@ -59,9 +59,9 @@ def capped() -> tuple[dict[str, Any], pd.DataFrame, Run]:
     """The planted fault through the real checks (in this process), 4 records kept per check: an artifact whose
     counts the records alone would undercount."""
     b, common = GradientsMoveToo(), {"device": "cpu", "max_records": 4, "progress": False}
-    ar = checks.all_rows(b, sizes=[7, 12], seeds=[3], **common)
+    ar = checks.all_rows(b, ns=[7, 12], seeds=[3], **common)
     dw = checks.dweight_repeatable(b, rows=7, **common)
-    fvs = checks.full_vs_sub_batches(b, rows=15, sub_batch_sizes=[1, 7], seeds=[3], use_graphs=False, **common)
+    fvs = checks.full_vs_sub_batches(b, full_rows=15, sub_sizes=[1, 7], seeds=[3], use_graphs=False, **common)
     sw = checks.batch_size_sweep(b, n=17, sizes=[1, 2, 9], probe_rows=[0, 16], seeds=[3], **common)
     results = {
         CAPPED: {

@@ -61,16 +61,6 @@ def check_common(backend: Any, opts: Any, device: Any, d: int) -> OpOptions:
     return opts
 
 
-def alias(name: str, value: Any, alias_name: str, alias: Any) -> Any:
-    """`value`, or `alias` given under the run parameter's name (`alias_name`, e.g. `sizes` for `all_rows_sizes`)
-    for keyword `name`; both at once is an error."""
-    if alias is None:
-        return value
-    if value is not None:
-        raise TypeError(f"{alias_name}: give either {name} or {alias_name}, not both")
-    return alias
-
-
 def backend_key(backend: Any) -> str:
     return str(getattr(backend, "key", "") or type(backend).__name__)
 

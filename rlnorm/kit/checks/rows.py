@@ -23,7 +23,6 @@ from rlnorm.kit.checks.common import (
     TRAIL,
     CheckResult,
     Recorder,
-    alias,
     backend_key,
     call,
     case_spec,
@@ -47,7 +46,6 @@ def all_rows(
     dtype: torch.dtype = torch.bfloat16,
     weight_dtype: torch.dtype | None = None,
     *,
-    sizes: Sequence[int] | None = None,
     use_graphs: bool = True,
     graph_rows: int = 4096,
     max_records: int | None = None,
@@ -56,9 +54,8 @@ def all_rows(
     """Every row computed alone vs inside its batch of n, bitwise (output; dx and dz with a backward).
 
     Summary: {str(n): {rows, fwd_differ, rowgrad_differ, alone_path}} with rows = n * len(seeds);
-    rowgrad_differ is None for a forward-only backend (no gradients compared). `sizes` is an alias of `ns`.
+    rowgrad_differ is None for a forward-only backend (no gradients compared)..
     """
-    ns = alias("ns", ns, "sizes", sizes)
     ns = check_ints("ns", (64, 257, 4097) if ns is None else ns, 1)
     seeds = check_ints("seeds", seeds)
     opts = check_common(backend, opts, device, d)
@@ -131,8 +128,6 @@ def full_vs_sub_batches(
     dtype: torch.dtype = torch.bfloat16,
     weight_dtype: torch.dtype | None = None,
     *,
-    rows: int | None = None,
-    sub_batch_sizes: Sequence[int] | None = None,
     sample_stride: int = 512,
     use_graphs: bool = True,
     graph_rows: int = 4096,
@@ -143,11 +138,8 @@ def full_vs_sub_batches(
 
     Summary: the report's {full_batch, sub_batch_sizes, sub_batches, fwd_differ, rowgrad_differ}
     (differ counts are row comparisons summed over seeds and sizes; rowgrad_differ None for a forward-only
-    backend) plus NEW coverage, rows_compared, alone_path {size: path}. `rows` / `sub_batch_sizes` alias
-    `full_rows` / `sub_sizes`.
+    backend) plus NEW coverage, rows_compared, alone_path {size: path}.
     """
-    full_rows = alias("full_rows", full_rows, "rows", rows)
-    sub_sizes = alias("sub_sizes", sub_sizes, "sub_batch_sizes", sub_batch_sizes)
     full_rows = check_int("full_rows", 262144 if full_rows is None else full_rows, 1)
     sub_sizes = check_ints("sub_sizes", (1, 7, 4097, 65536, 131072) if sub_sizes is None else sub_sizes, 1)
     seeds = check_ints("seeds", seeds)
