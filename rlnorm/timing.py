@@ -203,8 +203,10 @@ class CudaClock(CpuClock):
 
 
 def describe_error(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+    """One line naming an exception: what a skip reason, a record or a capture failure shows."""
+    msg = str(exc).strip().splitlines()
+    first = msg[0] if msg else ""
+    return f"{type(exc).__name__}: {first}"[:500]
 
 
 def _tensors(out: Any) -> list[tuple[str, Tensor]]:

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from rlnorm.inputs import make_case
 from rlnorm.options import OpOptions
+from rlnorm.timing import describe_error
 
 __all__ = [
     "REGISTRY",
@@ -51,13 +52,6 @@ class Grads:
     dx: Tensor
     dz: Tensor | None  # None when z is None
     dw: Tensor | None  # the backend's OWN autograd dweight, in w's dtype
-
-
-def describe_error(exc: BaseException) -> str:
-    """One line naming an exception: what a skip reason or a record shows."""
-    msg = str(exc).strip().splitlines()
-    first = msg[0] if msg else ""
-    return f"{type(exc).__name__}: {first}"[:500]
 
 
 def device_lost(device: str) -> str | None:
