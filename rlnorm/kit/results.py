@@ -1,0 +1,446 @@
+"""Typed results: what a backend's process hands back, and what every reader of a run gets.
+
+The artifact's JSON keeps every key of the reference B200 report; these dataclasses are its typed face. `to_json`
+and `from_json` are the one place where the two meet: the worker serialises a `BackendResult` with `to_json`, the
+parent reads it back with `from_json`, the kit writes a `RunResult` as the artifact, and every reader (page,
+plots, compare, index, investigate) gets a `RunResult` from `load_run`, whatever produced the file: this kit at
+any schema version, or the reference report (which lacks the kit's newer fields: they read as None).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+__all__ = [
+    "ARTIFACT_KIND",
+    "OP",
+    "SCHEMA_VERSION",
+    "SEED_SCHEMA_VERSION",
+    "STATUSES",
+    "Accuracy",
+    "Agreement",
+    "AllRows",
+    "BackendResult",
+    "BatchInvariance",
+    "Crash",
+    "Gate",
+    "Record",
+    "RowsAtSize",
+    "RunResult",
+    "StepFailure",
+    "SubBatches",
+    "Sweep",
+    "TrainerSampler",
+    "from_json",
+    "load_run",
+    "run_from_doc",
+    "to_json",
+]
+
+SCHEMA_VERSION = "1"
+SEED_SCHEMA_VERSION = "seed"  # the reference report, which has no schema_version of its own
+ARTIFACT_KIND = "qwen3_next_norm_reuse_check"
+OP = "rms_norm_gated"
+# ran: every selected check was given the backend (a check may still have raised: `errors`); skipped: it cannot
+# run here (reason); failed: it could not be loaded; crashed / timed_out: its process ended before its checks did
+STATUSES = ("ran", "skipped", "failed", "crashed", "timed_out")
+
+# a field with this metadata is left out of the JSON while it is None (fields the report never had)
+OMIT_NONE = {"omit_none": True}
+
+
+@dataclass
+class RowsAtSize:
+    """all_rows at one batch size: each row alone against the same row in the whole batch."""
+
+    rows: int
+    fwd_differ: int | None = None
+    rowgrad_differ: int | None = None  # None: forward-only backend, no gradient compared (never 0 for that)
+    alone_path: str | None = field(default=None, metadata=OMIT_NONE)  # "cuda_graph" | "eager" | "eager (why)"
+    records_dropped: int | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass
+class AllRows:
+    """all_rows: per batch size (the JSON's keys are the sizes, plus `error` where the check raised)."""
+
+    sizes: dict[int, RowsAtSize] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass
+class SubBatches:
+    """full_vs_sub_batches: every row of the full batch against the same row in contiguous sub-batches."""
+
+    full_batch: int
+    sub_batch_sizes: list[int]
+    sub_batches: int
+    fwd_differ: int | None = None
+    rowgrad_differ: int | None = None
+    coverage: str | None = field(default=None, metadata=OMIT_NONE)
+    rows_compared: int | None = field(default=None, metadata=OMIT_NONE)
+    alone_path: dict[str, str] | None = field(default=None, metadata=OMIT_NONE)
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+    records_dropped: int | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass
+class Sweep:
+    """batch_size_sweep: probe rows first, in the middle and last in batches of many sizes, against the row alone."""
+
+    batch_sizes: list[int]
+    probe_rows: list[int]
+    comparisons: int
+    differ: int
+    fwd_differ: int | None = field(default=None, metadata=OMIT_NONE)
+    rowgrad_differ: int | None = field(default=None, metadata=OMIT_NONE)
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+    records_dropped: int | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass
+class BatchInvariance:
+    all_rows: AllRows | None = None
+    dweight_repeatable: bool | None = None
+    full_vs_sub_batches: SubBatches | None = None
+    batch_size_sweep: Sweep | None = None
+    batch_invariant: bool | None = None  # None: a check raised or did not run
+
+
+@dataclass
+class Accuracy:
+    """accuracy_latency: correct rounding against fp64 rounded once, gradient error, time against a same-run add."""
+
+    rows: int
+    fwd_correctly_rounded: float | None = None
+    fwd_max_abs_err: float | None = None
+    fwd_us: float | None = None
+    grad_rel_err: dict[str, float | None] | None = None
+    fwd_bwd_us: float | None = None
+    fwd_us_p20: float | None = None
+    fwd_us_p80: float | None = None
+    fwd_bwd_us_p20: float | None = None
+    fwd_bwd_us_p80: float | None = None
+    fwd_gbps: float | None = None
+    fwd_bwd_gbps: float | None = None
+    roofline_add_us: float | None = None
+    fwd_roofline_ratio: float | None = None  # fwd_us / roofline_add_us
+    fwd_bwd_roofline_ratio: float | None = None  # fwd_bwd_us / (8/3 roofline_add_us)
+    fwd_ulp_hist: dict[str, int] | None = None  # "0".."15", "16+", "nan"
+    fwd_abs_err_hist: dict[str, Any] | None = None  # edges, counts, zero, under, over, nan
+    device: str | None = None
+    timed: bool | None = None
+    host_bound: dict[str, bool] | None = None  # add / fwd / fwd_bwd: the GPU queue ran dry while timing
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+
+    def ran_host_bound(self, what: str) -> bool:
+        """Whether the time of `what` ("add", "fwd", "fwd_bwd") includes host overhead."""
+        return bool(self.host_bound and self.host_bound.get(what.removesuffix("_us")))
+
+
+@dataclass
+class Gate:
+    """One contract gate (forward or gradient): its lines and whether every one passed."""
+
+    returncode: int | None
+    passed: bool
+    failed_lines: list[str] = field(default_factory=list)
+    singleton_aggregate: list[str] = field(default_factory=list)
+    stderr_tail: list[str] = field(default_factory=list)
+    timed_out: bool | None = None
+    lines: list[str] | None = None
+
+
+@dataclass
+class Crash:
+    """How a backend's process ended before its checks did, and the batch it was on."""
+
+    cause: str
+    signal: str | None = None
+    exit_code: int | None = None
+    timed_out: bool = False
+    check: str | None = None
+    batch_size: int | None = None
+    rebuild: dict[str, Any] | None = None  # the breadcrumb: `records.rebuild_case` rebuilds the batch
+    finished_checks: list[str] = field(default_factory=list)
+    seconds: float | None = None
+    stderr_tail: str | None = None
+
+
+@dataclass
+class BackendResult:
+    """Everything one backend's process found: `results.<key>` of the artifact."""
+
+    source: str
+    backward: str  # "full" | "none"
+    status: str = "skipped"
+    skip_reason: str | None = None
+    batch_invariance: BatchInvariance | None = None
+    accuracy_latency: Accuracy | None = None
+    contract_gates: dict[str, Gate] | None = None
+    errors: dict[str, str] | None = None  # check -> why it raised (None: the reference report did not say)
+    crash: Crash | None = field(default=None, metadata=OMIT_NONE)
+
+    @property
+    def has_backward(self) -> bool:
+        return self.backward == "full"
+
+
+@dataclass
+class Agreement:
+    """Fraction of forward outputs bitwise equal between each pair of backends on the same inputs."""
+
+    tensor: str
+    rows: int
+    seed: int
+    backends: list[str]
+    equal_fraction: list[list[float | None]]
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class TrainerSampler:
+    """The same rows through the trainer's and the sampler's path of the norm (`checks.trainer_sampler`)."""
+
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+    agree: bool | None = field(default=None, metadata=OMIT_NONE)
+    rows: int | None = field(default=None, metadata=OMIT_NONE)
+    d: int | None = field(default=None, metadata=OMIT_NONE)
+    pairs: dict[str, Any] | None = field(default=None, metadata=OMIT_NONE)
+    extra: dict[str, Any] = field(default_factory=dict)  # the check's other fields, shown as they are
+
+
+@dataclass
+class StepFailure:
+    """A step after the backends that raised: the run went on and its results stand."""
+
+    step: str
+    error: str
+    traceback: list[str] = field(default_factory=list)  # its last lines
+
+
+@dataclass
+class Record:
+    """One differing (row, tensor) comparison; `rebuild` is what `records.rebuild_case` needs to rebuild it."""
+
+    backend: str
+    check: str
+    seed: int | None
+    case: str
+    batch_start: int | None
+    batch_size: int | None
+    position: int | None
+    row: int | None
+    tensor: str
+    cols_differ: int | None
+    max_abs: float | None
+    max_ulp: int | None
+    rebuild: str
+
+
+@dataclass
+class RunResult:
+    """One run: the artifact's document, typed."""
+
+    schema_version: str
+    kind: str
+    rfc: str | None
+    op: str
+    commit: str | None
+    rl_kernel_commit: str | None
+    tracked_tree_dirty: bool | None
+    created_at: str | None
+    wall_time_s: float | None
+    param_set: str | None
+    environment: dict[str, Any]
+    quick: bool
+    checks: list[str]
+    params: dict[str, Any] | None
+    records: str | None  # the records CSV, relative to the artifact's folder
+    plots: dict[str, str] | None  # name -> PNG, relative to the artifact's folder
+    agreement: Agreement | None
+    trainer_sampler: TrainerSampler | None
+    results: dict[str, BackendResult]
+    failed_steps: list[StepFailure] | None = field(default=None, metadata=OMIT_NONE)
+    path: Path | None = field(default=None, metadata={"json": False})  # where it was read from
+
+    @property
+    def is_seed(self) -> bool:
+        return self.schema_version == SEED_SCHEMA_VERSION
+
+    @property
+    def folder(self) -> Path | None:
+        return None if self.path is None else self.path.parent
+
+    def resolve(self, relative: str | None) -> Path | None:
+        """A path the artifact stores relative to its own folder, as a path a reader can open."""
+        if relative is None or self.folder is None:
+            return None
+        return self.folder / relative
+
+
+# --------------------------------------------------------------------------------------------------------------
+# the one place where JSON and the dataclasses meet
+
+T = TypeVar("T")
+
+
+def _jsonable(value: Any) -> Any:
+    """Numbers JSON can hold (NaN and inf have no JSON form: None), numpy scalars as Python ones."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
+        return _jsonable(value.item())
+    return value
+
+
+def to_json(obj: Any) -> Any:
+    """A dataclass (recursively) as the artifact's JSON value."""
+    if isinstance(obj, AllRows):
+        out: dict[str, Any] = {str(n): to_json(s) for n, s in obj.sizes.items()}
+        if obj.error is not None:
+            out["error"] = obj.error
+        return out
+    if isinstance(obj, TrainerSampler):
+        base = {k: v for k, v in _fields_json(obj).items() if k != "extra"}
+        return {**{k: to_json(v) for k, v in obj.extra.items()}, **base}
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return _fields_json(obj)
+    if isinstance(obj, dict):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_json(v) for v in obj]
+    return _jsonable(obj)
+
+
+def _fields_json(obj: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if f.metadata.get("json", True) is False or (value is None and f.metadata.get("omit_none")):
+            continue
+        out[f.name] = to_json(value)
+    return out
+
+
+def from_json(cls: type[T], data: Any, where: str = "$") -> T:
+    """`data` (the artifact's JSON value) as `cls`; a value of the wrong shape raises naming its key path."""
+    return _convert(cls, data, where)
+
+
+def _convert(hint: Any, data: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if data is None:
+            return None
+        return _convert(args[0], data, where) if len(args) == 1 else data
+    if hint is Any:
+        return data
+    if hint is AllRows:
+        return _all_rows(data, where)
+    if hint is TrainerSampler:
+        return _trainer_sampler(data, where)
+    if dataclasses.is_dataclass(hint):
+        return _dataclass(hint, data, where)
+    if origin is list:
+        if not isinstance(data, list):
+            raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
+        (item,) = typing.get_args(hint)
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
+    if origin is dict:
+        if not isinstance(data, dict):
+            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+        key_t, val_t = typing.get_args(hint)
+        return {key_t(k): _convert(val_t, v, f"{where}.{k}") for k, v in data.items()}
+    if hint is float and isinstance(data, int) and not isinstance(data, bool):
+        return float(data)
+    if hint in (int, float, str, bool) and data is not None and not isinstance(data, hint):
+        raise ValueError(f"{where}: expected {hint.__name__}, got {data!r}")
+    return data
+
+
+def _dataclass(cls: Any, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object for {cls.__name__}, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("json", True) is False:
+            continue
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{where}: {cls.__name__} needs {f.name!r}")
+    return cls(**kwargs)
+
+
+def _all_rows(data: Any, where: str) -> AllRows:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object of batch sizes, got {type(data).__name__}")
+    sizes = {int(k): _dataclass(RowsAtSize, v, f"{where}.{k}") for k, v in data.items() if k != "error"}
+    return AllRows(sizes=dict(sorted(sizes.items())), error=data.get("error"))
+
+
+def _trainer_sampler(data: Any, where: str) -> TrainerSampler:
+    if not isinstance(data, dict):
+        raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(TrainerSampler)} - {"extra"}
+    ts = _dataclass(TrainerSampler, {k: v for k, v in data.items() if k in known}, where)
+    ts.extra = {k: v for k, v in data.items() if k not in known}
+    return ts
+
+
+def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
+    """An artifact's document (this kit's, or the reference report) as a `RunResult`."""
+    if not isinstance(doc, dict):
+        raise TypeError(f"doc: expected an artifact (a JSON object), got {type(doc).__name__}")
+    doc = dict(doc)
+    version = doc.get("schema_version")
+    if version is None:  # the reference report: it lists only backends that ran, and predates the kit's fields
+        if "results" not in doc or "kind" not in doc:
+            raise ValueError("doc: neither an rlnorm artifact (no schema_version) nor the reference report")
+        doc["schema_version"] = SEED_SCHEMA_VERSION
+        doc.setdefault("commit", doc.get("rl_kernel_commit"))
+        doc["results"] = {k: {"status": "ran", "errors": None, **v} for k, v in doc["results"].items()}
+    elif version not in (SCHEMA_VERSION, SEED_SCHEMA_VERSION):
+        raise ValueError(
+            f"doc: schema_version {version!r} is not one this rlnorm reads ({SCHEMA_VERSION!r}, "
+            f"{SEED_SCHEMA_VERSION!r}); upgrade rlnorm"
+        )
+    for key in (
+        "rfc",
+        "rl_kernel_commit",
+        "tracked_tree_dirty",
+        "created_at",
+        "wall_time_s",
+        "param_set",
+        "params",
+        "records",
+        "plots",
+        "agreement",
+        "trainer_sampler",
+    ):
+        doc.setdefault(key, None)
+    run = from_json(RunResult, doc)
+    run.path = path
+    return run
+
+
+def load_run(path: str | os.PathLike[str]) -> RunResult:
+    """A run from its artifact file or its run folder."""
+    p = Path(path)
+    if p.is_dir():
+        found = sorted(p.glob("*.json"))
+        if len(found) != 1:
+            raise FileNotFoundError(f"path: expected a run folder holding one artifact (*.json), found {len(found)}")
+        p = found[0]
+    return run_from_doc(json.loads(p.read_text(encoding="utf-8")), p)
