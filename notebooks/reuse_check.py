@@ -168,11 +168,10 @@ tables.accuracy_table(run)
 #
 # A packed workload of 4 samples (11, 16, 13 and 19 tokens) run as one batch, in chunks of 7 tokens, each sample
 # alone, padded left and right, permuted: every token's output and dx, dz must be bitwise equal across these
-# cells, and the backend's **own** dweight must equal the exact aggregate of single-row runs. Each gate runs in a
-# child process, so a crash or a hang is recorded as a failed gate.
+# cells, and the backend's **own** dweight must equal the exact aggregate of single-row runs. The gates run in the
+# backend's own process, so a crash or a hang there is that backend's crash, in check `contract_gates`.
 
 # %% Contract gates
-steps.run_gates(run)
 display(Markdown(page.GATE_EXPLANATION))
 tables.gates_table(run)
 
@@ -217,7 +216,7 @@ if run.trainer_sampler and run.trainer_sampler.get("agree") is not None:
 # (up to `max_records`), with what is needed to rebuild its batch (`python -m rlnorm investigate outputs/NAME`).
 
 # %% Write artifact, records and plots
-figures = tables.make_plots(run)
+figures = steps.run_plots(run, lambda _result, _folder: tables.make_plots(run))  # the report's adapter
 display(
     Markdown(
         f"Artifact: `{steps.ARTIFACT_FILE}` · records: `{steps.RECORDS_FILE}` ({len(run.records)} kept; "
@@ -235,7 +234,6 @@ for _heading, _png in page.plot_sections(figures):
 _header.update(Markdown(page.page_header(run)))
 _verdict.update(Markdown(tables.verdict_markdown(run)))
 _headline.update(Image(filename=str(figures["verdict"])) if "verdict" in figures else Markdown("*(no figure)*"))
-_done = steps.finish(run)
 
 # %% [markdown]
 # ## Parameters, environment and time
@@ -245,5 +243,9 @@ _done = steps.finish(run)
 # %% Parameters and environment
 display(tables.params_table(run))
 display(tables.environment_table(run))
-display(Markdown(f"Run `{params.name}`: {_done['seconds']:.0f} s in all; where the time went:"))
+display(Markdown(f"Run `{params.name}`: {run.result.wall_time_s:.0f} s in all; where the time went:"))
 tables.time_table(run)
+
+# %% Finish
+# Places the run folder; a step above that failed is in the artifact, and raises here so the run exits non-zero.
+steps.finish(run)

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 NOTEBOOK = "reuse_check"
-EXIT_CELL_FAILED = 1  # a cell raised or the kernel died; the partial run is placed for reading
+EXIT_CELL_FAILED = 1  # a cell or a step raised, or the kernel died; the run is placed for reading
 EXIT_USAGE = 2  # bad arguments or parameters: nothing ran
 EXIT_EXISTS = 3  # the run folder exists and --force was not given: nothing ran
 EXIT_BACKEND = 4  # the run is complete, but a backend could not be loaded, crashed or timed out
@@ -103,10 +103,13 @@ def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, s
         shutil.rmtree(staging, ignore_errors=True)
         raise
     seconds = time.time() - t0
-    if failure:
-        return Outcome(combo, EXIT_CELL_FAILED, f"{failure}\n  the partial notebook is in {run_dir / executed.name}")
     artifact = run_dir / ARTIFACT_FILE
     doc = json.loads(artifact.read_text()) if artifact.is_file() else {}
+    if failure:
+        # a step after the backends that raised is in the artifact, with every result that stands
+        failed = [f"  {f['step']}: {f['error']}" for f in doc.get("failed_steps") or []]
+        said = "\n".join(["steps that failed (the artifact holds every other result):", *failed]) if failed else failure
+        return Outcome(combo, EXIT_CELL_FAILED, f"{said}\n  the partial notebook is in {run_dir / executed.name}")
     problems = backend_problems(doc)
     lines = ["verdicts (the page says why):", *verdict_lines(doc)]
     if problems:

@@ -1,7 +1,9 @@
-"""Run folders are written whole or not at all: assembled in a staging folder beside their place, then moved.
+"""Files of a run are written whole or not at all: each file through `write_atomic`, the run folder assembled in a
+staging folder beside its place and moved there (`place`).
 
 Whoever executes the notebook (the command line, papermill, JupyterLab), `outputs/NAME/` is absent, the previous
-run untouched, or a complete new run, never half of one.
+run untouched, or a complete new run, never half of one; and a reader of a file (the parent of a worker that died,
+a run interrupted mid-write) never sees half a file.
 """
 
 from __future__ import annotations
@@ -10,13 +12,50 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
-__all__ = ["RunExists", "make_readable", "place", "staging_for"]
+__all__ = ["RunExists", "place", "staging_for", "write_atomic"]
 
 
 class RunExists(FileExistsError):
     """The run folder is there already and replacing it was not asked for."""
+
+
+def write_atomic(
+    path: str | os.PathLike[str], content: str | bytes | Callable[[IO[bytes]], None], overwrite: bool = True
+) -> Path:
+    """Write `content` (text, bytes, or a function writing to a binary file) to `path`, whole or not at all.
+
+    It goes to a temporary file in the same folder, is fsynced, then moved into place: `os.replace` when
+    overwriting, else `os.link`, so a file that appeared meanwhile is never clobbered (FileExistsError).
+    """
+    path = Path(path)
+    if not overwrite and path.exists():
+        raise FileExistsError(f"path: {str(path)!r} already exists; pass overwrite=True to replace it")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            if callable(content):
+                content(fh)
+            else:
+                fh.write(content.encode("utf-8") if isinstance(content, str) else content)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            try:
+                os.link(tmp, path)  # atomic create-if-absent
+            except FileExistsError:
+                raise FileExistsError(f"path: {str(path)!r} appeared while writing; pass overwrite=True") from None
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return path
 
 
 def staging_for(run_dir: Path, overwrite: bool) -> Path:
@@ -30,9 +69,8 @@ def staging_for(run_dir: Path, overwrite: bool) -> Path:
     return Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.partial-", dir=run_dir.parent))
 
 
-def make_readable(folder: Path) -> None:
-    """Run folders are outputs like any other: readable by the group and others as the umask allows, though a
-    staging folder is made by `mkdtemp` (0700)."""
+def _make_readable(folder: Path) -> None:
+    """Run folders are outputs like any other: readable as the umask allows, though `mkdtemp` made them 0700."""
     umask = os.umask(0)
     os.umask(umask)
     for path in [folder, *folder.rglob("*")]:
@@ -42,7 +80,7 @@ def make_readable(folder: Path) -> None:
 
 def place(staging: Path, run_dir: Path, overwrite: bool = True) -> None:
     """Move the staged folder into place; an existing one is swapped out whole, then deleted."""
-    make_readable(staging)
+    _make_readable(staging)
     if run_dir.exists() and not overwrite:  # another run took the name meanwhile: keep both
         raise RunExists(f"{run_dir} appeared while this run was going; this run is kept in {staging}")
     old = None

@@ -1,8 +1,8 @@
-"""Contract gates (docs/spec.md §5): a forward and a gradient gate per backend, each in its own child process.
+"""Contract gates (docs/spec.md §5): a forward and a gradient gate per backend, run in the backend's worker.
 
-A child process, because the thing being gated may take the process down (a device assert, a
-segfault in a compiled extension) or never return; the parent records returncode, the lines
-printed so far, the stderr tail and whether it timed out, and goes on.
+The thing being gated may take its process down (a device assert, a segfault in a compiled extension) or never
+return: the worker (`rlnorm.kit.worker`) is already a process of its own with a time limit, so that is recorded as
+the backend's crash in check "contract_gates", with the gate's cell on the trail.
 
 Workload: 4 samples of 11, 16, 13 and 19 tokens (59 tokens), each token `heads` rows of width D
 (rows are token-major: row = token * heads + head), drawn by `rlnorm.inputs.make_case` with an
@@ -35,40 +35,48 @@ NEW lines compare `BN/full`'s dweight with the one-call cells `BN/permuted`, `BN
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import re
-import subprocess
-import sys
-import tempfile
-import time
-from collections.abc import Callable
+import traceback
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from rlnorm.inputs import Case, make_case
-from rlnorm.kit.backends import Backend, load_backend
-from rlnorm.kit.faults import GATE_CHILD_ENV  # the planted crash and hang faults act where the gates set it
-from rlnorm.kit.isolation import child_env, kill_group
+from rlnorm.kit.backends import Backend
+from rlnorm.kit.records import dtype_name
+from rlnorm.kit.results import Gate
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
 
 SAMPLE_TOKENS = (11, 16, 13, 19)
 CHUNK_TOKENS = 7
 GATES = ("forward", "gradient")
-STDERR_TAIL_LINES = 20
-# exit codes of the child: 0 ran to the end (verdict in the lines), 3 backend cannot run here
-EXIT_UNAVAILABLE = 3
+TAIL_LINES = 20
+# a gate's returncode, as a gate child's exit status read: 0 ran to the end (the verdict is in its lines), 1 the
+# backend raised, 3 the backend cannot take the gate (no backward)
+RAN, RAISED, CANNOT = 0, 1, 3
 
 LINE_RE = re.compile(
     r"^(?P<kind>\w+) pair=\('(?P<a>[^']*)', '(?P<b>[^']*)'\) tensor=(?P<tensor>\w+) "
     r"max_abs=(?P<max_abs>\S+) passed=(?P<passed>True|False)$"
 )
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class Trail(Protocol):
+    """Where a crash happened: the checks' breadcrumb (`rlnorm.kit.checks.Trail`)."""
+
+    def case(self, check: str, case_spec: dict[str, Any], opts: OpOptions) -> None: ...
+    def batch(self, batch_spec: dict[str, Any]) -> None: ...
+
+
+class _NoTrail:
+    def case(self, check: str, case_spec: dict[str, Any], opts: OpOptions) -> None:
+        pass
+
+    def batch(self, batch_spec: dict[str, Any]) -> None:
+        pass
 
 
 # ----------------------------------------------------------------------------- workload
@@ -160,9 +168,34 @@ def parse_line(line: str) -> dict | None:
     return d
 
 
-# ----------------------------------------------------------------------------- gate bodies (child side)
-def _workload(heads: int, d: int, seed: int, weight_dtype: torch.dtype, device: str) -> Case:
-    return make_case(sum(SAMPLE_TOKENS) * heads, d, seed=seed, weight_dtype=weight_dtype, device=device)
+# ----------------------------------------------------------------------------- gate bodies
+@dataclass
+class _Bench:
+    """The workload, the options, and the trail marked before every call (a crash names the gate's cell)."""
+
+    backend: Backend
+    opts: OpOptions
+    case: Case
+    heads: int
+    trail: Trail
+
+    def mark(self, cell: str, rows: int) -> None:
+        self.trail.batch({"kind": "gate", "cell": cell, "size": rows})
+
+    def forward(self, cell: str, x: Tensor, z: Tensor) -> Tensor:
+        self.mark(cell, x.shape[0])
+        return self.backend.forward(x, z, self.case.w, self.opts)
+
+    def grads(self, cell: str, x: Tensor, z: Tensor, dy: Tensor) -> Any:
+        self.mark(cell, x.shape[0])
+        return self.backend.forward_backward(x, z, self.case.w, dy, self.opts)
+
+
+def _bench(backend: Backend, opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> _Bench:
+    case = make_case(sum(SAMPLE_TOKENS) * heads, d, seed=seed, weight_dtype=torch.float32, device=device)
+    spec = {"rows": case.x.shape[0], "d": d, "seed": seed, "dtype": dtype_name(case.x.dtype), "weight_dtype": "float32"}
+    trail.case("contract_gates", spec, opts)
+    return _Bench(backend, opts, case, heads, trail)
 
 
 def forward_gate(
@@ -172,24 +205,20 @@ def forward_gate(
     heads: int = 2,
     d: int = 128,
     seed: int = 0,
-    weight_dtype: torch.dtype = torch.float32,
-    emit: Callable[[str], Any] = print,
+    trail: Trail | None = None,
 ) -> list[str]:
-    """Every token's forward output bitwise equal across cells. Emits lines as they are made."""
-    case = _workload(heads, d, seed, weight_dtype, device)
+    """Every token's forward output bitwise equal across cells."""
+    b = _bench(backend, opts, device, heads, d, seed, trail or _NoTrail())
     lines: list[str] = []
     outs: dict[str, Tensor] = {}
     for cell in build_cells(seed):
-        y = torch.full_like(case.x, float("nan"))
+        y = torch.full_like(b.case.x, float("nan"))
         for tokens in cell.calls:
             rows = _rows_of(tokens, heads)
-            yc = backend.forward(_gather(case.x, rows), _gather(case.z, rows), case.w, opts)
-            _scatter(y, rows, yc)
+            _scatter(y, rows, b.forward(cell.name, _gather(b.case.x, rows), _gather(b.case.z, rows)))
         outs[cell.name] = y
         if cell.name != "BN/full":
-            line = format_line("bitwise", "BN/full", cell.name, "y", outs["BN/full"], y)
-            lines.append(line)
-            emit(line)
+            lines.append(format_line("bitwise", "BN/full", cell.name, "y", outs["BN/full"], y))
     return lines
 
 
@@ -200,17 +229,12 @@ def gradient_gate(
     heads: int = 2,
     d: int = 128,
     seed: int = 0,
-    weight_dtype: torch.dtype = torch.float32,
-    emit: Callable[[str], Any] = print,
+    trail: Trail | None = None,
 ) -> list[str]:
     """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
-    case = _workload(heads, d, seed, weight_dtype, device)
+    b = _bench(backend, opts, device, heads, d, seed, trail or _NoTrail())
+    case = b.case
     lines: list[str] = []
-
-    def out(line: str) -> None:
-        lines.append(line)
-        emit(line)
-
     grads: dict[str, dict[str, Tensor]] = {}
     dweights: dict[str, Tensor] = {}
     for cell in build_cells(seed):
@@ -218,9 +242,7 @@ def gradient_gate(
         dz = torch.full_like(case.z, float("nan"))
         for tokens in cell.calls:
             rows = _rows_of(tokens, heads)
-            g = backend.forward_backward(
-                _gather(case.x, rows), _gather(case.z, rows), case.w, _gather(case.dy, rows), opts
-            )
+            g = b.grads(cell.name, _gather(case.x, rows), _gather(case.z, rows), _gather(case.dy, rows))
             _scatter(dx, rows, g.dx)
             if g.dz is not None:
                 _scatter(dz, rows, g.dz)
@@ -230,21 +252,20 @@ def gradient_gate(
                 dweights[cell.name] = g.dw.detach().to("cpu")
         grads[cell.name] = {"dx": dx, "dz": dz}
         if cell.name != "BN/full":
-            out(format_line("bitwise", "BN/full", cell.name, "dx", grads["BN/full"]["dx"], dx))
-            out(format_line("bitwise", "BN/full", cell.name, "dz", grads["BN/full"]["dz"], dz))
+            lines.append(format_line("bitwise", "BN/full", cell.name, "dx", grads["BN/full"]["dx"], dx))
+            lines.append(format_line("bitwise", "BN/full", cell.name, "dz", grads["BN/full"]["dz"], dz))
 
     full_dw = dweights["BN/full"]
-    n_rows = case.x.shape[0]
     # single-row runs, canonical order, each row a fresh contiguous tensor
-    singles = []
-    for r in range(n_rows):
-        g = backend.forward_backward(
-            case.x[r : r + 1].clone(), case.z[r : r + 1].clone(), case.w, case.dy[r : r + 1].clone(), opts
-        )
-        singles.append(g.dw.detach().to("cpu", torch.float32))
-    agg = exact_sum(torch.stack(singles), case.w.dtype) if singles else torch.zeros_like(full_dw)
+    singles = [
+        b.grads("B1-singleton", case.x[r : r + 1].clone(), case.z[r : r + 1].clone(), case.dy[r : r + 1].clone())
+        .dw.detach()
+        .to("cpu", torch.float32)
+        for r in range(case.x.shape[0])
+    ]
+    agg = exact_sum(torch.stack(singles), case.w.dtype)
     pair_b = "B1-singleton_aggregate/full"
-    out(format_line("singleton_aggregate", "BN/full", pair_b, "dweight", full_dw, agg.to(full_dw.dtype)))
+    lines.append(format_line("singleton_aggregate", "BN/full", pair_b, "dweight", full_dw, agg.to(full_dw.dtype)))
     # the same single rows again, in B1/chunked order, each a one-row view into its chunk
     singles_chunked = []
     b1_chunked = next(c for c in build_cells(seed) if c.name == "B1/chunked")
@@ -252,152 +273,52 @@ def gradient_gate(
         rows = _rows_of(tokens, heads)
         xc, zc, dyc = _gather(case.x, rows), _gather(case.z, rows), _gather(case.dy, rows)
         for i in range(len(rows)):
-            g = backend.forward_backward(xc[i : i + 1], zc[i : i + 1], case.w, dyc[i : i + 1], opts)
+            g = b.grads("B1-singleton/chunked", xc[i : i + 1], zc[i : i + 1], dyc[i : i + 1])
             singles_chunked.append(g.dw.detach().to("cpu", torch.float32))
     agg_c = exact_sum(torch.stack(singles_chunked), case.w.dtype)
     pair_b = "B1-singleton_aggregate/chunked"
-    out(format_line("singleton_aggregate", "BN/full", pair_b, "dweight", full_dw, agg_c.to(full_dw.dtype)))
+    lines.append(format_line("singleton_aggregate", "BN/full", pair_b, "dweight", full_dw, agg_c.to(full_dw.dtype)))
     for name in ("BN/permuted", "BN/padded-left", "BN/padded-right", "BN/packed"):
-        out(format_line("dweight", "BN/full", name, "dweight", full_dw, dweights[name]))
+        lines.append(format_line("dweight", "BN/full", name, "dweight", full_dw, dweights[name]))
     return lines
 
 
-# ----------------------------------------------------------------------------- parent side
-def _gate_result(returncode: int | None, stdout: str, stderr: str, timed_out: bool) -> dict[str, Any]:
-    lines = [ln.strip() for ln in stdout.splitlines() if parse_line(ln)]
-    failed = [ln for ln in lines if not parse_line(ln)["passed"]]
-    singleton = [ln for ln in lines if ln.startswith("singleton_aggregate ")]
-    passed = (returncode == 0) and not timed_out and bool(lines) and not failed
-    return {
-        "returncode": returncode,
-        "passed": passed,
-        "failed_lines": failed,
-        "singleton_aggregate": singleton,
-        "stderr_tail": stderr.splitlines()[-STDERR_TAIL_LINES:],
-        "timed_out": timed_out,
-        "lines": lines,
-    }
-
-
-def _read(f: IO[bytes]) -> str:
-    f.seek(0)
-    return f.read().decode("utf-8", errors="replace")
+def _gate(lines: list[str], returncode: int, tail: list[str]) -> Gate:
+    failed = [ln for ln in lines if not parse_line(ln)["passed"]]  # type: ignore[index]
+    return Gate(
+        returncode=returncode,
+        passed=returncode == RAN and bool(lines) and not failed,
+        failed_lines=failed,
+        singleton_aggregate=[ln for ln in lines if ln.startswith("singleton_aggregate ")],
+        stderr_tail=tail,
+        timed_out=False,
+        lines=lines,
+    )
 
 
 def run_gates(
-    backend_spec: str | Backend,
-    opts: OpOptions | dict[str, Any] | None = None,
-    device: str = "cpu",
-    timeout_s: float = 600.0,
+    backend: Backend,
+    opts: OpOptions,
+    device: str,
     *,
-    gates: tuple[str, ...] = GATES,
-    heads: int = 2,
     d: int = 128,
+    heads: int = 2,
     seed: int = 0,
-    weight_dtype: str = "float32",
-) -> dict[str, dict[str, Any]]:
-    """Run each gate in its own child process (concurrently, one deadline of `timeout_s` for all); never raises for
-    what the child does.
-
-    `backend_spec` is a registered key, an import path, or a Backend whose `key` is one of those.
-    Returns {gate: {returncode, passed, failed_lines, singleton_aggregate, stderr_tail, timed_out, lines}}.
-    """
-    spec = getattr(backend_spec, "key", backend_spec)
-    if not isinstance(spec, str) or not spec:
-        raise ValueError(f"backend_spec: expected a registered key or 'package.module:attr', got {backend_spec!r}")
-    if opts is None:
-        opts = OpOptions()
-    elif isinstance(opts, dict):
-        opts = OpOptions(**opts)
-    elif not isinstance(opts, OpOptions):
-        raise TypeError(f"opts: expected OpOptions, dict or None, got {type(opts).__name__}")
-    for g in gates:
-        if g not in GATES:
-            raise ValueError(f"gates: expected a subset of {GATES}, got {g!r}")
-    if weight_dtype not in _DTYPES:
-        raise ValueError(f"weight_dtype: expected one of {sorted(_DTYPES)}, got {weight_dtype!r}")
-    if not timeout_s > 0:
-        raise ValueError(f"timeout_s: expected > 0, got {timeout_s!r}")
-    procs: dict[str, subprocess.Popen] = {}
-    # each child writes to files, never pipes: a child waited on second must not block on a full pipe meanwhile
-    files: dict[str, tuple[IO[bytes], IO[bytes]]] = {}
-    results: dict[str, dict[str, Any]] = {}
-    try:
-        for g in gates:
-            cmd = [
-                sys.executable, "-m", "rlnorm.kit.gates", "--backend", spec, "--gate", g, "--device", str(device),
-                "--opts", json.dumps(opts.as_dict()), "--heads", str(heads), "--d", str(d), "--seed", str(seed),
-                "--weight-dtype", weight_dtype,
-            ]  # fmt: skip
-            files[g] = (tempfile.TemporaryFile(), tempfile.TemporaryFile())
-            procs[g] = subprocess.Popen(
-                cmd,
-                stdout=files[g][0],
-                stderr=files[g][1],
-                stdin=subprocess.DEVNULL,
-                env=child_env({GATE_CHILD_ENV: "1"}),
-                start_new_session=True,
-            )
-        deadline = time.monotonic() + timeout_s
-        for g, proc in procs.items():
-            timed_out = False
-            try:
-                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                kill_group(proc)
-                proc.wait()
-            stderr = _read(files[g][1])
-            if timed_out:
-                stderr += f"\n[rlnorm.kit.gates] killed after the {timeout_s:g} s timeout"
-            results[g] = _gate_result(proc.returncode, _read(files[g][0]), stderr, timed_out)
-    finally:
-        # children run in their own sessions (so a crash cannot take the parent's group down); if the
-        # parent is interrupted, end them here rather than leave them orphaned
-        for proc in procs.values():
-            if proc.poll() is None:
-                kill_group(proc)
-                proc.wait()
-        for out, err in files.values():
-            out.close()
-            err.close()
-    return results
-
-
-# ----------------------------------------------------------------------------- child entry point
-def _main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m rlnorm.kit.gates", description=__doc__.splitlines()[0])
-    ap.add_argument("--backend", required=True, help="registered key or package.module:attr")
-    ap.add_argument("--gate", required=True, choices=GATES)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--opts", default="{}", help="JSON of OpOptions fields")
-    ap.add_argument("--heads", type=int, default=2)
-    ap.add_argument("--d", type=int, default=128)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--weight-dtype", default="float32", choices=sorted(_DTYPES))
-    args = ap.parse_args(argv)
-    os.environ[GATE_CHILD_ENV] = "1"
-
-    opts = OpOptions(**json.loads(args.opts))
-    backend = load_backend(args.backend)
-    ok, why = backend.available(args.device)
-    if not ok:
-        print(f"backend {args.backend!r} unavailable on {args.device}: {why}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    ok, why = backend.supports(opts)
-    if not ok:
-        print(f"backend {args.backend!r} does not support {opts}: {why}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    if args.gate == "gradient" and not backend.has_backward:
-        print(f"backend {args.backend!r} has no backward", file=sys.stderr)
-        return EXIT_UNAVAILABLE
-    body = forward_gate if args.gate == "forward" else gradient_gate
-    body(
-        backend, opts, args.device, heads=args.heads, d=args.d, seed=args.seed,
-        weight_dtype=_DTYPES[args.weight_dtype], emit=lambda s: print(s, flush=True),
-    )  # fmt: skip
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main())
+    trail: Trail | None = None,
+) -> dict[str, Gate]:
+    """Both gates of `backend`, in this process: the backend's worker, where a crash or a hang ends the process and
+    is recorded as the backend's crash in check "contract_gates". A gate the backend raises in fails, with the end
+    of the traceback; the gradient gate of a forward-only backend is not taken (returncode 3)."""
+    gates: dict[str, Gate] = {}
+    for name, body in (("forward", forward_gate), ("gradient", gradient_gate)):
+        if name == "gradient" and not backend.has_backward:
+            gates[name] = _gate([], CANNOT, [f"backend {getattr(backend, 'key', '')!r} has no backward"])
+            continue
+        try:
+            lines = body(backend, opts, device, heads=heads, d=d, seed=seed, trail=trail)
+        except Exception:
+            tail = traceback.format_exc().strip().splitlines()[-TAIL_LINES:]
+            gates[name] = _gate([], RAISED, tail)
+        else:
+            gates[name] = _gate(lines, RAN, [])
+    return gates

@@ -3,14 +3,14 @@
 A record says which row differed, in which batch, by how much; its `rebuild` column is a JSON
 string holding everything needed to regenerate that exact batch (case size, width, seed, dtypes,
 options, and the slice or the sweep's seeded permutation). So a notebook reaches one failing row
-in one backend call instead of rerunning a whole check .
+in one backend call instead of rerunning a whole check.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,8 @@ import pandas as pd
 import torch
 
 from rlnorm.inputs import Case, make_case
+from rlnorm.kit.folders import write_atomic
+from rlnorm.kit.results import Record
 from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
@@ -82,52 +84,35 @@ def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
 # -- the records table --------------------------------------------------------------------------
 
 
-def records_frame(records: list[dict[str, Any]]) -> pd.DataFrame:
+def records_frame(records: list[Record] | list[dict[str, Any]]) -> pd.DataFrame:
     """Records -> DataFrame with exactly RECORD_COLUMNS, typed (an empty frame keeps the columns)."""
     if not isinstance(records, (list, tuple)):
-        raise TypeError(f"records: expected a list of dicts, got {type(records).__name__}")
-    for i, rec in enumerate(records):
-        if not isinstance(rec, Mapping):
-            raise TypeError(f"records[{i}]: expected a dict, got {type(rec).__name__}")
-        unknown = set(rec) - set(RECORD_COLUMNS)
+        raise TypeError(f"records: expected a list of Record, got {type(records).__name__}")
+    rows = [dataclasses.asdict(r) if isinstance(r, Record) else r for r in records]
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise TypeError(f"records[{i}]: expected a Record, got {type(row).__name__}")
+        unknown = set(row) - set(RECORD_COLUMNS)
         if unknown:
             raise ValueError(f"records[{i}]: unknown columns {sorted(unknown)}; expected a subset of {RECORD_COLUMNS}")
-    df = pd.DataFrame.from_records(list(records), columns=RECORD_COLUMNS)
-    return _typed(df)
+    return _typed(pd.DataFrame.from_records(rows, columns=RECORD_COLUMNS))
 
 
 def _typed(df: pd.DataFrame) -> pd.DataFrame:
     out = pd.DataFrame(index=range(len(df)))
     for col, dt in _COLUMN_DTYPES.items():
-        s = df[col] if col in df else pd.Series([None] * len(df))
-        s = s.reset_index(drop=True)
-        if dt == "Int64":
-            out[col] = pd.to_numeric(s, errors="raise").astype("Int64")
-        elif dt == "float64":
-            out[col] = pd.to_numeric(s, errors="raise").astype("float64")
-        else:
-            out[col] = s.astype("string")
+        s = (df[col] if col in df else pd.Series([None] * len(df))).reset_index(drop=True)
+        out[col] = s.astype("string") if dt == "string" else pd.to_numeric(s, errors="raise").astype(dt)
     return out
 
 
-def write_records(df: pd.DataFrame, path: str | os.PathLike) -> Path:
-    """Write the records as CSV atomically (temp file in the same folder, then os.replace)."""
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"df: expected a pandas DataFrame, got {type(df).__name__}")
+def write_records(records: list[Record] | pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write the records as CSV, whole or not at all."""
+    df = records if isinstance(records, pd.DataFrame) else records_frame(records)
     missing = [c for c in RECORD_COLUMNS if c not in df.columns]
     if missing:
-        raise ValueError(f"df: missing record columns {missing}")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            _typed(df[RECORD_COLUMNS]).to_csv(fh, index=False)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+        raise ValueError(f"records: missing record columns {missing}")
+    return write_atomic(path, _typed(df[RECORD_COLUMNS]).to_csv(index=False))
 
 
 def read_records(path: str | os.PathLike) -> pd.DataFrame:

@@ -1,27 +1,24 @@
-"""One backend's checks in a process of its own, so a crash, a hang or a poisoned device stays with that backend.
+"""Everything about one backend, in a process of its own: a crash, a hang or a poisoned device stays with it.
 
-    python -m rlnorm.kit.worker JOB.json [--hold | --batch]
+    python -m rlnorm.kit.worker JOB [--hold | --batch]        (JOB: the job as JSON text)
 
-`rlnorm.kit.steps.run_backends` writes JOB.json (the run's parameters, one backend spec, the device, a folder)
-and starts this module in a fresh interpreter, one per backend. It loads and probes the backend, runs every
-selected check, and writes into the folder as it goes:
+`run_backend` / `BackendWorker` start this module in a fresh interpreter (`rlnorm.kit.process`), one per backend.
+It loads and probes the backend, runs every selected check, the agreement output and the contract gates, and
+leaves in the job's folder:
 
-- `trail.json`: where the checks are, as a rebuild spec (`rlnorm.kit.records.rebuild_case` regenerates it):
-  rewritten before each batch a check gives the backend, except that the many small calls of a row-alone pass
-  (`rlnorm.kit.checks.alone`) rewrite it once per chunk of calls, naming the chunk's first call; so after a crash
-  it names the batch it died on, or the first call of the chunk it died in;
-- `result.json`: the backend's entry of the artifact and its records, rewritten after every check, so the checks
-  it finished stand if it dies in the next one;
+- `result.json`: a `WorkerReport` (the backend's `BackendResult`, its records, timings, the checks finished),
+  rewritten after every check, so what it finished stands if it dies in the next one;
+- `trail.json`: the breadcrumb, a rebuild spec of the batch the backend is being given (`records.rebuild_case`
+  regenerates it), so a crash names the check and batch it died on;
 - `agreement.pt`: its forward output on the agreement inputs, for the parent to form the matrix.
 
-With `--batch` the job is one rebuilt batch (`run_batch`): how a crash is reproduced without the run.
 With `--hold` it loads and probes the backend, then waits for the line `go` on stdin before its checks: the parent
-starts the next backend's process while this one works, so imports overlap checks on the CPU. End of input instead
-(the parent died, or closed the pipe without releasing it) ends the worker with its checks not run.
+starts the next backend's process while this one works, so imports overlap checks on the CPU; end of input instead
+(the parent is gone) ends it with no check run. With `--batch` the job is one rebuilt batch (`run_batch`): how a
+crash is reproduced without the run.
 
-A check that raises is a recorded finding and the next check runs. A device left in an error state is not: the
-process's CUDA context is lost, so every later check would fail for that reason and not its own. The worker then
-records the error and exits with `EXIT_DEVICE_ERROR`.
+A check that raises is a recorded finding and the next check runs. A device left in an error state is not: every
+later check would fail for that reason and not its own, so the worker records it and exits `EXIT_DEVICE_ERROR`.
 """
 
 from __future__ import annotations
@@ -29,28 +26,37 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-from rlnorm.kit import checks
-from rlnorm.kit.backends import describe_error, load_backend
+from rlnorm.kit import checks, gates
+from rlnorm.kit.backends import Backend, describe_error, load_backend
+from rlnorm.kit.folders import write_atomic
 from rlnorm.kit.params import RunParams, load_params
-from rlnorm.kit.records import rebuild_case
+from rlnorm.kit.process import Child, Ended, run_child
+from rlnorm.kit.records import REBUILD_VERSION, rebuild_case
+from rlnorm.kit.results import (
+    Accuracy,
+    AllRows,
+    BackendResult,
+    BatchInvariance,
+    Crash,
+    Record,
+    SubBatches,
+    Sweep,
+    from_json,
+    to_json,
+)
+from rlnorm.options import OpOptions
 
-__all__ = [
-    "AGREEMENT_FILE",
-    "EXIT_DEVICE_ERROR",
-    "RESULT_FILE",
-    "TRAIL_FILE",
-    "Worker",
-    "blank_result",
-    "check_calls",
-    "main",
-]
+__all__ = ["EXIT_DEVICE_ERROR", "PLAIN_ENV", "BackendWorker", "WorkerReport", "main", "run_backend", "run_batch"]
 
 # set by the command line when its output is not a terminal: progress as lines, never redrawn bars
 PLAIN_ENV = "RLNORM_PROGRESS_PLAIN"
@@ -58,209 +64,200 @@ RESULT_FILE = "result.json"
 TRAIL_FILE = "trail.json"
 AGREEMENT_FILE = "agreement.pt"
 EXIT_DEVICE_ERROR = 70  # the device is in an error state; what was finished is in result.json
-# the checks a worker runs, in the order a run reports them (agreement and the gates are not per-backend checks)
 CHECK_ORDER = (*checks.INVARIANCE_CHECKS, "accuracy_latency")
 
 
-def blank_result(key: str, backend: Any | None) -> dict[str, Any]:
-    """A backend's artifact entry before anything has run."""
-    return {
-        "source": getattr(backend, "source", "") or key,
-        "backward": "full" if getattr(backend, "has_backward", False) else "none",
-        "status": "skipped",
-        "skip_reason": "",
-        "batch_invariance": {},
-        "accuracy_latency": None,
-        "contract_gates": None,
-        "errors": {},
-    }
+@dataclass
+class WorkerReport:
+    """What one backend's process hands back."""
+
+    result: BackendResult
+    records: list[Record] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)  # check -> seconds
+    finished: list[str] = field(default_factory=list)  # the checks that ran to their end, in order
+    device_error: dict[str, str] | None = None  # {check, error}: the device was lost in that check
+    seconds: float = 0.0  # the process, from release to its end
+    agreement_output: Any = field(default=None, metadata={"json": False})  # a CPU tensor, from agreement.pt
 
 
-def check_calls(params: RunParams, device: str) -> dict[str, Callable[[Any], Any]]:
-    """check name -> f(backend) calling rlnorm.kit.checks with the run's sizes and seeds."""
+# -- shim until run_check: today's check functions, with the signatures and types of checks.run_check ------------
+class _Trail:  # shim until checks.Trail
+    def __init__(self, write: Callable[[dict[str, Any]], None]) -> None:
+        self.write, self.where = write, {}
+
+    def case(self, check: str, case_spec: dict[str, Any], opts: OpOptions) -> None:
+        self.where = {"v": REBUILD_VERSION, "check": check, "case": case_spec, "opts": opts.as_dict()}
+
+    def batch(self, batch_spec: dict[str, Any]) -> None:
+        self.write({**self.where, "batch": batch_spec})
+
+
+_SUMMARY: dict[str, Any] = {
+    "all_rows": AllRows,
+    "full_vs_sub_batches": SubBatches,
+    "batch_size_sweep": Sweep,
+    "accuracy_latency": Accuracy,
+}
+
+
+def _run_check(name: str, backend: Backend, params: RunParams, device: str, trail: _Trail) -> SimpleNamespace:
     p = params
-    common = {
-        "opts": p.op_options(),
-        "device": device,
-        "d": p.d,
-        "weight_dtype": getattr(torch, p.weight_dtype),
-        "progress": p.progress and os.environ.get(PLAIN_ENV) != "1",
-    }
+    common = {"opts": p.op_options(), "device": device, "d": p.d, "weight_dtype": getattr(torch, p.weight_dtype)}
+    common["progress"] = p.progress and os.environ.get(PLAIN_ENV) != "1"
     capped = {**common, "max_records": p.max_records}
-    return {
-        "all_rows": lambda b: checks.all_rows(b, ns=p.all_rows_sizes, seeds=p.all_rows_seeds, **capped),
-        "dweight_repeatable": lambda b: checks.dweight_repeatable(
-            b, rows=p.dweight_rows, seed=p.dweight_seed, **capped
+    calls = {
+        "all_rows": lambda: checks.all_rows(backend, ns=p.all_rows_sizes, seeds=p.all_rows_seeds, **capped),
+        "dweight_repeatable": lambda: checks.dweight_repeatable(
+            backend, rows=p.dweight_rows, seed=p.dweight_seed, **capped
         ),
-        "full_vs_sub_batches": lambda b: checks.full_vs_sub_batches(
-            b,
-            full_rows=p.sub_batches_rows,
-            sub_sizes=p.sub_batch_sizes,
-            seeds=p.sub_batches_seeds,
-            coverage=p.coverage,
-            **capped,
+        "full_vs_sub_batches": lambda: checks.full_vs_sub_batches(
+            backend, full_rows=p.sub_batches_rows, sub_sizes=p.sub_batch_sizes, seeds=p.sub_batches_seeds,
+            coverage=p.coverage, **capped,
         ),
-        "batch_size_sweep": lambda b: checks.batch_size_sweep(
-            b, n=p.sweep_n, sizes=p.sweep_sizes, probe_rows=p.sweep_probe_rows, seeds=p.sweep_seeds, **capped
+        "batch_size_sweep": lambda: checks.batch_size_sweep(
+            backend, n=p.sweep_n, sizes=p.sweep_sizes, probe_rows=p.sweep_probe_rows, seeds=p.sweep_seeds, **capped
         ),
-        "accuracy_latency": lambda b: checks.accuracy_latency(
-            b,
-            rows=p.accuracy_rows,
-            seed=p.accuracy_seed,
-            timing=p.timing,
-            warmup=p.timing_warmup,
-            iters=p.timing_iters,
-            **common,
+        "accuracy_latency": lambda: checks.accuracy_latency(
+            backend, rows=p.accuracy_rows, seed=p.accuracy_seed, timing=p.timing, warmup=p.timing_warmup,
+            iters=p.timing_iters, **common,
         ),
-    }
+    }  # fmt: skip
+    try:
+        with checks.following(trail.write):
+            got = calls[name]()
+    except Exception as exc:
+        return SimpleNamespace(summary=None, records=[], error=describe_error(exc))
+    s = got.summary
+    summary = from_json(_SUMMARY[name], s) if name in _SUMMARY else SimpleNamespace(**s)
+    names = Record.__dataclass_fields__
+    records = [
+        from_json(Record, {**{k: r.get(k) for k in names}, "backend": backend.key, "check": name}) for r in got.records
+    ]
+    return SimpleNamespace(summary=summary, records=records, error=s.get("error") and str(s["error"]))
 
 
-def _replace_whole(path: Path, write: Callable[[Path], None]) -> None:
-    """Whole or not at all: a reader (the parent, after this process died) never sees half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    write(tmp)
-    os.replace(tmp, path)
+def _agreement_output(backend: Backend, params: RunParams, device: str, trail: _Trail) -> torch.Tensor:
+    p = params
+    with checks.following(trail.write):
+        return checks.agreement_output(
+            backend, p.op_options(), device, rows=p.agreement_rows, seed=p.agreement_seed, d=p.d,
+            weight_dtype=getattr(torch, p.weight_dtype),
+        )  # fmt: skip
 
 
-def _write_json(path: Path, doc: Any) -> None:
-    _replace_whole(path, lambda tmp: tmp.write_text(json.dumps(doc, allow_nan=True), encoding="utf-8"))
+def _batch_invariant(inv: BatchInvariance) -> bool | None:  # shim until checks.batch_invariant(inv)
+    dw = None if inv.dweight_repeatable is None else {"dweight_repeatable": inv.dweight_repeatable}
+    parts = (inv.all_rows, inv.full_vs_sub_batches, inv.batch_size_sweep)
+    a, sub, sweep = (None if s is None else to_json(s) for s in parts)
+    return checks.batch_invariant(a, dw, sub, sweep)
 
 
-class Worker:
-    """The child's side: one backend, its checks, and the files the parent reads back."""
+# -- the worker's side -----------------------------------------------------------------------------------------------
+def _probe(spec: str, params: RunParams, device: str, report: WorkerReport) -> Backend | None:
+    """The loaded backend when it can run here; else the result says why, and None."""
+    try:
+        backend = load_backend(spec)
+    except Exception as exc:  # a custom path that does not resolve: its own finding, never the run's end
+        report.result.skip_reason = f"cannot load: {describe_error(exc)}"
+        return None
+    backward = "full" if backend.has_backward else "none"
+    report.result = BackendResult(source=backend.source or spec, backward=backward, status="skipped", errors={})
+    opts = params.op_options()
+    try:
+        ok, why = backend.available(device)
+        if ok:
+            ok, why = backend.supports(opts)
+            why = f"does not support {opts.as_dict()}: {why}" if not ok else ""
+    except Exception as exc:  # available() promises not to raise; a custom one might
+        ok, why = False, f"probe raised {describe_error(exc)}"
+    if not ok:
+        report.result.skip_reason = why or "no reason given"
+        return None
+    report.result.status = "ran"
+    return backend
 
-    def __init__(self, job: dict[str, Any]) -> None:
-        self.spec: str = job["backend"]
-        self.device: str = job["device"]
-        self.folder = Path(job["folder"])
-        self.params = load_params(job["params"])
-        self.result = blank_result(self.spec, None)
-        self.records: list[dict[str, Any]] = []
-        self.finished: list[str] = []
-        self.timings: dict[str, float] = {}
-        self.device_error: dict[str, str] | None = None
 
-    def save(self) -> None:
-        _write_json(
-            self.folder / RESULT_FILE,
-            {
-                "result": self.result,
-                "records": self.records,
-                "finished": self.finished,
-                "timings": self.timings,
-                "device_error": self.device_error,
-            },
-        )
+def work(job: dict[str, Any], hold: bool = False) -> int:
+    """One backend's checks, agreement output and gates, as the job says; the worker's exit status."""
+    spec, device, folder = job["backend"], job["device"], Path(job["folder"])
+    params = load_params(job["params"])
+    report = WorkerReport(BackendResult(source=spec, backward="none", status="failed", errors={}))
 
-    def say(self, text: str) -> None:
-        if self.params.progress:
-            print(f"{self.spec}: {text}", file=sys.stderr, flush=True)
+    def save() -> None:
+        write_atomic(folder / RESULT_FILE, json.dumps(to_json(report)))
 
-    def probe(self) -> Any | None:
-        """The loaded backend when it can run here; else the result says why and None."""
-        try:
-            backend = load_backend(self.spec)
-        except Exception as exc:  # a custom path that does not resolve: its own finding, never the run's end
-            self.result["status"] = "failed"
-            self.result["skip_reason"] = f"cannot load: {describe_error(exc)}"
-            return None
-        self.result = blank_result(self.spec, backend)
-        opts = self.params.op_options()
-        try:
-            ok, why = backend.available(self.device)
-            if ok:
-                ok, why = backend.supports(opts)
-                why = f"does not support {opts.as_dict()}: {why}" if not ok else ""
-        except Exception as exc:  # available() promises not to raise; a custom one might
-            ok, why = False, f"probe raised {describe_error(exc)}"
-        if not ok:
-            self.result["skip_reason"] = why
-            return None
-        self.result["status"] = "ran"
-        return backend
+    def say(text: str) -> None:
+        if params.progress:
+            print(f"{spec}: {text}", file=sys.stderr, flush=True)
 
-    def run(self, hold: bool = False) -> int:
-        trail = self.folder / TRAIL_FILE
-        backend = self.probe()
-        self.save()
-        if backend is None:
-            return 0
-        # started ahead of its turn: imports and probe are done, the checks wait for the parent's "go"; end of input
-        # means the parent is gone, and a worker nobody reads must not run every check
-        if hold and sys.stdin.readline().strip() != "go":
-            return 0
-        selected = [c for c in CHECK_ORDER if c in self.params.checks]
-        calls = check_calls(self.params, self.device)
-        summaries: dict[str, Any] = {}
-        with checks.following(lambda spec: _write_json(trail, spec)):
-            for i, name in enumerate(selected, 1):
-                self.say(f"[{i}/{len(selected)}] {name}")
-                t0 = time.time()
-                try:
-                    result = calls[name](backend)
-                except Exception as exc:
-                    self.result["errors"][name] = describe_error(exc)
-                else:
-                    self._keep(name, result, summaries)
-                self.timings[name] = round(time.time() - t0, 2)
-                lost = backend.device_lost(self.device)
-                if lost is not None:
-                    self.device_error = {"check": name, "error": lost}
-                    self.save()
-                    return EXIT_DEVICE_ERROR
-                self.finished.append(name)
-                self.save()
-            if "agreement" in self.params.checks:
-                self._agreement(backend)
-        if any(c in selected for c in checks.INVARIANCE_CHECKS):
-            self.result["batch_invariance"]["batch_invariant"] = checks.batch_invariant(
-                *(summaries.get(name) for name in checks.INVARIANCE_CHECKS)
-            )
-        self.save()
+    backend = _probe(spec, params, device, report)
+    save()
+    # held: imports and probe are done; end of input means the parent is gone, and nobody would read the checks
+    if backend is None or (hold and sys.stdin.readline().strip() != "go"):
         return 0
+    result, errors = report.result, report.result.errors
+    assert errors is not None
+    trail = _Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
+    selected = [c for c in CHECK_ORDER if c in params.checks]
+    if any(c in checks.INVARIANCE_CHECKS for c in selected):
+        result.batch_invariance = BatchInvariance()
+    steps: list[tuple[str, Callable[[], None]]] = [(name, lambda name=name: keep(name)) for name in selected]
+    if "agreement" in params.checks:
+        steps.append(("agreement", lambda: agreement()))
+    if "contract_gates" in params.checks:
+        steps.append(("contract_gates", lambda: gate()))
 
-    def _keep(self, name: str, result: Any, summaries: dict[str, Any]) -> None:
-        summary = result.summary
-        if isinstance(summary, dict) and summary.get("error"):
-            self.result["errors"][name] = str(summary["error"])  # a check that caught its own failure
+    def keep(name: str) -> None:
+        out = _run_check(name, backend, params, device, trail)
+        if out.error:
+            errors[name] = out.error
+        inv = result.batch_invariance
+        if out.summary is None:
+            return
         if name == "accuracy_latency":
-            self.result["accuracy_latency"] = summary
+            result.accuracy_latency = out.summary
         elif name == "dweight_repeatable":
-            summaries[name] = summary
-            self.result["batch_invariance"][name] = summary.get("dweight_repeatable")
+            inv.dweight_repeatable = out.summary.dweight_repeatable  # type: ignore[union-attr]
         else:
-            summaries[name] = summary
-            self.result["batch_invariance"][name] = summary
-        # the worker's own names win: a record that names another backend or check would be filed under it
-        self.records.extend({**r, "backend": self.spec, "check": name} for r in result.records)
+            setattr(inv, name, out.summary)
+        report.records.extend(out.records)
 
-    def _agreement(self, backend: Any) -> None:
-        p = self.params
-        self.say("agreement output")
+    def agreement() -> None:
+        y = _agreement_output(backend, params, device, trail)
+        write_atomic(folder / AGREEMENT_FILE, lambda fh: torch.save(y.cpu(), fh))
+
+    def gate() -> None:
+        result.contract_gates = gates.run_gates(backend, params.op_options(), device, d=params.d, trail=trail)
+
+    for i, (name, step) in enumerate(steps, 1):
+        say(f"[{i}/{len(steps)}] {name}")
+        t0 = time.time()
         try:
-            y = checks.agreement_output(
-                backend,
-                p.op_options(),
-                self.device,
-                rows=p.agreement_rows,
-                seed=p.agreement_seed,
-                d=p.d,
-                weight_dtype=getattr(torch, p.weight_dtype),
-            )
-            _replace_whole(self.folder / AGREEMENT_FILE, lambda tmp: torch.save(y.cpu(), tmp))
-        except Exception as exc:
-            self.result["errors"]["agreement"] = describe_error(exc)
+            step()
+        except Exception as exc:  # a check raised outside what it catches itself: its finding, the next one runs
+            errors[name] = describe_error(exc)
+        report.timings[name] = round(time.time() - t0, 2)
+        lost = backend.device_lost(device)
+        if lost is not None:
+            report.device_error = {"check": name, "error": lost}
+            save()
+            return EXIT_DEVICE_ERROR
+        report.finished.append(name)
+        if result.batch_invariance is not None:
+            result.batch_invariance.batch_invariant = _batch_invariant(result.batch_invariance)
+        save()
+    return 0
 
 
-def run_batch(job: dict[str, Any]) -> int:
-    """One batch, rebuilt from a rebuild spec (a crashed backend's trail), given to one backend the way a check
-    gives it: the forward, then forward and backward where the backend has one. Exit 0 if it survives."""
+def _batch(job: dict[str, Any]) -> int:
+    """One rebuilt batch given to one backend as a check gives it: the forward, then forward and backward where it
+    has one. Exit 0 if it survives."""
     backend = load_backend(job["backend"])
     rb = rebuild_case(job["rebuild"], device=job["device"])
     batch = rb.batch
     print(f"{job['backend']}: a batch of {batch.x.shape[0]} rows from {rb.check}", file=sys.stderr, flush=True)
     backend.forward(batch.x, batch.z, batch.w, rb.opts)
-    if getattr(backend, "has_backward", False):
+    if backend.has_backward:
         backend.forward_backward(batch.x, batch.z, batch.w, batch.dy, rb.opts)
     if torch.device(job["device"]).type == "cuda":
         torch.cuda.synchronize(job["device"])
@@ -270,14 +267,131 @@ def run_batch(job: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    hold = "--hold" in args
-    batch = "--batch" in args
-    args = [a for a in args if a not in ("--hold", "--batch")]
-    if len(args) != 1:
-        print("usage: python -m rlnorm.kit.worker JOB.json [--hold | --batch]", file=sys.stderr)
+    mode = [a for a in args if a in ("--hold", "--batch")]
+    args = [a for a in args if a not in mode]
+    if len(args) != 1 or len(mode) > 1:
+        print("usage: python -m rlnorm.kit.worker JOB [--hold | --batch]", file=sys.stderr)
         return 2
-    job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    return run_batch(job) if batch else Worker(job).run(hold)
+    job = json.loads(args[0])
+    return _batch(job) if mode == ["--batch"] else work(job, hold=mode == ["--hold"])
+
+
+# -- the parent's side -----------------------------------------------------------------------------------------------
+def _argv(job: dict[str, Any], mode: str) -> list[str]:
+    return [sys.executable, "-m", "rlnorm.kit.worker", json.dumps(job), mode]
+
+
+class BackendWorker:
+    """One backend's worker: started at once (its imports and probe may run ahead of its turn, held before its
+    checks), then finished within a time limit counted from its release."""
+
+    def __init__(
+        self,
+        spec: str,
+        params: RunParams,
+        device: str,
+        relay: Callable[[str], None] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.spec = spec
+        self._tmp = tempfile.TemporaryDirectory(prefix="rlnorm-backend-")
+        self.folder = Path(self._tmp.name)
+        job = {"backend": spec, "device": device, "folder": str(self.folder), "params": params.as_dict()}
+        self.child = Child(_argv(job, "--hold"), env=env, hold=True, relay=relay)
+
+    def finish(self, timeout_s: float) -> WorkerReport:
+        """Wait at most `timeout_s` seconds after release; never raises for what the child did."""
+        try:
+            return self._read_back(self.child.wait(timeout_s))
+        finally:
+            self._tmp.cleanup()
+
+    def close(self) -> None:
+        """End the worker and its folder, whatever state it is in."""
+        self.child.kill()
+        self._tmp.cleanup()
+
+    def _read(self, name: str) -> Any:
+        try:
+            return json.loads((self.folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _read_back(self, ended: Ended) -> WorkerReport:
+        saved = self._read(RESULT_FILE)
+        if saved is None:
+            failed = BackendResult(source=self.spec, backward="none", status="failed", errors={})
+            failed.skip_reason = "its process exited without writing a result"
+            report = WorkerReport(failed)
+        else:
+            report = from_json(WorkerReport, saved)
+        report.seconds = ended.seconds
+        errors = report.result.errors if report.result.errors is not None else {}
+        if (self.folder / AGREEMENT_FILE).is_file():
+            try:
+                report.agreement_output = torch.load(self.folder / AGREEMENT_FILE, map_location="cpu")
+            except Exception as exc:  # one backend's bad file is its missing output, never the run's end
+                errors["agreement"] = f"its agreement output does not load: {describe_error(exc)}"
+        if not ended.ok:
+            _ended_early(report, self._read(TRAIL_FILE), ended)
+        return report
+
+
+def _ended_early(report: WorkerReport, trail: dict[str, Any] | None, ended: Ended) -> None:
+    """Mark the result crashed or timed out, with where it was: the trail's batch, unless the device said more."""
+    result, dev = report.result, report.device_error
+    cause = ended.cause
+    if ended.returncode == EXIT_DEVICE_ERROR and dev and not ended.timed_out:
+        cause = f"device error: {dev['error']}"
+    batch = (trail or {}).get("batch") or {}
+    size = batch.get("m") if batch.get("kind") == "sweep" else batch.get("size")
+    check = (dev or {}).get("check") or (trail or {}).get("check")
+    if check is None and not report.finished and result.status != "ran":
+        check = "loading the backend"
+    result.status = "timed_out" if ended.timed_out else "crashed"
+    where = f" in {check}" + (f" at a batch of {size} rows" if size is not None else "") if check else ""
+    result.skip_reason = f"{cause}{where}"
+    result.crash = Crash(
+        cause=cause,
+        signal=ended.signal,
+        exit_code=ended.exit_code,
+        timed_out=ended.timed_out,
+        check=check,
+        batch_size=None if size is None else int(size),
+        rebuild=trail,
+        finished_checks=list(report.finished),
+        seconds=ended.seconds,
+        stderr_tail=ended.stderr_tail,
+    )
+
+
+def run_backend(
+    spec: str,
+    params: RunParams,
+    device: str,
+    timeout_s: float,
+    relay: Callable[[str], None] | None = None,
+    env: dict[str, str] | None = None,
+) -> WorkerReport:
+    """Everything about one backend in its own process, for at most `timeout_s` seconds; never raises for what the
+    child does: a crash, an exit, a hang or a lost device becomes status `crashed` / `timed_out` with a `crash`
+    (cause, the check and batch it was on, the checks it finished, the end of its stderr), and what it finished
+    stands. `relay` receives each line the child prints (its progress)."""
+    return BackendWorker(spec, params, device, relay, env).finish(timeout_s)
+
+
+def run_batch(spec: str, rebuild: dict[str, Any], device: str, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Give one backend one rebuilt batch in a process of its own; say how that process ended:
+    {"survived", "cause" ("ran to the end" or how it died), "signal", "exit_code", "stderr_tail", "seconds"}."""
+    ended = run_child(_argv({"backend": spec, "device": device, "rebuild": rebuild}, "--batch"), timeout_s)
+    return {
+        "survived": ended.ok,
+        "cause": "ran to the end" if ended.ok else ended.cause,
+        "signal": ended.signal,
+        "exit_code": ended.exit_code,
+        "stderr_tail": ended.stderr_tail,
+        "seconds": ended.seconds,
+    }
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 import traceback
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from torch import Tensor
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, describe_error
 from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.kit.process import run_child
 from rlnorm.options import OpOptions
 
 __all__ = [
@@ -247,24 +247,23 @@ def probe(device: str) -> dict[str, Any]:
 
 
 def run_probe(device: str, timeout_s: float = _PROBE_TIMEOUT_S, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """`probe(device)` in a child process; a crash, hang or unreadable answer is described, never raised."""
-    extra = dict(env or {})
-    child_env = {**os.environ, **extra}
-    # what `env` puts on the path first (tests plant a vllm there), then the kit's own import path, as the parent's
-    paths = [extra.get("PYTHONPATH", ""), *sys.path, os.environ.get("PYTHONPATH", "")]
-    child_env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    cmd = [sys.executable, "-m", "rlnorm.kit.backends.vllm", "--probe", device]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=child_env)
-    except subprocess.TimeoutExpired:
+    """`probe(device)` in a child process; a crash, hang or unreadable answer is described, never raised.
+    `env` is laid over the child's environment (what it puts on PYTHONPATH goes first: tests plant a vllm there)."""
+    ended = run_child(
+        [sys.executable, "-m", "rlnorm.kit.backends.vllm", "--probe", device], timeout_s, env=env, stdout=True
+    )
+    if ended.timed_out:
         return {"device": device, "stage": "child", "error": f"the probe child did not finish in {timeout_s:.0f} s"}
-    for line in reversed(proc.stdout.splitlines()):
+    for line in reversed(ended.stdout.splitlines()):
         if line.startswith(_PROBE_MARK):
             return json.loads(line[len(_PROBE_MARK) :])
-    tail = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    tail = [ln for ln in ended.stderr_tail.strip().splitlines() if ln.strip()]
     last = tail[-1][:500] if tail else "(no stderr)"
-    how = f"was killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited {proc.returncode}"
-    return {"device": device, "stage": "child", "error": f"the probe child {how} before answering; last line: {last}"}
+    return {
+        "device": device,
+        "stage": "child",
+        "error": f"the probe child {ended.cause} before answering; last line: {last}",
+    }
 
 
 def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
