@@ -1,8 +1,11 @@
-"""The runner's steps on fast CPU backends (no notebook, no gates): one backend failing or one check
-raising never stops a run, the verdict is honest about what ran, and what is written is valid."""
+"""The run's steps on fast CPU backends (no notebook): one backend failing or one check raising never stops a run,
+the verdict is honest about what ran, a step after the backends that raises costs nothing that stands, and what is
+written is valid."""
 
 from __future__ import annotations
 
+import copy
+import json
 from pathlib import Path
 
 import pandas as pd
@@ -10,12 +13,12 @@ import pytest
 import torch
 from conftest import TINY_SIZES
 
-from rlnorm.kit import checks, steps
-from rlnorm.kit.artifact import read_artifact
+from rlnorm.kit import steps
+from rlnorm.kit.artifact import load_artifact, validate_artifact
 from rlnorm.kit.backends import Backend, Grads
 from rlnorm.kit.params import ParamsError, RunParams, load_params
+from rlnorm.kit.results import load_run
 from rlnorm.options import OpOptions
-from rlnorm.report import tables
 
 FAULT = "rlnorm.kit.faults:BatchSizeDependentOutput"
 
@@ -85,16 +88,14 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
     )
     run = steps.start_run(params)
     steps.run_backends(run)
-    steps.run_gates(run)  # not selected: a no-op that still returns a table
     steps.run_agreement(run)
-    tables.make_plots(run)
     steps.finish(run)
     return run
 
 
 def test_every_backend_is_listed_with_a_status(finished_run: steps.Run) -> None:
-    table = tables.backend_table(finished_run)
-    assert list(table.index) == [
+    r = finished_run.result.results
+    assert list(r) == [
         "reference",
         "fla_fused_norm_gate",
         FAULT,
@@ -102,91 +103,153 @@ def test_every_backend_is_listed_with_a_status(finished_run: steps.Run) -> None:
         "test_steps:NoBackwardFault",
         "test_steps:no_such_attr",
     ]
-    assert table.loc["reference", "status"] == "ran"
-    assert table.loc["fla_fused_norm_gate", "status"] == "skipped" and table.loc["fla_fused_norm_gate", "why"]
-    assert table.loc["test_steps:no_such_attr", "status"] == "failed"
-    assert "no attribute" in table.loc["test_steps:no_such_attr", "why"]
-    assert table.loc["test_steps:NoBackwardFault", "backward"] == "none"
+    assert r["reference"].status == "ran"
+    assert r["fla_fused_norm_gate"].status == "skipped" and r["fla_fused_norm_gate"].skip_reason
+    assert (
+        r["test_steps:no_such_attr"].status == "failed" and "no attribute" in r["test_steps:no_such_attr"].skip_reason
+    )
+    assert r["test_steps:NoBackwardFault"].backward == "none"
 
 
 def test_a_check_that_raises_is_recorded_and_the_run_goes_on(finished_run: steps.Run) -> None:
-    res = finished_run.results["test_steps:ExplodingSweep"]
-    assert res["status"] == "ran"
-    assert "batch_size_sweep" in res["errors"] and "planted: 9 rows" in res["errors"]["batch_size_sweep"]
-    bi = res["batch_invariance"]
-    assert bi["all_rows"]["7"]["fwd_differ"] == 0, "the checks before and after the failing one still ran"
-    assert res["accuracy_latency"]["rows"] == 31
-    assert bi["batch_invariant"] is None, "no verdict when a batch-invariance check raised"
+    res = finished_run.result.results["test_steps:ExplodingSweep"]
+    assert res.status == "ran" and "planted: 9 rows" in res.errors["batch_size_sweep"]
+    bi = res.batch_invariance
+    assert bi.all_rows.sizes[7].fwd_differ == 0, "the checks before and after the failing one still ran"
+    assert res.accuracy_latency.rows == 31
+    assert bi.batch_invariant is None, "no verdict when a batch-invariance check raised"
 
 
 def test_verdicts_are_honest(finished_run: steps.Run) -> None:
-    r = finished_run.results
-    assert r["reference"]["batch_invariance"]["batch_invariant"] is True
-    assert r[FAULT]["batch_invariance"]["batch_invariant"] is False
-    nb = r["test_steps:NoBackwardFault"]["batch_invariance"]
-    assert nb["dweight_repeatable"] is None and nb["batch_invariant"] is False
+    r = finished_run.result.results
+    assert r["reference"].batch_invariance.batch_invariant is True
+    assert r[FAULT].batch_invariance.batch_invariant is False
+    nb = r["test_steps:NoBackwardFault"].batch_invariance
+    assert nb.dweight_repeatable is None and nb.batch_invariant is False
     fused = r["fla_fused_norm_gate"]
-    assert fused["batch_invariance"] == {} and fused["accuracy_latency"] is None
+    assert fused.batch_invariance is None and fused.accuracy_latency is None
 
 
-def verdict(summaries: dict) -> bool | None:
-    return checks.batch_invariant(*(summaries.get(name) for name in checks.INVARIANCE_CHECKS))
-
-
-def test_verdict_rule() -> None:
-    clean = {
-        "all_rows": {"7": {"rows": 7, "fwd_differ": 0, "rowgrad_differ": 0}},
-        "dweight_repeatable": {"dweight_repeatable": True},
-        "full_vs_sub_batches": {"fwd_differ": 0, "rowgrad_differ": 0},
-        "batch_size_sweep": {"differ": 0},
-    }
-    assert verdict(clean) is True
-    assert verdict({**clean, "batch_size_sweep": {"differ": 1}}) is False
-    assert verdict({**clean, "dweight_repeatable": {"dweight_repeatable": False}}) is False
-    missing = {k: v for k, v in clean.items() if k != "full_vs_sub_batches"}
-    assert verdict(missing) is None
-    assert verdict({**missing, "all_rows": {"7": {"fwd_differ": 2}}}) is False
-
-
-def test_artifact_records_and_plots_are_written(finished_run: steps.Run) -> None:
+def test_artifact_and_records_are_written(finished_run: steps.Run) -> None:
     out = Path(finished_run.params.output_dir)
-    art = read_artifact(out / steps.ARTIFACT_FILE)
-    assert art["quick"] is True and art["records"] == steps.RECORDS_FILE
-    assert "staging_dir" not in art["params"], "a temp path says nothing to a reader"
-    assert load_params({k: v for k, v in art["params"].items()}).name == "unit", "the recorded params reload"
-    assert set(art["results"]) == set(finished_run.results)
-    assert art["agreement"]["backends"] == [k for k, r in finished_run.results.items() if r["status"] == "ran"]
-    for rel in art["plots"].values():
-        assert (out / rel).read_bytes()[:4] == b"\x89PNG"
+    art = load_artifact(out / steps.ARTIFACT_FILE)
+    assert art.quick is True and art.records == steps.RECORDS_FILE and art.failed_steps is None
+    assert "staging_dir" not in art.params, "a temp path says nothing to a reader"
+    assert load_params(dict(art.params)).name == "unit", "the recorded params reload"
+    assert list(art.results) == list(finished_run.result.results)
+    assert art.agreement.backends == [k for k, r in art.results.items() if r.status == "ran"]
     df = pd.read_csv(out / steps.RECORDS_FILE)
     assert set(df["backend"]) == {FAULT, "test_steps:NoBackwardFault"}
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
+    t = finished_run.timings
+    assert t["backends"] > 0 and "reference:all_rows" in t and t["reference"] > 0
 
 
-def test_tables_for_the_notebook(finished_run: steps.Run) -> None:
-    inv = tables.invariance_table(finished_run)
-    assert inv.loc["reference", "batch_invariant"] is True and inv.loc["reference", "all_rows fwd_differ"] == 0
-    assert "batch_size_sweep" in inv.loc["test_steps:ExplodingSweep", "errors"]
-    acc = tables.accuracy_table(finished_run)
-    assert "fla_fused_norm_gate" not in acc.index and acc.loc["reference", "rows"] == 31
-    assert "*" not in acc.loc["reference", "fwd us (p20-p80)"]  # the CPU clock never runs host bound
-    star = tables._span({"fwd_us": 64.0, "fwd_us_p20": 63.0, "fwd_us_p80": 65.0, "host_bound": {"fwd": True}}, "fwd_us")
-    assert star == "64.0* (63.0-65.0)"
-    assert tables._span({"fwd_bwd_us": 9.0, "host_bound": {"fwd": True}}, "fwd_bwd_us") == "9.0"
-    params = tables.params_table(finished_run)
-    assert "staging_dir" not in params.index and params.loc["sweep_n", "full protocol"] == "4097"
-    env = tables.environment_table(finished_run)
-    assert env.loc["torch", "value"] == torch.__version__ and "commit" in env.index
-    verdict = tables.verdict_markdown(finished_run)
-    assert "**reference**: batch invariant" in verdict and f"**{FAULT}**: **not** batch invariant" in verdict
-    assert "**fla_fused_norm_gate**: skipped" in verdict
-    assert "CPU run" in tables.device_notice(finished_run)
-    summary = finished_run.timings
-    assert summary["backends"] > 0 and "reference:all_rows" in summary and summary["reference"] > 0
-    slow = tables.time_table(finished_run, top=3)
-    assert len(slow) == 3 and list(slow["seconds"]) == sorted(slow["seconds"], reverse=True)
+# -- a step after the backends that raises ----------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def backends_done(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
+    """One backend run, the state every step-failure test starts from."""
+    out = tmp_path_factory.mktemp("steps") / "done"
+    checks = ["all_rows", "agreement", "trainer_sampler"]
+    run = steps.start_run(load_params({**TINY, "backends": ["reference"], "checks": checks, "output_dir": str(out)}))
+    steps.run_backends(run)
+    return run
 
 
+def _resume(done: steps.Run, tmp_path: Path) -> steps.Run:
+    """A copy of the run after its backends, staged in a folder of the test's own."""
+    place_at = tmp_path / "run"
+    run = steps.Run(
+        params=done.params,
+        device=done.device,
+        result=copy.deepcopy(done.result),
+        out=tmp_path / ".staging",
+        place_at=place_at,
+        records=list(done.records),
+        agreement_outputs=dict(done.agreement_outputs),
+    )
+    run.out.mkdir()
+    steps.write(run)
+    return run
+
+
+def _planted(*args: object, **kwargs: object) -> None:
+    raise RuntimeError("planted step failure")
+
+
+def _failed_and_placed(run: steps.Run, step: str) -> None:
+    """The step is recorded, every backend's result stands, the folder is placed whole, and the run fails."""
+    (failure,) = run.result.failed_steps
+    assert failure.step == step and failure.error == "RuntimeError: planted step failure"
+    assert any("planted step failure" in line for line in failure.traceback)
+    with pytest.raises(steps.StepsFailed, match=step):
+        steps.finish(run)
+    doc = json.loads((run.out / steps.ARTIFACT_FILE).read_text())
+    validate_artifact(doc)
+    placed = load_run(run.out)
+    assert [f.step for f in placed.failed_steps] == [step]
+    ref = placed.results["reference"]
+    assert ref.status == "ran" and ref.batch_invariance.all_rows.sizes[7].fwd_differ == 0
+    assert not [p for p in run.out.parent.iterdir() if p.name.startswith(".")], "no staging folder left"
+
+
+def test_a_failing_agreement_step_is_recorded(backends_done: steps.Run, tmp_path: Path, monkeypatch) -> None:
+    run = _resume(backends_done, tmp_path)
+    monkeypatch.setattr(steps.checks, "agreement_from_outputs", _planted)
+    steps.run_agreement(run)
+    assert run.result.agreement is None
+    _failed_and_placed(run, "agreement")
+
+
+def test_a_failing_trainer_sampler_step_is_recorded(backends_done: steps.Run, tmp_path: Path, monkeypatch) -> None:
+    run = _resume(backends_done, tmp_path)
+    monkeypatch.setattr(steps, "run_child", _planted)
+    steps.run_agreement(run)  # a step that works, before one that fails: its result stands too
+    steps.run_trainer_sampler(run)
+    assert run.result.trainer_sampler is None
+    _failed_and_placed(run, "trainer_sampler")
+    assert load_run(run.out).agreement.equal_fraction == [[1.0]]
+
+
+def test_a_failing_plots_step_is_recorded(backends_done: steps.Run, tmp_path: Path) -> None:
+    run = _resume(backends_done, tmp_path)
+    assert steps.run_plots(run, _planted) == {}
+    assert run.result.plots == {}
+    _failed_and_placed(run, "plots")
+
+
+def test_a_failing_page_step_is_recorded(backends_done: steps.Run, tmp_path: Path) -> None:
+    run = _resume(backends_done, tmp_path)
+    assert steps.run_step(run, "page", _planted) is None
+    _failed_and_placed(run, "page")
+
+
+def test_a_step_that_leaves_what_the_artifact_refuses_is_dropped(backends_done: steps.Run, tmp_path: Path) -> None:
+    run = _resume(backends_done, tmp_path)
+
+    def body() -> None:
+        run.result.quick = "yes"  # type: ignore[assignment] - the schema wants a bool
+
+    steps.run_step(run, "page", body)
+    assert run.result.quick is True and run.result.failed_steps[0].step == "page"
+    load_artifact(run.out / steps.ARTIFACT_FILE)
+
+
+def test_plots_are_listed_relative_to_the_run_folder(backends_done: steps.Run, tmp_path: Path) -> None:
+    run = _resume(backends_done, tmp_path)
+
+    def make_plots(result, folder: Path) -> dict[str, Path]:
+        folder.mkdir()
+        (folder / "verdict.png").write_bytes(b"\x89PNG")
+        return {"verdict": folder / "verdict.png"}
+
+    steps.run_plots(run, make_plots)
+    steps.finish(run)
+    placed = load_run(run.out)
+    assert placed.plots == {"verdict": "plots/verdict.png"} and placed.resolve("plots/verdict.png").is_file()
+
+
+# -- before any work -------------------------------------------------------------------------------------------------
 def test_params_from_namespace_refuses_what_the_notebook_does_not_declare() -> None:
     ns = {"name": "x", "In": [], "_private": 1, "np": None, "bogus": 3}
     before = {"np", "In"}
@@ -226,15 +289,17 @@ def test_a_malformed_commit_variable_stops_the_run_before_any_work(
     monkeypatch.setenv("RLNORM_TREE_DIRTY", "1")
     run = steps.start_run(params)
     monkeypatch.delenv("RLNORM_COMMIT")  # read once, at the start: the artifact says what the run started with
-    assert (run.commit, run.dirty) == ("abcdef0", True)
-    steps.write_artifact_and_records(run)
-    assert (run.artifact["commit"], run.artifact["tracked_tree_dirty"]) == ("abcdef0", True)
+    steps.write(run)
+    art = load_artifact(run.out / steps.ARTIFACT_FILE)
+    assert (art.commit, art.tracked_tree_dirty) == ("abcdef0", True)
 
 
-def test_an_interrupt_while_starting_the_next_process_closes_the_one_started(monkeypatch: pytest.MonkeyPatch) -> None:
-    made: list[FakeProcess] = []
+def test_an_interrupt_while_starting_the_next_process_closes_the_one_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[FakeWorker] = []
 
-    class FakeProcess:
+    class FakeWorker:
         def __init__(self, spec: str, *args: object) -> None:
             if made:  # the next backend's process, started ahead on the CPU
                 raise KeyboardInterrupt
@@ -244,16 +309,20 @@ def test_an_interrupt_while_starting_the_next_process_closes_the_one_started(mon
         def close(self) -> None:
             self.closed = True
 
-    monkeypatch.setattr(steps.isolation, "BackendProcess", FakeProcess)
-    run = steps.Run(params=load_params({**TINY, "backends": ["reference", "rlnorm"]}), device="cpu")
+    monkeypatch.setattr(steps, "BackendWorker", FakeWorker)
+    run = steps.start_run(load_params({**TINY, "backends": ["reference", "rlnorm"], "output_dir": str(tmp_path / "r")}))
     with pytest.raises(KeyboardInterrupt):
         steps.run_backends(run)
     assert len(made) == 1 and made[0].closed
 
 
-def test_a_trainer_sampler_child_that_leaves_half_a_result_is_its_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    # the child writes a result file that is not JSON: the step records that, the run goes on
+def test_a_trainer_sampler_child_that_leaves_half_a_result_is_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the child writes a result file that is not JSON: the check's error, not a failed step
     monkeypatch.setattr(steps, "TRAINER_SAMPLER_CHILD", "import sys; open(sys.argv[2], 'w').write('{\"summ')")
-    run = steps.Run(params=load_params({**TINY, "checks": ["trainer_sampler"]}), device="cpu")
+    params = load_params({**TINY, "checks": ["trainer_sampler"], "output_dir": str(tmp_path / "r")})
+    run = steps.start_run(params)
     steps.run_trainer_sampler(run)
-    assert run.trainer_sampler == {"error": "its process left no readable result; last line: (no stderr)"}
+    ts = run.result.trainer_sampler
+    assert ts.error == "its process left no readable result; last line: (no stderr)" and not run.result.failed_steps
