@@ -1,15 +1,13 @@
 """Contract gates: the workload's cells, the report's line format, and each planted fault caught by its gate.
 
-Gate bodies are tested in-process (fast); `run_gates` is tested end to end in child processes on a
-narrow workload (1 head of width 32), including a child that crashes and one that hangs.
+Gates run in the backend's worker; here in-process on a narrow workload (1 head of width 32). A crash or a hang in
+a gate is the backend's crash: tests/kit/test_isolation.py plants those.
 """
 
 from __future__ import annotations
 
 import json
-import textwrap
 
-import pytest
 import torch
 
 from rlnorm.checkout import seed_report_path
@@ -17,7 +15,6 @@ from rlnorm.kit.backends import load_backend
 from rlnorm.kit.backends.local import ExactReferenceBackend
 from rlnorm.kit.gates import (
     CHUNK_TOKENS,
-    EXIT_UNAVAILABLE,
     SAMPLE_TOKENS,
     build_cells,
     format_line,
@@ -31,15 +28,10 @@ from rlnorm.options import OpOptions
 SEED_REPORT = seed_report_path()
 SMALL = {"heads": 1, "d": 32}
 OPTS = OpOptions()
-RESULT_KEYS = {"returncode", "passed", "failed_lines", "singleton_aggregate", "stderr_tail", "timed_out", "lines"}
 
 
 def _failed_pairs(lines: list[str]) -> set[tuple[str, str]]:
     return {(p["b"], p["tensor"]) for p in map(parse_line, lines) if not p["passed"]}
-
-
-def _quiet(line: str) -> None:
-    pass
 
 
 # --- workload ----------------------------------------------------------------------------------------------
@@ -88,120 +80,97 @@ def test_bitwise_means_bits_not_values():
 # --- gate bodies in-process --------------------------------------------------------------------------------
 def test_exact_reference_passes_both_gate_bodies():
     b = ExactReferenceBackend()
-    fwd = forward_gate(b, OPTS, "cpu", emit=_quiet, **SMALL)
-    grad = gradient_gate(b, OPTS, "cpu", emit=_quiet, **SMALL)
+    fwd = forward_gate(b, OPTS, "cpu", **SMALL)
+    grad = gradient_gate(b, OPTS, "cpu", **SMALL)
     assert len(fwd) == 7 and all(parse_line(x)["passed"] for x in fwd)
     assert len(grad) == 7 * 2 + 2 + 4 and all(parse_line(x)["passed"] for x in grad)
 
 
 def test_batch_size_fault_fails_the_forward_gate_only():
     b = load_backend("rlnorm.kit.faults:BatchSizeDependentOutput")
-    fwd = forward_gate(b, OPTS, "cpu", emit=_quiet, **SMALL)
+    fwd = forward_gate(b, OPTS, "cpu", **SMALL)
     failed = _failed_pairs(fwd)
     assert ("B1/full", "y") in failed and ("BN/permuted", "y") not in failed  # size, not position
-    assert not _failed_pairs(gradient_gate(b, OPTS, "cpu", emit=_quiet, **SMALL))
+    assert not _failed_pairs(gradient_gate(b, OPTS, "cpu", **SMALL))
 
 
 def test_position_fault_fails_the_forward_gate_only():
     b = load_backend("rlnorm.kit.faults:PositionDependentOutput")
-    failed = _failed_pairs(forward_gate(b, OPTS, "cpu", emit=_quiet, **SMALL))
+    failed = _failed_pairs(forward_gate(b, OPTS, "cpu", **SMALL))
     assert {("B1/full", "y"), ("BN/permuted", "y"), ("BN/padded-left", "y")} <= failed
-    assert not _failed_pairs(gradient_gate(b, OPTS, "cpu", emit=_quiet, **SMALL))
+    assert not _failed_pairs(gradient_gate(b, OPTS, "cpu", **SMALL))
 
 
 def test_nondeterministic_dweight_fails_the_dweight_lines_only():
     b = load_backend("rlnorm.kit.faults:NondeterministicDweight")
-    assert not _failed_pairs(forward_gate(b, OPTS, "cpu", emit=_quiet, **SMALL))
-    failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", emit=_quiet, **SMALL))
+    assert not _failed_pairs(forward_gate(b, OPTS, "cpu", **SMALL))
+    failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", **SMALL))
     assert failed and all(t == "dweight" for _, t in failed)
 
 
 def test_eager_reference_fails_only_the_dweight_lines():
     """Eager autograd sums dweight in fp32 in the reduction's order: not the exact aggregate (docs/spec.md §2)."""
     b = load_backend("reference")
-    assert not _failed_pairs(forward_gate(b, OPTS, "cpu", emit=_quiet, heads=2, d=128))
-    failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", emit=_quiet, heads=2, d=128))
+    assert not _failed_pairs(forward_gate(b, OPTS, "cpu", heads=2, d=128))
+    failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", heads=2, d=128))
     assert ("B1-singleton_aggregate/full", "dweight") in failed
     assert all(t == "dweight" for _, t in failed)
 
 
-# --- end to end, in child processes ------------------------------------------------------------------------
-def test_run_gates_exact_reference_passes():
-    res = run_gates("rlnorm.kit.backends.local:ExactReferenceBackend", OPTS, "cpu", timeout_s=300, **SMALL)
-    for gate in ("forward", "gradient"):
-        r = res[gate]
-        assert set(r) == RESULT_KEYS
-        assert r["returncode"] == 0 and r["passed"] and not r["timed_out"] and not r["failed_lines"], r
-    assert len(res["gradient"]["singleton_aggregate"]) == 2
-    assert res["forward"]["singleton_aggregate"] == []
+# --- run_gates: both gates, as the worker runs them ----------------------------------------------------------
+def test_run_gates_exact_reference_passes_and_marks_each_call_on_the_trail():
+    class Trail:
+        def __init__(self) -> None:
+            self.where, self.batches = {}, []
+
+        def case(self, check, case_spec, opts):
+            self.where = {"check": check, "case": case_spec}
+
+        def batch(self, batch_spec):
+            self.batches.append({**self.where, "batch": batch_spec})
+
+    trail = Trail()
+    res = run_gates(ExactReferenceBackend(), OPTS, "cpu", d=32, heads=1, trail=trail)
+    for r in res.values():
+        assert r.returncode == 0 and r.passed and not r.failed_lines and r.lines
+    assert len(res["gradient"].singleton_aggregate) == 2 and res["forward"].singleton_aggregate == []
+    first = trail.batches[0]
+    assert first["check"] == "contract_gates" and first["case"]["rows"] == sum(SAMPLE_TOKENS)
+    assert first["batch"] == {"kind": "gate", "cell": "BN/full", "size": sum(SAMPLE_TOKENS)}
 
 
 def test_run_gates_order_dependent_dweight_fails_singleton_and_permuted():
-    res = run_gates("rlnorm.kit.faults:OrderDependentDweight", {"eps": 1e-6}, "cpu", timeout_s=300, **SMALL)
-    assert res["forward"]["passed"]
+    res = run_gates(load_backend("rlnorm.kit.faults:OrderDependentDweight"), OPTS, "cpu", **SMALL)
+    assert res["forward"].passed
     g = res["gradient"]
-    assert g["returncode"] == 0 and not g["passed"]
-    failed = _failed_pairs(g["failed_lines"])
+    assert g.returncode == 0 and not g.passed
+    failed = _failed_pairs(g.failed_lines)
     assert ("B1-singleton_aggregate/full", "dweight") in failed and ("BN/permuted", "dweight") in failed
     # zero-gradient padding adds exact zeros to a fold: those lines pass
     assert ("BN/padded-left", "dweight") not in failed and ("BN/padded-right", "dweight") not in failed
     assert all(t == "dweight" for _, t in failed)
-    assert any("passed=False" in x for x in g["singleton_aggregate"])
+    assert any("passed=False" in x for x in g.singleton_aggregate)
 
 
-def test_run_gates_records_a_crashing_child_and_goes_on():
-    res = run_gates("rlnorm.kit.faults:GateChildCrash", OPTS, "cpu", timeout_s=300, **SMALL)
-    for r in res.values():
-        assert r["returncode"] not in (0, None) and not r["passed"] and not r["timed_out"]
-        assert any("GateChildCrash aborting" in x for x in r["stderr_tail"])
-    # the parent is alive and can run the next backend
-    assert run_gates("rlnorm.kit.backends.local:ExactReferenceBackend", OPTS, "cpu", gates=("forward",), **SMALL)[
-        "forward"
-    ]["passed"]
+class RaisingBackward(ExactReferenceBackend):
+    def forward_backward(self, x, z, w, dy, opts):
+        raise RuntimeError("planted: no gradient today")
 
 
-@pytest.mark.slow
-def test_run_gates_records_a_hanging_child_as_timed_out() -> None:
-    # time for the children to import torch and Triton and reach the planted hang, which says so on stderr: a child
-    # still importing at the deadline would time out too, without that line
-    res = run_gates("rlnorm.kit.faults:GateChildHang", OPTS, "cpu", timeout_s=60, **SMALL)
-    for r in res.values():
-        assert r["timed_out"] and not r["passed"]
-        assert "planted fault: GateChildHang sleeping" in r["stderr_tail"], r["stderr_tail"]
-        assert "timeout" in r["stderr_tail"][-1]
+class ForwardOnly(ExactReferenceBackend):
+    has_backward = False
 
 
-def test_run_gates_user_backend_from_parent_sys_path_and_unavailable_child(tmp_path, monkeypatch):
-    (tmp_path / "gate_user_mod.py").write_text(
-        textwrap.dedent(
-            """
-            from rlnorm.kit.backends import Backend
-            from rlnorm.reference import rms_norm_gated_reference
-
-            class NeverHere(Backend):
-                def available(self, device):
-                    return False, "needs hardware this test does not have"
-
-                def _fn(self, x, z, w, opts):
-                    return rms_norm_gated_reference(x, z, w, opts)
-            """
-        )
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    res = run_gates("gate_user_mod:NeverHere", OPTS, "cpu", timeout_s=300, gates=("forward",), **SMALL)
-    r = res["forward"]
-    assert r["returncode"] == EXIT_UNAVAILABLE and not r["passed"]
-    assert "needs hardware this test does not have" in r["stderr_tail"][-1]
+def test_a_gate_the_backend_raises_in_fails_with_its_traceback_and_the_other_still_runs():
+    res = run_gates(RaisingBackward(), OPTS, "cpu", **SMALL)
+    assert res["forward"].passed
+    g = res["gradient"]
+    assert g.returncode == 1 and not g.passed and not g.lines
+    assert "RuntimeError: planted: no gradient today" in g.stderr_tail[-1]
 
 
-def test_run_gates_validates_its_arguments():
-    with pytest.raises(ValueError, match="gates"):
-        run_gates("reference", OPTS, gates=("sideways",))
-    with pytest.raises(ValueError, match="weight_dtype"):
-        run_gates("reference", OPTS, weight_dtype="int8")
-    with pytest.raises(TypeError, match="opts"):
-        run_gates("reference", "silu")
-    with pytest.raises(ValueError, match="timeout_s"):
-        run_gates("reference", OPTS, timeout_s=0)
-    with pytest.raises(ValueError, match="backend_spec"):
-        run_gates(None, OPTS)
+def test_a_forward_only_backend_does_not_take_the_gradient_gate():
+    res = run_gates(ForwardOnly(), OPTS, "cpu", **SMALL)
+    assert res["forward"].passed
+    assert res["gradient"].returncode == 3 and not res["gradient"].passed
+    assert "no backward" in res["gradient"].stderr_tail[-1]
