@@ -20,7 +20,7 @@ import jsonschema.exceptions
 import jsonschema.validators
 
 from rlnorm.kit.folders import write_atomic
-from rlnorm.kit.results import RunResult, run_from_doc, to_json
+from rlnorm.kit.results import SCHEMA_VERSION, RunResult, run_from_doc, to_json
 
 __all__ = ["ArtifactValidationError", "load_artifact", "validate_artifact", "write_artifact"]
 
@@ -95,9 +95,13 @@ def load_artifact(path: str | os.PathLike[str]) -> RunResult:
     except json.JSONDecodeError as exc:
         raise ValueError(f"path: {str(path)!r} is not valid JSON ({exc})") from exc
     try:
-        run = run_from_doc(doc, path)
         # ours as written (a misspelled key is caught, which typing would drop); the report once typed
-        validate_artifact(doc if isinstance(doc, dict) and "schema_version" in doc else run)
+        ours = isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION
+        if ours:
+            validate_artifact(doc)
+        run = run_from_doc(doc, path)
+        if not ours:
+            validate_artifact(run)
     except ArtifactValidationError as exc:
         raise ArtifactValidationError([(f"{path.name}:{p}", m) for p, m in exc.problems]) from None
     except ValueError as exc:
