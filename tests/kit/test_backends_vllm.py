@@ -277,7 +277,7 @@ def test_probe_reports_a_crash(tmp_path: Path) -> None:
     env = _plant_vllm(tmp_path, "import os, sys\nsys.stderr.write('planted crash\\n')\nos.abort()\n")
     p = run_probe("cpu", timeout_s=120, env=env)
     assert p["stage"] == "child"
-    assert "killed by signal 6" in p["error"] and "planted crash" in p["error"]
+    assert "killed by SIGABRT (signal 6)" in p["error"] and "planted crash" in p["error"]
 
 
 def test_probe_reports_a_hang(tmp_path: Path) -> None:
