@@ -201,11 +201,6 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     selected = [c for c in CHECK_ORDER if c in params.checks]
     if any(c in checks.INVARIANCE_CHECKS for c in selected):
         result.batch_invariance = BatchInvariance()
-    steps: list[tuple[str, Callable[[], None]]] = [(name, lambda name=name: keep(name)) for name in selected]
-    if "agreement" in params.checks:
-        steps.append(("agreement", lambda: agreement()))
-    if "contract_gates" in params.checks:
-        steps.append(("contract_gates", lambda: gate()))
 
     def keep(name: str) -> None:
         out = _run_check(name, backend, params, device, trail)
@@ -220,6 +215,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
             inv.dweight_repeatable = out.summary.dweight_repeatable  # type: ignore[union-attr]
         else:
             setattr(inv, name, out.summary)
+        for r in out.records:  # the worker's own names win: a record naming another backend would be filed there
+            r.backend, r.check = spec, name
         report.records.extend(out.records)
 
     def agreement() -> None:
@@ -229,6 +226,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     def gate() -> None:
         result.contract_gates = gates.run_gates(backend, params.op_options(), device, d=params.d, trail=trail)
 
+    steps: list[tuple[str, Callable[[], None]]] = [(name, lambda name=name: keep(name)) for name in selected]
+    steps += [(name, fn) for name, fn in (("agreement", agreement), ("contract_gates", gate)) if name in params.checks]
     for i, (name, step) in enumerate(steps, 1):
         say(f"[{i}/{len(steps)}] {name}")
         t0 = time.time()
