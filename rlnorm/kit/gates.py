@@ -4,33 +4,11 @@ The thing being gated may take its process down (a device assert, a segfault in 
 return: the worker (`rlnorm.kit.worker`) is already a process of its own with a time limit, so that is recorded as
 the backend's crash in check "contract_gates", with the gate's cell on the trail.
 
-Workload: 4 samples of 11, 16, 13 and 19 tokens (59 tokens), each token `heads` rows of width D
-(rows are token-major: row = token * heads + head), drawn by `rlnorm.inputs.make_case` with an
-fp32 weight. Each *cell* processes the same rows in another arrangement, as one or more calls:
-
-| cell | calls |
-|---|---|
-| `BN/full` | the 4 samples concatenated, one call |
-| `BN/chunked` | the concatenation in chunks of 7 tokens (chunks cross sample boundaries) |
-| `B1/full` | each sample alone |
-| `B1/chunked` | each sample alone, in chunks of 7 tokens |
-| `BN/padded-left`, `BN/padded-right` | a [4, 19]-token batch, samples zero-padded on that side (dy = 0 there) |
-| `BN/permuted` | the tokens in a seeded random order (a token's heads stay together), one call |
-| `BN/packed` | the samples packed in the reverse order, one call |
-
-Forward gate: every token's output in every cell is bitwise equal to its `BN/full` output.
-Gradient gate: the same for dx and dz; and dweight, the backend's OWN autograd dweight, in lines of
-the reference report's format:
-
-    singleton_aggregate pair=('BN/full', 'B1-singleton_aggregate/full') tensor=dweight max_abs=... passed=...
-
-where the aggregate is `rlnorm.numerics.exact_sum` of the dweights of single-ROW runs (exact, so a
-kernel with an order-independent dweight can pass bitwise; a single row, because summing per-token
-partials that were already rounded would not be exact). `/chunked` repeats the single-row runs in
-the order of `B1/chunked`, each row a one-row view into its chunk: the same multiset, so it differs
-from `/full` only if a row's dweight depends on the call (nondeterminism) or on the storage.
-NEW lines compare `BN/full`'s dweight with the one-call cells `BN/permuted`, `BN/padded-left`,
-`BN/padded-right` and `BN/packed`.
+Workload (docs/spec.md §5 has the table of cells): 4 samples of 11, 16, 13 and 19 tokens, each token `heads` rows
+(token-major), processed in several arrangements (cells) of one or more calls. Forward gate: every token's output
+in every cell is bitwise equal to its `BN/full` output. Gradient gate: the same for dx and dz; and the backend's
+own dweight against the exact sum (`rlnorm.numerics.exact_sum`) of single-row dweights, in the order of `B1/full`
+and of `B1/chunked`, and against the one-call cells, in lines of the reference report's format.
 """
 
 from __future__ import annotations

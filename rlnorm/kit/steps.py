@@ -71,19 +71,8 @@ PLOTS_DIR = "plots"
 PROGRESS_ENV = "RLNORM_PROGRESS_FILE"
 TRACEBACK_LINES = 12
 # the parameters that set the protocol's size: a run that shrinks any of them is a "quick" run
-PROTOCOL_FIELDS = (
-    "all_rows_sizes",
-    "all_rows_seeds",
-    "dweight_rows",
-    "sub_batches_rows",
-    "sub_batch_sizes",
-    "sub_batches_seeds",
-    "sweep_n",
-    "sweep_sizes",
-    "sweep_probe_rows",
-    "sweep_seeds",
-    "accuracy_rows",
-)
+PROTOCOL_FIELDS = ("all_rows_sizes", "all_rows_seeds", "dweight_rows", "sub_batches_rows", "sub_batch_sizes")
+PROTOCOL_FIELDS += ("sub_batches_seeds", "sweep_n", "sweep_sizes", "sweep_probe_rows", "sweep_seeds", "accuracy_rows")
 
 
 class StepsFailed(RuntimeError):
