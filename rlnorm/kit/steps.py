@@ -327,7 +327,9 @@ def run_trainer_sampler(run: Run) -> None:
                 summary = json.loads(out_path.read_text(encoding="utf-8"))["summary"]
             except (OSError, ValueError, KeyError, TypeError):
                 summary = None
-        if not ended.ok or not isinstance(summary, dict):
+        if ended.timed_out:
+            summary = {"error": ended.cause}
+        elif not ended.ok or not isinstance(summary, dict):
             what = "left no readable result" if ended.ok else ended.cause
             last = ended.stderr_tail.strip().splitlines()[-1:] or ["(no stderr)"]
             summary = {"error": f"its process {what}; last line: {last[0][:500]}"}
