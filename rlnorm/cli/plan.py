@@ -65,12 +65,10 @@ class Combination:
         """What the notebook's parameters cell is given for this run: its parameter file, its name, and the
         parameters that differ from that file (where the run goes is the caller's: output_dir, staging_dir)."""
         p = self.params
-        base = load_params(p.params_file) if p.params_file else RunParams()
-        differ = {
-            f.name: getattr(p, f.name)
-            for f in dataclasses.fields(RunParams)
-            if f.name not in NOTEBOOK_PARAMETERS and getattr(p, f.name) != getattr(base, f.name)
-        }
+        # a matrix file's axis (a list for a one-value key) always differs: the notebook gets this run's value
+        base = {**RunParams().as_dict(), **(read_params_file(p.params_file) if p.params_file else {})}
+        given = p.as_dict()
+        differ = {k: v for k, v in given.items() if k not in NOTEBOOK_PARAMETERS and v != base[k]}
         return {"params_file": p.params_file, "name": p.name, "overwrite": p.overwrite, "overrides": differ}
 
 
