@@ -20,6 +20,8 @@ if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 
 X_DTYPE = torch.bfloat16  # the op's activations (docs/spec.md §1); the weight's dtype is a parameter
+# where a differing row was: (row, case label, batch_start, batch_size, position in the batch, the batch's spec)
+Place = tuple[int | None, str, int | None, int, int | None, dict[str, Any]]
 
 
 @dataclass
@@ -171,49 +173,31 @@ class Recorder:
 
     def add_rows(
         self,
-        *,
         seed: int,
         tensor: str,
         in_batch: Tensor,
         alone: Tensor,
-        rows: list[int | None],
-        cases: list[str],
-        batch_starts: list[int | None],
-        batch_sizes: list[int],
-        positions: list[int | None],
         case_spec: dict[str, Any],
-        batches: list[dict[str, Any]],
+        places: list[Place],
         other: dict[str, Any] | None = None,
     ) -> None:
-        """One record per row of the [k, D] tensors `in_batch` / `alone` (rows already known to differ)."""
-        k = len(rows)
-        room = k if self.max_records is None else max(0, min(k, self.max_records - len(self.records)))
-        self.dropped += k - room
+        """One record per row of the [k, D] tensors `in_batch` / `alone` (rows already known to differ), placed by
+        `places[i]`; `other` is the rebuild spec of what the row was compared with, where that is not the row alone."""
+        room = (
+            len(places) if self.max_records is None else max(0, min(len(places), self.max_records - len(self.records)))
+        )
+        self.dropped += len(places) - room
         if room == 0:
             return
         cols, max_abs, max_ulp = diff_stats(in_batch[:room], alone[:room])
-        for i in range(room):
-            spec = {"v": REBUILD_VERSION, "check": self.check, "case": case_spec, "opts": self.opts}
-            spec.update(batch=batches[i], row=rows[i], position=positions[i], tensor=tensor)
-            if other is not None:
-                spec["other"] = other
+        for i, (row, case, start, size, position, batch) in enumerate(places[:room]):
+            spec = {"v": REBUILD_VERSION, "check": self.check, "case": case_spec, "opts": self.opts, "batch": batch}
+            spec.update(row=row, position=position, tensor=tensor, **({} if other is None else {"other": other}))
+            rebuild = json.dumps(spec, separators=(",", ":"))
             self.records.append(
-                Record(
-                    backend=self.key,
-                    check=self.check,
-                    seed=seed,
-                    case=cases[i],
-                    batch_start=batch_starts[i],
-                    batch_size=batch_sizes[i],
-                    position=positions[i],
-                    row=rows[i],
-                    tensor=tensor,
-                    cols_differ=cols[i],
-                    max_abs=max_abs[i],
-                    max_ulp=max_ulp[i],
-                    rebuild=json.dumps(spec, separators=(",", ":")),
-                )
-            )
+                Record(self.key, self.check, seed, case, start, size, position, row, tensor, cols[i], max_abs[i],
+                       max_ulp[i], rebuild)
+            )  # fmt: skip
 
     def dropped_since(self, before: int | None) -> int | None:
         """`before` plus the differing (row, tensor) pairs `max_records` left unrecorded since the last call."""
@@ -251,19 +235,8 @@ def compare_rows(
             continue
         pos_idx = masks[name].nonzero().flatten()
         case_rows = rows.index_select(0, pos_idx).tolist()
-        wh = [where(r) for r in case_rows]
-        rec.add_rows(
-            seed=seed,
-            tensor=name,
-            in_batch=b.index_select(0, rows.index_select(0, pos_idx)),
-            alone=a.index_select(0, pos_idx),
-            rows=case_rows,
-            cases=[case_label(r) for r in case_rows],
-            batch_starts=[w_[0] for w_ in wh],
-            batch_sizes=[w_[1] for w_ in wh],
-            positions=[w_[2] for w_ in wh],
-            case_spec=case_spec,
-            batches=[{"kind": "slice", "start": w_[0], "size": w_[1]} for w_ in wh],
-            other=other,
-        )
+        places = [(r, case_label(r), *where(r), {"kind": "slice", "start": where(r)[0], "size": where(r)[1]})
+                  for r in case_rows]  # fmt: skip
+        in_batch, alone_rows = b.index_select(0, rows.index_select(0, pos_idx)), a.index_select(0, pos_idx)
+        rec.add_rows(seed, name, in_batch, alone_rows, case_spec, places, other)
     return fwd, grad

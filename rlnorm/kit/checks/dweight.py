@@ -71,11 +71,8 @@ def dweight_repeatable(
             dws.append(g.dw.detach().clone().reshape(1, -1))
         differ = [i for i in range(1, repeats) if bool(differ_rows(dws[i], dws[0]).any())]
         for i in differ:
-            rec.add_rows(
-                seed=seed, tensor="dweight", in_batch=dws[i], alone=dws[0], rows=[None], cases=[f"repeat={i}"],
-                batch_starts=[0], batch_sizes=[rows], positions=[None], case_spec=spec,
-                batches=[{"kind": "slice", "start": 0, "size": rows}],
-            )  # fmt: skip
+            whole = {"kind": "slice", "start": 0, "size": rows}
+            rec.add_rows(seed, "dweight", dws[i], dws[0], spec, [(None, f"repeat={i}", 0, rows, None, whole)])
         for r in rec.records:  # rebuild: the whole batch against itself
             r.rebuild = json.dumps({**json.loads(r.rebuild), "row": -1, "position": -1}, separators=(",", ":"))
         summary.dweight_repeatable = not differ

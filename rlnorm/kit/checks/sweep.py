@@ -138,20 +138,9 @@ def batch_size_sweep(
                 if name not in masks or not bool(masks[name].any()):
                     continue
                 ci = masks[name].nonzero().flatten()
-                sel = [plan[i] for i in ci.tolist()]
-                rec.add_rows(
-                    seed=seed,
-                    tensor=name,
-                    in_batch=b.index_select(0, ci),
-                    alone=a.index_select(0, ci),
-                    rows=[p for _, p, _, _ in sel],
-                    cases=[f"m={m}/pos={nm}/probe={p}" for m, p, nm, _ in sel],
-                    batch_starts=[None] * len(sel),
-                    batch_sizes=[m for m, _, _, _ in sel],
-                    positions=[pos for _, _, _, pos in sel],
-                    case_spec=cs,
-                    batches=[specs[i] for i in ci.tolist()],
-                )
+                places = [(p, f"m={m}/pos={nm}/probe={p}", None, m, pos, specs[i])
+                          for i in ci.tolist() for m, p, nm, pos in [plan[i]]]  # fmt: skip
+                rec.add_rows(seed, name, b.index_select(0, ci), a.index_select(0, ci), cs, places)
     except Exception as exc:
         summary.error = describe_error(exc)
     finally:
