@@ -431,7 +431,7 @@ def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
         except RuntimeError as exc:
             outputs[b.key], errors[b.key] = None, str(exc)
     s = to_json(checks.agreement_from_outputs(outputs, rows, 3, errors))
-    assert s["backends"] == ["reference", "rlnorm.kit.faults:PositionDependentOutput", "test:Raises"]
+    assert s["backends"] == ["reference", PositionDependentOutput.key, "test:Raises"]
     bumped = sum(1 for r in range(rows) if r % 3 == 1)  # one element (column 0) per bumped row
     f = 1 - bumped / (rows * 128)
     assert s["equal_fraction"][0][:2] == [1.0, pytest.approx(f)]
