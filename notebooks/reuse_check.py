@@ -23,6 +23,7 @@ import pandas as pd
 from IPython.display import Image, Markdown, display
 
 from rlnorm.kit import steps
+from rlnorm.kit.params import params_from_namespace
 from rlnorm.report import page, tables
 
 pd.set_option("display.width", 200)
@@ -31,73 +32,21 @@ pd.set_option("display.max_colwidth", 240)
 _before_parameters = set(globals())
 
 # %% Parameters tags=["parameters"]
-# These literals are params/quick.yaml (a CPU finishes in minutes). `python -m rlnorm run FILE`
-# or `papermill -f FILE` overrides them; every name must be one the kit knows. The first five say
-# where the run goes: the command line sets them (papermill: -p name NEW, -p overwrite True).
-name = "quick"
+# params_file: a parameter set (params/*.yaml holds what differs from the full protocol, whose every parameter
+# and default is rlnorm.kit.params.RunParams); overrides: parameters changed on top of it, e.g. {"d": 256}
+# (`papermill -p d 256` does the same). The rest say where the run goes: `python -m rlnorm run` sets them
+# (papermill: -p name NEW, -p overwrite True).
+params_file = "params/quick.yaml"
+overrides = {}
+name = ""  # "": the parameter file's name
 output_dir = ""
 staging_dir = ""
-params_file = "params/quick.yaml"
 overwrite = False
-device = "auto"
-progress = True
-rfc = "RL-Align/RL-Kernel#428"
-d = 128
-eps = 1e-06
-group_size = None
-norm_before_gate = True
-activation = "silu"
-weight_dtype = "bfloat16"
-backends = [
-    "rlnorm",
-    "reference",
-    "transformers",
-    "fla_layernorm_gated",
-    "fla_fused_norm_gate",
-    "vllm",
-    "vllm_native",
-    "vllm_native_compiled",
-    "vllm_native_batch_invariant",
-    "torch_compile",
-]
-custom_backends = []
-checks = [
-    "all_rows",
-    "dweight_repeatable",
-    "full_vs_sub_batches",
-    "batch_size_sweep",
-    "accuracy_latency",
-    "contract_gates",
-    "agreement",
-    "trainer_sampler",
-]
-all_rows_sizes = [7, 64]
-all_rows_seeds = [3]
-dweight_rows = 257
-dweight_seed = 3
-sub_batches_rows = 65
-sub_batch_sizes = [1, 7, 32]
-sub_batches_seeds = [3]
-coverage = "all"
-sweep_n = 65
-sweep_sizes = [1, 2, 3, 7, 8, 9, 31, 32, 33, 63, 64, 65]
-sweep_probe_rows = [0, 32, 64]
-sweep_seeds = [3]
-accuracy_rows = 257
-accuracy_seed = 11
-timing = True
-timing_warmup = 1
-timing_iters = 3
-agreement_rows = 257
-agreement_seed = 3
-gate_timeout_s = 600.0
-backend_timeout_s = 900.0
-max_records = 2000
 
 # %% Start the run
 # Checked before any work: a name the kit does not know, or a value of the wrong type, stops the run here
 # with a message naming it (papermill itself would only warn); so does a run folder that exists already.
-params = steps.params_from_namespace(globals(), _before_parameters)
+params = params_from_namespace(globals(), _before_parameters)
 run = steps.start_run(params)
 
 # %% [markdown]

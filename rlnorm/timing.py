@@ -210,9 +210,11 @@ def describe_error(exc: BaseException) -> str:
 
 
 def _tensors(out: Any) -> list[tuple[str, Tensor]]:
-    """The tensors a call returned: a forward's y, or a Grads' y, dx, dz, dw."""
+    """The tensors a call returned: a forward's y, a Grads' y, dx, dz, dw, or a check's (y, dx, dz)."""
     if isinstance(out, Tensor):
         return [("y", out)]
+    if isinstance(out, tuple):
+        return [(n, t) for n, t in zip(("y", "dx", "dz"), out, strict=False) if isinstance(t, Tensor)]
     names = ("y", "dx", "dz", "dw")
     return [(n, getattr(out, n)) for n in names if isinstance(getattr(out, n, None), Tensor)]
 

@@ -18,7 +18,15 @@ from typing import Any, get_origin, get_type_hints
 
 import yaml
 
-from rlnorm.kit.params import CLI_KEYS, ParamsError, RunParams, load_params, read_params_file
+from rlnorm.kit.params import (
+    CLI_KEYS,
+    NOTEBOOK_PARAMETERS,
+    ParamsError,
+    RunParams,
+    load_params,
+    params_file_label,
+    read_params_file,
+)
 
 __all__ = ["Combination", "Plan", "PlanError", "combination_name", "expand", "parse_value"]
 
@@ -52,6 +60,16 @@ class Combination:
     @property
     def label(self) -> str:
         return self.folder.name if not self.values else f"{self.folder.parent.name}/{self.folder.name}"
+
+    def notebook_parameters(self) -> dict[str, Any]:
+        """What the notebook's parameters cell is given for this run: its parameter file, its name, and the
+        parameters that differ from that file (where the run goes is the caller's: output_dir, staging_dir)."""
+        p = self.params
+        # a matrix file's axis (a list for a one-value key) always differs: the notebook gets this run's value
+        base = {**RunParams().as_dict(), **(read_params_file(p.params_file) if p.params_file else {})}
+        given = p.as_dict()
+        differ = {k: v for k, v in given.items() if k not in NOTEBOOK_PARAMETERS and v != base[k]}
+        return {"params_file": p.params_file, "name": p.name, "overwrite": p.overwrite, "overrides": differ}
 
 
 @dataclass(frozen=True)
@@ -94,8 +112,8 @@ def _merge(files: Sequence[str], yaml_text: str | None, overrides: Sequence[tupl
             raw = read_params_file(f) if f is not None else {}
         except ParamsError as exc:
             raise PlanError(f"{f}: {exc}") from exc
-        if f is not None and "name" not in raw:
-            raw["name"] = Path(f).stem
+        if f is not None:
+            raw = {"name": Path(f).stem, **raw, "params_file": params_file_label(f)}
         out.append((f or "the command line", {**raw, **extra}))
     return out
 

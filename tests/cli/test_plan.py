@@ -11,6 +11,7 @@ import yaml
 from rlnorm.cli import main
 from rlnorm.cli.plan import PlanError, combination_name, expand, parse_value
 from rlnorm.cli.runs import EXIT_USAGE
+from rlnorm.kit.params import params_from_namespace
 
 
 def _file(tmp_path: Path, stem: str = "p", **values: object) -> str:
@@ -90,3 +91,15 @@ def test_list_and_only_name_the_combinations(tmp_path: Path, capsys: pytest.Capt
     assert main(["run", f, "--only", "4"]) == EXIT_USAGE
     assert "--only: expected 0..3" in capsys.readouterr().err
     assert not (tmp_path / "o").exists(), "nothing ran"
+
+
+def test_the_notebook_is_given_its_file_and_what_differs_from_it(tmp_path: Path) -> None:
+    """What the notebook's parameters cell receives makes the very run the command line planned."""
+    f = _file(tmp_path, "grid", d=[128, 256], timing_iters=3)
+    plan = expand([f], "{eps: 1.0e-5}", outputs=tmp_path / "o")
+    for run in plan.runs:
+        given = run.notebook_parameters()
+        assert given["params_file"] == f and given["name"] == run.folder.name
+        assert given["overrides"] == {"d": run.params.d, "eps": 1e-5}  # the file has the rest (device: cpu)
+        again = params_from_namespace({**given, "output_dir": str(run.folder)}, set())
+        assert again == run.params

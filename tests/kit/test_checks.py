@@ -6,8 +6,12 @@ the wrong rows (not just "some" rows) fails here.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import pytest
 import torch
@@ -17,7 +21,7 @@ from rlnorm.inputs import make_case
 from rlnorm.kit import checks
 from rlnorm.kit.backends import Backend
 from rlnorm.kit.backends.local import ExactReferenceBackend, ReferenceBackend
-from rlnorm.kit.checks import accuracy
+from rlnorm.kit.checks import CheckOutcome, Trail, accuracy
 from rlnorm.kit.checks.alone import AloneRunner
 from rlnorm.kit.faults import (
     BatchSizeDependentOutput,
@@ -26,14 +30,61 @@ from rlnorm.kit.faults import (
     PositionDependentOutput,
     batch_size_fault_mask,
 )
-from rlnorm.kit.records import RECORD_COLUMNS, records_frame
+from rlnorm.kit.params import RunParams, default_probe_rows, default_sweep_sizes
+from rlnorm.kit.records import RECORD_COLUMNS, rebuild_case, records_frame
+from rlnorm.kit.results import AllRows, BatchInvariance, from_json, to_json
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.timing import Timing
 
 OPTS = OpOptions()
-QUICK = {"device": "cpu", "progress": False}
+DEFAULTS = RunParams()
+
+
+@dataclass
+class Ran:
+    """A check's outcome as the artifact's JSON: what a reader of the run gets."""
+
+    summary: dict[str, Any]
+    records: list[dict[str, Any]]
+    error: str | None
+
+
+class _Checks:
+    """The checks as these tests call them: a parameter a test leaves out takes the protocol's value (RunParams'
+    default; the sweep's sizes and probes: those of its sweep_n), and the outcome is read back as JSON."""
+
+    def __getattr__(self, name: str) -> Callable[..., Ran]:
+        check = getattr(checks, name)
+
+        def run(backend: Backend, opts: OpOptions | None = OPTS, **kw: Any) -> Ran:
+            if "sweep_n" in kw:
+                kw.setdefault("sweep_sizes", default_sweep_sizes(kw["sweep_n"]))
+                kw.setdefault("sweep_probe_rows", default_probe_rows(kw["sweep_n"]))
+            kw.setdefault("device", "cpu")
+            kw.setdefault("progress", False)
+            names = inspect.signature(check).parameters
+            if "max_records" in names:
+                kw.setdefault("max_records", None)
+            for k in names:
+                if k != "device" and k not in kw and hasattr(DEFAULTS, k):
+                    kw[k] = getattr(DEFAULTS, k)
+            out: CheckOutcome = check(backend, opts, **kw)
+            return Ran(to_json(out.summary), [to_json(r) for r in out.records], out.error)
+
+        return run
+
+
+J = _Checks()
+
+
+def invariant(ar: Ran, dw: Ran, fvs: Ran, sw: Ran) -> bool | None:
+    """batch_invariant of the four summaries, as the worker forms it from a backend's results."""
+    inv = {"all_rows": ar.summary, "full_vs_sub_batches": fvs.summary, "batch_size_sweep": sw.summary}
+    return checks.batch_invariant(
+        from_json(BatchInvariance, {**inv, "dweight_repeatable": dw.summary["dweight_repeatable"]})
+    )
 
 
 class ForwardOnly(ReferenceBackend):
@@ -88,7 +139,7 @@ class Truncating(ReferenceBackend):
         return bits.view(torch.float32).to(x.dtype) + 0 * y32.to(x.dtype)
 
 
-def _record_rows(result: checks.CheckResult, tensor: str = "y") -> set[tuple[int, int, int]]:
+def _record_rows(result: Ran, tensor: str = "y") -> set[tuple[int, int, int]]:
     return {(r["seed"], r["position"], r["row"]) for r in result.records if r["tensor"] == tensor}
 
 
@@ -97,30 +148,36 @@ def _record_rows(result: checks.CheckResult, tensor: str = "y") -> set[tuple[int
 
 @pytest.mark.parametrize("backend", [ReferenceBackend(), ExactReferenceBackend()], ids=lambda b: b.key)
 def test_reference_passes_every_invariance_check(backend: Backend) -> None:
-    ar = checks.all_rows(backend, OPTS, ns=(1, 7, 63), seeds=(3, 4), **QUICK)
+    ar = J.all_rows(backend, OPTS, all_rows_sizes=(1, 7, 63), all_rows_seeds=(3, 4))
     assert ar.summary == {
         str(n): {"rows": 2 * n, "fwd_differ": 0, "rowgrad_differ": 0, "alone_path": "eager"} for n in (1, 7, 63)
     }
-    dw = checks.dweight_repeatable(backend, OPTS, rows=257, **QUICK)
+    dw = J.dweight_repeatable(backend, OPTS, dweight_rows=257)
     assert dw.summary["dweight_repeatable"] is True
     for coverage in ("all", "sampled"):
-        fvs = checks.full_vs_sub_batches(
-            backend, OPTS, full_rows=300, sub_sizes=(1, 7, 64), seeds=(3,), coverage=coverage, sample_stride=50, **QUICK
+        fvs = J.full_vs_sub_batches(
+            backend,
+            OPTS,
+            sub_batches_rows=300,
+            sub_batch_sizes=(1, 7, 64),
+            sub_batches_seeds=(3,),
+            coverage=coverage,
+            sample_stride=50,
         )
         assert (fvs.summary["fwd_differ"], fvs.summary["rowgrad_differ"]) == (0, 0), fvs.summary
         assert "error" not in fvs.summary
-    sw = checks.batch_size_sweep(backend, OPTS, n=33, seeds=(3,), **QUICK)
+    sw = J.batch_size_sweep(backend, OPTS, sweep_n=33, sweep_seeds=(3,))
     assert (sw.summary["differ"], sw.summary["fwd_differ"], sw.summary["rowgrad_differ"]) == (0, 0, 0)
     assert ar.records == dw.records == sw.records == []
-    assert checks.batch_invariant(ar.summary, dw.summary, fvs.summary, sw.summary) is True
+    assert invariant(ar, dw, fvs, sw) is True
 
 
 def test_options_reach_the_backend() -> None:
     opts = OpOptions(group_size=32, norm_before_gate=False, activation="sigmoid")
-    ar = checks.all_rows(ReferenceBackend(), opts, ns=(7,), seeds=(3,), **QUICK)
+    ar = J.all_rows(ReferenceBackend(), opts, all_rows_sizes=(7,), all_rows_seeds=(3,))
     assert ar.summary["7"]["fwd_differ"] == 0
     with pytest.raises(ValueError, match="group_size"):
-        checks.all_rows(ReferenceBackend(), OpOptions(group_size=48), ns=(7,), **QUICK)
+        J.all_rows(ReferenceBackend(), OpOptions(group_size=48), all_rows_sizes=(7,))
 
 
 # -- batch-size-dependent output --------------------------------------------------------------------
@@ -128,7 +185,7 @@ def test_options_reach_the_backend() -> None:
 
 def test_batch_size_fault_is_caught_row_by_row() -> None:
     b = BatchSizeDependentOutput()
-    ar = checks.all_rows(b, OPTS, ns=(7, 63), seeds=(3, 4), **QUICK)
+    ar = J.all_rows(b, OPTS, all_rows_sizes=(7, 63), all_rows_seeds=(3, 4))
     expected = set()
     for n in (7, 63):
         per_n = 0
@@ -147,7 +204,7 @@ def test_batch_size_fault_is_caught_row_by_row() -> None:
     assert rec["cols_differ"] == 1 and rec["max_ulp"] == 1 and rec["max_abs"] > 0
     assert rec["batch_start"] == 0 and rec["batch_size"] == int(rec["case"].split("=")[1])
 
-    fvs = checks.full_vs_sub_batches(b, OPTS, full_rows=300, sub_sizes=(1, 7, 100), seeds=(3,), **QUICK)
+    fvs = J.full_vs_sub_batches(b, OPTS, sub_batches_rows=300, sub_batch_sizes=(1, 7, 100), sub_batches_seeds=(3,))
     x = make_case(300, 128, 3).x
     full_mask = batch_size_fault_mask(x)
     want = set()
@@ -158,11 +215,11 @@ def test_batch_size_fault_is_caught_row_by_row() -> None:
     got = {(r["batch_start"], r["batch_size"], r["row"]) for r in fvs.records}
     assert got == want and fvs.summary["fwd_differ"] == len(want) and fvs.summary["rowgrad_differ"] == 0
 
-    sw = checks.batch_size_sweep(b, OPTS, n=65, seeds=(3,), **QUICK)
+    sw = J.batch_size_sweep(b, OPTS, sweep_n=65, sweep_seeds=(3,))
     assert sw.summary["differ"] == sw.summary["fwd_differ"] == len(sw.records) > 0
     assert sw.summary["rowgrad_differ"] == 0
     # dweight is exact in this fault: only the forward checks see it
-    assert checks.dweight_repeatable(b, OPTS, rows=63, **QUICK).summary["dweight_repeatable"] is True
+    assert J.dweight_repeatable(b, OPTS, dweight_rows=63).summary["dweight_repeatable"] is True
 
 
 # -- position-dependent output ----------------------------------------------------------------------
@@ -170,11 +227,11 @@ def test_batch_size_fault_is_caught_row_by_row() -> None:
 
 def test_position_fault_is_caught_with_exact_positions() -> None:
     b = PositionDependentOutput()
-    ar = checks.all_rows(b, OPTS, ns=(7, 64), seeds=(5,), **QUICK)
+    ar = J.all_rows(b, OPTS, all_rows_sizes=(7, 64), all_rows_seeds=(5,))
     assert _record_rows(ar) == {(5, r, r) for n in (7, 64) for r in range(n) if r % 3 == 1}
     assert ar.summary["64"]["fwd_differ"] == sum(1 for r in range(64) if r % 3 == 1)
 
-    fvs = checks.full_vs_sub_batches(b, OPTS, full_rows=100, sub_sizes=(7, 30), seeds=(3,), **QUICK)
+    fvs = J.full_vs_sub_batches(b, OPTS, sub_batches_rows=100, sub_batch_sizes=(7, 30), sub_batches_seeds=(3,))
     want = {
         (s, r)
         for size in (7, 30)
@@ -185,12 +242,12 @@ def test_position_fault_is_caught_with_exact_positions() -> None:
     assert {(r["batch_start"], r["row"]) for r in fvs.records} == want
     assert all(r["position"] == r["row"] - r["batch_start"] for r in fvs.records)
 
-    sw = checks.batch_size_sweep(b, OPTS, n=65, seeds=(3, 4), **QUICK)
-    sizes, probes = checks.default_sweep_sizes(65), checks.default_probe_rows(65)
+    sw = J.batch_size_sweep(b, OPTS, sweep_n=65, sweep_seeds=(3, 4))
+    sizes, probes = default_sweep_sizes(65), default_probe_rows(65)
     expect = 2 * sum(1 for m in sizes for _ in probes for _, pos in checks.sweep_positions(m) if pos % 3 == 1)
     assert sw.summary["differ"] == expect > 0
     assert all(r["position"] % 3 == 1 and r["case"].startswith(f"m={r['batch_size']}/") for r in sw.records)
-    assert checks.dweight_repeatable(b, OPTS, rows=63, **QUICK).summary["dweight_repeatable"] is True
+    assert J.dweight_repeatable(b, OPTS, dweight_rows=63).summary["dweight_repeatable"] is True
 
 
 # -- dweight faults -----------------------------------------------------------------------------
@@ -198,21 +255,21 @@ def test_position_fault_is_caught_with_exact_positions() -> None:
 
 def test_nondeterministic_dweight_is_caught_only_by_dweight_repeatable() -> None:
     b = NondeterministicDweight()
-    dw = checks.dweight_repeatable(b, OPTS, rows=257, seed=3, **QUICK)
+    dw = J.dweight_repeatable(b, OPTS, dweight_rows=257, dweight_seed=3)
     assert dw.summary["dweight_repeatable"] is False
     (rec,) = dw.records
     assert rec["tensor"] == "dweight" and rec["row"] is None and rec["cols_differ"] == 2 and rec["max_ulp"] == 1
-    ar = checks.all_rows(b, OPTS, ns=(7,), seeds=(3,), **QUICK)
-    sw = checks.batch_size_sweep(b, OPTS, n=17, seeds=(3,), **QUICK)
-    fvs = checks.full_vs_sub_batches(b, OPTS, full_rows=30, sub_sizes=(1, 7), seeds=(3,), **QUICK)
+    ar = J.all_rows(b, OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
+    sw = J.batch_size_sweep(b, OPTS, sweep_n=17, sweep_seeds=(3,))
+    fvs = J.full_vs_sub_batches(b, OPTS, sub_batches_rows=30, sub_batch_sizes=(1, 7), sub_batches_seeds=(3,))
     assert ar.summary["7"]["fwd_differ"] == ar.summary["7"]["rowgrad_differ"] == 0
     assert sw.summary["differ"] == fvs.summary["fwd_differ"] == fvs.summary["rowgrad_differ"] == 0
-    assert checks.batch_invariant(ar.summary, dw.summary, fvs.summary, sw.summary) is False
+    assert invariant(ar, dw, fvs, sw) is False
 
 
 def test_order_dependent_dweight_is_repeatable() -> None:
     """A serial fold is deterministic: dweight_repeatable must NOT flag it (the gates do)."""
-    dw = checks.dweight_repeatable(OrderDependentDweight(), OPTS, rows=257, **QUICK)
+    dw = J.dweight_repeatable(OrderDependentDweight(), OPTS, dweight_rows=257)
     assert dw.summary["dweight_repeatable"] is True and dw.records == []
 
 
@@ -220,13 +277,13 @@ def test_order_dependent_dweight_is_repeatable() -> None:
 
 
 def test_forward_only_backend() -> None:
-    ar = checks.all_rows(ForwardOnly(), OPTS, ns=(7,), seeds=(3,), **QUICK)
+    ar = J.all_rows(ForwardOnly(), OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
     assert ar.summary["7"]["rowgrad_differ"] is None  # no gradients compared: not "none differ"
-    assert checks.dweight_repeatable(ForwardOnly(), OPTS, rows=7, **QUICK).summary["dweight_repeatable"] is None
-    bad = checks.all_rows(ForwardOnlyBatchSize(), OPTS, ns=(63,), seeds=(3,), **QUICK)
+    assert J.dweight_repeatable(ForwardOnly(), OPTS, dweight_rows=7).summary["dweight_repeatable"] is None
+    bad = J.all_rows(ForwardOnlyBatchSize(), OPTS, all_rows_sizes=(63,), all_rows_seeds=(3,))
     assert bad.summary["63"]["fwd_differ"] > 0 and bad.summary["63"]["rowgrad_differ"] is None
     assert {r["tensor"] for r in bad.records} == {"y"}
-    acc = checks.accuracy_latency(ForwardOnly(), OPTS, rows=63, warmup=0, iters=2, **QUICK)
+    acc = J.accuracy_latency(ForwardOnly(), OPTS, accuracy_rows=63, timing_warmup=0, timing_iters=2)
     assert acc.summary["grad_rel_err"] is None and acc.summary["fwd_bwd_us"] is None
     assert acc.summary["fwd_us"] > 0
 
@@ -250,8 +307,10 @@ def test_sampled_coverage_is_the_reports_2188_sub_batches() -> None:
 
 def test_sampled_run_reports_2188_on_the_full_protocol() -> None:
     """The real check on 262144 rows, forward only, narrow rows (the counts do not depend on d)."""
-    fvs = checks.full_vs_sub_batches(ForwardOnly(), OPTS, coverage="sampled", d=8, **QUICK)
-    s = fvs.summary
+    fvs = checks.run_check(
+        "full_vs_sub_batches", ForwardOnly(), RunParams(coverage="sampled", d=8, progress=False), "cpu", Trail()
+    )
+    s = to_json(fvs.summary)
     assert s["sub_batches"] == 2188 and s["full_batch"] == 262144
     assert s["sub_batch_sizes"] == [1, 7, 4097, 65536, 131072]
     assert s["rows_compared"] == 2 * (512 + 512 * 7 + 262144 * 3)
@@ -259,7 +318,9 @@ def test_sampled_run_reports_2188_on_the_full_protocol() -> None:
 
 
 def test_every_row_is_compared_with_coverage_all() -> None:
-    fvs = checks.full_vs_sub_batches(ForwardOnly(), OPTS, full_rows=101, sub_sizes=(1, 7, 50), seeds=(3,), **QUICK)
+    fvs = J.full_vs_sub_batches(
+        ForwardOnly(), OPTS, sub_batches_rows=101, sub_batch_sizes=(1, 7, 50), sub_batches_seeds=(3,)
+    )
     assert fvs.summary["rows_compared"] == 3 * 101
     assert fvs.summary["sub_batches"] == 101 + 15 + 3
 
@@ -267,21 +328,10 @@ def test_every_row_is_compared_with_coverage_all() -> None:
 # -- batch_size_sweep protocol ------------------------------------------------------------------------
 
 
-def test_sweep_protocol_is_the_reports() -> None:
-    sizes = checks.default_sweep_sizes(4097)
-    assert len(sizes) == 36 and sizes[:9] == list(range(1, 10)) and sizes[-3:] == [4095, 4096, 4097]
-    assert checks.default_probe_rows(4097) == [0, 515, 1027, 1539, 2051, 2563, 3075, 4096]
-    assert checks.sweep_positions(1) == [("first", 0)]
-    assert checks.sweep_positions(2) == [("first", 0), ("last", 1)]
-    assert checks.sweep_positions(65) == [("first", 0), ("mid", 32), ("last", 64)]
-    n_cmp = 3 * sum(len(checks.sweep_positions(m)) for m in sizes) * 8
-    assert n_cmp == 2520
-
-
 def test_sweep_runs_2520_comparisons() -> None:
-    sw = checks.batch_size_sweep(ForwardOnly(), OPTS, d=8, **QUICK)
-    assert sw.summary["comparisons"] == 2520 and sw.summary["differ"] == 0 and "error" not in sw.summary
-    assert sw.summary["batch_sizes"] == checks.default_sweep_sizes(4097)
+    sw = checks.run_check("batch_size_sweep", ForwardOnly(), RunParams(d=8, progress=False), "cpu", Trail()).summary
+    assert sw.comparisons == 2520 and sw.differ == 0 and sw.error is None
+    assert sw.batch_sizes == default_sweep_sizes(4097)
 
 
 # -- accuracy ---------------------------------------------------------------------------------------
@@ -289,10 +339,10 @@ def test_sweep_runs_2520_comparisons() -> None:
 
 def test_correctly_rounded_measure_can_fail() -> None:
     rows = 8192
-    exact = checks.accuracy_latency(ExactOnce(), OPTS, rows=rows, timing=False, **QUICK).summary
-    dbl = checks.accuracy_latency(DoubleRounding(), OPTS, rows=rows, timing=False, **QUICK).summary
-    trunc = checks.accuracy_latency(Truncating(), OPTS, rows=rows, timing=False, **QUICK).summary
-    ref = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=rows, timing=False, **QUICK).summary
+    exact = J.accuracy_latency(ExactOnce(), OPTS, accuracy_rows=rows, timing=False).summary
+    dbl = J.accuracy_latency(DoubleRounding(), OPTS, accuracy_rows=rows, timing=False).summary
+    trunc = J.accuracy_latency(Truncating(), OPTS, accuracy_rows=rows, timing=False).summary
+    ref = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=rows, timing=False).summary
     assert exact["fwd_correctly_rounded"] == 1.0
     assert exact["fwd_ulp_hist"]["0"] == rows * 128
     assert 0.999 < dbl["fwd_correctly_rounded"] < 1.0  # double rounding: rare, and caught
@@ -304,7 +354,7 @@ def test_correctly_rounded_measure_can_fail() -> None:
 
 
 def test_accuracy_summary_fields_and_histograms() -> None:
-    s = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=257, warmup=1, iters=3, **QUICK).summary
+    s = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=257, timing_warmup=1, timing_iters=3).summary
     for k in ("rows", "fwd_correctly_rounded", "fwd_max_abs_err", "fwd_us", "grad_rel_err", "fwd_bwd_us"):
         assert s[k] is not None, k  # the report's fields
     assert s["rows"] == 257 and s["timed"] is True and s["device"] == "cpu"
@@ -320,7 +370,7 @@ def test_accuracy_summary_fields_and_histograms() -> None:
     h = s["fwd_abs_err_hist"]
     assert len(h["counts"]) == len(h["edges"]) - 1
     assert sum(h["counts"]) + h["zero"] + h["under"] + h["over"] + h["nan"] == n
-    untimed = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=7, timing=False, **QUICK).summary
+    untimed = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=7, timing=False).summary
     assert untimed["timed"] is False and untimed["fwd_us"] is None and untimed["fwd_correctly_rounded"] is not None
 
 
@@ -338,13 +388,13 @@ class _StarClock:
 
 def test_accuracy_latency_records_which_timings_ran_host_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """A time with host overhead in it is flagged, per timing, never silently reported as GPU time."""
-    real = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=7, warmup=0, iters=2, **QUICK).summary
+    real = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert real["host_bound"] == {"add": False, "fwd": False, "fwd_bwd": False}  # the CPU clock never is
     monkeypatch.setattr(accuracy, "_clock", lambda device: _StarClock())
-    s = checks.accuracy_latency(ReferenceBackend(), OPTS, rows=7, warmup=0, iters=2, **QUICK).summary
+    s = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert s["host_bound"] == {"add": False, "fwd": True, "fwd_bwd": True}
     assert (s["roofline_add_us"], s["fwd_us"], s["fwd_us_p20"], s["fwd_bwd_us"]) == (10.0, 20.0, 18.0, 30.0)
-    fwd_only = checks.accuracy_latency(ForwardOnly(), OPTS, rows=7, warmup=0, iters=2, **QUICK).summary
+    fwd_only = J.accuracy_latency(ForwardOnly(), OPTS, accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert fwd_only["host_bound"] == {"add": False, "fwd": True}  # no backward: no fwd_bwd timing to flag
 
 
@@ -353,11 +403,16 @@ def test_accuracy_latency_records_which_timings_ran_host_bound(monkeypatch: pyte
 
 def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
     rows = 63
-    res = checks.agreement_matrix(
-        [ReferenceBackend(), PositionDependentOutput(), Raises()], OPTS, rows=rows, seed=3, **QUICK
-    )
-    s = res.summary
-    assert s["backends"] == ["reference", "rlnorm.kit.faults:PositionDependentOutput", "test:Raises"]
+    params = RunParams(agreement_rows=rows, agreement_seed=3, progress=False)
+    outputs: dict[str, Tensor | None] = {}
+    errors: dict[str, str] = {}
+    for b in (ReferenceBackend(), PositionDependentOutput(), Raises()):
+        try:
+            outputs[b.key] = checks.agreement_output(b, params, "cpu", Trail())
+        except RuntimeError as exc:
+            outputs[b.key], errors[b.key] = None, str(exc)
+    s = to_json(checks.agreement_from_outputs(outputs, rows, 3, errors))
+    assert s["backends"] == ["reference", PositionDependentOutput.key, "test:Raises"]
     bumped = sum(1 for r in range(rows) if r % 3 == 1)  # one element (column 0) per bumped row
     f = 1 - bumped / (rows * 128)
     assert s["equal_fraction"][0][:2] == [1.0, pytest.approx(f)]
@@ -373,27 +428,27 @@ def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
 def test_a_raising_backend_is_recorded_not_fatal() -> None:
     b = Raises()
     for res in (
-        checks.all_rows(b, OPTS, ns=(7,), seeds=(3,), **QUICK),
-        checks.dweight_repeatable(b, OPTS, rows=7, **QUICK),
-        checks.full_vs_sub_batches(b, OPTS, full_rows=10, sub_sizes=(1,), seeds=(3,), **QUICK),
-        checks.batch_size_sweep(b, OPTS, n=9, seeds=(3,), **QUICK),
-        checks.accuracy_latency(b, OPTS, rows=7, **QUICK),
+        J.all_rows(b, OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,)),
+        J.dweight_repeatable(b, OPTS, dweight_rows=7),
+        J.full_vs_sub_batches(b, OPTS, sub_batches_rows=10, sub_batch_sizes=(1,), sub_batches_seeds=(3,)),
+        J.batch_size_sweep(b, OPTS, sweep_n=9, sweep_seeds=(3,)),
+        J.accuracy_latency(b, OPTS, accuracy_rows=7),
     ):
         assert "planted crash" in res.summary["error"]
-    assert checks.batch_invariant({"error": "x"}, None, None, None) is None
+    assert checks.batch_invariant(BatchInvariance(all_rows=AllRows(error="x"))) is None
 
 
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: checks.all_rows(ReferenceBackend(), OPTS, ns=(), **QUICK), "ns"),
-        (lambda: checks.all_rows(ReferenceBackend(), OPTS, ns=(0,), **QUICK), r"ns\[0\]"),
-        (lambda: checks.full_vs_sub_batches(ReferenceBackend(), OPTS, coverage="some", **QUICK), "coverage"),
-        (lambda: checks.batch_size_sweep(ReferenceBackend(), OPTS, n=9, sizes=(10,), **QUICK), "sizes"),
-        (lambda: checks.batch_size_sweep(ReferenceBackend(), OPTS, n=9, probe_rows=(9,), **QUICK), "probe_rows"),
-        (lambda: checks.dweight_repeatable(ReferenceBackend(), OPTS, rows=7, repeats=1, **QUICK), "repeats"),
-        (lambda: checks.accuracy_latency(ReferenceBackend(), OPTS, rows=0, **QUICK), "rows"),
-        (lambda: checks.all_rows(ReferenceBackend(), OPTS, ns=(7,), device="gpu0", progress=False), "device"),
+        (lambda: J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=()), "all_rows_sizes"),
+        (lambda: J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=(0,)), r"all_rows_sizes\[0\]"),
+        (lambda: J.full_vs_sub_batches(ReferenceBackend(), OPTS, coverage="some"), "coverage"),
+        (lambda: J.batch_size_sweep(ReferenceBackend(), OPTS, sweep_n=9, sweep_sizes=(10,)), "sweep_sizes"),
+        (lambda: J.batch_size_sweep(ReferenceBackend(), OPTS, sweep_n=9, sweep_probe_rows=(9,)), "sweep_probe_rows"),
+        (lambda: J.dweight_repeatable(ReferenceBackend(), OPTS, dweight_rows=7, repeats=1), "repeats"),
+        (lambda: J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=0), "accuracy_rows"),
+        (lambda: J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=(7,), device="gpu0", progress=False), "device"),
     ],
 )
 def test_bad_parameters_name_themselves(call, match) -> None:  # type: ignore[no-untyped-def]
@@ -403,27 +458,32 @@ def test_bad_parameters_name_themselves(call, match) -> None:  # type: ignore[no
 
 def test_bad_types_name_themselves() -> None:
     with pytest.raises(TypeError, match="backend"):
-        checks.all_rows(object(), OPTS, ns=(7,), **QUICK)  # type: ignore[arg-type]
+        J.all_rows(object(), OPTS, all_rows_sizes=(7,))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="opts"):
-        checks.all_rows(ReferenceBackend(), {"eps": 1e-6}, ns=(7,), **QUICK)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="seeds"):
-        checks.all_rows(ReferenceBackend(), OPTS, ns=(7,), seeds=3, **QUICK)  # type: ignore[arg-type]
+        J.all_rows(ReferenceBackend(), {"eps": 1e-6}, all_rows_sizes=(7,))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="all_rows_seeds"):
+        J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=(7,), all_rows_seeds=3)  # type: ignore[arg-type]
 
 
 def test_records_fit_the_record_table() -> None:
-    ar = checks.all_rows(PositionDependentOutput(), OPTS, ns=(7,), seeds=(3,), **QUICK)
+    ar = J.all_rows(PositionDependentOutput(), OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
     assert all(set(r) == set(RECORD_COLUMNS) for r in ar.records)
     df = records_frame(ar.records)
     assert list(df.columns) == RECORD_COLUMNS and len(df) == 2
 
 
 def test_max_records_caps_records_not_counts() -> None:
-    fvs = checks.full_vs_sub_batches(
-        PositionDependentOutput(), OPTS, full_rows=60, sub_sizes=(7,), seeds=(3,), max_records=5, **QUICK
+    fvs = J.full_vs_sub_batches(
+        PositionDependentOutput(),
+        OPTS,
+        sub_batches_rows=60,
+        sub_batch_sizes=(7,),
+        sub_batches_seeds=(3,),
+        max_records=5,
     )
     assert len(fvs.records) == 5 and fvs.summary["fwd_differ"] > 5
     assert fvs.summary["records_dropped"] == fvs.summary["fwd_differ"] - 5
-    ar = checks.all_rows(PositionDependentOutput(), OPTS, ns=(7, 63), seeds=(3,), max_records=1, **QUICK)
+    ar = J.all_rows(PositionDependentOutput(), OPTS, all_rows_sizes=(7, 63), all_rows_seeds=(3,), max_records=1)
     assert len(ar.records) == 1
     assert (ar.summary["7"]["records_dropped"], ar.summary["63"]["records_dropped"]) == (1, 21)
 
@@ -463,9 +523,15 @@ def _alone(backend: Backend, case, use_graphs: bool, graph_rows: int):  # type: 
 @cuda_only
 def test_graph_path_still_catches_a_planted_fault() -> None:
     b = ForwardOnlyPosition()
-    kw = {"full_rows": 20000, "sub_sizes": (1, 7), "seeds": (3,), "device": "cuda", "progress": False}
-    g = checks.full_vs_sub_batches(b, OPTS, **kw)
-    e = checks.full_vs_sub_batches(b, OPTS, use_graphs=False, **kw)
+    kw = {
+        "sub_batches_rows": 20000,
+        "sub_batch_sizes": (1, 7),
+        "sub_batches_seeds": (3,),
+        "device": "cuda",
+        "progress": False,
+    }
+    g = J.full_vs_sub_batches(b, OPTS, **kw)
+    e = J.full_vs_sub_batches(b, OPTS, use_graphs=False, **kw)
     assert g.summary["alone_path"] == {"1": "cuda_graph", "7": "cuda_graph"}
     assert g.summary["fwd_differ"] == e.summary["fwd_differ"] > 0
     assert [r["row"] for r in g.records] == [r["row"] for r in e.records]
@@ -474,7 +540,9 @@ def test_graph_path_still_catches_a_planted_fault() -> None:
 @cuda_only
 def test_uncapturable_backend_falls_back_to_eager_and_says_so() -> None:
     """ExactReferenceBackend sums dweight on the CPU (a sync): capture fails, eager runs, the result stands."""
-    res = checks.all_rows(ExactReferenceBackend(), OPTS, ns=(4097,), seeds=(3,), device="cuda", progress=False)
+    res = J.all_rows(
+        ExactReferenceBackend(), OPTS, all_rows_sizes=(4097,), all_rows_seeds=(3,), device="cuda", progress=False
+    )
     assert res.summary["4097"]["alone_path"].startswith("eager (")
     assert res.summary["4097"]["fwd_differ"] == res.summary["4097"]["rowgrad_differ"] == 0
 
@@ -504,23 +572,52 @@ class SlowHostAfterWarmup(ReferenceBackend):
 def test_accuracy_latency_flags_a_host_bound_forward_on_the_gpu() -> None:
     warmup = 1
     quick = 1 + warmup + 1  # the accuracy pass's forward, the warm-up, the clock's probe of the host time
-    s = checks.accuracy_latency(
-        SlowHostAfterWarmup(quick), OPTS, rows=4096, warmup=warmup, iters=20, device="cuda", progress=False
+    s = J.accuracy_latency(
+        SlowHostAfterWarmup(quick),
+        OPTS,
+        accuracy_rows=4096,
+        timing_warmup=warmup,
+        timing_iters=20,
+        device="cuda",
+        progress=False,
     ).summary
     assert s["host_bound"] == {"add": False, "fwd": True}
     assert s["fwd_us"] > 1000  # the 3 ms host gaps are inside the events: the flag says so
 
 
 def test_a_forward_only_backend_compares_no_gradients_and_says_so() -> None:
-    fvs = checks.full_vs_sub_batches(ForwardOnly(), OPTS, full_rows=15, sub_sizes=(7,), seeds=(3,), **QUICK)
-    sw = checks.batch_size_sweep(ForwardOnly(), OPTS, n=17, sizes=[1, 9], probe_rows=[0, 16], seeds=[3], **QUICK)
-    ar = checks.all_rows(ForwardOnly(), OPTS, ns=(7,), seeds=(3,), **QUICK)
-    assert fvs.summary["rowgrad_differ"] is None and sw.summary["rowgrad_differ"] is None
+    fvs = J.full_vs_sub_batches(ForwardOnly(), OPTS, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
+    sw = J.batch_size_sweep(
+        ForwardOnly(), OPTS, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3]
+    )
+    ar = J.all_rows(ForwardOnly(), OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
+    # the sweep's JSON leaves a None rowgrad_differ out (the reference report has no such key)
+    assert fvs.summary["rowgrad_differ"] is None and sw.summary.get("rowgrad_differ") is None
     assert (fvs.summary["fwd_differ"], sw.summary["fwd_differ"], sw.summary["differ"]) == (0, 0, 0)
-    assert checks.batch_invariant(ar.summary, {"dweight_repeatable": None}, fvs.summary, sw.summary) is True
+    assert invariant(ar, Ran({"dweight_repeatable": None}, [], None), fvs, sw) is True
 
 
 def test_dweight_repeatable_says_how_many_records_the_cap_dropped() -> None:
-    dw = checks.dweight_repeatable(NondeterministicDweight(), OPTS, rows=257, repeats=3, max_records=0, **QUICK)
+    dw = J.dweight_repeatable(NondeterministicDweight(), OPTS, dweight_rows=257, repeats=3, max_records=0)
     assert dw.summary["dweight_repeatable"] is False and dw.records == []
     assert dw.summary["records_dropped"] == 2  # each repeat that differed from the first
+
+
+def test_the_trail_names_each_batch_before_the_backend_gets_it() -> None:
+    """The breadcrumb a crashed backend leaves: the last batch named is the one it was given, rebuilt exactly."""
+    seen: list[dict[str, Any]] = []
+    J.full_vs_sub_batches(
+        ReferenceBackend(),
+        OPTS,
+        sub_batches_rows=10,
+        sub_batch_sizes=(4,),
+        sub_batches_seeds=(5,),
+        trail=Trail(seen.append),
+    )
+    assert [s["batch"] for s in seen] == [
+        {"kind": "slice", "start": s, "size": m} for s, m in ((0, 10), (0, 4), (8, 2))
+    ]
+    assert {s["check"] for s in seen} == {"full_vs_sub_batches"}
+    assert torch.equal(rebuild_case(seen[-1]).batch.x, make_case(10, 128, 5).x[8:10])
+    J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=(3,), all_rows_seeds=(3,))  # no trail: nothing named
+    assert len(seen) == 3

@@ -1,37 +1,87 @@
 """The reuse checks of docs/spec.md §5: batch invariance per row, dweight repeatability, accuracy and latency.
 
-Every check takes `(backend, opts, device, ...sizes/seeds...)` and returns `CheckResult(summary,
-records)`: `summary` holds the seed report's fields for that check (plus the NEW ones), `records`
-one dict per differing (row, tensor) in the columns of `rlnorm.kit.records.RECORD_COLUMNS`, each with
-the JSON that `rlnorm.kit.records.rebuild_case` needs to rebuild the compared batch. A backend that
-raises inside a check ends only that check: its summary carries `error` and the records so far.
+Every check takes `(backend, opts, device, *, <its run parameters by their RunParams names>, trail, progress)` and
+returns a `CheckOutcome`: its typed summary (`rlnorm.kit.results`), one `Record` per differing (row, tensor),
+each with the JSON `rlnorm.kit.records.rebuild_case` needs to rebuild the compared batch, and the error that
+ended it early (a backend that raises inside a check ends only that check). `run_check` is the one place that
+maps a run's parameters onto a check: it passes each field of `RunParams` the check names.
 """
 
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
 from rlnorm.kit.checks.accuracy import accuracy_latency
-from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_matrix, agreement_output
-from rlnorm.kit.checks.common import INVARIANCE_CHECKS, CheckResult, batch_invariant, following
+from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
+from rlnorm.kit.checks.common import CheckOutcome, Dweight, Trail
 from rlnorm.kit.checks.dweight import dweight_repeatable
 from rlnorm.kit.checks.rows import COVERAGES, all_rows, full_vs_sub_batches, sub_batch_plan
-from rlnorm.kit.checks.sweep import batch_size_sweep, default_probe_rows, default_sweep_sizes, sweep_positions
-from rlnorm.kit.checks.trainer_sampler import trainer_vs_sampler
+from rlnorm.kit.checks.sweep import batch_size_sweep, sweep_positions
+from rlnorm.kit.results import BatchInvariance
+
+if TYPE_CHECKING:
+    from rlnorm.kit.backends import Backend
+    from rlnorm.kit.params import RunParams
 
 __all__ = [
+    "CHECK_ORDER",
     "COVERAGES",
     "INVARIANCE_CHECKS",
-    "CheckResult",
+    "CheckOutcome",
+    "Dweight",
+    "Trail",
     "accuracy_latency",
     "agreement_from_outputs",
-    "agreement_matrix",
     "agreement_output",
     "all_rows",
     "batch_invariant",
     "batch_size_sweep",
-    "default_probe_rows",
-    "default_sweep_sizes",
     "dweight_repeatable",
-    "following",
     "full_vs_sub_batches",
+    "run_check",
     "sub_batch_plan",
     "sweep_positions",
-    "trainer_vs_sampler",
 ]
+
+# the per-backend checks, in the order a run gives them and reports them
+CHECKS: dict[str, Callable[..., CheckOutcome]] = {
+    "all_rows": all_rows,
+    "dweight_repeatable": dweight_repeatable,
+    "full_vs_sub_batches": full_vs_sub_batches,
+    "batch_size_sweep": batch_size_sweep,
+    "accuracy_latency": accuracy_latency,
+}
+CHECK_ORDER: tuple[str, ...] = tuple(CHECKS)
+# the checks whose verdicts make `batch_invariant`, in the report's order
+INVARIANCE_CHECKS = CHECK_ORDER[:4]
+
+
+def run_check(name: str, backend: Backend, params: RunParams, device: str, trail: Trail) -> CheckOutcome:
+    """Check `name` of `backend` on `device` (resolved), with the run's value of each parameter it names."""
+    if name not in CHECKS:
+        raise ValueError(f"name: expected one of {list(CHECKS)}, got {name!r}")
+    check = CHECKS[name]
+    fields = {f.name for f in dataclasses.fields(params)} - {"device"}
+    kwargs = {k: getattr(params, k) for k in inspect.signature(check).parameters if k in fields}
+    return check(backend, params.op_options(), device, trail=trail, **kwargs)
+
+
+def batch_invariant(inv: BatchInvariance, errors: Mapping[str, str] | None = None) -> bool | None:
+    """False on any difference (or a non-repeatable dweight); None if a row check is missing or raised (its
+    summary's error, or `errors[check]`); else True. A dweight_repeatable of None (no backward) is no verdict."""
+    counts: list[int] = []
+    if inv.all_rows is not None:
+        # rowgrad_differ is None where gradients were not compared (a forward-only backend)
+        counts += [(s.fwd_differ or 0) + (s.rowgrad_differ or 0) for s in inv.all_rows.sizes.values()]
+    for s in (inv.full_vs_sub_batches, inv.batch_size_sweep):
+        if s is not None:
+            counts += [s.fwd_differ or 0, s.rowgrad_differ or 0, getattr(s, "differ", 0) or 0]
+    if any(c > 0 for c in counts) or inv.dweight_repeatable is False:
+        return False
+    parts = (inv.all_rows, inv.full_vs_sub_batches, inv.batch_size_sweep)
+    if any(p is None or p.error for p in parts) or any(c in (errors or {}) for c in INVARIANCE_CHECKS):
+        return None
+    return True

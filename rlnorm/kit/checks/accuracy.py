@@ -12,23 +12,24 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import describe_error
-from rlnorm.numerics import round_once, ulp_distance
-from rlnorm.options import OpOptions
-from rlnorm.reference import gated_rmsnorm_math
-from rlnorm.timing import CpuClock, CudaClock
-
-if TYPE_CHECKING:
-    from rlnorm.kit.backends import Backend
 from rlnorm.kit.checks.common import (
-    TRAIL,
-    CheckResult,
+    X_DTYPE,
+    CheckOutcome,
+    Trail,
     backend_key,
     case_spec,
     check_common,
     check_int,
     has_backward,
 )
+from rlnorm.kit.results import Accuracy
+from rlnorm.numerics import round_once, ulp_distance
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+from rlnorm.timing import CpuClock, CudaClock, describe_error
+
+if TYPE_CHECKING:
+    from rlnorm.kit.backends import Backend
 
 ULP_HIST_MAX = 16  # fwd_ulp_hist buckets "0".."15", then "16+"
 ABS_ERR_EDGES = [10.0 ** (k / 4) for k in range(-48, 9)]  # 1e-12 .. 1e2, four per decade
@@ -81,124 +82,92 @@ def _abs_err_hist(err: Tensor) -> dict[str, Any]:
 
 def accuracy_latency(
     backend: Backend,
-    opts: OpOptions | None = None,
-    device: str = "cpu",
-    rows: int = 262144,
-    seed: int = 11,
-    d: int = 128,
-    dtype: torch.dtype = torch.bfloat16,
-    weight_dtype: torch.dtype | None = None,
+    opts: OpOptions | None,
+    device: str,
     *,
-    timing: bool = True,
-    warmup: int = 10,
-    iters: int = 50,
+    accuracy_rows: int,
+    accuracy_seed: int,
+    timing: bool,
+    timing_warmup: int,
+    timing_iters: int,
+    d: int,
+    weight_dtype: str | torch.dtype,
+    trail: Trail | None = None,
     progress: bool = True,
-) -> CheckResult:
+) -> CheckOutcome:
     """Accuracy against fp64 (rounded ONCE for correct rounding) and latency against the same-run
     `torch.add` roofline. Summary fields: docs/design.md "Fields shared by checks, artifact and plots"."""
-    check_int("rows", rows, 1)
-    check_int("seed", seed)
-    check_int("warmup", warmup)
-    check_int("iters", iters, 1)
+    rows = check_int("accuracy_rows", accuracy_rows, 1)
+    seed = check_int("accuracy_seed", accuracy_seed)
+    warmup = check_int("timing_warmup", timing_warmup)
+    iters = check_int("timing_iters", timing_iters, 1)
     if not isinstance(timing, bool):
         raise TypeError(f"timing: expected a bool, got {timing!r}")
-    opts = check_common(backend, opts, device, d)
-    wdt = weight_dtype or dtype
+    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
+    trail = trail or Trail()
     dev = torch.device(device)
     with_grad = has_backward(backend)
-    summary: dict[str, Any] = {
-        "rows": rows,
-        "fwd_correctly_rounded": None,
-        "fwd_max_abs_err": None,
-        "fwd_us": None,
-        "grad_rel_err": None,
-        "fwd_bwd_us": None,
-        "fwd_us_p20": None,
-        "fwd_us_p80": None,
-        "fwd_bwd_us_p20": None,
-        "fwd_bwd_us_p80": None,
-        "fwd_gbps": None,
-        "fwd_bwd_gbps": None,
-        "roofline_add_us": None,
-        "fwd_roofline_ratio": None,
-        "fwd_bwd_roofline_ratio": None,
-        "fwd_ulp_hist": None,
-        "fwd_abs_err_hist": None,
-        "device": str(dev),
-        "timed": False,
-    }
+    s = Accuracy(rows=rows, device=str(dev), timed=False)
     bar = tqdm(total=4, desc=f"{backend_key(backend)} accuracy_latency", disable=not progress)
     try:
-        case = make_case(rows, d, seed, dtype, wdt, device)
+        case = make_case(rows, d, seed, X_DTYPE, wdt, device)
         x, z, w, dy = case.x, case.z, case.w, case.dy
-        TRAIL.at_case("accuracy_latency", case_spec(rows, d, seed, dtype, wdt), opts)
-        TRAIL.at_batch({"kind": "slice", "start": 0, "size": rows})
+        trail.case("accuracy_latency", case_spec(rows, d, seed, wdt), opts)
+        trail.batch({"kind": "slice", "start": 0, "size": rows})
         # -- forward accuracy
         y = backend.forward(x, z, w, opts).detach()
         with torch.no_grad():
             y64 = gated_rmsnorm_math(x, z, w, opts, torch.float64)
-            oracle = round_once(y64, y.dtype)
-            ulp = ulp_distance(y, oracle)
-            summary["fwd_correctly_rounded"] = float((ulp == 0).double().mean())
+            ulp = ulp_distance(y, round_once(y64, y.dtype))
+            s.fwd_correctly_rounded = float((ulp == 0).double().mean())
             err = (y.double() - y64).abs()
             # NaN/inf have no place in JSON: non-finite errors show as None here and in the histograms
-            summary["fwd_max_abs_err"] = _finite_or_none(float(err.max()))
-            summary["fwd_ulp_hist"] = _ulp_hist(ulp)
-            summary["fwd_abs_err_hist"] = _abs_err_hist(err)
-            del y64, oracle, ulp, err
+            s.fwd_max_abs_err = _finite_or_none(float(err.max()))
+            s.fwd_ulp_hist = _ulp_hist(ulp)
+            s.fwd_abs_err_hist = _abs_err_hist(err)
+            del y64, ulp, err
         bar.update()
         # -- gradient accuracy against fp64 autograd
         if with_grad:
             g = backend.forward_backward(x, z, w, dy, opts)
-            leaves = [
-                x.double().requires_grad_(),
-                None if z is None else z.double().requires_grad_(),
-                w.double().requires_grad_(),
-            ]
+            leaves = [x.double().requires_grad_(), None if z is None else z.double().requires_grad_()]
+            leaves.append(w.double().requires_grad_())
             with torch.enable_grad():
-                r = gated_rmsnorm_math(leaves[0], leaves[1], leaves[2], opts, torch.float64)
-                r.backward(dy.double())
-            rel: dict[str, float | None] = {}
+                gated_rmsnorm_math(leaves[0], leaves[1], leaves[2], opts, torch.float64).backward(dy.double())
+            s.grad_rel_err = {}
             for name, got, leaf in (("x", g.dx, leaves[0]), ("z", g.dz, leaves[1]), ("w", g.dw, leaves[2])):
                 if got is None or leaf is None or leaf.grad is None:
-                    rel[name] = None
+                    s.grad_rel_err[name] = None
                     continue
-                ref = leaf.grad
-                denom = float(ref.abs().max())
-                num = float((got.detach().double() - ref).abs().max())
-                rel[name] = _finite_or_none(num / denom if denom > 0 else (0.0 if num == 0 else math.inf))
-            summary["grad_rel_err"] = rel
-            del g, leaves, r
+                denom = float(leaf.grad.abs().max())
+                num = float((got.detach().double() - leaf.grad).abs().max())
+                s.grad_rel_err[name] = _finite_or_none(num / denom if denom > 0 else (0.0 if num == 0 else math.inf))
+            del g, leaves
         bar.update()
         # -- latency
         if timing:
-            elem = x.element_size()
-            n_el = x.numel()
+            moved = x.numel() * x.element_size()
             out = torch.empty_like(x)
             clock = _clock(dev)
             add_t = clock.events(lambda: torch.add(x, z, out=out), iters, warmup)
-            summary["roofline_add_us"] = add_t.us
+            s.roofline_add_us = add_t.us
             host_bound = {"add": add_t.host_bound}
             t = clock.events(lambda: backend.forward(x, z, w, opts), iters, warmup)
-            summary.update(fwd_us=t.us, fwd_us_p20=t.p20, fwd_us_p80=t.p80, fwd_gbps=3 * n_el * elem / (t.us * 1e3))
-            summary["fwd_roofline_ratio"] = t.us / summary["roofline_add_us"]
+            s.fwd_us, s.fwd_us_p20, s.fwd_us_p80, s.fwd_gbps = t.us, t.p20, t.p80, 3 * moved / (t.us * 1e3)
+            s.fwd_roofline_ratio = t.us / add_t.us
             host_bound["fwd"] = t.host_bound
             bar.update()
             if with_grad:
                 t = clock.events(lambda: backend.forward_backward(x, z, w, dy, opts), iters, warmup)
-                summary.update(
-                    fwd_bwd_us=t.us,
-                    fwd_bwd_us_p20=t.p20,
-                    fwd_bwd_us_p80=t.p80,
-                    fwd_bwd_gbps=8 * n_el * elem / (t.us * 1e3),
-                )
-                summary["fwd_bwd_roofline_ratio"] = t.us / (8 / 3 * summary["roofline_add_us"])
+                s.fwd_bwd_us, s.fwd_bwd_us_p20, s.fwd_bwd_us_p80 = t.us, t.p20, t.p80
+                s.fwd_bwd_gbps = 8 * moved / (t.us * 1e3)
+                s.fwd_bwd_roofline_ratio = t.us / (8 / 3 * add_t.us)
                 host_bound["fwd_bwd"] = t.host_bound
-            summary["host_bound"] = host_bound  # True: the GPU queue ran dry, the time includes host overhead
-            summary["timed"] = True
+            s.host_bound = host_bound  # True: the GPU queue ran dry, the time includes host overhead
+            s.timed = True
         bar.update(bar.total - bar.n)
     except Exception as exc:
-        summary["error"] = describe_error(exc)
+        s.error = describe_error(exc)
     finally:
         bar.close()
-    return CheckResult(summary, [])
+    return CheckOutcome(s, [], s.error)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,7 @@ from torch import Tensor
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import describe_error, dist_version
-from rlnorm.kit.checks.common import CheckResult, bits, check_int
+from rlnorm.kit.checks.common import bits, check_int
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
@@ -56,6 +57,13 @@ __all__ = [
 QWEN3_NEXT_OPTIONS = {"group_size": None, "norm_before_gate": True, "activation": "silu"}
 SHOWN_ROWS = 10  # differing rows listed by index in the summary (the counts are complete)
 Side = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass
+class SamplerCheck:
+    """The check's summary (it has no per-row records)."""
+
+    summary: dict[str, Any]
 
 
 def row_scales(rows: int) -> Tensor:
@@ -189,7 +197,7 @@ def trainer_vs_sampler(
     heads: int = 2,
     decode_tokens: int = 8,
     opts: OpOptions | None = None,
-) -> CheckResult:
+) -> SamplerCheck:
     """Run the same `rows` rows (make_case(rows, d, seed), x scaled per row) through both pairs; see the module.
 
     opts: the run's op options; anything but Qwen3-Next's norm (whole rows, norm before a silu gate) is skipped
@@ -224,14 +232,14 @@ def trainer_vs_sampler(
                 f"the trainer's norm is Qwen3-Next's ({QWEN3_NEXT_OPTIONS}); the run's options differ: "
                 + ", ".join(f"{k}={getattr(opts, k)!r}" for k in other)
             )
-            return CheckResult(summary)
+            return SamplerCheck(summary)
     try:
         from rlnorm.integrations.qwen3_next import tiny_config
 
         config = tiny_config(d=d, eps=eps, heads=heads)
     except Exception as exc:
         summary["error"] = f"cannot build a Qwen3-Next config with transformers: {describe_error(exc)}"
-        return CheckResult(summary)
+        return SamplerCheck(summary)
     case = make_case(rows, d, seed, dtype, wdt)
     x = (case.x.float() * row_scales(rows)).to(dtype).to(device)
     z = case.z.to(device)
@@ -241,7 +249,7 @@ def trainer_vs_sampler(
     for name, patched in (("patched", True), ("unpatched", False)):
         summary["pairs"][name] = _pair(config, case.w, patched, x, z, plan, device, reason)
     summary["agree"] = summary["pairs"]["patched"]["bitwise_equal"]
-    return CheckResult(summary)
+    return SamplerCheck(summary)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
