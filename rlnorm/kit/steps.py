@@ -38,7 +38,6 @@ from rlnorm.kit.results import (
     ARTIFACT_KIND,
     OP,
     SCHEMA_VERSION,
-    Agreement,
     Record,
     RunResult,
     StepFailure,
@@ -289,8 +288,9 @@ def run_agreement(run: Run) -> None:
     def body() -> None:
         p, results = run.params, run.result.results
         errors = {k: r.errors["agreement"] for k, r in results.items() if "agreement" in (r.errors or {})}
-        got = checks.agreement_from_outputs(run.agreement_outputs, p.agreement_rows, p.agreement_seed, errors)
-        run.result.agreement = from_json(Agreement, got.summary)  # shim until agreement_from_outputs is typed
+        run.result.agreement = checks.agreement_from_outputs(
+            run.agreement_outputs, p.agreement_rows, p.agreement_seed, errors
+        )
 
     run_step(run, "agreement", body)
 

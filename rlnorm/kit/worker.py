@@ -23,6 +23,7 @@ later check would fail for that reason and not its own, so the worker records it
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -31,7 +32,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -41,20 +41,15 @@ from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.folders import write_atomic
 from rlnorm.kit.params import RunParams, load_params
 from rlnorm.kit.process import Child, Ended, run_child
-from rlnorm.kit.records import REBUILD_VERSION, rebuild_case
+from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.results import (
-    Accuracy,
-    AllRows,
     BackendResult,
     BatchInvariance,
     Crash,
     Record,
-    SubBatches,
-    Sweep,
     from_json,
     to_json,
 )
-from rlnorm.options import OpOptions
 
 __all__ = ["EXIT_DEVICE_ERROR", "PLAIN_ENV", "BackendWorker", "WorkerReport", "main", "run_backend", "run_batch"]
 
@@ -64,7 +59,6 @@ RESULT_FILE = "result.json"
 TRAIL_FILE = "trail.json"
 AGREEMENT_FILE = "agreement.pt"
 EXIT_DEVICE_ERROR = 70  # the device is in an error state; what was finished is in result.json
-CHECK_ORDER = (*checks.INVARIANCE_CHECKS, "accuracy_latency")
 
 
 @dataclass
@@ -78,78 +72,6 @@ class WorkerReport:
     device_error: dict[str, str] | None = None  # {check, error}: the device was lost in that check
     seconds: float = 0.0  # the process, from release to its end
     agreement_output: Any = field(default=None, metadata={"json": False})  # a CPU tensor, from agreement.pt
-
-
-# -- shim until run_check: today's check functions, with the signatures and types of checks.run_check ------------
-class _Trail:  # shim until checks.Trail
-    def __init__(self, write: Callable[[dict[str, Any]], None]) -> None:
-        self.write, self.where = write, {}
-
-    def case(self, check: str, case_spec: dict[str, Any], opts: OpOptions) -> None:
-        self.where = {"v": REBUILD_VERSION, "check": check, "case": case_spec, "opts": opts.as_dict()}
-
-    def batch(self, batch_spec: dict[str, Any]) -> None:
-        self.write({**self.where, "batch": batch_spec})
-
-
-_SUMMARY: dict[str, Any] = {
-    "all_rows": AllRows,
-    "full_vs_sub_batches": SubBatches,
-    "batch_size_sweep": Sweep,
-    "accuracy_latency": Accuracy,
-}
-
-
-def _run_check(name: str, backend: Backend, params: RunParams, device: str, trail: _Trail) -> SimpleNamespace:
-    p = params
-    common = {"opts": p.op_options(), "device": device, "d": p.d, "weight_dtype": getattr(torch, p.weight_dtype)}
-    common["progress"] = p.progress and os.environ.get(PLAIN_ENV) != "1"
-    capped = {**common, "max_records": p.max_records}
-    calls = {
-        "all_rows": lambda: checks.all_rows(backend, ns=p.all_rows_sizes, seeds=p.all_rows_seeds, **capped),
-        "dweight_repeatable": lambda: checks.dweight_repeatable(
-            backend, rows=p.dweight_rows, seed=p.dweight_seed, **capped
-        ),
-        "full_vs_sub_batches": lambda: checks.full_vs_sub_batches(
-            backend, full_rows=p.sub_batches_rows, sub_sizes=p.sub_batch_sizes, seeds=p.sub_batches_seeds,
-            coverage=p.coverage, **capped,
-        ),
-        "batch_size_sweep": lambda: checks.batch_size_sweep(
-            backend, n=p.sweep_n, sizes=p.sweep_sizes, probe_rows=p.sweep_probe_rows, seeds=p.sweep_seeds, **capped
-        ),
-        "accuracy_latency": lambda: checks.accuracy_latency(
-            backend, rows=p.accuracy_rows, seed=p.accuracy_seed, timing=p.timing, warmup=p.timing_warmup,
-            iters=p.timing_iters, **common,
-        ),
-    }  # fmt: skip
-    try:
-        with checks.following(trail.write):
-            got = calls[name]()
-    except Exception as exc:
-        return SimpleNamespace(summary=None, records=[], error=describe_error(exc))
-    s = got.summary
-    summary = from_json(_SUMMARY[name], s) if name in _SUMMARY else SimpleNamespace(**s)
-    names = Record.__dataclass_fields__
-    records = [
-        from_json(Record, {**{k: r.get(k) for k in names}, "backend": backend.key, "check": name}) for r in got.records
-    ]
-    return SimpleNamespace(summary=summary, records=records, error=s.get("error") and str(s["error"]))
-
-
-def _agreement_output(backend: Backend, params: RunParams, device: str, trail: _Trail) -> torch.Tensor:
-    p = params
-    with checks.following(trail.write):
-        return checks.agreement_output(
-            backend, p.op_options(), device, rows=p.agreement_rows, seed=p.agreement_seed, d=p.d,
-            weight_dtype=getattr(torch, p.weight_dtype),
-        )  # fmt: skip
-
-
-def _batch_invariant(inv: BatchInvariance) -> bool | None:  # shim until checks.batch_invariant(inv)
-    dw = None if inv.dweight_repeatable is None else {"dweight_repeatable": inv.dweight_repeatable}
-    parts = (inv.all_rows, inv.full_vs_sub_batches, inv.batch_size_sweep)
-    a, sub, sweep = (None if s is None else to_json(s) for s in parts)
-    return checks.batch_invariant(a, dw, sub, sweep)
 
 
 # -- the worker's side -----------------------------------------------------------------------------------------------
@@ -197,13 +119,15 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         return 0
     result, errors = report.result, report.result.errors
     assert errors is not None
-    trail = _Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
-    selected = [c for c in CHECK_ORDER if c in params.checks]
+    trail = checks.Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
+    # progress bars redraw a line: not where the output is a file (the command line says so), lines only there
+    bars = dataclasses.replace(params, progress=params.progress and os.environ.get(PLAIN_ENV) != "1")
+    selected = [c for c in checks.CHECK_ORDER if c in params.checks]
     if any(c in checks.INVARIANCE_CHECKS for c in selected):
         result.batch_invariance = BatchInvariance()
 
     def keep(name: str) -> None:
-        out = _run_check(name, backend, params, device, trail)
+        out = checks.run_check(name, backend, bars, device, trail)
         if out.error:
             errors[name] = out.error
         inv = result.batch_invariance
@@ -220,7 +144,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         report.records.extend(out.records)
 
     def agreement() -> None:
-        y = _agreement_output(backend, params, device, trail)
+        y = checks.agreement_output(backend, params, device, trail)
         write_atomic(folder / AGREEMENT_FILE, lambda fh: torch.save(y.cpu(), fh))
 
     def gate() -> None:
@@ -243,7 +167,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
             return EXIT_DEVICE_ERROR
         report.finished.append(name)
         if result.batch_invariance is not None:
-            result.batch_invariance.batch_invariant = _batch_invariant(result.batch_invariance)
+            result.batch_invariance.batch_invariant = checks.batch_invariant(result.batch_invariance, errors)
         save()
     return 0
 
