@@ -52,7 +52,6 @@ from torch import Tensor
 
 from rlnorm.inputs import Case, make_case
 from rlnorm.kit.backends import Backend, load_backend
-from rlnorm.kit.faults import GATE_CHILD_ENV  # the planted crash and hang faults act where the gates set it
 from rlnorm.kit.isolation import child_env, kill_group
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
@@ -63,6 +62,8 @@ GATES = ("forward", "gradient")
 STDERR_TAIL_LINES = 20
 # exit codes of the child: 0 ran to the end (verdict in the lines), 3 backend cannot run here
 EXIT_UNAVAILABLE = 3
+# "1" in the gates' child process (the planted crash and hang faults of the tests act only there)
+GATE_CHILD_ENV = "RLNORM_GATE_CHILD"
 
 LINE_RE = re.compile(
     r"^(?P<kind>\w+) pair=\('(?P<a>[^']*)', '(?P<b>[^']*)'\) tensor=(?P<tensor>\w+) "

@@ -19,18 +19,18 @@ from rlnorm.kit.backends import Backend
 from rlnorm.kit.backends.local import ExactReferenceBackend, ReferenceBackend
 from rlnorm.kit.checks import accuracy
 from rlnorm.kit.checks.alone import AloneRunner
-from rlnorm.kit.faults import (
+from rlnorm.kit.records import RECORD_COLUMNS, records_frame
+from rlnorm.numerics import round_once
+from rlnorm.options import OpOptions
+from rlnorm.reference import gated_rmsnorm_math
+from rlnorm.timing import Timing
+from tests.faults import (
     BatchSizeDependentOutput,
     NondeterministicDweight,
     OrderDependentDweight,
     PositionDependentOutput,
     batch_size_fault_mask,
 )
-from rlnorm.kit.records import RECORD_COLUMNS, records_frame
-from rlnorm.numerics import round_once
-from rlnorm.options import OpOptions
-from rlnorm.reference import gated_rmsnorm_math
-from rlnorm.timing import Timing
 
 OPTS = OpOptions()
 QUICK = {"device": "cpu", "progress": False}
@@ -357,7 +357,7 @@ def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
         [ReferenceBackend(), PositionDependentOutput(), Raises()], OPTS, rows=rows, seed=3, **QUICK
     )
     s = res.summary
-    assert s["backends"] == ["reference", "rlnorm.kit.faults:PositionDependentOutput", "test:Raises"]
+    assert s["backends"] == ["reference", "tests.faults:PositionDependentOutput", "test:Raises"]
     bumped = sum(1 for r in range(rows) if r % 3 == 1)  # one element (column 0) per bumped row
     f = 1 - bumped / (rows * 128)
     assert s["equal_fraction"][0][:2] == [1.0, pytest.approx(f)]

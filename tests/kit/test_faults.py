@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from rlnorm.inputs import make_case
-from rlnorm.kit import faults
 from rlnorm.kit.backends import load_backend
 from rlnorm.kit.backends.local import ExactReferenceBackend
-from rlnorm.kit.faults import (
+from rlnorm.numerics import ulp_distance
+from rlnorm.options import OpOptions
+from tests import faults
+from tests.faults import (
     GATE_CHILD_ENV,
     BatchSizeDependentOutput,
     GateChildCrash,
@@ -28,8 +30,6 @@ from rlnorm.kit.faults import (
     bump_one_ulp,
     position_fault_mask,
 )
-from rlnorm.numerics import ulp_distance
-from rlnorm.options import OpOptions
 
 OPTS = OpOptions()
 FAULTS = [obj for obj in map(faults.__dict__.get, faults.__all__) if isinstance(obj, type)]
@@ -73,8 +73,8 @@ def test_every_fault_has_a_test_that_catches_it() -> None:
 
 @pytest.mark.parametrize("cls", FAULTS, ids=lambda c: c.__name__)
 def test_every_fault_loads_by_import_path_and_is_available(cls: type) -> None:
-    b = load_backend(f"rlnorm.kit.faults:{cls.__name__}")
-    assert isinstance(b, cls) and b.key == f"rlnorm.kit.faults:{cls.__name__}"
+    b = load_backend(f"tests.faults:{cls.__name__}")
+    assert isinstance(b, cls) and b.key == f"tests.faults:{cls.__name__}"
     assert b.available("cpu") == (True, "")  # crash/hang act only inside a gate child or past `limit` rows
     assert b.source.startswith("planted fault")
 
@@ -190,7 +190,7 @@ def test_crash_and_hang_are_the_reference_outside_a_gate_child(cls, monkeypatch)
 
 def test_crash_fault_aborts_a_process_marked_as_gate_child():
     code = (
-        "from rlnorm.kit.faults import GateChildCrash; from rlnorm.inputs import make_case; "
+        "from tests.faults import GateChildCrash; from rlnorm.inputs import make_case; "
         "from rlnorm.options import OpOptions; c = make_case(2, 16); "
         "GateChildCrash().forward(c.x, c.z, c.w, OpOptions()); print('survived')"
     )

@@ -95,7 +95,7 @@ def test_exact_reference_passes_both_gate_bodies():
 
 
 def test_batch_size_fault_fails_the_forward_gate_only():
-    b = load_backend("rlnorm.kit.faults:BatchSizeDependentOutput")
+    b = load_backend("tests.faults:BatchSizeDependentOutput")
     fwd = forward_gate(b, OPTS, "cpu", emit=_quiet, **SMALL)
     failed = _failed_pairs(fwd)
     assert ("B1/full", "y") in failed and ("BN/permuted", "y") not in failed  # size, not position
@@ -103,14 +103,14 @@ def test_batch_size_fault_fails_the_forward_gate_only():
 
 
 def test_position_fault_fails_the_forward_gate_only():
-    b = load_backend("rlnorm.kit.faults:PositionDependentOutput")
+    b = load_backend("tests.faults:PositionDependentOutput")
     failed = _failed_pairs(forward_gate(b, OPTS, "cpu", emit=_quiet, **SMALL))
     assert {("B1/full", "y"), ("BN/permuted", "y"), ("BN/padded-left", "y")} <= failed
     assert not _failed_pairs(gradient_gate(b, OPTS, "cpu", emit=_quiet, **SMALL))
 
 
 def test_nondeterministic_dweight_fails_the_dweight_lines_only():
-    b = load_backend("rlnorm.kit.faults:NondeterministicDweight")
+    b = load_backend("tests.faults:NondeterministicDweight")
     assert not _failed_pairs(forward_gate(b, OPTS, "cpu", emit=_quiet, **SMALL))
     failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", emit=_quiet, **SMALL))
     assert failed and all(t == "dweight" for _, t in failed)
@@ -137,7 +137,7 @@ def test_run_gates_exact_reference_passes():
 
 
 def test_run_gates_order_dependent_dweight_fails_singleton_and_permuted():
-    res = run_gates("rlnorm.kit.faults:OrderDependentDweight", {"eps": 1e-6}, "cpu", timeout_s=300, **SMALL)
+    res = run_gates("tests.faults:OrderDependentDweight", {"eps": 1e-6}, "cpu", timeout_s=300, **SMALL)
     assert res["forward"]["passed"]
     g = res["gradient"]
     assert g["returncode"] == 0 and not g["passed"]
@@ -150,7 +150,7 @@ def test_run_gates_order_dependent_dweight_fails_singleton_and_permuted():
 
 
 def test_run_gates_records_a_crashing_child_and_goes_on():
-    res = run_gates("rlnorm.kit.faults:GateChildCrash", OPTS, "cpu", timeout_s=300, **SMALL)
+    res = run_gates("tests.faults:GateChildCrash", OPTS, "cpu", timeout_s=300, **SMALL)
     for r in res.values():
         assert r["returncode"] not in (0, None) and not r["passed"] and not r["timed_out"]
         assert any("GateChildCrash aborting" in x for x in r["stderr_tail"])
@@ -164,7 +164,7 @@ def test_run_gates_records_a_crashing_child_and_goes_on():
 def test_run_gates_records_a_hanging_child_as_timed_out() -> None:
     # time for the children to import torch and Triton and reach the planted hang, which says so on stderr: a child
     # still importing at the deadline would time out too, without that line
-    res = run_gates("rlnorm.kit.faults:GateChildHang", OPTS, "cpu", timeout_s=60, **SMALL)
+    res = run_gates("tests.faults:GateChildHang", OPTS, "cpu", timeout_s=60, **SMALL)
     for r in res.values():
         assert r["timed_out"] and not r["passed"]
         assert "planted fault: GateChildHang sleeping" in r["stderr_tail"], r["stderr_tail"]

@@ -22,16 +22,16 @@ from rlnorm.kit.artifact import read_artifact, validate_artifact
 from rlnorm.kit.backends import device_lost
 from rlnorm.kit.backends.local import ExactReferenceBackend
 from rlnorm.kit.checks import CheckResult
-from rlnorm.kit.faults import GATE_CHILD_ENV, DeviceErrorPastRows, HangPastRows
 from rlnorm.kit.gates import run_gates
 from rlnorm.kit.params import load_params
 from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.worker import AGREEMENT_FILE, EXIT_DEVICE_ERROR, RESULT_FILE, TRAIL_FILE, Worker
+from tests.faults import GATE_CHILD_ENV, DeviceErrorPastRows, HangPastRows
 
-SEGFAULT = "rlnorm.kit.faults:SegfaultPastRows"
-EXIT = "rlnorm.kit.faults:ExitPastRows"
+SEGFAULT = "tests.faults:SegfaultPastRows"
+EXIT = "tests.faults:ExitPastRows"
 EXACT = "rlnorm.kit.backends.local:ExactReferenceBackend"  # a correct backend, run after a crash
-DEVICE_ERROR = "rlnorm.kit.faults:DeviceErrorPastRows"
+DEVICE_ERROR = "tests.faults:DeviceErrorPastRows"
 CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "accuracy_latency", "agreement"]
 # TINY_SIZES' batches stay at 15 rows or fewer until accuracy_latency's 63: the planted faults (past 50 rows) die there
 FINISHED = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep"]

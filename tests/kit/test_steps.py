@@ -17,7 +17,7 @@ from rlnorm.kit.params import ParamsError, RunParams, load_params
 from rlnorm.options import OpOptions
 from rlnorm.report import tables
 
-FAULT = "rlnorm.kit.faults:BatchSizeDependentOutput"
+FAULT = "tests.faults:BatchSizeDependentOutput"
 
 
 class ExplodingSweep(Backend):
@@ -42,7 +42,7 @@ class NoBackwardFault(Backend):
     has_backward = False
 
     def forward(self, x, z, w, opts: OpOptions):
-        from rlnorm.kit.faults import BatchSizeDependentOutput
+        from tests.faults import BatchSizeDependentOutput
 
         return BatchSizeDependentOutput().forward(x, z, w, opts)
 

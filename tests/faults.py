@@ -4,7 +4,7 @@ They exist so that every check and gate can be shown to fail when it should (COM
 a check that passes by construction is a defect). Each builds on `ExactReferenceBackend` (the
 fp32 reference with the exact, order-independent dweight), which passes every check and gate,
 so the only thing wrong with a fault is the one planted. Load one by import path, e.g.
-`rlnorm.kit.faults:BatchSizeDependentOutput`.
+`tests.faults:BatchSizeDependentOutput`.
 
 | class | broken guarantee | caught by |
 |---|---|---|
@@ -37,10 +37,10 @@ from torch import Tensor
 
 from rlnorm.kit.backends import Grads
 from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.kit.gates import GATE_CHILD_ENV  # set in the gates' child: the crash/hang faults act only where it is "1"
 from rlnorm.options import OpOptions
 
 __all__ = [
-    "GATE_CHILD_ENV",
     "BatchSizeDependentOutput",
     "DeviceErrorPastRows",
     "ExitPastRows",
@@ -56,8 +56,6 @@ __all__ = [
     "position_fault_mask",
 ]
 
-# set by `python -m rlnorm.kit.gates` in its child; the crash/hang faults act only where it is "1"
-GATE_CHILD_ENV = "RLNORM_GATE_CHILD"
 
 _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
@@ -116,7 +114,7 @@ class _OutputFault(ExactReferenceBackend):
 class BatchSizeDependentOutput(_OutputFault):
     """Output of some rows is one ulp off depending on how many rows are in the launch."""
 
-    key = "rlnorm.kit.faults:BatchSizeDependentOutput"
+    key = "tests.faults:BatchSizeDependentOutput"
     source = "planted fault: output depends on batch size (row-count regimes)"
 
     def _mask(self, x: Tensor) -> Tensor:
@@ -126,7 +124,7 @@ class BatchSizeDependentOutput(_OutputFault):
 class PositionDependentOutput(_OutputFault):
     """Output is one ulp off for rows at positions r % 3 == 1 in the launch."""
 
-    key = "rlnorm.kit.faults:PositionDependentOutput"
+    key = "tests.faults:PositionDependentOutput"
     source = "planted fault: output depends on position in the batch (r % 3 == 1)"
 
     def _mask(self, x: Tensor) -> Tensor:
@@ -140,7 +138,7 @@ class NondeterministicDweight(ExactReferenceBackend):
     test knows it will show; a real kernel's atomics give the same symptom without the guarantee.
     """
 
-    key = "rlnorm.kit.faults:NondeterministicDweight"
+    key = "tests.faults:NondeterministicDweight"
     source = "planted fault: dweight differs run to run (call counter)"
 
     def __init__(self) -> None:
@@ -162,7 +160,7 @@ class OrderDependentDweight(ExactReferenceBackend):
     Zero-gradient padding rows add exact zeros, so the padded lines still pass.
     """
 
-    key = "rlnorm.kit.faults:OrderDependentDweight"
+    key = "tests.faults:OrderDependentDweight"
     source = "planted fault: dweight is an fp32 left fold over rows (order-dependent)"
 
     def _reduce_dweight(self, contributions: Tensor, dtype: torch.dtype) -> Tensor:
@@ -200,7 +198,7 @@ class GateChildCrash(_Tripwire):
     Outside a gate child it is the exact reference, so a run that loads it only loses the gates.
     """
 
-    key = "rlnorm.kit.faults:GateChildCrash"
+    key = "tests.faults:GateChildCrash"
     source = "planted fault: the gate child process aborts"
 
     def _trip(self, rows: int) -> None:
@@ -213,7 +211,7 @@ class GateChildCrash(_Tripwire):
 class GateChildHang(_Tripwire):
     """Sleeps for an hour when run inside a gate child: the gate's timeout must end it."""
 
-    key = "rlnorm.kit.faults:GateChildHang"
+    key = "tests.faults:GateChildHang"
     source = "planted fault: the gate child process hangs"
     hang_s: float = 3600.0
 
@@ -241,7 +239,7 @@ class _PastRows(_Tripwire):
 class SegfaultPastRows(_PastRows):
     """Reads address 0 (SIGSEGV) on a batch of more than `limit` rows."""
 
-    key = "rlnorm.kit.faults:SegfaultPastRows"
+    key = "tests.faults:SegfaultPastRows"
     source = "planted fault: segfaults past 50 rows"
 
     def _fail(self, rows: int) -> None:
@@ -255,7 +253,7 @@ class SegfaultPastRows(_PastRows):
 class HangPastRows(_PastRows):
     """Sleeps for an hour on a batch of more than `limit` rows: only the run's time limit ends it."""
 
-    key = "rlnorm.kit.faults:HangPastRows"
+    key = "tests.faults:HangPastRows"
     source = "planted fault: hangs past 50 rows"
 
     def _fail(self, rows: int) -> None:
@@ -268,7 +266,7 @@ class HangPastRows(_PastRows):
 class ExitPastRows(_PastRows):
     """Ends its process with `os._exit(3)` (no cleanup, no exception) on a batch of more than `limit` rows."""
 
-    key = "rlnorm.kit.faults:ExitPastRows"
+    key = "tests.faults:ExitPastRows"
     source = "planted fault: exits with code 3 past 50 rows"
 
     def _fail(self, rows: int) -> None:
@@ -279,7 +277,7 @@ class DeviceErrorPastRows(_PastRows):
     """On a CUDA device, a store 2^40 elements past its buffer (an illegal memory access, which leaves the
     process's CUDA context unusable) on a batch of more than `limit` rows; on the CPU, the exact reference."""
 
-    key = "rlnorm.kit.faults:DeviceErrorPastRows"
+    key = "tests.faults:DeviceErrorPastRows"
     source = "planted fault: illegal memory access on the GPU past 50 rows"
 
     def _fail(self, rows: int) -> None:
