@@ -4,7 +4,8 @@ They exist so that every check and gate can be shown to fail when it should (COM
 a check that passes by construction is a defect). Each builds on `ExactReferenceBackend` (the
 fp32 reference with the exact, order-independent dweight), which passes every check and gate,
 so the only thing wrong with a fault is the one planted. Load one by import path, e.g.
-`tests.faults:BatchSizeDependentOutput`.
+`tests.faults:BatchSizeDependentOutput`, with the checkout's root on the import path (`python -m pytest` and
+`python -m rlnorm` run from there have it; the kit's child processes inherit it).
 
 | class | broken guarantee | caught by |
 |---|---|---|
