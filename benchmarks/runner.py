@@ -35,16 +35,9 @@ from rlnorm.timing import (
 )
 
 RUN = "rlnorm.bench"  # the JSON kind of one process's run
-PEERS = [
-    "rlnorm",
-    "vllm",
-    "vllm_native_compiled",
-    "fla_fused_norm_gate",
-    "fla_layernorm_gated",
-    "torch_compile",
-    "reference",
-    "transformers",
-]
+PEERS = (
+    "rlnorm vllm vllm_native_compiled fla_fused_norm_gate fla_layernorm_gated torch_compile reference transformers"
+).split()
 MODES = ("fwd", "fwd_bwd")
 
 

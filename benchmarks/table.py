@@ -31,7 +31,7 @@ def format_markdown(shapes: Sequence[dict]) -> str:
         "|---:|---:|---|---:|---:|---:|---:|---|---:|---:|",
     ]
     notes: dict[str, list[str]] = {}
-    graph_adds: dict[str, float] = {}
+    graph_adds: dict[str, float] = {}  # the graph-timed add per shape
     for sh in shapes:
         where = f"{sh['rows']}x{sh['d']}"
         for name in dict.fromkeys(e["name"] for e in sh["entries"]):
@@ -68,14 +68,11 @@ def format_markdown(shapes: Sequence[dict]) -> str:
                 notes.setdefault(text, [])
     if any(e.get("host_bound") for sh in shapes for e in sh["entries"]):
         notes.setdefault("* the GPU queue ran dry while timing, so the time includes host overhead", [])
-    small = [k for k, us in graph_adds.items() if us < LAUNCH_BOUND_US]
-    if small:
+    if any(us < LAUNCH_BOUND_US for us in graph_adds.values()):
         notes[
-            f"graph rows with an add under {LAUNCH_BOUND_US:g} us ({', '.join(small)}): the add is launch-bound "
-            "there, so x add compares with one launch, not a memory floor: read the fastest-peer lines"
+            "graph: GPU time per call in a CUDA graph; an add under 10 us there is one launch, not a memory floor: "
+            "read the fastest-peer lines (docs/benchmarking.md)"
         ] = []
-    if graph_adds:
-        notes["graph: GPU time per call inside a CUDA graph; eager columns: back-to-back Python calls"] = []
     out = [f"- {m}" + (f" [{', '.join(dict.fromkeys(w))}]" if w else "") for m, w in notes.items()]
     return "\n".join([*lines, *(["", *out] if out else [])])
 
