@@ -234,8 +234,8 @@ name: tiny
 device: cpu
 progress: false
 backends: [reference]
-custom_backends: ["rlnorm.kit.faults:BatchSizeDependentOutput", "rlnorm.kit.faults:PositionDependentOutput",
-                  "rlnorm.kit.faults:NondeterministicDweight"]
+custom_backends: ["tests.faults:BatchSizeDependentOutput", "tests.faults:PositionDependentOutput",
+                  "tests.faults:NondeterministicDweight"]
 checks: [all_rows, dweight_repeatable, full_vs_sub_batches, batch_size_sweep]
 dweight_rows: 7
 all_rows_sizes: [7]
@@ -249,9 +249,9 @@ sweep_probe_rows: [0, 16]
 sweep_seeds: [3]
 timing: false
 """
-BATCH_FAULT = "rlnorm.kit.faults:BatchSizeDependentOutput"
-POSITION_FAULT = "rlnorm.kit.faults:PositionDependentOutput"
-DWEIGHT_FAULT = "rlnorm.kit.faults:NondeterministicDweight"
+BATCH_FAULT = "tests.faults:BatchSizeDependentOutput"
+POSITION_FAULT = "tests.faults:PositionDependentOutput"
+DWEIGHT_FAULT = "tests.faults:NondeterministicDweight"
 
 
 @pytest.fixture(scope="session")

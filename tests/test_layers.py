@@ -21,7 +21,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("integrations", ("rlnorm.integrations",)),
     ("kit", ("rlnorm.kit",)),
     ("report", ("rlnorm.report",)),
-    ("commands", ("rlnorm.cli", "rlnorm.bench", "rlnorm.__main__")),
+    ("commands", ("rlnorm.cli", "rlnorm.__main__")),
 )
 # The package's own __init__ is its public face: it may re-export from any layer (lazily), and anything may read
 # its __version__.

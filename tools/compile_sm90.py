@@ -11,7 +11,7 @@ can fail the other's passes, or spill. Install the other Triton in a venv and ru
     /tmp/t36/bin/python tools/compile_sm90.py
 A fake driver reports an sm_90 target and every JIT launch becomes a compile-only warmup. The counts come
 from Triton's own cuobjdump on the cubin. SWITCHES is a JSON object of forward switches (`{"SPLIT": 1}`),
-applied through `rlnorm.kernel.variant`. Run it as a script: it compiles out of the interpreter.
+applied through `rlnorm.kernel.testing.plant`. Run it as a script: it compiles out of the interpreter.
 """
 
 from __future__ import annotations
@@ -122,11 +122,11 @@ def forward_layouts(d: int, switches: dict) -> list[str]:
     compiled = compile_only()
     import torch
 
-    from rlnorm.bench.variants import launch_switches
     from rlnorm.kernel._fwd import rms_norm_gated_fwd
+    from rlnorm.kernel.testing import plant
 
     x = torch.randn(8, d).bfloat16()
-    with launch_switches("fwd", switches):
+    with plant(fwd=switches):
         rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu")
     return re.findall(r"#ttg\.blocked<\{[^}]*\}>", compiled[-1].asm["ttgir"])
 
@@ -155,9 +155,9 @@ def every_combination(verbose: bool) -> int:
     import torch
     import triton
 
-    from rlnorm.bench.variants import launch_switches
     from rlnorm.kernel._bwd import rms_norm_gated_bwd
     from rlnorm.kernel._fwd import rms_norm_gated_fwd
+    from rlnorm.kernel.testing import plant
 
     failures = spills = 0
 
@@ -201,7 +201,7 @@ def every_combination(verbose: bool) -> int:
         )
 
     def tiled_bwd(x: torch.Tensor, d: int, tiles: int) -> Any:
-        with launch_switches("bwd", {"TILES": tiles}):
+        with plant(bwd={"TILES": tiles}):
             return rms_norm_gated_bwd(x, x, x, torch.ones(d), 1e-6, None, True, "silu")
 
     for d, tiles in itertools.product([128, 256], [1, 2, 4, 8, 16, 31]):  # tiles_per_program's values

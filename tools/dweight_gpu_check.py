@@ -8,7 +8,7 @@ partition must change no bit), those of the other load and cold-value paths (cp.
 register prefetch; cold values added inline against deferred to a scratch copy), and those of a backward on
 counters the forward's launch zeroed (the autograd route), over 20 repeats. With groups: dweight exact, and
 the register cap (168 or 200) changing no bit. One line per case, then the count of failures (exit 1 if any).
-The backward's switches are set through `rlnorm.kernel.variant` where the kernel has it.
+The backward's switches are set through `rlnorm.kernel.testing.plant`.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout'
 
 import torch
 
-from rlnorm.bench.variants import launch_switches
 from rlnorm.inputs import make_case
 from rlnorm.kernel._bwd import rms_norm_gated_bwd, workspace_numel
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kernel.testing import plant
 from rlnorm.numerics import exact_sum
 
 ROWS = (1, 32, 257, 4096, 65536, 140000)  # 140000 at D=256: 63 tiles per program
@@ -49,7 +49,7 @@ def same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def bwd(*args: Any, switches: dict | None = None, **kw: Any) -> tuple:
     """The backward launcher under backward switches (TILES, STAGES, PREFETCH, COLD_MODE, MAXNREG...)."""
-    with launch_switches("bwd", switches):
+    with plant(bwd=switches):
         return rms_norm_gated_bwd(*args, **kw)
 
 

@@ -12,7 +12,7 @@
 3. timing: the forward through the launcher and through the API, and rlnorm under each --variant
    (default `fwd.EXACT=0`, the fast path alone), against a same-run `torch.add`, by the bench's clocks
    (`rlnorm.timing`: CUDA graphs up to 4096 rows, events on a primed queue above). For the full table
-   with the peers: `python -m rlnorm bench --variant ...`.
+   with the peers: `python -m benchmarks.run --variant ...`.
 Without a GPU it runs on the CPU in the Triton interpreter (use a few rows): a check of the tool itself.
 """
 
@@ -33,9 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout'
 import torch
 
 import rlnorm
-from rlnorm.bench import runner, variants
+from benchmarks import runner, variants
 from rlnorm.inputs import make_case
 from rlnorm.kernel import _fwd as F
+from rlnorm.kernel.testing import plant
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
@@ -185,7 +186,7 @@ def timing(ck: Check, rows_list: Sequence[int], wanted: Sequence[variants.Varian
             def add(a: tuple) -> Any:
                 return torch.add(a[0], a[1])
 
-            add_t, add_m, _, _ = runner.time_gpu(add, sets, clock, settings, graph, why)
+            add_t, add_m, _ = runner.time_gpu(add, sets, clock, settings, graph, why)
 
             def launch(a: tuple) -> Any:
                 return fwd(a[0], a[1], a[2], opts)
@@ -197,11 +198,8 @@ def timing(ck: Check, rows_list: Sequence[int], wanted: Sequence[variants.Varian
             lines: list[tuple[str, Callable[[tuple], Any], Any]] = [("launcher", launch, None), ("api", api, None)]
             lines += [(v.label, api, v) for v in wanted]
             for name, step, v in lines:
-                if v is not None:
-                    with variants.kernel_variant()(**v.switches()):
-                        t, m, _, _ = runner.time_gpu(step, sets, clock, settings, graph, why)
-                else:
-                    t, m, _, _ = runner.time_gpu(step, sets, clock, settings, graph, why)
+                with plant(**(v.switches if v else {})):
+                    t, m, _ = runner.time_gpu(step, sets, clock, settings, graph, why)
                 ratio = t.us / add_t.us if m == add_m and add_t.us else None
                 ck.res["timing"].append(
                     {"d": d, "rows": rows, "name": name, "clock": m, "us": [t.us, t.p20, t.p80], "add_us": add_t.us}
@@ -219,14 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         wanted = variants.parse_variants(a.variant if a.variant is not None else ["fwd.EXACT=0"])
-        if "timing" not in a.skip:
-            variants.validate(wanted)
     except variants.VariantError as exc:
-        if a.variant is not None:
-            print(str(exc), file=sys.stderr)
-            return 2
-        print(f"timing: no variants ({exc})", flush=True)  # the default variant, where the kernel has no switches
-        wanted = []
+        print(str(exc), file=sys.stderr)
+        return 2
     out = a.out or (os.path.join(os.environ["OUT"], "gpu_check.json") if os.environ.get("OUT") else None)
     ck = Check(out)
     ck.res["device"] = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"

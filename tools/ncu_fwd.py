@@ -5,7 +5,7 @@
 
 Runs the forward three times on the standard data (seed 11): the first two launches warm Triton's cache and
 the GPU, the third runs in the NVTX range "prof", which ncu's filter profiles. SWITCHES is a JSON object of
-forward switches (`{"EXACT": 0}`, applied through `rlnorm.kernel.variant`), `{}` for the shipped kernel, or
+forward switches (`{"EXACT": 0}`, applied through `rlnorm.kernel.testing.plant`), `{}` for the shipped kernel, or
 `add` for the same-shape `torch.add`.
 """
 
@@ -33,16 +33,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     switches = None if a.switches == "add" else json.loads(a.switches)
     import torch
 
-    from rlnorm.bench.variants import launch_switches
     from rlnorm.inputs import make_case
     from rlnorm.kernel._fwd import rms_norm_gated_fwd
+    from rlnorm.kernel.testing import plant
 
     if not torch.cuda.is_available():
         print("ncu_fwd: needs a CUDA GPU (and Nsight Compute around it)", file=sys.stderr)
         return 2
     c = make_case(a.rows, a.d, seed=11, dtype=torch.bfloat16, device="cuda")
     torch.cuda.synchronize()
-    with launch_switches("fwd", switches):
+    with plant(fwd=switches):
         for i in range(3):
             if i == 2:
                 torch.cuda.nvtx.range_push("prof")

@@ -1,4 +1,4 @@
-"""`python -m rlnorm`: run the reuse check, read what it wrote, and time the kernel.
+"""`python -m rlnorm`: run the reuse check and read what it wrote.
 
     python -m rlnorm run FILE... [-y YAML] [-p KEY VALUE]... [--name N] [--outputs DIR] [--force]
                      [--jobs N] [--gpus 0,1,...] [--only K] [--list] [--device D] [--no-progress]
@@ -6,7 +6,6 @@
     python -m rlnorm investigate RUN [--backend B] [--check C] [--row R] [--device D]
     python -m rlnorm compare RUN_A RUN_B
     python -m rlnorm validate RUN | ARTIFACT.json | PARAMS.yaml
-    python -m rlnorm bench ... | bench-merge ...   (docs/benchmarking.md)
 
 Exit status: 0 done; 1 a notebook cell failed (the partial run is placed, the cell named); 2 bad arguments or
 parameters (nothing ran); 3 the run folder exists (pass --force); 4 the run is complete but a backend could not be
@@ -26,12 +25,6 @@ from rlnorm.cli import commands
 from rlnorm.cli.runs import EXIT_INTERRUPTED, EXIT_USAGE
 
 __all__ = ["build_parser", "main"]
-
-# the benchmark's own command lines, reached through `python -m rlnorm NAME ...` (their --help says the rest)
-BENCH_COMMANDS = {
-    "bench": "time rlnorm and its peers against a same-run torch.add (GPU); see docs/benchmarking.md",
-    "bench-merge": "merge bench runs from separate processes into one table of medians",
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -103,9 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
     val.add_argument("path")
     val.set_defaults(func=commands.cmd_validate)
 
-    for name, what in BENCH_COMMANDS.items():
-        cmd = sub.add_parser(name, help=what, add_help=False)
-        cmd.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -115,12 +105,6 @@ def _interrupted(signum: int, frame: Any) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in BENCH_COMMANDS:
-        # imported here: the benchmark pulls in every peer's adapter, which the other commands never need
-        from rlnorm import bench
-        from rlnorm.bench import merge
-
-        return int((bench.main if argv[0] == "bench" else merge.main)(argv[1:]))
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:

@@ -2,8 +2,7 @@
 
 rms_norm_gated, RMSNormGated: the op (functional and module forms, autograd included).
 rms_norm_gated_fwd, rms_norm_gated_bwd: the launchers on [rows, D] tensors, for benchmarks and checks.
-variant, FWD_SWITCHES, BWD_SWITCHES: the launches' switches, for benchmarks.
-rlnorm.kernel.testing: faults planted by the tests (test only).
+rlnorm.kernel.testing.plant: the launches' experiment switches and planted faults (tests and benchmarks only).
 """
 
 from __future__ import annotations
@@ -12,24 +11,18 @@ import importlib
 from typing import Any
 
 __all__ = [
-    "BWD_SWITCHES",
-    "FWD_SWITCHES",
     "RMSNormGated",
     "rms_norm_gated",
     "rms_norm_gated_bwd",
     "rms_norm_gated_fwd",
-    "variant",
 ]
 
-# Loaded on first use: `import rlnorm.kernel` stays cheap, and the switches load without Triton.
+# Loaded on first use: `import rlnorm.kernel` stays cheap.
 _HOMES = {
     "rms_norm_gated": "api",
     "RMSNormGated": "api",
     "rms_norm_gated_fwd": "_fwd",
     "rms_norm_gated_bwd": "_bwd",
-    "variant": "_switches",
-    "FWD_SWITCHES": "_switches",
-    "BWD_SWITCHES": "_switches",
 }
 
 

@@ -323,7 +323,7 @@ def _launch_plan(rows: int, d: int, group: int) -> tuple[dict[str, int], int, in
     if switches["TILES"] is None:
         cfg["TILES"] = tiles_per_program(rows, cfg["BLOCK_R"], min(cfg["TILES"], max_tiles))
     elif cfg["TILES"] > max_tiles:
-        raise ValueError(f"variant: TILES {cfg['TILES']} exceeds {max_tiles}, the most with COLD_MODE 0")
+        raise ValueError(f"plant: TILES {cfg['TILES']} exceeds {max_tiles}, the most with COLD_MODE 0")
     programs = triton.cdiv(rows, cfg["BLOCK_R"] * cfg["TILES"])
     stripes = _dweight.stripes_for(programs)  # fewer copies for few programs
     return cfg, programs, stripes
@@ -355,7 +355,7 @@ def rms_norm_gated_bwd(
     Inputs are validated by the caller (api.py): dy, x, z are [rows, D] with a contiguous last
     dimension, w is [D] and contiguous, or None for no weight (as if all ones, and no dweight);
     `activation` is already normalised ("silu" or "sigmoid"). The launch follows the switches of an
-    active `rlnorm.kernel.variant` (benchmarks); a launch with the same BLOCK_R, NUM_WARPS and RSTD_FAST
+    active `rlnorm.kernel.testing.plant` (benchmarks, tests); a launch with the same BLOCK_R, NUM_WARPS and RSTD_FAST
     gives the same bits of dx, dz and dweight.
     `contributions` (checks only): a contiguous fp32 [rows, D] tensor that receives every row's fp32
     dweight contributions, so the accumulator can be checked against `exact_sum` of them.

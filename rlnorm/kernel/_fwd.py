@@ -28,11 +28,10 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from rlnorm.kernel import _exact_element
-from rlnorm.kernel._exact_element import UNDECIDED_BITS, exact_element, rows_rstd64
+from rlnorm.kernel._exact_element import MARGIN_ULPS, UNDECIDED_BITS, exact_element, rows_rstd64
 from rlnorm.kernel._interpreter import INTERPRETED
 from rlnorm.kernel._rounding import round_fp32_to_out, round_fp64_to_out, widen_fast, widen_to_fp32
-from rlnorm.kernel._switches import fwd_switches, planted_faults
+from rlnorm.kernel._switches import fwd_fault_keywords, fwd_switches
 
 MAX_D = 8192  # widest row (and group) one program holds in registers
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read as Triton reads it, once per process
@@ -101,7 +100,7 @@ def _mul_ftz(a, b, FTZ: tl.constexpr, INTERP: tl.constexpr):
 
     A product whose true value is subnormal has lost relative precision that T does not cover; as a
     zero it makes y zero, which the range test sends to the exact path. mul.rn also keeps ptxas from
-    contracting it into an FMA. FTZ is False only under a planted fault (`rlnorm.kernel.testing`)."""
+    contracting it into an FMA. FTZ is False only under a planted fault (`rlnorm.kernel.testing.plant`)."""
     if not FTZ:
         p = a * b
     elif INTERP:  # numpy keeps subnormals: flush inputs and result as the GPU does
@@ -329,16 +328,17 @@ def _rms_norm_gated_fwd_kernel(
     NEAR_T: tl.constexpr,  # the fast path's error bound T in fp32 ulps (negative: no midpoint test, a planted fault)
     EXACT: tl.constexpr,  # 1: flagged rows recomputed in fp64; 0: never (timing only: NOT correctly rounded)
     TIER2: tl.constexpr,  # near elements of safe rows settled one by one (_exact_element.py) before the row path
-    TIER2_MARGIN: tl.constexpr,  # fp64 ulps from a midpoint below which the tier leaves an element undecided
-    TIER2_FAULT: tl.constexpr,  # planted fault: the tier's fp64 value moved by this many fp64 ulps
-    FAULT_ULPS: tl.constexpr,  # planted fault: the fast path's result moved by this many fp32 ulps
-    FTZ: tl.constexpr,  # fast-path products flush subnormals (False only as a planted fault)
     INTERP: tl.constexpr,  # running in the Triton interpreter (CPU)
     DEBUG: tl.constexpr,
     ZERO: tl.constexpr,  # also zero the backward's workspace (saves the backward a memset launch)
     ZERO_BLOCK: tl.constexpr,
     ROW_CHUNK: tl.constexpr,  # the whole-row path's columns per step
     SPLIT: tl.constexpr,  # column chunks per thread (the tile is [BLOCK_R, BLOCK_G // SPLIT, SPLIT])
+    # the launcher never passes these: the defaults are the op; `rlnorm.kernel.testing.plant` overrides them
+    TIER2_MARGIN: tl.constexpr = MARGIN_ULPS,  # fp64 ulps from a midpoint below which the tier leaves it undecided
+    TIER2_FAULT: tl.constexpr = 0,  # planted fault: the tier's fp64 value moved by this many fp64 ulps
+    FAULT_ULPS: tl.constexpr = 0,  # planted fault: the fast path's result moved by this many fp32 ulps
+    FTZ: tl.constexpr = True,  # fast-path products flush subnormals (False only as a planted fault)
 ):
     pid_r = tl.program_id(0)
     pid_g = tl.program_id(1)
@@ -576,7 +576,7 @@ def rms_norm_gated_fwd(
     Inputs are assumed validated (api.py does that): w is [D] and contiguous, or None for no weight (as
     if all ones). `activation` ("silu" or "sigmoid") and `group_size` (None or a divisor of D) are
     checked here too, as the backward launcher checks them. The launch follows the switches of an
-    active `rlnorm.kernel.variant` (benchmarks). `zero`: a contiguous int64 tensor this launch also
+    active `rlnorm.kernel.testing.plant` (benchmarks, tests). `zero`: a contiguous int64 tensor this launch also
     fills with zeros (the backward's workspace, `_bwd.workspace_numel`); no output bit depends on it.
     `debug` also returns the fp32 fast-path values and the near-midpoint flags (fp32 [rows, D] and
     int8 [rows, D]) for error measurements.
@@ -607,15 +607,12 @@ def rms_norm_gated_fwd(
             zero.zero_()
         return (y, dbg, flags) if debug else y
     sw = fwd_switches()
-    faults = planted_faults()
     block_r, block_g, num_warps = fwd_config(group, x.dtype)
     if sw["BLOCK_R"] is not None:
         block_r = sw["BLOCK_R"]
     if sw["NUM_WARPS"] is not None:
         num_warps = sw["NUM_WARPS"]
     near_t = near_bound(has_z, norm_before_gate) if sw["NEAR_T"] is None else sw["NEAR_T"]
-    if faults.no_midpoint_test:
-        near_t = -1
     exact = sw["EXACT"] if x.dtype != torch.float32 else 0  # fp32 output: all fp64 already
     # the per-element tier covers bf16 outputs whose rstd comes from x alone (gate after the norm, or
     # none); elsewhere flagged rows go whole to fp64
@@ -631,7 +628,7 @@ def rms_norm_gated_fwd(
         maxnreg = TIER_MAXNREG.get(block_g, 0) if tier2 and num_warps == 1 else 0
     split = sw["SPLIT"] or (SPLIT_CHUNKS if block_g >= 16 * SPLIT_CHUNKS else 1)
     if block_g % split:
-        raise ValueError(f"variant: SPLIT {split} does not divide the block width {block_g}")
+        raise ValueError(f"plant: SPLIT {split} does not divide the block width {block_g}")
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
@@ -657,10 +654,6 @@ def rms_norm_gated_fwd(
         NEAR_T=near_t,
         EXACT=exact,
         TIER2=tier2,
-        TIER2_MARGIN=_exact_element.MARGIN_ULPS if faults.tier2_margin is None else faults.tier2_margin,
-        TIER2_FAULT=faults.tier2_ulps,
-        FAULT_ULPS=faults.fast_ulps,
-        FTZ=not faults.plain_products,
         INTERP=_INTERPRET,
         DEBUG=debug,
         ZERO=zero is not None,
@@ -671,5 +664,6 @@ def rms_norm_gated_fwd(
         SPLIT=split,
         num_warps=num_warps,
         **({"maxnreg": maxnreg} if maxnreg else {}),
+        **fwd_fault_keywords(),  # empty outside the tests' `plant`
     )
     return (y, dbg, flags) if debug else y

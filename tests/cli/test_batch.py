@@ -79,14 +79,14 @@ def test_the_index_command_rebuilds_it_from_gathered_folders(matrix, tmp_path: P
 
 
 def test_a_backend_that_fails_or_crashes_gives_a_nonzero_exit_and_a_complete_folder(tmp_path: Path) -> None:
-    f = params_file(tmp_path, "bad", custom_backends=["no_such_module_xyz:norm", "rlnorm.kit.faults:SegfaultPastRows"])
+    f = params_file(tmp_path, "bad", custom_backends=["no_such_module_xyz:norm", "tests.faults:SegfaultPastRows"])
     proc = rlnorm("run", f, "--outputs", str(tmp_path / "o"), "--no-progress")
     assert proc.returncode == EXIT_BACKEND, proc.stderr[-3000:]
     assert "no_such_module_xyz:norm: failed: cannot load" in proc.stderr
-    assert "rlnorm.kit.faults:SegfaultPastRows: crashed: killed by SIGSEGV" in proc.stderr
+    assert "tests.faults:SegfaultPastRows: crashed: killed by SIGSEGV" in proc.stderr
     folder = tmp_path / "o" / "bad"
     assert rlnorm("validate", str(folder)).returncode == 0, "the run folder is complete"
-    page = rlnorm("investigate", str(folder), "--backend", "rlnorm.kit.faults:SegfaultPastRows")
+    page = rlnorm("investigate", str(folder), "--backend", "tests.faults:SegfaultPastRows")
     assert page.returncode == 0, page.stderr[-2000:]
     html = Path(page.stdout.strip()).read_text()
     assert Path(page.stdout.strip()).parent == folder and "died on a batch of 63 rows" in html

@@ -184,7 +184,7 @@ def test_module_entry_point_runs() -> None:
 
     proc = subprocess.run([sys.executable, "-m", "rlnorm", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0
-    for command in ("run", "index", "investigate", "compare", "validate", "bench", "bench-merge"):
+    for command in ("run", "index", "investigate", "compare", "validate"):
         assert command in proc.stdout
 
 

@@ -18,9 +18,9 @@ import triton.language as tl
 
 import rlnorm
 from rlnorm.inputs import make_case
-from rlnorm.kernel import variant
 from rlnorm.kernel._bwd import bwd_config, rms_norm_gated_bwd, tiles_per_program, workspace_numel
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
 from rlnorm.numerics import exact_sum, round_once, ulp_distance
 from rlnorm.options import OpOptions
@@ -42,7 +42,7 @@ def bwd(x, z, w, dy, opts: OpOptions):
 
 def bwd_under(switches: dict, *args, **kw):
     """rms_norm_gated_bwd(*args, **kw) under these backward switches."""
-    with variant(bwd=switches):
+    with plant(bwd=switches):
         return rms_norm_gated_bwd(*args, **kw)
 
 

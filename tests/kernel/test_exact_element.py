@@ -18,9 +18,9 @@ from conftest import oracle
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
-from rlnorm.kernel import _exact_element, variant
+from rlnorm.kernel import _exact_element
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
-from rlnorm.kernel.testing import planted
+from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
 from rlnorm.options import OpOptions
 
@@ -39,7 +39,7 @@ TIER_CASES = [  # (opts, has_z, w dtype): each gate (silu, sigmoid, none), each 
 
 def fwd(x, z, w, opts: OpOptions = OpOptions(), *, switches=None, faults=None, **kw):  # noqa: B008
     """The forward under these variant switches and planted faults."""
-    with variant(fwd=switches), planted(**(faults or {})):
+    with plant(fwd=switches, **(faults or {})):
         return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
 
 

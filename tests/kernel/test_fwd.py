@@ -16,10 +16,9 @@ from conftest import REPO_ROOT, oracle
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import UNDERFLOW_KINDS, make_case, make_underflow_case
-from rlnorm.kernel import variant
 from rlnorm.kernel._fwd import MAX_D, fwd_config, rms_norm_gated_fwd
 from rlnorm.kernel._rounding import round_fp32_to_out, round_fp64_to_out, widen_fast
-from rlnorm.kernel.testing import planted
+from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
@@ -183,7 +182,7 @@ def test_error_bound_is_needed(case11):
     ref = oracle(c.x, c.z, c.w)
     assert same_bits(fwd(c.x, c.z, c.w), ref).all()
     # the planted fault: no error bound, so no element is ever sent to the exact path
-    with planted(no_midpoint_test=True):
+    with plant(no_midpoint_test=True):
         assert not same_bits(fwd(c.x, c.z, c.w), ref).all()
 
 
@@ -191,7 +190,7 @@ def test_unknown_variant_switches_are_refused(case11):
     # a mistyped or retired switch must not run some other path silently
     c = case11.rows(slice(0, 2))
     for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}, {"ACCURATE_ARG": 4}, {"SPLIT": 3}, {"SPLIT": 4}):
-        with pytest.raises(ValueError, match="variant"), variant(fwd=bad):
+        with pytest.raises(ValueError, match="plant"), plant(fwd=bad):
             fwd(c.x, c.z, c.w)
 
 
@@ -209,7 +208,7 @@ def test_row_chunk_layouts_give_the_same_bits(d):
     x[5, 3] = float("nan")  # a risky row (whole-row path) among the tier's rows
     ref = oracle(x, c.z, c.w)
     for split in (1, 2):
-        with variant(fwd={"NEAR_T": 200, "SPLIT": split}):
+        with plant(fwd={"NEAR_T": 200, "SPLIT": split}):
             y = fwd(x, c.z, c.w)
         assert same_bits(y, ref).all(), f"SPLIT {split}, d={d}"
 
@@ -221,12 +220,12 @@ def test_exact_path_repairs_a_fast_path_planted_wrong(case11, opts):
     # midpoint are recomputed in fp64.
     c = case11.rows(slice(0, 96))
     ref = oracle(c.x, c.z, c.w, opts)
-    with planted(fast_ulps=6):
+    with plant(fast_ulps=6):
         y, _, flags = fwd(c.x, c.z, c.w, opts, debug=True)
     assert flags.any(dim=1).float().mean().item() > 0.02  # the exact path did run
     assert same_bits(y, ref).all()
     # without the exact path the same planted fault shows: the repair above is what made it right
-    with planted(fast_ulps=6), variant(fwd={"EXACT": 0}):
+    with plant(fwd={"EXACT": 0}, fast_ulps=6):
         assert not same_bits(fwd(c.x, c.z, c.w, opts), ref).all()
 
 
@@ -306,7 +305,7 @@ def test_an_underflowed_intermediate_sends_its_row_to_the_exact_path(kind):
     assert (fast[:, 1:] == 0).all()  # flushed to zero: what the range test catches
     # the planted fault: plain products keep the subnormal, y comes out normal and wrong, and nothing
     # sends its row to the exact path
-    with planted(plain_products=True):
+    with plant(plain_products=True):
         assert not same_bits(fwd(x, z, w, opts), ref).all()
 
 
@@ -317,7 +316,7 @@ def test_an_underflowed_intermediate_on_the_gpu(kind):
     x, z, w, opts = make_underflow_case(kind, rows=64, device="cuda")
     ref = oracle(x, z, w, opts)
     assert same_bits(fwd(x, z, w, opts), ref).all()
-    with planted(plain_products=True):
+    with plant(plain_products=True):
         assert not same_bits(fwd(x, z, w, opts), ref).all()
 
 
@@ -416,11 +415,11 @@ driver.set_active(Sm90CompileOnly())
 compiled = []
 run = JITFunction.run
 JITFunction.run = lambda self, *a, grid, warmup, **kw: compiled.append(run(self, *a, grid=grid, warmup=True, **kw))
-from rlnorm.kernel import variant
+from rlnorm.kernel.testing import plant
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
 d, switches = int(sys.argv[1]), json.loads(sys.argv[2])
 x = torch.randn(8, d).bfloat16()
-with variant(fwd=switches):
+with plant(fwd=switches):
     rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu")
 print("\\n".join(re.findall(r"#ttg\\.blocked<\\{[^}]*\\}>", compiled[-1].asm["ttgir"])))
 """

@@ -9,9 +9,10 @@ from triton.runtime import interpreter
 
 import rlnorm.kernel._fwd
 from rlnorm.inputs import make_case
-from rlnorm.kernel import _interpreter, variant
+from rlnorm.kernel import _interpreter
 from rlnorm.kernel._bwd import rms_norm_gated_bwd, workspace_numel
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kernel.testing import plant
 
 
 @pytest.fixture
@@ -46,6 +47,6 @@ def test_no_kernel_loop_takes_a_tensor_bound_in_the_interpreter(interpreter_36: 
     assert not ws.any() and y.shape == c.x.shape
     dy = (c.dy.float() * torch.exp2(torch.arange(63).float() * 4 - 125)[:, None]).bfloat16()
     for cfg in ({"TILES": 4}, {"TILES": 4, "COLD_MODE": 0}):
-        with variant(bwd=cfg):
+        with plant(bwd=cfg):
             dx, dz, dw = rms_norm_gated_bwd(dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
         assert dx.shape == c.x.shape and dz.shape == c.z.shape and dw.shape == (128,)

@@ -7,10 +7,11 @@ import torch
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 on a machine without a GPU)
 from rlnorm.inputs import make_case
-from rlnorm.kernel import BWD_SWITCHES, _dweight, _switches, variant
+from rlnorm.kernel import _dweight
 from rlnorm.kernel._bwd import rms_norm_gated_bwd
 from rlnorm.kernel._dweight import MAX_TILES, MAX_TILES_DEFERRED, column_counters, exact_column_sum
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kernel.testing import BWD_SWITCHES, plant
 from rlnorm.kit.checks.common import bits
 from rlnorm.numerics import exact_sum
 
@@ -43,12 +44,11 @@ def test_more_tiles_than_the_counters_allow_raise() -> None:
 
 
 def test_the_tiles_switch_stops_where_the_counters_do() -> None:
-    assert _switches._BWD_VALID["TILES"](MAX_TILES) and not _switches._BWD_VALID["TILES"](MAX_TILES + 1)
     assert f"1..{MAX_TILES}" in BWD_SWITCHES["TILES"]
     with pytest.raises(ValueError, match=r"TILES=65 is not allowed \(int 1\.\.64 .*window layout"):
-        with variant(bwd={"TILES": 65, "COLD_MODE": 1}):
+        with plant(bwd={"TILES": 65, "COLD_MODE": 1}):
             pass
-    with variant(bwd={"TILES": MAX_TILES, "COLD_MODE": 1}):
+    with plant(bwd={"TILES": MAX_TILES, "COLD_MODE": 1}):
         pass
 
 

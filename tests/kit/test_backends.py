@@ -113,8 +113,8 @@ def test_load_backend_function_and_class_and_instance():
     )
     for name in ("y", "dx", "dz", "dw"):
         assert torch.equal(getattr(g, name), getattr(r, name)), name
-    cls = load_backend("rlnorm.kit.faults:OrderDependentDweight")
-    assert cls.key == "rlnorm.kit.faults:OrderDependentDweight" and cls.has_backward
+    cls = load_backend("tests.faults:OrderDependentDweight")
+    assert cls.key == "tests.faults:OrderDependentDweight" and cls.has_backward
     inst = ExactReferenceBackend()
     assert load_backend(inst) is inst
 

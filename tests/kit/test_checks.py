@@ -23,13 +23,6 @@ from rlnorm.kit.backends import Backend
 from rlnorm.kit.backends.local import ExactReferenceBackend, ReferenceBackend
 from rlnorm.kit.checks import CheckOutcome, Trail, accuracy
 from rlnorm.kit.checks.alone import AloneRunner
-from rlnorm.kit.faults import (
-    BatchSizeDependentOutput,
-    NondeterministicDweight,
-    OrderDependentDweight,
-    PositionDependentOutput,
-    batch_size_fault_mask,
-)
 from rlnorm.kit.params import RunParams, default_probe_rows, default_sweep_sizes
 from rlnorm.kit.records import RECORD_COLUMNS, rebuild_case, records_frame
 from rlnorm.kit.results import AllRows, BatchInvariance, from_json, to_json
@@ -37,6 +30,13 @@ from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.timing import Timing
+from tests.faults import (
+    BatchSizeDependentOutput,
+    NondeterministicDweight,
+    OrderDependentDweight,
+    PositionDependentOutput,
+    batch_size_fault_mask,
+)
 
 OPTS = OpOptions()
 DEFAULTS = RunParams()

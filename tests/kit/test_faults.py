@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import ast
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +9,13 @@ import pytest
 import torch
 
 from rlnorm.inputs import make_case
-from rlnorm.kit import faults
 from rlnorm.kit.backends import load_backend
 from rlnorm.kit.backends.local import ExactReferenceBackend
-from rlnorm.kit.faults import (
-    GATE_CHILD_ENV,
+from rlnorm.numerics import ulp_distance
+from rlnorm.options import OpOptions
+from tests import faults
+from tests.faults import (
     BatchSizeDependentOutput,
-    GateChildCrash,
-    GateChildHang,
     NondeterministicDweight,
     OrderDependentDweight,
     PositionDependentOutput,
@@ -28,29 +23,12 @@ from rlnorm.kit.faults import (
     bump_one_ulp,
     position_fault_mask,
 )
-from rlnorm.numerics import ulp_distance
-from rlnorm.options import OpOptions
 
 OPTS = OpOptions()
 FAULTS = [obj for obj in map(faults.__dict__.get, faults.__all__) if isinstance(obj, type)]
 # the faults that end their process past `limit` rows: below it, the exact reference (safe to call here)
 PAST_ROWS = [cls for cls in FAULTS if issubclass(cls, faults._PastRows)]
 KIT_TESTS = Path(__file__).resolve().parent
-
-# fault -> the test that shows a check, a gate or the process isolation catching it; a fault with no entry fails
-# test_every_fault_has_a_test_that_catches_it
-CAUGHT_BY = {
-    "BatchSizeDependentOutput": "test_checks.py::test_batch_size_fault_is_caught_row_by_row",
-    "PositionDependentOutput": "test_checks.py::test_position_fault_is_caught_with_exact_positions",
-    "NondeterministicDweight": "test_checks.py::test_nondeterministic_dweight_is_caught_only_by_dweight_repeatable",
-    "OrderDependentDweight": "test_gates.py::test_run_gates_order_dependent_dweight_fails_singleton_and_permuted",
-    "GateChildCrash": "test_gates.py::test_run_gates_records_a_crashing_child_and_goes_on",
-    "GateChildHang": "test_gates.py::test_run_gates_records_a_hanging_child_as_timed_out",
-    "SegfaultPastRows": "test_isolation.py::test_a_segfault_is_recorded_with_its_signal_check_and_batch",
-    "HangPastRows": "test_isolation.py::test_a_hang_is_ended_at_the_time_limit",
-    "ExitPastRows": "test_isolation.py::test_an_exit_is_recorded_with_its_code",
-    "DeviceErrorPastRows": "test_isolation.py::test_a_device_error_is_recorded_and_the_next_backend_runs",
-}
 
 
 def _fb(backend, case):
@@ -61,20 +39,10 @@ def _rows_alone(backend, case):
     return [_fb(backend, case.rows(slice(i, i + 1))) for i in range(case.x.shape[0])]
 
 
-def test_every_fault_has_a_test_that_catches_it() -> None:
-    assert len(FAULTS) == 10 and set(CAUGHT_BY) == {cls.__name__ for cls in FAULTS}
-    for fault, where in CAUGHT_BY.items():
-        file, name = where.split("::")
-        text = (KIT_TESTS / file).read_text(encoding="utf-8")
-        tests = {n.name for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)}
-        assert name in tests, where
-        assert fault in text, f"{file} never names {fault}"
-
-
 @pytest.mark.parametrize("cls", FAULTS, ids=lambda c: c.__name__)
 def test_every_fault_loads_by_import_path_and_is_available(cls: type) -> None:
-    b = load_backend(f"rlnorm.kit.faults:{cls.__name__}")
-    assert isinstance(b, cls) and b.key == f"rlnorm.kit.faults:{cls.__name__}"
+    b = load_backend(f"tests.faults:{cls.__name__}")
+    assert isinstance(b, cls) and b.key == f"tests.faults:{cls.__name__}"
     assert b.available("cpu") == (True, "")  # crash/hang act only inside a gate child or past `limit` rows
     assert b.source.startswith("planted fault")
 
@@ -177,24 +145,3 @@ def test_order_dependent_dweight_is_a_left_fold_repeatable_but_not_permutation_f
         torch.cat([pad, case.x]), torch.cat([pad, case.z]), case.w, torch.cat([pad, case.dy]), OPTS
     )
     assert torch.equal(padded.dw, a.dw)  # zero-gradient padding adds exact zeros
-
-
-@pytest.mark.parametrize("cls", [GateChildCrash, GateChildHang], ids=lambda c: c.__name__)
-def test_crash_and_hang_are_the_reference_outside_a_gate_child(cls, monkeypatch):
-    monkeypatch.delenv(GATE_CHILD_ENV, raising=False)
-    case = make_case(7, 128, seed=3)
-    g, r = _fb(cls(), case), _fb(ExactReferenceBackend(), case)
-    for name in ("y", "dx", "dz", "dw"):
-        assert torch.equal(getattr(g, name), getattr(r, name)), name
-
-
-def test_crash_fault_aborts_a_process_marked_as_gate_child():
-    code = (
-        "from rlnorm.kit.faults import GateChildCrash; from rlnorm.inputs import make_case; "
-        "from rlnorm.options import OpOptions; c = make_case(2, 16); "
-        "GateChildCrash().forward(c.x, c.z, c.w, OpOptions()); print('survived')"
-    )
-    env = dict(os.environ, **{GATE_CHILD_ENV: "1"})
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode != 0 and "survived" not in proc.stdout
-    assert "GateChildCrash aborting" in proc.stderr

@@ -87,7 +87,7 @@ def test_exact_reference_passes_both_gate_bodies():
 
 
 def test_batch_size_fault_fails_the_forward_gate_only():
-    b = load_backend("rlnorm.kit.faults:BatchSizeDependentOutput")
+    b = load_backend("tests.faults:BatchSizeDependentOutput")
     fwd = forward_gate(b, OPTS, "cpu", **SMALL)
     failed = _failed_pairs(fwd)
     assert ("B1/full", "y") in failed and ("BN/permuted", "y") not in failed  # size, not position
@@ -95,14 +95,14 @@ def test_batch_size_fault_fails_the_forward_gate_only():
 
 
 def test_position_fault_fails_the_forward_gate_only():
-    b = load_backend("rlnorm.kit.faults:PositionDependentOutput")
+    b = load_backend("tests.faults:PositionDependentOutput")
     failed = _failed_pairs(forward_gate(b, OPTS, "cpu", **SMALL))
     assert {("B1/full", "y"), ("BN/permuted", "y"), ("BN/padded-left", "y")} <= failed
     assert not _failed_pairs(gradient_gate(b, OPTS, "cpu", **SMALL))
 
 
 def test_nondeterministic_dweight_fails_the_dweight_lines_only():
-    b = load_backend("rlnorm.kit.faults:NondeterministicDweight")
+    b = load_backend("tests.faults:NondeterministicDweight")
     assert not _failed_pairs(forward_gate(b, OPTS, "cpu", **SMALL))
     failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", **SMALL))
     assert failed and all(t == "dweight" for _, t in failed)
@@ -140,7 +140,7 @@ def test_run_gates_exact_reference_passes_and_marks_each_call_on_the_trail():
 
 
 def test_run_gates_order_dependent_dweight_fails_singleton_and_permuted():
-    res = run_gates(load_backend("rlnorm.kit.faults:OrderDependentDweight"), OPTS, "cpu", **SMALL)
+    res = run_gates(load_backend("tests.faults:OrderDependentDweight"), OPTS, "cpu", **SMALL)
     assert res["forward"].passed
     g = res["gradient"]
     assert g.returncode == 0 and not g.passed

@@ -20,16 +20,16 @@ from conftest import TINY_SIZES
 from rlnorm.kit import steps
 from rlnorm.kit.artifact import load_artifact
 from rlnorm.kit.backends import device_lost
-from rlnorm.kit.faults import DeviceErrorPastRows, HangPastRows
 from rlnorm.kit.params import load_params
 from rlnorm.kit.process import Child, describe_exit, run_child
 from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.worker import EXIT_DEVICE_ERROR, BackendWorker, run_backend, run_batch
+from tests.faults import DeviceErrorPastRows, HangPastRows
 
-SEGFAULT = "rlnorm.kit.faults:SegfaultPastRows"
-EXIT = "rlnorm.kit.faults:ExitPastRows"
+SEGFAULT = "tests.faults:SegfaultPastRows"
+EXIT = "tests.faults:ExitPastRows"
 EXACT = "rlnorm.kit.backends.local:ExactReferenceBackend"  # a correct backend, run after a crash
-DEVICE_ERROR = "rlnorm.kit.faults:DeviceErrorPastRows"
+DEVICE_ERROR = "tests.faults:DeviceErrorPastRows"
 CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "accuracy_latency", "agreement"]
 # TINY_SIZES' batches stay at 15 rows or fewer until accuracy_latency's 63: the planted faults (past 50 rows) die there
 FINISHED = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep"]

@@ -11,7 +11,6 @@ import torch
 
 from rlnorm.inputs import make_case
 from rlnorm.kit import checks
-from rlnorm.kit.faults import BatchSizeDependentOutput, NondeterministicDweight, PositionDependentOutput
 from rlnorm.kit.records import (
     RECORD_COLUMNS,
     read_records,
@@ -21,6 +20,7 @@ from rlnorm.kit.records import (
     write_records,
 )
 from rlnorm.options import OpOptions
+from tests.faults import BatchSizeDependentOutput, NondeterministicDweight, PositionDependentOutput
 
 QUICK = {"device": "cpu", "progress": False}
 

@@ -20,7 +20,7 @@ from rlnorm.kit.params import ParamsError, RunParams, load_params
 from rlnorm.kit.results import load_run
 from rlnorm.options import OpOptions
 
-FAULT = "rlnorm.kit.faults:BatchSizeDependentOutput"
+FAULT = "tests.faults:BatchSizeDependentOutput"
 
 
 class ExplodingSweep(Backend):
@@ -45,7 +45,7 @@ class NoBackwardFault(Backend):
     has_backward = False
 
     def forward(self, x, z, w, opts: OpOptions):
-        from rlnorm.kit.faults import BatchSizeDependentOutput
+        from tests.faults import BatchSizeDependentOutput
 
         return BatchSizeDependentOutput().forward(x, z, w, opts)
 

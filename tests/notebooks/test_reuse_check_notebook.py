@@ -21,7 +21,7 @@ from rlnorm.kit.params import load_params
 
 pytestmark = pytest.mark.slow
 
-FAULT = "rlnorm.kit.faults:BatchSizeDependentOutput"
+FAULT = "tests.faults:BatchSizeDependentOutput"
 PLOTS = ["agreement", "differing_rows", "error_distributions", "latency", "verdict", "vs_reference_report"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -19,7 +19,6 @@ from rlnorm.checkout import seed_report_path
 from rlnorm.kit import checks
 from rlnorm.kit.artifact import build_artifact, read_artifact
 from rlnorm.kit.environment import REPORT_LIBRARIES
-from rlnorm.kit.faults import BatchSizeDependentOutput, bump_one_ulp
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.records import records_frame
 from rlnorm.kit.steps import Run
@@ -28,6 +27,7 @@ from rlnorm.report import plots, tables
 from rlnorm.report.compare import run_verdicts
 from rlnorm.report.investigate import differing_rows, failing_summary, records_dropped
 from rlnorm.report.runs import load_run
+from tests.faults import BatchSizeDependentOutput, bump_one_ulp
 
 ROW_CHECKS = ("all_rows", "full_vs_sub_batches", "batch_size_sweep")
 NUM = r"(\d[\d,]*)"

@@ -301,7 +301,7 @@ def test_diagnosis_names_the_planted_cause(spec: str, diagnosis: str) -> None:
     # position faults bump rows at positions 1, 4; the batch-size fault rows whose tag matches the regime
     row = 1 if spec == POSITION_FAULT else 2
     if spec == BATCH_FAULT:
-        from rlnorm.kit.faults import batch_size_fault_mask
+        from tests.faults import batch_size_fault_mask
 
         row = int(batch_size_fault_mask(make_case(7, 128, 3).x).nonzero()[0])
     expl = explain_row(_hand_record(spec, row), others=[], device="cpu")

@@ -26,8 +26,8 @@ from rlnorm.report.plots.verdict import STATE_COLORS
 from rlnorm.report.runs import load_artifact
 
 COMMIT = "89abcdef0123456789abcdef0123456789abcdef"
-SEGV = "rlnorm.kit.faults:SegfaultPastRows"
-HANG = "rlnorm.kit.faults:HangPastRows"
+SEGV = "tests.faults:SegfaultPastRows"
+HANG = "tests.faults:HangPastRows"
 FULL_VS_SUB = {"full_batch": 15, "sub_batch_sizes": [1, 7], "sub_batches": 6, "rows_compared": 30}
 SWEEP = {"batch_sizes": [1, 2, 9], "probe_rows": [0, 16], "comparisons": 12}
 GATE_LINES = [f"bitwise pair=('BN/full', 'c{i}') tensor=y max_abs=0.00000000e+00 passed=True" for i in range(7)]

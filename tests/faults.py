@@ -4,7 +4,8 @@ They exist so that every check and gate can be shown to fail when it should (COM
 a check that passes by construction is a defect). Each builds on `ExactReferenceBackend` (the
 fp32 reference with the exact, order-independent dweight), which passes every check and gate,
 so the only thing wrong with a fault is the one planted. Load one by import path, e.g.
-`rlnorm.kit.faults:BatchSizeDependentOutput`.
+`tests.faults:BatchSizeDependentOutput`, with the checkout's root on the import path (`python -m pytest` and
+`python -m rlnorm` run from there have it; the kit's child processes inherit it).
 
 | class | broken guarantee | caught by |
 |---|---|---|
@@ -12,8 +13,6 @@ so the only thing wrong with a fault is the one planted. Load one by import path
 | `PositionDependentOutput` | y depends on position | all_rows, full_vs_sub, batch_size_sweep, fwd gate |
 | `NondeterministicDweight` | dweight differs run to run | dweight_repeatable, gradient gate |
 | `OrderDependentDweight` | dweight is a plain fp32 fold | gradient gate (singleton_aggregate, permuted) |
-| `GateChildCrash` | the gate child process dies (SIGABRT) | both gates: returncode != 0 |
-| `GateChildHang` | the gate child sleeps past the timeout | both gates: timed_out |
 | `SegfaultPastRows` | the process segfaults on a batch of more than `limit` rows | run: status crashed, SIGSEGV |
 | `HangPastRows` | the process sleeps on a batch of more than `limit` rows | run: status timed_out |
 | `ExitPastRows` | the process exits with code 3 on a batch of more than `limit` rows | run: status crashed, code 3 |
@@ -40,12 +39,9 @@ from rlnorm.kit.backends.local import ExactReferenceBackend
 from rlnorm.options import OpOptions
 
 __all__ = [
-    "GATE_CHILD_ENV",
     "BatchSizeDependentOutput",
     "DeviceErrorPastRows",
     "ExitPastRows",
-    "GateChildCrash",
-    "GateChildHang",
     "HangPastRows",
     "NondeterministicDweight",
     "OrderDependentDweight",
@@ -56,8 +52,6 @@ __all__ = [
     "position_fault_mask",
 ]
 
-# set by `python -m rlnorm.kit.gates` in its child; the crash/hang faults act only where it is "1"
-GATE_CHILD_ENV = "RLNORM_GATE_CHILD"
 
 _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
@@ -116,7 +110,7 @@ class _OutputFault(ExactReferenceBackend):
 class BatchSizeDependentOutput(_OutputFault):
     """Output of some rows is one ulp off depending on how many rows are in the launch."""
 
-    key = "rlnorm.kit.faults:BatchSizeDependentOutput"
+    key = "tests.faults:BatchSizeDependentOutput"
     source = "planted fault: output depends on batch size (row-count regimes)"
 
     def _mask(self, x: Tensor) -> Tensor:
@@ -126,7 +120,7 @@ class BatchSizeDependentOutput(_OutputFault):
 class PositionDependentOutput(_OutputFault):
     """Output is one ulp off for rows at positions r % 3 == 1 in the launch."""
 
-    key = "rlnorm.kit.faults:PositionDependentOutput"
+    key = "tests.faults:PositionDependentOutput"
     source = "planted fault: output depends on position in the batch (r % 3 == 1)"
 
     def _mask(self, x: Tensor) -> Tensor:
@@ -140,7 +134,7 @@ class NondeterministicDweight(ExactReferenceBackend):
     test knows it will show; a real kernel's atomics give the same symptom without the guarantee.
     """
 
-    key = "rlnorm.kit.faults:NondeterministicDweight"
+    key = "tests.faults:NondeterministicDweight"
     source = "planted fault: dweight differs run to run (call counter)"
 
     def __init__(self) -> None:
@@ -162,7 +156,7 @@ class OrderDependentDweight(ExactReferenceBackend):
     Zero-gradient padding rows add exact zeros, so the padded lines still pass.
     """
 
-    key = "rlnorm.kit.faults:OrderDependentDweight"
+    key = "tests.faults:OrderDependentDweight"
     source = "planted fault: dweight is an fp32 left fold over rows (order-dependent)"
 
     def _reduce_dweight(self, contributions: Tensor, dtype: torch.dtype) -> Tensor:
@@ -172,10 +166,6 @@ class OrderDependentDweight(ExactReferenceBackend):
         # ufunc.accumulate is a strict sequential fold (np.sum would be pairwise)
         folded = np.add.accumulate(c, axis=0, dtype=np.float32)[-1]
         return torch.from_numpy(folded.copy()).to(dtype)
-
-
-def _in_gate_child() -> bool:
-    return os.environ.get(GATE_CHILD_ENV) == "1"
 
 
 class _Tripwire(ExactReferenceBackend):
@@ -192,36 +182,6 @@ class _Tripwire(ExactReferenceBackend):
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
         self._trip(x.shape[0])
         return super().forward_backward(x, z, w, dy, opts)
-
-
-class GateChildCrash(_Tripwire):
-    """Aborts the process (SIGABRT, like a device assert or segfault) when run inside a gate child.
-
-    Outside a gate child it is the exact reference, so a run that loads it only loses the gates.
-    """
-
-    key = "rlnorm.kit.faults:GateChildCrash"
-    source = "planted fault: the gate child process aborts"
-
-    def _trip(self, rows: int) -> None:
-        if _in_gate_child():
-            sys.stderr.write("planted fault: GateChildCrash aborting the gate child\n")
-            sys.stderr.flush()
-            os.abort()
-
-
-class GateChildHang(_Tripwire):
-    """Sleeps for an hour when run inside a gate child: the gate's timeout must end it."""
-
-    key = "rlnorm.kit.faults:GateChildHang"
-    source = "planted fault: the gate child process hangs"
-    hang_s: float = 3600.0
-
-    def _trip(self, rows: int) -> None:
-        if _in_gate_child():
-            sys.stderr.write("planted fault: GateChildHang sleeping\n")
-            sys.stderr.flush()
-            time.sleep(self.hang_s)
 
 
 class _PastRows(_Tripwire):
@@ -241,7 +201,7 @@ class _PastRows(_Tripwire):
 class SegfaultPastRows(_PastRows):
     """Reads address 0 (SIGSEGV) on a batch of more than `limit` rows."""
 
-    key = "rlnorm.kit.faults:SegfaultPastRows"
+    key = "tests.faults:SegfaultPastRows"
     source = "planted fault: segfaults past 50 rows"
 
     def _fail(self, rows: int) -> None:
@@ -255,7 +215,7 @@ class SegfaultPastRows(_PastRows):
 class HangPastRows(_PastRows):
     """Sleeps for an hour on a batch of more than `limit` rows: only the run's time limit ends it."""
 
-    key = "rlnorm.kit.faults:HangPastRows"
+    key = "tests.faults:HangPastRows"
     source = "planted fault: hangs past 50 rows"
 
     def _fail(self, rows: int) -> None:
@@ -268,7 +228,7 @@ class HangPastRows(_PastRows):
 class ExitPastRows(_PastRows):
     """Ends its process with `os._exit(3)` (no cleanup, no exception) on a batch of more than `limit` rows."""
 
-    key = "rlnorm.kit.faults:ExitPastRows"
+    key = "tests.faults:ExitPastRows"
     source = "planted fault: exits with code 3 past 50 rows"
 
     def _fail(self, rows: int) -> None:
@@ -279,7 +239,7 @@ class DeviceErrorPastRows(_PastRows):
     """On a CUDA device, a store 2^40 elements past its buffer (an illegal memory access, which leaves the
     process's CUDA context unusable) on a batch of more than `limit` rows; on the CPU, the exact reference."""
 
-    key = "rlnorm.kit.faults:DeviceErrorPastRows"
+    key = "tests.faults:DeviceErrorPastRows"
     source = "planted fault: illegal memory access on the GPU past 50 rows"
 
     def _fail(self, rows: int) -> None:
