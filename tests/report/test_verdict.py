@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from conftest import FAULTY, KEPT, PLANTED, planted_run, write_run
+from planted import FAULTY, KEPT, PLANTED, load_planted, planted_run, write_run
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.results import RunResult, load_run
@@ -17,7 +17,10 @@ from rlnorm.report.investigate import differing_rows
 from rlnorm.report.runs import records_of
 from rlnorm.report.verdict import INVARIANCE, State, run_verdicts, summary_lines
 
-ROW_CHECKS = tuple(PLANTED)
+
+@pytest.fixture
+def planted(tmp_path: Path) -> RunResult:
+    return load_planted(tmp_path / "planted")
 
 
 def _texts(fig) -> str:  # type: ignore[no-untyped-def]
@@ -107,7 +110,8 @@ def test_make_plots_draws_every_figure_and_writes_nothing_else(planted: RunResul
     assert folder is not None
     before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
     paths = plots.make_plots(planted, folder / "plots")
-    assert list(paths) == list(plots.PLOT_NAMES) and all(p.is_file() and p.stat().st_size > 10_000 for p in paths.values())
+    assert list(paths) == list(plots.PLOT_NAMES)
+    assert all(p.is_file() and p.stat().st_size > 10_000 for p in paths.values())
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before  # the artifact as it was
     # one figure that raises costs only itself: it becomes a PNG that says so
     with pytest.warns(RuntimeWarning, match="differing_rows"):
