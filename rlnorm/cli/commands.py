@@ -246,8 +246,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except Exception as exc:
         _err(f"{path}: {exc}")
         return 1
-    gpu = run.environment.get("gpu") or run.environment.get("device") or "cpu"
-    print(f"{run.path}: valid artifact (schema {run.schema_version}, {gpu})")
+    print(f"{run.path}: valid artifact (schema {run.schema_version}, {run.device_name})")
     print("\n".join(summary_lines(run)))
     problems = [] if run.is_seed else _folder_problems(run)
     for p in problems:

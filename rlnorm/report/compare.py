@@ -130,7 +130,7 @@ def environment_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: s
 
     def flat(run: RunResult) -> dict[str, Any]:
         out = {k: run.environment.get(k) for k in ("gpu", "capability", "cuda")}
-        out.update(run.environment.get("libraries") or {})
+        out.update(run.libraries)
         out.update(commit=run.commit, tracked_tree_dirty=run.tracked_tree_dirty)
         return {**out, **{f"protocol: {k}": v for k, v in protocol(run).items()}}
 
@@ -162,7 +162,7 @@ def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = 
     if ops:
         out.append("the two runs computed different ops (" + "; ".join(ops) + "): their verdicts, latencies and "
                    "accuracies describe different computations and are not a before/after of one")  # fmt: skip
-    ga, gb = (r.environment.get("gpu") or r.environment.get("device") for r in (a, b))
+    ga, gb = a.device_name, b.device_name
     if ga != gb:
         out.append(f"devices differ ({ga} vs {gb}): latency ratios compare the hardware as much as the code")
     pa, pb = protocol(a), protocol(b)
@@ -201,8 +201,7 @@ def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = 
 
 def _label(run: RunResult, fallback: str) -> str:
     name = (run.params or {}).get("name")
-    gpu = run.environment.get("gpu") or run.environment.get("device") or "cpu"
-    return f"{fallback}: {gpu}" + (f" ({name})" if name else "")
+    return f"{fallback}: {run.device_name}" + (f" ({name})" if name else "")
 
 
 def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_move: float = 0.10,

@@ -34,7 +34,7 @@ def summary_table(runs: Sequence[str | Path | RunResult]) -> pd.DataFrame:
         base = {
             "run": folder.name,
             "folder": str(folder),
-            "gpu": run.environment.get("gpu") or run.environment.get("device") or "cpu",
+            "gpu": run.device_name,
             "commit": (run.commit or "")[:9],
             **{k: (run.params or {}).get(k) for k in OP_KEYS},
         }

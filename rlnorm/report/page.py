@@ -12,7 +12,7 @@ from typing import Any
 
 from rlnorm.kit.results import RunResult
 from rlnorm.report.plots.common import fmt_us, roofline_ratio
-from rlnorm.report.verdict import ROW_CHECKS, State, crash_words, fraction, run_verdicts
+from rlnorm.report.verdict import INVARIANCE, State, crash_words, fraction, run_verdicts
 
 __all__ = [
     "GATE_EXPLANATION",
@@ -40,7 +40,7 @@ def header(run: RunResult) -> str:
     env = run.environment
     gpu = env.get("gpu") or f"{env.get('device', 'cpu')} (no GPU)"
     commit = (run.commit or "no commit")[:9] + (" (uncommitted changes)" if run.tracked_tree_dirty else "")
-    libs = env.get("libraries") or {}
+    libs = run.libraries
     versions = ", ".join(f"{k} {libs[k]}" for k in ("torch", "triton") if libs.get(k))
     name = (run.params or {}).get("name") or run.param_set or "unnamed"
     return (f"**Run `{name}`** on **{gpu}** · code `{commit}` · {versions} · created {run.created_at or 'not yet'} · "
@@ -74,7 +74,7 @@ def verdict_markdown(run: RunResult) -> str:
             state, _, rest = crash_words(r).partition(": ")
             done = ", ".join(r.crash.finished_checks) or "no check"
             parts.append(f"**{state}** ({rest}); finished before it: {done}")
-            passed = [c for c in ROW_CHECKS if v.checks[c].state is State.PASSED]
+            passed = [c for c in INVARIANCE if v.checks[c].state is State.PASSED]
             if v.overall is not State.FAILED:
                 clean = f": {', '.join(passed)} passed before it" if passed else ""
                 parts.append(f"no batch-invariance verdict (it {v.overall.value} before its checks ended{clean})")
@@ -84,7 +84,7 @@ def verdict_markdown(run: RunResult) -> str:
             parts.append(f"batch invariant ({v.why})")
         elif r.crash is None:
             parts.append(f"no batch-invariance verdict ({v.why})")
-        for gate in ("forward_gate", "gradient_gate"):
+        for gate in ("forward_gate", "gradient_gate") if r.crash is None else ():  # a crash: its gates never ran
             g = v.checks[gate]
             if g.state is not State.NOT_RUN and (g.state is not State.PASSED or gate == "gradient_gate"):
                 said = f"**{g.words()}**" if g.state is not State.PASSED else f"passed ({GRADIENT_COMPARES})"
@@ -109,7 +109,7 @@ def failed_steps_markdown(run: RunResult) -> str:
     """The steps after the backends that raised, each with its traceback's tail ('' when none did)."""
     out = []
     for f in run.failed_steps or []:
-        tail = "\n".join(f.traceback[-8:])
+        tail = "\n".join(f"  {line}" for line in f.traceback[-8:])
         out.append(f"- **step `{f.step}` failed**: {f.error} (the results above stand)" +
                    (f"\n\n  ```\n{tail}\n  ```" if tail else ""))  # fmt: skip
     return "\n".join(out)

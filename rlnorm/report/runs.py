@@ -71,7 +71,7 @@ def run_options(run: RunResult) -> OpOptions:
 
 def run_label(run: RunResult) -> str:
     """'NVIDIA H200 · commit 1a2b3c4 · params quick': where a figure's numbers come from."""
-    gpu = run.environment.get("gpu") or run.environment.get("device") or "unknown device"
+    gpu = run.device_name
     short = (run.commit or "no commit")[:7] + ("+dirty" if run.tracked_tree_dirty else "")
     what = "B200 reference report" if run.is_seed else f"params {run.param_set or 'unnamed'}"
     return f"{gpu} · commit {short} · {what}" + (" (quick)" if run.quick and not run.is_seed else "")

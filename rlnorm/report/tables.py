@@ -174,7 +174,7 @@ def environment_table(run: RunResult) -> pd.DataFrame:
     """Where the numbers come from: device, versions, commit; the libraries on one line each."""
     env = {k: v for k, v in run.environment.items() if k != "libraries"}
     env["commit"] = (run.commit or "not a git checkout") + (" (uncommitted changes)" if run.tracked_tree_dirty else "")
-    libs: dict[str, Any] = run.environment.get("libraries") or {}
+    libs = run.libraries
     rows = [{"what": k, "value": _short(v)} for k, v in env.items()]
     rows += [{"what": name, "value": version} for name, version in libs.items() if version]
     missing = [name for name, version in libs.items() if not version]

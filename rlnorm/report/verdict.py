@@ -39,6 +39,7 @@ __all__ = [
     "differing_table",
     "run_verdicts",
     "summary_lines",
+    "verdict_frame",
 ]
 
 
@@ -330,7 +331,7 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
             parts.append(f"{c}: {said}")
         return BackendVerdict(key, result.status, checks, State.FAILED, "; ".join(parts))
     if ended is not None:
-        return BackendVerdict(key, result.status, checks, ended, crash_words(result))
+        return BackendVerdict(key, result.status, checks, ended, crash_words(result).partition(": ")[2])
     if inv is not None and inv.batch_invariant:
         compared = sum((checks[c].counts.compared or 0) for c in ROW_CHECKS if checks[c].counts is not None)
         dweight = {State.PASSED: "dweight repeatable", State.NOT_RUN: "no dweight: forward only"}.get(
@@ -347,6 +348,13 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
 
 def run_verdicts(run: RunResult) -> dict[str, BackendVerdict]:
     return {key: backend_verdict(key, r) for key, r in run.results.items()}
+
+
+def verdict_frame(run: RunResult) -> pd.DataFrame:
+    """A backend per line, a check per column (and the overall verdict last), each cell the verdict's words."""
+    rows = {k: {**{c: cv.words() for c, cv in v.checks.items()}, "batch_invariant": v.sentence()}
+            for k, v in run_verdicts(run).items()}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index", columns=[*CHECKS, "batch_invariant"]).rename_axis("backend")
 
 
 def summary_lines(run: RunResult) -> list[str]:
