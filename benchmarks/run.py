@@ -27,7 +27,8 @@ import torch
 from benchmarks import base, merge, results, runner
 from benchmarks.table import format_base, format_footer, format_markdown
 from benchmarks.variants import VariantError, parse_variants
-from rlnorm.kit.artifact import jsonable, write_artifact
+from rlnorm.kit.folders import write_atomic
+from rlnorm.kit.results import to_json
 
 PROG = "python -m benchmarks.run"
 EXIT_USAGE, EXIT_EXISTS = 2, 3  # like `python -m rlnorm run`: the output is there and --force was not given
@@ -103,7 +104,7 @@ def timing_args(argv: Sequence[str], drop: Sequence[str] = ()) -> list[str]:
 
 def write(doc: dict, out: str | Path, force: bool) -> None:
     """doc as JSON at out, atomically (a reader never sees half a file)."""
-    write_artifact(jsonable(doc, "$"), out, overwrite=force, validate=False)
+    write_atomic(Path(out), json.dumps(to_json(doc), indent=1), overwrite=force)
 
 
 def _load(path: str) -> dict:

@@ -32,17 +32,15 @@ from rlnorm.report.runs import check_parameters as _check_parameters
 
 _check_parameters(globals(), _names_before_parameters, ["artifact_a", "artifact_b", "latency_move", "accuracy_move"])
 
-import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from rlnorm.checkout import seed_report_path
 from rlnorm.report.compare import compare_runs, plot_comparison
 from rlnorm.report.runs import latest_run
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
-path_a = artifact_a or seed_report_path()
+path_a = artifact_a or "seed"
 path_b = artifact_b or latest_run()
 cmp = compare_runs(path_a, path_b, latency_move=latency_move, accuracy_move=accuracy_move)
 print("A:", path_a)
@@ -64,10 +62,10 @@ cmp.environment
 
 # %% [markdown]
 # ## Verdicts per backend and check
-# `pass`: no row comparison differed (or the gate passed); `FAIL (N y / M dx,dz)`: N row comparisons whose
-# output differed, M whose dx or dz did (the sweep, as the reference report, counts only their total);
-# `n/a`: not measured (for example no backward); `skipped` / `failed` / `crashed` / `timed_out`: the backend
-# did not run or did not finish, see its reason; `absent`: not in that run.
+# `passed`: no row comparison differed (or the gate passed); `failed (N y / M dx,dz of K row comparisons)`: N row
+# comparisons whose output differed, M whose dx or dz did (the reference report's sweep counts only their total);
+# `raised`: the check raised; `not run`: not measured (for example no backward); `skipped` / `not loaded` /
+# `crashed` / `timed out`: the backend did not run or did not finish, see why; `absent`: not in that run.
 
 # %%
 cmp.verdicts[[cmp.label_a, cmp.label_b, "changed"]]
@@ -92,9 +90,7 @@ cmp.accuracy
 # Left: latency ratio B/A per backend (log scale; the line at 1 = unchanged).
 # Middle: the share of forward outputs NOT correctly rounded, A and B side by side (log scale;
 # "0" marks a backend that rounds every output correctly).
-# Right: the verdict grid, coloured by how each verdict moved from A to B.
+# Right: the verdict grid, each cell's left half A's state and right half B's (framed where it changed).
 
 # %%
-fig = plot_comparison(cmp)
-display(fig)
-plt.close(fig)
+display(plot_comparison(cmp))

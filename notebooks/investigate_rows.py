@@ -54,10 +54,8 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from rlnorm.report.compare import run_verdicts
 from rlnorm.report.explain import explain_record
 from rlnorm.report.investigate import (
-    backends_table,
     crash_batch,
     crash_table,
     crashed_backends,
@@ -67,23 +65,26 @@ from rlnorm.report.investigate import (
     rows_or_reason,
 )
 from rlnorm.report.plots.row import plot_row
-from rlnorm.report.runs import latest_run, load_run
+from rlnorm.report.runs import latest_run, open_run, records_of, run_options
+from rlnorm.report.tables import backend_table
+from rlnorm.report.verdict import verdict_frame
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
-the_run = load_run(run or latest_run())
-print("artifact:", the_run.location.artifact)
-print("records: ", the_run.location.records)
+the_run = open_run(run or latest_run())
+records = records_of(the_run)
+print("artifact:", the_run.path)
+print("records: ", the_run.resolve(the_run.records) if records is not None else "none")
 
 # %% [markdown]
 # ## The run's backends and verdicts
 # `status` says whether each backend ran here; a skipped one carries the reason, and has no rows below.
-# The verdicts are the run's own: `FAIL (736 y / 3,128 dx,dz)` counts the row comparisons whose output (y) or
-# gradients (dx or dz) differed; a row is compared once per size and seed.
+# The verdicts are the run's own: `failed (736 y / 3,128 dx,dz of ...)` counts the row comparisons whose output
+# (y) or gradients (dx or dz) differed; a row is compared once per size and seed.
 
 # %%
-display(backends_table(the_run.artifact))
-display(run_verdicts(the_run.artifact))
+display(backend_table(the_run))
+display(verdict_frame(the_run))
 
 # %% [markdown]
 # ## Backends whose process died
@@ -93,14 +94,14 @@ display(run_verdicts(the_run.artifact))
 # reproduced, and then debugged, in one call without rerunning the check.
 
 # %%
-crashed = crashed_backends(the_run.artifact)
+crashed = crashed_backends(the_run)
 if not crashed:
     display(Markdown("No backend crashed or timed out in this run."))
 else:
-    display(crash_table(the_run.artifact))
+    display(crash_table(the_run))
     for _key in crashed:
         try:
-            _batch = crash_batch(the_run.artifact, _key)
+            _batch = crash_batch(the_run, _key)
         except ValueError as _exc:
             display(Markdown(f"**{_key}**: {_exc}"))
             continue
@@ -108,12 +109,12 @@ else:
             Markdown(
                 f"**{_key}** died on a batch of {_batch.batch.x.shape[0]} rows of `{_batch.check}` "
                 f"(case {_batch.spec['case']}, batch {_batch.spec['batch']}). To give it that batch again: "
-                f"`reproduce_crash(the_run.artifact, {_key!r})`, or `crash_batch(the_run.artifact, {_key!r})` "
+                f"`reproduce_crash(the_run, {_key!r})`, or `crash_batch(the_run, {_key!r})` "
                 "for the tensors themselves."
             )
         )
         if reproduce:
-            display(pd.Series(reproduce_crash(the_run.artifact, _key), name=_key).to_frame())
+            display(pd.Series(reproduce_crash(the_run, _key), name=_key).to_frame())
 
 # %% [markdown]
 # ## What differs, per backend and check
@@ -123,7 +124,7 @@ else:
 # pair. `max_ulp` is the largest recorded difference in bf16 ulps.
 
 # %%
-summary_table = failing_summary(the_run.records, the_run.artifact)
+summary_table = failing_summary(records, the_run)
 summary_table
 
 # %% [markdown]
@@ -133,9 +134,7 @@ summary_table
 # Change `row_index` to pick another line.
 
 # %%
-table, _sentence = rows_or_reason(
-    the_run.records, the_run.artifact, backend, check, has_records=the_run.location.records is not None
-)
+table, _sentence = rows_or_reason(records, the_run, backend, check)
 display(Markdown(_sentence))
 if table is not None:
     display(table.drop(columns=["rebuild"]).head(50))
@@ -156,8 +155,8 @@ if table is not None:
     record = table.iloc[pick_row(table, row, row_index)]
     explanation = explain_record(
         record,
-        opts=the_run.opts,
-        others=the_run.ran_backends if others is None else others,
+        opts=run_options(the_run),
+        others=[k for k, r in the_run.results.items() if r.status == "ran"] if others is None else others,
         device=None if device == "auto" else device,
         others_in_batch=others_in_batch,
     )
@@ -205,6 +204,6 @@ if explanation is not None and not explanation.others.empty:
 
 # %%
 if explanation is not None:
-    fig = plot_row(explanation, table, the_run.artifact)
+    fig = plot_row(explanation, table, the_run)
     display(fig)
     plt.close(fig)

@@ -24,7 +24,8 @@ from IPython.display import Image, Markdown, display
 
 from rlnorm.kit import steps
 from rlnorm.kit.params import params_from_namespace
-from rlnorm.report import page, tables
+from rlnorm.kit.records import records_frame
+from rlnorm.report import page, plots, tables
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -63,15 +64,15 @@ run = steps.start_run(params)
 _header = display(Markdown(page.placeholder("run's identity")), display_id=True)
 _verdict = display(Markdown(page.placeholder("verdict per backend")), display_id=True)
 _headline = display(Markdown(page.placeholder("headline figure")), display_id=True)
-display(Markdown(tables.device_notice(run)))
 
 # %% [markdown]
 # ## Backends, each in a process of its own
 #
-# Every backend runs its checks in a fresh process with a time limit (`backend_timeout_s`). One that cannot run
-# here (package missing, no GPU, an option it does not have) is **skipped with its reason**; one that crashes,
-# hangs or leaves the GPU in an error state is recorded as **crashed** or **timed out**, with the check and the
-# batch it was on, and keeps the checks it finished. Neither stops the run.
+# Every backend runs its checks, its contract gates and its agreement output in a fresh process with a time limit
+# (`backend_timeout_s`). One that cannot run here (package missing, no GPU, an option it does not have) is
+# **skipped with its reason**; one that crashes, hangs or leaves the GPU in an error state is recorded as
+# **crashed** or **timed out**, with the check and the batch it was on, and keeps the checks it finished. Neither
+# stops the run, and the artifact is written as soon as the backends are done.
 #
 # * **all_rows**: every row computed alone against the same row inside the whole batch, bitwise.
 # * **dweight_repeatable**: the same batch run twice gives bitwise the same dweight.
@@ -83,34 +84,32 @@ display(Markdown(tables.device_notice(run)))
 #   against fp64, and the median time against a same-run `torch.add` moving as many bytes.
 #
 # **vLLM's rows.** A default vLLM deployment compiles the model with Inductor and disables vLLM's custom ops, so
-# Qwen3-Next's gated norm runs `RMSNormGated.forward_native` compiled by Inductor (row `vllm_native_compiled`;
-# fused with neighbouring ops in a whole model graph, the code can differ); with `enforce_eager=True`, common in RL
-# rollouts, it runs `forward_cuda`, `layernorm_guard`'s Triton kernel (row `vllm`). `VLLM_BATCH_INVARIANT=1`
-# changes neither: it reroutes only the eager `forward_native`'s mean (row `vllm_native_batch_invariant`). Where
-# vLLM cannot be imported (its wheel pins its own torch), the `vllm` row runs vLLM's own `layernorm_guard` from its
-# Python files, with only its Triton and platform helpers stood in; each row's `source` says what ran.
-#
-# The counts are **row comparisons that differ**: a row is compared once per sub-batch size, probe position and
-# seed. `batch_invariant` is true only when every one of these checks ran and none differed.
+# Qwen3-Next's gated norm runs `RMSNormGated.forward_native` compiled by Inductor (row `vllm_native_compiled`);
+# with `enforce_eager=True`, common in RL rollouts, it runs `forward_cuda`, `layernorm_guard`'s Triton kernel (row
+# `vllm`). Where vLLM cannot be imported, the `vllm` row runs vLLM's own `layernorm_guard` from its Python files,
+# with only its Triton and platform helpers stood in; each row's `source` says what ran.
 
 # %% Run every backend
 steps.run_backends(run)
-display(tables.backend_table(run))
-display(
-    Markdown(
-        "**Batch invariance** (row comparisons that differ, in the artifact's field names; a row is compared once "
-        "per size and seed; 0 everywhere is what RL needs)"
-    )
+steps.run_step(
+    run,
+    "page",
+    lambda: display(
+        Markdown(page.device_notice(run.result)),
+        tables.backend_table(run.result),
+        Markdown(
+            "**Batch invariance** (row comparisons that differ, in the artifact's field names; a row is compared "
+            "once per size and seed; 0 everywhere is what RL needs)"
+        ),
+        tables.invariance_table(run.result, records_frame(run.records)),
+        Markdown(
+            "**Accuracy and latency** (microseconds; `fwd / its add`: the time over the `torch.add` timed beside "
+            "that backend in the same run; `*`: the GPU queue ran dry while timing, so that time includes host "
+            "overhead)"
+        ),
+        tables.accuracy_table(run.result),
+    ),
 )
-display(tables.invariance_table(run))
-display(
-    Markdown(
-        "**Accuracy and latency** (microseconds; `fwd / its add`: the time over the `torch.add` timed beside that "
-        "backend in the same run, as the latency plot prints it; `*`: the GPU queue ran dry while timing, so that "
-        "time includes host overhead)"
-    )
-)
-tables.accuracy_table(run)
 
 # %% [markdown]
 # ## Contract gates
@@ -121,8 +120,7 @@ tables.accuracy_table(run)
 # backend's own process, so a crash or a hang there is that backend's crash, in check `contract_gates`.
 
 # %% Contract gates
-display(Markdown(page.GATE_EXPLANATION))
-tables.gates_table(run)
+steps.run_step(run, "page", lambda: display(Markdown(page.GATE_EXPLANATION), tables.gates_table(run.result)))
 
 # %% [markdown]
 # ## Cross-backend agreement
@@ -133,7 +131,7 @@ tables.gates_table(run)
 
 # %% Agreement matrix
 steps.run_agreement(run)
-tables.agreement_table(run)
+steps.run_step(run, "page", lambda: display(page.shown(tables.agreement_table(run.result))))
 
 # %% [markdown]
 # ## Trainer against sampler
@@ -153,9 +151,7 @@ tables.agreement_table(run)
 
 # %% Trainer against sampler
 steps.run_trainer_sampler(run)
-display(page.shown(tables.trainer_sampler_table(run)))
-if run.trainer_sampler and run.trainer_sampler.get("agree") is not None:
-    display(Markdown(f"**Trainer and sampler agree bitwise: {run.trainer_sampler['agree']}**"))
+steps.run_step(run, "page", lambda: display(page.shown(tables.trainer_sampler_table(run.result))))
 
 # %% [markdown]
 # ## The artifact, the records and the plots
@@ -164,25 +160,20 @@ if run.trainer_sampler and run.trainer_sampler.get("agree") is not None:
 # (`python -m rlnorm compare seed outputs/NAME`); the CSV has a line per differing row comparison and tensor
 # (up to `max_records`), with what is needed to rebuild its batch (`python -m rlnorm investigate outputs/NAME`).
 
-# %% Write artifact, records and plots
-figures = steps.run_plots(run, lambda _result, _folder: tables.make_plots(run))  # the report's adapter
-display(
-    Markdown(
-        f"Artifact: `{steps.ARTIFACT_FILE}` · records: `{steps.RECORDS_FILE}` ({len(run.records)} kept; "
-        "`max_records` caps them, the counts above are complete)"
-    )
-)
-display(page.shown(tables.record_table(run)))
-
 # %% Plots
-for _heading, _png in page.plot_sections(figures):
-    display(Markdown(f"### {_heading}"))
-    display(Image(filename=str(_png)))
-
-# %% Fill in the verdict
-_header.update(Markdown(page.page_header(run)))
-_verdict.update(Markdown(tables.verdict_markdown(run)))
-_headline.update(Image(filename=str(figures["verdict"])) if "verdict" in figures else Markdown("*(no figure)*"))
+figures = steps.run_plots(run, plots.make_plots)
+steps.run_step(
+    run,
+    "page",
+    lambda: display(
+        Markdown(
+            f"Artifact: `{steps.ARTIFACT_FILE}` · records: `{steps.RECORDS_FILE}` ({len(run.records)} kept; "
+            "`max_records` caps them, the counts above are complete)"
+        ),
+        page.shown(tables.record_table(run.result, records_frame(run.records))),
+        *[x for _h, _png in page.plot_sections(figures) for x in (Markdown(f"### {_h}"), Image(filename=str(_png)))],
+    ),
+)
 
 # %% [markdown]
 # ## Parameters, environment and time
@@ -190,11 +181,29 @@ _headline.update(Image(filename=str(figures["verdict"])) if "verdict" in figures
 # The parameters this run used beside the full protocol's, where it ran, and where the time went.
 
 # %% Parameters and environment
-display(tables.params_table(run))
-display(tables.environment_table(run))
-display(Markdown(f"Run `{params.name}`: {run.result.wall_time_s:.0f} s in all; where the time went:"))
-tables.time_table(run)
+steps.run_step(
+    run,
+    "page",
+    lambda: display(
+        tables.params_table(run.result),
+        tables.environment_table(run.result),
+        Markdown(f"Run `{params.name}`; where the time went:"),
+        tables.time_table(run.timings),
+    ),
+)
+
+# %% Fill in the verdict
+steps.run_step(
+    run,
+    "page",
+    lambda: (
+        _header.update(Markdown(page.header(run.result))),
+        _verdict.update(Markdown(page.verdict_markdown(run.result))),
+        _headline.update(Image(filename=str(figures["verdict"])) if figures.get("verdict") else Markdown("-")),
+    ),
+)
 
 # %% Finish
-# Places the run folder; a step above that failed is in the artifact, and raises here so the run exits non-zero.
+# Places the run folder; a step above that failed is in the artifact and on the page, and raises here so the run
+# exits non-zero.
 steps.finish(run)

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rlnorm.checkout import seed_report_path
 from rlnorm.cli.notebook import execute
 from rlnorm.cli.plan import Plan, PlanError, expand
 from rlnorm.cli.runs import (
@@ -19,18 +18,17 @@ from rlnorm.cli.runs import (
     EXIT_EXISTS,
     EXIT_USAGE,
     MATRIX_CHILD_ENV,
-    backend_problems,
     exit_status,
     run_many,
     run_one,
-    verdict_lines,
     workers,
 )
-from rlnorm.kit.artifact import read_artifact, resolve_path
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.records import RECORD_COLUMNS, read_records
+from rlnorm.kit.results import RunResult
 from rlnorm.report.index import write_index
-from rlnorm.report.runs import locate_run, resolve, run_device
+from rlnorm.report.runs import open_run, resolve
+from rlnorm.report.verdict import summary_lines
 
 __all__ = ["cmd_compare", "cmd_index", "cmd_investigate", "cmd_run", "cmd_validate"]
 
@@ -133,14 +131,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # -- index -----------------------------------------------------------------------------------------------------
+def _open(source: str) -> RunResult | None:
+    try:
+        return open_run(source)
+    except (ValueError, TypeError, FileNotFoundError) as exc:
+        _err(f"{source}: {exc}")
+        return None
+
+
 def cmd_index(args: argparse.Namespace) -> int:
-    folders = []
-    for r in args.runs:
-        try:
-            folders.append(locate_run(r).folder)
-        except (ValueError, TypeError) as exc:
-            _err(f"{r}: {exc}")
-            return EXIT_USAGE
+    runs = [_open(r) for r in args.runs]
+    folders = [r.folder for r in runs if r is not None and r.folder is not None]
+    if len(folders) != len(runs):
+        return EXIT_USAGE
     out = Path(args.out) if args.out else Path(os.path.commonpath([str(f.resolve()) for f in folders]))
     if out in [f.resolve() for f in folders]:  # a single run: the index goes beside it
         out = out.parent
@@ -171,29 +174,24 @@ def _page_beside(notebook: str, params: dict[str, Any], folder: Path, stem: str,
 
 
 def cmd_investigate(args: argparse.Namespace) -> int:
-    try:
-        loc = locate_run(args.run)
-    except (ValueError, TypeError) as exc:
-        _err(str(exc))
+    run = _open(args.run)
+    if run is None or run.folder is None:
         return EXIT_USAGE
-    params = {"run": str(loc.folder.resolve()), "device": args.device}
+    params = {"run": str(run.folder.resolve()), "device": args.device}
     params.update({k: v for k, v in (("backend", args.backend), ("check", args.check)) if v})
     if args.row is not None:
         params["row"] = args.row
     stem = "investigate" + "".join(f"-{v}" for v in (args.backend, args.check, args.row) if v is not None)
     stem = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in stem)
-    return _page_beside("investigate_rows", params, loc.folder, stem, f"rlnorm: rows of {loc.folder.name}")
+    return _page_beside("investigate_rows", params, run.folder, stem, f"rlnorm: rows of {run.folder.name}")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    try:
-        a = seed_report_path() if args.run_a == "seed" else locate_run(args.run_a).artifact
-        b = locate_run(args.run_b)
-    except (ValueError, TypeError, FileNotFoundError) as exc:
-        _err(str(exc))
+    a, b = _open(args.run_a), _open(args.run_b)
+    if a is None or b is None or a.path is None or b.path is None or b.folder is None:
         return EXIT_USAGE
-    label = "seed" if args.run_a == "seed" else Path(a).parent.name
-    params = {"artifact_a": str(Path(a).resolve()), "artifact_b": str(b.artifact.resolve())}
+    label = "seed" if args.run_a == "seed" else a.path.parent.name
+    params = {"artifact_a": str(a.path.resolve()), "artifact_b": str(b.path.resolve())}
     return _page_beside("compare_runs", params, b.folder, f"compare-{label}", f"rlnorm: {label} vs {b.folder.name}")
 
 
@@ -208,32 +206,31 @@ def _validate_params(path: Path) -> int:
     return 0
 
 
-def _folder_problems(artifact_path: Path, doc: dict) -> list[str]:
+def _folder_problems(run: RunResult) -> list[str]:
     """What a run folder holds that does not agree with its artifact."""
     problems = []
-    for rel in [doc.get("records"), *(doc.get("plots") or {}).values()]:
-        if rel:
-            target = resolve_path(artifact_path, rel)
-            if target is None or not target.exists():
-                problems.append(f"{rel}: named by the artifact, missing")
-    records = resolve_path(artifact_path, doc.get("records")) if doc.get("records") else None
+    for rel in [run.records, *(run.plots or {}).values()]:
+        target = run.resolve(rel)
+        if rel and (target is None or not target.exists()):
+            problems.append(f"{rel}: named by the artifact, missing")
+    records = run.resolve(run.records)
     if records is not None and records.is_file():
         try:
             df = read_records(records)
         except Exception as exc:
-            problems.append(f"{doc['records']}: cannot be read: {exc}")
+            problems.append(f"{run.records}: cannot be read: {exc}")
         else:
             missing = [c for c in RECORD_COLUMNS if c not in df.columns]
             if missing:
-                problems.append(f"{doc['records']}: lacks the columns {missing}")
-            strangers = sorted(set(df.get("backend", [])) - set(doc.get("results") or {}))
+                problems.append(f"{run.records}: lacks the columns {missing}")
+            strangers = sorted(set(df.get("backend", [])) - set(run.results))
             if strangers:
-                problems.append(f"{doc['records']}: rows of backends the artifact does not have: {strangers}")
-    stamp = doc.get("created_at")
+                problems.append(f"{run.records}: rows of backends the artifact does not have: {strangers}")
     for page in ("reuse_check.html", "reuse_check.ipynb"):
-        p = artifact_path.parent / page
-        if stamp and p.is_file() and stamp not in p.read_text(encoding="utf-8", errors="replace"):
-            problems.append(f"{page}: written by another run than this artifact ({stamp})")
+        p = run.folder / page if run.folder is not None else None
+        if run.created_at and p is not None and p.is_file():
+            if run.created_at not in p.read_text(encoding="utf-8", errors="replace"):
+                problems.append(f"{page}: written by another run than this artifact ({run.created_at})")
     return problems
 
 
@@ -245,16 +242,16 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if path.suffix in (".yaml", ".yml"):
         return _validate_params(path)
     try:
-        artifact_path = locate_run(path).artifact
-        doc = read_artifact(artifact_path)
+        run = open_run(path)
     except Exception as exc:
         _err(f"{path}: {exc}")
         return 1
-    print(f"{artifact_path}: valid artifact (schema {doc.get('schema_version')}, {run_device(doc)})")
-    print("\n".join(verdict_lines(doc)))
-    problems = _folder_problems(artifact_path, doc) if doc.get("schema_version") != "seed" else []
+    print(f"{run.path}: valid artifact (schema {run.schema_version}, {run.device_name})")
+    print("\n".join(summary_lines(run)))
+    problems = [] if run.is_seed else _folder_problems(run)
     for p in problems:
         _err(p)
-    for p in backend_problems(doc):
-        print(f"  note: {p}")
+    for key, r in run.results.items():
+        if r.status in ("failed", "crashed", "timed_out"):
+            print(f"  note: {key}: {r.status}: {r.skip_reason}")
     return 1 if problems else 0

@@ -19,12 +19,15 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlnorm.cli.notebook import execute
 from rlnorm.cli.plan import Combination
 from rlnorm.kit import folders
 from rlnorm.kit.artifact import ENDED_EARLY
+from rlnorm.kit.results import load_run
 from rlnorm.kit.steps import ARTIFACT_FILE
+from rlnorm.report.verdict import summary_lines
 
 __all__ = [
     "EXIT_BACKEND",
@@ -69,16 +72,9 @@ def backend_problems(artifact: dict) -> list[str]:
     return out
 
 
-def verdict_lines(doc: dict) -> list[str]:
-    lines = []
-    width = max((len(k) for k in doc.get("results") or {}), default=0)
-    for key, r in (doc.get("results") or {}).items():
-        bi = (r.get("batch_invariance") or {}).get("batch_invariant")
-        status = r.get("status", "ran")
-        why = f" ({r.get('skip_reason')})" if status != "ran" and r.get("skip_reason") else ""
-        errors = f" errors in {', '.join(r['errors'])}" if r.get("errors") else ""
-        lines.append(f"  {key:<{width}} {status:<9} batch_invariant={bi}{why}{errors}")
-    return lines
+def verdict_lines(artifact: Path) -> list[str]:
+    """The summary line per backend (and per step that failed after the backends), in the report's words."""
+    return summary_lines(load_run(artifact))
 
 
 def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, str] | None = None) -> Outcome:
@@ -111,7 +107,7 @@ def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, s
         said = "\n".join(["steps that failed (the artifact holds every other result):", *failed]) if failed else failure
         return Outcome(combo, EXIT_CELL_FAILED, f"{said}\n  the partial notebook is in {run_dir / executed.name}")
     problems = backend_problems(doc)
-    lines = ["verdicts (the page says why):", *verdict_lines(doc)]
+    lines = ["verdicts (the page says why):", *(verdict_lines(artifact) if doc else [])]
     if problems:
         lines.append("backends a script must know about (the run is complete):")
         lines += [f"  {p}" for p in problems]

@@ -107,25 +107,3 @@ def load_artifact(path: str | os.PathLike[str]) -> RunResult:
     except ValueError as exc:
         raise ValueError(f"{path.name}: {exc}") from None
     return run
-
-
-# -- adapters until the report, the benchmarks and their tests read RunResult: remove with them --------------------
-def read_artifact(path: str | os.PathLike[str], *, validate: bool = True) -> dict[str, Any]:
-    return to_json(load_artifact(path) if validate else run_from_doc(json.loads(Path(path).read_text("utf-8"))))
-
-
-def normalize_artifact(doc: Mapping[str, Any]) -> dict[str, Any]:
-    return to_json(run_from_doc(dict(doc)))
-
-
-def jsonable(value: Any, where: str = "$") -> Any:
-    return to_json(value)
-
-
-def ran_host_bound(acc: Any, field: str) -> bool:
-    flags = acc.get("host_bound") if isinstance(acc, dict) else getattr(acc, "host_bound", None)
-    return bool((flags or {}).get(field.removesuffix("_us")))
-
-
-def resolve_path(artifact_path: str | os.PathLike[str], relative: str | None) -> Path | None:
-    return None if relative is None else (Path(artifact_path).resolve().parent / relative).resolve()

@@ -277,6 +277,16 @@ class RunResult:
         return self.schema_version == SEED_SCHEMA_VERSION
 
     @property
+    def device_name(self) -> str:
+        """Where the numbers come from: the GPU's name, else the device the run used ('cpu')."""
+        return str(self.environment.get("gpu") or self.environment.get("device") or "cpu")
+
+    @property
+    def libraries(self) -> dict[str, str | None]:
+        """Library -> version (None: not installed), as the run recorded them."""
+        return dict(self.environment.get("libraries") or {})
+
+    @property
     def folder(self) -> Path | None:
         return None if self.path is None else self.path.parent
 

@@ -43,7 +43,6 @@ from rlnorm.kit.results import (
     StepFailure,
     TrainerSampler,
     from_json,
-    to_json,
 )
 from rlnorm.kit.worker import BackendWorker
 
@@ -91,43 +90,6 @@ class Run:
     agreement_outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> its agreement output
     timings: dict[str, float] = field(default_factory=dict)  # step (or backend:check) -> seconds
     started: float = field(default_factory=time.time)
-
-    # -- adapter until the report takes a RunResult: remove with report.runs.Run --------------------------------
-    @property
-    def results(self) -> dict[str, Any]:
-        return to_json(self.result.results)
-
-    @property
-    def artifact(self) -> dict[str, Any]:
-        return to_json(self.result)
-
-    @property
-    def agreement(self) -> dict[str, Any] | None:
-        return to_json(self.result.agreement)
-
-    @property
-    def trainer_sampler(self) -> dict[str, Any] | None:
-        return to_json(self.result.trainer_sampler)
-
-    @property
-    def environment(self) -> dict[str, Any]:
-        return self.result.environment
-
-    @property
-    def commit(self) -> str | None:
-        return self.result.commit
-
-    @property
-    def dirty(self) -> bool | None:
-        return self.result.tracked_tree_dirty
-
-    @property
-    def plots(self) -> dict[str, str]:
-        return dict(self.result.plots or {})
-
-    @plots.setter
-    def plots(self, value: dict[str, str]) -> None:
-        self.result.plots = dict(value)
 
 
 def params_from_namespace(namespace: dict[str, Any], before: set[str]) -> RunParams:
@@ -216,7 +178,6 @@ def write(run: Run) -> Path:
     return run.result.path
 
 
-write_artifact_and_records = write  # adapter until report.tables takes a RunResult: remove with it
 
 
 def run_backends(run: Run) -> None:

@@ -22,7 +22,6 @@ from rlnorm.report.investigate import (
     compute_tensor,
     correctly_rounded,
     default_device,
-    rebuild,
     rstd_from_x,
 )
 
@@ -90,7 +89,7 @@ def explain_row(
     if tensor not in ROW_TENSORS:
         raise ValueError(f"record: tensor {tensor!r} is not per row (dweight has no row); pick a y/dx/dz record")
     device = device or default_device()
-    rb = rebuild(rec)
+    rb = rebuild_case(rec)
     opts = opts or rb.opts or OpOptions()
     batch, other, alone = rb.batch.to(device), rb.other.to(device), rb.alone.to(device)
     pos, opos, other_is_alone = rb.position, rb.other_position, rb.other_label == "alone"

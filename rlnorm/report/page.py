@@ -1,18 +1,29 @@
-"""The parts of the reuse-check page that frame the evidence: who ran what where, and how to read a gate.
+"""The reuse-check page's words: who ran what where, the verdict line per backend, the steps that failed after
+the backends, and how to read a gate. Everything reads a `RunResult`.
 
-The page is what an RFC reader opens first, often as a lone attachment: its first lines say which GPU, which
-code and which run it is (the run's timestamp also ties the page to its artifact, which `validate` checks).
+The page is what an RFC reader opens first, often as a lone attachment: its first lines say which GPU, which code
+and which run it is (the run's timestamp also ties the page to its artifact, which `validate` checks).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rlnorm.kit.steps import Run
+from rlnorm.kit.results import RunResult
+from rlnorm.report.plots.common import fmt_us, roofline_ratio
+from rlnorm.report.verdict import INVARIANCE, State, crash_words, fraction, run_verdicts
 
-__all__ = ["GATE_EXPLANATION", "page_header", "placeholder", "plot_sections", "shown"]
+__all__ = [
+    "GATE_EXPLANATION",
+    "device_notice",
+    "failed_steps_markdown",
+    "header",
+    "placeholder",
+    "plot_sections",
+    "shown",
+    "verdict_markdown",
+]
 
 GATE_EXPLANATION = (
     "**Reading the gradient gate.** It compares the backend's *own* dweight (the weight's gradient) with the "
@@ -21,6 +32,87 @@ GATE_EXPLANATION = (
     "a trainer then gets a weight gradient that depends on how tokens were packed. rlnorm adds the rows' "
     "contributions exactly (integer counters), so its dweight is the same for every packing."
 )
+GRADIENT_COMPARES = "dx, dz across batch arrangements; its own dweight against the exact sum of single-row dweights"
+
+
+def header(run: RunResult) -> str:
+    """One line: the run, its device, its code and when it was made (the artifact's own timestamp)."""
+    env = run.environment
+    gpu = env.get("gpu") or f"{env.get('device', 'cpu')} (no GPU)"
+    commit = (run.commit or "no commit")[:9] + (" (uncommitted changes)" if run.tracked_tree_dirty else "")
+    libs = run.libraries
+    versions = ", ".join(f"{k} {libs[k]}" for k in ("torch", "triton") if libs.get(k))
+    name = (run.params or {}).get("name") or run.param_set or "unnamed"
+    return (f"**Run `{name}`** on **{gpu}** · code `{commit}` · {versions} · created {run.created_at or 'not yet'} · "
+            f"{len(run.results)} backends")  # fmt: skip
+
+
+def device_notice(run: RunResult) -> str:
+    """What a reader must know about numbers from this device (empty on a GPU)."""
+    if run.environment.get("gpu") not in (None, "cpu") or run.is_seed:
+        return ""
+    return (
+        "> **CPU run.** Triton kernels (rlnorm's, FLA's) run in Triton's interpreter here: the bitwise checks hold as "
+        "on a GPU, but the interpreter rounds fp32 -> bf16 casts toward zero (so a Triton kernel's correctly-rounded "
+        "fraction is not its GPU value), and the latencies only say that the code ran. Backends that need a GPU are "
+        "skipped with the reason. Run `params/full.yaml` on a GPU for the numbers an RFC needs."
+    )
+
+
+def verdict_markdown(run: RunResult) -> str:
+    """One line per backend: batch invariant or not with the counts (or why there is no verdict), the gates that
+    did not pass, the correctly rounded fraction and the forward time over the same-run add; then the steps that
+    failed after the backends."""
+    lines = []
+    for key, v in run_verdicts(run).items():
+        r = run.results[key]
+        if v.overall in (State.SKIPPED, State.NOT_LOADED):
+            lines.append(f"- **{key}**: {r.status}: {v.why}")
+            continue
+        parts = []
+        if r.crash is not None and crash_words(r):
+            state, _, rest = crash_words(r).partition(": ")
+            done = ", ".join(r.crash.finished_checks) or "no check"
+            parts.append(f"**{state}** ({rest}); finished before it: {done}")
+            passed = [c for c in INVARIANCE if v.checks[c].state is State.PASSED]
+            if v.overall is not State.FAILED:
+                clean = f": {', '.join(passed)} passed before it" if passed else ""
+                parts.append(f"no batch-invariance verdict (it {v.overall.value} before its checks ended{clean})")
+        if v.overall is State.FAILED:
+            parts.append(f"**not** batch invariant ({v.why})")
+        elif v.overall is State.PASSED:
+            parts.append(f"batch invariant ({v.why})")
+        elif r.crash is None:
+            parts.append(f"no batch-invariance verdict ({v.why})")
+        for gate in ("forward_gate", "gradient_gate") if r.crash is None else ():  # a crash: its gates never ran
+            g = v.checks[gate]
+            if g.state is not State.NOT_RUN and (g.state is not State.PASSED or gate == "gradient_gate"):
+                said = f"**{g.words()}**" if g.state is not State.PASSED else f"passed ({GRADIENT_COMPARES})"
+                parts.append(f"{gate.replace('_', ' ')} {said}")
+        acc = r.accuracy_latency
+        if acc is not None and acc.fwd_correctly_rounded is not None:
+            cr = acc.fwd_correctly_rounded
+            parts.append(f"correctly rounded {fraction(cr)}" + (" (every output)" if cr >= 1 else ""))
+        if acc is not None and acc.fwd_us:
+            ratio = roofline_ratio(acc, "fwd_us")
+            star = "*" if acc.ran_host_bound("fwd_us") else ""
+            beside = f" = {ratio:.2f}x the torch.add timed beside it" if ratio is not None else ""
+            parts.append(f"forward {fmt_us(acc.fwd_us)}{star}{beside}")
+        if r.errors and v.overall is not State.RAISED:
+            parts.append("errors in " + ", ".join(r.errors))
+        lines.append(f"- **{key}**: " + "; ".join(parts))
+    failed = failed_steps_markdown(run)
+    return "\n".join(lines) + (f"\n\n{failed}" if failed else "")
+
+
+def failed_steps_markdown(run: RunResult) -> str:
+    """The steps after the backends that raised, each with its traceback's tail ('' when none did)."""
+    out = []
+    for f in run.failed_steps or []:
+        tail = "\n".join(f"  {line}" for line in f.traceback[-8:])
+        out.append(f"- **step `{f.step}` failed**: {f.error} (the results above stand)" +
+                   (f"\n\n  ```\n{tail}\n  ```" if tail else ""))  # fmt: skip
+    return "\n".join(out)
 
 
 def shown(obj: Any) -> Any:
@@ -30,26 +122,10 @@ def shown(obj: Any) -> Any:
     return Markdown(obj) if isinstance(obj, str) else obj
 
 
-def plot_sections(figures: Mapping[str, Path]) -> list[tuple[str, Path]]:
+def plot_sections(figures: dict[str, Path]) -> list[tuple[str, Path]]:
     """(heading, PNG) for each figure of the evidence; the verdict figure is shown at the top instead."""
     return [(name.replace("_", " "), png) for name, png in figures.items() if name != "verdict"]
 
 
 def placeholder(what: str) -> str:
     return f"*The {what} appears here when the run has finished; if it is missing, a cell below failed.*"
-
-
-def page_header(run: Run) -> str:
-    """One line: the run, its device, its code and when it was made (the artifact's own timestamp)."""
-    art = run.artifact or {}
-    env = art.get("environment") or run.environment or {}
-    gpu = env.get("gpu") or f"{run.device} (no GPU)"
-    commit = (art.get("commit") or "no commit")[:9] + (
-        " (uncommitted changes)" if art.get("tracked_tree_dirty") else ""
-    )
-    libs = env.get("libraries") or {}
-    versions = ", ".join(f"{k} {libs[k]}" for k in ("torch", "triton") if libs.get(k))
-    return (
-        f"**Run `{run.params.name}`** on **{gpu}** · code `{commit}` · {versions} · "
-        f"created {art.get('created_at', 'not yet')} · {len(run.results)} backends"
-    )

@@ -168,11 +168,11 @@ def test_validate_artifact_and_params(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "valid artifact" in out and "fla_fused_norm_gate" in out
     broken = json.loads(SEED_REPORT.read_text())
-    del broken["results"]
+    broken["results"]["vllm"]["backward"] = 3
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(broken))
     assert cli.main(["validate", str(bad)]) == 1
-    assert "results" in capsys.readouterr().err
+    assert "results.vllm.backward" in capsys.readouterr().err  # the key that is wrong, by its path
     assert cli.main(["validate", str(Path(__file__).parents[2] / "params" / "quick.yaml")]) == 0
     assert cli.main(["validate", str(_params(tmp_path, sweep_n="4097"))]) == 1
     assert "sweep_n: expected an int" in capsys.readouterr().err
@@ -265,15 +265,14 @@ def external_urls(page: str) -> list[str]:
 
 def _run_folder(outputs_dir: Path, created: str = "2026-12-05T00:00:00+00:00") -> Path:
     """A run folder as a finished run leaves it: the seed report as its artifact, records, a page of this run."""
-    doc = json.loads(SEED_REPORT.read_text())
-    from rlnorm.kit.artifact import normalize_artifact, write_artifact
+    from rlnorm.kit.records import records_frame, write_records
+    from rlnorm.kit.results import SCHEMA_VERSION, load_run, to_json
 
-    art = normalize_artifact(doc)
-    art.update(schema_version="1", created_at=created, records="records.csv", plots={})
+    run = load_run(SEED_REPORT)
+    run.schema_version, run.created_at, run.records, run.plots = SCHEMA_VERSION, created, "records.csv", {}
     folder = outputs_dir / "r"
     folder.mkdir()
-    write_artifact(art, folder / "rms_norm_gated_reuse_check.json", validate=False)
-    from rlnorm.kit.records import records_frame, write_records
+    (folder / "rms_norm_gated_reuse_check.json").write_text(json.dumps(to_json(run)))
 
     write_records(records_frame([]), folder / "records.csv")
     (folder / "reuse_check.html").write_text(f"<html>created {created}</html>")
@@ -296,3 +295,20 @@ def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir:
     (folder / "records.csv").write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
     assert cli.main(["validate", str(folder)]) == 1
     assert "rows of backends the artifact does not have: ['not_in_the_run']" in capsys.readouterr().err
+
+
+def test_the_published_run_validates_indexes_and_compares(outputs_dir: Path, capsys) -> None:
+    import shutil
+
+    published = Path(__file__).parents[2] / "outputs" / "h200-full"
+    run = outputs_dir / "h200-full"
+    shutil.copytree(published, run)
+    assert cli.main(["validate", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "torch_compile" in out and "not batch invariant (all_rows: y differs in 4 and dx or dz in 20" in out
+    assert cli.main(["index", str(run), "--out", str(outputs_dir / "index")]) == 0
+    assert "h200-full" in (outputs_dir / "index" / "index.html").read_text()
+    assert cli.main(["compare", "seed", str(run)]) == 0
+    page = (run / "compare-seed.html").read_text()
+    assert "fla_fused_norm_gate full_vs_sub_batches" in page  # the verdict that moved between the runs
+    assert cli.main(["compare", "seed", str(outputs_dir / "nowhere")]) == 2

@@ -13,7 +13,7 @@ from conftest import REPO_ROOT
 from vllm_scenarios import facts
 
 from rlnorm.integrations import vllm as plugin
-from rlnorm.kit.isolation import child_env
+from rlnorm.kit.process import child_env
 
 slow = pytest.mark.slow
 ENTRY = "rlnorm.integrations.vllm:register_plugin"

@@ -299,7 +299,7 @@ def facts(name: str) -> dict[str, Any]:
     import pytest
     from conftest import needs_installed_vllm  # the test process's: this side runs only under pytest
 
-    from rlnorm.kit.isolation import child_env
+    from rlnorm.kit.process import child_env
 
     if not _FACTS:
         needs_installed_vllm("the vLLM plugin")

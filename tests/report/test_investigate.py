@@ -1,4 +1,5 @@
-"""rlnorm.report.investigate on a tiny run with a planted batch-size-dependent backend: real rows to find."""
+"""Investigate and explain: a differing row of a planted faulty backend, rebuilt from its record
+(`rlnorm.kit.records.rebuild_case`) and taken apart; the differing backend picked from a planted run."""
 
 from __future__ import annotations
 
@@ -8,26 +9,26 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import BATCH_FAULT, DWEIGHT_FAULT, POSITION_FAULT
+from conftest import BATCH_FAULT, POSITION_FAULT
+from planted import FAULTY, load_planted
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import Backend
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
-from rlnorm.report.explain import DIAGNOSES, explain_record, explain_row
+from rlnorm.report.explain import DIAGNOSES, explain_row
 from rlnorm.report.investigate import (
-    backends_table,
     correctly_rounded,
+    crash_batch,
+    crash_table,
+    crashed_backends,
     differing_rows,
-    failing_summary,
-    pick_failing,
-    records_dropped,
     rows_or_reason,
     rstd_from_x,
 )
 from rlnorm.report.plots.row import plot_row
-from rlnorm.report.runs import check_parameters, latest_run, load_run, locate_run
+from rlnorm.report.runs import check_parameters, records_of
 
 
 class ScaledInBatch(Backend):
@@ -89,121 +90,6 @@ def _rebuild_spec(rows: int, seed: int, row: int, opts: OpOptions, tensor: str) 
     )
 
 
-def test_locate_run_finds_artifact_and_records(tiny_run: Path) -> None:
-    by_folder = locate_run(tiny_run)
-    by_file = locate_run(by_folder.artifact)
-    assert by_folder.artifact.name == "rms_norm_gated_reuse_check.json"
-    assert by_folder.records == tiny_run / "records.csv"
-    assert by_file == by_folder
-    assert latest_run(tiny_run.parent) == tiny_run
-
-
-def test_latest_run_from_a_notebook_folder_finds_the_runs_beside_it(
-    tiny_run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # JupyterLab runs a notebook in notebooks/, so the default run is found in ../outputs
-    import shutil
-
-    shutil.copytree(tiny_run, tmp_path / "outputs" / "tiny")
-    (tmp_path / "notebooks").mkdir()
-    monkeypatch.chdir(tmp_path / "notebooks")
-    assert latest_run().resolve() == (tmp_path / "outputs" / "tiny").resolve()
-
-
-def test_a_path_relative_to_the_repository_root_works_from_notebooks(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """JupyterLab's working directory is notebooks/: `run = "outputs/NAME"` still means the checkout's outputs/NAME,
-    and a path that is nowhere says where it was looked for."""
-    from rlnorm.checkout import CHECKOUT
-    from rlnorm.report import runs
-
-    if CHECKOUT is None:
-        pytest.skip("rlnorm is not installed from a checkout")
-    monkeypatch.chdir(CHECKOUT / "notebooks")
-    assert locate_run("outputs/h200-full").folder.resolve() == (CHECKOUT / "outputs" / "h200-full").resolve()
-    with pytest.raises(ValueError, match=r"outputs/nowhere does not exist in .*notebooks \(nor under the checkout"):
-        locate_run("outputs/nowhere")
-    assert runs.resolve("/abs/path") == Path("/abs/path")
-
-
-def test_locate_run_rejects_bad_sources(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="does not exist"):
-        locate_run(tmp_path / "nope")
-    with pytest.raises(ValueError, match="no artifact JSON"):
-        locate_run(tmp_path)
-    (tmp_path / "x.json").write_text("{}")
-    with pytest.raises(ValueError, match="not an artifact"):
-        locate_run(tmp_path / "x.json")
-    with pytest.raises(TypeError, match="source"):
-        locate_run(3)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="no run folder"):
-        latest_run(tmp_path)
-
-
-def test_differing_rows_default_picks_the_first_faulty_backend(tiny_run: Path) -> None:
-    run = load_run(tiny_run)
-    assert run.ran_backends == ["reference", BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT]
-    summary = failing_summary(run.records)
-    assert set(summary["backend"]) == {BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT}  # the reference has none
-    table = differing_rows(run.records)
-    assert (table.attrs["backend"], table.attrs["check"]) == (BATCH_FAULT, "all_rows")
-    assert len(table) > 0 and (table["max_ulp"] >= 1).all()
-    assert table["tensor"].iloc[0] == "y"
-    chosen = differing_rows(run.records, POSITION_FAULT, "batch_size_sweep")
-    assert set(chosen["backend"]) == {POSITION_FAULT} and set(chosen["check"]) == {"batch_size_sweep"}
-
-
-def test_differing_rows_names_what_exists_on_a_bad_choice(tiny_run: Path) -> None:
-    run = load_run(tiny_run)
-    with pytest.raises(ValueError, match="backend: 'reference' has no differing rows"):
-        differing_rows(run.records, backend="reference")
-    with pytest.raises(ValueError, match="checks with some"):
-        differing_rows(run.records, backend=BATCH_FAULT, check="dweight_repeatable")
-    with pytest.raises(ValueError, match="no differing rows"):
-        pick_failing(run.records.iloc[0:0])
-
-
-def test_explain_row_reproduces_a_batch_size_fault(tiny_run: Path) -> None:
-    run = load_run(tiny_run)
-    table = differing_rows(run.records)
-    record = table.iloc[0]
-    expl = explain_row(record, opts=run.opts, others=run.ran_backends, device="cpu")
-    s = expl.summary
-    assert s["compared_with"] == "alone"
-    assert s["reproduced"] and s["cols_differ"] == int(record["cols_differ"]) and s["max_ulp"] >= 1
-    assert s["max_ulp"] == int(record["max_ulp"])
-    assert s["diagnosis"] == "batch size" and "depends on the row count" in expl.text
-    # the differing columns are exactly those with a nonzero ulp distance, and there are cols_differ of them
-    assert len(expl.differing_columns) == s["cols_differ"]
-    assert (expl.differing_columns["ulp_batch_vs_compared"] > 0).all()
-    # the correctly rounded value is fp64 rounded once; the fault's row alone is correctly rounded
-    case = make_case(7, 128, 3).rows([int(record["row"])])
-    exact = round_once(gated_rmsnorm_math(case.x, case.z, case.w, OpOptions(), torch.float64), torch.bfloat16)[0]
-    assert expl.columns["correctly_rounded"].tolist() == exact.double().tolist()
-    assert s["alone_correctly_rounded_cols"] == 128 and s["in_batch_correctly_rounded_cols"] < 128
-    # the clean reference is among the others, ran, and is batch invariant on this row
-    others = expl.others.set_index("backend")
-    assert others.loc["reference", "status"] == "ran" and bool(others.loc["reference", "batch_equal_compared"])
-    assert not bool(others.loc["reference", "equal_to_this_in_batch"])
-    assert f"differs in {s['cols_differ']} of 128 columns" in expl.text and "computed alone" in expl.text
-    assert "does not expose its own rstd" in " ".join(expl.notes)
-    assert len(plot_row(expl).axes) == 2
-
-
-def test_explain_row_compares_full_vs_sub_batch_with_the_full_batch(tiny_run: Path) -> None:
-    run = load_run(tiny_run)
-    table = differing_rows(run.records, BATCH_FAULT, "full_vs_sub_batches")
-    single = table[table["batch_size"] == 1]
-    assert not single.empty  # a sub-batch of one row differs from the full batch: the fault is batch size
-    expl = explain_row(single.iloc[0], opts=run.opts, others=["reference"], device="cpu")
-    s = expl.summary
-    assert s["compared_with"] == "full batch" and s["compared_rows"] == 15 and s["batch_rows"] == 1
-    assert s["reproduced"] and s["cols_differ"] == int(single.iloc[0]["cols_differ"])
-    assert "inside the full batch of 15 rows at position" in expl.text
-    assert s["probe_batch_rows"] == 15 and s["diagnosis"] == "batch size"  # the larger side is probed
-
-
 def _fault_record(tensor: str) -> dict:
     """A hand-made record of the scaling fault: all_rows of 7 rows, seed 3, row 2."""
     return {
@@ -215,6 +101,64 @@ def _fault_record(tensor: str) -> dict:
         "tensor": tensor,
         "rebuild": _rebuild_spec(7, 3, 2, OpOptions(), tensor),
     }
+
+
+def test_explain_row_reproduces_the_planted_batch_size_fault() -> None:
+    record = _fault_record("y")
+    expl = explain_row(record, others=["reference"], device="cpu")
+    s = expl.summary
+    assert s["compared_with"] == "alone" and s["reproduced"] and s["max_ulp"] >= 1
+    assert s["diagnosis"] == "batch size" and DIAGNOSES["batch size"] in expl.text
+    assert len(expl.differing_columns) == s["cols_differ"] > 0
+    # the correctly rounded value is fp64 rounded once; the planted fault's row alone is correctly rounded
+    case = make_case(7, 128, 3).rows([2])
+    exact = round_once(gated_rmsnorm_math(case.x, case.z, case.w, OpOptions(), torch.float64), torch.bfloat16)[0]
+    assert expl.columns["correctly_rounded"].tolist() == exact.double().tolist()
+    assert s["alone_correctly_rounded_cols"] == 128 and s["in_batch_correctly_rounded_cols"] < 128
+    others = expl.others.set_index("backend")
+    assert others.loc["reference", "status"] == "ran" and bool(others.loc["reference", "batch_equal_compared"])
+    assert len(plot_row(expl).axes) == 2
+
+
+def test_explain_row_compares_a_sub_batch_with_the_full_batch() -> None:
+    spec = json.loads(_rebuild_spec(15, 3, 4, OpOptions(), "y"))
+    spec.update(check="full_vs_sub_batches", batch={"kind": "slice", "start": 4, "size": 1}, position=0)
+    spec["other"] = {"kind": "slice", "start": 0, "size": 15}
+    record = {**_fault_record("y"), "check": "full_vs_sub_batches", "row": 4, "rebuild": json.dumps(spec)}
+    expl = explain_row(record, others=[], device="cpu")
+    s = expl.summary
+    assert s["compared_with"] == "full batch" and s["compared_rows"] == 15 and s["batch_rows"] == 1
+    assert s["reproduced"] and s["probe_batch_rows"] == 15 and s["diagnosis"] == "batch size"
+
+
+def test_investigate_picks_the_differing_backend_and_says_why_not_others(tmp_path: Path) -> None:
+    run = load_planted(tmp_path / "planted")
+    records = records_of(run)
+    assert records is not None
+    table = differing_rows(records)
+    assert (table.attrs["backend"], table.attrs["check"]) == (FAULTY, "all_rows")
+    assert table["tensor"].iloc[0] != "dweight"
+    table, sentence = rows_or_reason(records, run, "clean", None)
+    assert table is None and sentence.startswith("**clean** has no differing rows") and FAULTY in sentence
+    table, sentence = rows_or_reason(records, run, "crashes", None)
+    assert table is None and "before its process died" in sentence
+    table, sentence = rows_or_reason(None, run, None, None)
+    assert table is None and "no per-row records" in sentence
+    with pytest.raises(ValueError, match=f"backends with some: \\['{FAULTY}'\\]"):
+        differing_rows(records, "clean")
+    assert crashed_backends(run) == ["crashes"]
+    assert crash_table(run).loc[0, "check"] == "full_vs_sub_batches"
+    with pytest.raises(ValueError, match="died before it was given a batch"):
+        crash_batch(run, "crashes")
+
+
+def test_explain_row_rejects_records_without_a_row() -> None:
+    with pytest.raises(ValueError, match="not per row"):
+        explain_row({**_fault_record("y"), "tensor": "dweight"})
+    with pytest.raises(ValueError, match="missing columns"):
+        explain_row({"backend": "reference"})
+    with pytest.raises(TypeError, match="record"):
+        explain_row(3)  # type: ignore[arg-type]
 
 
 def test_explain_row_for_a_gradient_record_and_the_backends_own_rstd() -> None:
@@ -230,21 +174,6 @@ def test_explain_row_for_a_gradient_record_and_the_backends_own_rstd() -> None:
     assert expl.rstd.loc[0, "backend_alone"] == expl.rstd.loc[0, "fp32_from_x"]
     assert not expl.rstd.loc[0, "backend_same_both_ways"]
     assert "the row statistic itself moved" in expl.text
-
-
-def test_explain_record_of_a_nondeterministic_dweight(tiny_run: Path) -> None:
-    run = load_run(tiny_run)
-    table = differing_rows(run.records, DWEIGHT_FAULT)
-    assert table.attrs["check"] == "dweight_repeatable" and set(table["tensor"]) == {"dweight"}
-    expl = explain_record(table.iloc[0], opts=run.opts, device="cpu")
-    s = expl.summary
-    assert s["reproduced"] and s["cols_differ"] == 2 and s["max_ulp"] == 1  # call k bumps column k
-    first, second = expl.differing_columns.index  # consecutive calls bump consecutive columns
-    assert second == first + 1
-    assert "not repeatable" in expl.text and expl.rstd.empty and expl.others.empty
-    # the planted fault sits on the exact dweight: apart from the bumped column, fp64 rounded once
-    assert s["first_equal_fp64_cols"] >= 126
-    assert len(plot_row(expl).axes) == 2
 
 
 def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> None:
@@ -310,17 +239,6 @@ def test_diagnosis_names_the_planted_cause(spec: str, diagnosis: str) -> None:
     assert DIAGNOSES[diagnosis] in expl.text
 
 
-def test_explain_row_rejects_records_without_a_row(tiny_run: Path) -> None:
-    run = load_run(tiny_run)
-    rec = run.records.iloc[0].to_dict()
-    with pytest.raises(ValueError, match="not per row"):
-        explain_row({**rec, "tensor": "dweight"})
-    with pytest.raises(ValueError, match="missing columns"):
-        explain_row({"backend": "reference"})
-    with pytest.raises(TypeError, match="record"):
-        explain_row(3)  # type: ignore[arg-type]
-
-
 def test_rstd_both_ways_and_correctly_rounded_gradient() -> None:
     case = make_case(5, 128, seed=7)
     opts = OpOptions()
@@ -342,48 +260,6 @@ def test_check_parameters_names_an_unknown_one() -> None:
     check_parameters({"In": 1, "run": "x", "_private": 2}, before, ["run", "row_index"])
     with pytest.raises(ValueError, match=r"unknown \['row_idx'\]; this notebook takes \['row_index', 'run'\]"):
         check_parameters({"run": "x", "row_idx": 3}, before, ["run", "row_index"])
-
-
-def test_records_dropped_reads_the_checks_note(tiny_run: Path) -> None:
-    art = load_run(tiny_run).artifact
-    assert records_dropped(art, BATCH_FAULT, "all_rows") == 0
-    art["results"][BATCH_FAULT]["batch_invariance"]["all_rows"]["7"]["records_dropped"] = 12
-    art["results"][BATCH_FAULT]["batch_invariance"]["full_vs_sub_batches"]["records_dropped"] = 5
-    assert records_dropped(art, BATCH_FAULT, "all_rows") == 12
-    assert records_dropped(art, BATCH_FAULT, "full_vs_sub_batches") == 5
-    assert records_dropped(art, "nope", "all_rows") == 0
-
-
-def test_a_backend_without_differing_rows_says_which_backends_have_some(tiny_run: Path) -> None:
-    run = load_run(tiny_run)
-    table, sentence = rows_or_reason(run.records, run.artifact, "reference", None, has_records=True)
-    assert table is None and sentence.startswith("**reference** has no differing rows in this run")
-    assert BATCH_FAULT in sentence and "every check passed" not in sentence
-    table, sentence = rows_or_reason(run.records, run.artifact, BATCH_FAULT, "all_rows", has_records=True)
-    assert table is not None and len(table) and sentence == f"**{BATCH_FAULT}**: {table.attrs['counts']}"
-    table, sentence = rows_or_reason(run.records.iloc[:0], run.artifact, None, None, has_records=True)
-    assert table is None and sentence.startswith("**No differing rows in this run")
-    table, sentence = rows_or_reason(run.records.iloc[:0], run.artifact, None, None, has_records=False)
-    assert table is None and "no per-row records" in sentence
-    statuses = backends_table(run.artifact).set_index("backend")["status"]
-    assert statuses.to_dict() == {"reference": "ran", BATCH_FAULT: "ran", POSITION_FAULT: "ran", DWEIGHT_FAULT: "ran"}
-
-
-def test_failing_summary_of_an_empty_table_keeps_columns() -> None:
-    empty = pd.DataFrame(columns=["backend", "check", "tensor", "row", "max_ulp"])
-    assert list(failing_summary(empty).columns) == [
-        "backend",
-        "check",
-        "compares",
-        "row comparisons",
-        "y differs",
-        "dx or dz differs",
-        "y, dx or dz differs",
-        "records kept",
-        "records not kept (max_records)",
-        "records kept per tensor",
-        "max_ulp",
-    ]
 
 
 def test_others_as_a_string_names_the_parameter() -> None:

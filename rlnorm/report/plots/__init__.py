@@ -1,81 +1,72 @@
-"""The docs/spec.md §7.2 figures, drawn from an artifact (and the per-row records) alone; `plot_verdict`, the
-headline, first. What their counts count is defined once, in `rlnorm.report.counts`.
-
-Each function returns a matplotlib Figure and, given `out_dir`, also writes `<name>.png` there.
-Figures are built with `matplotlib.figure.Figure` (no pyplot state, so Agg-safe in a worker and
-no figure leaks in loops). Every title carries the GPU, the short commit and the parameter-set
-name, so a PNG pasted alone into an RFC thread still says where it came from. Missing data
-(a skipped backend, a CPU run with no timings, a report that predates a field) is drawn as a
-labelled empty panel, never an exception.
-"""
+"""The docs/spec.md §7.2 figures, drawn from a `RunResult` (and its per-row records) alone; the verdict, the
+headline, first. Each returns a matplotlib Figure (built without pyplot state: Agg-safe, nothing leaks in loops)
+and, given a folder, writes `<name>.png` there. Every title carries the GPU, the short commit and the parameter
+set. Missing data (a skipped backend, a CPU run with no timings, a report that predates a field) is a labelled
+empty panel, never an exception."""
 
 from __future__ import annotations
 
-import os
 import warnings
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
+import pandas as pd
 from matplotlib.figure import Figure
 
+from rlnorm.checkout import seed_report_path
+from rlnorm.kit.results import RunResult, load_run
 from rlnorm.report.plots.agreement import plot_agreement
-from rlnorm.report.plots.common import BAD_COLOR, as_doc, message, run_label, save, set_title, shorten
+from rlnorm.report.plots.common import BAD_COLOR, message, save, set_title, shorten
 from rlnorm.report.plots.errors import plot_error_distributions
 from rlnorm.report.plots.latency import plot_latency
 from rlnorm.report.plots.rows import plot_differing_rows
 from rlnorm.report.plots.verdict import plot_verdict
 from rlnorm.report.plots.vs_report import plot_vs_reference_report
+from rlnorm.report.runs import records_of
 
 __all__ = [
     "PLOT_NAMES",
+    "make_plots",
     "plot_agreement",
-    "plot_all",
     "plot_differing_rows",
     "plot_error_distributions",
     "plot_latency",
     "plot_verdict",
     "plot_vs_reference_report",
-    "run_label",
 ]
 
-# the headline figure first: a page (or a reader of the plots folder) shows it before the evidence
 PLOT_NAMES = ("verdict", "differing_rows", "error_distributions", "latency", "agreement", "vs_reference_report")
 
 
-def _failed_figure(name: str, artifact: Mapping[str, Any], exc: BaseException) -> Figure:
-    fig = Figure(figsize=(8, 3), layout="constrained")
-    message(fig.subplots(), f"plot '{name}' failed:\n{type(exc).__name__}: {shorten(str(exc), 200)}", color=BAD_COLOR)
+def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None) -> dict[str, Path]:
+    """Every figure as `folder/<name>.png`; {name: PNG path}. `records`: the per-row records (default: the file the
+    run names). A figure that raises is replaced by a PNG that states the error (and a warning), so one broken
+    figure never costs the others. Nothing else is written: the kit records the paths in the artifact."""
+    folder = Path(folder)
+    records = records if records is not None else records_of(run)
     try:
-        set_title(fig, name, as_doc(artifact))
-    except Exception:  # the artifact itself may be what broke the plot
-        fig.suptitle(name)
-    return fig
-
-
-def plot_all(
-    artifact: Mapping[str, Any],
-    records_df: Any,
-    out_dir: str | os.PathLike[str],
-    seed_report: Mapping[str, Any] | None = None,
-) -> dict[str, Path]:
-    """Draw every figure into `out_dir`; {name: PNG path}. A plot that raises is replaced by a PNG
-    that states the error (and a warning), so one broken figure never costs the others."""
-    jobs: list[tuple[str, Any]] = [
-        ("verdict", lambda: plot_verdict(artifact, out_dir)),
-        ("differing_rows", lambda: plot_differing_rows(records_df, artifact, out_dir)),
-        ("error_distributions", lambda: plot_error_distributions(artifact, out_dir)),
-        ("latency", lambda: plot_latency(artifact, out_dir)),
-        ("agreement", lambda: plot_agreement(artifact, out_dir)),
-    ]
-    if seed_report is not None:
-        jobs.append(("vs_reference_report", lambda: plot_vs_reference_report(artifact, seed_report, out_dir)))
-    paths: dict[str, Path] = {}
-    for name, draw in jobs:
+        seed: RunResult | None = load_run(seed_report_path())
+    except Exception as exc:
+        warnings.warn(f"the reference report is not shown beside this run: {exc}", RuntimeWarning, stacklevel=2)
+        seed = None
+    jobs = {
+        "verdict": lambda: plot_verdict(run, folder),
+        "differing_rows": lambda: plot_differing_rows(run, records, folder),
+        "error_distributions": lambda: plot_error_distributions(run, folder),
+        "latency": lambda: plot_latency(run, folder),
+        "agreement": lambda: plot_agreement(run, folder),
+    }
+    if seed is not None:
+        jobs["vs_reference_report"] = lambda: plot_vs_reference_report(run, seed, folder)
+    paths = {}
+    for name, draw in jobs.items():
         try:
             draw()
         except Exception as exc:
             warnings.warn(f"plot {name!r} failed: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
-            save(_failed_figure(name, artifact, exc), out_dir, name)
-        paths[name] = Path(out_dir) / f"{name}.png"
+            fig = Figure(figsize=(8, 3), layout="constrained")
+            message(fig.subplots(), f"plot '{name}' failed:\n{type(exc).__name__}: {shorten(str(exc), 200)}",
+                    color=BAD_COLOR)  # fmt: skip
+            set_title(fig, name, run)
+            save(fig, folder, name)
+        paths[name] = folder / f"{name}.png"
     return paths

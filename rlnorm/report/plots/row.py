@@ -3,29 +3,27 @@ from the correctly rounded value."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
+from rlnorm.kit.results import RunResult
 from rlnorm.report.explain import RowExplanation
-from rlnorm.report.plots.common import run_label
+from rlnorm.report.runs import run_label
 
 
-def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None, artifact: Mapping[str, Any] | None = None):
+def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None, run: RunResult | None = None):
     """Per column: ulp distance between the two compared sides (top) and each side's distance to
     the correctly rounded value (bottom). Where the backend cannot run here (a GPU run read on a CPU), what the
     records hold instead: per recorded row, the columns that differed and the largest ulp distance. With the run's
-    `artifact`, the title says where the run's numbers come from (GPU, commit, parameters)."""
+    `run`, the title says where the run's numbers come from (GPU, commit, parameters)."""
     c = expl.columns
     s = expl.summary
     cols = np.asarray(c.index)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.8), sharex=True)
-    if artifact is not None:
-        fig.suptitle(f"{run_label(artifact)}; recomputed on {s['device']}", fontsize=9)
+    if run is not None:
+        fig.suptitle(f"{run_label(run)}; recomputed on {s['device']}", fontsize=9)
     if not s.get("recomputed", True):
         if records is None or records.empty:
             ax1.set_title(f"{s['backend']} cannot run on {s['device']}: nothing recomputed to plot", fontsize=10)

@@ -1,0 +1,440 @@
+"""The one verdict model: per backend and check a state, the counts behind it, and the words for both.
+
+A **row comparison** is one row of a seeded case computed two ways and compared bitwise: `all_rows` compares
+the row inside its batch of n with the row alone (once per n and seed), `full_vs_sub_batches` the row inside a
+sub-batch with the same row in the full batch (once per sub-batch size and seed), `batch_size_sweep` a probe row
+in a batch of m with the probe alone (once per m, position, probe and seed). The artifact's counts are row
+comparisons, summed over sizes and seeds and always complete: `fwd_differ` (y differs), `rowgrad_differ` (dx or
+dz differs; once where both do), the sweep's `differ` (any of y, dx, dz). A **record** (a line of the records
+CSV) is one differing (row comparison, tensor), capped at `max_records` per backend and check; `records_dropped`
+counts those the cap left out. `dweight_repeatable` compares one batch's dweight run against run: no rows.
+
+Every reader (the page's verdict lines, the verdict figure, `compare`, `index`, the command line's summary)
+takes its states, counts and words from here, so one count reads alike everywhere.
+"""
+
+from __future__ import annotations
+
+import signal
+import textwrap
+from dataclasses import dataclass
+from enum import Enum
+
+import pandas as pd
+
+from rlnorm.kit.results import BackendResult, Gate, RunResult
+
+__all__ = [
+    "CHECKS",
+    "COMPARES",
+    "INVARIANCE",
+    "ROW_CHECKS",
+    "STATE_COLORS",
+    "BackendVerdict",
+    "CheckVerdict",
+    "Counts",
+    "State",
+    "backend_verdict",
+    "count",
+    "differing_table",
+    "run_verdicts",
+    "summary_lines",
+    "verdict_frame",
+]
+
+
+class State(Enum):
+    PASSED = "passed"
+    FAILED = "failed"
+    RAISED = "raised"  # the check raised: what it found so far is no verdict
+    NOT_RUN = "not run"  # not measured here (not selected, no backward, the gate cannot take it)
+    SKIPPED = "skipped"  # the backend cannot run here
+    NOT_LOADED = "not loaded"  # the backend could not be loaded
+    CRASHED = "crashed"  # the backend's process died before this check finished
+    TIMED_OUT = "timed out"  # ... or outlived its time limit
+
+
+STATE_COLORS = {
+    State.PASSED: "#a5d6a7",
+    State.FAILED: "#ef9a9a",
+    State.RAISED: "#fff59d",
+    State.NOT_RUN: "#e0e0e0",
+    State.SKIPPED: "#eeeeee",
+    State.NOT_LOADED: "#ffe0b2",
+    State.CRASHED: "#ce93d8",
+    State.TIMED_OUT: "#ffcc80",
+}
+ROW_CHECKS = ("all_rows", "full_vs_sub_batches", "batch_size_sweep")
+INVARIANCE = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
+CHECKS = (*INVARIANCE, "forward_gate", "gradient_gate", "correctly_rounded")
+# the worker's check behind each verdict column (what `crash.finished_checks` names)
+_RAN_BY = {**{c: c for c in INVARIANCE}, "correctly_rounded": "accuracy_latency"}
+COMPARES = {
+    "all_rows": "row in its batch vs the row alone",
+    "full_vs_sub_batches": "row in a sub-batch vs the full batch",
+    "batch_size_sweep": "probe row in a batch of m vs alone",
+    "dweight_repeatable": "dweight of one batch, run vs run",
+    "forward_gate": "y across 7 batch arrangements",
+    "gradient_gate": "dx, dz across arrangements; own dweight vs the exact sum of single-row dweights",
+    "correctly_rounded": "fraction of y equal to fp64 rounded once",
+}
+
+
+def count(n: int | None) -> str:
+    """An integer as every report prints it: '3,128'; '?' where unknown."""
+    return "?" if n is None else f"{n:,}"
+
+
+@dataclass(frozen=True)
+class Counts:
+    """One row check's counts for one backend, straight from its summary."""
+
+    compared: int | None  # row comparisons made
+    y: int | None  # fwd_differ
+    grad: int | None  # rowgrad_differ (None: forward only)
+    any: int | None  # the sweep's differ (None for the other checks)
+    not_kept: int  # records_dropped
+
+    @property
+    def differs(self) -> bool:
+        return any((c or 0) > 0 for c in (self.y, self.grad, self.any))
+
+    def short(self) -> str:
+        """'736 y / 3,128 dx,dz'; '12 y, dx or dz' where only the sweep's total is known."""
+        if self.y is None and self.any is not None:
+            return f"{count(self.any)} y, dx or dz"
+        return f"{count(self.y)} y" + ("" if self.grad is None else f" / {count(self.grad)} dx,dz")
+
+    def of(self) -> str:
+        return "" if self.compared is None else f"of {count(self.compared)} row comparisons"
+
+    def sentence(self) -> str:
+        """'y differs in 736 and dx or dz in 3,128 of 2,621,440 row comparisons'."""
+        if self.y is None and self.any is not None:
+            text = f"y, dx or dz differs in {count(self.any)}"
+        else:
+            text = f"y differs in {count(self.y)}"
+            text += "" if self.grad is None else f" and dx or dz in {count(self.grad)}"
+        return f"{text} {self.of()}".strip()
+
+
+def counts_of(result: BackendResult, check: str) -> Counts | None:
+    """The counts of one row check (None when it left no summary)."""
+    inv = result.batch_invariance
+    grad = result.has_backward
+    if inv is None:
+        return None
+    if check == "all_rows":
+        if inv.all_rows is None or not inv.all_rows.sizes:
+            return None
+        sizes = list(inv.all_rows.sizes.values())
+
+        def total(values: list[int | None]) -> int | None:
+            return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+        return Counts(
+            compared=total([s.rows for s in sizes]),
+            y=total([s.fwd_differ for s in sizes]),
+            grad=total([s.rowgrad_differ for s in sizes]) if grad else None,
+            any=None,
+            not_kept=sum(s.records_dropped or 0 for s in sizes),
+        )
+    if check == "full_vs_sub_batches" and inv.full_vs_sub_batches is not None:
+        s = inv.full_vs_sub_batches
+        return Counts(s.rows_compared, s.fwd_differ, s.rowgrad_differ if grad else None, None, s.records_dropped or 0)
+    if check == "batch_size_sweep" and inv.batch_size_sweep is not None:
+        w = inv.batch_size_sweep
+        return Counts(w.comparisons, w.fwd_differ, w.rowgrad_differ if grad else None, w.differ, w.records_dropped or 0)
+    return None
+
+
+@dataclass(frozen=True)
+class CheckVerdict:
+    check: str
+    state: State
+    counts: Counts | None = None
+    detail: str = ""  # why: the error, the crash and where, the gate lines that failed
+
+    def cell(self) -> str:
+        """The verdict figure's cell: a few short lines."""
+        of = "" if self.counts is None or self.counts.compared is None else f"\nof {count(self.counts.compared)}"
+        if self.state is State.FAILED and self.counts is not None:
+            return self.counts.short() + of
+        if self.state is State.PASSED and self.counts is not None:
+            return "0 differ" + of
+        if self.detail and self.state in (State.PASSED, State.FAILED):
+            return textwrap.fill(self.detail, 20)
+        if self.detail:
+            return f"{self.state.value}:\n{_clip(self.detail, 22)}"
+        return self.state.value
+
+    def words(self) -> str:
+        """One line: 'failed (736 y / 3,128 dx,dz of 2,621,440 row comparisons)', 'passed', 'raised (why)'."""
+        if self.counts is not None and self.state in (State.PASSED, State.FAILED):
+            return f"{self.state.value} ({self.counts.short()} {self.counts.of()})".replace(" )", ")")
+        return self.state.value + (f" ({_clip(self.detail, 80)})" if self.detail else "")
+
+
+@dataclass(frozen=True)
+class BackendVerdict:
+    backend: str
+    status: str
+    checks: dict[str, CheckVerdict]  # CHECKS order
+    overall: State  # batch invariant: PASSED; not: FAILED; else why there is no verdict
+    why: str  # the overall verdict's reason, in words
+
+    @property
+    def headline(self) -> str:
+        """'batch invariant', 'not batch invariant', 'skipped', 'crashed', 'no verdict'."""
+        return {
+            State.PASSED: "batch invariant",
+            State.FAILED: "not batch invariant",
+            State.SKIPPED: "skipped",
+            State.NOT_LOADED: "not loaded",
+            State.CRASHED: "crashed",
+            State.TIMED_OUT: "timed out",
+        }.get(self.overall, "no verdict")
+
+    def sentence(self) -> str:
+        """'not batch invariant (all_rows: y differs in 3 ... ; dweight_repeatable: ...)'."""
+        return f"{self.headline} ({self.why})" if self.why else self.headline
+
+
+def _clip(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def exit_words(code: int) -> str:
+    """'killed by SIGSEGV' for a negative return code, 'exit code 3' otherwise."""
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def crash_words(result: BackendResult, brief: bool = False) -> str:
+    """'crashed: killed by SIGSEGV (signal 11) in full_vs_sub_batches at a batch of 65 rows' ('' if it did not);
+    brief: 'crashed in full_vs_sub_batches at 65 rows (SIGSEGV)'."""
+    if result.status not in ("crashed", "timed_out"):
+        return ""
+    state = result.status.replace("_", " ")
+    c = result.crash
+    where = "" if c is None or not c.check else f" in {c.check}"
+    if brief:
+        where += f" at {count(c.batch_size)} rows" if where and c is not None and c.batch_size else ""
+        return f"{state}{where} ({_short_cause(result)})"
+    where += f" at a batch of {count(c.batch_size)} rows" if where and c is not None and c.batch_size else ""
+    cause = c.cause if c is not None else (result.skip_reason or "no cause recorded")
+    return f"{state}: {cause}{where}"
+
+
+def _short_cause(result: BackendResult) -> str:
+    c = result.crash
+    if c is None:
+        return (result.skip_reason or "no cause recorded").split(":")[0]
+    if c.signal:
+        return c.signal
+    if c.timed_out:
+        return c.cause.replace("timed out ", "")
+    return f"exit code {c.exit_code}" if c.exit_code is not None else c.cause.split(":")[0]
+
+
+def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdict:
+    if error:
+        return CheckVerdict(check, State.RAISED, detail=error)
+    if gate is None:
+        return CheckVerdict(check, State.NOT_RUN)
+    lines = gate.lines or []
+    if gate.timed_out:
+        return CheckVerdict(check, State.TIMED_OUT, detail="gate child timed out")
+    if gate.returncode == 3:  # the child says the backend cannot take this gate (no backward, unavailable)
+        why = gate.stderr_tail[-1] if gate.stderr_tail else "cannot take it"
+        return CheckVerdict(check, State.NOT_RUN, detail="no backward" if "no backward" in why else "cannot take it")
+    if gate.returncode not in (0, None):
+        return CheckVerdict(check, State.CRASHED, detail=f"gate child {exit_words(gate.returncode)}")
+    if gate.failed_lines:
+        total = f" of {len(lines)}" if lines else ""
+        return CheckVerdict(check, State.FAILED, detail=f"{len(gate.failed_lines)}{total} lines failed")
+    if gate.passed:
+        return CheckVerdict(check, State.PASSED)
+    return CheckVerdict(check, State.RAISED, detail="no lines printed")
+
+
+def _check_verdict(result: BackendResult, check: str) -> CheckVerdict:
+    errors = result.errors or {}
+    inv = result.batch_invariance
+    if check in ROW_CHECKS:
+        c = counts_of(result, check)
+        node = None if inv is None else getattr(inv, check)
+        error = errors.get(check) or (node.error if node is not None else None)
+        if error:
+            return CheckVerdict(check, State.RAISED, c, error)
+        if c is None:
+            return CheckVerdict(check, State.NOT_RUN)
+        return CheckVerdict(check, State.FAILED if c.differs else State.PASSED, c)
+    if check == "dweight_repeatable":
+        if errors.get(check):
+            return CheckVerdict(check, State.RAISED, detail=errors[check])
+        value = None if inv is None else inv.dweight_repeatable
+        if value is None:
+            return CheckVerdict(check, State.NOT_RUN, detail="" if result.has_backward else "no backward")
+        if value:
+            return CheckVerdict(check, State.PASSED)
+        return CheckVerdict(check, State.FAILED, detail="differs run to run")
+    if check in ("forward_gate", "gradient_gate"):
+        gates = result.contract_gates or {}
+        return gate_verdict(check, gates.get(check.split("_")[0]), errors.get("contract_gates"))
+    acc = result.accuracy_latency
+    if acc is not None and (acc.error or errors.get("accuracy_latency")):
+        return CheckVerdict(check, State.RAISED, detail=acc.error or errors["accuracy_latency"])
+    if acc is None or acc.fwd_correctly_rounded is None:
+        return CheckVerdict(check, State.NOT_RUN)
+    cr = acc.fwd_correctly_rounded
+    if cr >= 1.0:
+        return CheckVerdict(check, State.PASSED, detail="1.0 (every output)")
+    return CheckVerdict(check, State.FAILED, detail=fraction(cr))
+
+
+def fraction(f: float) -> str:
+    """A fraction of outputs with six decimals (1e-5 differences show); exactly 1: '1.0'."""
+    return "1.0" if f >= 1.0 else f"{f:.6f}"
+
+
+def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
+    """Every check's verdict for one backend, and its overall one. A backend whose process died keeps the checks it
+    finished; the one it died in and those after it take its state, never "not run" or "passed"."""
+    if result.status in ("skipped", "failed"):
+        state = State.SKIPPED if result.status == "skipped" else State.NOT_LOADED
+        why = result.skip_reason or "no reason recorded"
+        return BackendVerdict(key, result.status, {c: CheckVerdict(c, state, detail=why) for c in CHECKS}, state, why)
+    ended = {"crashed": State.CRASHED, "timed_out": State.TIMED_OUT}.get(result.status)
+    crash = result.crash
+    done = set(crash.finished_checks) if crash is not None else set()
+    checks = {}
+    for c in CHECKS:
+        if ended is not None and _RAN_BY.get(c) not in done:  # the gates never run for a backend that died
+            here = crash is not None and crash.check is not None and crash.check == _RAN_BY.get(c)
+            where = _short_cause(result) + (f" at {count(crash.batch_size)} rows" if here and crash.batch_size else "")
+            checks[c] = CheckVerdict(c, ended, detail=where if here else f"not reached ({ended.value} earlier)")
+        else:
+            checks[c] = _check_verdict(result, c)
+    found = [c for c in INVARIANCE if checks[c].state is State.FAILED]
+    inv = result.batch_invariance
+    if found:
+        parts = []
+        for c in found:
+            counts = checks[c].counts
+            said = counts.sentence() if counts is not None else "the same batch gives another dweight when run again"
+            parts.append(f"{c}: {said}")
+        return BackendVerdict(key, result.status, checks, State.FAILED, "; ".join(parts))
+    if ended is not None:
+        return BackendVerdict(key, result.status, checks, ended, crash_words(result).partition(": ")[2])
+    if inv is not None and inv.batch_invariant:
+        compared = sum((checks[c].counts.compared or 0) for c in ROW_CHECKS if checks[c].counts is not None)
+        dweight = {State.PASSED: "dweight repeatable", State.NOT_RUN: "no dweight: forward only"}.get(
+            checks["dweight_repeatable"].state, "dweight not checked"
+        )
+        return BackendVerdict(key, result.status, checks, State.PASSED, f"0 of {count(compared)} row comparisons "
+                              f"differ; {dweight}")  # fmt: skip
+    raised = [c for c in INVARIANCE if checks[c].state is State.RAISED]
+    if raised:
+        why = "; ".join(f"{c} raised {_clip(checks[c].detail, 120)}" for c in raised)
+        return BackendVerdict(key, result.status, checks, State.RAISED, why)
+    return BackendVerdict(key, result.status, checks, State.NOT_RUN, "checks missing")
+
+
+def run_verdicts(run: RunResult) -> dict[str, BackendVerdict]:
+    return {key: backend_verdict(key, r) for key, r in run.results.items()}
+
+
+def verdict_frame(run: RunResult) -> pd.DataFrame:
+    """A backend per line, a check per column (and the overall verdict last), each cell the verdict's words."""
+    rows = {k: {**{c: cv.words() for c, cv in v.checks.items()}, "batch_invariant": v.sentence()}
+            for k, v in run_verdicts(run).items()}  # fmt: skip
+    return pd.DataFrame.from_dict(rows, orient="index", columns=[*CHECKS, "batch_invariant"]).rename_axis("backend")
+
+
+def summary_lines(run: RunResult) -> list[str]:
+    """The command line's summary: a line per backend, then a line per step that failed after the backends."""
+    verdicts = run_verdicts(run)
+    width = max((len(k) for k in verdicts), default=0)
+    lines = [f"  {k:<{width}} {v.sentence()}" for k, v in verdicts.items()]
+    for f in run.failed_steps or []:
+        lines.append(f"  step {f.step} failed: {_clip(f.error, 160)}")
+    return lines
+
+
+def records_line(kept: int, not_kept: int | None) -> str:
+    """'2,000 of 3,888 records kept (1,888 not kept: max_records)' / 'all 15 records kept'."""
+    if not_kept is None:
+        return f"{count(kept)} records kept"
+    if not_kept == 0:
+        return f"all {count(kept)} records kept" if kept else "0 records kept"
+    return f"{count(kept)} of {count(kept + not_kept)} records kept ({count(not_kept)} not kept: max_records)"
+
+
+DIFFERING_COLUMNS = [
+    "backend",
+    "check",
+    "compares",
+    "row comparisons",
+    "y differs",
+    "dx or dz differs",
+    "y, dx or dz differs",
+    "records kept",
+    "records not kept (max_records)",
+    "records kept per tensor",
+    "max_ulp",
+]
+
+
+def differing_table(run: RunResult | None, records: pd.DataFrame | None) -> pd.DataFrame:
+    """One line per (backend, check) that differs or has records: the complete counts, the records kept (per
+    tensor) and those `max_records` left out, and the largest recorded difference (bf16 ulps). Without the run
+    only the records are known, and they cannot give the counts: those columns stay empty rather than undercount."""
+    pairs: list[tuple[str, str]] = []
+    verdicts = {} if run is None else run_verdicts(run)
+    for key, v in verdicts.items():
+        pairs += [(key, c) for c in INVARIANCE if v.checks[c].state is State.FAILED]
+    if records is not None and len(records):
+        for key, check in records[["backend", "check"]].astype(str).drop_duplicates().itertuples(index=False):
+            if (key, check) not in pairs:
+                pairs.append((key, check))
+    order = ["y", "dx", "dz", "dweight"]
+
+    def rank(item: tuple[str, int]) -> int:
+        return order.index(item[0]) if item[0] in order else len(order)
+
+    rows = []
+    for key, check in pairs:
+        sel = _records_of(records, key, check)
+        counted = verdicts[key].checks[check].counts if key in verdicts and check in CHECKS else None
+        tensors = sel["tensor"].astype(str).value_counts() if len(sel) else pd.Series(dtype=int)
+        ulps = pd.to_numeric(sel["max_ulp"], errors="coerce").dropna() if "max_ulp" in sel else pd.Series([])
+        rows.append({
+            "backend": key,
+            "check": check,
+            "compares": COMPARES.get(check, ""),
+            "row comparisons": None if counted is None else counted.compared,
+            "y differs": None if counted is None else counted.y,
+            "dx or dz differs": None if counted is None else counted.grad,
+            "y, dx or dz differs": None if counted is None else counted.any,
+            "records kept": len(sel),
+            "records not kept (max_records)": counted.not_kept if counted else (0 if key in verdicts else None),
+            "records kept per tensor": ", ".join(f"{t} {n:,}" for t, n in sorted(tensors.items(), key=rank)),
+            "max_ulp": None if ulps.empty else int(ulps.max()),
+        })  # fmt: skip
+    out = pd.DataFrame(rows, columns=DIFFERING_COLUMNS)
+    for col in [*DIFFERING_COLUMNS[3:9], "max_ulp"]:
+        out[col] = out[col].astype("Int64")
+    return out
+
+
+def _records_of(records: pd.DataFrame | None, backend: str, check: str | None = None) -> pd.DataFrame:
+    if records is None or len(records) == 0:
+        return pd.DataFrame(columns=["backend", "check", "tensor"])
+    sel = records[records["backend"].astype(str) == backend]
+    return sel if check is None else sel[sel["check"].astype(str) == check]
