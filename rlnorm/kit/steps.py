@@ -178,8 +178,6 @@ def write(run: Run) -> Path:
     return run.result.path
 
 
-
-
 def run_backends(run: Run) -> None:
     """Every backend in a process of its own with the run's time limit, then the artifact and records written.
 
