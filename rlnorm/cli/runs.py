@@ -89,7 +89,7 @@ def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, s
         staging = folders.staging_for(run_dir, force)
     except folders.RunExists as exc:
         return Outcome(combo, EXIT_EXISTS, str(exc))
-    params = {**combo.params.as_dict(), "output_dir": str(run_dir), "staging_dir": str(staging)}
+    params = {**combo.notebook_parameters(), "output_dir": str(run_dir), "staging_dir": str(staging)}
     if combo.params.resolved_device() == "cpu":  # Triton runs on CPU tensors only interpreted, GPU or not
         env = {**(env or {}), "TRITON_INTERPRET": "1"}
     try:
