@@ -32,7 +32,7 @@ from rlnorm.kit import records as rec
 from rlnorm.kit.artifact import write_artifact
 from rlnorm.kit.backends import describe_error
 from rlnorm.kit.environment import collect_environment, git_commit, tracked_tree_dirty
-from rlnorm.kit.params import RunParams, load_params
+from rlnorm.kit.params import RunParams
 from rlnorm.kit.process import run_child
 from rlnorm.kit.results import (
     ARTIFACT_KIND,
@@ -52,7 +52,6 @@ __all__ = [
     "Run",
     "StepsFailed",
     "finish",
-    "params_from_namespace",
     "run_agreement",
     "run_backends",
     "run_plots",
@@ -90,20 +89,6 @@ class Run:
     agreement_outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # key -> its agreement output
     timings: dict[str, float] = field(default_factory=dict)  # step (or backend:check) -> seconds
     started: float = field(default_factory=time.time)
-
-
-def params_from_namespace(namespace: dict[str, Any], before: set[str]) -> RunParams:
-    """The notebook's parameters: every declared parameter in the namespace, plus every other public name that
-    appeared after the `before` snapshot (taken just above the parameters cell): papermill injects what it is given
-    even when the notebook does not declare it, so such a name is refused by name instead of silently ignored."""
-    declared = set(RunParams.__dataclass_fields__)
-    raw = {k: namespace[k] for k in declared if k in namespace}
-    raw.update(
-        (k, v)
-        for k, v in namespace.items()
-        if k not in before and not k.startswith("_") and k not in ("In", "Out", "exit", "quit", "get_ipython")
-    )
-    return load_params(raw)
 
 
 @contextlib.contextmanager

@@ -125,6 +125,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     selected = [c for c in checks.CHECK_ORDER if c in params.checks]
     if any(c in checks.INVARIANCE_CHECKS for c in selected):
         result.batch_invariance = BatchInvariance()
+    # a verdict needs every invariance check: one not selected leaves it open (None), as one that raised does
+    unrun = {c: "not run" for c in checks.INVARIANCE_CHECKS if c not in selected}
 
     def keep(name: str) -> None:
         out = checks.run_check(name, backend, bars, device, trail)
@@ -167,7 +169,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
             return EXIT_DEVICE_ERROR
         report.finished.append(name)
         if result.batch_invariance is not None:
-            result.batch_invariance.batch_invariant = checks.batch_invariant(result.batch_invariance, errors)
+            inv, said = result.batch_invariance, {**unrun, **errors}
+            inv.batch_invariant = checks.batch_invariant(inv, said)
         save()
     return 0
 

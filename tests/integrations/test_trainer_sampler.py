@@ -18,8 +18,8 @@ from vllm_scenarios import facts
 import rlnorm.kit.checks.trainer_sampler as ts
 from rlnorm.kit import artifact as art
 from rlnorm.kit import steps
-from rlnorm.kit.environment import collect_environment
-from rlnorm.kit.params import ALL_CHECKS, load_params
+from rlnorm.kit.params import load_params
+from rlnorm.kit.results import run_from_doc, to_json
 from rlnorm.options import OpOptions
 from rlnorm.report import tables
 
@@ -125,36 +125,30 @@ def _run(tmp_path: Path, **overrides: object) -> steps.Run:
     return steps.start_run(load_params(params))
 
 
-def test_the_check_is_a_known_check_name() -> None:
-    assert "trainer_sampler" in ALL_CHECKS
-
-
 @slow
 def test_the_step_runs_the_check_in_its_own_process_and_the_artifact_keeps_it(tmp_path: Path) -> None:
     run = _run(tmp_path)
     steps.run_trainer_sampler(run)
-    s = run.trainer_sampler
-    assert s is not None and "error" not in s, s
-    assert s["agree"] is True and s["rows"] == 12 and s["d"] == 32
-    path = steps.write_artifact_and_records(run)
-    doc = art.read_artifact(path)
-    assert doc["trainer_sampler"]["agree"] is True
-    assert list(doc).index("trainer_sampler") == list(doc).index("agreement") + 1
-    table = tables.trainer_sampler_table(run)
+    s = run.result.trainer_sampler
+    assert s is not None and s.error is None, s
+    assert s.agree is True and s.rows == 12 and s.d == 32
+    back = art.load_artifact(steps.write(run))
+    assert back.trainer_sampler is not None and back.trainer_sampler.agree is True
+    table = tables.trainer_sampler_table(run.result)
     assert list(table.index) == ["patched", "unpatched"] and bool(table.loc["patched", "bitwise equal"])
 
 
 def test_the_step_records_a_process_that_outlives_its_time(tmp_path: Path) -> None:
     run = _run(tmp_path, backend_timeout_s=0.2)
     steps.run_trainer_sampler(run)
-    assert run.trainer_sampler == {"error": "timed out after 0.2 s"}
-    assert tables.trainer_sampler_table(run) == "trainer vs sampler did not run: timed out after 0.2 s"
+    assert run.result.trainer_sampler is not None
+    assert run.result.trainer_sampler.error == "timed out after 0.2 s"
 
 
 def test_the_step_does_nothing_unless_chosen(tmp_path: Path) -> None:
     run = _run(tmp_path, checks=["agreement"])
     steps.run_trainer_sampler(run)
-    assert run.trainer_sampler is None and tables.trainer_sampler_table(run) == ""
+    assert run.result.trainer_sampler is None
 
 
 SUMMARY = {
@@ -175,38 +169,25 @@ SUMMARY = {
 }
 
 
-def _artifact(trainer_sampler: dict | None) -> dict:
-    return art.build_artifact(
-        params=None,
-        environment=collect_environment("cpu"),
-        results={},
-        agreement=None,
-        records_path=None,
-        plots=None,
-        quick=True,
-        checks=["trainer_sampler"],
-        commit=None,
-        dirty=None,
-        trainer_sampler=trainer_sampler,
-    )
+def _doc(tmp_path: Path, trainer_sampler: dict | None) -> dict:
+    return {**to_json(_run(tmp_path).result), "trainer_sampler": trainer_sampler}
 
 
-def test_the_schema_takes_the_summary_an_error_or_nothing_and_refuses_a_wrong_type() -> None:
-    assert _artifact(SUMMARY)["trainer_sampler"]["agree"] is True
-    assert _artifact({"error": "timed out after 1 s"})["trainer_sampler"] == {"error": "timed out after 1 s"}
-    assert _artifact(None)["trainer_sampler"] is None
+def test_the_schema_takes_the_summary_an_error_or_nothing_and_refuses_a_wrong_type(tmp_path: Path) -> None:
+    for ok in (SUMMARY, {"error": "timed out after 1 s"}, None):
+        art.validate_artifact(_doc(tmp_path / str(len(str(ok))), ok))
     with pytest.raises(art.ArtifactValidationError, match=r"\$\.trainer_sampler\.agree"):
-        _artifact({**SUMMARY, "agree": "yes"})
+        art.validate_artifact(_doc(tmp_path / "a", {**SUMMARY, "agree": "yes"}))
     with pytest.raises(art.ArtifactValidationError, match="trainer_sampler"):
-        _artifact({"rows": 4})  # neither a summary nor an error
+        art.validate_artifact(_doc(tmp_path / "b", {"rows": 4}))  # neither a summary nor an error
+    typed = run_from_doc(_doc(tmp_path / "c", SUMMARY)).trainer_sampler
+    assert typed is not None and typed.agree is True and to_json(typed) == SUMMARY
 
 
 def test_an_artifact_from_before_the_check_still_reads(tmp_path: Path) -> None:
-    doc = _artifact(None)
+    doc = _doc(tmp_path, None)
     del doc["trainer_sampler"]
-    path = tmp_path / "old.json"
-    path.write_text(json.dumps(doc))
-    assert art.read_artifact(path)["trainer_sampler"] is None
+    assert run_from_doc(doc).trainer_sampler is None
 
 
 @pytest.mark.gpu

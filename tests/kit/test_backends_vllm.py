@@ -337,7 +337,7 @@ def test_a_run_records_the_reason_true_for_the_machine(
     params = load_params({**tiny_params, "backends": ["reference"], "custom_backends": [spec]})
     run = start_run(load_params({**params.as_dict(), "output_dir": str(tmp_path / "run")}))
     run_backends(run)
-    table = backend_table(run)
+    table = backend_table(run.result)
     assert table.loc["reference", "status"] == "ran"
     assert table.loc[spec, "status"] == "skipped"
     why = table.loc[spec, "why"]

@@ -19,10 +19,17 @@ from rlnorm.kit.records import (
     sweep_batch_rows,
     write_records,
 )
+from rlnorm.kit.results import to_json
 from rlnorm.options import OpOptions
 from tests.faults import BatchSizeDependentOutput, NondeterministicDweight, PositionDependentOutput
 
-QUICK = {"device": "cpu", "progress": False}
+
+def _records(check: str, backend, opts: OpOptions | None = None, **kw) -> list[dict]:  # type: ignore[no-untyped-def]
+    """The check's records as the CSV's rows (dicts), at width 128 in bf16 on the CPU."""
+    out = getattr(checks, check)(
+        backend, opts or OpOptions(), "cpu", d=128, weight_dtype="bfloat16", progress=False, **kw
+    )
+    return [to_json(r) for r in out.records]
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -58,8 +65,8 @@ def test_unknown_column_or_non_dict_is_refused() -> None:
 
 
 def test_csv_round_trip_is_exact_and_atomic(tmp_path: Path) -> None:
-    recs = checks.all_rows(PositionDependentOutput(), None, ns=(7,), seeds=(3,), **QUICK).records
-    recs += checks.dweight_repeatable(NondeterministicDweight(), None, rows=7, **QUICK).records
+    recs = _records("all_rows", PositionDependentOutput(), all_rows_sizes=[7], all_rows_seeds=[3])
+    recs += _records("dweight_repeatable", NondeterministicDweight(), dweight_rows=7, dweight_seed=3)
     df = records_frame(recs)
     assert df["row"].isna().sum() == 1  # the dweight record has no row
     path = tmp_path / "run" / "records.csv"
@@ -81,9 +88,9 @@ def test_csv_round_trip_is_exact_and_atomic(tmp_path: Path) -> None:
 
 def test_rebuild_all_rows_record() -> None:
     b = BatchSizeDependentOutput()
-    res = checks.all_rows(b, None, ns=(63,), seeds=(4,), **QUICK)
-    assert res.records
-    for rec in res.records[:5]:
+    recs = _records("all_rows", b, all_rows_sizes=[63], all_rows_seeds=[4])
+    assert recs
+    for rec in recs[:5]:
         rb = rebuild_case(rec)
         case = make_case(63, 128, 4)
         assert torch.equal(_bits(rb.batch.x), _bits(case.x)) and torch.equal(_bits(rb.batch.dy), _bits(case.dy))
@@ -94,9 +101,11 @@ def test_rebuild_all_rows_record() -> None:
 
 def test_rebuild_full_vs_sub_record_compares_sub_batch_with_full_batch() -> None:
     b = PositionDependentOutput()
-    res = checks.full_vs_sub_batches(b, None, full_rows=100, sub_sizes=(7,), seeds=(3,), **QUICK)
-    assert res.records
-    for rec in res.records[:6]:
+    recs = _records(
+        "full_vs_sub_batches", b, sub_batches_rows=100, sub_batch_sizes=[7], sub_batches_seeds=[3], coverage="all"
+    )
+    assert recs
+    for rec in recs[:6]:
         rb = rebuild_case(rec)
         s, m = rec["batch_start"], rec["batch_size"]
         assert rb.batch_rows.tolist() == list(range(s, s + m)) and rb.position == rec["row"] - s
@@ -106,9 +115,11 @@ def test_rebuild_full_vs_sub_record_compares_sub_batch_with_full_batch() -> None
 
 def test_rebuild_sweep_record_regenerates_the_permuted_batch() -> None:
     b = PositionDependentOutput()
-    res = checks.batch_size_sweep(b, None, n=65, seeds=(5,), sizes=(9, 33, 65), probe_rows=(0, 64), **QUICK)
-    assert res.records
-    for rec in res.records:
+    recs = _records(
+        "batch_size_sweep", b, sweep_n=65, sweep_seeds=[5], sweep_sizes=[9, 33, 65], sweep_probe_rows=[0, 64]
+    )
+    assert recs
+    for rec in recs:
         rb = rebuild_case(rec)
         assert len(rb.batch_rows) == rec["batch_size"] and int(rb.batch_rows[rb.position]) == rec["row"]
         assert len(set(rb.batch_rows.tolist())) == rec["batch_size"]  # m distinct rows
@@ -119,7 +130,7 @@ def test_rebuild_sweep_record_regenerates_the_permuted_batch() -> None:
 
 def test_rebuild_dweight_record() -> None:
     b = NondeterministicDweight()
-    (rec,) = checks.dweight_repeatable(b, None, rows=63, seed=4, **QUICK).records
+    (rec,) = _records("dweight_repeatable", b, dweight_rows=63, dweight_seed=4)
     rb = rebuild_case(rec)
     assert rb.position == rb.row == -1 and rb.batch.x.shape == (63, 128) and rb.other_label == "same batch"
     a, c = rb.run(b)["dweight"]
@@ -128,7 +139,7 @@ def test_rebuild_dweight_record() -> None:
 
 def test_rebuild_from_a_csv_row_and_from_the_json_alone(tmp_path: Path) -> None:
     b = PositionDependentOutput()
-    recs = checks.all_rows(b, OpOptions(norm_before_gate=False), ns=(7,), seeds=(3,), **QUICK).records
+    recs = _records("all_rows", b, OpOptions(norm_before_gate=False), all_rows_sizes=[7], all_rows_seeds=[3])
     path = write_records(records_frame(recs), tmp_path / "r.csv")
     row = read_records(path).iloc[0]
     rb = rebuild_case(row)

@@ -250,17 +250,6 @@ def test_plots_are_listed_relative_to_the_run_folder(backends_done: steps.Run, t
 
 
 # -- before any work -------------------------------------------------------------------------------------------------
-def test_params_from_namespace_refuses_what_the_notebook_does_not_declare() -> None:
-    ns = {"name": "x", "In": [], "_private": 1, "np": None, "bogus": 3}
-    before = {"np", "In"}
-    with pytest.raises(ParamsError, match="bogus: unknown parameter"):
-        steps.params_from_namespace(ns, before)
-    ns.pop("bogus")
-    assert steps.params_from_namespace(ns, before).name == "x"
-    # a re-run in JupyterLab: the declared names already exist before the snapshot and are still read
-    assert steps.params_from_namespace({"name": "again"}, {"name"}).name == "again"
-
-
 def test_is_quick() -> None:
     assert steps.is_quick(RunParams()) is False
     assert steps.is_quick(load_params({"coverage": "sampled", "timing_iters": 5})) is False
