@@ -39,7 +39,7 @@ def params_file(tmp_path: Path, stem: str, **values: object) -> str:
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     tmp = tmp_path_factory.mktemp("matrix")
-    f = params_file(tmp, "grid", checks=["all_rows"])
+    f = params_file(tmp, "grid", checks=CHECKS[:4])  # the four a verdict needs; accuracy_latency only times
     out = rlnorm("run", f, "-p", "activation", "[silu, sigmoid]", "--outputs", str(tmp / "o"), "--jobs", "2")
     return out, tmp / "o" / "grid"
 
@@ -71,7 +71,8 @@ def test_the_index_command_rebuilds_it_from_gathered_folders(matrix, tmp_path: P
 
 
 def test_a_backend_that_fails_or_crashes_gives_a_nonzero_exit_and_a_complete_folder(tmp_path: Path) -> None:
-    f = params_file(tmp_path, "bad", custom_backends=["no_such_module_xyz:norm", "rlnorm.kit.faults:SegfaultPastRows"])
+    faulty = ["no_such_module_xyz:norm", "rlnorm.kit.faults:SegfaultPastRows"]
+    f = params_file(tmp_path, "bad", backends=[], custom_backends=faulty)
     proc = rlnorm("run", f, "--outputs", str(tmp_path / "o"), "--no-progress")
     assert proc.returncode == EXIT_BACKEND, proc.stderr[-3000:]
     assert "no_such_module_xyz:norm: failed: cannot load" in proc.stderr
@@ -91,7 +92,7 @@ BLOCKING_BACKEND = (
     RING_AND_HOLD
     + """
 def norm(x, z, w, *, eps, group_size, norm_before_gate, activation):
-    ring_and_hold({port})
+    ring_and_hold(PORT)
     raise RuntimeError("let go by the test")
 """
 )
@@ -99,7 +100,7 @@ def norm(x, z, w, *, eps, group_size, norm_before_gate, activation):
 
 def test_ctrl_c_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
     bell = Doorbell()
-    (tmp_path / "planted_hold.py").write_text(BLOCKING_BACKEND.format(port=bell.port))
+    (tmp_path / "planted_hold.py").write_text(BLOCKING_BACKEND.replace("PORT", str(bell.port)))
     f = params_file(
         tmp_path, "stop", backends=[], custom_backends=["planted_hold:norm"], checks=["all_rows"], progress=False
     )
@@ -143,7 +144,7 @@ def test_papermill_over_an_existing_run_is_refused_and_overwrite_replaces_it_who
     run_dir = tmp_path / "outputs" / "pm"
     run_dir.mkdir(parents=True)
     (run_dir / "reuse_check.html").write_text("an older page")
-    f = params_file(tmp_path, "pm")
+    f = params_file(tmp_path, "pm", checks=["all_rows"])
 
     def papermill(*extra: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "papermill", str(nb), str(tmp_path / "out.ipynb"), "-f", f, "-p", "name", "pm"]
