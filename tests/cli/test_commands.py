@@ -1,6 +1,6 @@
 """The command line on a toy notebook: refuses to overwrite a run, names a failing cell (and keeps the partial
-notebook), replaces a run atomically with --force, makes run folders readable, validates run folders, artifacts
-and parameter files, and says "interrupted" in one line."""
+notebook), replaces a run atomically with --force, makes run folders readable with an offline page, and validates
+run folders, artifacts and parameter files."""
 
 from __future__ import annotations
 
