@@ -11,8 +11,11 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -272,3 +275,48 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         )
         assert proc.returncode == 0, f"tiny run failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return folder
+
+
+class Doorbell:
+    """A localhost socket that planted code rings when it reaches the point where a test acts on it, and then holds
+    there until the test lets it go (`close`): the test waits for an event, never for a guess of how long a run
+    takes, so a busy machine cannot make the run finish first. The planted side is RING_AND_HOLD.
+    """
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._server.getsockname()[1]
+        self._calls: list[socket.socket] = []
+
+    def wait(self, n: int = 1, timeout: float = 300, alive: Callable[[], bool] = lambda: True) -> list[int]:
+        """The pids of the first `n` rings; fails if they did not all come within `timeout` s, or `alive()` turned
+        False first (the run ended without reaching the planted point)."""
+        pids: list[int] = []
+        deadline = time.monotonic() + timeout
+        while len(pids) < n:
+            if not alive() or time.monotonic() > deadline:
+                raise AssertionError(f"{len(pids)} of {n} rings (the run ended or {timeout} s passed)")
+            self._server.settimeout(1.0)  # wakes to look at alive(); a ring is taken the moment it comes
+            try:
+                call, _ = self._server.accept()
+            except TimeoutError:
+                continue
+            call.settimeout(timeout)
+            self._calls.append(call)
+            pids.append(int(call.makefile().readline()))
+        return pids
+
+    def close(self) -> None:
+        for call in self._calls:
+            call.close()
+        self._server.close()
+
+
+# planted code's side of a Doorbell: ring with this process's pid, then hold until the test lets go
+RING_AND_HOLD = """
+import os as _os, socket as _socket
+def ring_and_hold(port):
+    bell = _socket.create_connection(("127.0.0.1", port))
+    bell.sendall(f"{_os.getpid()}\\n".encode())
+    bell.recv(1)
+"""

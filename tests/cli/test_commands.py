@@ -1,6 +1,6 @@
 """The command line on a toy notebook: refuses to overwrite a run, names a failing cell (and keeps the partial
-notebook), replaces a run atomically with --force, makes run folders readable, validates run folders, artifacts
-and parameter files, and says "interrupted" in one line."""
+notebook), replaces a run atomically with --force, makes run folders readable with an offline page, and validates
+run folders, artifacts and parameter files."""
 
 from __future__ import annotations
 
@@ -85,15 +85,19 @@ def test_bad_parameters_stop_before_any_work(tmp_path: Path, outputs_dir: Path, 
     assert not any(outputs_dir.iterdir())
 
 
-def test_run_places_the_folder_and_sets_triton_interpret(
-    toy_notebook: Path, tmp_path: Path, outputs_dir: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_run_places_a_readable_folder_with_an_offline_page(
+    toy_notebook: Path, tmp_path: Path, outputs_dir: Path, monkeypatch: pytest.MonkeyPatch, capfd
 ) -> None:
+    """Triton interpreted on a CPU run, the CLI's own environment restored, files readable like any output, no
+    staging folder left, the kernel over IPC (no TCP warning), and a page that hides the code and loads nothing
+    from a URL (an RFC attachment read offline: the stock template loads require.js, MathJax and mermaid from a
+    CDN)."""
     import torch
 
+    toy_notebook.write_text(toy_notebook.read_text() + "\n# %% [markdown]\n# Some math: $x^2$ and a\n")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    out = runs.run_one(_combo(tmp_path, outputs_dir), force=False, progress=False)
+    assert cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--no-progress"]) == 0
     run_dir = outputs_dir / "tiny"
-    assert out.code == 0
     assert (run_dir / "result.txt").read_text().startswith("tiny TRITON_INTERPRET=")
     if not torch.cuda.is_available():
         assert (run_dir / "result.txt").read_text() == "tiny TRITON_INTERPRET=1"
@@ -104,16 +108,21 @@ def test_run_places_the_folder_and_sets_triton_interpret(
     os.umask(umask)
     assert modes == {p: (0o777 if p == "tiny" else 0o666) & ~umask for p in modes}, "readable like any output"
     assert [p.name for p in outputs_dir.iterdir()] == ["tiny"], "no staging folder left behind"
-    html = (run_dir / "reuse_check.html").read_text()
-    assert "write_text" not in html, "the rendered HTML hides the code"
+    out, err = capfd.readouterr()
+    assert "without encryption" not in out + err and "IPKernelApp" not in out + err
+    page = (run_dir / "reuse_check.html").read_text()
+    assert "write_text" not in page, "the rendered HTML hides the code"
+    assert external_urls(page) == []
+    planted = '<script src="https://cdn.example/x.js"></script><link href="http://x/y.css" rel="stylesheet">'
+    assert len(external_urls(page + planted)) == 2, "the check sees a planted one"
 
 
 def test_failing_cell_is_named_and_the_partial_notebook_written(
     toy_notebook: Path, tmp_path: Path, outputs_dir: Path, capsys
 ) -> None:
-    rc = cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--no-progress"])
-    assert rc == 0
-    # the same run with the failure planted, forced over the first
+    (outputs_dir / "tiny").mkdir()
+    (outputs_dir / "tiny" / "old.txt").write_text("an older run")
+    # the failure planted, forced over the older run
     monkey_src = toy_notebook.read_text().replace("explode = False", "explode = True")
     toy_notebook.write_text(monkey_src)
     rc = cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--force", "--no-progress"])
@@ -129,7 +138,8 @@ def test_failing_cell_is_named_and_the_partial_notebook_written(
     assert len(errors) == 1 and errors[0].evalue == "planted failure"
     assert (outputs_dir / "tiny" / "result.txt").exists(), "cells before the failure ran"
     assert (outputs_dir / "tiny" / "reuse_check.html").exists()
-    assert [p.name for p in outputs_dir.iterdir()] == ["tiny"], "the old run was swapped out whole"
+    assert not (outputs_dir / "tiny" / "old.txt").exists(), "the old run was swapped out whole"
+    assert [p.name for p in outputs_dir.iterdir()] == ["tiny"]
 
 
 def test_force_replaces_atomically(toy_notebook: Path, tmp_path: Path, outputs_dir: Path) -> None:
@@ -168,42 +178,14 @@ def test_validate_artifact_and_params(tmp_path: Path, capsys) -> None:
     out = capsys.readouterr().out
     assert "valid artifact" in out and "fla_fused_norm_gate" in out
     broken = json.loads(SEED_REPORT.read_text())
-    broken["results"]["vllm"]["backward"] = 3
+    del broken["results"]
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(broken))
     assert cli.main(["validate", str(bad)]) == 1
-    assert "results.vllm.backward" in capsys.readouterr().err  # the key that is wrong, by its path
+    assert "results" in capsys.readouterr().err
     assert cli.main(["validate", str(Path(__file__).parents[2] / "params" / "quick.yaml")]) == 0
     assert cli.main(["validate", str(_params(tmp_path, sweep_n="4097"))]) == 1
     assert "sweep_n: expected an int" in capsys.readouterr().err
-
-
-def test_module_entry_point_runs() -> None:
-    import subprocess
-    import sys
-
-    proc = subprocess.run([sys.executable, "-m", "rlnorm", "--help"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0
-    for command in ("run", "index", "investigate", "compare", "validate"):
-        assert command in proc.stdout
-
-
-def test_readme_holds_the_two_commands_ci_runs(repo_root: Path) -> None:
-    """.ci/run executes the README's test command verbatim; both commands install torch==2.13.0 first."""
-    import re
-
-    readme = (repo_root / "README.md").read_text()
-    blocks = {}
-    for name in ("main-command", "test-command"):
-        m = re.search(rf"<!-- {name} -->\n```bash\n(.+?)\n```\n<!-- /{name} -->", readme, re.S)
-        assert m, f"README.md lacks the {name} block"
-        blocks[name] = m.group(1).strip()
-    for cmd in blocks.values():
-        assert cmd.startswith("python3 -m pip install torch==2.13.0 && "), cmd
-    assert blocks["main-command"].endswith("python3 -m rlnorm run params/quick.yaml")
-    assert blocks["test-command"].endswith("python3 -m pytest -ra")
-    ci = (repo_root / ".ci" / "run").read_text()
-    assert "test-command" in ci and 'eval "$test_command"' in ci and "set -euo pipefail" in ci
 
 
 def test_a_dead_kernel_names_the_cell_and_keeps_the_partial_notebook(toy_notebook: Path, outputs_dir: Path) -> None:
@@ -236,25 +218,6 @@ def test_a_run_that_appears_meanwhile_is_not_replaced(
     assert len(staged) == 1 and (staged[0] / "result.txt").exists()
 
 
-def test_the_kernel_runs_over_ipc_with_no_tcp_warning(
-    toy_notebook: Path, tmp_path: Path, outputs_dir: Path, capfd: pytest.CaptureFixture[str]
-) -> None:
-    assert cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--no-progress"]) == 0
-    out, err = capfd.readouterr()
-    assert "without encryption" not in out + err and "IPKernelApp" not in out + err
-
-
-def test_the_page_loads_nothing_from_the_network(toy_notebook: Path, tmp_path: Path, outputs_dir: Path) -> None:
-    """An RFC attachment read offline: no script, style or module fetched from a URL (the stock template loads
-    require.js, MathJax and mermaid from a CDN)."""
-    toy_notebook.write_text(toy_notebook.read_text() + "\n# %% [markdown]\n# Some math: $x^2$ and a\n")
-    assert cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--no-progress"]) == 0
-    page = (outputs_dir / "tiny" / "reuse_check.html").read_text()
-    assert external_urls(page) == []
-    planted = '<script src="https://cdn.example/x.js"></script><link href="http://x/y.css" rel="stylesheet">'
-    assert len(external_urls(page + planted)) == 2, "the check sees a planted one"
-
-
 def external_urls(page: str) -> list[str]:
     import re
 
@@ -265,14 +228,15 @@ def external_urls(page: str) -> list[str]:
 
 def _run_folder(outputs_dir: Path, created: str = "2026-12-05T00:00:00+00:00") -> Path:
     """A run folder as a finished run leaves it: the seed report as its artifact, records, a page of this run."""
-    from rlnorm.kit.records import records_frame, write_records
-    from rlnorm.kit.results import SCHEMA_VERSION, load_run, to_json
+    doc = json.loads(SEED_REPORT.read_text())
+    from rlnorm.kit.artifact import normalize_artifact, write_artifact
 
-    run = load_run(SEED_REPORT)
-    run.schema_version, run.created_at, run.records, run.plots = SCHEMA_VERSION, created, "records.csv", {}
+    art = normalize_artifact(doc)
+    art.update(schema_version="1", created_at=created, records="records.csv", plots={})
     folder = outputs_dir / "r"
     folder.mkdir()
-    (folder / "rms_norm_gated_reuse_check.json").write_text(json.dumps(to_json(run)))
+    write_artifact(art, folder / "rms_norm_gated_reuse_check.json", validate=False)
+    from rlnorm.kit.records import records_frame, write_records
 
     write_records(records_frame([]), folder / "records.csv")
     (folder / "reuse_check.html").write_text(f"<html>created {created}</html>")
@@ -295,20 +259,3 @@ def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir:
     (folder / "records.csv").write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
     assert cli.main(["validate", str(folder)]) == 1
     assert "rows of backends the artifact does not have: ['not_in_the_run']" in capsys.readouterr().err
-
-
-def test_the_published_run_validates_indexes_and_compares(outputs_dir: Path, capsys) -> None:
-    import shutil
-
-    published = Path(__file__).parents[2] / "outputs" / "h200-full"
-    run = outputs_dir / "h200-full"
-    shutil.copytree(published, run)
-    assert cli.main(["validate", str(run)]) == 0
-    out = capsys.readouterr().out
-    assert "torch_compile" in out and "not batch invariant (all_rows: y differs in 4 and dx or dz in 20" in out
-    assert cli.main(["index", str(run), "--out", str(outputs_dir / "index")]) == 0
-    assert "h200-full" in (outputs_dir / "index" / "index.html").read_text()
-    assert cli.main(["compare", "seed", str(run)]) == 0
-    page = (run / "compare-seed.html").read_text()
-    assert "fla_fused_norm_gate full_vs_sub_batches" in page  # the verdict that moved between the runs
-    assert cli.main(["compare", "seed", str(outputs_dir / "nowhere")]) == 2

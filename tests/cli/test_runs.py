@@ -9,22 +9,25 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import RING_AND_HOLD, Doorbell
 
 from rlnorm.cli import runs
 from rlnorm.cli.plan import Combination
 
-# a combination's process: says it is up, then waits; told to stop (SIGTERM, as rlnorm's own handler takes it), it
-# leaves a mark where the test looks
-CHILD = r"""
-import signal, sys, time
+# a combination's process: ready to be told to stop (SIGTERM, as rlnorm's own handler takes it: it leaves a mark
+# where the test looks), it rings and holds until then
+CHILD = (
+    RING_AND_HOLD
+    + r"""
+import signal, sys
 from pathlib import Path
 def stop(signum, frame):
-    Path(sys.argv[1]).write_text("stopped")
+    Path(sys.argv[2]).write_text("stopped")
     sys.exit(130)
 signal.signal(signal.SIGTERM, stop)
-print("up", flush=True)
-time.sleep(120)
+ring_and_hold(int(sys.argv[1]))
 """
+)
 
 
 @pytest.mark.parametrize(
@@ -36,15 +39,28 @@ def test_one_process_per_gpu_whatever_jobs_says(jobs: int, gpus: list[str], tota
 
 
 def test_an_interrupt_reaches_every_running_combination(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bell = Doorbell()
     marks = [tmp_path / f"mark{k}" for k in range(2)]
-    monkeypatch.setattr(runs, "_child_command", lambda index, argv: [sys.executable, "-c", CHILD, str(marks[index])])
+    child = [sys.executable, "-c", CHILD, str(bell.port)]
+    monkeypatch.setattr(runs, "_child_command", lambda index, argv: [*child, str(marks[index])])
     combos = [Combination(params=None, folder=tmp_path / f"run{k}", values={}, source="t") for k in range(2)]  # type: ignore[arg-type]
-    # SIGINT to this process alone, as a scheduler's SIGTERM reaches only the parent: the children must be told
-    timer = threading.Timer(3.0, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
+    rang: list[int | AssertionError] = []
+
+    def interrupt_once_both_run() -> None:
+        # SIGINT to this process alone, as a scheduler's SIGTERM reaches only the parent: the children must be told
+        try:
+            rang.extend(bell.wait(2))
+        except AssertionError as e:
+            rang.append(e)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    watcher = threading.Thread(target=interrupt_once_both_run, daemon=True)
+    watcher.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             runs.run_many(combos, [0, 1], [], jobs=2, gpus=[], progress=False)
     finally:
-        timer.cancel()
+        watcher.join()
+        bell.close()
+    assert len(rang) == 2 and all(isinstance(pid, int) for pid in rang), rang
     assert [m.read_text() for m in marks] == ["stopped", "stopped"]

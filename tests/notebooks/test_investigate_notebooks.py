@@ -19,9 +19,10 @@ import pytest
 from conftest import BATCH_FAULT, POSITION_FAULT, REPO_ROOT
 
 from rlnorm.checkout import seed_report_path
-from rlnorm.kit.artifact import read_artifact, write_artifact
+from rlnorm.kit.artifact import write_artifact
+from rlnorm.kit.results import load_run, to_json
 from rlnorm.report.investigate import differing_rows
-from rlnorm.report.runs import load_run
+from rlnorm.report.runs import records_of
 
 pytestmark = pytest.mark.slow
 
@@ -87,7 +88,7 @@ def test_investigate_rows_notebook_on_the_seed_report_says_it_has_no_records(tmp
 
 
 def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: Path, tmp_path: Path) -> None:
-    table = differing_rows(load_run(tiny_run).records, POSITION_FAULT, "batch_size_sweep")
+    table = differing_rows(records_of(load_run(tiny_run)), POSITION_FAULT, "batch_size_sweep")
     index = len(table) - 1
     row, case = int(table.loc[index, "row"]), str(table.loc[index, "case"])
     params = {
@@ -104,7 +105,7 @@ def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: P
 
 
 def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:
-    seed = read_artifact(SEED)
+    seed = to_json(load_run(SEED))
     b = copy.deepcopy(seed)
     b["environment"]["gpu"] = "NVIDIA H200"
     fused = b["results"]["fla_fused_norm_gate"]["batch_invariance"]

@@ -15,15 +15,21 @@ import yaml
 from conftest import TINY_SIZES
 
 from rlnorm import cli
-from rlnorm.cli.runs import EXIT_BACKEND, EXIT_CELL_FAILED
-from rlnorm.kit.artifact import read_artifact
+from rlnorm.cli.runs import EXIT_BACKEND
+from rlnorm.kit.artifact import load_artifact
 from rlnorm.kit.params import load_params
+from rlnorm.kit.results import to_json
 
 pytestmark = pytest.mark.slow
 
 FAULT = "tests.faults:BatchSizeDependentOutput"
 PLOTS = ["agreement", "differing_rows", "error_distributions", "latency", "verdict", "vs_reference_report"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def read_artifact(path: Path) -> dict:
+    """The artifact as its JSON, validated against the schema as it is read."""
+    return to_json(load_artifact(path))
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +40,7 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "name": "tiny",
         "device": "cpu",
         "progress": False,
-        "backends": ["reference", "rlnorm", "fla_fused_norm_gate"],  # FLA fused cannot run on a CPU
+        "backends": ["reference"],  # the kit's own tests run every backend: here, one that runs and two faults
         "custom_backends": [FAULT, "no_such_package.anywhere:fn"],
         **TINY_SIZES,
         "gate_timeout_s": 300.0,
@@ -72,12 +78,11 @@ def test_artifact_is_schema_valid_with_every_backend_and_its_status(cli_run: Pat
     assert art["quick"] is True and art["params"]["name"] == "tiny" and art["param_set"] == "tiny"
     assert art["environment"]["gpu"] == "cpu" and art["environment"]["libraries"]["torch"]
     results = art["results"]
-    assert set(results) == {"reference", "rlnorm", "fla_fused_norm_gate", FAULT, "no_such_package.anywhere:fn"}
+    assert set(results) == {"reference", FAULT, "no_such_package.anywhere:fn"}
     for key, r in results.items():
         assert r["status"] in ("ran", "skipped", "failed", "crashed", "timed_out"), key
         if r["status"] != "ran":
             assert r["skip_reason"], f"{key} was not run and says why"
-    assert results["fla_fused_norm_gate"]["status"] == "skipped"
     assert results["no_such_package.anywhere:fn"]["status"] == "failed"
     assert "no_such_package" in results["no_such_package.anywhere:fn"]["skip_reason"]
 
@@ -165,7 +170,6 @@ def test_the_notebook_itself_refuses_unknown_parameters(outputs_dir: Path) -> No
     assert failure is not None and "'Start the run' failed: ParamsError" in failure
     assert "bogus_param: unknown parameter" in failure and "sweep_n: expected an int" in failure
     assert executed.exists()
-    assert EXIT_CELL_FAILED == 1
 
 
 def test_records_frame_is_empty_safe(tmp_path: Path) -> None:
