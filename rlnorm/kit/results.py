@@ -416,8 +416,12 @@ def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
     doc = dict(doc)
     version = doc.get("schema_version")
     if version is None:  # the reference report: it lists only backends that ran, and predates the kit's fields
-        if "results" not in doc or "kind" not in doc:
-            raise ValueError("doc: neither an rlnorm artifact (no schema_version) nor the reference report")
+        missing = [k for k in ("kind", "results") if k not in doc]
+        if missing:
+            raise ValueError(
+                "doc: neither an rlnorm artifact (no schema_version) nor the reference report "
+                f"(no {', '.join(missing)})"
+            )
         doc["schema_version"] = SEED_SCHEMA_VERSION
         doc.setdefault("commit", doc.get("rl_kernel_commit"))
         doc["results"] = {k: {"status": "ran", "errors": None, **v} for k, v in doc["results"].items()}
