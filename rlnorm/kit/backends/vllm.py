@@ -140,15 +140,7 @@ def build_module(d: int, w: Tensor, opts: OpOptions) -> Any:
     from vllm.model_executor.layers.layernorm import RMSNormGated
 
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=w.device.type))):
-        return RMSNormGated(
-            d,
-            eps=opts.eps,
-            group_size=opts.group_size,
-            norm_before_gate=opts.norm_before_gate,
-            device=w.device,
-            dtype=w.dtype,
-            activation=opts.activation,
-        )
+        return RMSNormGated(d, **opts.as_dict(), device=w.device, dtype=w.dtype)
 
 
 def probe(device: str) -> dict[str, Any]:
@@ -165,45 +157,36 @@ def probe(device: str) -> dict[str, Any]:
         from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
         from vllm.triton_utils import triton as vllm_triton
-    except BaseException as exc:
-        out["error"] = _last_line(exc)
-        return out
-    out["vllm_version"] = getattr(vllm, "__version__", None)
-    out["platform"] = type(current_platform).__name__
-    out["has_triton"] = bool(HAS_TRITON)
-    out["triton_placeholder"] = type(vllm_triton).__name__ == "TritonPlaceholder"
-    out["triton_installed"] = importlib.util.find_spec("triton") is not None
-    if out["triton_installed"]:
-        try:  # the same count vllm/triton_utils/importing.py makes (the cpu backend excluded)
-            from triton.backends import backends
 
-            out["active_drivers"] = [
-                name for name, b in backends.items() if name != "cpu" and b.driver and b.driver.is_active()
-            ]
-        except Exception as exc:
-            out["active_drivers_error"] = _last_line(exc)
-    if _device_type(device) == "cpu":
-        out["compute_units_answered"] = answer_compute_units()
-    out["stage"] = "construct"
-    try:
+        out["vllm_version"] = getattr(vllm, "__version__", None)
+        out["platform"] = type(current_platform).__name__
+        out["has_triton"] = bool(HAS_TRITON)
+        out["triton_placeholder"] = type(vllm_triton).__name__ == "TritonPlaceholder"
+        out["triton_installed"] = importlib.util.find_spec("triton") is not None
+        if out["triton_installed"]:
+            try:  # the same count vllm/triton_utils/importing.py makes (the cpu backend excluded)
+                from triton.backends import backends
+
+                active = [name for name, b in backends.items() if name != "cpu" and b.driver and b.driver.is_active()]
+                out["active_drivers"] = active
+            except Exception as exc:
+                out["active_drivers_error"] = _last_line(exc)
+        if _device_type(device) == "cpu":
+            out["compute_units_answered"] = answer_compute_units()
+        out["stage"] = "construct"
         case = make_case(3, 128, seed=0, device=device)
         mod = build_module(128, case.w, OpOptions())
         out["module"] = f"{type(mod).__module__}.{type(mod).__qualname__}"
-    except BaseException as exc:
-        out["error"] = _last_line(exc)
-        return out
-    out["stage"] = "forward_cuda"
-    try:
+        out["stage"] = "forward_cuda"
         mod.weight = torch.nn.Parameter(case.w, requires_grad=False)
         with torch.no_grad():
             y = mod.forward_cuda(case.x, case.z)
         if _device_type(device) == "cuda":
             torch.cuda.synchronize()
         out["output_shape"] = list(y.shape)
+        out["stage"] = "ok"
     except BaseException as exc:
         out["error"] = _last_line(exc)
-        return out
-    out["stage"] = "ok"
     return out
 
 
@@ -218,13 +201,9 @@ def run_probe(device: str, timeout_s: float = _PROBE_TIMEOUT_S, env: dict[str, s
     for line in reversed(ended.stdout.splitlines()):
         if line.startswith(_PROBE_MARK):
             return json.loads(line[len(_PROBE_MARK) :])
-    tail = [ln for ln in ended.stderr_tail.strip().splitlines() if ln.strip()]
-    last = tail[-1][:500] if tail else "(no stderr)"
-    return {
-        "device": device,
-        "stage": "child",
-        "error": f"the probe child {ended.cause} before answering; last line: {last}",
-    }
+    last = ([ln for ln in ended.stderr_tail.splitlines() if ln.strip()] or ["(no stderr)"])[-1][:500]
+    error = f"the probe child {ended.cause} before answering; last line: {last}"
+    return {"device": device, "stage": "child", "error": error}
 
 
 def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
@@ -361,12 +340,8 @@ class VllmBackend(Backend):
             return (False, reason) if reason else (True, "")
         # files: nothing is imported, so the tiny run happens here
         origin = plan.files.origin if plan.files is not None else "?"
-        run = lambda x, z, w, dy: self._run_files(x, z, w, OpOptions())
-        return self._tiny_run(device, run, f"vLLM's rmsnorm_fn from its files ({origin})")
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        # vLLM 0.30.0's RMSNormGated takes every OpOptions value (activation in {swish, silu, sigmoid})
-        return True, ""
+        what = f"vLLM's rmsnorm_fn from its files ({origin})"
+        return self._tiny_run(device, lambda x, z, w, dy: self._run_files(x, z, w, OpOptions()), what)
 
     def _probed_name(self, device: torch.device) -> str:
         """The device name already probed that means this tensor's device ("cuda" for cuda:0): one probe, not two."""
@@ -430,7 +405,6 @@ def _main(argv: list[str]) -> int:
         print("usage: python -m rlnorm.kit.backends.vllm --probe DEVICE", file=sys.stderr)
         return 2
     result = probe(argv[1])
-    sys.stdout.flush()
     print(_PROBE_MARK + json.dumps(result), flush=True)
     return 0
 

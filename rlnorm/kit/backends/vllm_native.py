@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs, describe_error
+from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error
 from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.backends.vllm import INSTALL_HINT
 from rlnorm.options import OpOptions
@@ -77,7 +77,8 @@ def _skip_all_guards() -> Callable[[list[Any]], list[bool]]:
 
 
 class _FromVllmFiles(Backend):
-    """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only)."""
+    """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only, so
+    `forward_backward` raises BackendUnavailable)."""
 
     has_backward = False
     what = ""  # the path, for the source string
@@ -87,11 +88,8 @@ class _FromVllmFiles(Backend):
         self.files, self._where = vf.find_files(files)
         self.version = self.files.version if self.files is not None else None
         self._static: Callable[..., Tensor] | None = None
-        self.source = self._describe()
-
-    def _describe(self) -> str:
         where = self.files.origin if self.files is not None else "(vLLM's files not found)"
-        return f"vLLM {self.version or '?'} {self.what}; forward_static read from {where}, vllm not imported"
+        self.source = f"vLLM {self.version or '?'} {self.what}; forward_static read from {where}, vllm not imported"
 
     def _import_reason(self) -> str | None:
         if self.files is None:
@@ -122,9 +120,6 @@ class _FromVllmFiles(Backend):
 
     def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         return native_call(self._forward_static(), x, z, w, opts)
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        raise BackendUnavailable(f"{self.key}: no backward (vLLM is inference-only; forward_native has none)")
 
 
 class VllmNativeBackend(_FromVllmFiles):
