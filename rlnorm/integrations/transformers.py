@@ -257,10 +257,8 @@ class Replaced:
 
 
 class Replacements(tuple[Replaced, ...]):
-    """What `apply_rlnorm` swapped, in model order; `undo()` (or leaving a `with` block) swaps it back.
-
-    `skipped` lists (name, reason) for modules left in place under strict=False.
-    """
+    """What `apply_rlnorm` swapped, in model order; `undo()` (or leaving a `with` block) swaps it back. `skipped`
+    lists (name, reason) for modules left in place under strict=False."""
 
     model: nn.Module
     skipped: tuple[tuple[str, str], ...]
@@ -280,10 +278,8 @@ class Replacements(tuple[Replaced, ...]):
         return f"<Replacements: {len(self)} module(s){state}, {len(self.skipped)} skipped: {self.names}>"
 
     def undo(self) -> None:
-        """Put every original module back where it was; the weight it ends with is the one trained meanwhile.
-
-        Raises RuntimeError, changing nothing, if something else has since been put in one of those places.
-        """
+        """Put every original module back, with the weight trained meanwhile; RuntimeError, changing nothing, if
+        something else has since been put in one of those places."""
         if self.undone:
             return
         places = []
@@ -312,14 +308,11 @@ class Replacements(tuple[Replaced, ...]):
 
 
 def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, strict: bool = True) -> Replacements:
-    """Swap every gated norm of `model` that rlnorm knows (`KNOWN`) for an rlnorm module, in place.
+    """Swap every gated norm of `model` that rlnorm knows (`KNOWN`) for an rlnorm module, in place (see the module).
 
-    The replacement holds the same weight Parameter and the module's own eps, group size, gate order and
-    activation; state_dict keys do not change. only: class names to replace (default: every known class).
-    strict (default): a module rlnorm cannot stand in for raises UnsupportedGatedNorm naming it and the option,
-    and nothing is swapped; strict=False leaves such modules in place and lists them in `skipped`.
-    Call it before wrapping the model (FSDP, DDP, torch.compile, accelerate's device map): a module with hooks
-    is refused. Returns the `Replacements`, whose `undo()` puts the originals back.
+    only: class names to replace (default: every known class). strict (default): a module rlnorm cannot stand in
+    for raises UnsupportedGatedNorm and nothing is swapped; strict=False leaves it in place, listed in `skipped`.
+    Call it before wrapping the model (FSDP, DDP, torch.compile, accelerate): a module with hooks is refused.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")

@@ -184,28 +184,14 @@ def trainer_vs_sampler(
 ) -> SamplerCheck:
     """The same `rows` rows (make_case, x scaled per row) through both pairs; eps is the config's rms_norm_eps.
     Options other than Qwen3-Next's norm (`QWEN3_NEXT_OPTIONS`) are skipped with the reason."""
-    check_int("rows", rows, 1)
-    check_int("d", d, 1)
-    check_int("heads", heads, 1)
-    check_int("decode_tokens", decode_tokens, 0)
+    limits = {"rows": (rows, 1), "d": (d, 1), "heads": (heads, 1), "decode_tokens": (decode_tokens, 0)}
+    for name, (n, least) in limits.items():
+        check_int(name, n, least)
     wdt = weight_dtype or dtype
     plan = sampler_plan(rows, heads, decode_tokens)
-    summary: dict[str, Any] = {
-        "rows": rows,
-        "d": d,
-        "heads": heads,
-        "seed": seed,
-        "eps": eps,
-        "dtype": str(dtype).removeprefix("torch."),
-        "weight_dtype": str(wdt).removeprefix("torch."),
-        "device": device,
-        "trainer_calls": [rows],
-        "sampler_calls": plan,
-        "vllm": None,
-        "vllm_reason": None,
-        "agree": None,
-        "pairs": {},
-    }
+    summary: dict[str, Any] = {"rows": rows, "d": d, "heads": heads, "seed": seed, "eps": eps, "device": device}
+    summary.update(dtype=str(dtype).removeprefix("torch."), weight_dtype=str(wdt).removeprefix("torch."))
+    summary.update(trainer_calls=[rows], sampler_calls=plan, vllm=None, vllm_reason=None, agree=None, pairs={})
     if opts is not None:
         other = {k: v for k, v in QWEN3_NEXT_OPTIONS.items() if getattr(opts, k) != v}
         if other:
