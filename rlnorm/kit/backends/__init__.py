@@ -322,11 +322,4 @@ def load_backend(spec: str | Backend) -> Backend:
 
 def load_backends(keys: Iterable[str], custom: Iterable[str] = ()) -> list[Backend]:
     """Registered keys then custom import paths, each once, in order. Raises ValueError on a bad spec."""
-    out: list[Backend] = []
-    seen: set[str] = set()
-    for spec in [*keys, *custom]:
-        if spec in seen:
-            continue
-        seen.add(spec)
-        out.append(load_backend(spec))
-    return out
+    return [load_backend(spec) for spec in dict.fromkeys([*keys, *custom])]

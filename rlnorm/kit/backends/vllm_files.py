@@ -37,7 +37,7 @@ __all__ = ["DEFAULT_ARCHIVE", "NEEDED", "SOURCES_ENV", "STOOD_IN", "VllmFiles", 
 __all__ += ["installed_root", "load_layernorm_guard", "read_function", "unpack"]
 
 SOURCES_ENV = "RLNORM_VLLM_SOURCES"
-# where tools/vllm_sources.py writes the archive: git-ignored, and carried to a GPU machine with the wheels
+# where tools/vllm_sources.py writes the archive (git-ignored)
 DEFAULT_ARCHIVE = Path(__file__).resolve().parents[3] / ".whl" / "vllm-src.tar.gz"
 
 LAYERNORM_GUARD = "vllm/third_party/flash_linear_attention/ops/layernorm_guard.py"
@@ -164,20 +164,6 @@ def compute_units(device_id: int | None = None) -> int:
     return torch.get_num_threads()
 
 
-class _Platform:
-    """The part of vLLM's current_platform that layernorm_guard's imports use."""
-
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-
-    @staticmethod
-    def is_cuda_alike() -> bool:
-        return torch.cuda.is_available()
-
-    @staticmethod
-    def num_compute_units(device_id: int = 0) -> int:
-        return compute_units(device_id)
-
-
 def _stand_ins() -> dict[str, types.ModuleType]:
     import triton
     import triton.language as tl
@@ -185,7 +171,12 @@ def _stand_ins() -> dict[str, types.ModuleType]:
     triton_utils = types.ModuleType("vllm.triton_utils")
     triton_utils.__dict__.update(HAS_TRITON=True, triton=triton, tl=tl)
     platforms = types.ModuleType("vllm.platforms")
-    platforms.__dict__.update(current_platform=_Platform())
+    platform = types.SimpleNamespace(  # the part of vLLM's current_platform that layernorm_guard's imports use
+        device_type="cuda" if torch.cuda.is_available() else "cpu",
+        is_cuda_alike=torch.cuda.is_available,
+        num_compute_units=lambda device_id=0: compute_units(device_id),
+    )
+    platforms.__dict__.update(current_platform=platform)
     platform_utils = types.ModuleType("vllm.utils.platform_utils")
     platform_utils.__dict__.update(num_compute_units=functools.cache(compute_units))
     return {"vllm.triton_utils": triton_utils, "vllm.platforms": platforms, "vllm.utils.platform_utils": platform_utils}
