@@ -1,12 +1,8 @@
 """rlnorm's forward as an opaque PyTorch operator, `torch.ops.rlnorm.rms_norm_gated`.
 
-A compiler that traces a model (torch.compile, and through it vLLM's Inductor pipeline) decomposes the Python
-body of a layer into its own kernels, which round and reduce as it chooses: the batch-invariant, once-rounded
-result would be gone. Registered through `torch.library`, the call stays one node of the graph that Inductor
-launches as it is (an extern call), and a fake implementation gives it the output's shape without running it.
-
-Forward only: the sampler (vLLM) is inference-only, and the trainer calls `rlnorm.RMSNormGated`, whose
-autograd computes the exact dweight.
+A compiler tracing a model (torch.compile, vLLM's Inductor pipeline) would decompose a layer's Python body into
+its own kernels and lose the batch-invariant, once-rounded result; registered through `torch.library`, the call
+stays one extern node, and a fake implementation gives its shape. Forward only: the sampler is inference-only.
 """
 
 from __future__ import annotations
@@ -36,15 +32,8 @@ def rms_norm_gated_op(
 ) -> torch.Tensor:
     """`rlnorm.rms_norm_gated` with every option positional (the operator's schema); no autograd."""
     with torch.no_grad():  # an inference op: the kernel's forward alone, never an autograd graph
-        return rms_norm_gated(
-            x,
-            z,
-            weight,
-            eps=eps,
-            group_size=group_size,
-            norm_before_gate=norm_before_gate,
-            activation=activation,
-        )
+        opts = {"eps": eps, "group_size": group_size, "norm_before_gate": norm_before_gate, "activation": activation}
+        return rms_norm_gated(x, z, weight, **opts)
 
 
 @rms_norm_gated_op.register_fake

@@ -1,13 +1,10 @@
 """The gated norm of a Qwen3-Next linear-attention layer as each side of RL builds it from one config.
 
-The trainer (transformers) holds `Qwen3NextGatedDeltaNet.norm`, a `Qwen3NextRMSNormGated(head_v_dim,
-eps=config.rms_norm_eps)`; the sampler (vLLM) builds `RMSNormGated(head_v_dim, eps=config.rms_norm_eps,
-group_size=None, norm_before_gate=True, activation=<config's output gate>)` in its Qwen3-Next layer. Both call
-the norm on rows of width head_v_dim, one per token and value head. `transformers_norm` and `vllm_norm` build
-those two modules, patched with rlnorm or not, holding the same weight, so the same rows can be run through each.
-
-`tiny_config` is a Qwen3-Next small enough for a CPU (no weights are downloaded); `torch_delta_rule` makes
-transformers run its own PyTorch delta rule where FLA is installed (FLA's kernels autotune, which needs a GPU).
+The trainer (transformers) holds `Qwen3NextGatedDeltaNet.norm`, a `Qwen3NextRMSNormGated(head_v_dim, eps)`; the
+sampler (vLLM) builds `RMSNormGated(head_v_dim, eps, group_size=None, norm_before_gate=True, activation=<output
+gate>)`. `transformers_norm` and `vllm_norm` build the two, patched with rlnorm or not, holding the same weight.
+`tiny_config` is a Qwen3-Next small enough for a CPU; `torch_delta_rule` makes transformers run its PyTorch delta
+rule where FLA is installed (FLA's kernels autotune, which needs a GPU).
 """
 
 from __future__ import annotations
@@ -28,10 +25,8 @@ DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule
 
 
 def tiny_config(*, d: int = 32, eps: float = 1e-6, heads: int = 2, **overrides: Any) -> Any:
-    """A two-layer Qwen3-Next (a linear-attention layer, then a full-attention one) of hidden size 64 whose gated
-    norm has width d. Its MLPs are dense (`mlp_only_layers`): the sparse MoE routes tokens to experts, so a
-    token's expert matmuls change shape with the other tokens of the batch, and that model is not batch invariant
-    whatever the norm does."""
+    """A two-layer Qwen3-Next (linear attention, then full attention) of hidden size 64, gated norm width d. Its
+    MLPs are dense: the MoE's expert matmuls change shape with the batch, which no norm makes batch invariant."""
     from transformers import Qwen3NextConfig
 
     values: dict[str, Any] = {
@@ -86,7 +81,7 @@ def transformers_norm(
     dtype: torch.dtype = torch.bfloat16,
 ) -> nn.Module:
     """The trainer's norm: `norm` of the config's first Gated DeltaNet layer, in `dtype` on `device`, holding
-    `weight` (as a checkpoint load would), swapped for rlnorm's by `apply_rlnorm_to_qwen3_next` when patched."""
+    `weight`, swapped for rlnorm's by `apply_rlnorm_to_qwen3_next` when patched."""
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
     layer = Qwen3NextGatedDeltaNet(config, _first_linear_layer(config)).to(device=device, dtype=dtype)
@@ -113,10 +108,9 @@ def vllm_norm(
     dtype: torch.dtype = torch.bfloat16,
     compilation: dict[str, Any] | None = None,
 ) -> nn.Module:
-    """The sampler's norm: vLLM's `RMSNormGated` constructed as its Qwen3-Next layer constructs it, under a vLLM
-    config for `device` (plus `compilation`, CompilationConfig's fields), holding `weight` as vLLM's weight loader
-    copies it. patched: with rlnorm's layer registered (what `RLNORM_VLLM=1` does); the process's registration
-    is restored afterwards. Imports vLLM."""
+    """The sampler's norm: vLLM's `RMSNormGated` as its Qwen3-Next layer constructs it, under a vLLM config for
+    `device` (and `compilation`, CompilationConfig's fields), holding `weight`. patched: rlnorm's layer registered
+    (as `RLNORM_VLLM=1` does), the process's registration restored after. Imports vLLM."""
     from vllm.config import CompilationConfig, DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.layernorm import RMSNormGated
 
@@ -128,10 +122,7 @@ def vllm_norm(
         device_config=DeviceConfig(device=device.type), compilation_config=CompilationConfig(**(compilation or {}))
     )
     try:
-        if patched:
-            plugin.register()
-        else:
-            plugin.unregister()
+        plugin.register() if patched else plugin.unregister()
         with set_current_vllm_config(vllm_config):
             layer = RMSNormGated(
                 config.linear_value_head_dim,
@@ -143,10 +134,7 @@ def vllm_norm(
                 dtype=dtype,
             )
     finally:
-        if was:
-            plugin.register()
-        else:
-            plugin.unregister()
+        plugin.register() if was else plugin.unregister()
     if weight is not None:
         with torch.no_grad():
             layer.weight.copy_(weight)

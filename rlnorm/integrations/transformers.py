@@ -1,25 +1,19 @@
 """rlnorm's kernel in a transformers (or FLA) model: `apply_rlnorm(model)` swaps every gated RMSNorm it knows.
 
-Each known module is replaced, where it sits, by an rlnorm module that holds the *same* weight Parameter (so the
-optimizer, tied weights and the state_dict see one tensor, under the same key) and the replaced module's own eps,
-group size, gate order and activation, read off the module, never the libraries' defaults (which differ: see
-docs/integrations.md). An option rlnorm cannot honour raises `UnsupportedGatedNorm` naming the module and the
-option, before anything is swapped. `Replacements.undo()`, or leaving `with apply_rlnorm(model):`, puts the
-original modules back.
+Each known module is replaced in place by an rlnorm module holding the *same* weight Parameter (one tensor for the
+optimizer and the state_dict, same key) and the module's own eps, group size, gate order and activation, read off
+the module, never a library's default (they differ: docs/integrations.md). An option rlnorm cannot honour raises
+`UnsupportedGatedNorm` naming module and option before anything is swapped; `undo()` or leaving `with` restores.
+Modules are recognised by class name and defining module, so nothing is imported to look for them.
 
-Modules are recognised by their class (or a base class) and its defining module, so nothing is imported to look
-for them: a model without FLA modules never imports FLA.
-
-Numerics: rlnorm rounds once. transformers' Qwen3NextRMSNormGated rounds three times in bf16 (the normalised x,
-its product with the weight, the gated output), so in bf16 about a third of the outputs move by 1-2 ulp when a
-model is patched: a run patched from the start is reproducible bit for bit, a run begun unpatched is not.
+Numerics: rlnorm rounds once; transformers' Qwen3NextRMSNormGated rounds three times in bf16, so about a third of
+bf16 outputs move by 1-2 ulp when a model is patched: patch from the start for a reproducible run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import overload
 
 import torch
 from torch import nn
@@ -27,19 +21,9 @@ from torch import nn
 from rlnorm.kernel.api import RMSNormGated
 from rlnorm.options import ACTIVATIONS
 
-__all__ = [
-    "KNOWN",
-    "QWEN3_NEXT_CLASSES",
-    "GatedNormOptions",
-    "Replaced",
-    "Replacements",
-    "RlnormFlaFusedRMSNormGated",
-    "RlnormFlaRMSNormGated",
-    "RlnormQwen3NextRMSNormGated",
-    "UnsupportedGatedNorm",
-    "apply_rlnorm",
-    "apply_rlnorm_to_qwen3_next",
-]
+__all__ = ["KNOWN", "QWEN3_NEXT_CLASSES", "GatedNormOptions", "Replaced", "Replacements", "UnsupportedGatedNorm"]
+__all__ += ["RlnormFlaFusedRMSNormGated", "RlnormFlaRMSNormGated", "RlnormQwen3NextRMSNormGated"]
+__all__ += ["apply_rlnorm", "apply_rlnorm_to_qwen3_next"]
 
 
 class UnsupportedGatedNorm(ValueError):
@@ -79,19 +63,18 @@ class _Replacement(RMSNormGated):
         self.where = where  # its name in the model it was put into, for messages
 
 
+def _option(name: str) -> property:
+    """An attribute of the replaced class, read off the replacement's options."""
+    return property(lambda self: getattr(self.opts, name))
+
+
 class RlnormQwen3NextRMSNormGated(_Replacement):
     """Stands in for transformers' Qwen3NextRMSNormGated (and its Qwen3.5 copies): forward(hidden_states, gate),
     the norm before the gate; `variance_epsilon` and `activation` read as on the original."""
 
     source = "Qwen3NextRMSNormGated"
-
-    @property
-    def variance_epsilon(self) -> float:
-        return self.opts.eps
-
-    @property
-    def activation(self) -> str:
-        return self.opts.activation
+    variance_epsilon = _option("eps")
+    activation = _option("activation")
 
     def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return super().forward(hidden_states, gate)
@@ -103,18 +86,9 @@ class RlnormFlaRMSNormGated(_Replacement):
 
     source = "FLA RMSNormGated"
     bias = None
-
-    @property
-    def eps(self) -> float:
-        return self.opts.eps
-
-    @property
-    def group_size(self) -> int | None:
-        return self.opts.group_size
-
-    @property
-    def norm_before_gate(self) -> bool:
-        return self.opts.norm_before_gate
+    eps = _option("eps")
+    group_size = _option("group_size")
+    norm_before_gate = _option("norm_before_gate")
 
     def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         return super().forward(x, z)
@@ -127,14 +101,8 @@ class RlnormFlaFusedRMSNormGated(_Replacement):
 
     source = "FLA FusedRMSNormGated"
     bias = None
-
-    @property
-    def eps(self) -> float:
-        return self.opts.eps
-
-    @property
-    def activation(self) -> str:
-        return self.opts.activation
+    eps = _option("eps")
+    activation = _option("activation")
 
     def forward(  # type: ignore[override]
         self,
@@ -288,48 +256,34 @@ class Replaced:
     replacement: nn.Module
 
 
-class Replacements(Sequence[Replaced]):
-    """What `apply_rlnorm` swapped, in model order; `undo()` (or leaving a `with` block) swaps it back.
+class Replacements(tuple[Replaced, ...]):
+    """What `apply_rlnorm` swapped, in model order; `undo()` (or leaving a `with` block) swaps it back. `skipped`
+    lists (name, reason) for modules left in place under strict=False."""
 
-    `skipped` lists (name, reason) for modules left in place under strict=False.
-    """
+    model: nn.Module
+    skipped: tuple[tuple[str, str], ...]
+    undone: bool
 
-    def __init__(self, model: nn.Module, items: Sequence[Replaced], skipped: Sequence[tuple[str, str]] = ()) -> None:
-        self.model = model
-        self._items = tuple(items)
-        self.skipped = tuple(skipped)
-        self.undone = False
-
-    @overload
-    def __getitem__(self, i: int) -> Replaced: ...
-    @overload
-    def __getitem__(self, i: slice) -> Sequence[Replaced]: ...
-    def __getitem__(self, i: int | slice) -> Replaced | Sequence[Replaced]:
-        return self._items[i]
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-    def __iter__(self) -> Iterator[Replaced]:
-        return iter(self._items)
+    def __new__(cls, model: nn.Module, items: Sequence[Replaced], skipped: Sequence[tuple[str, str]] = ()):
+        self = super().__new__(cls, items)
+        self.model, self.skipped, self.undone = model, tuple(skipped), False
+        return self
 
     @property
     def names(self) -> list[str]:
-        return [r.name for r in self._items]
+        return [r.name for r in self]
 
     def __repr__(self) -> str:
         state = ", undone" if self.undone else ""
         return f"<Replacements: {len(self)} module(s){state}, {len(self.skipped)} skipped: {self.names}>"
 
     def undo(self) -> None:
-        """Put every original module back where it was; the weight it ends with is the one trained meanwhile.
-
-        Raises RuntimeError, changing nothing, if something else has since been put in one of those places.
-        """
+        """Put every original module back, with the weight trained meanwhile; RuntimeError, changing nothing, if
+        something else has since been put in one of those places."""
         if self.undone:
             return
         places = []
-        for item in self._items:
+        for item in self:
             parent_name, _, attr = item.name.rpartition(".")
             parent = self.model.get_submodule(parent_name)
             now = getattr(parent, attr, None)
@@ -354,14 +308,11 @@ class Replacements(Sequence[Replaced]):
 
 
 def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, strict: bool = True) -> Replacements:
-    """Swap every gated norm of `model` that rlnorm knows (`KNOWN`) for an rlnorm module, in place.
+    """Swap every gated norm of `model` that rlnorm knows (`KNOWN`) for an rlnorm module, in place (see the module).
 
-    The replacement holds the same weight Parameter and the module's own eps, group size, gate order and
-    activation; state_dict keys do not change. only: class names to replace (default: every known class).
-    strict (default): a module rlnorm cannot stand in for raises UnsupportedGatedNorm naming it and the option,
-    and nothing is swapped; strict=False leaves such modules in place and lists them in `skipped`.
-    Call it before wrapping the model (FSDP, DDP, torch.compile, accelerate's device map): a module with hooks
-    is refused. Returns the `Replacements`, whose `undo()` puts the originals back.
+    only: class names to replace (default: every known class). strict (default): a module rlnorm cannot stand in
+    for raises UnsupportedGatedNorm and nothing is swapped; strict=False leaves it in place, listed in `skipped`.
+    Call it before wrapping the model (FSDP, DDP, torch.compile, accelerate): a module with hooks is refused.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")

@@ -1,13 +1,9 @@
 """rlnorm's vLLM plugin: with `RLNORM_VLLM=1`, vLLM builds rlnorm's layer wherever a model asks for `RMSNormGated`.
 
-vLLM runs every entry point of the `vllm.general_plugins` group in each of its processes (front end, engine core,
-workers) before it builds a model; rlnorm declares `register_plugin` there (pyproject.toml). It acts only when
-the environment variable is 1, so installing rlnorm changes no engine by itself. `register` puts
-`RlnormRMSNormGated` (`rlnorm.integrations.vllm_layer`) in vLLM's out-of-tree registry under the in-tree class's
-name, which `CustomOp.__new__` looks up at every construction: the model code is unchanged and calls
-`RMSNormGated(...)` with its own eps, group size, gate order and activation.
-
-Importing this module does not import vLLM; `register` does.
+vLLM runs every `vllm.general_plugins` entry point in each of its processes before it builds a model; rlnorm
+declares `register_plugin` there (pyproject.toml), which acts only when the variable is 1. `register` puts
+`RlnormRMSNormGated` in vLLM's out-of-tree registry under the in-tree class's name, which `CustomOp.__new__` looks
+up at every construction, so model code is unchanged. Importing this module does not import vLLM.
 """
 
 from __future__ import annotations
@@ -32,10 +28,7 @@ def enabled_by_env(environ: dict[str, str] | None = None) -> bool:
 
 
 def register_plugin() -> None:
-    """vLLM's general-plugin entry point: registers rlnorm's layer when `RLNORM_VLLM=1`, else does nothing.
-
-    vLLM may call it more than once per process and once in every process; each call after the first is a no-op.
-    """
+    """vLLM's general-plugin entry point: registers rlnorm's layer when `RLNORM_VLLM=1` (idempotent)."""
     if enabled_by_env():
         register()
 

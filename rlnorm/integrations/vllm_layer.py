@@ -1,13 +1,9 @@
 """The layer vLLM instantiates for its `RMSNormGated` once rlnorm's plugin is on (importing this imports vLLM).
 
-vLLM picks a layer's forward per platform and per `compilation_config.custom_ops`: `forward_cuda` when the op is
-enabled on a GPU, `forward_native` when it is disabled, which is vLLM's default under Inductor: the whole model is
-then traced by torch.compile and `forward_native`'s PyTorch body is re-derived by Inductor. Every one of these
-methods here calls the opaque operator `torch.ops.rlnorm.rms_norm_gated` (`rlnorm.integrations.ops`), so each path,
-eager or compiled, runs rlnorm's kernel on the layer's own eps, group size, gate order and activation, read at
-each call from the attributes vLLM's constructor set (vLLM's defaults, eps 1e-5 and the gate first, differ from
-rlnorm's; a model passes its own). vLLM's fusion passes that match the PyTorch body (norm + quant) no longer
-match it: the norm stays one kernel.
+vLLM picks `forward_cuda` when the op is enabled on a GPU and `forward_native` when it is disabled (its default under
+Inductor, which then re-derives the PyTorch body). Every method here calls the opaque operator
+`torch.ops.rlnorm.rms_norm_gated`, so each path, eager or compiled, runs rlnorm's kernel on the layer's own eps,
+group size, gate order and activation (vLLM's defaults differ from rlnorm's; a model passes its own).
 """
 
 from __future__ import annotations

@@ -44,13 +44,8 @@ def test_row_scales_are_exact_powers_of_two() -> None:
 
 def test_compare_outputs_counts_every_flipped_bit() -> None:
     a = torch.randn(6, 8).to(torch.bfloat16)
-    assert ts.compare_outputs(a, a.clone()) == {
-        "bitwise_equal": True,
-        "rows_differ": 0,
-        "elements_differ": 0,
-        "max_ulp": 0,
-        "differing_rows": [],
-    }
+    same = {"bitwise_equal": True, "rows_differ": 0, "elements_differ": 0, "max_ulp": 0, "differing_rows": []}
+    assert ts.compare_outputs(a, a.clone()) == same
     b = a.clone()
     b.view(torch.int16)[4, 3] += 3  # planted: three ulps in one element
     b.view(torch.int16)[1, 0] += 1
@@ -111,17 +106,8 @@ def test_a_sampler_replacement_that_keeps_rlnorm_s_default_eps_is_caught() -> No
 
 # -- the step, the artifact, the table ------------------------------------------------------------------------
 def _run(tmp_path: Path, **overrides: object) -> steps.Run:
-    params = {
-        "name": "ts",
-        "device": "cpu",
-        "progress": False,
-        "output_dir": str(tmp_path / "ts"),
-        "backends": [],
-        "checks": ["trainer_sampler"],
-        "d": 32,
-        "agreement_rows": 12,
-        **overrides,
-    }
+    params = {"name": "ts", "device": "cpu", "progress": False, "output_dir": str(tmp_path / "ts"), "backends": []}
+    params |= {"checks": ["trainer_sampler"], "d": 32, "agreement_rows": 12, **overrides}
     return steps.start_run(load_params(params))
 
 
@@ -151,22 +137,10 @@ def test_the_step_does_nothing_unless_chosen(tmp_path: Path) -> None:
     assert run.result.trainer_sampler is None
 
 
-SUMMARY = {
-    "rows": 4,
-    "d": 32,
-    "heads": 2,
-    "seed": 3,
-    "eps": 1e-6,
-    "dtype": "bfloat16",
-    "weight_dtype": "bfloat16",
-    "device": "cpu",
-    "trainer_calls": [4],
-    "sampler_calls": [2, 2],
-    "vllm": "0.30.0",
-    "vllm_reason": None,
-    "agree": True,
-    "pairs": {"patched": {"trainer": "t", "sampler": "s", "bitwise_equal": True, "rows_differ": 0}},
-}
+SUMMARY = {"rows": 4, "d": 32, "heads": 2, "seed": 3, "eps": 1e-6, "dtype": "bfloat16", "weight_dtype": "bfloat16"}
+SUMMARY |= {"device": "cpu", "trainer_calls": [4], "sampler_calls": [2, 2], "vllm": "0.30.0", "vllm_reason": None}
+PATCHED = {"trainer": "t", "sampler": "s", "bitwise_equal": True, "rows_differ": 0}
+SUMMARY |= {"agree": True, "pairs": {"patched": PATCHED}}
 
 
 def _doc(tmp_path: Path, trainer_sampler: dict | None) -> dict:

@@ -59,15 +59,8 @@ def differing(a: torch.Tensor, b: torch.Tensor) -> int:
 
 
 def expected(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, layer: Any) -> torch.Tensor:
-    return rlnorm.rms_norm_gated(
-        x,
-        z,
-        w,
-        eps=layer.eps,
-        group_size=layer.group_size,
-        norm_before_gate=layer.norm_before_gate,
-        activation=layer.activation,
-    )
+    names = ("eps", "group_size", "norm_before_gate", "activation")
+    return rlnorm.rms_norm_gated(x, z, w, **{name: getattr(layer, name) for name in names})
 
 
 @scenario

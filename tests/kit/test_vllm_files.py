@@ -48,9 +48,7 @@ assert torch.get_num_threads() == 2
 """
 _PRELUDE += CHILD_DESCRIBE
 
-_CALL_SCRIPT = (
-    _PRELUDE
-    + r"""
+_CALL_SCRIPT = r"""
 calls = []
 
 def recorder(*args, **kwargs):
@@ -58,43 +56,40 @@ def recorder(*args, **kwargs):
     return torch.zeros(1)
 
 lg.rmsnorm_fn = recorder  # forward_cuda imports it from layernorm_guard when called
-planted = sys.argv[1] == "planted"
-out = []
-for opts in (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid")):
-    for gated in (True, False):
-        c = make_case(5, 128, seed=1)
-        z = c.z if gated else None
-        mod = build_module(128, c.w, opts)
-        mod.weight = torch.nn.Parameter(c.w, requires_grad=False)  # what the backend does: our bits, no copy
-        if planted:
-            mod.norm_before_gate = not mod.norm_before_gate
-        calls.clear()
-        mod.forward_cuda(c.x, z)
-        vllm_calls = list(calls)
-        calls.clear()
-        rmsnorm_call(recorder, c.x, z, c.w, opts)
-        out.append({"vllm": vllm_calls, "ours": list(calls)})
-print("RESULT " + json.dumps(out))
+out = {"real": [], "planted": []}
+for variant, results in out.items():
+    for opts in (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid")):
+        for gated in (True, False):
+            c = make_case(5, 128, seed=1)
+            z = c.z if gated else None
+            mod = build_module(128, c.w, opts)
+            mod.weight = torch.nn.Parameter(c.w, requires_grad=False)  # what the backend does: our bits, no copy
+            if variant == "planted":
+                mod.norm_before_gate = not mod.norm_before_gate
+            calls.clear()
+            mod.forward_cuda(c.x, z)
+            vllm_calls = list(calls)
+            calls.clear()
+            rmsnorm_call(recorder, c.x, z, c.w, opts)
+            results.append({"vllm": vllm_calls, "ours": list(calls)})
+found["calls"] = out
 """
-)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["real", "planted"])
-def test_forward_cuda_calls_rmsnorm_fn_with_exactly_these_arguments(installed_vllm: vf.VllmFiles, variant: str) -> None:
+def test_forward_cuda_calls_rmsnorm_fn_with_exactly_these_arguments(vllm_child: dict) -> None:
     """RMSNormGated.forward_cuda(x, z) is rmsnorm_call(rmsnorm_fn, x, z, w, opts): the same function (the recorder
     put in its place is what forward_cuda calls), the same positional and keyword arguments, the same tensors. The
     planted variant (forward_cuda reading a flipped norm_before_gate) shows the comparison catches a difference."""
-    results = child_result(_CALL_SCRIPT, variant)
-    assert len(results) == 4
-    for r in results:
-        assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r  # forward_cuda called rmsnorm_fn, once
-        assert (r["vllm"] == r["ours"]) is (variant == "real"), r
+    out = vllm_child["calls"]
+    for variant, results in out.items():
+        assert len(results) == 4
+        for r in results:
+            assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r  # forward_cuda called rmsnorm_fn, once
+            assert (r["vllm"] == r["ours"]) is (variant == "real"), r
 
 
-_BITS_SCRIPT = (
-    _PRELUDE
-    + r"""
+_BITS_SCRIPT = r"""
 from vllm.third_party.flash_linear_attention.ops.layernorm_guard import rmsnorm_fn as installed_fn
 real = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
 archive = sys.argv[1]
@@ -117,14 +112,13 @@ for rows in (1, 3, 6, 9, 64):  # with 2 compute units: 1, 2 and 4 rows per progr
 x3 = make_case(12, 128, seed=5).x.reshape(3, 4, 128)  # rmsnorm_fn flattens leading dimensions
 out["3d"] = bool(torch.equal(rmsnorm_call(installed_fn, x3, None, torch.ones(128), OpOptions()),
                              rmsnorm_call(from_archive.rmsnorm_fn, x3, None, torch.ones(128), OpOptions())))
-print("RESULT " + json.dumps(out))
+found["bits"] = out
 """
-)
 
 
 @pytest.mark.slow
-def test_vllms_files_give_the_installed_modules_bits(installed_vllm: vf.VllmFiles, vllm_archive: Path) -> None:
-    r = child_result(_BITS_SCRIPT, str(vllm_archive))
+def test_vllms_files_give_the_installed_modules_bits(installed_vllm: vf.VllmFiles, vllm_child: dict) -> None:
+    r = vllm_child["bits"]
     assert r["restored"] == []  # the real vllm modules are back, and none of ours is left
     assert r["distinct"]
     assert r["files"][0] == str(installed_vllm.path(vf.LAYERNORM_GUARD))
@@ -135,9 +129,7 @@ def test_vllms_files_give_the_installed_modules_bits(installed_vllm: vf.VllmFile
     assert r["3d"]
 
 
-_GDN_SCRIPT = (
-    _PRELUDE
-    + r"""
+_GDN_SCRIPT = r"""
 import types
 
 gdn_file = vf.find_files(vf.installed_root())[0].path("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py")
@@ -195,17 +187,25 @@ for act in ("silu", "sigmoid"):
         "same_weight": fused_launch["args"][2].data_ptr() == cuda_launch["args"][2].data_ptr(),
         "bitwise": bool(torch.equal(y.reshape(tokens, heads, d), in_place)),
     })
-print("RESULT " + json.dumps(out))
+found["gdn"] = out
 """
-)
+
+
+@pytest.fixture(scope="module")
+def vllm_child(installed_vllm: vf.VllmFiles, vllm_archive: Path) -> dict:
+    """One child importing the real vllm for the three comparisons below (the call recorder goes in last)."""
+    script = (
+        _PRELUDE + "found = {}\n" + _BITS_SCRIPT + _GDN_SCRIPT + _CALL_SCRIPT + 'print("RESULT " + json.dumps(found))'
+    )
+    return child_result(script, str(vllm_archive))
 
 
 @pytest.mark.slow
-def test_gdn_fused_path_is_forward_cudas_kernel_with_the_same_arguments(installed_vllm: vf.VllmFiles) -> None:
+def test_gdn_fused_path_is_forward_cudas_kernel_with_the_same_arguments(vllm_child: dict) -> None:
     """The GDN layer's fused path (vLLM's own `_rms_norm_gated_cuda`) and forward_cuda launch
     `layer_norm_fwd_kernel` with the same grid, scalars, constexprs and tensor shapes, strides and dtypes; only the
     output differs in where it lives (the fused path writes over its input), and the bits are the same."""
-    results = child_result(_GDN_SCRIPT)
+    results = vllm_child["gdn"]
     for r in results:
         assert r["launches"] == [1], r
         assert r["same_launch"], r

@@ -57,55 +57,47 @@ def module(w, opts):
 """
 _PRELUDE += CHILD_DESCRIBE
 
-_CALL_SCRIPT = (
-    _PRELUDE
-    + r"""
-planted = sys.argv[1] == "planted"
+_CALL_SCRIPT = r"""
 calls = []
 
 def recorder(*args, **kwargs):
     calls.append(describe([list(args), kwargs]))
     return torch.zeros(1)
 
-out = []
-for opts in OPTIONS:
-    for gated in (True, False):
-        c = make_case(5, 128, seed=1)
-        z = c.z if gated else None
-        mod = module(c.w, opts)
-        if planted:
-            mod.activation = "swish" if opts.activation == "sigmoid" else "sigmoid"
-        real_static = RMSNormGated.forward_static
-        RMSNormGated.forward_static = staticmethod(recorder)
-        calls.clear()
-        mod.forward_native(c.x, z)
-        vllm_calls = list(calls)
-        RMSNormGated.forward_static = real_static
-        calls.clear()
-        native_call(recorder, c.x, z, c.w, opts)
-        out.append({"vllm": vllm_calls, "ours": list(calls)})
-print("RESULT " + json.dumps(out))
+out = {"real": [], "planted": []}
+for variant, results in out.items():
+    for opts in OPTIONS:
+        for gated in (True, False):
+            c = make_case(5, 128, seed=1)
+            z = c.z if gated else None
+            mod = module(c.w, opts)
+            if variant == "planted":
+                mod.activation = "swish" if opts.activation == "sigmoid" else "sigmoid"
+            real_static = RMSNormGated.__dict__["forward_static"]  # the staticmethod itself
+            RMSNormGated.forward_static = staticmethod(recorder)
+            calls.clear()
+            mod.forward_native(c.x, z)
+            vllm_calls = list(calls)
+            RMSNormGated.forward_static = real_static
+            calls.clear()
+            native_call(recorder, c.x, z, c.w, opts)
+            results.append({"vllm": vllm_calls, "ours": list(calls)})
+found["calls"] = out
 """
-)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["real", "planted"])
-def test_forward_native_calls_forward_static_with_exactly_these_arguments(
-    installed_vllm: vf.VllmFiles, variant: str
-) -> None:
+def test_forward_native_calls_forward_static_with_exactly_these_arguments(vllm_child: dict) -> None:
     """forward_native(x, z) is native_call(forward_static, x, z, w, opts); the planted variant (a module whose
     activation differs) shows the comparison catches a difference."""
-    results = child_result(_CALL_SCRIPT, variant)
-    assert len(results) == 4
-    for r in results:
-        assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r
-        assert (r["vllm"] == r["ours"]) is (variant == "real"), r
+    for variant, results in vllm_child["calls"].items():
+        assert len(results) == 4
+        for r in results:
+            assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r
+            assert (r["vllm"] == r["ours"]) is (variant == "real"), r
 
 
-_BITS_SCRIPT = (
-    _PRELUDE
-    + r"""
+_BITS_SCRIPT = r"""
 eager, compiled = VllmNativeBackend(), VllmNativeCompiledBackend()
 compiled.compile_rows = 64
 out = []
@@ -119,25 +111,22 @@ for opts in OPTIONS:
             k = compiled.forward(c.x, z, c.w, opts)
             out.append({"eager": bool(torch.equal(y, e)), "compiled_ulps": int((y.view(torch.int16).int()
                         - k.view(torch.int16).int()).abs().max()) if y.dtype == torch.bfloat16 else None})
-print("RESULT " + json.dumps(out))
+found["bits"] = out
 """
-)
 
 
 @pytest.mark.slow
-def test_the_rows_give_vllms_forward_native_bits(installed_vllm: vf.VllmFiles) -> None:
+def test_the_rows_give_vllms_forward_native_bits(vllm_child: dict) -> None:
     """The eager row is the installed forward_native bit for bit (options, weight dtypes, with and without a gate);
     the compiled row is Inductor's code for the same function, within a bf16 ulp of it."""
-    results = child_result(_BITS_SCRIPT)
+    results = vllm_child["bits"]
     assert len(results) == 8
     for r in results:
         assert r["eager"], r
         assert r["compiled_ulps"] <= 1, r
 
 
-_DISPATCH_SCRIPT = (
-    _PRELUDE
-    + r"""
+_DISPATCH_SCRIPT = r"""
 import inspect
 from vllm.config import CompilationConfig, DeviceConfig, VllmConfig, set_current_vllm_config
 from vllm.config.compilation import CompilationMode
@@ -153,22 +142,22 @@ for name, mode in (("default", None), ("compiled", CompilationMode.VLLM_COMPILE)
                  "backend": cfg.compilation_config.backend, "forward": mod._forward_method.__name__,
                  "inductor": cfg.compilation_config.inductor_compile_config}
 out["ours_gpu"] = vllm_inductor_options("cuda")
-current_platform.is_cpu = lambda: True  # the options vLLM's CPU platform gets
+is_cpu, current_platform.is_cpu = current_platform.is_cpu, lambda: True  # the options vLLM's CPU platform gets
 out["cpu_platform"] = CompilationConfig(mode=CompilationMode.VLLM_COMPILE).inductor_compile_config
+current_platform.is_cpu = is_cpu
 out["ours_cpu"] = vllm_inductor_options("cpu")
 post_init = inspect.getsource(VllmConfig.__post_init__)
 out["enforce_eager_sets_none"] = (
     "if self.model_config is not None and self.model_config.enforce_eager:" in post_init
     and "self.compilation_config.mode = CompilationMode.NONE" in post_init
 )
-print("RESULT " + json.dumps(out))
+found["dispatch"] = out
 """
-)
 
 
 @pytest.mark.slow
-def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(installed_vllm: vf.VllmFiles) -> None:
-    r = child_result(_DISPATCH_SCRIPT)
+def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(vllm_child: dict) -> None:
+    r = vllm_child["dispatch"]
     # a default config compiles with Inductor: every custom op disabled, RMSNormGated's forward is forward_native
     assert r["default"]["mode"] == 3 and r["default"]["backend"] == "inductor"
     assert r["default"]["custom_ops"] == ["none"] and r["default"]["forward"] == "forward_native"
@@ -181,9 +170,7 @@ def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(install
     assert r["cpu_platform"] == r["ours_cpu"] and "combo_kernels" not in r["ours_cpu"]
 
 
-_BATCH_INVARIANT_SCRIPT = (
-    _PRELUDE
-    + r"""
+_BATCH_INVARIANT_SCRIPT = r"""
 import inspect, os
 os.environ["VLLM_BATCH_INVARIANT"] = "1"
 import vllm.model_executor.determinism.batch_invariant as bi
@@ -223,22 +210,28 @@ out["reads_flag"] = {
     "layernorm_guard": "VLLM_BATCH_INVARIANT" in inspect.getsource(layernorm_guard),
     "RMSNorm.forward_cuda": "VLLM_BATCH_INVARIANT" in inspect.getsource(RMSNorm.forward_cuda),
 }
-print("RESULT " + json.dumps(out))
+found["batch_invariant"] = out
 """
-)
 
 
 @pytest.mark.slow
-def test_batch_invariant_mode_changes_only_the_eager_native_path(installed_vllm: vf.VllmFiles) -> None:
+def test_batch_invariant_mode_changes_only_the_eager_native_path(vllm_child: dict) -> None:
     """Under vLLM's own enable_batch_invariant_mode(): the eager forward_native's mean goes to vLLM's Triton kernel
     (its bits are the row's, and fp32 means change), while forward_cuda and the compiled forward_native never call
     it and keep their bits. Neither RMSNormGated nor layernorm_guard reads VLLM_BATCH_INVARIANT (RMSNorm does)."""
-    r = child_result(_BATCH_INVARIANT_SCRIPT)
+    r = vllm_child["batch_invariant"]
     assert r["native_calls"] >= 1 and r["native_is_the_row"], r
     assert r["mean_differs_in_fp32"], r
     assert r["cuda_calls"] == 0 and r["cuda_unchanged"], r
     assert r["compiled_calls"] == 0 and r["compiled_unchanged"], r
     assert r["reads_flag"] == {"RMSNormGated": False, "layernorm_guard": False, "RMSNorm.forward_cuda": True}
+
+
+@pytest.fixture(scope="module")
+def vllm_child(installed_vllm: vf.VllmFiles) -> dict:
+    """One child importing the real vllm for the comparisons above; batch-invariant mode, which stays on, goes last."""
+    sections = _CALL_SCRIPT + _BITS_SCRIPT + _DISPATCH_SCRIPT + _BATCH_INVARIANT_SCRIPT
+    return child_result(_PRELUDE + "found = {}\n" + sections + 'print("RESULT " + json.dumps(found))')
 
 
 # -- the rows, here in this process ---------------------------------------------------------------------------------

@@ -1,13 +1,9 @@
 """Backends: one small interface in front of every implementation the kit checks (docs/spec.md §6).
 
-A backend either overrides `forward` / `forward_backward`, or gives one differentiable `_fn` and
-lets the base class derive both (dweight then comes from the backend's OWN autograd graph, with
-`w` a leaf in its own dtype). `available(device)` never raises: by default it runs a tiny probe
-through the real code path, because an import succeeding says little about whether a Triton
-kernel launches on this device.
-
-Built-in keys are registered lazily by import path, so a peer that is missing or broken makes
-only its own backend unavailable (with the reason), never the run.
+A backend overrides `forward` / `forward_backward`, or gives one differentiable `_fn` from which the base class
+derives both (dweight then comes from the backend's OWN autograd). `available(device)` never raises: it runs a tiny
+probe through the real code path, since an import succeeding says little about whether a kernel launches. Built-in
+keys are resolved lazily, so a peer that is missing or broken makes only its own backend unavailable.
 """
 
 from __future__ import annotations
@@ -25,19 +21,8 @@ from rlnorm.inputs import make_case
 from rlnorm.options import OpOptions
 from rlnorm.timing import describe_error
 
-__all__ = [
-    "REGISTRY",
-    "Backend",
-    "BackendUnavailable",
-    "FunctionBackend",
-    "Grads",
-    "UnavailableBackend",
-    "describe_error",
-    "device_lost",
-    "dist_version",
-    "load_backend",
-    "load_backends",
-]
+__all__ = ["REGISTRY", "Backend", "BackendUnavailable", "FunctionBackend", "Grads", "UnavailableBackend"]
+__all__ += ["check_inputs", "describe_error", "device_lost", "dist_version", "load_backend", "load_backends"]
 
 
 class BackendUnavailable(RuntimeError):
@@ -55,11 +40,8 @@ class Grads:
 
 
 def device_lost(device: str) -> str | None:
-    """The device's error when this process's device context no longer works, else None.
-
-    Asked of the device itself, never read off a check's error text: a message that mentions CUDA (an
-    out-of-memory, a launch refused for its arguments) leaves the context usable, and the next check deserves it.
-    """
+    """The device's error when this process's device context no longer works, else None. Asked of the device, never
+    read off an error's text: an out-of-memory or a refused launch mentions CUDA and leaves the context usable."""
     if torch.device(device).type != "cuda":
         return None
     try:
@@ -72,12 +54,21 @@ def device_lost(device: str) -> str | None:
 
 
 def dist_version(dist: str) -> str:
-    """The installed version of distribution `dist` (its metadata, without importing it), "?" when not installed:
-    what a backend's source string shows."""
+    """The installed version of distribution `dist`, read without importing it; "?" when not installed."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "?"
+
+
+def check_inputs(x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> bool:
+    """Raise ValueError naming what does not fit x; False when x has no rows (nothing to compute)."""
+    if x.dim() < 1 or w.dim() != 1 or w.shape[0] != x.shape[-1]:
+        raise ValueError(f"w: expected shape [{x.shape[-1] if x.dim() else '?'}], got {tuple(w.shape)}")
+    if z is not None and z.shape != x.shape:
+        raise ValueError(f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
+    opts.check_width(x.shape[-1])
+    return x.numel() > 0
 
 
 def _device_reason(device: str) -> str | None:
@@ -97,12 +88,10 @@ class Backend:
     key: str = ""
     source: str = ""
     has_backward: bool = True
+    requires: str = ""  # the module the backend's code lives in: a failed import makes it unavailable, with why
     # rows / width of the availability probe: small, so an interpreted Triton kernel answers fast
     probe_rows: int = 3
     probe_width: int = 128
-
-    def __init__(self) -> None:
-        self._available_cache: dict[str, tuple[bool, str]] = {}
 
     # -- what subclasses give -------------------------------------------------------------
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
@@ -110,7 +99,12 @@ class Backend:
         raise NotImplementedError(f"{type(self).__name__} defines neither _fn nor forward")
 
     def _import_reason(self) -> str | None:
-        """Why the backend's code cannot be imported here, or None. Cheap checks first."""
+        """Why the backend's code cannot be imported here, or None."""
+        if self.requires:
+            try:
+                importlib.import_module(self.requires)
+            except Exception as exc:
+                return f"cannot import {self.requires}: {describe_error(exc)}"
         return None
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
@@ -121,7 +115,7 @@ class Backend:
     def available(self, device: str) -> tuple[bool, str]:
         """(True, "") if a tiny run works on `device`, else (False, reason). Never raises; cached."""
         device = str(device)
-        cache = self.__dict__.setdefault("_available_cache", {})  # subclasses may skip __init__
+        cache: dict[str, tuple[bool, str]] = self.__dict__.setdefault("_available_cache", {})
         if device in cache:
             return cache[device]
         try:
@@ -134,35 +128,35 @@ class Backend:
         return result
 
     def _probe(self, device: str) -> tuple[bool, str]:
-        reason = _device_reason(device)
+        reason = _device_reason(device) or self._import_reason()
         if reason:
             return False, reason
-        reason = self._import_reason()
-        if reason:
-            return False, reason
-
-        case = make_case(self.probe_rows, self.probe_width, seed=0, device=device)
-        opts = OpOptions()
-        ok, why = self.supports(opts)
-        if not ok:  # probe with the options it does support is not knowable generically
+        ok, why = self.supports(OpOptions())
+        if not ok:  # which options it does support is not knowable generically
             return False, f"does not support the default options: {why}"
-        try:
+
+        def run(x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor) -> Tensor:
             if self.has_backward:
-                g = self.forward_backward(case.x, case.z, case.w, case.dy, opts)
-                y = g.y
-            else:
-                y = self.forward(case.x, case.z, case.w, opts)
+                return self.forward_backward(x, z, w, dy, OpOptions()).y
+            return self.forward(x, z, w, OpOptions())
+
+        return self._tiny_run(device, run, "probe run")
+
+    def _tiny_run(self, device: str, run: Callable[..., Tensor], what: str) -> tuple[bool, str]:
+        """Whether run(x, z, w, dy) on a tiny case on `device` gives x's shape, and if not, why."""
+        case = make_case(self.probe_rows, self.probe_width, seed=0, device=device)
+        try:
+            y = run(case.x, case.z, case.w, case.dy)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
         except Exception as exc:
-            return False, f"probe run on {device} failed: {describe_error(exc)}"
+            return False, f"{what} on {device} failed: {describe_error(exc)}"
         if tuple(y.shape) != tuple(case.x.shape):
             return False, f"probe output has shape {tuple(y.shape)}, expected {tuple(case.x.shape)}"
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
         return True, ""
 
     def device_lost(self, device: str) -> str | None:
-        """Asked after each check: the device's error when its context no longer works, else None (then the
-        backend's process ends and the next backend starts in a fresh one)."""
+        """Asked after each check: the device's error when its context no longer works (the process then ends)."""
         return device_lost(device)
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
@@ -174,8 +168,7 @@ class Backend:
         """y and the backend's own autograd dx, dz, dw for upstream gradient dy."""
         if not self.has_backward:
             raise BackendUnavailable(f"{self.key}: no backward")
-        # detach() shares storage (no copy inside a timed forward+backward) and gives fresh
-        # leaves, so the caller's tensors never get requires_grad or .grad
+        # detach(): fresh leaves sharing storage (no copy inside a timed run), the caller's tensors untouched
         xl = x.detach().requires_grad_(True)
         zl = None if z is None else z.detach().requires_grad_(True)
         wl = w.detach().requires_grad_(True)
@@ -185,14 +178,10 @@ class Backend:
                 raise BackendUnavailable(f"{self.key}: output has no autograd graph (no backward)")
             leaves = [t for t in (xl, zl, wl) if t is not None]
             grads = torch.autograd.grad(y, leaves, grad_outputs=dy, allow_unused=True)
-        dx = grads[0]
-        dz = grads[1] if zl is not None else None
-        dw = grads[-1]
-        if dx is None:
+        if grads[0] is None:
             raise BackendUnavailable(f"{self.key}: autograd gave no dx")
-        if dw is not None and dw.dtype != w.dtype:
-            dw = dw.to(w.dtype)
-        return Grads(y=y.detach(), dx=dx, dz=dz, dw=dw)
+        dw = None if grads[-1] is None else grads[-1].to(w.dtype)
+        return Grads(y=y.detach(), dx=grads[0], dz=grads[1] if zl is not None else None, dw=dw)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} key={self.key!r} source={self.source!r}>"
@@ -204,10 +193,7 @@ class UnavailableBackend(Backend):
     has_backward = False
 
     def __init__(self, key: str, reason: str, source: str = "") -> None:
-        super().__init__()
-        self.key = key
-        self.reason = reason
-        self.source = source or key
+        self.key, self.reason, self.source = key, reason, source or key
 
     def available(self, device: str) -> tuple[bool, str]:
         return False, self.reason
@@ -226,21 +212,12 @@ class FunctionBackend(Backend):
     """A user's plain differentiable function f(x, z, w, *, eps, group_size, norm_before_gate, activation)."""
 
     def __init__(self, fn: Callable[..., Tensor], key: str, source: str | None = None) -> None:
-        super().__init__()
         self.fn = fn
         self.key = key
         self.source = source or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        return self.fn(
-            x,
-            z,
-            w,
-            eps=opts.eps,
-            group_size=opts.group_size,
-            norm_before_gate=opts.norm_before_gate,
-            activation=opts.activation,
-        )
+        return self.fn(x, z, w, **opts.as_dict())
 
 
 # key -> "module:attr" of the built-in backends; resolved on first use
@@ -319,17 +296,8 @@ def _resolve_path(spec: str) -> object:
 
 def _load_builtin(key: str) -> Backend:
     """A registered backend; import or construction failure becomes an UnavailableBackend with the reason."""
-    path = REGISTRY[key]
-    module_name, _, attr = path.partition(":")
     try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:
-        return UnavailableBackend(key, f"cannot import {module_name}: {describe_error(exc)}")
-    obj = getattr(module, attr, None)
-    if obj is None:
-        return UnavailableBackend(key, f"{module_name} defines no {attr}")
-    try:
-        inst = _adapt(obj, key)
+        inst = _adapt(_resolve_path(REGISTRY[key]), key)
     except ValueError as exc:
         return UnavailableBackend(key, str(exc))
     inst.key = key
@@ -354,11 +322,4 @@ def load_backend(spec: str | Backend) -> Backend:
 
 def load_backends(keys: Iterable[str], custom: Iterable[str] = ()) -> list[Backend]:
     """Registered keys then custom import paths, each once, in order. Raises ValueError on a bad spec."""
-    out: list[Backend] = []
-    seen: set[str] = set()
-    for spec in [*keys, *custom]:
-        if spec in seen:
-            continue
-        seen.add(spec)
-        out.append(load_backend(spec))
-    return out
+    return [load_backend(spec) for spec in dict.fromkeys([*keys, *custom])]

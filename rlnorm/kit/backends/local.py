@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, Grads, describe_error
+from rlnorm import __version__
+from rlnorm.kit.backends import Backend, Grads, dist_version
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math, rms_norm_gated_reference
@@ -22,11 +23,8 @@ class ReferenceBackend(Backend):
 
 
 def per_row_grads(x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-    """The reference's y, dx, dz, and per-row fp32 weight contributions c[r, j] in `Grads.dw` ([rows, D]).
-
-    The weight is expanded to one fp32 leaf per row, so autograd hands back each row's own
-    contribution (what a single-row run of the reference gives with an fp32 weight) unsummed.
-    """
+    """The reference's y, dx, dz, and in `Grads.dw` each row's fp32 weight contribution [rows, D], unsummed
+    (the weight is expanded to one fp32 leaf per row)."""
     xl = x.detach().requires_grad_(True)
     zl = None if z is None else z.detach().requires_grad_(True)
     w_rows = w.detach().to(torch.float32).expand(x.shape[0], -1).clone().requires_grad_(True)
@@ -40,10 +38,8 @@ def per_row_grads(x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOp
 class ExactReferenceBackend(Backend):
     """The reference with the docs/spec.md §2 dweight: exact sum of per-row fp32 contributions, rounded once.
 
-    Not a registered key: eager autograd (`reference`) sums dweight in fp32 in whatever order the
-    reduction takes, so it is NOT order-independent and fails the singleton-aggregate and permuted
-    gate lines. This backend is the positive control that shows those lines can pass, and the
-    base the planted faults build on so each breaks exactly one guarantee.
+    Not a registered key: the positive control that shows the order-free gate lines can pass (eager autograd's
+    fp32 sum, `reference`, fails them), and the base the planted faults build on to break one guarantee each.
     """
 
     key = "rlnorm.kit.backends.local:ExactReferenceBackend"
@@ -66,38 +62,13 @@ class RlnormBackend(Backend):
     """This project's Triton kernel, `rlnorm.rms_norm_gated`."""
 
     key = "rlnorm"
-    source = "rlnorm.rms_norm_gated (Triton)"
-
-    def __init__(self) -> None:
-        super().__init__()
-        try:
-            import importlib.metadata
-
-            from rlnorm import __version__
-
-            self.source = f"rlnorm {__version__} rms_norm_gated (Triton {importlib.metadata.version('triton')})"
-        except Exception:  # keep the plain name; availability says what is wrong
-            pass
-
-    def _import_reason(self) -> str | None:
-        try:
-            from rlnorm import kernel  # noqa: F401
-        except Exception as exc:
-            return f"cannot import rlnorm.kernel: {describe_error(exc)}"
-        return None
+    requires = "rlnorm.kernel"
+    source = f"rlnorm {__version__} rms_norm_gated (Triton {dist_version('triton')})"
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from rlnorm import rms_norm_gated
 
-        return rms_norm_gated(
-            x,
-            z,
-            w,
-            eps=opts.eps,
-            group_size=opts.group_size,
-            norm_before_gate=opts.norm_before_gate,
-            activation=opts.activation,
-        )
+        return rms_norm_gated(x, z, w, **opts.as_dict())
 
 
 class TorchCompileBackend(Backend):
@@ -117,9 +88,8 @@ class TorchCompileBackend(Backend):
             def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
                 return rms_norm_gated_reference(x, z, w, opts)
 
-            # torch.compile's defaults, as a user would call it: static shapes first, then an
-            # automatically dynamic graph once the row count changes (a fixed dynamic=False would hit
-            # the recompile limit across the batch-size sweep and silently fall back to eager).
+            # torch.compile's defaults, as a user calls it: static shapes, then a dynamic graph once the row count
+            # changes (dynamic=False would hit the recompile limit across the sweep and fall back to eager)
             fn = torch.compile(op)
             self._compiled[opts] = fn
         return fn(x, z, w)

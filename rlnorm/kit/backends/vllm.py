@@ -1,26 +1,18 @@
 """The `vllm` backend: vLLM's `RMSNormGated.forward_cuda`, forward only (docs/spec.md §6, docs/vllm.md).
 
-forward_cuda is one call, `layernorm_guard.rmsnorm_fn(x, self.weight, self.bias, z=z, eps=..., group_size=...,
-norm_before_gate=..., activation=...)`: vLLM's copy of FLA's gated norm, a Triton kernel launched directly (no
-autograd.Function: vLLM is inference-only, so no backward). It is what a deployment with `enforce_eager=True` runs;
-a default (compiled) deployment runs `forward_native` instead (`rlnorm.kit.backends.vllm_native`).
-
-What runs, decided once (`plan`), and said in `source`:
-- where vllm imports: the real `RMSNormGated(D, eps, group_size, norm_before_gate, dtype=w.dtype, activation)`,
-  built under a vLLM config, our weight swapped in, `.forward_cuda(x, z)`. On a machine without a GPU, as a new
-  user would get it running: CUDA_VISIBLE_DEVICES="" before the import (vLLM then keeps Triton with no active
-  driver, triton_utils/importing.py), the Triton interpreter, and vLLM's `num_compute_units` answered as its CPU
-  platform answers it (the platform vLLM detects there raises NotImplementedError);
-- where vllm is installed but does not import, or is not installed but its Python files are here
-  (`tools/vllm_sources.py`): `rmsnorm_fn` from vLLM's own files (`rlnorm.kit.backends.vllm_files`), called with
-  exactly the arguments forward_cuda passes (`rmsnorm_call`; tests/kit/test_vllm_files.py proves it against the
-  installed vLLM);
+forward_cuda is one call, `layernorm_guard.rmsnorm_fn(x, weight, bias, z=z, eps=..., group_size=...,
+norm_before_gate=..., activation=...)`, a Triton kernel (no autograd: vLLM is inference-only); it is what
+`enforce_eager=True` runs (a default, compiled deployment runs `forward_native`: `vllm_native`). What runs is
+decided once (`plan`) and said in `source`:
+- where vllm imports: the real `RMSNormGated`, built under a vLLM config, our weight swapped in, `.forward_cuda`.
+  Without a GPU, as a new user gets it running: CUDA_VISIBLE_DEVICES="" before the import (vLLM then keeps Triton),
+  the Triton interpreter, and `num_compute_units` answered as vLLM's CPU platform answers it;
+- where vllm does not import, or is not installed but its files are here: `rmsnorm_fn` from vLLM's own files
+  (`vllm_files`), called with the arguments forward_cuda passes (`rmsnorm_call`);
 - else nothing, and `available` says why.
-
-The first import happens in a CHILD process (`python -m rlnorm.kit.backends.vllm --probe DEVICE`), which also runs
-forward_cuda on a tiny input: an import that fails, crashes or hangs is reported, and vLLM's import-time patches of
-torch (`env_override.py`: torch._inductor, TORCHINDUCTOR_COMPILE_THREADS) stay out of the kit's process until vLLM
-is known to run. The reason quotes the error vLLM itself raised.
+The first import happens in a CHILD process (`--probe DEVICE`), which also runs forward_cuda on a tiny input: an
+import that fails, crashes or hangs is reported with vLLM's own error, and vLLM's import-time patches of torch stay
+out of the kit's process until vLLM is known to run.
 """
 
 from __future__ import annotations
@@ -40,24 +32,13 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, describe_error
+from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs
 from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.process import run_child
 from rlnorm.options import OpOptions
 
-__all__ = [
-    "INSTALL_HINT",
-    "VllmBackend",
-    "answer_compute_units",
-    "prepare_import",
-    "probe",
-    "reason_from_probe",
-    "rmsnorm_call",
-    "run_probe",
-    "torch_pin_reason",
-    "torch_requirement",
-    "vllm_version",
-]
+__all__ = ["INSTALL_HINT", "VllmBackend", "answer_compute_units", "prepare_import", "probe", "reason_from_probe"]
+__all__ += ["rmsnorm_call", "run_probe", "torch_pin_reason", "torch_requirement", "vllm_version"]
 
 DIST = "vllm"
 INSTALL_HINT = (
@@ -100,15 +81,15 @@ def torch_pin_reason(torch_version: str, requirement: str | None, vllm_ver: str 
     spec = requirement[len("torch") :]
     if not spec:
         return None
-    try:
-        from packaging.specifiers import SpecifierSet
-        from packaging.version import Version
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
 
-        ok = Version(torch_version) in SpecifierSet(spec)
-    except Exception:  # no `packaging`, or an odd version string: compare the release by hand
-        ok = not spec.startswith("==") or torch_version.split("+")[0] == spec[2:]
-    if ok:
-        return None
+    try:
+        if Version(torch_version) in SpecifierSet(spec):
+            return None
+    except InvalidVersion:  # an odd version string: compare the release by hand
+        if not spec.startswith("==") or torch_version.split("+")[0] == spec[2:]:
+            return None
     return (
         f"vLLM {vllm_ver} pins {requirement} but torch {torch_version} is installed (vLLM's compiled "
         "extensions are built against the pinned torch)"
@@ -127,24 +108,17 @@ def _device_type(device: str) -> str:
         return str(device)
 
 
-def default_device() -> str:
-    """The device a run on this machine uses by default (params' `device: auto`)."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 # -- getting vLLM's own forward_cuda to run ---------------------------------------------------------------------
 def prepare_import(device: str) -> None:
-    """Before the first `import vllm`: with no GPU here and a CPU device, CUDA_VISIBLE_DEVICES="" (vLLM then keeps
-    Triton although no driver is active, triton_utils/importing.py). Changes nothing for any other code: this
-    machine has no GPU for torch to hide. After vllm is imported it is too late, and nothing is done."""
+    """Before the first `import vllm`, with no GPU and a CPU device: CUDA_VISIBLE_DEVICES="" (vLLM then keeps
+    Triton although no driver is active, triton_utils/importing.py); there is no GPU for it to hide."""
     if "vllm" not in sys.modules and _device_type(device) == "cpu" and not torch.cuda.is_available():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def answer_compute_units() -> int | None:
-    """Where vLLM's platform cannot say how many compute units the device has (the platform vLLM detects on a
-    machine without a GPU raises NotImplementedError), answer as vLLM's CPU platform does (torch's thread count).
-    Returns the answer given, or None where vLLM answers itself."""
+    """Where vLLM's platform cannot count the device's compute units (NotImplementedError without a GPU), answer as
+    its CPU platform does (torch's thread count). Returns the answer given, or None where vLLM answers itself."""
     from vllm.platforms import current_platform
 
     try:
@@ -157,16 +131,7 @@ def answer_compute_units() -> int | None:
 
 def rmsnorm_call(rmsnorm_fn: Any, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
     """The call `RMSNormGated.forward_cuda(x, z)` makes, for a module with weight w built with opts (bias None)."""
-    return rmsnorm_fn(
-        x,
-        w,
-        None,
-        z=z,
-        eps=opts.eps,
-        group_size=opts.group_size,
-        norm_before_gate=opts.norm_before_gate,
-        activation=opts.activation,
-    )
+    return rmsnorm_fn(x, w, None, z=z, **opts.as_dict())
 
 
 def build_module(d: int, w: Tensor, opts: OpOptions) -> Any:
@@ -175,25 +140,14 @@ def build_module(d: int, w: Tensor, opts: OpOptions) -> Any:
     from vllm.model_executor.layers.layernorm import RMSNormGated
 
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=w.device.type))):
-        return RMSNormGated(
-            d,
-            eps=opts.eps,
-            group_size=opts.group_size,
-            norm_before_gate=opts.norm_before_gate,
-            device=w.device,
-            dtype=w.dtype,
-            activation=opts.activation,
-        )
+        return RMSNormGated(d, **opts.as_dict(), device=w.device, dtype=w.dtype)
 
 
 def probe(device: str) -> dict[str, Any]:
-    """Run in the child: import vllm as the backend does, build RMSNormGated, call forward_cuda on a tiny input.
-
-    Returns facts only (stage reached, vLLM's Triton decision, the error's last line); the parent turns them into a
-    reason with `reason_from_probe`.
-    """
+    """In the child: import vllm as the backend does, build RMSNormGated, call forward_cuda on a tiny input.
+    Returns facts (stage reached, vLLM's Triton decision, the error's last line) for `reason_from_probe`."""
     prepare_import(device)
-    out: dict[str, Any] = {"device": device, "stage": "import", "error": None}
+    out: dict[str, Any] = {"device": device, "stage": "import", "error": None, "active_drivers": None}
     out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     out["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
     out["torch_cuda_available"] = torch.cuda.is_available()
@@ -203,52 +157,42 @@ def probe(device: str) -> dict[str, Any]:
         from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
         from vllm.triton_utils import triton as vllm_triton
-    except BaseException as exc:
-        out["error"] = _last_line(exc)
-        return out
-    out["vllm_version"] = getattr(vllm, "__version__", None)
-    out["platform"] = type(current_platform).__name__
-    out["has_triton"] = bool(HAS_TRITON)
-    out["triton_placeholder"] = type(vllm_triton).__name__ == "TritonPlaceholder"
-    out["triton_installed"] = importlib.util.find_spec("triton") is not None
-    out["active_drivers"] = None
-    if out["triton_installed"]:
-        try:  # the same count vllm/triton_utils/importing.py makes (the cpu backend excluded)
-            from triton.backends import backends
 
-            out["active_drivers"] = [
-                name for name, b in backends.items() if name != "cpu" and b.driver and b.driver.is_active()
-            ]
-        except Exception as exc:
-            out["active_drivers_error"] = _last_line(exc)
-    if _device_type(device) == "cpu":
-        out["compute_units_answered"] = answer_compute_units()
-    out["stage"] = "construct"
-    try:
+        out["vllm_version"] = getattr(vllm, "__version__", None)
+        out["platform"] = type(current_platform).__name__
+        out["has_triton"] = bool(HAS_TRITON)
+        out["triton_placeholder"] = type(vllm_triton).__name__ == "TritonPlaceholder"
+        out["triton_installed"] = importlib.util.find_spec("triton") is not None
+        if out["triton_installed"]:
+            try:  # the same count vllm/triton_utils/importing.py makes (the cpu backend excluded)
+                from triton.backends import backends
+
+                active = [name for name, b in backends.items() if name != "cpu" and b.driver and b.driver.is_active()]
+                out["active_drivers"] = active
+            except Exception as exc:
+                out["active_drivers_error"] = _last_line(exc)
+        if _device_type(device) == "cpu":
+            out["compute_units_answered"] = answer_compute_units()
+        out["stage"] = "construct"
         case = make_case(3, 128, seed=0, device=device)
         mod = build_module(128, case.w, OpOptions())
         out["module"] = f"{type(mod).__module__}.{type(mod).__qualname__}"
-    except BaseException as exc:
-        out["error"] = _last_line(exc)
-        return out
-    out["stage"] = "forward_cuda"
-    try:
+        out["stage"] = "forward_cuda"
         mod.weight = torch.nn.Parameter(case.w, requires_grad=False)
         with torch.no_grad():
             y = mod.forward_cuda(case.x, case.z)
         if _device_type(device) == "cuda":
             torch.cuda.synchronize()
         out["output_shape"] = list(y.shape)
+        out["stage"] = "ok"
     except BaseException as exc:
         out["error"] = _last_line(exc)
-        return out
-    out["stage"] = "ok"
     return out
 
 
 def run_probe(device: str, timeout_s: float = _PROBE_TIMEOUT_S, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`probe(device)` in a child process; a crash, hang or unreadable answer is described, never raised.
-    `env` is laid over the child's environment (what it puts on PYTHONPATH goes first: tests plant a vllm there)."""
+    `env` is laid over the child's environment (tests plant a vllm on its PYTHONPATH)."""
     ended = run_child(
         [sys.executable, "-m", "rlnorm.kit.backends.vllm", "--probe", device], timeout_s, env=env, stdout=True
     )
@@ -257,13 +201,9 @@ def run_probe(device: str, timeout_s: float = _PROBE_TIMEOUT_S, env: dict[str, s
     for line in reversed(ended.stdout.splitlines()):
         if line.startswith(_PROBE_MARK):
             return json.loads(line[len(_PROBE_MARK) :])
-    tail = [ln for ln in ended.stderr_tail.strip().splitlines() if ln.strip()]
-    last = tail[-1][:500] if tail else "(no stderr)"
-    return {
-        "device": device,
-        "stage": "child",
-        "error": f"the probe child {ended.cause} before answering; last line: {last}",
-    }
+    last = ([ln for ln in ended.stderr_tail.splitlines() if ln.strip()] or ["(no stderr)"])[-1][:500]
+    error = f"the probe child {ended.cause} before answering; last line: {last}"
+    return {"device": device, "stage": "child", "error": error}
 
 
 def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
@@ -312,7 +252,6 @@ class Plan:
     source: str
     reason: str = ""  # mode "none": why nothing can run
     files: vf.VllmFiles | None = None
-    device: str = ""  # the device the deciding probe ran on
 
 
 class VllmBackend(Backend):
@@ -323,7 +262,7 @@ class VllmBackend(Backend):
 
     def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
         """files: run `rmsnorm_fn` from these vLLM files (a folder holding vllm/, or tools/vllm_sources.py's
-        archive) whether or not vllm imports; default: the imported vllm where it imports."""
+        archive) even where vllm imports."""
         super().__init__()
         self.version = vllm_version()
         self.files_given = files
@@ -348,16 +287,16 @@ class VllmBackend(Backend):
 
     def _decide(self) -> Plan:
         if self.files_given is not None:
-            return self._files_plan(*_find_files(self.files_given), why="the files were given")
+            return self._files_plan(*vf.find_files(self.files_given), why="the files were given")
         if self.version is None:
-            return self._files_plan(*_find_files(None), why="vllm is not installed here")
-        device = default_device()
+            return self._files_plan(*vf.find_files(None), why="vllm is not installed here")
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # what `device: auto` picks
         p = self._probe_child(device)
         if p.get("stage") in ("import", "child"):
             why = f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}"
             pin = torch_pin_reason(torch.__version__, torch_requirement(), self.version)
-            return self._files_plan(*_find_files(None), why=why + (f" ({pin})" if pin else ""))
-        return Plan("imported", self._imported_source(p), device=device)
+            return self._files_plan(*vf.find_files(None), why=why + (f" ({pin})" if pin else ""))
+        return Plan("imported", self._imported_source(p))
 
     def _imported_source(self, p: dict[str, Any]) -> str:
         text = f"vLLM {self.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported"
@@ -399,27 +338,13 @@ class VllmBackend(Backend):
         if plan.mode == "imported":
             reason = reason_from_probe(self._probe_child(device), self.version)
             return (False, reason) if reason else (True, "")
-        try:  # files: nothing is imported, so the tiny run happens here
-            case = make_case(self.probe_rows, self.probe_width, seed=0, device=device)
-            y = self._run_files(case.x, case.z, case.w, OpOptions())
-            if _device_type(device) == "cuda":
-                torch.cuda.synchronize()
-        except Exception as exc:
-            origin = plan.files.origin if plan.files is not None else "?"
-            return False, f"vLLM's rmsnorm_fn from its files ({origin}) fails on {device}: {describe_error(exc)}"
-        if tuple(y.shape) != tuple(case.x.shape):
-            return False, f"probe output has shape {tuple(y.shape)}, expected {tuple(case.x.shape)}"
-        return True, ""
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        # vLLM 0.30.0 RMSNormGated takes group_size, norm_before_gate and activation in
-        # {"swish", "silu", "sigmoid"} (layernorm_fwd_kernel's ACTIVATION branches): every
-        # OpOptions value maps onto it; group_size must divide D, checked per call.
-        return True, ""
+        # files: nothing is imported, so the tiny run happens here
+        origin = plan.files.origin if plan.files is not None else "?"
+        what = f"vLLM's rmsnorm_fn from its files ({origin})"
+        return self._tiny_run(device, lambda x, z, w, dy: self._run_files(x, z, w, OpOptions()), what)
 
     def _probed_name(self, device: torch.device) -> str:
-        """The device name already probed that means this tensor's device ("cuda" for cuda:0), so a
-        run that probed "cuda" does not pay a second probe for tensors on "cuda:0"."""
+        """The device name already probed that means this tensor's device ("cuda" for cuda:0): one probe, not two."""
         name = str(device)
         cache = self.__dict__.get("_available_cache", {})
         if name not in cache and device.type == "cuda" and device.index in (None, 0):
@@ -433,12 +358,7 @@ class VllmBackend(Backend):
         ok, why = self.available(self._probed_name(x.device))
         if not ok:
             raise BackendUnavailable(f"{self.key}: {why}")
-        if x.dim() < 1 or w.dim() != 1 or w.shape[0] != x.shape[-1]:
-            raise ValueError(f"w: expected shape [{x.shape[-1] if x.dim() else '?'}], got {tuple(w.shape)}")
-        if z is not None and z.shape != x.shape:
-            raise ValueError(f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
-        opts.check_width(x.shape[-1])
-        if x.numel() == 0:  # no rows: nothing to compute, vLLM is not called
+        if not check_inputs(x, z, w, opts):  # no rows: vLLM is not called
             return torch.empty_like(x)
         if self.plan().mode == "files":
             return self._run_files(x, z, w, opts)
@@ -476,13 +396,6 @@ class VllmBackend(Backend):
         return f"<VllmBackend key={self.key!r} source={decided!r}>"
 
 
-def _find_files(given: str | Path | None) -> tuple[vf.VllmFiles | None, str]:
-    try:
-        return vf.find_files(given)
-    except Exception as exc:  # an archive that does not unpack: a reason, never a failed load
-        return None, f"vLLM's files do not load: {describe_error(exc)}"
-
-
 # what a deployment runs, and what VLLM_BATCH_INVARIANT does to it (docs/vllm.md)
 _PATH_NOTE = "; what enforce_eager=True runs; unchanged by VLLM_BATCH_INVARIANT=1"
 
@@ -492,7 +405,6 @@ def _main(argv: list[str]) -> int:
         print("usage: python -m rlnorm.kit.backends.vllm --probe DEVICE", file=sys.stderr)
         return 2
     result = probe(argv[1])
-    sys.stdout.flush()
     print(_PROBE_MARK + json.dumps(result), flush=True)
     return 0
 

@@ -1,21 +1,10 @@
 """vLLM's own Python files, run where `import vllm` cannot (docs/vllm.md, "Where vLLM cannot import").
 
-vLLM's wheel ships compiled extensions built against one torch (0.30.0: torch 2.13); on a machine
-with another torch, or without the wheel at all, `import vllm` fails. The ops this kit checks are
-pure Python and Triton, so they can still run from vLLM's own files, read where they lie (the
-installed package, or a copy of its Python files that `tools/vllm_sources.py` packs):
-
-- `load_layernorm_guard` executes `third_party/flash_linear_attention/ops/layernorm_guard.py` and the
-  vLLM modules it imports, unchanged, from those files; only the runtime helpers they import are
-  stood in (`STOOD_IN`): `vllm.triton_utils` (Triton itself), and `vllm.platforms` /
-  `vllm.utils.platform_utils` (the device's compute units, answered as vLLM's CUDA and CPU
-  platforms answer them).
-- `read_function` executes one function of a vLLM file (`RMSNormGated.forward_static`,
-  `batch_invariant.mean_batch_invariant`) from its own source lines, in a namespace that names
-  what it uses.
-
-Nothing is copied into this repository, and nothing is left in `sys.modules`: the `vllm.*` names exist
-only while the files execute, so a real `import vllm` later in the process is unaffected.
+vLLM's wheel ships extensions built against one torch, so with another torch (or no wheel) `import vllm` fails;
+the ops this kit checks are Python and Triton, and run from vLLM's files (the installed package, or the copy
+`tools/vllm_sources.py` packs). `load_layernorm_guard` executes layernorm_guard.py and the vLLM modules it imports,
+unchanged, with only the runtime helpers in `STOOD_IN` stood in; `read_function` executes one function of a file.
+The `vllm.*` names exist only while the files execute: a real `import vllm` later is unaffected.
 """
 
 from __future__ import annotations
@@ -42,22 +31,13 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "DEFAULT_ARCHIVE",
-    "NEEDED",
-    "SOURCES_ENV",
-    "STOOD_IN",
-    "VllmFiles",
-    "compute_units",
-    "find_files",
-    "installed_root",
-    "load_layernorm_guard",
-    "read_function",
-    "unpack",
-]
+from rlnorm.timing import describe_error
+
+__all__ = ["DEFAULT_ARCHIVE", "NEEDED", "SOURCES_ENV", "STOOD_IN", "VllmFiles", "compute_units", "find_files"]
+__all__ += ["installed_root", "load_layernorm_guard", "read_function", "unpack"]
 
 SOURCES_ENV = "RLNORM_VLLM_SOURCES"
-# where tools/vllm_sources.py writes the archive: git-ignored, and carried to a GPU machine with the wheels
+# where tools/vllm_sources.py writes the archive (git-ignored)
 DEFAULT_ARCHIVE = Path(__file__).resolve().parents[3] / ".whl" / "vllm-src.tar.gz"
 
 LAYERNORM_GUARD = "vllm/third_party/flash_linear_attention/ops/layernorm_guard.py"
@@ -148,28 +128,30 @@ def installed_root() -> Path | None:
 
 
 def find_files(explicit: str | Path | None = None) -> tuple[VllmFiles | None, str]:
-    """vLLM's files, looked for in this order, and where they were looked for (for a reason).
+    """vLLM's files, and where they were looked for (the reason when none are found), in this order:
 
     1. `explicit`, else $RLNORM_VLLM_SOURCES: a folder holding `vllm/`, or an archive from tools/vllm_sources.py;
     2. the installed vllm package (found without importing it);
     3. the archive at `.whl/vllm-src.tar.gz` in this checkout.
     """
     given = explicit if explicit is not None else os.environ.get(SOURCES_ENV) or None
-    if given is not None:
-        path = Path(given)
-        if not path.exists():
-            return None, f"{SOURCES_ENV}={given} does not exist"
-        files = _from_path(path, f"{path} ({SOURCES_ENV})" if explicit is None else str(path))
-        return files, ""
-    root = installed_root()
-    if root is not None:
-        try:
-            version: str | None = importlib.metadata.version("vllm")
-        except importlib.metadata.PackageNotFoundError:
-            version = _metadata_version(root)
-        return VllmFiles(root=root, origin=f"the installed package ({root / 'vllm'})", version=version), ""
-    if DEFAULT_ARCHIVE.is_file():
-        return _from_path(DEFAULT_ARCHIVE, ".whl/vllm-src.tar.gz"), ""
+    try:
+        if given is not None:
+            path = Path(given)
+            if not path.exists():
+                return None, f"{SOURCES_ENV}={given} does not exist"
+            return _from_path(path, f"{path} ({SOURCES_ENV})" if explicit is None else str(path)), ""
+        root = installed_root()
+        if root is not None:
+            try:
+                version: str | None = importlib.metadata.version("vllm")
+            except importlib.metadata.PackageNotFoundError:
+                version = _metadata_version(root)
+            return VllmFiles(root=root, origin=f"the installed package ({root / 'vllm'})", version=version), ""
+        if DEFAULT_ARCHIVE.is_file():
+            return _from_path(DEFAULT_ARCHIVE, ".whl/vllm-src.tar.gz"), ""
+    except Exception as exc:  # an archive that does not unpack: a reason, never a failed load
+        return None, f"vLLM's files do not load: {describe_error(exc)}"
     return None, f"{SOURCES_ENV} is unset, vllm is not installed, and .whl/vllm-src.tar.gz does not exist"
 
 
@@ -182,20 +164,6 @@ def compute_units(device_id: int | None = None) -> int:
     return torch.get_num_threads()
 
 
-class _Platform:
-    """The part of vLLM's current_platform that layernorm_guard's imports use."""
-
-    device_type = "cuda" if torch.cuda.is_available() else "cpu"
-
-    @staticmethod
-    def is_cuda_alike() -> bool:
-        return torch.cuda.is_available()
-
-    @staticmethod
-    def num_compute_units(device_id: int = 0) -> int:
-        return compute_units(device_id)
-
-
 def _stand_ins() -> dict[str, types.ModuleType]:
     import triton
     import triton.language as tl
@@ -203,7 +171,12 @@ def _stand_ins() -> dict[str, types.ModuleType]:
     triton_utils = types.ModuleType("vllm.triton_utils")
     triton_utils.__dict__.update(HAS_TRITON=True, triton=triton, tl=tl)
     platforms = types.ModuleType("vllm.platforms")
-    platforms.__dict__.update(current_platform=_Platform())
+    platform = types.SimpleNamespace(  # the part of vLLM's current_platform that layernorm_guard's imports use
+        device_type="cuda" if torch.cuda.is_available() else "cpu",
+        is_cuda_alike=torch.cuda.is_available,
+        num_compute_units=lambda device_id=0: compute_units(device_id),
+    )
+    platforms.__dict__.update(current_platform=platform)
     platform_utils = types.ModuleType("vllm.utils.platform_utils")
     platform_utils.__dict__.update(num_compute_units=functools.cache(compute_units))
     return {"vllm.triton_utils": triton_utils, "vllm.platforms": platforms, "vllm.utils.platform_utils": platform_utils}
@@ -288,10 +261,9 @@ def _global_reads(code: types.CodeType) -> set[str]:
 def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Callable[..., Any]:
     """`qualname` ("f" or "Class.method") from the file at `path`, executed from its own lines in `namespace`.
 
-    A method's @staticmethod is dropped (the function is what runs); a module-level function keeps its
-    decorators (@triton.jit), evaluated in `namespace`. The code keeps the file's name and line numbers, so
-    tracebacks, `inspect.getsource` and Triton's JIT read vLLM's file. Raises NameError naming any global the
-    function reads that `namespace` lacks, instead of failing on first use.
+    A method's @staticmethod is dropped; a module-level function keeps its decorators (@triton.jit). The code keeps
+    the file's name and line numbers (tracebacks, `inspect.getsource` and Triton's JIT read vLLM's file). Raises
+    NameError naming any global the function reads that `namespace` lacks.
     """
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     node = _find_def(tree, qualname)

@@ -1,26 +1,19 @@
 """vLLM's `RMSNormGated.forward_native` as vLLM runs it: eager, compiled by Inductor, and under VLLM_BATCH_INVARIANT=1.
 
-`forward_native` is one call, `forward_static(x, z, self.weight, self.eps, x.dtype, group_size=...,
-norm_before_gate=..., activation=...)` (fp32 PyTorch), and `forward_static` needs nothing of vLLM but torch.
-These rows run that function from vLLM's own file (`vllm/model_executor/layers/layernorm.py`, read by
-`rlnorm.kit.backends.vllm_files.read_function`) without importing vllm, so they run the same way on a machine where
-vllm imports and on one where it cannot. `tests/kit/test_vllm_native.py` proves against the installed vLLM that
-forward_native makes exactly this call and that the rows give its bits.
+forward_native is one call, `forward_static(x, z, weight, eps, x.dtype, group_size=..., norm_before_gate=...,
+activation=...)` (fp32 PyTorch, nothing of vLLM but torch). These rows run that function from vLLM's own file
+(`vllm_files.read_function`) without importing vllm, the same way wherever vllm imports or not;
+tests/kit/test_vllm_native.py proves against the installed vLLM that they give forward_native's bits.
 
-- `vllm_native`: the eager call (what vLLM's CPU platform runs, and any deployment with the op disabled and no
-  compilation).
-- `vllm_native_compiled`: what a default vLLM deployment runs. With Inductor, vLLM disables every custom op
-  (`custom_ops` gets "none", config/vllm.py), so `RMSNormGated.forward` is `forward_native`, traced into the model's
-  graph. vLLM compiles that graph with `torch.compile(fullgraph=True, dynamic=False)`, the token dimension marked
-  dynamic (backed), once, at its profile run's size, then drops every guard (compilation/wrapper.py:
-  `skip_all_guards_unsafe`), so that one graph serves every batch size; its Inductor options are
-  `vllm_inductor_options`. Here the op is compiled alone: in a model, Inductor may fuse it with neighbouring ops.
-- `vllm_native_batch_invariant`: the eager call with what VLLM_BATCH_INVARIANT=1 changes for this op.
-  `enable_batch_invariant_mode()` (model_executor/determinism/batch_invariant.py) registers vLLM's Triton
-  `mean_batch_invariant` as `aten::mean.dim` on the device's dispatch key, and forward_static's
-  `x.pow(2).mean(-1)` dispatches to it. The override is registered around each call and removed after, so no
-  other code in the process sees it. It changes nothing else here: forward_cuda's kernel makes no aten call, and
-  Inductor generates its own reduction instead of calling aten's mean.
+- `vllm_native`: the eager call (vLLM's CPU platform; a deployment with the op disabled and no compilation).
+- `vllm_native_compiled`: a default deployment. With Inductor, vLLM disables custom ops, so `forward_native` is
+  traced into the model's graph, compiled with `torch.compile(fullgraph=True, dynamic=False)` once at its profile
+  run's size, the token dimension marked dynamic, every guard dropped (compilation/wrapper.py), so one graph
+  serves every batch size; Inductor options `vllm_inductor_options`. Compiled alone here, not fused with neighbours.
+- `vllm_native_batch_invariant`: the eager call with VLLM_BATCH_INVARIANT=1's change for this op: vLLM's Triton
+  `mean_batch_invariant` registered as `aten::mean.dim` (determinism/batch_invariant.py), which forward_static's
+  `x.pow(2).mean(-1)` dispatches to; registered around each call only. forward_cuda's kernel makes no aten call
+  and Inductor generates its own reduction, so nothing else changes.
 """
 
 from __future__ import annotations
@@ -38,23 +31,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, describe_error
+from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error
 from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.backends.vllm import INSTALL_HINT
 from rlnorm.options import OpOptions
 
-__all__ = [
-    "COMPILE_ROWS",
-    "VllmNativeBackend",
-    "VllmNativeBatchInvariantBackend",
-    "VllmNativeCompiledBackend",
-    "native_call",
-    "vllm_inductor_options",
-]
+__all__ = ["COMPILE_ROWS", "VllmNativeBackend", "VllmNativeBatchInvariantBackend", "VllmNativeCompiledBackend"]
+__all__ += ["native_call", "vllm_inductor_options"]
 
-# The row count the compiled graph is traced and tuned at, as vLLM's profile run traces it: vLLM's offline
-# max_num_batched_tokens on an H200 (16384, engine/arg_utils.py) x Qwen3-Next-80B's 32 value heads over tensor
-# parallel 2, the rows that reach the norm (GDN's _output_projection reshapes [tokens, heads, 128] to rows).
+# The rows vLLM's profile run traces the graph at: offline max_num_batched_tokens on an H200 (16384) x
+# Qwen3-Next-80B's 32 value heads over tensor parallel 2 (the norm sees one row per token and head).
 COMPILE_ROWS = 16384 * 16
 _CODE_IDS = itertools.count()
 
@@ -63,16 +49,8 @@ def native_call(
     forward_static: Callable[..., Tensor], x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions
 ) -> Tensor:
     """The call `RMSNormGated.forward_native(x, z)` makes, for a module with weight w built with opts."""
-    return forward_static(
-        x,
-        z,
-        w,
-        opts.eps,
-        x.dtype,
-        group_size=opts.group_size,
-        norm_before_gate=opts.norm_before_gate,
-        activation=opts.activation,
-    )
+    kwargs = opts.as_dict()
+    return forward_static(x, z, w, kwargs.pop("eps"), x.dtype, **kwargs)
 
 
 def _torch_at_least(target: str) -> bool:
@@ -82,9 +60,7 @@ def _torch_at_least(target: str) -> bool:
 
 
 def vllm_inductor_options(device_type: str) -> dict[str, Any]:
-    """The Inductor options a default vLLM 0.30 config gives (config/compilation.py, CompilationConfig's post-init),
-    for a platform whose device is `device_type`: functionalisation v1 for its passes; on torch < 2.12 no runtime
-    asserts (unless VLLM_LOGGING_LEVEL=DEBUG); on torch >= 2.9 and not a CPU, combo kernels."""
+    """The Inductor options a default vLLM 0.30 config gives on `device_type` (CompilationConfig's post-init)."""
     opts: dict[str, Any] = {"enable_auto_functionalized_v2": False}
     if not _torch_at_least("2.12.0.dev"):
         debug = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() == "DEBUG"
@@ -101,24 +77,19 @@ def _skip_all_guards() -> Callable[[list[Any]], list[bool]]:
 
 
 class _FromVllmFiles(Backend):
-    """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only)."""
+    """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only, so
+    `forward_backward` raises BackendUnavailable)."""
 
     has_backward = False
     what = ""  # the path, for the source string
 
     def __init__(self, files: str | Path | None = None) -> None:
         super().__init__()
-        try:
-            self.files, self._where = vf.find_files(files)
-        except Exception as exc:  # an archive that does not unpack: say so when asked, never at load
-            self.files, self._where = None, f"vLLM's files do not load: {describe_error(exc)}"
+        self.files, self._where = vf.find_files(files)
         self.version = self.files.version if self.files is not None else None
         self._static: Callable[..., Tensor] | None = None
-        self.source = self._describe()
-
-    def _describe(self) -> str:
         where = self.files.origin if self.files is not None else "(vLLM's files not found)"
-        return f"vLLM {self.version or '?'} {self.what}; forward_static read from {where}, vllm not imported"
+        self.source = f"vLLM {self.version or '?'} {self.what}; forward_static read from {where}, vllm not imported"
 
     def _import_reason(self) -> str | None:
         if self.files is None:
@@ -141,26 +112,14 @@ class _FromVllmFiles(Backend):
     def _extra(self) -> None:
         """Whatever else the row reads from vLLM's files (checked by the probe)."""
 
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        # forward_static takes group_size (einops), norm_before_gate and activation in {silu, swish, sigmoid}
-        return True, ""
-
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if w.dim() != 1 or x.dim() < 1 or w.shape[0] != x.shape[-1]:
-            raise ValueError(f"w: expected shape [{x.shape[-1] if x.dim() else '?'}], got {tuple(w.shape)}")
-        if z is not None and z.shape != x.shape:
-            raise ValueError(f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
-        opts.check_width(x.shape[-1])
-        if x.numel() == 0:
+        if not check_inputs(x, z, w, opts):
             return torch.empty_like(x)
         with torch.no_grad():
             return self._run(x, z, w, opts)
 
     def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         return native_call(self._forward_static(), x, z, w, opts)
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        raise BackendUnavailable(f"{self.key}: no backward (vLLM is inference-only; forward_native has none)")
 
 
 class VllmNativeBackend(_FromVllmFiles):

@@ -1,25 +1,17 @@
 """Trainer against sampler: the same rows through the norm as transformers calls it and as vLLM calls it, bitwise.
 
-RL trains on what the sampler generated, so for one token the trainer (transformers, with FSDP- or Megatron-style
-batches) and the sampler (vLLM, in prefill chunks and decode steps) must compute the same bits. The check builds a
-Qwen3-Next config of width d (`rlnorm.integrations.qwen3_next.tiny_config`; no weights are downloaded), one
-weight, and the norm of its Gated DeltaNet layer as each side builds it:
+RL trains on what the sampler generated, so the trainer (transformers) and the sampler (vLLM, in prefill chunks and
+decode steps) must compute the same bits for a token. From one Qwen3-Next config (`tiny_config`, no weights
+downloaded) and one weight, two pairs are built: the patched pair (transformers' norm swapped by
+`apply_rlnorm_to_qwen3_next`, called as a training step calls it; vLLM's `RMSNormGated` with rlnorm's layer
+registered, as `RLNORM_VLLM=1` does, called as an engine calls it: a prefill, then decode steps of `heads` rows),
+and the unpatched pair for contrast. Each reports the rows and elements that differ and the largest ulp distance;
+`agree` is the patched pair's bitwise equality. Row r of x is scaled by 2^-(r mod 16), exactly, so mean squares
+reach far below eps, where an eps taken from a default shows.
 
-- patched pair: transformers' norm swapped by `apply_rlnorm_to_qwen3_next`, called as a training step calls it
-  (every row in one call, inputs requiring grad); vLLM's `RMSNormGated` built with rlnorm's layer registered (what
-  `RLNORM_VLLM=1` does), called as an engine calls it (a prefill of the leading rows, then decode steps of one
-  token, `heads` rows, each), through the method vLLM's dispatch chose;
-- unpatched pair, for contrast: transformers' own `Qwen3NextRMSNormGated` against vLLM's own layer, called the
-  same ways.
-
-Each pair reports the rows and elements whose output differs and the largest distance in ulps; `agree` is the
-patched pair's bitwise equality. Row r of x is scaled by 2^-(r mod 16), an exact scaling, so rows reach from
-mean squares far above eps to far below it, where an eps that one side took from a default shows.
-
-Where vLLM cannot be imported (the H200 image pins another torch), the patched sampler is the operator rlnorm's vLLM
-layer calls (`torch.ops.rlnorm.rms_norm_gated` with the arguments that layer passes), labelled so, and the unpatched
-pair is skipped with the reason. `main` runs the check in a process of its own (`rlnorm.kit.steps`): importing
-vLLM patches torch's compiler for the rest of a process.
+Where vLLM cannot be imported, the patched sampler is the operator rlnorm's vLLM layer calls, labelled so, and the
+unpatched pair is skipped with the reason. `main` runs in a process of its own: importing vLLM patches torch's
+compiler for the rest of a process.
 """
 
 from __future__ import annotations
@@ -40,18 +32,10 @@ from rlnorm.kit.checks.common import bits, check_int
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
-# rlnorm.integrations and rlnorm.kit.backends.vllm are imported inside the functions that need them: they bring in
-# transformers and vLLM, which every other check's process would otherwise pay for.
+# rlnorm.integrations and the vllm backend are imported where used: they bring in transformers and vLLM
 
-__all__ = [
-    "QWEN3_NEXT_OPTIONS",
-    "compare_outputs",
-    "main",
-    "row_scales",
-    "sampler_plan",
-    "trainer_vs_sampler",
-    "vllm_unavailable_reason",
-]
+__all__ = ["QWEN3_NEXT_OPTIONS", "compare_outputs", "main", "row_scales", "sampler_plan", "trainer_vs_sampler"]
+__all__ += ["vllm_unavailable_reason"]
 
 # what Qwen3-Next's gated norm is: whole rows, the norm before a silu gate (eps is the config's)
 QWEN3_NEXT_OPTIONS = {"group_size": None, "norm_before_gate": True, "activation": "silu"}
@@ -198,33 +182,16 @@ def trainer_vs_sampler(
     decode_tokens: int = 8,
     opts: OpOptions | None = None,
 ) -> SamplerCheck:
-    """Run the same `rows` rows (make_case(rows, d, seed), x scaled per row) through both pairs; see the module.
-
-    opts: the run's op options; anything but Qwen3-Next's norm (whole rows, norm before a silu gate) is skipped
-    with the reason, since the trainer's module is Qwen3-Next's. eps is the config's rms_norm_eps.
-    """
-    check_int("rows", rows, 1)
-    check_int("d", d, 1)
-    check_int("heads", heads, 1)
-    check_int("decode_tokens", decode_tokens, 0)
+    """The same `rows` rows (make_case, x scaled per row) through both pairs; eps is the config's rms_norm_eps.
+    Options other than Qwen3-Next's norm (`QWEN3_NEXT_OPTIONS`) are skipped with the reason."""
+    limits = {"rows": (rows, 1), "d": (d, 1), "heads": (heads, 1), "decode_tokens": (decode_tokens, 0)}
+    for name, (n, least) in limits.items():
+        check_int(name, n, least)
     wdt = weight_dtype or dtype
     plan = sampler_plan(rows, heads, decode_tokens)
-    summary: dict[str, Any] = {
-        "rows": rows,
-        "d": d,
-        "heads": heads,
-        "seed": seed,
-        "eps": eps,
-        "dtype": str(dtype).removeprefix("torch."),
-        "weight_dtype": str(wdt).removeprefix("torch."),
-        "device": device,
-        "trainer_calls": [rows],
-        "sampler_calls": plan,
-        "vllm": None,
-        "vllm_reason": None,
-        "agree": None,
-        "pairs": {},
-    }
+    summary: dict[str, Any] = {"rows": rows, "d": d, "heads": heads, "seed": seed, "eps": eps, "device": device}
+    summary.update(dtype=str(dtype).removeprefix("torch."), weight_dtype=str(wdt).removeprefix("torch."))
+    summary.update(trainer_calls=[rows], sampler_calls=plan, vllm=None, vllm_reason=None, agree=None, pairs={})
     if opts is not None:
         other = {k: v for k, v in QWEN3_NEXT_OPTIONS.items() if getattr(opts, k) != v}
         if other:
