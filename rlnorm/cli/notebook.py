@@ -21,12 +21,6 @@ from typing import Any
 from rlnorm.checkout import CHECKOUT, PACKAGE_DIR
 from rlnorm.kit.worker import PLAIN_ENV
 
-__all__ = [
-    "execute",
-    "notebook_source",
-    "render_html",
-]
-
 # the page template: the lab page with nothing fetched from the network (see its own comment)
 TEMPLATES = PACKAGE_DIR / "cli" / "templates"
 PAGE_TEMPLATE = "rlnorm_page"

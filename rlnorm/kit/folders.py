@@ -16,8 +16,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["RunExists", "place", "staging_for", "write_atomic"]
-
 
 class RunExists(FileExistsError):
     """The run folder is there already and replacing it was not asked for."""

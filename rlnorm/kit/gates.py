@@ -1,8 +1,5 @@
-"""Contract gates (docs/spec.md §5): a forward and a gradient gate per backend, run in the backend's worker.
-
-The thing being gated may take its process down (a device assert, a segfault in a compiled extension) or never
-return: the worker (`rlnorm.kit.worker`) is already a process of its own with a time limit, so that is recorded as
-the backend's crash in check "contract_gates", with the gate's cell on the trail.
+"""Contract gates (docs/spec.md §5): a forward and a gradient gate per backend, run in the backend's worker, so a
+crash or a hang is the backend's crash in check "contract_gates", with the gate's cell on the trail.
 
 Workload (docs/spec.md §5 has the table of cells): 4 samples of 11, 16, 13 and 19 tokens, each token `heads` rows
 (token-major), processed in several arrangements (cells) of one or more calls. Forward gate: every token's output
@@ -16,13 +13,14 @@ from __future__ import annotations
 import re
 import traceback
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rlnorm.inputs import Case, make_case
 from rlnorm.kit.backends import Backend
+from rlnorm.kit.checks.common import Trail, bits
 from rlnorm.kit.records import dtype_name
 from rlnorm.kit.results import Gate
 from rlnorm.numerics import exact_sum
@@ -30,7 +28,6 @@ from rlnorm.options import OpOptions
 
 SAMPLE_TOKENS = (11, 16, 13, 19)
 CHUNK_TOKENS = 7
-GATES = ("forward", "gradient")
 TAIL_LINES = 20
 # a gate's returncode, as a gate child's exit status read: 0 ran to the end (the verdict is in its lines), 1 the
 # backend raised, 3 the backend cannot take the gate (no backward)
@@ -40,21 +37,6 @@ LINE_RE = re.compile(
     r"^(?P<kind>\w+) pair=\('(?P<a>[^']*)', '(?P<b>[^']*)'\) tensor=(?P<tensor>\w+) "
     r"max_abs=(?P<max_abs>\S+) passed=(?P<passed>True|False)$"
 )
-
-
-class Trail(Protocol):
-    """Where a crash happened: the checks' breadcrumb (`rlnorm.kit.checks.Trail`)."""
-
-    def case(self, check: str, case_spec: dict[str, Any], opts: OpOptions) -> None: ...
-    def batch(self, batch_spec: dict[str, Any]) -> None: ...
-
-
-class _NoTrail:
-    def case(self, check: str, case_spec: dict[str, Any], opts: OpOptions) -> None:
-        pass
-
-    def batch(self, batch_spec: dict[str, Any]) -> None:
-        pass
 
 
 # ----------------------------------------------------------------------------- workload
@@ -116,10 +98,7 @@ def _scatter(dst: Tensor, rows: list[int], values: Tensor) -> None:
 
 # ----------------------------------------------------------------------------- lines
 def _same_bits(a: Tensor, b: Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
 
 
 def _max_abs(a: Tensor, b: Tensor) -> float:
@@ -186,7 +165,7 @@ def forward_gate(
     trail: Trail | None = None,
 ) -> list[str]:
     """Every token's forward output bitwise equal across cells."""
-    b = _bench(backend, opts, device, heads, d, seed, trail or _NoTrail())
+    b = _bench(backend, opts, device, heads, d, seed, trail or Trail())
     lines: list[str] = []
     outs: dict[str, Tensor] = {}
     for cell in build_cells(seed):
@@ -210,7 +189,7 @@ def gradient_gate(
     trail: Trail | None = None,
 ) -> list[str]:
     """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
-    b = _bench(backend, opts, device, heads, d, seed, trail or _NoTrail())
+    b = _bench(backend, opts, device, heads, d, seed, trail or Trail())
     case = b.case
     lines: list[str] = []
     grads: dict[str, dict[str, Tensor]] = {}
@@ -234,28 +213,18 @@ def gradient_gate(
             lines.append(format_line("bitwise", "BN/full", cell.name, "dz", grads["BN/full"]["dz"], dz))
 
     full_dw = dweights["BN/full"]
-    # single-row runs, canonical order, each row a fresh contiguous tensor
-    singles = [
-        b.grads("B1-singleton", case.x[r : r + 1].clone(), case.z[r : r + 1].clone(), case.dy[r : r + 1].clone())
-        .dw.detach()
-        .to("cpu", torch.float32)
-        for r in range(case.x.shape[0])
-    ]
-    agg = exact_sum(torch.stack(singles), case.w.dtype)
-    pair_b = "B1-singleton_aggregate/full"
-    lines.append(format_line("singleton_aggregate", "BN/full", pair_b, "dweight", full_dw, agg.to(full_dw.dtype)))
-    # the same single rows again, in B1/chunked order, each a one-row view into its chunk
-    singles_chunked = []
+    # the backend's dweight against the exact sum of single-row dweights: each row a fresh contiguous tensor in
+    # canonical order, then each a one-row view into its chunk in B1/chunked order
+    fresh = [tuple(t[r : r + 1].clone() for t in (case.x, case.z, case.dy)) for r in range(case.x.shape[0])]
     b1_chunked = next(c for c in build_cells(seed) if c.name == "B1/chunked")
-    for tokens in b1_chunked.calls:
-        rows = _rows_of(tokens, heads)
-        xc, zc, dyc = _gather(case.x, rows), _gather(case.z, rows), _gather(case.dy, rows)
-        for i in range(len(rows)):
-            g = b.grads("B1-singleton/chunked", xc[i : i + 1], zc[i : i + 1], dyc[i : i + 1])
-            singles_chunked.append(g.dw.detach().to("cpu", torch.float32))
-    agg_c = exact_sum(torch.stack(singles_chunked), case.w.dtype)
-    pair_b = "B1-singleton_aggregate/chunked"
-    lines.append(format_line("singleton_aggregate", "BN/full", pair_b, "dweight", full_dw, agg_c.to(full_dw.dtype)))
+    chunks = [[_gather(t, _rows_of(tokens, heads)) for t in (case.x, case.z, case.dy)] for tokens in b1_chunked.calls]
+    views = [tuple(t[i : i + 1] for t in chunk) for chunk in chunks for i in range(chunk[0].shape[0])]
+    for name, cell, singles in (("full", "B1-singleton", fresh), ("chunked", "B1-singleton/chunked", views)):
+        dws = [b.grads(cell, *one).dw.detach().to("cpu", torch.float32) for one in singles]
+        agg = exact_sum(torch.stack(dws), case.w.dtype).to(full_dw.dtype)
+        lines.append(
+            format_line("singleton_aggregate", "BN/full", f"B1-singleton_aggregate/{name}", "dweight", full_dw, agg)
+        )
     for name in ("BN/permuted", "BN/padded-left", "BN/padded-right", "BN/packed"):
         lines.append(format_line("dweight", "BN/full", name, "dweight", full_dw, dweights[name]))
     return lines

@@ -1,11 +1,9 @@
 """Run parameters of the reuse check: the one definition with the defaults, YAML loading, strict validation.
 
-`RunParams` holds every parameter and its default (the full protocol, docs/spec.md §4-5); a parameter file
-(params/*.yaml) holds only what differs, and `load_params(file, **overrides)` makes the run's parameters. Papermill
-only warns about a name the notebook does not declare and injects ill-typed values as they come, so a typo
-(`coverge: sampled`) would silently run the default protocol: every run goes through `load_params`, which stops at
-once with a message naming each unknown, ill-typed or out-of-range parameter. A check takes its parameters as
-keywords named as these fields (`rlnorm.kit.checks.run_check`).
+`RunParams` holds every parameter and its default (the full protocol, docs/spec.md §4-5); params/*.yaml hold what
+differs. Papermill injects unknown or ill-typed names with only a warning, so every run goes through `load_params`,
+which stops with a message naming each unknown, ill-typed or out-of-range parameter (a typo would otherwise run
+the default protocol).
 """
 
 from __future__ import annotations
@@ -25,10 +23,9 @@ import yaml
 from rlnorm.checkout import CHECKOUT
 from rlnorm.kit.artifact import DEFAULT_RFC
 from rlnorm.kit.backends import REGISTRY
-from rlnorm.kit.checks import CHECK_ORDER, COVERAGES
+from rlnorm.kit.checks import CHECK_ORDER
+from rlnorm.kit.checks.rows import COVERAGES
 from rlnorm.options import ACTIVATIONS, OpOptions
-
-__all__ = ["ALL_BACKENDS", "ALL_CHECKS", "ParamsError", "RunParams", "load_params", "params_from_namespace"]
 
 # the docs/spec.md §6 backends, in the registry's order: one list for the kit, not a second copy here
 ALL_BACKENDS = list(REGISTRY)
@@ -286,12 +283,9 @@ def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_params(source: str | os.PathLike[str] | Mapping[str, Any] | None = None, **overrides: Any) -> RunParams:
-    """Parameters from a YAML file (its name is the run's unless it says otherwise) or a mapping, plus overrides,
-    over RunParams' defaults, validated strictly.
-
-    Raises ParamsError naming every unknown parameter (with the closest known name) and every ill-typed or
-    out-of-range one, all at once, so one edit fixes a parameter file.
-    """
+    """Parameters from a YAML file (its stem names the run unless it says otherwise) or a mapping, plus overrides,
+    over RunParams' defaults; ParamsError names every unknown (with the closest known name), ill-typed or
+    out-of-range parameter at once, so one edit fixes a parameter file."""
     if source is None or isinstance(source, Mapping):
         data = dict(source or {})
     else:
@@ -316,13 +310,9 @@ _IPYTHON = ("In", "Out", "exit", "quit", "get_ipython")
 
 
 def params_from_namespace(namespace: Mapping[str, Any], before: set[str]) -> RunParams:
-    """The notebook's run: `load_params(params_file, **overrides)`, with the cell's name and where the run goes,
-    and every other public name that appeared after `before` (taken just above the parameters cell) as one
-    more override.
-
-    Papermill injects `-p d 256` as the name `d` (and injects what it is given even when the notebook does not
-    declare it, only warning), so such a name is an override, and one that is no parameter is refused by name.
-    """
+    """The notebook's run: `load_params(params_file, **overrides)` with the cell's name and where the run goes;
+    a public name that appeared after `before` (papermill injects `-p d 256` as `d`) is one more override, and
+    one that is no parameter is refused by name."""
     overrides = namespace.get("overrides") or {}
     if not isinstance(overrides, Mapping):
         raise ParamsError(f"overrides: expected a mapping of parameter: value, got {overrides!r}")

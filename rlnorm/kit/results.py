@@ -19,32 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-__all__ = [
-    "ARTIFACT_KIND",
-    "OP",
-    "SCHEMA_VERSION",
-    "SEED_SCHEMA_VERSION",
-    "STATUSES",
-    "Accuracy",
-    "Agreement",
-    "AllRows",
-    "BackendResult",
-    "BatchInvariance",
-    "Crash",
-    "Gate",
-    "Record",
-    "RowsAtSize",
-    "RunResult",
-    "StepFailure",
-    "SubBatches",
-    "Sweep",
-    "TrainerSampler",
-    "from_json",
-    "load_run",
-    "run_from_doc",
-    "to_json",
-]
-
 SCHEMA_VERSION = "1"
 SEED_SCHEMA_VERSION = "seed"  # the reference report, which has no schema_version of its own
 ARTIFACT_KIND = "qwen3_next_norm_reuse_check"
@@ -246,28 +220,28 @@ class Record:
     rebuild: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunResult:
-    """One run: the artifact's document, typed."""
+    """One run: the artifact's document, typed (the reference report lacks the keys that default to None)."""
 
     schema_version: str
     kind: str
-    rfc: str | None
+    rfc: str | None = None
     op: str
     commit: str | None
-    rl_kernel_commit: str | None
-    tracked_tree_dirty: bool | None
-    created_at: str | None
-    wall_time_s: float | None
-    param_set: str | None
+    rl_kernel_commit: str | None = None
+    tracked_tree_dirty: bool | None = None
+    created_at: str | None = None
+    wall_time_s: float | None = None
+    param_set: str | None = None
     environment: dict[str, Any]
     quick: bool
     checks: list[str]
-    params: dict[str, Any] | None
-    records: str | None  # the records CSV, relative to the artifact's folder
-    plots: dict[str, str] | None  # name -> PNG, relative to the artifact's folder
-    agreement: Agreement | None
-    trainer_sampler: TrainerSampler | None
+    params: dict[str, Any] | None = None
+    records: str | None = None  # the records CSV, relative to the artifact's folder
+    plots: dict[str, str] | None = None  # name -> PNG, relative to the artifact's folder
+    agreement: Agreement | None = None
+    trainer_sampler: TrainerSampler | None = None
     results: dict[str, BackendResult]
     failed_steps: list[StepFailure] | None = field(default=None, metadata=OMIT_NONE)
     path: Path | None = field(default=None, metadata={"json": False})  # where it was read from
@@ -426,20 +400,6 @@ def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
             f"doc: schema_version {version!r} is not one this rlnorm reads ({SCHEMA_VERSION!r}, "
             f"{SEED_SCHEMA_VERSION!r}); upgrade rlnorm"
         )
-    for key in (
-        "rfc",
-        "rl_kernel_commit",
-        "tracked_tree_dirty",
-        "created_at",
-        "wall_time_s",
-        "param_set",
-        "params",
-        "records",
-        "plots",
-        "agreement",
-        "trainer_sampler",
-    ):
-        doc.setdefault(key, None)
     run = from_json(RunResult, doc)
     run.path = path
     return run

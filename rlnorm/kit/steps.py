@@ -27,10 +27,11 @@ from typing import Any, TextIO
 
 import torch
 
-from rlnorm.kit import checks, folders
+from rlnorm.kit import folders
 from rlnorm.kit import records as rec
 from rlnorm.kit.artifact import write_artifact
 from rlnorm.kit.backends import describe_error
+from rlnorm.kit.checks.agreement import agreement_from_outputs
 from rlnorm.kit.environment import collect_environment, git_commit, tracked_tree_dirty
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.process import run_child
@@ -45,21 +46,6 @@ from rlnorm.kit.results import (
     from_json,
 )
 from rlnorm.kit.worker import BackendWorker
-
-__all__ = [
-    "ARTIFACT_FILE",
-    "RECORDS_FILE",
-    "Run",
-    "StepsFailed",
-    "finish",
-    "run_agreement",
-    "run_backends",
-    "run_plots",
-    "run_step",
-    "run_trainer_sampler",
-    "start_run",
-    "write",
-]
 
 ARTIFACT_FILE = "rms_norm_gated_reuse_check.json"
 RECORDS_FILE = "records.csv"
@@ -115,9 +101,8 @@ def is_quick(params: RunParams) -> bool:
 def start_run(params: RunParams) -> Run:
     """Resolve the device, refuse to overwrite a run unless asked, stage the run folder, read the environment.
 
-    Under `python -m rlnorm run` the command line stages the folder (`staging_dir`) and places it with the page
-    beside it; executed any other way the run stages its own folder and `finish` places it, so either way
-    `outputs/NAME/` is written whole or not at all.
+    The command line stages the folder itself (`staging_dir`, placed with the page beside it); executed any other
+    way the run stages its own and `finish` places it: either way `outputs/NAME/` is written whole or not at all.
     """
     device = params.resolved_device()
     commit, dirty = git_commit(), tracked_tree_dirty()  # ValueError naming the variable when one is malformed
@@ -136,10 +121,8 @@ def start_run(params: RunParams) -> Run:
         rfc=params.rfc,
         op=OP,
         commit=commit,
-        rl_kernel_commit=None,
         tracked_tree_dirty=dirty,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        wall_time_s=None,
         param_set=params.name,
         environment=collect_environment(device),
         quick=is_quick(params),
@@ -147,8 +130,6 @@ def start_run(params: RunParams) -> Run:
         params={k: v for k, v in params.as_dict().items() if k != "staging_dir"},
         records=RECORDS_FILE,
         plots={},
-        agreement=None,
-        trainer_sampler=None,
         results={},
         path=out / ARTIFACT_FILE,
     )
@@ -232,9 +213,7 @@ def run_agreement(run: Run) -> None:
     def body() -> None:
         p, results = run.params, run.result.results
         errors = {k: r.errors["agreement"] for k, r in results.items() if "agreement" in (r.errors or {})}
-        run.result.agreement = checks.agreement_from_outputs(
-            run.agreement_outputs, p.agreement_rows, p.agreement_seed, errors
-        )
+        run.result.agreement = agreement_from_outputs(run.agreement_outputs, p.agreement_rows, p.agreement_seed, errors)
 
     run_step(run, "agreement", body)
 

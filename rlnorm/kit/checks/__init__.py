@@ -15,36 +15,15 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from rlnorm.kit.checks.accuracy import accuracy_latency
-from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
-from rlnorm.kit.checks.common import CheckOutcome, Dweight, Trail
+from rlnorm.kit.checks.common import CheckOutcome, Trail
 from rlnorm.kit.checks.dweight import dweight_repeatable
-from rlnorm.kit.checks.rows import COVERAGES, all_rows, full_vs_sub_batches, sub_batch_plan
-from rlnorm.kit.checks.sweep import batch_size_sweep, sweep_positions
+from rlnorm.kit.checks.rows import all_rows, full_vs_sub_batches
+from rlnorm.kit.checks.sweep import batch_size_sweep
 from rlnorm.kit.results import BatchInvariance
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
     from rlnorm.kit.params import RunParams
-
-__all__ = [
-    "CHECK_ORDER",
-    "COVERAGES",
-    "INVARIANCE_CHECKS",
-    "CheckOutcome",
-    "Dweight",
-    "Trail",
-    "accuracy_latency",
-    "agreement_from_outputs",
-    "agreement_output",
-    "all_rows",
-    "batch_invariant",
-    "batch_size_sweep",
-    "dweight_repeatable",
-    "full_vs_sub_batches",
-    "run_check",
-    "sub_batch_plan",
-    "sweep_positions",
-]
 
 # the per-backend checks, in the order a run gives them and reports them
 CHECKS: dict[str, Callable[..., CheckOutcome]] = {

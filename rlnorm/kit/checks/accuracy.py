@@ -36,10 +36,8 @@ ABS_ERR_EDGES = [10.0 ** (k / 4) for k in range(-48, 9)]  # 1e-12 .. 1e2, four p
 
 
 def _clock(device: torch.device) -> CpuClock:
-    """The bench's clocks (one timing method for the kit): on a GPU, CUDA events with the queue primed per
-    chunk of calls, so events bracket GPU work only, and a flag where the host still outran the prime (the
-    time then includes host overhead: a fast kernel behind a slow wrapper looks slow, and the reader must
-    know); on a CPU, perf_counter around each call."""
+    """The bench's clocks: CUDA events with the queue primed (flagging where the host outran it, so the time
+    includes host overhead), or perf_counter around each call on a CPU."""
     return CudaClock(str(device)) if device.type == "cuda" else CpuClock()
 
 

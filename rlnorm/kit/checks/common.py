@@ -48,13 +48,9 @@ class CheckOutcome:
 
 
 class Trail:
-    """Where the checks are: the batch a backend is about to be given, for a process that may die in that call.
-
-    A check names its case (`case`) and then each batch before the backend sees it (`batch`); `write(spec)`
-    receives a rebuild spec in the records' format, so `records.rebuild_case` regenerates the very batch a crashed
-    backend died on. The many small calls of a row-alone pass (`alone.AloneRunner`) are marked once per chunk of
-    calls, by the chunk's first: a crash inside the chunk names that call. Without `write`, marking costs a test.
-    """
+    """The breadcrumb: a check names its case, then each batch before the backend sees it, and `write` gets a
+    rebuild spec (`records.rebuild_case`) of the very batch a crashed backend died on. A row-alone pass marks each
+    chunk of calls by its first. Without `write`, marking costs nothing."""
 
     def __init__(self, write: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.write = write
