@@ -52,19 +52,10 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
     """The arguments a combination's own process gets: the same plan, so `--only K` picks the same run."""
-    out = [*args.files, "--outputs", args.outputs]
-    for key, value in args.parameter:
-        out += ["-p", key, value]
-    if args.yaml:
-        out += ["-y", args.yaml]
-    for flag, value in (("--name", args.name), ("--device", args.device)):
-        if value:
-            out += [flag, value]
-    if args.force:
-        out.append("--force")
-    if args.no_progress:
-        out.append("--no-progress")
-    return out
+    out = [*args.files, "--outputs", args.outputs, *(x for key, value in args.parameter for x in ("-p", key, value))]
+    for flag, value in (("-y", args.yaml), ("--name", args.name), ("--device", args.device)):
+        out += [flag, value] if value else []
+    return out + [flag for flag, on in (("--force", args.force), ("--no-progress", args.no_progress)) if on]
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -1,14 +1,13 @@
-"""Running reuse checks from the command line: one run in this process, several as independent processes.
-
-A combination of a matrix is one independent process (`python -m rlnorm run FILE --only K`), the same command a
-cluster scheduler's array task runs, so `--jobs` and `--gpus` need no layer of their own: they start those
-processes here, at most N at a time, each seeing one GPU.
+"""Running reuse checks from the command line: one run in this process, several as independent processes
+(`python -m rlnorm run FILE --only K`, the command a scheduler's array task runs), at most N at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -18,6 +17,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from subprocess import PIPE, STDOUT
 
 from rlnorm.cli.notebook import execute
 from rlnorm.cli.plan import Combination
@@ -105,11 +105,12 @@ def run_many(
 ) -> list[Outcome]:
     """Each combination as its own `python -m rlnorm run ... --only K` process, at most `jobs` at a time; with
     `gpus`, each process sees one of them (CUDA_VISIBLE_DEVICES). Lines it prints are prefixed with its label."""
-    free: list[str] = list(gpus)
+    free: queue.Queue[str] = queue.Queue()
+    for gpu in gpus:
+        free.put(gpu)
     lock = threading.Lock()
     running: list[subprocess.Popen[str]] = []
-    done = [0]
-    total = len(combos)
+    done = itertools.count(1)
 
     def say(text: str) -> None:
         with lock:
@@ -117,23 +118,13 @@ def run_many(
 
     def one(item: tuple[Combination, int]) -> Outcome:
         combo, index = item
-        gpu = None
-        if gpus:
-            with lock:
-                gpu = free.pop(0)
+        gpu = free.get() if gpus else None
         env = dict(os.environ, **{MATRIX_CHILD_ENV: "1"}, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
-        where = f" on GPU {gpu}" if gpu is not None else ""
-        say(f"rlnorm: [{combo.label}] starting{where}")
+        say(f"rlnorm: [{combo.label}] starting" + (f" on GPU {gpu}" if gpu is not None else ""))
         t0 = time.time()
         with lock:
-            proc = subprocess.Popen(
-                _child_command(index, argv),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                env=env,
-            )
+            command = _child_command(index, argv)
+            proc = subprocess.Popen(command, stdout=PIPE, stderr=STDOUT, text=True, errors="replace", env=env)
             running.append(proc)
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -141,16 +132,12 @@ def run_many(
                 say(f"[{combo.label}] {line.rstrip()}")
         code = proc.wait()
         if gpu is not None:
-            with lock:
-                free.append(gpu)
-        with lock:
-            done[0] += 1
-            n = done[0]
-        seconds = time.time() - t0
-        say(f"rlnorm: [{n}/{total}] {combo.label}: {'done' if code == 0 else f'exit {code}'} in {seconds:.0f} s")
+            free.put(gpu)
+        seconds, ended = time.time() - t0, "done" if code == 0 else f"exit {code}"
+        say(f"rlnorm: [{next(done)}/{len(combos)}] {combo.label}: {ended} in {seconds:.0f} s")
         return Outcome(combo, code, "", seconds)
 
-    pool = ThreadPoolExecutor(max_workers=workers(jobs, gpus, total))
+    pool = ThreadPoolExecutor(max_workers=workers(jobs, gpus, len(combos)))
     try:
         return list(pool.map(one, zip(combos, indices, strict=True)))
     except BaseException:

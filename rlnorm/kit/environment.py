@@ -21,16 +21,8 @@ from rlnorm import __version__ as rlnorm_version
 from rlnorm.checkout import PACKAGE_DIR
 
 # The seed report's library names (its order), then the ones a reader of our runs also needs.
-REPORT_LIBRARIES: tuple[str, ...] = (
-    "torch",
-    "triton",
-    "transformers",
-    "vllm",
-    "flashinfer-python",
-    "liger-kernel",
-    "fla-core",
-    "transformer_engine",
-    "megatron-core",
+REPORT_LIBRARIES: tuple[str, ...] = tuple(
+    "torch triton transformers vllm flashinfer-python liger-kernel fla-core transformer_engine megatron-core".split()
 )
 EXTRA_LIBRARIES: tuple[str, ...] = ("numpy", "pandas", "matplotlib", "jsonschema", "papermill")
 

@@ -1,9 +1,5 @@
-"""Files of a run are written whole or not at all: each file through `write_atomic`, the run folder assembled in a
-staging folder beside its place and moved there (`place`).
-
-Whoever executes the notebook (the command line, papermill, JupyterLab), `outputs/NAME/` is absent, the previous
-run untouched, or a complete new run, never half of one; and a reader of a file (the parent of a worker that died,
-a run interrupted mid-write) never sees half a file.
+"""Files of a run are written whole or not at all (`write_atomic`), the run folder assembled in a staging folder
+beside its place and moved there (`place`): `outputs/NAME/` is absent, the previous run, or a complete new run.
 """
 
 from __future__ import annotations

@@ -25,23 +25,14 @@ from rlnorm.options import OpOptions
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 
+RECORD_COLUMNS: list[str] = (
+    "backend check seed case batch_start batch_size position row tensor cols_differ max_abs max_ulp rebuild".split()
+)
 # column -> pandas dtype; nullable ints because a dweight record has no row / position
-_COLUMN_DTYPES: dict[str, str] = {
-    "backend": "string",
-    "check": "string",
-    "seed": "Int64",
-    "case": "string",
-    "batch_start": "Int64",
-    "batch_size": "Int64",
-    "position": "Int64",
-    "row": "Int64",
-    "tensor": "string",
-    "cols_differ": "Int64",
-    "max_abs": "float64",
-    "max_ulp": "Int64",
-    "rebuild": "string",
+_COLUMN_DTYPES = {
+    c: "string" if c in ("backend", "check", "case", "tensor", "rebuild") else "float64" if c == "max_abs" else "Int64"
+    for c in RECORD_COLUMNS
 }
-RECORD_COLUMNS: list[str] = list(_COLUMN_DTYPES)
 REBUILD_VERSION = 1
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}

@@ -1,12 +1,8 @@
 """The steps of a run, each one function, so the notebook stays a thin narrative.
 
-`start_run` checks everything that can stop a run before any work. `run_backends` runs every backend in a process
-of its own (`rlnorm.kit.worker`): one that cannot run here is skipped with its reason, a check that raises is
-recorded in its `errors`, a crash, a hang or a lost device ends only that backend's process; then it writes the
-artifact and the records. Every later step runs inside one guard (`run_step`): a step that raises is recorded in
-`failed_steps` with its traceback's tail, its partial result is dropped, and the artifact is rewritten with every
-result that stands. `finish` places the run folder and raises `StepsFailed` when a step failed, so whoever executes
-the notebook exits non-zero.
+`run_backends` runs every backend in a process of its own (`rlnorm.kit.worker`) and writes the artifact. Every
+later step runs inside `run_step`: one that raises is recorded in `failed_steps` with its traceback's tail and the
+artifact is rewritten with every result that stands; `finish` places the run folder and raises `StepsFailed`.
 """
 
 from __future__ import annotations

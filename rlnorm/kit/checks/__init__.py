@@ -1,10 +1,8 @@
 """The reuse checks of docs/spec.md §5: batch invariance per row, dweight repeatability, accuracy and latency.
 
 Every check takes `(backend, opts, device, *, <its run parameters by their RunParams names>, trail, progress)` and
-returns a `CheckOutcome`: its typed summary (`rlnorm.kit.results`), one `Record` per differing (row, tensor),
-each with the JSON `rlnorm.kit.records.rebuild_case` needs to rebuild the compared batch, and the error that
-ended it early (a backend that raises inside a check ends only that check). `run_check` is the one place that
-maps a run's parameters onto a check: it passes each field of `RunParams` the check names.
+returns a `CheckOutcome`: its typed summary, one `Record` per differing (row, tensor), and the error that ended it
+early. `run_check` is the one place that maps a run's parameters onto a check.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""How often two backends compute bitwise the same output on the same inputs.
-
-Each backend's output is computed in the backend's own process (`agreement_output`) and the matrix formed
-afterwards from the saved outputs (`agreement_from_outputs`): a backend that crashes loses only its own row and
-column.
+"""How often two backends compute bitwise the same output on the same inputs: each output computed in its
+backend's own process, the matrix formed from the saved outputs (a crash loses only its row and column).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Rows computed alone or in small batches, fast: results kept on the device, CUDA graphs where they hold.
-
-"Row alone" means one launch per row (262144 per seed and backend for sub-batch size 1), so per-call
-overhead dominates. Results stay on the device in preallocated buffers and are copied out in bulk; on CUDA
-many single-row calls are captured into one CUDA graph (inputs gathered into static buffers, replayed per
-chunk) by the timing clock's capture, and used only where `timing.verify_graph` finds its replay bitwise equal
-to an eager call; otherwise eager calls run. `paths[size]` says which ran.
+"""Rows computed alone or in small batches, fast: one launch per row, so results stay on the device in
+preallocated buffers; on CUDA many calls are captured into one CUDA graph, used only where `timing.verify_graph`
+finds its replay bitwise equal to eager calls. `paths[size]` says which ran.
 """
 
 from __future__ import annotations

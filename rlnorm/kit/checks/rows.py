@@ -140,13 +140,11 @@ def full_vs_sub_batches(
     full_rows = check_int("sub_batches_rows", sub_batches_rows, 1)
     sizes = check_ints("sub_batch_sizes", sub_batch_sizes, 1)
     seeds = check_ints("sub_batches_seeds", sub_batches_seeds)
-    if coverage not in COVERAGES:
-        raise ValueError(f"coverage: expected one of {COVERAGES}, got {coverage!r}")
+    plans = {size: sub_batch_plan(full_rows, size, coverage, sample_stride) for size in sizes}
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
     trail = trail or Trail()
     with_grad = has_backward(backend)
     key = backend_key(backend)
-    plans = {size: sub_batch_plan(full_rows, size, coverage, sample_stride) for size in sizes}
     summary = SubBatches(
         full_batch=full_rows,
         sub_batch_sizes=list(sizes),
