@@ -143,11 +143,8 @@ def execute(
     title: str,
     env: dict[str, str] | None = None,
 ) -> tuple[Path, str | None]:
-    """Execute `notebooks/<notebook>.py` with `params` into `workdir` (`<notebook>.ipynb` and `.html` there).
-
-    Returns (executed notebook, None) or (executed notebook, why it failed); raises only for what is not the
-    notebook's doing (the papermill stack missing, an interrupt).
-    """
+    """Execute `notebooks/<notebook>.py` with `params` into `workdir` (`<notebook>.ipynb` and `.html` there):
+    (executed notebook, None or why it failed); raises only for what is not the notebook's doing (an interrupt)."""
     import jupytext
     import nbformat
     import papermill as pm

@@ -123,8 +123,7 @@ def commit_from_env() -> str | None:
 
 
 def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
-    """$RLNORM_COMMIT when set (see above), else the full hash of HEAD in `repo_dir` (default: this
-    package's checkout), else None."""
+    """$RLNORM_COMMIT when set, else the hash of HEAD in `repo_dir` (default: this package's checkout), else None."""
     stated = commit_from_env()
     if stated is not None:
         return stated
@@ -133,8 +132,7 @@ def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
 
 
 def tracked_tree_dirty(repo_dir: str | os.PathLike[str] | None = None) -> bool | None:
-    """$RLNORM_TREE_DIRTY (0/1) when set, else True when a tracked file differs from HEAD
-    (untracked files don't count), else None outside a checkout."""
+    """$RLNORM_TREE_DIRTY (0/1) when set, else whether a tracked file differs from HEAD, else None (no checkout)."""
     value = os.environ.get(DIRTY_ENV, "").strip().lower()
     if value:
         if value not in ("0", "1", "true", "false"):

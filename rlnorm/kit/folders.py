@@ -20,11 +20,8 @@ class RunExists(FileExistsError):
 def write_atomic(
     path: str | os.PathLike[str], content: str | bytes | Callable[[IO[bytes]], None], overwrite: bool = True
 ) -> Path:
-    """Write `content` (text, bytes, or a function writing to a binary file) to `path`, whole or not at all.
-
-    It goes to a temporary file in the same folder, is fsynced, then moved into place: `os.replace` when
-    overwriting, else `os.link`, so a file that appeared meanwhile is never clobbered (FileExistsError).
-    """
+    """Write `content` (text, bytes, or a function writing to a binary file) to `path`, whole or not at all: a
+    fsynced temporary file moved into place (`os.link` when not overwriting: one that appeared is never clobbered)."""
     path = Path(path)
     if not overwrite and path.exists():
         raise FileExistsError(f"path: {str(path)!r} already exists; pass overwrite=True to replace it")

@@ -1,15 +1,14 @@
 """Contract gates (docs/spec.md §5): a forward and a gradient gate per backend, run in the backend's worker, so a
 crash or a hang is the backend's crash in check "contract_gates", with the gate's cell on the trail.
 
-Workload (docs/spec.md §5 has the table of cells): 4 samples of 11, 16, 13 and 19 tokens, each token `heads` rows
-(token-major), processed in several arrangements (cells) of one or more calls. Forward gate: every token's output
-in every cell is bitwise equal to its `BN/full` output. Gradient gate: the same for dx and dz; and the backend's
-own dweight against the exact sum (`rlnorm.numerics.exact_sum`) of single-row dweights, in the order of `B1/full`
-and of `B1/chunked`, and against the one-call cells, in lines of the reference report's format.
+Workload: 4 samples of 11, 16, 13 and 19 tokens of `heads` rows, in the arrangements (cells) of docs/spec.md §5.
+Forward gate: every token's output bitwise equal to its `BN/full` output in every cell; gradient gate: the same for
+dx and dz, and the backend's own dweight against the exact sum of single-row dweights and the one-call cells.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import traceback
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from torch import Tensor
 
 from rlnorm.inputs import Case, make_case
 from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import Trail, bits
+from rlnorm.kit.checks.common import NO_TRAIL, Trail, bits
 from rlnorm.kit.records import dtype_name
 from rlnorm.kit.results import Gate
 from rlnorm.numerics import exact_sum
@@ -39,7 +38,6 @@ LINE_RE = re.compile(
 )
 
 
-# ----------------------------------------------------------------------------- workload
 @dataclass
 class Cell:
     """One arrangement of the workload: calls, each a list of token slots (-1 = a zero padding token)."""
@@ -48,21 +46,14 @@ class Cell:
     calls: list[list[int]]
 
 
-def _sample_token_ranges() -> list[list[int]]:
-    out, start = [], 0
-    for n in SAMPLE_TOKENS:
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
-
-
 def _chunks(tokens: list[int], size: int) -> list[list[int]]:
     return [tokens[i : i + size] for i in range(0, len(tokens), size)]
 
 
 def build_cells(seed: int = 0) -> list[Cell]:
     """The cells of docs/spec.md §5, in token slots; `BN/full` first (everything is compared with it)."""
-    samples = _sample_token_ranges()
+    starts = [0, *itertools.accumulate(SAMPLE_TOKENS)]
+    samples = [list(range(start, start + n)) for start, n in zip(starts, SAMPLE_TOKENS, strict=False)]
     all_tokens = [t for s in samples for t in s]
     longest = max(SAMPLE_TOKENS)
     g = torch.Generator().manual_seed(seed + 7)
@@ -96,7 +87,6 @@ def _scatter(dst: Tensor, rows: list[int], values: Tensor) -> None:
     dst[torch.tensor([rows[i] for i in keep], dtype=torch.long, device=dst.device)] = values[keep].to(dst.device)
 
 
-# ----------------------------------------------------------------------------- lines
 def _same_bits(a: Tensor, b: Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
 
@@ -125,7 +115,6 @@ def parse_line(line: str) -> dict | None:
     return d
 
 
-# ----------------------------------------------------------------------------- gate bodies
 @dataclass
 class _Bench:
     """The workload, the options, and the trail marked before every call (a crash names the gate's cell)."""
@@ -162,10 +151,10 @@ def forward_gate(
     heads: int = 2,
     d: int = 128,
     seed: int = 0,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
 ) -> list[str]:
     """Every token's forward output bitwise equal across cells."""
-    b = _bench(backend, opts, device, heads, d, seed, trail or Trail())
+    b = _bench(backend, opts, device, heads, d, seed, trail)
     lines: list[str] = []
     outs: dict[str, Tensor] = {}
     for cell in build_cells(seed):
@@ -186,10 +175,10 @@ def gradient_gate(
     heads: int = 2,
     d: int = 128,
     seed: int = 0,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
 ) -> list[str]:
     """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
-    b = _bench(backend, opts, device, heads, d, seed, trail or Trail())
+    b = _bench(backend, opts, device, heads, d, seed, trail)
     case = b.case
     lines: list[str] = []
     grads: dict[str, dict[str, Tensor]] = {}
@@ -251,11 +240,10 @@ def run_gates(
     d: int = 128,
     heads: int = 2,
     seed: int = 0,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
 ) -> dict[str, Gate]:
-    """Both gates of `backend`, in this process: the backend's worker, where a crash or a hang ends the process and
-    is recorded as the backend's crash in check "contract_gates". A gate the backend raises in fails, with the end
-    of the traceback; the gradient gate of a forward-only backend is not taken (returncode 3)."""
+    """Both gates of `backend`, in its worker: a gate the backend raises in fails with its traceback's tail; the
+    gradient gate of a forward-only backend is not taken (returncode 3)."""
     gates: dict[str, Gate] = {}
     for name, body in (("forward", forward_gate), ("gradient", gradient_gate)):
         if name == "gradient" and not backend.has_backward:

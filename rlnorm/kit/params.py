@@ -122,8 +122,7 @@ class RunParams:
 
     @property
     def run_dir(self) -> Path:
-        """The folder the finished run lives in: output_dir, else outputs/<name> of this checkout (so a
-        notebook run cell by cell from notebooks/ in JupyterLab lands where the CLI's runs do)."""
+        """output_dir, else outputs/<name> of this checkout (where a notebook run in JupyterLab lands too)."""
         if self.output_dir:
             return Path(self.output_dir)
         root = CHECKOUT if CHECKOUT is not None and (CHECKOUT / "outputs").is_dir() else Path()
@@ -172,8 +171,7 @@ def _type_name(hint: Any) -> str:
 
 
 def _problems(values: Mapping[str, Any]) -> list[str]:
-    """Type checks, then range and choice checks of the parameters whose type is right (defaults standing in for
-    the ill-typed ones): one message per offending parameter, all of them at once."""
+    """One message per ill-typed parameter, then per out-of-range one (defaults stand in for the ill-typed)."""
     ok = {name: _type_ok(values[name], hint) for name, hint in _HINTS.items()}
     typed = [f"{name}: expected {_type_name(_HINTS[name])}, got {values[name]!r}" for name in ok if not ok[name]]
     return typed + _range_errors(SimpleNamespace(**{n: values[n] if ok[n] else _default(n) for n in ok}))
@@ -243,8 +241,7 @@ def _format_errors(errors: list[str]) -> str:
 
 
 def _locate(source: str | os.PathLike[str]) -> Path:
-    """A parameter file's path; a relative one not found here is looked for in the checkout (a notebook run from
-    notebooks/ names params/quick.yaml as the command line does)."""
+    """A parameter file's path; a relative one not found here is looked for in the checkout."""
     path = Path(source)
     if not path.exists() and not path.is_absolute() and CHECKOUT is not None and (CHECKOUT / path).exists():
         return CHECKOUT / path

@@ -269,7 +269,6 @@ class RunResult:
         return self.folder / relative
 
 
-# --------------------------------------------------------------------------------------------------------------
 # the one place where JSON and the dataclasses meet
 
 

@@ -142,10 +142,8 @@ def write(run: Run) -> Path:
 
 def run_backends(run: Run) -> None:
     """Every backend in a process of its own with the run's time limit, then the artifact and records written.
-
-    On the CPU the next backend's process imports while this one runs its checks; on a GPU nothing runs beside a
-    backend being timed. Every started process is closed however this ends (an interrupt included).
-    """
+    On the CPU the next backend's process imports meanwhile (on a GPU nothing runs beside a backend being timed);
+    every started process is closed however this ends."""
     specs = [*run.params.backends, *run.params.custom_backends]
     ahead = run.device == "cpu"
     t0 = time.time()
@@ -177,12 +175,9 @@ def run_backends(run: Run) -> None:
 
 
 def run_step(run: Run, step: str, body: Callable[[], Any]) -> Any:
-    """`body()` as step `step` of the run; its value, or None when it raised.
-
-    A step that raises (or leaves the run's result in a shape the artifact refuses) is recorded in `failed_steps`
-    with its error and the tail of its traceback, what it had changed in the result is dropped, and the artifact
-    is rewritten with every result that stands. Only an interrupt goes through.
-    """
+    """`body()` as step `step` of the run; its value, or None when it raised (or left a result the artifact
+    refuses): then it is recorded in `failed_steps` with its traceback's tail, its changes to the result dropped
+    and the artifact rewritten with every result that stands. Only an interrupt goes through."""
     before = copy.deepcopy(run.result)
     t0 = time.time()
     value = None
@@ -219,9 +214,8 @@ TRAINER_SAMPLER_CHILD = "import sys; from rlnorm.kit.checks.trainer_sampler impo
 
 
 def run_trainer_sampler(run: Run) -> None:
-    """The same rows through the norm as transformers' and vLLM's Qwen3-Next layers call it, patched with rlnorm and
-    not (`rlnorm.kit.checks.trainer_sampler`), in a process of its own within `backend_timeout_s`: a crash or a
-    hang becomes the summary's `error`."""
+    """`rlnorm.kit.checks.trainer_sampler` in a process of its own within `backend_timeout_s` (vLLM's import patches
+    torch for the rest of a process): a crash or a hang becomes the summary's `error`."""
     if "trainer_sampler" not in run.params.checks:
         return
     p = run.params

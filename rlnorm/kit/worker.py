@@ -273,19 +273,6 @@ def _ended_early(report: WorkerReport, trail: dict[str, Any] | None, ended: Ende
     )
 
 
-def run_backend(
-    spec: str,
-    params: RunParams,
-    device: str,
-    timeout_s: float,
-    relay: Callable[[str], None] | None = None,
-    env: dict[str, str] | None = None,
-) -> WorkerReport:
-    """Everything about one backend in its own process, for at most `timeout_s` seconds; a crash, a hang or a lost
-    device becomes status `crashed` / `timed_out` with a `crash` (where it was), and what it finished stands."""
-    return BackendWorker(spec, params, device, relay, env).finish(timeout_s)
-
-
 def run_batch(spec: str, rebuild: dict[str, Any], device: str, timeout_s: float = 600.0) -> dict[str, Any]:
     """Give one backend one rebuilt batch in a process of its own; say how that process ended:
     {"survived", "cause" ("ran to the end" or how it died), "signal", "exit_code", "stderr_tail", "seconds"}."""

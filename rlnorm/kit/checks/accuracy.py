@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import (
+    NO_TRAIL,
     X_DTYPE,
     CheckOutcome,
     Trail,
@@ -90,7 +91,7 @@ def accuracy_latency(
     timing_iters: int,
     d: int,
     weight_dtype: str | torch.dtype,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
     progress: bool = True,
 ) -> CheckOutcome:
     """Accuracy against fp64 (rounded ONCE for correct rounding) and latency against the same-run
@@ -102,7 +103,6 @@ def accuracy_latency(
     if not isinstance(timing, bool):
         raise TypeError(f"timing: expected a bool, got {timing!r}")
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    trail = trail or Trail()
     dev = torch.device(device)
     with_grad = has_backward(backend)
     s = Accuracy(rows=rows, device=str(dev), timed=False)

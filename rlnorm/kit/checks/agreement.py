@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.checks.common import X_DTYPE, Trail, bits, case_spec, check_common, check_int
+from rlnorm.kit.checks.common import NO_TRAIL, X_DTYPE, Trail, bits, case_spec, check_common, check_int
 from rlnorm.kit.results import Agreement
 
 if TYPE_CHECKING:
@@ -18,13 +18,12 @@ if TYPE_CHECKING:
     from rlnorm.kit.params import RunParams
 
 
-def agreement_output(backend: Backend, params: RunParams, device: str, trail: Trail | None = None) -> Tensor:
+def agreement_output(backend: Backend, params: RunParams, device: str, trail: Trail = NO_TRAIL) -> Tensor:
     """The backend's forward output on the agreement inputs (agreement_rows, agreement_seed), checked for shape
     and dtype (raises otherwise)."""
     rows = check_int("agreement_rows", params.agreement_rows, 1)
     seed = check_int("agreement_seed", params.agreement_seed)
     opts, wdt = check_common(backend, params.op_options(), device, params.d, params.weight_dtype)
-    trail = trail or Trail()
     case = make_case(rows, params.d, seed, X_DTYPE, wdt, device)
     trail.case("agreement", case_spec(rows, params.d, seed, wdt), opts)
     trail.batch({"kind": "slice", "start": 0, "size": rows})

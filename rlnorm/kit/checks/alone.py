@@ -14,7 +14,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rlnorm.inputs import Case
-from rlnorm.kit.checks.common import Trail, call, call_rows
+from rlnorm.kit.checks.common import NO_TRAIL, Trail, call, call_rows
 from rlnorm.options import OpOptions
 from rlnorm.timing import CudaClock, GraphMismatch, describe_error, verify_graph
 
@@ -38,12 +38,8 @@ class _Graph:
 
 
 class AloneRunner:
-    """Runs equal-size contiguous sub-batches of one case, each as its own backend call.
-
-    `run(case, starts, size)` returns (y, dx, dz) of shape [len(starts) * size, D] in tile order. On CUDA,
-    `graph_rows // size` calls are captured once per size into one graph reading static input buffers; each
-    chunk of tiles is gathered into those buffers and the graph replayed.
-    """
+    """Runs equal-size contiguous sub-batches of one case, each as its own backend call: `run(case, starts, size)`
+    gives (y, dx, dz) in tile order; on CUDA `graph_rows // size` calls are captured into one graph per size."""
 
     def __init__(
         self,
@@ -54,11 +50,11 @@ class AloneRunner:
         graph_rows: int,
         progress: bool,
         desc: str,
-        trail: Trail | None = None,
+        trail: Trail = NO_TRAIL,
     ) -> None:
         self.backend, self.opts, self.with_grad = backend, opts, with_grad
         self.use_graphs, self.graph_rows, self.progress, self.desc = use_graphs, graph_rows, progress, desc
-        self.trail = trail or Trail()
+        self.trail = trail
         self.paths: dict[int, str] = {}
         self._graphs: dict[int, _Graph] = {}
         self._no_graph: dict[int, str] = {}  # size -> why the graph path is not used

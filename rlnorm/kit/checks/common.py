@@ -65,6 +65,9 @@ class Trail:
             self.write({**self.where, "batch": batch_spec})
 
 
+NO_TRAIL = Trail()  # marks nothing: the default of a check called on its own
+
+
 def check_int(name: str, value: Any, low: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name}: expected an int, got {value!r}")
@@ -213,11 +216,8 @@ def compare_rows(
     case_spec: dict[str, Any],
     other: dict[str, Any] | None = None,
 ) -> tuple[int, int]:
-    """Compare `batch` tensors gathered at `rows` (case-row indices) with `alone` (aligned to `rows`).
-
-    Records each differing (row, tensor); returns (rows whose y differs, rows whose dx or dz differs).
-    `where(row) -> (batch_start, batch_size, position)`: the row's batch is that slice of the case.
-    """
+    """Compare `batch` tensors gathered at `rows` (case-row indices) with `alone`, recording each differing (row,
+    tensor); (rows whose y differs, rows whose dx or dz differs). `where(row)`: (batch_start, batch_size, position)."""
     masks = {
         name: differ_rows(b.index_select(0, rows), a)
         for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True)
