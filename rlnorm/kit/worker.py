@@ -29,8 +29,9 @@ import torch
 from rlnorm.kit import checks, gates
 from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks.agreement import agreement_output
+from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.folders import write_atomic
-from rlnorm.kit.params import RunParams, load_params
+from rlnorm.kit.params import RunParams, check_kwargs, load_params, run_check
 from rlnorm.kit.process import Child, Ended, run_child
 from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.results import BackendResult, BatchInvariance, Crash, Record, from_json, to_json
@@ -101,7 +102,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         return 0
     result, errors = report.result, report.result.errors
     assert errors is not None
-    trail = checks.Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
+    trail = Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
     # progress bars redraw a line: not where the output is a file (the command line says so), lines only there
     bars = dataclasses.replace(params, progress=params.progress and os.environ.get(PLAIN_ENV) != "1")
     selected = [c for c in checks.CHECK_ORDER if c in params.checks]
@@ -111,7 +112,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     unrun = {c: "not run" for c in checks.INVARIANCE_CHECKS if c not in selected}
 
     def keep(name: str) -> None:
-        out = checks.run_check(name, backend, bars, device, trail)
+        out = run_check(name, backend, bars, device, trail)
         if out.error:
             errors[name] = out.error
         inv = result.batch_invariance
@@ -128,7 +129,9 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         report.records.extend(out.records)
 
     def agreement() -> None:
-        y = agreement_output(backend, params, device, trail)
+        y = agreement_output(
+            backend, params.op_options(), device, trail=trail, **check_kwargs(agreement_output, params)
+        )
         write_atomic(folder / AGREEMENT_FILE, lambda fh: torch.save(y.cpu(), fh))
 
     def gate() -> None:

@@ -21,12 +21,13 @@ from rlnorm.inputs import make_case
 from rlnorm.kit import checks
 from rlnorm.kit.backends import Backend
 from rlnorm.kit.backends.local import ExactReferenceBackend, ReferenceBackend
-from rlnorm.kit.checks import CheckOutcome, Trail, accuracy
+from rlnorm.kit.checks import accuracy
 from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
 from rlnorm.kit.checks.alone import AloneRunner
+from rlnorm.kit.checks.common import CheckOutcome, Trail
 from rlnorm.kit.checks.rows import sub_batch_plan
 from rlnorm.kit.checks.sweep import sweep_positions
-from rlnorm.kit.params import RunParams, default_probe_rows, default_sweep_sizes
+from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes, run_check
 from rlnorm.kit.records import RECORD_COLUMNS, rebuild_case, records_frame
 from rlnorm.kit.results import AllRows, BatchInvariance, from_json, to_json
 from rlnorm.numerics import round_once
@@ -310,7 +311,7 @@ def test_sampled_coverage_is_the_reports_2188_sub_batches() -> None:
 
 def test_sampled_run_reports_2188_on_the_full_protocol() -> None:
     """The real check on 262144 rows, forward only, narrow rows (the counts do not depend on d)."""
-    fvs = checks.run_check(
+    fvs = run_check(
         "full_vs_sub_batches", ForwardOnly(), RunParams(coverage="sampled", d=8, progress=False), "cpu", Trail()
     )
     s = to_json(fvs.summary)
@@ -332,7 +333,7 @@ def test_every_row_is_compared_with_coverage_all() -> None:
 
 
 def test_sweep_runs_2520_comparisons() -> None:
-    sw = checks.run_check("batch_size_sweep", ForwardOnly(), RunParams(d=8, progress=False), "cpu", Trail()).summary
+    sw = run_check("batch_size_sweep", ForwardOnly(), RunParams(d=8, progress=False), "cpu", Trail()).summary
     assert sw.comparisons == 2520 and sw.differ == 0 and sw.error is None
     assert sw.batch_sizes == default_sweep_sizes(4097)
 
@@ -411,7 +412,7 @@ def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
     errors: dict[str, str] = {}
     for b in (ReferenceBackend(), PositionDependentOutput(), Raises()):
         try:
-            outputs[b.key] = agreement_output(b, params, "cpu", Trail())
+            outputs[b.key] = agreement_output(b, params.op_options(), "cpu", **check_kwargs(agreement_output, params))
         except RuntimeError as exc:
             outputs[b.key], errors[b.key] = None, str(exc)
     s = to_json(agreement_from_outputs(outputs, rows, 3, errors))
