@@ -219,15 +219,8 @@ def run_trainer_sampler(run: Run) -> None:
     if "trainer_sampler" not in run.params.checks:
         return
     p = run.params
-    job = {
-        "d": p.d,
-        "eps": p.eps,
-        "rows": p.agreement_rows,
-        "seed": p.agreement_seed,
-        "device": run.device,
-        "weight_dtype": p.weight_dtype,
-        "opts": p.op_options().as_dict(),
-    }
+    job = {"d": p.d, "eps": p.eps, "rows": p.agreement_rows, "seed": p.agreement_seed, "device": run.device}
+    job |= {"weight_dtype": p.weight_dtype, "opts": p.op_options().as_dict()}
 
     def body() -> None:
         with tempfile.TemporaryDirectory(prefix="rlnorm-trainer-sampler-") as tmp:

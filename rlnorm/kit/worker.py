@@ -116,8 +116,6 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         if out.error:
             errors[name] = out.error
         inv = result.batch_invariance
-        if out.summary is None:
-            return
         if name == "accuracy_latency":
             result.accuracy_latency = out.summary
         elif name == "dweight_repeatable":
@@ -230,12 +228,9 @@ class BackendWorker:
 
     def _read_back(self, ended: Ended) -> WorkerReport:
         saved = self._read(RESULT_FILE)
-        if saved is None:
-            failed = BackendResult(source=self.spec, backward="none", status="failed", errors={})
-            failed.skip_reason = "its process exited without writing a result"
-            report = WorkerReport(failed)
-        else:
-            report = from_json(WorkerReport, saved)
+        why = "its process exited without writing a result"
+        failed = BackendResult(self.spec, "none", "failed", why, errors={})
+        report = WorkerReport(failed) if saved is None else from_json(WorkerReport, saved)
         report.seconds = ended.seconds
         errors = report.result.errors if report.result.errors is not None else {}
         if (self.folder / AGREEMENT_FILE).is_file():
