@@ -37,7 +37,6 @@ def _err(text: str) -> None:
     print(f"error: {text}", file=sys.stderr)
 
 
-# -- run -------------------------------------------------------------------------------------------------------
 def _plan(args: argparse.Namespace) -> Plan:
     return expand(
         args.files,
@@ -52,19 +51,10 @@ def _plan(args: argparse.Namespace) -> Plan:
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
     """The arguments a combination's own process gets: the same plan, so `--only K` picks the same run."""
-    out = [*args.files, "--outputs", args.outputs]
-    for key, value in args.parameter:
-        out += ["-p", key, value]
-    if args.yaml:
-        out += ["-y", args.yaml]
-    for flag, value in (("--name", args.name), ("--device", args.device)):
-        if value:
-            out += [flag, value]
-    if args.force:
-        out.append("--force")
-    if args.no_progress:
-        out.append("--no-progress")
-    return out
+    out = [*args.files, "--outputs", args.outputs, *(x for key, value in args.parameter for x in ("-p", key, value))]
+    for flag, value in (("-y", args.yaml), ("--name", args.name), ("--device", args.device)):
+        out += [flag, value] if value else []
+    return out + [flag for flag, on in (("--force", args.force), ("--no-progress", args.no_progress)) if on]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -130,7 +120,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-# -- index -----------------------------------------------------------------------------------------------------
 def _open(source: str) -> RunResult | None:
     try:
         return open_run(source)
@@ -152,7 +141,6 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- pages beside a run ----------------------------------------------------------------------------------------
 def _page_beside(notebook: str, params: dict[str, Any], folder: Path, stem: str, title: str) -> int:
     """Execute a report notebook and put its page in `folder` as `stem.html` (one rename; nothing else touched)."""
     with tempfile.TemporaryDirectory(prefix=f"rlnorm-{notebook}-") as tmp:
@@ -195,17 +183,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return _page_beside("compare_runs", params, b.folder, f"compare-{label}", f"rlnorm: {label} vs {b.folder.name}")
 
 
-# -- validate --------------------------------------------------------------------------------------------------
-def _validate_params(path: Path) -> int:
-    try:
-        load_params(path)
-    except ParamsError as exc:
-        _err(f"{path}: {exc}")
-        return 1
-    print(f"{path}: valid run parameters")
-    return 0
-
-
 def _folder_problems(run: RunResult) -> list[str]:
     """What a run folder holds that does not agree with its artifact."""
     problems = []
@@ -240,7 +217,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         _err(f"{args.path}: no such file or folder")
         return EXIT_USAGE
     if path.suffix in (".yaml", ".yml"):
-        return _validate_params(path)
+        try:
+            load_params(path)
+        except ParamsError as exc:
+            _err(f"{path}: {exc}")
+            return 1
+        print(f"{path}: valid run parameters")
+        return 0
     try:
         run = open_run(path)
     except Exception as exc:

@@ -1,9 +1,4 @@
-"""Execute a notebook of this checkout with papermill and render its page, placing the result whole or not at all.
-
-A run of the reuse check is assembled in a staging folder beside its run folder and moved into place at the end,
-so `outputs/NAME/` is absent, the previous run (untouched), or a complete new run, never half of one. Investigation
-and comparison pages are single files written beside a run with the same rename.
-"""
+"""Execute a notebook of this checkout with papermill into a folder, and render its page (without the code)."""
 
 from __future__ import annotations
 
@@ -20,12 +15,6 @@ from typing import Any
 
 from rlnorm.checkout import CHECKOUT, PACKAGE_DIR
 from rlnorm.kit.worker import PLAIN_ENV
-
-__all__ = [
-    "execute",
-    "notebook_source",
-    "render_html",
-]
 
 # the page template: the lab page with nothing fetched from the network (see its own comment)
 TEMPLATES = PACKAGE_DIR / "cli" / "templates"
@@ -145,25 +134,6 @@ def render_html(executed: Path, html: Path, title: str) -> Path:
     return html
 
 
-def _failing_cell(executed: Path) -> str:
-    """Name the cell that failed (or was running when the kernel died), from the partial notebook."""
-    import nbformat
-
-    try:
-        nb = nbformat.read(executed, as_version=4)
-    except Exception:
-        return "an unknown cell (no executed notebook was written)"
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    for status in ("failed", "running"):  # papermill's own bookkeeping, per cell
-        for i, cell in enumerate(code, 1):
-            if cell.get("metadata", {}).get("papermill", {}).get("status") == status:
-                return _cell_label(cell, i)
-    for i, cell in enumerate(code, 1):
-        if any(out.get("output_type") == "error" for out in cell.get("outputs", [])):
-            return _cell_label(cell, i)
-    return "an unknown cell"
-
-
 def execute(
     notebook: str,
     params: dict[str, Any],
@@ -173,11 +143,8 @@ def execute(
     title: str,
     env: dict[str, str] | None = None,
 ) -> tuple[Path, str | None]:
-    """Execute `notebooks/<notebook>.py` with `params` into `workdir` (`<notebook>.ipynb` and `.html` there).
-
-    Returns (executed notebook, None) or (executed notebook, why it failed); raises only for what is not the
-    notebook's doing (the papermill stack missing, an interrupt).
-    """
+    """Execute `notebooks/<notebook>.py` with `params` into `workdir` (`<notebook>.ipynb` and `.html` there):
+    (executed notebook, None or why it failed); raises only for what is not the notebook's doing (an interrupt)."""
     import jupytext
     import nbformat
     import papermill as pm
@@ -212,8 +179,8 @@ def execute(
                     log_output=False,
                     cwd=os.getcwd(),
                 )
-        except pm.PapermillExecutionError as exc:
-            failure = f"{_failing_cell(executed)} failed: {exc.ename}: {exc.evalue}"
+        except pm.PapermillExecutionError as exc:  # papermill stops at the failing cell: the last one started
+            failure = f"{started[-1] if started else 'an unknown cell'} failed: {exc.ename}: {exc.evalue}"
         except Exception as exc:  # the kernel died (out of memory, a crash in native code) or would not start
             where = started[-1] if started else "the kernel start"
             failure = f"{where} did not finish: {type(exc).__name__}: {str(exc).strip()[:500]}"

@@ -1,9 +1,6 @@
-"""From parameter files and overrides to the runs they ask for.
-
-`python -m rlnorm run FILE... [-y YAML] [-p KEY VALUE]...` follows papermill's conventions: each FILE is a
-parameter set, `-y` a YAML mapping and `-p` one parameter (its value read as YAML: `-p d 256`,
-`-p backends "[rlnorm, reference]"`), later ones overriding earlier ones. A key that takes one value may be given a
-list of values: the run is then a matrix, one run per combination, each in `outputs/NAME/<combination>/`.
+"""From parameter files and overrides to the runs they ask for, in papermill's order: each FILE, then `-y` (a YAML
+mapping), then `-p KEY VALUE` (its value read as YAML). A list for a key that takes one value makes a matrix: one
+run per combination, each in `outputs/NAME/<combination>/`.
 """
 
 from __future__ import annotations
@@ -62,8 +59,7 @@ class Combination:
         return self.folder.name if not self.values else f"{self.folder.parent.name}/{self.folder.name}"
 
     def notebook_parameters(self) -> dict[str, Any]:
-        """What the notebook's parameters cell is given for this run: its parameter file, its name, and the
-        parameters that differ from that file (where the run goes is the caller's: output_dir, staging_dir)."""
+        """The notebook's parameters cell for this run: its file, its name, and what differs from that file."""
         p = self.params
         # a matrix file's axis (a list for a one-value key) always differs: the notebook gets this run's value
         base = {**RunParams().as_dict(), **(read_params_file(p.params_file) if p.params_file else {})}

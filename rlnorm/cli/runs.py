@@ -1,15 +1,13 @@
-"""Running reuse checks from the command line: one run in this process, several as independent processes.
-
-A combination of a matrix is one independent process (`python -m rlnorm run FILE --only K`), the same command a
-cluster scheduler's array task runs, so `--jobs` and `--gpus` need no layer of their own: they start those
-processes here, at most N at a time, each seeing one GPU.
+"""Running reuse checks from the command line: one run in this process, several as independent processes
+(`python -m rlnorm run FILE --only K`, the command a scheduler's array task runs), at most N at a time.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import itertools
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -19,7 +17,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
+from subprocess import PIPE, STDOUT
 
 from rlnorm.cli.notebook import execute
 from rlnorm.cli.plan import Combination
@@ -28,20 +26,6 @@ from rlnorm.kit.artifact import ENDED_EARLY
 from rlnorm.kit.results import load_run
 from rlnorm.kit.steps import ARTIFACT_FILE
 from rlnorm.report.verdict import summary_lines
-
-__all__ = [
-    "EXIT_BACKEND",
-    "EXIT_CELL_FAILED",
-    "EXIT_EXISTS",
-    "EXIT_INTERRUPTED",
-    "EXIT_USAGE",
-    "Outcome",
-    "backend_problems",
-    "exit_status",
-    "run_many",
-    "run_one",
-    "verdict_lines",
-]
 
 NOTEBOOK = "reuse_check"
 EXIT_CELL_FAILED = 1  # a cell or a step raised, or the kernel died; the run is placed for reading
@@ -61,20 +45,6 @@ class Outcome:
     code: int
     message: str = ""
     seconds: float = 0.0
-
-
-def backend_problems(artifact: dict) -> list[str]:
-    """Backends a script must hear about: not loadable, crashed or timed out (the run folder is complete)."""
-    out = []
-    for key, r in (artifact.get("results") or {}).items():
-        if r.get("status") == "failed" or r.get("status") in ENDED_EARLY:
-            out.append(f"{key}: {r.get('status')}: {r.get('skip_reason')}")
-    return out
-
-
-def verdict_lines(artifact: Path) -> list[str]:
-    """The summary line per backend (and per step that failed after the backends), in the report's words."""
-    return summary_lines(load_run(artifact))
 
 
 def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, str] | None = None) -> Outcome:
@@ -100,25 +70,20 @@ def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, s
         raise
     seconds = time.time() - t0
     artifact = run_dir / ARTIFACT_FILE
-    doc = json.loads(artifact.read_text()) if artifact.is_file() else {}
+    run = load_run(artifact) if artifact.is_file() else None
     if failure:
         # a step after the backends that raised is in the artifact, with every result that stands
-        failed = [f"  {f['step']}: {f['error']}" for f in doc.get("failed_steps") or []]
+        failed = [f"  {f.step}: {f.error}" for f in (run.failed_steps if run else None) or []]
         said = "\n".join(["steps that failed (the artifact holds every other result):", *failed]) if failed else failure
         return Outcome(combo, EXIT_CELL_FAILED, f"{said}\n  the partial notebook is in {run_dir / executed.name}")
-    problems = backend_problems(doc)
-    lines = ["verdicts (the page says why):", *(verdict_lines(artifact) if doc else [])]
+    results = run.results if run else {}
+    problems = [
+        f"  {k}: {r.status}: {r.skip_reason}" for k, r in results.items() if r.status in ("failed", *ENDED_EARLY)
+    ]
+    lines = ["verdicts (the page says why):", *(summary_lines(run) if run else [])]
     if problems:
-        lines.append("backends a script must know about (the run is complete):")
-        lines += [f"  {p}" for p in problems]
+        lines += ["backends a script must know about (the run is complete):", *problems]
     return Outcome(combo, EXIT_BACKEND if problems else 0, "\n".join(lines), seconds)
-
-
-def _worst(codes: Sequence[int]) -> int:
-    for code in SEVERITY:
-        if code in codes:
-            return code
-    return max(codes, default=0)
 
 
 # set in each combination's own process: its parent builds the index, so the child gives no hint about it
@@ -140,11 +105,12 @@ def run_many(
 ) -> list[Outcome]:
     """Each combination as its own `python -m rlnorm run ... --only K` process, at most `jobs` at a time; with
     `gpus`, each process sees one of them (CUDA_VISIBLE_DEVICES). Lines it prints are prefixed with its label."""
-    free: list[str] = list(gpus)
+    free: queue.Queue[str] = queue.Queue()
+    for gpu in gpus:
+        free.put(gpu)
     lock = threading.Lock()
     running: list[subprocess.Popen[str]] = []
-    done = [0]
-    total = len(combos)
+    done = itertools.count(1)
 
     def say(text: str) -> None:
         with lock:
@@ -152,23 +118,13 @@ def run_many(
 
     def one(item: tuple[Combination, int]) -> Outcome:
         combo, index = item
-        gpu = None
-        if gpus:
-            with lock:
-                gpu = free.pop(0)
+        gpu = free.get() if gpus else None
         env = dict(os.environ, **{MATRIX_CHILD_ENV: "1"}, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
-        where = f" on GPU {gpu}" if gpu is not None else ""
-        say(f"rlnorm: [{combo.label}] starting{where}")
+        say(f"rlnorm: [{combo.label}] starting" + (f" on GPU {gpu}" if gpu is not None else ""))
         t0 = time.time()
         with lock:
-            proc = subprocess.Popen(
-                _child_command(index, argv),
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-                errors="replace",
-                env=env,
-            )
+            command = _child_command(index, argv)
+            proc = subprocess.Popen(command, stdout=PIPE, stderr=STDOUT, text=True, errors="replace", env=env)
             running.append(proc)
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -176,16 +132,12 @@ def run_many(
                 say(f"[{combo.label}] {line.rstrip()}")
         code = proc.wait()
         if gpu is not None:
-            with lock:
-                free.append(gpu)
-        with lock:
-            done[0] += 1
-            n = done[0]
-        seconds = time.time() - t0
-        say(f"rlnorm: [{n}/{total}] {combo.label}: {'done' if code == 0 else f'exit {code}'} in {seconds:.0f} s")
+            free.put(gpu)
+        seconds, ended = time.time() - t0, "done" if code == 0 else f"exit {code}"
+        say(f"rlnorm: [{next(done)}/{len(combos)}] {combo.label}: {ended} in {seconds:.0f} s")
         return Outcome(combo, code, "", seconds)
 
-    pool = ThreadPoolExecutor(max_workers=workers(jobs, gpus, total))
+    pool = ThreadPoolExecutor(max_workers=workers(jobs, gpus, len(combos)))
     try:
         return list(pool.map(one, zip(combos, indices, strict=True)))
     except BaseException:
@@ -213,4 +165,6 @@ def workers(jobs: int, gpus: Sequence[str], total: int) -> int:
 
 
 def exit_status(outcomes: Sequence[Outcome]) -> int:
-    return _worst([o.code for o in outcomes])
+    """A batch's exit status: the worst of its runs'."""
+    codes = [o.code for o in outcomes]
+    return next((code for code in SEVERITY if code in codes), max(codes, default=0))

@@ -22,8 +22,6 @@ import jsonschema.validators
 from rlnorm.kit.folders import write_atomic
 from rlnorm.kit.results import SCHEMA_VERSION, RunResult, run_from_doc, to_json
 
-__all__ = ["ArtifactValidationError", "load_artifact", "validate_artifact", "write_artifact"]
-
 DEFAULT_RFC = "RL-Align/RL-Kernel#428"
 ENDED_EARLY = ("crashed", "timed_out")  # statuses of a backend whose own process ended before its checks did
 
@@ -75,14 +73,11 @@ def validate_artifact(doc: Mapping[str, Any] | RunResult) -> None:
         raise ArtifactValidationError(sorted(problems))
 
 
-def write_artifact(
-    doc: RunResult | Mapping[str, Any], path: str | os.PathLike[str], overwrite: bool = True, *, validate: bool = True
-) -> Path:
-    """Write `doc` as JSON to `path`, validated first (validate=False: a file of another kind, such as a
-    benchmark's), whole or not at all; an existing file is replaced only with overwrite=True."""
+def write_artifact(doc: RunResult | Mapping[str, Any], path: str | os.PathLike[str], overwrite: bool = True) -> Path:
+    """Write `doc` as JSON to `path`, validated first, whole or not at all (an existing file replaced only with
+    overwrite=True)."""
     data = to_json(doc)
-    if validate:
-        validate_artifact(data)
+    validate_artifact(data)
     return write_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n", overwrite=overwrite)
 
 

@@ -1,11 +1,8 @@
 """Where a run happened: GPU, CUDA, library versions, the code's commit and whether the tree was dirty.
 
-A batch-invariance or speed result means little without the exact stack it came from, so every
-artifact carries this block. It keeps the seed report's fields (`gpu`, `capability`, `cuda`,
-`libraries` with the same nine names) and adds what a reader needs to reproduce a CPU run too
-(python, platform, the Triton interpreter flag, the rlnorm version). Library versions come from the
-module when it is already imported, else from package metadata, never by importing the package:
-importing vLLM beside a CPU torch can fail or take seconds, and a version string must not cost that.
+The block keeps the seed report's fields (`gpu`, `capability`, `cuda`, `libraries` with its nine names) and adds
+what reproduces a CPU run too. Versions come from a module already imported, else from package metadata, never by
+importing the package (importing vLLM beside a CPU torch can fail or take seconds).
 """
 
 from __future__ import annotations
@@ -24,16 +21,8 @@ from rlnorm import __version__ as rlnorm_version
 from rlnorm.checkout import PACKAGE_DIR
 
 # The seed report's library names (its order), then the ones a reader of our runs also needs.
-REPORT_LIBRARIES: tuple[str, ...] = (
-    "torch",
-    "triton",
-    "transformers",
-    "vllm",
-    "flashinfer-python",
-    "liger-kernel",
-    "fla-core",
-    "transformer_engine",
-    "megatron-core",
+REPORT_LIBRARIES: tuple[str, ...] = tuple(
+    "torch triton transformers vllm flashinfer-python liger-kernel fla-core transformer_engine megatron-core".split()
 )
 EXTRA_LIBRARIES: tuple[str, ...] = ("numpy", "pandas", "matplotlib", "jsonschema", "papermill")
 
@@ -47,9 +36,8 @@ _PACKAGE_ROOT = PACKAGE_DIR.parent
 
 
 def library_version(name: str) -> str | None:
-    """Version of library `name` (or a known alias), None when not installed. A module already imported
-    reports its own `__version__`: that is the code that runs, and a build's metadata can lack its local
-    part (the H200 image's torch: metadata 2.11.0, torch.__version__ 2.11.0+cu130)."""
+    """Version of library `name` (or a known alias), None when not installed; an imported module's own
+    `__version__` first (a build's metadata can lack its local part: 2.11.0 for torch 2.11.0+cu130)."""
     loaded = getattr(sys.modules.get(name), "__version__", None)
     if isinstance(loaded, str):
         return str(loaded)  # torch's is a str subclass
@@ -61,23 +49,11 @@ def library_version(name: str) -> str | None:
     return None
 
 
-def _device_type(device: str | torch.device) -> str:
-    if isinstance(device, torch.device):
-        return device.type
-    if not isinstance(device, str):
-        raise TypeError(f"device: expected a str like 'cuda' or 'cpu' or a torch.device, got {type(device).__name__}")
-    return torch.device(device).type
-
-
 def collect_environment(device: str | torch.device = "cpu") -> dict[str, Any]:
-    """The artifact's `environment` block for a run on `device`.
-
-    Keys from the seed report: gpu (name, or "cpu"), capability ([major, minor] or None), cuda
-    (the CUDA version torch was built with, None for a CPU build), libraries {name: version or
-    None}. NEW: device, gpu_count, gpu_memory_gib, python, platform, triton_interpret (the
-    TRITON_INTERPRET value in effect, None if unset), rlnorm (package version), torch_cuda_available.
-    """
-    dev_type = _device_type(device)
+    """The artifact's `environment` block for a run on `device`: the seed report's keys, then ours."""
+    if not isinstance(device, (str, torch.device)):
+        raise TypeError(f"device: expected a str like 'cuda' or 'cpu' or a torch.device, got {type(device).__name__}")
+    dev_type = torch.device(device).type
     if dev_type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA device")
@@ -108,20 +84,15 @@ def collect_environment(device: str | torch.device = "cpu") -> dict[str, Any]:
     }
 
 
-# The caller may state what `git` says: RLNORM_COMMIT=$(git rev-parse HEAD), RLNORM_TREE_DIRTY=0|1.
-# A stated value wins over the checkout: a copy of the working tree sent to another machine may carry a
-# .git that does not match the files beside it (copied at another time, or only in part), and then HEAD
-# names a commit other than the code that ran, where the caller knows the right one.
+# The caller may state what `git` says (RLNORM_COMMIT=$(git rev-parse HEAD), RLNORM_TREE_DIRTY=0|1), and that
+# wins: a working tree copied to another machine may carry a .git that does not match the files beside it.
 COMMIT_ENV = "RLNORM_COMMIT"
 DIRTY_ENV = "RLNORM_TREE_DIRTY"
 
 
 def git_output(repo_dir: str | os.PathLike[str] | None, *args: str) -> str | None:
-    """Output of `git -C repo_dir args...`, None when git or the checkout is not there.
-
-    With repo_dir None the checkout must be this package's own (its top level holds rlnorm/), so
-    a non-editable install inside some other repository never reports that repository's commit.
-    """
+    """Output of `git -C repo_dir args...`, None when git or the checkout is not there. With repo_dir None the
+    checkout must be this package's own, so an install inside another repository never reports its commit."""
     repo = Path(repo_dir) if repo_dir is not None else _PACKAGE_ROOT
     if not repo.is_dir():
         return None
@@ -152,8 +123,7 @@ def commit_from_env() -> str | None:
 
 
 def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
-    """$RLNORM_COMMIT when set (see above), else the full hash of HEAD in `repo_dir` (default: this
-    package's checkout), else None."""
+    """$RLNORM_COMMIT when set, else the hash of HEAD in `repo_dir` (default: this package's checkout), else None."""
     stated = commit_from_env()
     if stated is not None:
         return stated
@@ -162,8 +132,7 @@ def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
 
 
 def tracked_tree_dirty(repo_dir: str | os.PathLike[str] | None = None) -> bool | None:
-    """$RLNORM_TREE_DIRTY (0/1) when set, else True when a tracked file differs from HEAD
-    (untracked files don't count), else None outside a checkout."""
+    """$RLNORM_TREE_DIRTY (0/1) when set, else whether a tracked file differs from HEAD, else None (no checkout)."""
     value = os.environ.get(DIRTY_ENV, "").strip().lower()
     if value:
         if value not in ("0", "1", "true", "false"):

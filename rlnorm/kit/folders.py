@@ -1,9 +1,5 @@
-"""Files of a run are written whole or not at all: each file through `write_atomic`, the run folder assembled in a
-staging folder beside its place and moved there (`place`).
-
-Whoever executes the notebook (the command line, papermill, JupyterLab), `outputs/NAME/` is absent, the previous
-run untouched, or a complete new run, never half of one; and a reader of a file (the parent of a worker that died,
-a run interrupted mid-write) never sees half a file.
+"""Files of a run are written whole or not at all (`write_atomic`), the run folder assembled in a staging folder
+beside its place and moved there (`place`): `outputs/NAME/` is absent, the previous run, or a complete new run.
 """
 
 from __future__ import annotations
@@ -16,8 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["RunExists", "place", "staging_for", "write_atomic"]
-
 
 class RunExists(FileExistsError):
     """The run folder is there already and replacing it was not asked for."""
@@ -26,11 +20,8 @@ class RunExists(FileExistsError):
 def write_atomic(
     path: str | os.PathLike[str], content: str | bytes | Callable[[IO[bytes]], None], overwrite: bool = True
 ) -> Path:
-    """Write `content` (text, bytes, or a function writing to a binary file) to `path`, whole or not at all.
-
-    It goes to a temporary file in the same folder, is fsynced, then moved into place: `os.replace` when
-    overwriting, else `os.link`, so a file that appeared meanwhile is never clobbered (FileExistsError).
-    """
+    """Write `content` (text, bytes, or a function writing to a binary file) to `path`, whole or not at all: a
+    fsynced temporary file moved into place (`os.link` when not overwriting: one that appeared is never clobbered)."""
     path = Path(path)
     if not overwrite and path.exists():
         raise FileExistsError(f"path: {str(path)!r} already exists; pass overwrite=True to replace it")

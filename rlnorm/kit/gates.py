@@ -1,28 +1,25 @@
-"""Contract gates (docs/spec.md §5): a forward and a gradient gate per backend, run in the backend's worker.
+"""Contract gates (docs/spec.md §5): a forward and a gradient gate per backend, run in the backend's worker, so a
+crash or a hang is the backend's crash in check "contract_gates", with the gate's cell on the trail.
 
-The thing being gated may take its process down (a device assert, a segfault in a compiled extension) or never
-return: the worker (`rlnorm.kit.worker`) is already a process of its own with a time limit, so that is recorded as
-the backend's crash in check "contract_gates", with the gate's cell on the trail.
-
-Workload (docs/spec.md §5 has the table of cells): 4 samples of 11, 16, 13 and 19 tokens, each token `heads` rows
-(token-major), processed in several arrangements (cells) of one or more calls. Forward gate: every token's output
-in every cell is bitwise equal to its `BN/full` output. Gradient gate: the same for dx and dz; and the backend's
-own dweight against the exact sum (`rlnorm.numerics.exact_sum`) of single-row dweights, in the order of `B1/full`
-and of `B1/chunked`, and against the one-call cells, in lines of the reference report's format.
+Workload: 4 samples of 11, 16, 13 and 19 tokens of `heads` rows, in the arrangements (cells) of docs/spec.md §5.
+Forward gate: every token's output bitwise equal to its `BN/full` output in every cell; gradient gate: the same for
+dx and dz, and the backend's own dweight against the exact sum of single-row dweights and the one-call cells.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 import traceback
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from rlnorm.inputs import Case, make_case
 from rlnorm.kit.backends import Backend
+from rlnorm.kit.checks.common import NO_TRAIL, Trail, bits
 from rlnorm.kit.records import dtype_name
 from rlnorm.kit.results import Gate
 from rlnorm.numerics import exact_sum
@@ -30,7 +27,6 @@ from rlnorm.options import OpOptions
 
 SAMPLE_TOKENS = (11, 16, 13, 19)
 CHUNK_TOKENS = 7
-GATES = ("forward", "gradient")
 TAIL_LINES = 20
 # a gate's returncode, as a gate child's exit status read: 0 ran to the end (the verdict is in its lines), 1 the
 # backend raised, 3 the backend cannot take the gate (no backward)
@@ -42,22 +38,6 @@ LINE_RE = re.compile(
 )
 
 
-class Trail(Protocol):
-    """Where a crash happened: the checks' breadcrumb (`rlnorm.kit.checks.Trail`)."""
-
-    def case(self, check: str, case_spec: dict[str, Any], opts: OpOptions) -> None: ...
-    def batch(self, batch_spec: dict[str, Any]) -> None: ...
-
-
-class _NoTrail:
-    def case(self, check: str, case_spec: dict[str, Any], opts: OpOptions) -> None:
-        pass
-
-    def batch(self, batch_spec: dict[str, Any]) -> None:
-        pass
-
-
-# ----------------------------------------------------------------------------- workload
 @dataclass
 class Cell:
     """One arrangement of the workload: calls, each a list of token slots (-1 = a zero padding token)."""
@@ -66,21 +46,14 @@ class Cell:
     calls: list[list[int]]
 
 
-def _sample_token_ranges() -> list[list[int]]:
-    out, start = [], 0
-    for n in SAMPLE_TOKENS:
-        out.append(list(range(start, start + n)))
-        start += n
-    return out
-
-
 def _chunks(tokens: list[int], size: int) -> list[list[int]]:
     return [tokens[i : i + size] for i in range(0, len(tokens), size)]
 
 
 def build_cells(seed: int = 0) -> list[Cell]:
     """The cells of docs/spec.md §5, in token slots; `BN/full` first (everything is compared with it)."""
-    samples = _sample_token_ranges()
+    starts = [0, *itertools.accumulate(SAMPLE_TOKENS)]
+    samples = [list(range(start, start + n)) for start, n in zip(starts, SAMPLE_TOKENS, strict=False)]
     all_tokens = [t for s in samples for t in s]
     longest = max(SAMPLE_TOKENS)
     g = torch.Generator().manual_seed(seed + 7)
@@ -114,12 +87,8 @@ def _scatter(dst: Tensor, rows: list[int], values: Tensor) -> None:
     dst[torch.tensor([rows[i] for i in keep], dtype=torch.long, device=dst.device)] = values[keep].to(dst.device)
 
 
-# ----------------------------------------------------------------------------- lines
 def _same_bits(a: Tensor, b: Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
 
 
 def _max_abs(a: Tensor, b: Tensor) -> float:
@@ -146,7 +115,6 @@ def parse_line(line: str) -> dict | None:
     return d
 
 
-# ----------------------------------------------------------------------------- gate bodies
 @dataclass
 class _Bench:
     """The workload, the options, and the trail marked before every call (a crash names the gate's cell)."""
@@ -183,10 +151,10 @@ def forward_gate(
     heads: int = 2,
     d: int = 128,
     seed: int = 0,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
 ) -> list[str]:
     """Every token's forward output bitwise equal across cells."""
-    b = _bench(backend, opts, device, heads, d, seed, trail or _NoTrail())
+    b = _bench(backend, opts, device, heads, d, seed, trail)
     lines: list[str] = []
     outs: dict[str, Tensor] = {}
     for cell in build_cells(seed):
@@ -207,10 +175,10 @@ def gradient_gate(
     heads: int = 2,
     d: int = 128,
     seed: int = 0,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
 ) -> list[str]:
     """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
-    b = _bench(backend, opts, device, heads, d, seed, trail or _NoTrail())
+    b = _bench(backend, opts, device, heads, d, seed, trail)
     case = b.case
     lines: list[str] = []
     grads: dict[str, dict[str, Tensor]] = {}
@@ -234,28 +202,18 @@ def gradient_gate(
             lines.append(format_line("bitwise", "BN/full", cell.name, "dz", grads["BN/full"]["dz"], dz))
 
     full_dw = dweights["BN/full"]
-    # single-row runs, canonical order, each row a fresh contiguous tensor
-    singles = [
-        b.grads("B1-singleton", case.x[r : r + 1].clone(), case.z[r : r + 1].clone(), case.dy[r : r + 1].clone())
-        .dw.detach()
-        .to("cpu", torch.float32)
-        for r in range(case.x.shape[0])
-    ]
-    agg = exact_sum(torch.stack(singles), case.w.dtype)
-    pair_b = "B1-singleton_aggregate/full"
-    lines.append(format_line("singleton_aggregate", "BN/full", pair_b, "dweight", full_dw, agg.to(full_dw.dtype)))
-    # the same single rows again, in B1/chunked order, each a one-row view into its chunk
-    singles_chunked = []
+    # the backend's dweight against the exact sum of single-row dweights: each row a fresh contiguous tensor in
+    # canonical order, then each a one-row view into its chunk in B1/chunked order
+    fresh = [tuple(t[r : r + 1].clone() for t in (case.x, case.z, case.dy)) for r in range(case.x.shape[0])]
     b1_chunked = next(c for c in build_cells(seed) if c.name == "B1/chunked")
-    for tokens in b1_chunked.calls:
-        rows = _rows_of(tokens, heads)
-        xc, zc, dyc = _gather(case.x, rows), _gather(case.z, rows), _gather(case.dy, rows)
-        for i in range(len(rows)):
-            g = b.grads("B1-singleton/chunked", xc[i : i + 1], zc[i : i + 1], dyc[i : i + 1])
-            singles_chunked.append(g.dw.detach().to("cpu", torch.float32))
-    agg_c = exact_sum(torch.stack(singles_chunked), case.w.dtype)
-    pair_b = "B1-singleton_aggregate/chunked"
-    lines.append(format_line("singleton_aggregate", "BN/full", pair_b, "dweight", full_dw, agg_c.to(full_dw.dtype)))
+    chunks = [[_gather(t, _rows_of(tokens, heads)) for t in (case.x, case.z, case.dy)] for tokens in b1_chunked.calls]
+    views = [tuple(t[i : i + 1] for t in chunk) for chunk in chunks for i in range(chunk[0].shape[0])]
+    for name, cell, singles in (("full", "B1-singleton", fresh), ("chunked", "B1-singleton/chunked", views)):
+        dws = [b.grads(cell, *one).dw.detach().to("cpu", torch.float32) for one in singles]
+        agg = exact_sum(torch.stack(dws), case.w.dtype).to(full_dw.dtype)
+        lines.append(
+            format_line("singleton_aggregate", "BN/full", f"B1-singleton_aggregate/{name}", "dweight", full_dw, agg)
+        )
     for name in ("BN/permuted", "BN/padded-left", "BN/padded-right", "BN/packed"):
         lines.append(format_line("dweight", "BN/full", name, "dweight", full_dw, dweights[name]))
     return lines
@@ -282,11 +240,10 @@ def run_gates(
     d: int = 128,
     heads: int = 2,
     seed: int = 0,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
 ) -> dict[str, Gate]:
-    """Both gates of `backend`, in this process: the backend's worker, where a crash or a hang ends the process and
-    is recorded as the backend's crash in check "contract_gates". A gate the backend raises in fails, with the end
-    of the traceback; the gradient gate of a forward-only backend is not taken (returncode 3)."""
+    """Both gates of `backend`, in its worker: a gate the backend raises in fails with its traceback's tail; the
+    gradient gate of a forward-only backend is not taken (returncode 3)."""
     gates: dict[str, Gate] = {}
     for name, body in (("forward", forward_gate), ("gradient", gradient_gate)):
         if name == "gradient" and not backend.has_backward:

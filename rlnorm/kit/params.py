@@ -1,20 +1,19 @@
 """Run parameters of the reuse check: the one definition with the defaults, YAML loading, strict validation.
 
-`RunParams` holds every parameter and its default (the full protocol, docs/spec.md §4-5); a parameter file
-(params/*.yaml) holds only what differs, and `load_params(file, **overrides)` makes the run's parameters. Papermill
-only warns about a name the notebook does not declare and injects ill-typed values as they come, so a typo
-(`coverge: sampled`) would silently run the default protocol: every run goes through `load_params`, which stops at
-once with a message naming each unknown, ill-typed or out-of-range parameter. A check takes its parameters as
-keywords named as these fields (`rlnorm.kit.checks.run_check`).
+`RunParams` holds every parameter and its default (the full protocol, docs/spec.md §4-5); params/*.yaml hold what
+differs. Papermill injects unknown or ill-typed names with only a warning, so every run goes through `load_params`,
+which stops with a message naming each unknown, ill-typed or out-of-range parameter (a typo would otherwise run
+the default protocol).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import inspect
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,11 +23,11 @@ import yaml
 
 from rlnorm.checkout import CHECKOUT
 from rlnorm.kit.artifact import DEFAULT_RFC
-from rlnorm.kit.backends import REGISTRY
-from rlnorm.kit.checks import CHECK_ORDER, COVERAGES
+from rlnorm.kit.backends import REGISTRY, Backend
+from rlnorm.kit.checks import CHECK_ORDER, CHECKS
+from rlnorm.kit.checks.common import CheckOutcome, Trail
+from rlnorm.kit.checks.rows import COVERAGES
 from rlnorm.options import ACTIVATIONS, OpOptions
-
-__all__ = ["ALL_BACKENDS", "ALL_CHECKS", "ParamsError", "RunParams", "load_params", "params_from_namespace"]
 
 # the docs/spec.md §6 backends, in the registry's order: one list for the kit, not a second copy here
 ALL_BACKENDS = list(REGISTRY)
@@ -125,8 +124,7 @@ class RunParams:
 
     @property
     def run_dir(self) -> Path:
-        """The folder the finished run lives in: output_dir, else outputs/<name> of this checkout (so a
-        notebook run cell by cell from notebooks/ in JupyterLab lands where the CLI's runs do)."""
+        """output_dir, else outputs/<name> of this checkout (where a notebook run in JupyterLab lands too)."""
         if self.output_dir:
             return Path(self.output_dir)
         root = CHECKOUT if CHECKOUT is not None and (CHECKOUT / "outputs").is_dir() else Path()
@@ -145,6 +143,19 @@ class RunParams:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunParams)}
 _HINTS = get_type_hints(RunParams)
+
+
+def check_kwargs(check: Callable[..., Any], params: RunParams) -> dict[str, Any]:
+    """The run's value of each parameter `check` names (a check takes its parameters as keywords named as these)."""
+    return {k: getattr(params, k) for k in inspect.signature(check).parameters if k in _FIELDS and k != "device"}
+
+
+def run_check(name: str, backend: Backend, params: RunParams, device: str, trail: Trail) -> CheckOutcome:
+    """Check `name` of `backend` on `device` (resolved), with the run's value of each parameter it names."""
+    if name not in CHECKS:
+        raise ValueError(f"name: expected one of {list(CHECKS)}, got {name!r}")
+    check = CHECKS[name]
+    return check(backend, params.op_options(), device, trail=trail, **check_kwargs(check, params))
 
 
 def _default(name: str) -> Any:
@@ -175,8 +186,7 @@ def _type_name(hint: Any) -> str:
 
 
 def _problems(values: Mapping[str, Any]) -> list[str]:
-    """Type checks, then range and choice checks of the parameters whose type is right (defaults standing in for
-    the ill-typed ones): one message per offending parameter, all of them at once."""
+    """One message per ill-typed parameter, then per out-of-range one (defaults stand in for the ill-typed)."""
     ok = {name: _type_ok(values[name], hint) for name, hint in _HINTS.items()}
     typed = [f"{name}: expected {_type_name(_HINTS[name])}, got {values[name]!r}" for name in ok if not ok[name]]
     return typed + _range_errors(SimpleNamespace(**{n: values[n] if ok[n] else _default(n) for n in ok}))
@@ -246,8 +256,7 @@ def _format_errors(errors: list[str]) -> str:
 
 
 def _locate(source: str | os.PathLike[str]) -> Path:
-    """A parameter file's path; a relative one not found here is looked for in the checkout (a notebook run from
-    notebooks/ names params/quick.yaml as the command line does)."""
+    """A parameter file's path; a relative one not found here is looked for in the checkout."""
     path = Path(source)
     if not path.exists() and not path.is_absolute() and CHECKOUT is not None and (CHECKOUT / path).exists():
         return CHECKOUT / path
@@ -286,12 +295,9 @@ def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_params(source: str | os.PathLike[str] | Mapping[str, Any] | None = None, **overrides: Any) -> RunParams:
-    """Parameters from a YAML file (its name is the run's unless it says otherwise) or a mapping, plus overrides,
-    over RunParams' defaults, validated strictly.
-
-    Raises ParamsError naming every unknown parameter (with the closest known name) and every ill-typed or
-    out-of-range one, all at once, so one edit fixes a parameter file.
-    """
+    """Parameters from a YAML file (its stem names the run unless it says otherwise) or a mapping, plus overrides,
+    over RunParams' defaults; ParamsError names every unknown (with the closest known name), ill-typed or
+    out-of-range parameter at once, so one edit fixes a parameter file."""
     if source is None or isinstance(source, Mapping):
         data = dict(source or {})
     else:
@@ -316,13 +322,9 @@ _IPYTHON = ("In", "Out", "exit", "quit", "get_ipython")
 
 
 def params_from_namespace(namespace: Mapping[str, Any], before: set[str]) -> RunParams:
-    """The notebook's run: `load_params(params_file, **overrides)`, with the cell's name and where the run goes,
-    and every other public name that appeared after `before` (taken just above the parameters cell) as one
-    more override.
-
-    Papermill injects `-p d 256` as the name `d` (and injects what it is given even when the notebook does not
-    declare it, only warning), so such a name is an override, and one that is no parameter is refused by name.
-    """
+    """The notebook's run: `load_params(params_file, **overrides)` with the cell's name and where the run goes;
+    a public name that appeared after `before` (papermill injects `-p d 256` as `d`) is one more override, and
+    one that is no parameter is refused by name."""
     overrides = namespace.get("overrides") or {}
     if not isinstance(overrides, Mapping):
         raise ParamsError(f"overrides: expected a mapping of parameter: value, got {overrides!r}")

@@ -1,10 +1,8 @@
 """The one way the kit starts a child process: one that can crash, hang or poison its device at no cost to the run.
 
-Every child (a backend's worker, a rebuilt batch, the trainer-vs-sampler check, the vLLM probe) runs as `Child`: a
-fresh interpreter (never a fork of a process holding a CUDA context), in a session of its own (a crash cannot
-signal the parent's group, and a kill reaches whatever the child started), with the parent's import path (a user's
-backend module imports there too), within a time limit, its process group killed when the wait ends however it
-ends (the limit, or the parent interrupted), and the end of its stderr kept to say why it died.
+A `Child` is a fresh interpreter (never a fork of a process holding a CUDA context) in a session of its own, with
+the parent's import path, within a time limit; its process group is killed when the wait ends however it ends, and
+the end of its stderr is kept to say why it died.
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-
-__all__ = ["Child", "Ended", "child_env", "describe_exit", "run_child"]
 
 TAIL_LINES = 30
 

@@ -1,9 +1,7 @@
 """Per-row records of the checks, and the rebuild of any recorded comparison from the record alone.
 
-A record says which row differed, in which batch, by how much; its `rebuild` column is a JSON
-string holding everything needed to regenerate that exact batch (case size, width, seed, dtypes,
-options, and the slice or the sweep's seeded permutation). So a notebook reaches one failing row
-in one backend call instead of rerunning a whole check.
+A record's `rebuild` column is JSON holding everything needed to regenerate that exact batch (case, dtypes,
+options, the slice or the sweep's seeded permutation), so a notebook reaches one failing row in one backend call.
 """
 
 from __future__ import annotations
@@ -27,37 +25,14 @@ from rlnorm.options import OpOptions
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 
-__all__ = [
-    "REBUILD_VERSION",
-    "RECORD_COLUMNS",
-    "RebuiltCase",
-    "dtype_from_name",
-    "dtype_name",
-    "read_records",
-    "rebuild_case",
-    "records_frame",
-    "sweep_batch_rows",
-    "sweep_perm_seed",
-    "write_records",
-]
-
+RECORD_COLUMNS: list[str] = (
+    "backend check seed case batch_start batch_size position row tensor cols_differ max_abs max_ulp rebuild".split()
+)
 # column -> pandas dtype; nullable ints because a dweight record has no row / position
-_COLUMN_DTYPES: dict[str, str] = {
-    "backend": "string",
-    "check": "string",
-    "seed": "Int64",
-    "case": "string",
-    "batch_start": "Int64",
-    "batch_size": "Int64",
-    "position": "Int64",
-    "row": "Int64",
-    "tensor": "string",
-    "cols_differ": "Int64",
-    "max_abs": "float64",
-    "max_ulp": "Int64",
-    "rebuild": "string",
+_COLUMN_DTYPES = {
+    c: "string" if c in ("backend", "check", "case", "tensor", "rebuild") else "float64" if c == "max_abs" else "Int64"
+    for c in RECORD_COLUMNS
 }
-RECORD_COLUMNS: list[str] = list(_COLUMN_DTYPES)
 REBUILD_VERSION = 1
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
@@ -71,17 +46,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-def dtype_from_name(name: str | torch.dtype) -> torch.dtype:
-    """Name -> dtype: "bfloat16" (or "torch.bfloat16", or a torch.dtype) -> torch.bfloat16."""
-    if isinstance(name, torch.dtype):
-        return name
-    key = str(name).removeprefix("torch.")
-    if key not in _DTYPES:
+def dtype_from_name(name: str) -> torch.dtype:
+    """ "bfloat16" -> torch.bfloat16."""
+    if name not in _DTYPES:
         raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {name!r}")
-    return _DTYPES[key]
-
-
-# -- the records table --------------------------------------------------------------------------
+    return _DTYPES[name]
 
 
 def records_frame(records: list[Record] | list[dict[str, Any]]) -> pd.DataFrame:
@@ -132,9 +101,7 @@ def read_records(path: str | os.PathLike) -> pd.DataFrame:
     return _typed(df)
 
 
-# -- the batch_size_sweep permutation (shared by the check and the rebuild) ----------------------
-
-
+# the batch_size_sweep permutation, shared by the check and the rebuild
 def sweep_perm_seed(seed: int, m: int, probe: int) -> int:
     """Seed of the permutation that draws the m-1 companions of `probe` (one per seed, size, probe)."""
     return (int(seed) * 1_000_003 + int(m)) * 1_000_033 + int(probe)
@@ -154,19 +121,11 @@ def sweep_batch_rows(n: int, m: int, probe: int, position: int, perm_seed: int) 
     return torch.cat([chosen[:position], torch.tensor([probe]), chosen[position:]])
 
 
-# -- rebuild ------------------------------------------------------------------------------------
-
-
 @dataclass
 class RebuiltCase:
-    """The two sides of a recorded comparison, regenerated, plus the row alone.
-
-    `batch.x[position]` is the recorded row inside the batch the record names (batch_start,
-    batch_size); `other.x[other_position]` is what it was compared with: the row alone
-    (all_rows, batch_size_sweep), the full batch (full_vs_sub_batches), or the same batch run
-    again (dweight_repeatable, where `position`, `other_position` and `row` are -1). `alone` is
-    always the row as a batch of one (the batch itself for dweight records).
-    """
+    """The two sides of a recorded comparison, regenerated: `batch.x[position]` is the recorded row in its batch,
+    `other.x[other_position]` what it was compared with (the row alone, the full batch, or for dweight records the
+    same batch again, where `position`, `other_position` and `row` are -1); `alone` is the row as a batch of one."""
 
     batch: Case
     position: int
@@ -182,10 +141,8 @@ class RebuiltCase:
     spec: dict[str, Any]
 
     def run(self, backend: Backend, with_grad: bool | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Recompute the comparison with `backend`: tensor -> (row inside `batch`, row inside `other`), on CPU.
-
-        For dweight records: "dweight" -> (first run, second run) of the same batch.
-        """
+        """Recompute the comparison with `backend`: tensor -> (row inside `batch`, row inside `other`), on CPU
+        (dweight records: "dweight" -> (first run, second run) of the same batch)."""
         if with_grad is None:
             with_grad = bool(getattr(backend, "has_backward", False))
         if self.check == "dweight_repeatable":
@@ -208,18 +165,14 @@ class RebuiltCase:
 
 
 def _spec_of(record: Mapping[str, Any] | pd.Series | str) -> dict[str, Any]:
-    if isinstance(record, str):
-        text = record
-    elif isinstance(record, Mapping) and "rebuild" not in record and "case" in record and "batch" in record:
-        text = dict(record)  # a rebuild spec itself (a crashed backend's trail)
-    elif isinstance(record, (Mapping, pd.Series)):
-        if "rebuild" not in record:
+    """The rebuild spec of a record, of its `rebuild` JSON, or a spec itself (a crashed backend's trail)."""
+    if isinstance(record, (Mapping, pd.Series)) and "rebuild" not in record:
+        if not ("case" in record and "batch" in record):
             raise ValueError("record: has no 'rebuild' field")
-        text = record["rebuild"]
-    else:
-        raise TypeError(
-            f"record: expected a record dict/Series or its rebuild JSON string, got {type(record).__name__}"
-        )
+        return dict(record)
+    if not isinstance(record, (Mapping, pd.Series, str)):
+        raise TypeError(f"record: expected a record or its rebuild JSON string, got {type(record).__name__}")
+    text = record if isinstance(record, str) else record["rebuild"]
     if isinstance(text, Mapping):
         return dict(text)
     try:
@@ -272,18 +225,7 @@ def rebuild_case(record: Mapping[str, Any] | pd.Series | str, device: str | torc
         other, other_position = case.rows(other_rows).to(device), int(hits[0])
         label = str(other_spec.get("label", "full batch"))
     return RebuiltCase(
-        batch=batch,
-        position=position,
-        alone=alone,
-        row=row,
-        other=other,
-        other_position=other_position,
-        other_label=label,
-        batch_rows=rows,
-        opts=opts,
-        check=check,
-        tensor=spec.get("tensor"),
-        spec=spec,
+        batch, position, alone, row, other, other_position, label, rows, opts, check, spec.get("tensor"), spec
     )
 
 

@@ -1,10 +1,8 @@
 """Typed results: what a backend's process hands back, and what every reader of a run gets.
 
-The artifact's JSON keeps every key of the reference B200 report; these dataclasses are its typed face. `to_json`
-and `from_json` are the one place where the two meet: the worker serialises a `BackendResult` with `to_json`, the
-parent reads it back with `from_json`, the kit writes a `RunResult` as the artifact, and every reader (page,
-plots, compare, index, investigate) gets a `RunResult` from `load_run`, whatever produced the file: this kit at
-any schema version, or the reference report (which lacks the kit's newer fields: they read as None).
+These dataclasses are the artifact's typed face; `to_json` and `from_json` are the one place where the two meet.
+Every reader gets a `RunResult` from `load_run`, whatever wrote the file: this kit, or the reference report (which
+lacks the kit's newer fields: they read as None).
 """
 
 from __future__ import annotations
@@ -17,33 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
-
-__all__ = [
-    "ARTIFACT_KIND",
-    "OP",
-    "SCHEMA_VERSION",
-    "SEED_SCHEMA_VERSION",
-    "STATUSES",
-    "Accuracy",
-    "Agreement",
-    "AllRows",
-    "BackendResult",
-    "BatchInvariance",
-    "Crash",
-    "Gate",
-    "Record",
-    "RowsAtSize",
-    "RunResult",
-    "StepFailure",
-    "SubBatches",
-    "Sweep",
-    "TrainerSampler",
-    "from_json",
-    "load_run",
-    "run_from_doc",
-    "to_json",
-]
+from typing import Any
 
 SCHEMA_VERSION = "1"
 SEED_SCHEMA_VERSION = "seed"  # the reference report, which has no schema_version of its own
@@ -246,28 +218,28 @@ class Record:
     rebuild: str
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RunResult:
-    """One run: the artifact's document, typed."""
+    """One run: the artifact's document, typed (the reference report lacks the keys that default to None)."""
 
     schema_version: str
     kind: str
-    rfc: str | None
+    rfc: str | None = None
     op: str
     commit: str | None
-    rl_kernel_commit: str | None
-    tracked_tree_dirty: bool | None
-    created_at: str | None
-    wall_time_s: float | None
-    param_set: str | None
+    rl_kernel_commit: str | None = None
+    tracked_tree_dirty: bool | None = None
+    created_at: str | None = None
+    wall_time_s: float | None = None
+    param_set: str | None = None
     environment: dict[str, Any]
     quick: bool
     checks: list[str]
-    params: dict[str, Any] | None
-    records: str | None  # the records CSV, relative to the artifact's folder
-    plots: dict[str, str] | None  # name -> PNG, relative to the artifact's folder
-    agreement: Agreement | None
-    trainer_sampler: TrainerSampler | None
+    params: dict[str, Any] | None = None
+    records: str | None = None  # the records CSV, relative to the artifact's folder
+    plots: dict[str, str] | None = None  # name -> PNG, relative to the artifact's folder
+    agreement: Agreement | None = None
+    trainer_sampler: TrainerSampler | None = None
     results: dict[str, BackendResult]
     failed_steps: list[StepFailure] | None = field(default=None, metadata=OMIT_NONE)
     path: Path | None = field(default=None, metadata={"json": False})  # where it was read from
@@ -297,10 +269,7 @@ class RunResult:
         return self.folder / relative
 
 
-# --------------------------------------------------------------------------------------------------------------
 # the one place where JSON and the dataclasses meet
-
-T = TypeVar("T")
 
 
 def _jsonable(value: Any) -> Any:
@@ -341,18 +310,15 @@ def _fields_json(obj: Any) -> dict[str, Any]:
     return out
 
 
-def from_json(cls: type[T], data: Any, where: str = "$") -> T:
-    """`data` (the artifact's JSON value) as `cls`; a value of the wrong shape raises naming its key path."""
-    return _convert(cls, data, where)
-
-
-def _convert(hint: Any, data: Any, where: str) -> Any:
+def from_json(hint: Any, data: Any, where: str = "$") -> Any:
+    """`data` (the artifact's JSON value) as `hint` (a dataclass, a list or dict of them...); a value of the wrong
+    shape raises naming its key path."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         if data is None:
             return None
-        return _convert(args[0], data, where) if len(args) == 1 else data
+        return from_json(args[0], data, where) if len(args) == 1 else data
     if hint is Any:
         return data
     if hint is AllRows:
@@ -365,12 +331,12 @@ def _convert(hint: Any, data: Any, where: str) -> Any:
         if not isinstance(data, list):
             raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
         (item,) = typing.get_args(hint)
-        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
+        return [from_json(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
     if origin is dict:
         if not isinstance(data, dict):
             raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
         key_t, val_t = typing.get_args(hint)
-        return {key_t(k): _convert(val_t, v, f"{where}.{k}") for k, v in data.items()}
+        return {key_t(k): from_json(val_t, v, f"{where}.{k}") for k, v in data.items()}
     if hint is float and isinstance(data, int) and not isinstance(data, bool):
         return float(data)
     if hint in (int, float, str, bool) and data is not None and not isinstance(data, hint):
@@ -387,7 +353,7 @@ def _dataclass(cls: Any, data: Any, where: str) -> Any:
         if f.metadata.get("json", True) is False:
             continue
         if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name], f"{where}.{f.name}")
+            kwargs[f.name] = from_json(hints[f.name], data[f.name], f"{where}.{f.name}")
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             raise ValueError(f"{where}: {cls.__name__} needs {f.name!r}")
     return cls(**kwargs)
@@ -430,20 +396,6 @@ def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
             f"doc: schema_version {version!r} is not one this rlnorm reads ({SCHEMA_VERSION!r}, "
             f"{SEED_SCHEMA_VERSION!r}); upgrade rlnorm"
         )
-    for key in (
-        "rfc",
-        "rl_kernel_commit",
-        "tracked_tree_dirty",
-        "created_at",
-        "wall_time_s",
-        "param_set",
-        "params",
-        "records",
-        "plots",
-        "agreement",
-        "trainer_sampler",
-    ):
-        doc.setdefault(key, None)
     run = from_json(RunResult, doc)
     run.path = path
     return run

@@ -1,12 +1,8 @@
 """The steps of a run, each one function, so the notebook stays a thin narrative.
 
-`start_run` checks everything that can stop a run before any work. `run_backends` runs every backend in a process
-of its own (`rlnorm.kit.worker`): one that cannot run here is skipped with its reason, a check that raises is
-recorded in its `errors`, a crash, a hang or a lost device ends only that backend's process; then it writes the
-artifact and the records. Every later step runs inside one guard (`run_step`): a step that raises is recorded in
-`failed_steps` with its traceback's tail, its partial result is dropped, and the artifact is rewritten with every
-result that stands. `finish` places the run folder and raises `StepsFailed` when a step failed, so whoever executes
-the notebook exits non-zero.
+`run_backends` runs every backend in a process of its own (`rlnorm.kit.worker`) and writes the artifact. Every
+later step runs inside `run_step`: one that raises is recorded in `failed_steps` with its traceback's tail and the
+artifact is rewritten with every result that stands; `finish` places the run folder and raises `StepsFailed`.
 """
 
 from __future__ import annotations
@@ -27,10 +23,11 @@ from typing import Any, TextIO
 
 import torch
 
-from rlnorm.kit import checks, folders
+from rlnorm.kit import folders
 from rlnorm.kit import records as rec
 from rlnorm.kit.artifact import write_artifact
 from rlnorm.kit.backends import describe_error
+from rlnorm.kit.checks.agreement import agreement_from_outputs
 from rlnorm.kit.environment import collect_environment, git_commit, tracked_tree_dirty
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.process import run_child
@@ -45,21 +42,6 @@ from rlnorm.kit.results import (
     from_json,
 )
 from rlnorm.kit.worker import BackendWorker
-
-__all__ = [
-    "ARTIFACT_FILE",
-    "RECORDS_FILE",
-    "Run",
-    "StepsFailed",
-    "finish",
-    "run_agreement",
-    "run_backends",
-    "run_plots",
-    "run_step",
-    "run_trainer_sampler",
-    "start_run",
-    "write",
-]
 
 ARTIFACT_FILE = "rms_norm_gated_reuse_check.json"
 RECORDS_FILE = "records.csv"
@@ -115,9 +97,8 @@ def is_quick(params: RunParams) -> bool:
 def start_run(params: RunParams) -> Run:
     """Resolve the device, refuse to overwrite a run unless asked, stage the run folder, read the environment.
 
-    Under `python -m rlnorm run` the command line stages the folder (`staging_dir`) and places it with the page
-    beside it; executed any other way the run stages its own folder and `finish` places it, so either way
-    `outputs/NAME/` is written whole or not at all.
+    The command line stages the folder itself (`staging_dir`, placed with the page beside it); executed any other
+    way the run stages its own and `finish` places it: either way `outputs/NAME/` is written whole or not at all.
     """
     device = params.resolved_device()
     commit, dirty = git_commit(), tracked_tree_dirty()  # ValueError naming the variable when one is malformed
@@ -136,10 +117,8 @@ def start_run(params: RunParams) -> Run:
         rfc=params.rfc,
         op=OP,
         commit=commit,
-        rl_kernel_commit=None,
         tracked_tree_dirty=dirty,
         created_at=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        wall_time_s=None,
         param_set=params.name,
         environment=collect_environment(device),
         quick=is_quick(params),
@@ -147,8 +126,6 @@ def start_run(params: RunParams) -> Run:
         params={k: v for k, v in params.as_dict().items() if k != "staging_dir"},
         records=RECORDS_FILE,
         plots={},
-        agreement=None,
-        trainer_sampler=None,
         results={},
         path=out / ARTIFACT_FILE,
     )
@@ -165,10 +142,8 @@ def write(run: Run) -> Path:
 
 def run_backends(run: Run) -> None:
     """Every backend in a process of its own with the run's time limit, then the artifact and records written.
-
-    On the CPU the next backend's process imports while this one runs its checks; on a GPU nothing runs beside a
-    backend being timed. Every started process is closed however this ends (an interrupt included).
-    """
+    On the CPU the next backend's process imports meanwhile (on a GPU nothing runs beside a backend being timed);
+    every started process is closed however this ends."""
     specs = [*run.params.backends, *run.params.custom_backends]
     ahead = run.device == "cpu"
     t0 = time.time()
@@ -200,12 +175,9 @@ def run_backends(run: Run) -> None:
 
 
 def run_step(run: Run, step: str, body: Callable[[], Any]) -> Any:
-    """`body()` as step `step` of the run; its value, or None when it raised.
-
-    A step that raises (or leaves the run's result in a shape the artifact refuses) is recorded in `failed_steps`
-    with its error and the tail of its traceback, what it had changed in the result is dropped, and the artifact
-    is rewritten with every result that stands. Only an interrupt goes through.
-    """
+    """`body()` as step `step` of the run; its value, or None when it raised (or left a result the artifact
+    refuses): then it is recorded in `failed_steps` with its traceback's tail, its changes to the result dropped
+    and the artifact rewritten with every result that stands. Only an interrupt goes through."""
     before = copy.deepcopy(run.result)
     t0 = time.time()
     value = None
@@ -232,9 +204,7 @@ def run_agreement(run: Run) -> None:
     def body() -> None:
         p, results = run.params, run.result.results
         errors = {k: r.errors["agreement"] for k, r in results.items() if "agreement" in (r.errors or {})}
-        run.result.agreement = checks.agreement_from_outputs(
-            run.agreement_outputs, p.agreement_rows, p.agreement_seed, errors
-        )
+        run.result.agreement = agreement_from_outputs(run.agreement_outputs, p.agreement_rows, p.agreement_seed, errors)
 
     run_step(run, "agreement", body)
 
@@ -244,21 +214,13 @@ TRAINER_SAMPLER_CHILD = "import sys; from rlnorm.kit.checks.trainer_sampler impo
 
 
 def run_trainer_sampler(run: Run) -> None:
-    """The same rows through the norm as transformers' and vLLM's Qwen3-Next layers call it, patched with rlnorm and
-    not (`rlnorm.kit.checks.trainer_sampler`), in a process of its own within `backend_timeout_s`: a crash or a
-    hang becomes the summary's `error`."""
+    """`rlnorm.kit.checks.trainer_sampler` in a process of its own within `backend_timeout_s` (vLLM's import patches
+    torch for the rest of a process): a crash or a hang becomes the summary's `error`."""
     if "trainer_sampler" not in run.params.checks:
         return
     p = run.params
-    job = {
-        "d": p.d,
-        "eps": p.eps,
-        "rows": p.agreement_rows,
-        "seed": p.agreement_seed,
-        "device": run.device,
-        "weight_dtype": p.weight_dtype,
-        "opts": p.op_options().as_dict(),
-    }
+    job = {"d": p.d, "eps": p.eps, "rows": p.agreement_rows, "seed": p.agreement_seed, "device": run.device}
+    job |= {"weight_dtype": p.weight_dtype, "opts": p.op_options().as_dict()}
 
     def body() -> None:
         with tempfile.TemporaryDirectory(prefix="rlnorm-trainer-sampler-") as tmp:

@@ -2,23 +2,13 @@
 
     python -m rlnorm.kit.worker JOB [--hold | --batch]        (JOB: the job as JSON text)
 
-`run_backend` / `BackendWorker` start this module in a fresh interpreter (`rlnorm.kit.process`), one per backend.
-It loads and probes the backend, runs every selected check, the agreement output and the contract gates, and
-leaves in the job's folder:
-
-- `result.json`: a `WorkerReport` (the backend's `BackendResult`, its records, timings, the checks finished),
-  rewritten after every check, so what it finished stands if it dies in the next one;
-- `trail.json`: the breadcrumb, a rebuild spec of the batch the backend is being given (`records.rebuild_case`
-  regenerates it), so a crash names the check and batch it died on;
-- `agreement.pt`: its forward output on the agreement inputs, for the parent to form the matrix.
-
-With `--hold` it loads and probes the backend, then waits for the line `go` on stdin before its checks: the parent
-starts the next backend's process while this one works, so imports overlap checks on the CPU; end of input instead
-(the parent is gone) ends it with no check run. With `--batch` the job is one rebuilt batch (`run_batch`): how a
-crash is reproduced without the run.
-
-A check that raises is a recorded finding and the next check runs. A device left in an error state is not: every
-later check would fail for that reason and not its own, so the worker records it and exits `EXIT_DEVICE_ERROR`.
+It loads and probes the backend, runs its checks, agreement output and contract gates, and leaves in the job's
+folder `result.json` (a `WorkerReport`, rewritten after every check, so what finished stands if it dies in the
+next), `trail.json` (the breadcrumb: a rebuild spec of the batch being given, so a crash names its check and
+batch) and `agreement.pt`. `--hold` waits for the line `go` on stdin before its checks, so the next backend's
+imports overlap this one's checks; `--batch` gives one rebuilt batch (`run_batch`), to reproduce a crash. A check
+that raises is a finding and the next one runs; a device left in an error state ends the worker
+(`EXIT_DEVICE_ERROR`), since every later check would fail for that reason and not its own.
 """
 
 from __future__ import annotations
@@ -38,20 +28,13 @@ import torch
 
 from rlnorm.kit import checks, gates
 from rlnorm.kit.backends import Backend, describe_error, load_backend
+from rlnorm.kit.checks.agreement import agreement_output
+from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.folders import write_atomic
-from rlnorm.kit.params import RunParams, load_params
+from rlnorm.kit.params import RunParams, check_kwargs, load_params, run_check
 from rlnorm.kit.process import Child, Ended, run_child
 from rlnorm.kit.records import rebuild_case
-from rlnorm.kit.results import (
-    BackendResult,
-    BatchInvariance,
-    Crash,
-    Record,
-    from_json,
-    to_json,
-)
-
-__all__ = ["EXIT_DEVICE_ERROR", "PLAIN_ENV", "BackendWorker", "WorkerReport", "main", "run_backend", "run_batch"]
+from rlnorm.kit.results import BackendResult, BatchInvariance, Crash, Record, from_json, to_json
 
 # set by the command line when its output is not a terminal: progress as lines, never redrawn bars
 PLAIN_ENV = "RLNORM_PROGRESS_PLAIN"
@@ -119,7 +102,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         return 0
     result, errors = report.result, report.result.errors
     assert errors is not None
-    trail = checks.Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
+    trail = Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
     # progress bars redraw a line: not where the output is a file (the command line says so), lines only there
     bars = dataclasses.replace(params, progress=params.progress and os.environ.get(PLAIN_ENV) != "1")
     selected = [c for c in checks.CHECK_ORDER if c in params.checks]
@@ -129,12 +112,10 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     unrun = {c: "not run" for c in checks.INVARIANCE_CHECKS if c not in selected}
 
     def keep(name: str) -> None:
-        out = checks.run_check(name, backend, bars, device, trail)
+        out = run_check(name, backend, bars, device, trail)
         if out.error:
             errors[name] = out.error
         inv = result.batch_invariance
-        if out.summary is None:
-            return
         if name == "accuracy_latency":
             result.accuracy_latency = out.summary
         elif name == "dweight_repeatable":
@@ -146,7 +127,9 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         report.records.extend(out.records)
 
     def agreement() -> None:
-        y = checks.agreement_output(backend, params, device, trail)
+        y = agreement_output(
+            backend, params.op_options(), device, trail=trail, **check_kwargs(agreement_output, params)
+        )
         write_atomic(folder / AGREEMENT_FILE, lambda fh: torch.save(y.cpu(), fh))
 
     def gate() -> None:
@@ -245,12 +228,9 @@ class BackendWorker:
 
     def _read_back(self, ended: Ended) -> WorkerReport:
         saved = self._read(RESULT_FILE)
-        if saved is None:
-            failed = BackendResult(source=self.spec, backward="none", status="failed", errors={})
-            failed.skip_reason = "its process exited without writing a result"
-            report = WorkerReport(failed)
-        else:
-            report = from_json(WorkerReport, saved)
+        why = "its process exited without writing a result"
+        failed = BackendResult(self.spec, "none", "failed", why, errors={})
+        report = WorkerReport(failed) if saved is None else from_json(WorkerReport, saved)
         report.seconds = ended.seconds
         errors = report.result.errors if report.result.errors is not None else {}
         if (self.folder / AGREEMENT_FILE).is_file():
@@ -289,21 +269,6 @@ def _ended_early(report: WorkerReport, trail: dict[str, Any] | None, ended: Ende
         seconds=ended.seconds,
         stderr_tail=ended.stderr_tail,
     )
-
-
-def run_backend(
-    spec: str,
-    params: RunParams,
-    device: str,
-    timeout_s: float,
-    relay: Callable[[str], None] | None = None,
-    env: dict[str, str] | None = None,
-) -> WorkerReport:
-    """Everything about one backend in its own process, for at most `timeout_s` seconds; never raises for what the
-    child does: a crash, an exit, a hang or a lost device becomes status `crashed` / `timed_out` with a `crash`
-    (cause, the check and batch it was on, the checks it finished, the end of its stderr), and what it finished
-    stands. `relay` receives each line the child prints (its progress)."""
-    return BackendWorker(spec, params, device, relay, env).finish(timeout_s)
 
 
 def run_batch(spec: str, rebuild: dict[str, Any], device: str, timeout_s: float = 600.0) -> dict[str, Any]:

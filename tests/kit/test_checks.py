@@ -21,9 +21,13 @@ from rlnorm.inputs import make_case
 from rlnorm.kit import checks
 from rlnorm.kit.backends import Backend
 from rlnorm.kit.backends.local import ExactReferenceBackend, ReferenceBackend
-from rlnorm.kit.checks import CheckOutcome, Trail, accuracy
+from rlnorm.kit.checks import accuracy
+from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
 from rlnorm.kit.checks.alone import AloneRunner
-from rlnorm.kit.params import RunParams, default_probe_rows, default_sweep_sizes
+from rlnorm.kit.checks.common import CheckOutcome, Trail
+from rlnorm.kit.checks.rows import sub_batch_plan
+from rlnorm.kit.checks.sweep import sweep_positions
+from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes, run_check
 from rlnorm.kit.records import RECORD_COLUMNS, rebuild_case, records_frame
 from rlnorm.kit.results import AllRows, BatchInvariance, from_json, to_json
 from rlnorm.numerics import round_once
@@ -209,7 +213,7 @@ def test_batch_size_fault_is_caught_row_by_row() -> None:
     full_mask = batch_size_fault_mask(x)
     want = set()
     for size in (1, 7, 100):
-        for s, m in checks.sub_batch_plan(300, size):
+        for s, m in sub_batch_plan(300, size):
             sub = batch_size_fault_mask(x[s : s + m])
             want |= {(s, m, r) for r in range(s, s + m) if bool(full_mask[r]) != bool(sub[r - s])}
     got = {(r["batch_start"], r["batch_size"], r["row"]) for r in fvs.records}
@@ -235,7 +239,7 @@ def test_position_fault_is_caught_with_exact_positions() -> None:
     want = {
         (s, r)
         for size in (7, 30)
-        for s, m in checks.sub_batch_plan(100, size)
+        for s, m in sub_batch_plan(100, size)
         for r in range(s, s + m)
         if (r % 3 == 1) != ((r - s) % 3 == 1)
     }
@@ -244,7 +248,7 @@ def test_position_fault_is_caught_with_exact_positions() -> None:
 
     sw = J.batch_size_sweep(b, OPTS, sweep_n=65, sweep_seeds=(3, 4))
     sizes, probes = default_sweep_sizes(65), default_probe_rows(65)
-    expect = 2 * sum(1 for m in sizes for _ in probes for _, pos in checks.sweep_positions(m) if pos % 3 == 1)
+    expect = 2 * sum(1 for m in sizes for _ in probes for _, pos in sweep_positions(m) if pos % 3 == 1)
     assert sw.summary["differ"] == expect > 0
     assert all(r["position"] % 3 == 1 and r["case"].startswith(f"m={r['batch_size']}/") for r in sw.records)
     assert J.dweight_repeatable(b, OPTS, dweight_rows=63).summary["dweight_repeatable"] is True
@@ -293,13 +297,13 @@ def test_forward_only_backend() -> None:
 
 def test_sampled_coverage_is_the_reports_2188_sub_batches() -> None:
     sizes = (1, 7, 4097, 65536, 131072)
-    per_seed = sum(len(checks.sub_batch_plan(262144, s, "sampled")) for s in sizes)
+    per_seed = sum(len(sub_batch_plan(262144, s, "sampled")) for s in sizes)
     assert 2 * per_seed == 2188
-    assert [len(checks.sub_batch_plan(262144, s, "sampled")) for s in sizes] == [512, 512, 64, 4, 2]
-    assert checks.sub_batch_plan(262144, 4097, "sampled")[-1] == (63 * 4097, 262144 - 63 * 4097)
+    assert [len(sub_batch_plan(262144, s, "sampled")) for s in sizes] == [512, 512, 64, 4, 2]
+    assert sub_batch_plan(262144, 4097, "sampled")[-1] == (63 * 4097, 262144 - 63 * 4097)
     # every-row coverage: each size tiles the batch, the last tile partial
     for s in sizes:
-        plan = checks.sub_batch_plan(262144, s, "all")
+        plan = sub_batch_plan(262144, s, "all")
         assert len(plan) == math.ceil(262144 / s)
         assert sum(m for _, m in plan) == 262144 and plan[0][0] == 0
         assert all(a + m == b for (a, m), (b, _) in itertools.pairwise(plan))
@@ -307,7 +311,7 @@ def test_sampled_coverage_is_the_reports_2188_sub_batches() -> None:
 
 def test_sampled_run_reports_2188_on_the_full_protocol() -> None:
     """The real check on 262144 rows, forward only, narrow rows (the counts do not depend on d)."""
-    fvs = checks.run_check(
+    fvs = run_check(
         "full_vs_sub_batches", ForwardOnly(), RunParams(coverage="sampled", d=8, progress=False), "cpu", Trail()
     )
     s = to_json(fvs.summary)
@@ -329,7 +333,7 @@ def test_every_row_is_compared_with_coverage_all() -> None:
 
 
 def test_sweep_runs_2520_comparisons() -> None:
-    sw = checks.run_check("batch_size_sweep", ForwardOnly(), RunParams(d=8, progress=False), "cpu", Trail()).summary
+    sw = run_check("batch_size_sweep", ForwardOnly(), RunParams(d=8, progress=False), "cpu", Trail()).summary
     assert sw.comparisons == 2520 and sw.differ == 0 and sw.error is None
     assert sw.batch_sizes == default_sweep_sizes(4097)
 
@@ -408,10 +412,10 @@ def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
     errors: dict[str, str] = {}
     for b in (ReferenceBackend(), PositionDependentOutput(), Raises()):
         try:
-            outputs[b.key] = checks.agreement_output(b, params, "cpu", Trail())
+            outputs[b.key] = agreement_output(b, params.op_options(), "cpu", **check_kwargs(agreement_output, params))
         except RuntimeError as exc:
             outputs[b.key], errors[b.key] = None, str(exc)
-    s = to_json(checks.agreement_from_outputs(outputs, rows, 3, errors))
+    s = to_json(agreement_from_outputs(outputs, rows, 3, errors))
     assert s["backends"] == ["reference", PositionDependentOutput.key, "test:Raises"]
     bumped = sum(1 for r in range(rows) if r % 3 == 1)  # one element (column 0) per bumped row
     f = 1 - bumped / (rows * 128)

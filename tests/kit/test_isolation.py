@@ -23,7 +23,7 @@ from rlnorm.kit.backends import device_lost
 from rlnorm.kit.params import load_params
 from rlnorm.kit.process import Child, describe_exit, run_child
 from rlnorm.kit.records import rebuild_case
-from rlnorm.kit.worker import EXIT_DEVICE_ERROR, BackendWorker, run_backend, run_batch
+from rlnorm.kit.worker import EXIT_DEVICE_ERROR, BackendWorker, run_batch
 from tests.faults import DeviceErrorPastRows, HangPastRows
 
 SEGFAULT = "tests.faults:SegfaultPastRows"
@@ -109,7 +109,7 @@ def test_the_other_backends_complete_and_the_artifact_validates(crashed_run: ste
 @pytest.mark.slow
 def test_a_crash_in_a_contract_gate_is_the_backends_crash(tmp_path: Path) -> None:
     # the gates' workload is 118 rows: past the planted limit, so the forward gate's first cell dies
-    out = run_backend(SEGFAULT, _params(tmp_path, [], checks=["all_rows", "contract_gates"]), "cpu", 300.0)
+    out = BackendWorker(SEGFAULT, _params(tmp_path, [], checks=["all_rows", "contract_gates"]), "cpu").finish(300.0)
     r = out.result
     assert r.status == "crashed" and r.crash.signal == "SIGSEGV"
     assert r.crash.check == "contract_gates" and r.crash.batch_size == 118
@@ -145,7 +145,7 @@ def test_a_hang_is_ended_at_the_time_limit(tmp_path: Path) -> None:
 
 
 def test_a_backend_that_cannot_load_fails_in_its_own_process_with_the_reason(tmp_path: Path) -> None:
-    out = run_backend("no_such_module_xyz:f", _params(tmp_path, [], backends=[]), "cpu", 120.0)
+    out = BackendWorker("no_such_module_xyz:f", _params(tmp_path, [], backends=[]), "cpu").finish(120.0)
     assert out.result.status == "failed" and "cannot load" in out.result.skip_reason
     assert out.result.crash is None
 

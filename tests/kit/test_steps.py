@@ -195,7 +195,7 @@ def _failed_and_placed(run: steps.Run, step: str) -> None:
 
 def test_a_failing_agreement_step_is_recorded(backends_done: steps.Run, tmp_path: Path, monkeypatch) -> None:
     run = _resume(backends_done, tmp_path)
-    monkeypatch.setattr(steps.checks, "agreement_from_outputs", _planted)
+    monkeypatch.setattr(steps, "agreement_from_outputs", _planted)
     steps.run_agreement(run)
     assert run.result.agreement is None
     _failed_and_placed(run, "agreement")

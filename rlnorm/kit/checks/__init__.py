@@ -1,50 +1,20 @@
 """The reuse checks of docs/spec.md §5: batch invariance per row, dweight repeatability, accuracy and latency.
 
 Every check takes `(backend, opts, device, *, <its run parameters by their RunParams names>, trail, progress)` and
-returns a `CheckOutcome`: its typed summary (`rlnorm.kit.results`), one `Record` per differing (row, tensor),
-each with the JSON `rlnorm.kit.records.rebuild_case` needs to rebuild the compared batch, and the error that
-ended it early (a backend that raises inside a check ends only that check). `run_check` is the one place that
-maps a run's parameters onto a check: it passes each field of `RunParams` the check names.
+returns a `CheckOutcome`: its typed summary, one `Record` per differing (row, tensor), and the error that ended it
+early. `rlnorm.kit.params.run_check` is the one place that maps a run's parameters onto a check.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import inspect
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
 
 from rlnorm.kit.checks.accuracy import accuracy_latency
-from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
-from rlnorm.kit.checks.common import CheckOutcome, Dweight, Trail
+from rlnorm.kit.checks.common import CheckOutcome
 from rlnorm.kit.checks.dweight import dweight_repeatable
-from rlnorm.kit.checks.rows import COVERAGES, all_rows, full_vs_sub_batches, sub_batch_plan
-from rlnorm.kit.checks.sweep import batch_size_sweep, sweep_positions
+from rlnorm.kit.checks.rows import all_rows, full_vs_sub_batches
+from rlnorm.kit.checks.sweep import batch_size_sweep
 from rlnorm.kit.results import BatchInvariance
-
-if TYPE_CHECKING:
-    from rlnorm.kit.backends import Backend
-    from rlnorm.kit.params import RunParams
-
-__all__ = [
-    "CHECK_ORDER",
-    "COVERAGES",
-    "INVARIANCE_CHECKS",
-    "CheckOutcome",
-    "Dweight",
-    "Trail",
-    "accuracy_latency",
-    "agreement_from_outputs",
-    "agreement_output",
-    "all_rows",
-    "batch_invariant",
-    "batch_size_sweep",
-    "dweight_repeatable",
-    "full_vs_sub_batches",
-    "run_check",
-    "sub_batch_plan",
-    "sweep_positions",
-]
 
 # the per-backend checks, in the order a run gives them and reports them
 CHECKS: dict[str, Callable[..., CheckOutcome]] = {
@@ -57,16 +27,6 @@ CHECKS: dict[str, Callable[..., CheckOutcome]] = {
 CHECK_ORDER: tuple[str, ...] = tuple(CHECKS)
 # the checks whose verdicts make `batch_invariant`, in the report's order
 INVARIANCE_CHECKS = CHECK_ORDER[:4]
-
-
-def run_check(name: str, backend: Backend, params: RunParams, device: str, trail: Trail) -> CheckOutcome:
-    """Check `name` of `backend` on `device` (resolved), with the run's value of each parameter it names."""
-    if name not in CHECKS:
-        raise ValueError(f"name: expected one of {list(CHECKS)}, got {name!r}")
-    check = CHECKS[name]
-    fields = {f.name for f in dataclasses.fields(params)} - {"device"}
-    kwargs = {k: getattr(params, k) for k in inspect.signature(check).parameters if k in fields}
-    return check(backend, params.op_options(), device, trail=trail, **kwargs)
 
 
 def batch_invariant(inv: BatchInvariance, errors: Mapping[str, str] | None = None) -> bool | None:

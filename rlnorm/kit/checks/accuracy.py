@@ -13,6 +13,7 @@ from tqdm import tqdm
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import (
+    NO_TRAIL,
     X_DTYPE,
     CheckOutcome,
     Trail,
@@ -36,10 +37,8 @@ ABS_ERR_EDGES = [10.0 ** (k / 4) for k in range(-48, 9)]  # 1e-12 .. 1e2, four p
 
 
 def _clock(device: torch.device) -> CpuClock:
-    """The bench's clocks (one timing method for the kit): on a GPU, CUDA events with the queue primed per
-    chunk of calls, so events bracket GPU work only, and a flag where the host still outran the prime (the
-    time then includes host overhead: a fast kernel behind a slow wrapper looks slow, and the reader must
-    know); on a CPU, perf_counter around each call."""
+    """The bench's clocks: CUDA events with the queue primed (flagging where the host outran it, so the time
+    includes host overhead), or perf_counter around each call on a CPU."""
     return CudaClock(str(device)) if device.type == "cuda" else CpuClock()
 
 
@@ -92,7 +91,7 @@ def accuracy_latency(
     timing_iters: int,
     d: int,
     weight_dtype: str | torch.dtype,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
     progress: bool = True,
 ) -> CheckOutcome:
     """Accuracy against fp64 (rounded ONCE for correct rounding) and latency against the same-run
@@ -104,7 +103,6 @@ def accuracy_latency(
     if not isinstance(timing, bool):
         raise TypeError(f"timing: expected a bool, got {timing!r}")
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    trail = trail or Trail()
     dev = torch.device(device)
     with_grad = has_backward(backend)
     s = Accuracy(rows=rows, device=str(dev), timed=False)

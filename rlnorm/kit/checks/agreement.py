@@ -1,8 +1,5 @@
-"""How often two backends compute bitwise the same output on the same inputs.
-
-Each backend's output is computed in the backend's own process (`agreement_output`) and the matrix formed
-afterwards from the saved outputs (`agreement_from_outputs`): a backend that crashes loses only its own row and
-column.
+"""How often two backends compute bitwise the same output on the same inputs: each output computed in its
+backend's own process, the matrix formed from the saved outputs (a crash loses only its row and column).
 """
 
 from __future__ import annotations
@@ -10,26 +7,35 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.checks.common import X_DTYPE, Trail, bits, case_spec, check_common, check_int
+from rlnorm.kit.checks.common import NO_TRAIL, X_DTYPE, Trail, bits, case_spec, check_common, check_int
 from rlnorm.kit.results import Agreement
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
-    from rlnorm.kit.params import RunParams
+    from rlnorm.options import OpOptions
 
 
-def agreement_output(backend: Backend, params: RunParams, device: str, trail: Trail | None = None) -> Tensor:
-    """The backend's forward output on the agreement inputs (agreement_rows, agreement_seed), checked for shape
-    and dtype (raises otherwise)."""
-    rows = check_int("agreement_rows", params.agreement_rows, 1)
-    seed = check_int("agreement_seed", params.agreement_seed)
-    opts, wdt = check_common(backend, params.op_options(), device, params.d, params.weight_dtype)
-    trail = trail or Trail()
-    case = make_case(rows, params.d, seed, X_DTYPE, wdt, device)
-    trail.case("agreement", case_spec(rows, params.d, seed, wdt), opts)
+def agreement_output(
+    backend: Backend,
+    opts: OpOptions | None,
+    device: str,
+    *,
+    agreement_rows: int,
+    agreement_seed: int,
+    d: int,
+    weight_dtype: str | torch.dtype,
+    trail: Trail = NO_TRAIL,
+) -> Tensor:
+    """The backend's forward output on the agreement inputs, checked for shape and dtype (raises otherwise)."""
+    rows = check_int("agreement_rows", agreement_rows, 1)
+    seed = check_int("agreement_seed", agreement_seed)
+    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
+    case = make_case(rows, d, seed, X_DTYPE, wdt, device)
+    trail.case("agreement", case_spec(rows, d, seed, wdt), opts)
     trail.batch({"kind": "slice", "start": 0, "size": rows})
     y = backend.forward(case.x, case.z, case.w, opts)
     if y.shape != case.x.shape or y.dtype != case.x.dtype:

@@ -1,10 +1,6 @@
-"""Rows computed alone or in small batches, fast: results kept on the device, CUDA graphs where they hold.
-
-"Row alone" means one launch per row (262144 per seed and backend for sub-batch size 1), so per-call
-overhead dominates. Results stay on the device in preallocated buffers and are copied out in bulk; on CUDA
-many single-row calls are captured into one CUDA graph (inputs gathered into static buffers, replayed per
-chunk) by the timing clock's capture, and used only where `timing.verify_graph` finds its replay bitwise equal
-to an eager call; otherwise eager calls run. `paths[size]` says which ran.
+"""Rows computed alone or in small batches, fast: one launch per row, so results stay on the device in
+preallocated buffers; on CUDA many calls are captured into one CUDA graph, used only where `timing.verify_graph`
+finds its replay bitwise equal to eager calls. `paths[size]` says which ran.
 """
 
 from __future__ import annotations
@@ -18,7 +14,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rlnorm.inputs import Case
-from rlnorm.kit.checks.common import Trail, call, call_rows
+from rlnorm.kit.checks.common import NO_TRAIL, Trail, call, call_rows
 from rlnorm.options import OpOptions
 from rlnorm.timing import CudaClock, GraphMismatch, describe_error, verify_graph
 
@@ -42,12 +38,8 @@ class _Graph:
 
 
 class AloneRunner:
-    """Runs equal-size contiguous sub-batches of one case, each as its own backend call.
-
-    `run(case, starts, size)` returns (y, dx, dz) of shape [len(starts) * size, D] in tile order. On CUDA,
-    `graph_rows // size` calls are captured once per size into one graph reading static input buffers; each
-    chunk of tiles is gathered into those buffers and the graph replayed.
-    """
+    """Runs equal-size contiguous sub-batches of one case, each as its own backend call: `run(case, starts, size)`
+    gives (y, dx, dz) in tile order; on CUDA `graph_rows // size` calls are captured into one graph per size."""
 
     def __init__(
         self,
@@ -58,11 +50,11 @@ class AloneRunner:
         graph_rows: int,
         progress: bool,
         desc: str,
-        trail: Trail | None = None,
+        trail: Trail = NO_TRAIL,
     ) -> None:
         self.backend, self.opts, self.with_grad = backend, opts, with_grad
         self.use_graphs, self.graph_rows, self.progress, self.desc = use_graphs, graph_rows, progress, desc
-        self.trail = trail or Trail()
+        self.trail = trail
         self.paths: dict[int, str] = {}
         self._graphs: dict[int, _Graph] = {}
         self._no_graph: dict[int, str] = {}  # size -> why the graph path is not used

@@ -48,13 +48,9 @@ class CheckOutcome:
 
 
 class Trail:
-    """Where the checks are: the batch a backend is about to be given, for a process that may die in that call.
-
-    A check names its case (`case`) and then each batch before the backend sees it (`batch`); `write(spec)`
-    receives a rebuild spec in the records' format, so `records.rebuild_case` regenerates the very batch a crashed
-    backend died on. The many small calls of a row-alone pass (`alone.AloneRunner`) are marked once per chunk of
-    calls, by the chunk's first: a crash inside the chunk names that call. Without `write`, marking costs a test.
-    """
+    """The breadcrumb: a check names its case, then each batch before the backend sees it, and `write` gets a
+    rebuild spec (`records.rebuild_case`) of the very batch a crashed backend died on. A row-alone pass marks each
+    chunk of calls by its first. Without `write`, marking costs nothing."""
 
     def __init__(self, write: Callable[[dict[str, Any]], None] | None = None) -> None:
         self.write = write
@@ -67,6 +63,9 @@ class Trail:
     def batch(self, batch_spec: dict[str, Any]) -> None:
         if self.write is not None and self.where:
             self.write({**self.where, "batch": batch_spec})
+
+
+NO_TRAIL = Trail()  # marks nothing: the default of a check called on its own
 
 
 def check_int(name: str, value: Any, low: int = 0) -> int:
@@ -217,11 +216,8 @@ def compare_rows(
     case_spec: dict[str, Any],
     other: dict[str, Any] | None = None,
 ) -> tuple[int, int]:
-    """Compare `batch` tensors gathered at `rows` (case-row indices) with `alone` (aligned to `rows`).
-
-    Records each differing (row, tensor); returns (rows whose y differs, rows whose dx or dz differs).
-    `where(row) -> (batch_start, batch_size, position)`: the row's batch is that slice of the case.
-    """
+    """Compare `batch` tensors gathered at `rows` (case-row indices) with `alone`, recording each differing (row,
+    tensor); (rows whose y differs, rows whose dx or dz differs). `where(row)`: (batch_start, batch_size, position)."""
     masks = {
         name: differ_rows(b.index_select(0, rows), a)
         for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True)

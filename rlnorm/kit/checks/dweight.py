@@ -10,6 +10,7 @@ from tqdm import tqdm
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import (
+    NO_TRAIL,
     X_DTYPE,
     CheckOutcome,
     Dweight,
@@ -39,19 +40,16 @@ def dweight_repeatable(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
     progress: bool = True,
     repeats: int = 2,
 ) -> CheckOutcome:
-    """The same full batch `repeats` times gives bitwise the same dweight; None without a backward.
-
-    A differing repeat is one `dweight` record (row and position empty; its rebuild: the batch against itself).
-    """
+    """The same full batch `repeats` times gives bitwise the same dweight (None without a backward); a differing
+    repeat is one `dweight` record (no row or position; its rebuild: the batch against itself)."""
     rows = check_int("dweight_rows", dweight_rows, 1)
     seed = check_int("dweight_seed", dweight_seed)
     check_int("repeats", repeats, 2)
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    trail = trail or Trail()
     summary = Dweight(None, rows, seed, repeats)
     rec = Recorder(backend, "dweight_repeatable", opts, max_records)
     if not has_backward(backend):

@@ -15,6 +15,7 @@ from tqdm import tqdm
 from rlnorm.inputs import make_case
 from rlnorm.kit.checks.alone import AloneRunner
 from rlnorm.kit.checks.common import (
+    NO_TRAIL,
     X_DTYPE,
     CheckOutcome,
     Recorder,
@@ -49,20 +50,16 @@ def all_rows(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
     progress: bool = True,
     use_graphs: bool = True,
     graph_rows: int = 4096,
 ) -> CheckOutcome:
-    """Every row computed alone vs inside its batch of n, bitwise (output; dx and dz with a backward).
-
-    Summary per n: rows = n * len(seeds), fwd_differ, rowgrad_differ (None for a forward-only backend: no
-    gradients compared), alone_path.
-    """
+    """Every row computed alone vs inside its batch of n, bitwise (output; dx and dz with a backward); per n:
+    rows, fwd_differ, rowgrad_differ (None for a forward-only backend), alone_path."""
     sizes = check_ints("all_rows_sizes", all_rows_sizes, 1)
     seeds = check_ints("all_rows_seeds", all_rows_seeds)
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    trail = trail or Trail()
     with_grad = has_backward(backend)
     key = backend_key(backend)
     rec = Recorder(backend, "all_rows", opts, max_records)
@@ -99,11 +96,8 @@ def all_rows(
 
 
 def sub_batch_plan(full_rows: int, size: int, coverage: str = "all", sample_stride: int = 512) -> list[tuple[int, int]]:
-    """(start, size) of each contiguous sub-batch of `size` compared with the full batch.
-
-    "all": the sub-batches tile the batch, the last one partial. "sampled" (the seed report):
-    sizes below `sample_stride` start at every `sample_stride`-th row, larger sizes tile.
-    """
+    """(start, size) of each contiguous sub-batch of `size` compared with the full batch: "all" tiles the batch
+    (the last one partial); "sampled" (the seed report) starts sizes below `sample_stride` every that many rows."""
     check_int("full_rows", full_rows, 1)
     check_int("size", size, 1)
     check_int("sample_stride", sample_stride, 1)
@@ -125,28 +119,21 @@ def full_vs_sub_batches(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
     progress: bool = True,
     sample_stride: int = 512,
     use_graphs: bool = True,
     graph_rows: int = 4096,
 ) -> CheckOutcome:
-    """Contiguous sub-batches vs the full batch, bitwise; every differing (row, tensor) recorded.
-
-    Summary: the report's full_batch, sub_batch_sizes, sub_batches, fwd_differ, rowgrad_differ (row comparisons
-    summed over seeds and sizes; rowgrad_differ None for a forward-only backend) plus coverage, rows_compared and
-    alone_path {size: path}.
-    """
+    """Contiguous sub-batches vs the full batch, bitwise; fwd_differ and rowgrad_differ count row comparisons
+    over seeds and sizes (rowgrad_differ None for a forward-only backend)."""
     full_rows = check_int("sub_batches_rows", sub_batches_rows, 1)
     sizes = check_ints("sub_batch_sizes", sub_batch_sizes, 1)
     seeds = check_ints("sub_batches_seeds", sub_batches_seeds)
-    if coverage not in COVERAGES:
-        raise ValueError(f"coverage: expected one of {COVERAGES}, got {coverage!r}")
+    plans = {size: sub_batch_plan(full_rows, size, coverage, sample_stride) for size in sizes}
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    trail = trail or Trail()
     with_grad = has_backward(backend)
     key = backend_key(backend)
-    plans = {size: sub_batch_plan(full_rows, size, coverage, sample_stride) for size in sizes}
     summary = SubBatches(
         full_batch=full_rows,
         sub_batch_sizes=list(sizes),

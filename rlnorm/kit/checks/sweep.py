@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ from tqdm import tqdm
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import (
+    NO_TRAIL,
     X_DTYPE,
     CheckOutcome,
     Recorder,
@@ -54,15 +56,11 @@ def batch_size_sweep(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail | None = None,
+    trail: Trail = NO_TRAIL,
     progress: bool = True,
 ) -> CheckOutcome:
-    """Each probe row placed at positions {0, (m-1)//2, m-1} among m-1 seeded-random other rows of the case of
-    `sweep_n` rows, for every size m, compared bitwise (output, dx, dz) with the probe alone.
-
-    Summary: the report's batch_sizes, probe_rows, comparisons, differ plus fwd_differ and rowgrad_differ
-    (comparisons whose y / whose dx or dz differ; None for a forward-only backend).
-    """
+    """Each probe row at positions {0, (m-1)//2, m-1} among m-1 seeded-random other rows of `sweep_n`, for every
+    size m, compared bitwise (output, dx, dz) with the probe alone; rowgrad_differ None for a forward-only backend."""
     n = check_int("sweep_n", sweep_n, 1)
     seeds = check_ints("sweep_seeds", sweep_seeds)
     sizes = check_ints("sweep_sizes", sweep_sizes, 1)
@@ -72,7 +70,6 @@ def batch_size_sweep(
     if max(probes) >= n:
         raise ValueError(f"sweep_probe_rows: every probe must be < sweep_n={n}, got {max(probes)}")
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    trail = trail or Trail()
     with_grad = has_backward(backend)
     plan = [(m, p, name, pos) for m in sizes for p in probes for name, pos in sweep_positions(m)]
     summary = Sweep(list(sizes), list(probes), len(plan) * len(seeds), 0, 0, 0 if with_grad else None)
@@ -96,9 +93,7 @@ def batch_size_sweep(
             ]
             # every batch's row indices built on the host first and moved once (no copy/sync per call)
             batch_idx = [sweep_batch_rows(n, m, p, pos, perms[(m, p)]) for m, p, _, pos in plan]
-            offsets = [0]
-            for t in batch_idx:
-                offsets.append(offsets[-1] + len(t))
+            offsets = [0, *itertools.accumulate(len(t) for t in batch_idx)]
             idx_all = torch.cat(batch_idx).to(case.x.device)
             # the probe's row out of each batch, copied into preallocated buffers (a view would keep every batch's
             # whole output alive)
