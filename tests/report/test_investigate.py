@@ -17,13 +17,15 @@ from rlnorm.kit.backends import Backend
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
-from rlnorm.report.explain import DIAGNOSES, explain_row
 from rlnorm.report.investigate import (
+    DIAGNOSES,
+    compute_tensor,
     correctly_rounded,
     crash_batch,
     crash_table,
     crashed_backends,
     differing_rows,
+    explain_row,
     rows_or_reason,
     rstd_from_x,
 )
@@ -250,8 +252,6 @@ def test_rstd_both_ways_and_correctly_rounded_gradient() -> None:
     dz = correctly_rounded(case, opts, "dz")
     assert dz.dtype == torch.bfloat16 and dz.shape == case.x.shape
     with pytest.raises(ValueError, match="tensor"):
-        from rlnorm.report.investigate import compute_tensor
-
         compute_tensor(None, case, opts, "dweight")
 
 
