@@ -14,15 +14,13 @@ from pathlib import Path
 import pandas as pd
 
 from rlnorm.kit.results import RunResult
-from rlnorm.report.compare import OP_DEFAULTS
+from rlnorm.report.compare import OP_KEYS as OP
 from rlnorm.report.runs import open_run
 from rlnorm.report.verdict import STATE_COLORS, State, run_verdicts
 
-__all__ = ["INDEX_FILE", "OP_KEYS", "SUMMARY_FILE", "summary_table", "write_index"]
-
 INDEX_FILE = "index.html"
 SUMMARY_FILE = "summary.csv"
-OP_KEYS = (*OP_DEFAULTS, "device")  # the parameters that define the op a run computed: what a matrix varies
+OP_KEYS = (*OP, "device")  # the parameters that define the op a run computed: what a matrix varies
 
 
 def summary_table(runs: Sequence[str | Path | RunResult]) -> pd.DataFrame:

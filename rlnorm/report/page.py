@@ -14,17 +14,6 @@ from rlnorm.kit.results import RunResult
 from rlnorm.report.plots.common import fmt_us, roofline_ratio
 from rlnorm.report.verdict import INVARIANCE, State, crash_words, fraction, run_verdicts
 
-__all__ = [
-    "GATE_EXPLANATION",
-    "device_notice",
-    "failed_steps_markdown",
-    "header",
-    "placeholder",
-    "plot_sections",
-    "shown",
-    "verdict_markdown",
-]
-
 GATE_EXPLANATION = (
     "**Reading the gradient gate.** It compares the backend's *own* dweight (the weight's gradient) with the "
     "exact sum of the single-row dweights, rounded once. A library that sums dweight in fp32 in whatever order "

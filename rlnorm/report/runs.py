@@ -14,8 +14,6 @@ from rlnorm.kit.records import read_records
 from rlnorm.kit.results import RunResult, load_run
 from rlnorm.options import OpOptions
 
-__all__ = ["check_parameters", "latest_run", "open_run", "records_of", "resolve", "run_label", "run_options"]
-
 
 def resolve(source: str | Path) -> Path:
     """A path as given when it exists, else relative to the checkout's root (JupyterLab runs a notebook in

@@ -11,20 +11,7 @@ from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import Accuracy, RunResult
 from rlnorm.report.plots.common import fmt_ratio, roofline_ratio
 from rlnorm.report.runs import records_of
-from rlnorm.report.verdict import ROW_CHECKS, State, differing_table, fraction, run_verdicts
-
-__all__ = [
-    "accuracy_table",
-    "agreement_table",
-    "backend_table",
-    "environment_table",
-    "gates_table",
-    "invariance_table",
-    "params_table",
-    "record_table",
-    "time_table",
-    "trainer_sampler_table",
-]
+from rlnorm.report.verdict import ROW_CHECKS, differing_table, fraction, run_verdicts
 
 
 def backend_table(run: RunResult) -> pd.DataFrame:
@@ -187,8 +174,3 @@ def time_table(timings: dict[str, float], top: int = 10) -> pd.DataFrame:
     """The slowest steps (backend: check, gates, ...), so a reader knows what a rerun will cost."""
     steps = sorted(((k, v) for k, v in timings.items() if k not in ("total", "checks")), key=lambda kv: -kv[1])
     return pd.DataFrame([{"step": k, "seconds": round(v, 1)} for k, v in steps[:top]]).set_index("step")
-
-
-def failed_checks(run: RunResult) -> list[tuple[str, str]]:
-    """(backend, check) pairs whose state is failed: what a reader opens `investigate` for."""
-    return [(k, c) for k, v in run_verdicts(run).items() for c, cv in v.checks.items() if cv.state is State.FAILED]

@@ -10,13 +10,13 @@ Every reader (page, figures, compare, index, the command line) takes its states,
 
 from __future__ import annotations
 
-import signal
 import textwrap
 from dataclasses import dataclass
 from enum import Enum
 
 import pandas as pd
 
+from rlnorm.kit.process import describe_exit
 from rlnorm.kit.results import BackendResult, Gate, RunResult
 
 
@@ -142,14 +142,14 @@ class CheckVerdict:
         if self.detail and self.state in (State.PASSED, State.FAILED):
             return textwrap.fill(self.detail, 20)
         if self.detail:
-            return f"{self.state.value}:\n{_clip(self.detail, 22)}"
+            return f"{self.state.value}:\n{clip(self.detail, 22)}"
         return self.state.value
 
     def words(self) -> str:
         """One line: 'failed (736 y / 3,128 dx,dz of 2,621,440 row comparisons)', 'passed', 'raised (why)'."""
         if self.counts is not None and self.state in (State.PASSED, State.FAILED):
             return f"{self.state.value} ({self.counts.short()} {self.counts.of()})".replace(" )", ")")
-        return self.state.value + (f" ({_clip(self.detail, 80)})" if self.detail else "")
+        return self.state.value + (f" ({clip(self.detail, 80)})" if self.detail else "")
 
 
 @dataclass(frozen=True)
@@ -177,19 +177,10 @@ class BackendVerdict:
         return f"{self.headline} ({self.why})" if self.why else self.headline
 
 
-def _clip(text: str, width: int) -> str:
+def clip(text: str, width: int) -> str:
+    """One line of at most `width` characters."""
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def exit_words(code: int) -> str:
-    """'killed by SIGSEGV' for a negative return code, 'exit code 3' otherwise."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def crash_words(result: BackendResult, brief: bool = False) -> str:
@@ -231,7 +222,7 @@ def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdi
         why = gate.stderr_tail[-1] if gate.stderr_tail else "cannot take it"
         return CheckVerdict(check, State.NOT_RUN, detail="no backward" if "no backward" in why else "cannot take it")
     if gate.returncode not in (0, None):
-        return CheckVerdict(check, State.CRASHED, detail=f"gate child {exit_words(gate.returncode)}")
+        return CheckVerdict(check, State.CRASHED, detail=f"gate child {describe_exit(gate.returncode)[0]}")
     if gate.failed_lines:
         total = f" of {len(lines)}" if lines else ""
         return CheckVerdict(check, State.FAILED, detail=f"{len(gate.failed_lines)}{total} lines failed")
@@ -318,7 +309,7 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
                               f"differ; {dweight}")  # fmt: skip
     raised = [c for c in INVARIANCE if checks[c].state is State.RAISED]
     if raised:
-        why = "; ".join(f"{c} raised {_clip(checks[c].detail, 120)}" for c in raised)
+        why = "; ".join(f"{c} raised {clip(checks[c].detail, 120)}" for c in raised)
         return BackendVerdict(key, result.status, checks, State.RAISED, why)
     return BackendVerdict(key, result.status, checks, State.NOT_RUN, "checks missing")
 
@@ -340,7 +331,7 @@ def summary_lines(run: RunResult) -> list[str]:
     width = max((len(k) for k in verdicts), default=0)
     lines = [f"  {k:<{width}} {v.sentence()}" for k, v in verdicts.items()]
     for f in run.failed_steps or []:
-        lines.append(f"  step {f.step} failed: {_clip(f.error, 160)}")
+        lines.append(f"  step {f.step} failed: {clip(f.error, 160)}")
     return lines
 
 
