@@ -15,7 +15,7 @@ import pandas as pd
 
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import RunResult
-from rlnorm.report.runs import open_run, run_label
+from rlnorm.report.runs import open_run, param, run_label
 from rlnorm.report.verdict import CHECKS, STATE_COLORS, State, run_verdicts
 
 COLUMNS = (*CHECKS, "batch_invariant")
@@ -136,7 +136,7 @@ def environment_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: s
 def op_of(run: RunResult) -> dict[str, Any]:
     """The op a run computed (the reference report names none: the defaults, which it computed)."""
     default = RunParams()
-    op = {k: (run.params or {}).get(k, getattr(default, k)) for k in OP_KEYS}
+    op = {k: param(run, k, getattr(default, k)) for k in OP_KEYS}
     return {**op, "activation": "silu" if op["activation"] == "swish" else op["activation"]}
 
 
@@ -197,7 +197,7 @@ def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_m
     if not latency_move >= 0:
         raise ValueError(f"latency_move: expected a fraction >= 0, got {latency_move!r}")
     ra, rb = open_run(a), open_run(b)
-    la, lb = (f"{side}: {r.device_name}" + (f" ({r.params['name']})" if (r.params or {}).get("name") else "")
+    la, lb = (f"{side}: {r.device_name}" + (f" ({param(r, 'name')})" if param(r, "name") else "")
               for side, r in (("A", ra), ("B", rb)))  # fmt: skip
     lb += " (2)" if la == lb else ""
     return Comparison(

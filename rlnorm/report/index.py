@@ -15,7 +15,7 @@ import pandas as pd
 
 from rlnorm.kit.results import RunResult
 from rlnorm.report.compare import OP_KEYS as OP
-from rlnorm.report.runs import open_run
+from rlnorm.report.runs import open_run, param
 from rlnorm.report.verdict import STATE_COLORS, State, run_verdicts
 
 INDEX_FILE = "index.html"
@@ -34,7 +34,7 @@ def summary_table(runs: Sequence[str | Path | RunResult]) -> pd.DataFrame:
             "folder": str(folder),
             "gpu": run.device_name,
             "commit": (run.commit or "")[:9],
-            **{k: (run.params or {}).get(k) for k in OP_KEYS},
+            **{k: param(run, k) for k in OP_KEYS},
         }
         for key, v in run_verdicts(run).items():
             r = run.results[key]

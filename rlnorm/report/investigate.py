@@ -33,36 +33,22 @@ def failing_summary(records: pd.DataFrame | None, run: RunResult | None = None) 
     return differing_table(run, records)
 
 
-def pick_failing(records: pd.DataFrame, backend: str | None = None, check: str | None = None) -> tuple[str, str]:
-    """The (backend, check) to show: the given ones, else the first backend/check with a differing row."""
+def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None,
+                   run: RunResult | None = None) -> pd.DataFrame:  # fmt: skip
+    """The kept records of one backend and check (defaults: the first with a differing row), row-level first;
+    `attrs` name the backend and check, and `counts` says how many row comparisons differ and how many were kept."""
     if records.empty:
         raise ValueError("records: this run recorded no differing rows (every check passed, or none ran)")
     sel = records
-    if backend is not None:
-        if backend not in set(records["backend"]):
-            with_some = _uniq(records, "backend")
-            raise ValueError(f"backend: {backend!r} has no differing rows; backends with some: {with_some}")
-        sel = sel[sel["backend"] == backend]
-    if check is not None:
-        if check not in set(sel["check"]):
-            raise ValueError(f"check: {check!r} has no differing rows for {backend or 'any backend'}; "
-                             f"checks with some: {_uniq(sel, 'check')}")  # fmt: skip
-        sel = sel[sel["check"] == check]
+    for name, value in (("backend", backend), ("check", check)):
+        if value is not None and value not in set(sel[name]):
+            where = f" for {backend or 'any backend'}" if name == "check" else ""
+            with_some = [str(v) for v in dict.fromkeys(sel[name])]
+            raise ValueError(f"{name}: {value!r} has no differing rows{where}; {name}s with some: {with_some}")
+        sel = sel if value is None else sel[sel[name] == value]
     row_level = sel[sel["tensor"].isin(ROW_TENSORS)]  # prefer a record that names a row over a dweight one
     first = (row_level if not row_level.empty else sel).iloc[0]
-    return str(first["backend"]), str(first["check"])
-
-
-def _uniq(df: pd.DataFrame, col: str) -> list[str]:
-    return [str(v) for v in dict.fromkeys(df[col])]
-
-
-def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None,
-                   run: RunResult | None = None) -> pd.DataFrame:  # fmt: skip
-    """The kept records of one backend and check (defaults: the first failing ones), row-level first. `attrs`
-    name the backend and check chosen, and `counts`: the sentence that says how many row comparisons differ (from
-    the run, when given) and how many of the differing pairs were kept as records."""
-    b, c = pick_failing(records, backend, check)
+    b, c = str(first["backend"]), str(first["check"])
     sel = records[(records["backend"] == b) & (records["check"] == c)].copy()
     sel["_dw"] = ~sel["tensor"].isin(ROW_TENSORS)
     sel = sel.sort_values("_dw", kind="stable").drop(columns="_dw").reset_index(drop=True)

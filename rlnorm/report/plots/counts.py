@@ -29,7 +29,7 @@ from rlnorm.report.plots.common import (
     save,
     set_title,
 )
-from rlnorm.report.runs import run_label
+from rlnorm.report.runs import param, run_label
 from rlnorm.report.verdict import (
     CHECKS,
     COMPARES,
@@ -327,8 +327,8 @@ def plot_vs_reference_report(run: RunResult, seed: RunResult, folder: Path | Non
     rows_this, rows_ref = rows_measured(run), rows_measured(seed)
     if rows_this and rows_ref and rows_this != rows_ref:
         notes.append(f"timed rows: this run {rows_this:,}, report {rows_ref:,}")
-    if (run.params or {}).get("coverage"):
-        notes.append(f"this run's sub-batch coverage: {run.params['coverage']}")  # type: ignore[index]
+    if param(run, "coverage"):
+        notes.append(f"this run's sub-batch coverage: {param(run, 'coverage')}")
     notes.append(cpu_note(run) or "")
     set_title(fig, "This run beside the B200 reference report", run, " · ".join(n for n in notes if n))
     return save(fig, folder, "vs_reference_report")
