@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from rlnorm.kit.folders import write_atomic
 from rlnorm.kit.results import RunResult
 from rlnorm.report.compare import OP_KEYS as OP
 from rlnorm.report.runs import open_run, param
@@ -65,19 +66,12 @@ def _cell(r: pd.Series) -> str:
     return f'<td style="background:{STATE_COLORS[State(r["state"])]}">{text}</td>'
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_index(runs: Sequence[str | Path], out_dir: str | Path, title: str | None = None) -> tuple[Path, Path]:
     """`index.html` (a table of runs x backends, each run linking its page) and `summary.csv`, in `out_dir`."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     table = summary_table(runs)
     csv = out / SUMMARY_FILE
-    _write(csv, table.to_csv(index=False))
+    write_atomic(csv, table.to_csv(index=False))
     varies = [k for k in OP_KEYS if k in table and table[k].astype(str).nunique() > 1]
     backends = list(dict.fromkeys(table["backend"])) if not table.empty else []
     head = "".join(f"<th>{html.escape(k)}</th>" for k in ["run", *varies, "GPU", "commit", *backends])
@@ -94,7 +88,7 @@ def write_index(runs: Sequence[str | Path], out_dir: str | Path, title: str | No
         body.append("<tr>" + "".join(cells) + "</tr>")
     n = table["folder"].nunique() if not table.empty else 0
     heading = html.escape(title or f"{n} reuse-check runs")
-    _write(
+    write_atomic(
         out / INDEX_FILE,
         f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{heading}</title>
