@@ -54,11 +54,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Markdown, display
 
-from rlnorm.report.explain import explain_record
 from rlnorm.report.investigate import (
     crash_batch,
     crash_table,
     crashed_backends,
+    explain_record,
     failing_summary,
     pick_row,
     reproduce_crash,

@@ -13,20 +13,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import RunResult
-from rlnorm.report.runs import open_run, run_label
+from rlnorm.report.runs import open_run, param, run_label
 from rlnorm.report.verdict import CHECKS, STATE_COLORS, State, run_verdicts
 
 COLUMNS = (*CHECKS, "batch_invariant")
-OP_DEFAULTS: dict[str, Any] = {  # what defines the op; the reference report computed these
-    "d": 128,
-    "eps": 1e-6,
-    "group_size": None,
-    "norm_before_gate": True,
-    "activation": "silu",
-    "weight_dtype": "bfloat16",
-}
+OP_KEYS = ("d", "eps", "group_size", "norm_before_gate", "activation", "weight_dtype")  # what defines the op
 ABSENT = "absent"
+LATENCY = ("fwd_us", "fwd_bwd_us")
+ACCURACY = ("fwd_correctly_rounded", "fwd_max_abs_err", "grad_rel_err_x", "grad_rel_err_z", "grad_rel_err_w")
 
 
 @dataclass
@@ -50,8 +46,11 @@ class Comparison:
         if self.different_ops:
             lines.append(f"**These runs computed different ops** ({'; '.join(self.different_ops)}): read what "
                          "follows as two separate results, not as a change of one.\n")  # fmt: skip
-        lines += [f"- {c}" for c in self.changes] if self.changes else ["*Nothing changed.*"]
-        return "\n".join(lines)
+        return "\n".join(lines + ([f"- {c}" for c in self.changes] or ["*Nothing changed.*"]))
+
+
+def _keys(a: RunResult, b: RunResult) -> list[str]:
+    return [*a.results, *(k for k in b.results if k not in a.results)]
 
 
 def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
@@ -59,51 +58,46 @@ def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
     if key not in run.results:
         return dict.fromkeys(COLUMNS, (ABSENT, ABSENT))
     v = run_verdicts(run)[key]
-    out = {c: (cv.state.value, cv.words()) for c, cv in v.checks.items()}
-    out["batch_invariant"] = (v.overall.value, v.sentence())
-    return out
+    return {**{c: (cv.state.value, cv.words()) for c, cv in v.checks.items()},
+            "batch_invariant": (v.overall.value, v.sentence())}  # fmt: skip
 
 
 def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
     """Index (backend, check); columns label_a, label_b (the verdict's words), state_a, state_b and `changed`."""
     rows = []
-    for key in [*a.results, *(k for k in b.results if k not in a.results)]:
+    for key in _keys(a, b):
         sa, sb = _states(a, key), _states(b, key)
-        for c in COLUMNS:
-            rows.append({"backend": key, "check": c, label_a: sa[c][1], label_b: sb[c][1], "state_a": sa[c][0],
-                         "state_b": sb[c][0], "changed": sa[c][0] != sb[c][0]})  # fmt: skip
+        rows += [{"backend": key, "check": c, label_a: sa[c][1], label_b: sb[c][1], "state_a": sa[c][0],
+                  "state_b": sb[c][0], "changed": sa[c][0] != sb[c][0]} for c in COLUMNS]  # fmt: skip
     return pd.DataFrame(rows).set_index(["backend", "check"])
 
 
+def _measure(run: RunResult, key: str, name: str) -> float | None:
+    """One accuracy_latency field of a backend (grad_rel_err_x ... for the gradients); None where absent."""
+    r = run.results.get(key)
+    acc = None if r is None else r.accuracy_latency
+    if acc is None:
+        return None
+    return (acc.grad_rel_err or {}).get(name[-1]) if name.startswith("grad_rel_err_") else getattr(acc, name)
+
+
 def _side_by_side(a: RunResult, b: RunResult, fields: tuple[str, ...]) -> pd.DataFrame:
-    """Per backend: each accuracy_latency field (grad_rel_err_x ... for the gradients) in a and in b."""
-
-    def get(run: RunResult, key: str, name: str) -> float | None:
-        r = run.results.get(key)
-        acc = None if r is None else r.accuracy_latency
-        if acc is None:
-            return None
-        if name.startswith("grad_rel_err_"):
-            return (acc.grad_rel_err or {}).get(name[-1])
-        return getattr(acc, name)
-
-    rows = [{"backend": k, **{f"{f}_{s}": get(r, k, f) for f in fields for s, r in (("a", a), ("b", b))}}
-            for k in [*a.results, *(k for k in b.results if k not in a.results)]]  # fmt: skip
+    rows = [{"backend": k, **{f"{f}_{s}": _measure(r, k, f) for f in fields for s, r in (("a", a), ("b", b))}}
+            for k in _keys(a, b)]  # fmt: skip
     return pd.DataFrame(rows).set_index("backend").astype(float)
 
 
 def latency_table(a: RunResult, b: RunResult) -> pd.DataFrame:
     """Per backend: fwd_us and fwd_bwd_us in a and b, and the ratios b/a (< 1: b is faster)."""
-    table = _side_by_side(a, b, ("fwd_us", "fwd_bwd_us"))
-    for m in ("fwd_us", "fwd_bwd_us"):
+    table = _side_by_side(a, b, LATENCY)
+    for m in LATENCY:
         table[f"{m}_ratio"] = table[f"{m}_b"] / table[f"{m}_a"].where(table[f"{m}_a"] != 0)
-    return table[[f"{m}_{s}" for m in ("fwd_us", "fwd_bwd_us") for s in ("a", "b", "ratio")]]
+    return table[[f"{m}_{s}" for m in LATENCY for s in ("a", "b", "ratio")]]
 
 
 def accuracy_table(a: RunResult, b: RunResult) -> pd.DataFrame:
     """Per backend: fraction correctly rounded, max abs error and grad_rel_err x/z/w, a and b."""
-    fields = ("fwd_correctly_rounded", "fwd_max_abs_err", "grad_rel_err_x", "grad_rel_err_z", "grad_rel_err_w")
-    return _side_by_side(a, b, fields)
+    return _side_by_side(a, b, ACCURACY)
 
 
 def protocol(run: RunResult) -> dict[str, Any]:
@@ -130,27 +124,26 @@ def environment_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: s
 
     def flat(run: RunResult) -> dict[str, Any]:
         out = {k: run.environment.get(k) for k in ("gpu", "capability", "cuda")}
-        out.update(run.libraries)
-        out.update(commit=run.commit, tracked_tree_dirty=run.tracked_tree_dirty)
+        out.update(run.libraries, commit=run.commit, tracked_tree_dirty=run.tracked_tree_dirty)
         return {**out, **{f"protocol: {k}": v for k, v in protocol(run).items()}}
 
     fa, fb = flat(a), flat(b)
-    keys = [*fa, *(k for k in fb if k not in fa)]
-    rows = [{"field": k, label_a: fa.get(k), label_b: fb.get(k), "same": fa.get(k) == fb.get(k)} for k in keys]
+    rows = [{"field": k, label_a: fa.get(k), label_b: fb.get(k), "same": fa.get(k) == fb.get(k)}
+            for k in [*fa, *(k for k in fb if k not in fa)]]  # fmt: skip
     return pd.DataFrame(rows).set_index("field")
 
 
 def op_of(run: RunResult) -> dict[str, Any]:
-    """The op a run computed: width, eps, groups, gate order, activation and weight dtype."""
-    op = {k: (run.params or {}).get(k, v) for k, v in OP_DEFAULTS.items()}
-    op["activation"] = "silu" if op["activation"] == "swish" else op["activation"]
-    return op
+    """The op a run computed (the reference report names none: the defaults, which it computed)."""
+    default = RunParams()
+    op = {k: param(run, k, getattr(default, k)) for k in OP_KEYS}
+    return {**op, "activation": "silu" if op["activation"] == "swish" else op["activation"]}
 
 
 def op_differences(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> list[str]:
     """The op parameters two runs differ in: when there are any, their numbers measure different ops."""
     oa, ob = op_of(a), op_of(b)
-    return [f"{k}: {oa[k]} in {label_a}, {ob[k]} in {label_b}" for k in OP_DEFAULTS if oa[k] != ob[k]]
+    return [f"{k}: {oa[k]} in {label_a}, {ob[k]} in {label_b}" for k in OP_KEYS if oa[k] != ob[k]]
 
 
 def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b", latency_move: float = 0.10,
@@ -162,12 +155,11 @@ def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = 
     if ops:
         out.append("the two runs computed different ops (" + "; ".join(ops) + "): their verdicts, latencies and "
                    "accuracies describe different computations and are not a before/after of one")  # fmt: skip
-    ga, gb = a.device_name, b.device_name
-    if ga != gb:
-        out.append(f"devices differ ({ga} vs {gb}): latency ratios compare the hardware as much as the code")
+    if a.device_name != b.device_name:
+        out.append(f"devices differ ({a.device_name} vs {b.device_name}): latency ratios compare the hardware as "
+                   "much as the code")  # fmt: skip
     pa, pb = protocol(a), protocol(b)
-    moved = [k for k in pa if pa[k] != pb[k]]
-    if moved:
+    if moved := [k for k in pa if pa[k] != pb[k]]:
         out.append(f"protocol differs ({', '.join(moved)}): differ counts and timings are not like for like")
     out += [f"{k}: only in {label_a}" for k in a.results if k not in b.results]
     out += [f"{k}: only in {label_b}" for k in b.results if k not in a.results]
@@ -187,7 +179,7 @@ def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = 
             out.append(f"{k} {c}: {row[label_a]} -> {row[label_b]}")
     out += [f"not measured in {label}: {', '.join(items)}" for label, items in unmeasured.items() if items]
     for k, row in latency_table(a, b).iterrows():
-        for m in ("fwd_us", "fwd_bwd_us"):
+        for m in LATENCY:
             r = row[f"{m}_ratio"]
             if pd.notna(r) and abs(r - 1) > latency_move:
                 word = "faster" if r < 1 else "slower"
@@ -199,18 +191,14 @@ def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = 
     return out
 
 
-def _label(run: RunResult, fallback: str) -> str:
-    name = (run.params or {}).get("name")
-    return f"{fallback}: {run.device_name}" + (f" ({name})" if name else "")
-
-
 def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_move: float = 0.10,
                  accuracy_move: float = 1e-4) -> Comparison:  # fmt: skip
     """Compare run a (e.g. 'seed', the reference B200 report) with run b (e.g. an H200 run)."""
     if not latency_move >= 0:
         raise ValueError(f"latency_move: expected a fraction >= 0, got {latency_move!r}")
     ra, rb = open_run(a), open_run(b)
-    la, lb = _label(ra, "A"), _label(rb, "B")
+    la, lb = (f"{side}: {r.device_name}" + (f" ({param(r, 'name')})" if param(r, "name") else "")
+              for side, r in (("A", ra), ("B", rb)))  # fmt: skip
     lb += " (2)" if la == lb else ""
     return Comparison(
         label_a=la,
@@ -236,7 +224,7 @@ def plot_comparison(cmp: Comparison) -> Any:
     ax_lat, ax_acc, ax_grid = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1.3]})
     keys = list(cmp.latency.index)
     pos = np.arange(len(keys))
-    for off, m, colour in ((-0.2, "fwd_us", "#3949ab"), (0.2, "fwd_bwd_us", "#8e24aa")):
+    for off, m, colour in zip((-0.2, 0.2), LATENCY, ("#3949ab", "#8e24aa"), strict=True):
         vals = cmp.latency[f"{m}_ratio"].to_numpy(dtype=float)
         ok = np.isfinite(vals)
         ax_lat.bar(pos[ok] + off, vals[ok] - 1.0, bottom=1.0, width=0.4, color=colour, label=m)

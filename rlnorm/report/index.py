@@ -13,16 +13,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from rlnorm.kit.folders import write_atomic
 from rlnorm.kit.results import RunResult
-from rlnorm.report.compare import OP_DEFAULTS
-from rlnorm.report.runs import open_run
+from rlnorm.report.compare import OP_KEYS as OP
+from rlnorm.report.runs import open_run, param
 from rlnorm.report.verdict import STATE_COLORS, State, run_verdicts
-
-__all__ = ["INDEX_FILE", "OP_KEYS", "SUMMARY_FILE", "summary_table", "write_index"]
 
 INDEX_FILE = "index.html"
 SUMMARY_FILE = "summary.csv"
-OP_KEYS = (*OP_DEFAULTS, "device")  # the parameters that define the op a run computed: what a matrix varies
+OP_KEYS = (*OP, "device")  # the parameters that define the op a run computed: what a matrix varies
 
 
 def summary_table(runs: Sequence[str | Path | RunResult]) -> pd.DataFrame:
@@ -36,7 +35,7 @@ def summary_table(runs: Sequence[str | Path | RunResult]) -> pd.DataFrame:
             "folder": str(folder),
             "gpu": run.device_name,
             "commit": (run.commit or "")[:9],
-            **{k: (run.params or {}).get(k) for k in OP_KEYS},
+            **{k: param(run, k) for k in OP_KEYS},
         }
         for key, v in run_verdicts(run).items():
             r = run.results[key]
@@ -67,19 +66,12 @@ def _cell(r: pd.Series) -> str:
     return f'<td style="background:{STATE_COLORS[State(r["state"])]}">{text}</td>'
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_index(runs: Sequence[str | Path], out_dir: str | Path, title: str | None = None) -> tuple[Path, Path]:
     """`index.html` (a table of runs x backends, each run linking its page) and `summary.csv`, in `out_dir`."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     table = summary_table(runs)
     csv = out / SUMMARY_FILE
-    _write(csv, table.to_csv(index=False))
+    write_atomic(csv, table.to_csv(index=False))
     varies = [k for k in OP_KEYS if k in table and table[k].astype(str).nunique() > 1]
     backends = list(dict.fromkeys(table["backend"])) if not table.empty else []
     head = "".join(f"<th>{html.escape(k)}</th>" for k in ["run", *varies, "GPU", "commit", *backends])
@@ -96,7 +88,7 @@ def write_index(runs: Sequence[str | Path], out_dir: str | Path, title: str | No
         body.append("<tr>" + "".join(cells) + "</tr>")
     n = table["folder"].nunique() if not table.empty else 0
     heading = html.escape(title or f"{n} reuse-check runs")
-    _write(
+    write_atomic(
         out / INDEX_FILE,
         f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{heading}</title>

@@ -1,24 +1,26 @@
-"""Drill into the rows a check found differing: which rows, by how much, and why it matters.
+"""Drill into the rows a check found differing, and say why one of them differs.
 
-Someone reads "fwd_differ: 95" in an RFC and needs the rows behind it (what each count counts, and how a record
-relates to it, is `rlnorm.report.verdict`). A run folder holds the
-artifact and the per-row records; each record carries what `rlnorm.kit.records.rebuild_case` needs to
-rebuild the exact batch that was compared, so one row is re-examined by recomputing that batch and
-the row alone, never by rerunning the check. `notebooks/investigate_rows` only calls this module.
+Someone reads "fwd_differ: 95" and needs the rows behind it (what each count counts: `rlnorm.report.verdict`).
+Each record carries what `rlnorm.kit.records.rebuild_case` needs to rebuild the exact batches compared, so a row
+is re-examined by recomputing those batches and the row alone, column by column against the correctly rounded
+value, never by rerunning the check. `notebooks/investigate_rows` only calls this module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 import torch
 
-from rlnorm.inputs import Case
+from rlnorm.inputs import Case, make_case
+from rlnorm.kit.backends import REGISTRY, describe_error, load_backend
 from rlnorm.kit.records import RebuiltCase, rebuild_case
 from rlnorm.kit.results import RunResult
 from rlnorm.kit.worker import run_batch
-from rlnorm.numerics import round_once
+from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.report.verdict import COMPARES, ROW_CHECKS, backend_verdict, differing_table, records_line
@@ -26,45 +28,27 @@ from rlnorm.report.verdict import COMPARES, ROW_CHECKS, backend_verdict, differi
 ROW_TENSORS = ("y", "dx", "dz")
 
 
-# --------------------------------------------------------------------------------------------
-# the differing rows
-# --------------------------------------------------------------------------------------------
 def failing_summary(records: pd.DataFrame | None, run: RunResult | None = None) -> pd.DataFrame:
-    """One line per backend and check that differs: the run's complete counts, the records kept (per tensor) and
-    those `max_records` left out, and the largest recorded difference (`rlnorm.report.verdict.differing_table`)."""
+    """One line per backend and check that differs (`rlnorm.report.verdict.differing_table`)."""
     return differing_table(run, records)
-
-
-def pick_failing(records: pd.DataFrame, backend: str | None = None, check: str | None = None) -> tuple[str, str]:
-    """The (backend, check) to show: the given ones, else the first backend/check with a differing row."""
-    if records.empty:
-        raise ValueError("records: this run recorded no differing rows (every check passed, or none ran)")
-    sel = records
-    if backend is not None:
-        if backend not in set(records["backend"]):
-            with_some = _uniq(records, "backend")
-            raise ValueError(f"backend: {backend!r} has no differing rows; backends with some: {with_some}")
-        sel = sel[sel["backend"] == backend]
-    if check is not None:
-        if check not in set(sel["check"]):
-            raise ValueError(f"check: {check!r} has no differing rows for {backend or 'any backend'}; "
-                             f"checks with some: {_uniq(sel, 'check')}")  # fmt: skip
-        sel = sel[sel["check"] == check]
-    row_level = sel[sel["tensor"].isin(ROW_TENSORS)]  # prefer a record that names a row over a dweight one
-    first = (row_level if not row_level.empty else sel).iloc[0]
-    return str(first["backend"]), str(first["check"])
-
-
-def _uniq(df: pd.DataFrame, col: str) -> list[str]:
-    return [str(v) for v in dict.fromkeys(df[col])]
 
 
 def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None,
                    run: RunResult | None = None) -> pd.DataFrame:  # fmt: skip
-    """The kept records of one backend and check (defaults: the first failing ones), row-level first. `attrs`
-    name the backend and check chosen, and `counts`: the sentence that says how many row comparisons differ (from
-    the run, when given) and how many of the differing pairs were kept as records."""
-    b, c = pick_failing(records, backend, check)
+    """The kept records of one backend and check (defaults: the first with a differing row), row-level first;
+    `attrs` name the backend and check, and `counts` says how many row comparisons differ and how many were kept."""
+    if records.empty:
+        raise ValueError("records: this run recorded no differing rows (every check passed, or none ran)")
+    sel = records
+    for name, value in (("backend", backend), ("check", check)):
+        if value is not None and value not in set(sel[name]):
+            where = f" for {backend or 'any backend'}" if name == "check" else ""
+            with_some = [str(v) for v in dict.fromkeys(sel[name])]
+            raise ValueError(f"{name}: {value!r} has no differing rows{where}; {name}s with some: {with_some}")
+        sel = sel if value is None else sel[sel[name] == value]
+    row_level = sel[sel["tensor"].isin(ROW_TENSORS)]  # prefer a record that names a row over a dweight one
+    first = (row_level if not row_level.empty else sel).iloc[0]
+    b, c = str(first["backend"]), str(first["check"])
     sel = records[(records["backend"] == b) & (records["check"] == c)].copy()
     sel["_dw"] = ~sel["tensor"].isin(ROW_TENSORS)
     sel = sel.sort_values("_dw", kind="stable").drop(columns="_dw").reset_index(drop=True)
@@ -114,16 +98,6 @@ def counts_sentence(run: RunResult | None, backend: str, check: str, kept: int) 
     return f"{what}: {counted.sentence()}; {records_line(kept, counted.not_kept)}"
 
 
-# --------------------------------------------------------------------------------------------
-# rebuilding one case
-# --------------------------------------------------------------------------------------------
-# rebuilding a case is `rlnorm.kit.records.rebuild_case` (the record's `rebuild` spec): both sides of the
-# comparison and the row alone, so a row is re-examined by recomputing that batch, never by rerunning the check
-
-
-# --------------------------------------------------------------------------------------------
-# explaining one row
-# --------------------------------------------------------------------------------------------
 def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -142,17 +116,17 @@ def compute_tensor(backend: Any, case: Case, opts: OpOptions, tensor: str) -> to
 
 
 def correctly_rounded(case: Case, opts: OpOptions, tensor: str) -> torch.Tensor:
-    """The fp64 result (forward, or fp64 autograd for dx/dz) rounded ONCE to the output dtype."""
+    """The fp64 result (forward, or fp64 autograd for dx, dz or dweight) rounded ONCE to the tensor's dtype."""
     x = case.x.detach().cpu().to(torch.float64).requires_grad_(tensor == "dx")
     z = None if case.z is None else case.z.detach().cpu().to(torch.float64).requires_grad_(tensor == "dz")
-    w = case.w.detach().cpu().to(torch.float64)
+    w = case.w.detach().cpu().to(torch.float64).requires_grad_(tensor == "dweight")
     with torch.enable_grad():
         y64 = gated_rmsnorm_math(x, z, w, opts, torch.float64)
         if tensor == "y":
             return round_once(y64.detach(), case.x.dtype)
-        leaf = x if tensor == "dx" else z
+        leaf = {"dx": x, "dz": z, "dweight": w}[tensor]
         (g,) = torch.autograd.grad(y64, leaf, grad_outputs=case.dy.detach().cpu().to(torch.float64))
-    return round_once(g, case.x.dtype)
+    return round_once(g, case.w.dtype if tensor == "dweight" else case.x.dtype)
 
 
 def rstd_from_x(case: Case, opts: OpOptions, compute_dtype: torch.dtype) -> torch.Tensor:
@@ -167,9 +141,392 @@ def rstd_from_x(case: Case, opts: OpOptions, compute_dtype: torch.dtype) -> torc
     return torch.rsqrt(xg.pow(2).mean(-1) + opts.eps)
 
 
-# --------------------------------------------------------------------------------------------
-# a backend whose process died
-# --------------------------------------------------------------------------------------------
+@dataclass
+class RowExplanation:
+    """What `explain_record` found; every part is a table or dict a notebook displays as is."""
+
+    summary: dict[str, Any]
+    columns: pd.DataFrame  # one row per column j of the row
+    rstd: pd.DataFrame  # per group: fp32 and fp64 from x, the backend's own if exposed
+    others: pd.DataFrame  # how every other backend computes this row
+    text: str
+    notes: list[str] = field(default_factory=list)
+    diff_column: str = "ulp_batch_vs_compared"  # the ulp column that says what the check compared
+
+    @property
+    def differing_columns(self) -> pd.DataFrame:
+        """The columns where the two compared sides differ."""
+        return self.columns[self.columns[self.diff_column] != 0]
+
+
+def _setup(record: Mapping[str, Any] | pd.Series, device: str | None) -> tuple[dict, RebuiltCase, Any, str]:
+    """The record as a dict, its rebuilt batches, its backend and the device to recompute on."""
+    if isinstance(record, pd.Series):
+        record = record.to_dict()
+    if not isinstance(record, Mapping):
+        raise TypeError(f"record: expected a records row (dict or pandas Series), got {type(record).__name__}")
+    missing = [c for c in ("backend", "check", "row", "tensor") if c not in record]
+    if missing:
+        raise ValueError(f"record: missing columns {missing}; expected a row of the per-row records table")
+    rec = dict(record)
+    return rec, rebuild_case(rec), load_backend(str(rec["backend"])), device or default_device()
+
+
+def _values(t: torch.Tensor) -> list[float]:
+    return [float(v) for v in t.detach().cpu().to(torch.float64)]
+
+
+def _backend_rstd(backend: Any, case: Case, opts: OpOptions) -> torch.Tensor | None:
+    fn = getattr(backend, "rstd", None)
+    out = fn(case.x, case.z, case.w, opts) if callable(fn) else None
+    return None if out is None else out.detach().cpu().to(torch.float64).reshape(case.x.shape[0], -1)
+
+
+def explain_row(
+    record: Mapping[str, Any] | pd.Series,
+    opts: OpOptions | None = None,
+    others: Iterable[str] | None = None,
+    device: str | None = None,
+    others_in_batch: bool | None = None,
+    others_batch_max_rows: int = 1024,
+) -> RowExplanation:
+    """Recompute one differing row on both sides of its comparison and alone, and explain the difference.
+
+    The two sides are the row inside the batch the record names and inside what the check compared it with (the
+    row alone; the full batch for full_vs_sub_batches), both rebuilt from the record. `others`: backend keys (or
+    import paths) to compare on the same row; default: every registered backend. `others_in_batch`: also run the
+    others on both compared batches (default: on a GPU, or on a CPU when those hold at most
+    `others_batch_max_rows` rows; interpreted Triton is slow).
+    """
+    rec, rb, backend, device = _setup(record, device)
+    tensor = str(rec["tensor"])
+    if tensor not in ROW_TENSORS:
+        raise ValueError(f"record: tensor {tensor!r} is not per row (dweight has no row); pick a y/dx/dz record")
+    if isinstance(others, str):  # `papermill -p others x` passes a string: a string is never a list of keys
+        raise TypeError(f"others: expected a list of backend keys or None, got the string {others!r} (papermill: -y)")
+    opts = opts or rb.opts
+    batch, other, alone = rb.batch.to(device), rb.other.to(device), rb.alone.to(device)
+    pos, opos = rb.position, rb.other_position
+    ok, why = backend.available(device)
+    notes: list[str] = []
+    if not ok:  # e.g. a GPU run's vLLM record read on a laptop: show the row, the exact value, the others
+        notes.append(f"{rec['backend']} cannot run on {device} ({why}): its own values are not recomputed")
+
+    def row_of(b: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(in batch, in the compared batch, alone) for one backend, on the CPU."""
+        in_b = compute_tensor(b, batch, opts, tensor)[pos].detach().cpu()
+        by_itself = compute_tensor(b, alone, opts, tensor)[0].detach().cpu()
+        if rb.other_label == "alone":
+            return in_b, by_itself, by_itself
+        return in_b, compute_tensor(b, other, opts, tensor)[opos].detach().cpu(), by_itself
+
+    exact = correctly_rounded(alone, opts, tensor)[0]
+    d = exact.shape[0]
+    columns = pd.DataFrame(
+        {"x": _values(alone.x[0]), "z": _values(alone.z[0]) if alone.z is not None else float("nan")}
+    )
+    ulp_names = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr")
+    if ok:
+        in_batch, compared, by_itself = row_of(backend)
+        ulp_bc = ulp_distance(in_batch, compared)
+        ulp_a, ulp_b, ulp_c = (ulp_distance(t, exact) for t in (by_itself, in_batch, compared))
+        for name, t in (
+            ("in_batch", in_batch),
+            ("compared", compared),
+            ("alone", by_itself),
+            ("correctly_rounded", exact),
+        ):
+            columns[name] = _values(t)
+        ulps = (ulp_bc, ulp_distance(in_batch, by_itself), ulp_a, ulp_b, ulp_c)
+        for name, u in zip((*ulp_names, "ulp_compared_vs_cr"), ulps, strict=True):
+            columns[name] = u.tolist()
+    else:
+        for name in ("in_batch", "compared", "alone"):
+            columns[name] = float("nan")
+        columns["correctly_rounded"] = _values(exact)
+        for name in (*ulp_names, "ulp_compared_vs_cr"):
+            columns[name] = pd.array([pd.NA] * d, dtype="Int64")
+    columns.index.name = "col"
+
+    # rstd: the per-row statistic the op divides by, both ways, and the backend's own if it has one
+    r32, r64 = rstd_from_x(alone, opts, torch.float32)[0], rstd_from_x(alone, opts, torch.float64)[0]
+    rstd = pd.DataFrame({"fp32_from_x": r32.to(torch.float64).tolist(), "fp64_from_x": r64.tolist()})
+    rstd["fp32_rel_err"] = (rstd["fp32_from_x"] - rstd["fp64_from_x"]).abs() / rstd["fp64_from_x"]
+    try:
+        own_alone = _backend_rstd(backend, alone, opts) if ok else None
+        own_batch = _backend_rstd(backend, batch, opts) if ok else None
+    except Exception as exc:  # a backend's optional rstd hook failing is a note, not a failure
+        own_alone = own_batch = None
+        notes.append(f"{rec['backend']}.rstd failed: {describe_error(exc)}")
+    if own_alone is not None and own_batch is not None:
+        rstd["backend_alone"] = own_alone[0].tolist()
+        rstd["backend_in_batch"] = own_batch[pos].tolist()
+        rstd["backend_same_both_ways"] = rstd["backend_alone"] == rstd["backend_in_batch"]
+    else:
+        notes.append(f"{rec['backend']} does not expose its own rstd; only the rstd recomputed from x is shown")
+    rstd.index.name = "group"
+
+    # how every other backend computes this row
+    biggest = max(batch.x.shape[0], other.x.shape[0])
+    if others_in_batch is None:
+        others_in_batch = device.startswith("cuda") or biggest <= others_batch_max_rows
+    other_rows = []
+    for key in [k for k in (list(REGISTRY) if others is None else list(others)) if k != rec["backend"]]:
+        row: dict[str, Any] = {"backend": key}
+        other_rows.append(row)
+        try:
+            cand = load_backend(key)
+            cand_ok, cand_why = cand.available(device)
+            if not cand_ok or (tensor != "y" and not cand.has_backward):
+                row["status"] = f"unavailable: {cand_why}" if not cand_ok else "no backward"
+                continue
+            o_alone = compute_tensor(cand, alone, opts, tensor)[0].detach().cpu()
+            row.update(status="ran", alone_correctly_rounded_cols=int((ulp_distance(o_alone, exact) == 0).sum()),
+                       alone_max_ulp_vs_cr=int(ulp_distance(o_alone, exact).max()))  # fmt: skip
+            if ok:
+                row["equal_to_this_alone"] = bool(torch.equal(o_alone, by_itself))
+                row["equal_to_this_in_batch"] = bool(torch.equal(o_alone, in_batch))
+            if others_in_batch:
+                o_batch, o_comp, _ = row_of(cand)
+                row["batch_equal_compared"] = bool(torch.equal(o_batch, o_comp))
+                row["batch_max_ulp_vs_compared"] = int(ulp_distance(o_batch, o_comp).max())
+        except Exception as exc:
+            row["status"] = f"error: {describe_error(exc)}"
+    others_df = pd.DataFrame(other_rows)
+    if not others_in_batch:
+        notes.append(f"other backends were run on the row alone only (batches of up to {biggest} rows on {device}; "
+                     "pass others_in_batch=True to run them on the compared batches too)")  # fmt: skip
+
+    summary: dict[str, Any] = {
+        **{k: rec.get(k) for k in ("backend", "check", "case", "seed")},
+        "row": int(rec["row"]),
+        "tensor": tensor,
+        "batch_rows": int(batch.x.shape[0]),
+        "position": pos,
+        "compared_with": rb.other_label,
+        "compared_rows": int(other.x.shape[0]),
+        "compared_position": opos,
+        "device": device,
+        "columns": d,
+        "recomputed": ok,
+        "cols_differ": None,
+        "max_ulp": None,
+        "recorded_cols_differ": rec.get("cols_differ"),
+        "recorded_max_ulp": rec.get("max_ulp"),
+        "reproduced": None,
+    }
+    if ok:
+        diff_cols = ulp_bc != 0
+        summary.update(
+            cols_differ=int(diff_cols.sum()),
+            max_ulp=int(ulp_bc.max()),
+            reproduced=bool(diff_cols.any()),
+            # of the differing columns, how many are larger in magnitude inside the batch
+            cols_larger_in_batch=int((in_batch.abs() > compared.abs())[diff_cols].sum()),
+            alone_correctly_rounded_cols=int((ulp_a == 0).sum()),
+            in_batch_correctly_rounded_cols=int((ulp_b == 0).sum()),
+            compared_correctly_rounded_cols=int((ulp_c == 0).sum()),
+        )
+        if summary["reproduced"]:  # probe the larger side of the comparison: which property of the batch matters
+            larger = batch.x.shape[0] >= other.x.shape[0]
+            summary.update(diagnose(backend, *((batch, pos, opts, tensor, in_batch) if larger
+                                               else (other, opos, opts, tensor, compared))))  # fmt: skip
+    return RowExplanation(summary, columns, rstd, others_df, _explain_text(summary, rstd, others_df), notes)
+
+
+# what each diagnosis means, in the words the explanation uses
+DIAGNOSES = {
+    "nondeterministic": "the same batch computed twice gives different bits: run-to-run nondeterminism "
+    "(atomics or an unordered reduction), so no single answer exists for this row",
+    "position": "moving the row one place within the same batch changes its bits: the result depends on "
+    "the row's position in the launch",
+    "batch size": "the same number of rows with different other rows gives the same bits, and moving the row "
+    "changes nothing: the result depends on the row count (a launch configuration or reduction split "
+    "chosen from it), not on the other rows",
+    "other rows": "moving the row changes nothing but replacing the other rows does: the result depends on "
+    "the values of the other rows (something computed across rows, or shared state)",
+}
+
+
+def diagnose(backend: Any, side: Case, position: int, opts: OpOptions, tensor: str, value: torch.Tensor) -> dict:
+    """Three cheap probes of one batch that says why `value` (the row inside it) is what it is:
+    the same batch again (repeatable?), rolled by one row (position?), and the same size with the
+    other rows redrawn (row count or row values?). One probe each: a hint, not a proof."""
+    m = int(side.x.shape[0])
+    if m < 2:
+        return {}
+    again = compute_tensor(backend, side, opts, tensor)[position].detach().cpu()
+    rolled = side.rows(torch.roll(torch.arange(m, device=side.x.device), 1))  # row p moves to p + 1
+    moved = compute_tensor(backend, rolled, opts, tensor)[(position + 1) % m].detach().cpu()
+    fresh = make_case(m, side.x.shape[1], side.seed + 7919, side.x.dtype, side.w.dtype, side.x.device)
+    fresh.x[position], fresh.dy[position] = side.x[position], side.dy[position]
+    if side.z is not None:
+        fresh.z[position] = side.z[position]
+    fresh = Case(fresh.x, None if side.z is None else fresh.z, side.w, fresh.dy, fresh.seed)
+    other_rows = compute_tensor(backend, fresh, opts, tensor)[position].detach().cpu()
+    repeat_eq, moved_eq, fresh_eq = (bool(torch.equal(t, value)) for t in (again, moved, other_rows))
+    if not repeat_eq:
+        verdict = "nondeterministic"
+    elif not moved_eq:
+        verdict = "position"
+    elif fresh_eq:
+        verdict = "batch size"
+    else:
+        verdict = "other rows"
+    return {
+        "probe_batch_rows": m,
+        "probe_same_batch_again_equal": repeat_eq,
+        "probe_moved_one_place_equal": moved_eq,
+        "probe_other_rows_same_size_equal": fresh_eq,
+        "diagnosis": verdict,
+    }
+
+
+def explain_dweight(
+    record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None, device: str | None = None
+) -> RowExplanation:
+    """A dweight record (dweight_repeatable): the same batch run twice, column by column, against the fp64
+    dweight rounded once. There is no row, so rstd and the other backends stay empty."""
+    rec, rb, backend, device = _setup(record, device)
+    if str(rec["tensor"]) != "dweight":
+        raise ValueError(f"record: tensor {rec['tensor']!r} is per row; use explain_row")
+    opts, batch, name = opts or rb.opts, rb.batch.to(device), rec["backend"]
+    ok, why = backend.available(device)
+    if not ok:
+        raise ValueError(f"record: backend {name!r} cannot run on {device}: {why}")
+    runs = [backend.forward_backward(batch.x, batch.z, batch.w, batch.dy, opts).dw for _ in range(2)]
+    if runs[0] is None or runs[1] is None:
+        raise ValueError(f"record: backend {name!r} gives no dweight")
+    first, second = (r.detach().cpu() for r in runs)
+    ref = correctly_rounded(batch, opts, "dweight")
+    u12, u1r, u2r = ulp_distance(first, second), ulp_distance(first, ref), ulp_distance(second, ref)
+    columns = pd.DataFrame(
+        {
+            "first_run": _values(first),
+            "second_run": _values(second),
+            "fp64_rounded_once": _values(ref),
+            "ulp_first_vs_second": u12.tolist(),
+            "ulp_first_vs_fp64": u1r.tolist(),
+            "ulp_second_vs_fp64": u2r.tolist(),
+        }
+    )
+    columns.index.name = "col"
+    d, n_diff, rows = int(first.shape[0]), int((u12 != 0).sum()), int(batch.x.shape[0])
+    summary = {
+        **{k: rec.get(k) for k in ("backend", "check", "case", "seed")},
+        "tensor": "dweight",
+        "batch_rows": rows,
+        "device": device,
+        "columns": d,
+        "cols_differ": n_diff,
+        "max_ulp": int(u12.max()),
+        "recorded_cols_differ": rec.get("cols_differ"),
+        "recorded_max_ulp": rec.get("max_ulp"),
+        "reproduced": n_diff > 0,
+        "first_equal_fp64_cols": int((u1r == 0).sum()),
+        "second_equal_fp64_cols": int((u2r == 0).sum()),
+    }
+    head = f"{name}'s dweight over the same batch of {_n(rows, 'row')} (seed {rec.get('seed')})"
+    if n_diff:
+        text = (
+            f"{head} differs between two identical runs in {n_diff} of {d} columns by at most "
+            f"{summary['max_ulp']} ulp (recorded: {_n(rec.get('cols_differ'), 'column')}, {rec.get('max_ulp')} "
+            "ulp): the weight gradient is not repeatable, so two training runs on the same data drift apart."
+        )
+    else:
+        text = (
+            f"Recomputed on {device}, {head} is bitwise the same in two runs: the recorded difference does not "
+            "reproduce here (it depends on the device, timing or launch configuration of the run)."
+        )
+    text += (
+        f" Columns equal to the fp64 dweight rounded once: {summary['first_equal_fp64_cols']}/{d} in the first "
+        f"run, {summary['second_equal_fp64_cols']}/{d} in the second."
+    )
+    notes = ["dweight has no row: no rstd, no per-row peers"]
+    return RowExplanation(summary, columns, pd.DataFrame(), pd.DataFrame(), text, notes, "ulp_first_vs_second")
+
+
+def explain_record(record: Mapping[str, Any] | pd.Series, **kwargs: Any) -> RowExplanation:
+    """explain_row for a y/dx/dz record, explain_dweight for a dweight one (kwargs it lacks are dropped)."""
+    if isinstance(record, (Mapping, pd.Series)) and record.get("tensor") == "dweight":
+        return explain_dweight(record, opts=kwargs.get("opts"), device=kwargs.get("device"))
+    return explain_row(record, **kwargs)
+
+
+def _n(k: Any, word: str) -> str:
+    return f"{k} {word}" + ("" if k == 1 else "s")
+
+
+def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame) -> str:
+    """The paragraph a reader sees above the tables: what differs, by how much, and what follows."""
+    where = (
+        f"row {s['row']} ({s['check']}, case {s['case']}, seed {s['seed']}) at position {s['position']} "
+        f"of a batch of {_n(s['batch_rows'], 'row')}"
+    )
+    vs = "alone"
+    if s["compared_with"] != "alone":
+        vs = f"inside the {s['compared_with']} of {_n(s['compared_rows'], 'row')} at position {s['compared_position']}"
+    recorded = f"{_n(s['recorded_cols_differ'], 'column')}, {s['recorded_max_ulp']} ulp"
+    if not s["recomputed"]:
+        text = (
+            f"{s['backend']} cannot run on {s['device']}, so its {s['tensor']} for {where} is not recomputed here; "
+            f"the run recorded that it differs from the same row computed {vs} in {recorded}. "
+            "The table still shows the row's inputs and its correctly rounded value."
+        )
+        return text + _others_text(others)
+    if not s["reproduced"]:
+        return (
+            f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same as "
+            f"{vs}: the recorded difference ({recorded}) does not reproduce here, so it depends on the "
+            "device or the launch configuration the run used."
+        ) + _others_text(others)
+    lines = [
+        f"{s['backend']}'s {s['tensor']} for {where} differs in {s['cols_differ']} of {s['columns']} columns "
+        f"by at most {s['max_ulp']} ulp from the same row computed {vs} (recorded: {recorded}).",
+        f"The row's inputs are bitwise the same both ways, so the difference comes from how {s['backend']} "
+        "computes a batch (launch configuration, reduction order, or a dependence on batch size or position), "
+        "not from the data.",
+    ]
+    if s.get("diagnosis"):
+        lines.append(f"Why, probing the batch of {_n(s['probe_batch_rows'], 'row')}: {DIAGNOSES[s['diagnosis']]}.")
+    if s["cols_differ"] > 1 and s["cols_larger_in_batch"] in (0, s["cols_differ"]):
+        way = "larger" if s["cols_larger_in_batch"] else "smaller"
+        lines.append(
+            f"Every differing column is {way} in magnitude in the batch: a shift of the whole row's scale "
+            "(its rstd or a final multiply), not independent rounding noise per column."
+        )
+    lines.append(
+        f"Correctly rounded (fp64, rounded once) columns: {s['alone_correctly_rounded_cols']}/{s['columns']} alone, "
+        f"{s['in_batch_correctly_rounded_cols']}/{s['columns']} in the batch of {_n(s['batch_rows'], 'row')}"
+        + (
+            "."
+            if s["compared_with"] == "alone"
+            else f", {s['compared_correctly_rounded_cols']}/{s['columns']} in the {s['compared_with']}."
+        )
+    )
+    if "backend_same_both_ways" in rstd:
+        same = bool(rstd["backend_same_both_ways"].all())
+        lines.append(
+            f"The backend's own rstd is {'the same' if same else 'DIFFERENT'} alone and in the batch"
+            + (": the difference comes after the row statistic." if same else ": the row statistic itself moved.")
+        )
+    return " ".join(lines) + _others_text(others)
+
+
+def _others_text(others: pd.DataFrame) -> str:
+    ran = others[others["status"] == "ran"] if "status" in others else others.iloc[0:0]
+    if ran.empty:
+        return ""
+    cr = ran[ran["alone_max_ulp_vs_cr"] == 0]["backend"].tolist()
+    out = f" Of the other backends that ran, {len(cr)}/{len(ran)} give the correctly rounded row alone" + (
+        f" ({', '.join(cr)})." if cr else "."
+    )
+    if "batch_equal_compared" in ran:
+        inv = ran[ran["batch_equal_compared"] == True]["backend"].tolist()  # noqa: E712 (NaN-safe)
+        out += f" {len(inv)}/{len(ran)} compute this row bitwise the same in both batches."
+    return out
+
+
 def crashed_backends(run: RunResult) -> list[str]:
     """Backends whose own process crashed or timed out during the run."""
     return [k for k, r in run.results.items() if r.status in ("crashed", "timed_out")]

@@ -1,9 +1,6 @@
-"""The reuse-check page's words: who ran what where, the verdict line per backend, the steps that failed after
-the backends, and how to read a gate. Everything reads a `RunResult`.
-
-The page is what an RFC reader opens first, often as a lone attachment: its first lines say which GPU, which code
-and which run it is (the run's timestamp also ties the page to its artifact, which `validate` checks).
-"""
+"""The reuse-check page's words, from a `RunResult`: who ran what where (often read as a lone attachment, so its
+first lines name the GPU, the code and the run), the verdict line per backend, the steps that failed after the
+backends, and how to read a gate."""
 
 from __future__ import annotations
 
@@ -12,18 +9,8 @@ from typing import Any
 
 from rlnorm.kit.results import RunResult
 from rlnorm.report.plots.common import fmt_us, roofline_ratio
-from rlnorm.report.verdict import INVARIANCE, State, crash_words, fraction, run_verdicts
-
-__all__ = [
-    "GATE_EXPLANATION",
-    "device_notice",
-    "failed_steps_markdown",
-    "header",
-    "placeholder",
-    "plot_sections",
-    "shown",
-    "verdict_markdown",
-]
+from rlnorm.report.runs import param
+from rlnorm.report.verdict import COMPARES, INVARIANCE, State, crash_words, fraction, run_verdicts
 
 GATE_EXPLANATION = (
     "**Reading the gradient gate.** It compares the backend's *own* dweight (the weight's gradient) with the "
@@ -32,7 +19,6 @@ GATE_EXPLANATION = (
     "a trainer then gets a weight gradient that depends on how tokens were packed. rlnorm adds the rows' "
     "contributions exactly (integer counters), so its dweight is the same for every packing."
 )
-GRADIENT_COMPARES = "dx, dz across batch arrangements; its own dweight against the exact sum of single-row dweights"
 
 
 def header(run: RunResult) -> str:
@@ -42,7 +28,7 @@ def header(run: RunResult) -> str:
     commit = (run.commit or "no commit")[:9] + (" (uncommitted changes)" if run.tracked_tree_dirty else "")
     libs = run.libraries
     versions = ", ".join(f"{k} {libs[k]}" for k in ("torch", "triton") if libs.get(k))
-    name = (run.params or {}).get("name") or run.param_set or "unnamed"
+    name = param(run, "name") or run.param_set or "unnamed"
     return (f"**Run `{name}`** on **{gpu}** · code `{commit}` · {versions} · created {run.created_at or 'not yet'} · "
             f"{len(run.results)} backends")  # fmt: skip
 
@@ -60,9 +46,8 @@ def device_notice(run: RunResult) -> str:
 
 
 def verdict_markdown(run: RunResult) -> str:
-    """One line per backend: batch invariant or not with the counts (or why there is no verdict), the gates that
-    did not pass, the correctly rounded fraction and the forward time over the same-run add; then the steps that
-    failed after the backends."""
+    """A line per backend (the verdict and why, the gates, correctly rounded, forward time over the same-run add),
+    then the steps that failed after the backends."""
     lines = []
     for key, v in run_verdicts(run).items():
         r = run.results[key]
@@ -87,7 +72,7 @@ def verdict_markdown(run: RunResult) -> str:
         for gate in ("forward_gate", "gradient_gate") if r.crash is None else ():  # a crash: its gates never ran
             g = v.checks[gate]
             if g.state is not State.NOT_RUN and (g.state is not State.PASSED or gate == "gradient_gate"):
-                said = f"**{g.words()}**" if g.state is not State.PASSED else f"passed ({GRADIENT_COMPARES})"
+                said = f"**{g.words()}**" if g.state is not State.PASSED else f"passed ({COMPARES[gate]})"
                 parts.append(f"{gate.replace('_', ' ')} {said}")
         acc = r.accuracy_latency
         if acc is not None and acc.fwd_correctly_rounded is not None:

@@ -14,8 +14,6 @@ from rlnorm.kit.records import read_records
 from rlnorm.kit.results import RunResult, load_run
 from rlnorm.options import OpOptions
 
-__all__ = ["check_parameters", "latest_run", "open_run", "records_of", "resolve", "run_label", "run_options"]
-
 
 def resolve(source: str | Path) -> Path:
     """A path as given when it exists, else relative to the checkout's root (JupyterLab runs a notebook in
@@ -62,11 +60,16 @@ def records_of(run: RunResult) -> pd.DataFrame | None:
     return read_records(path) if path is not None and path.is_file() else None
 
 
+def param(run: RunResult, name: str, default: Any = None) -> Any:
+    """A parameter the run used; `default` where it names none (the reference report names no parameters)."""
+    return (run.params or {}).get(name, default)
+
+
 def run_options(run: RunResult) -> OpOptions:
     """The op options a run used, defaults where it names none (the reference report)."""
-    params = run.params or {}
+    defaults = OpOptions()
     keys = ("eps", "group_size", "norm_before_gate", "activation")
-    return OpOptions(**{k: params[k] for k in keys if k in params})
+    return OpOptions(**{k: param(run, k, getattr(defaults, k)) for k in keys})
 
 
 def run_label(run: RunResult) -> str:

@@ -11,20 +11,7 @@ from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import Accuracy, RunResult
 from rlnorm.report.plots.common import fmt_ratio, roofline_ratio
 from rlnorm.report.runs import records_of
-from rlnorm.report.verdict import ROW_CHECKS, State, differing_table, fraction, run_verdicts
-
-__all__ = [
-    "accuracy_table",
-    "agreement_table",
-    "backend_table",
-    "environment_table",
-    "gates_table",
-    "invariance_table",
-    "params_table",
-    "record_table",
-    "time_table",
-    "trainer_sampler_table",
-]
+from rlnorm.report.verdict import ROW_CHECKS, clip, differing_table, fraction, run_verdicts
 
 
 def backend_table(run: RunResult) -> pd.DataFrame:
@@ -153,6 +140,10 @@ def record_table(run: RunResult, records: pd.DataFrame | None = None) -> pd.Data
     return table.set_index(["backend", "check"])
 
 
+def _text(v: Any) -> str:
+    return clip(", ".join(map(str, v)) if isinstance(v, list) else str(v), 90)
+
+
 def params_table(run: RunResult) -> pd.DataFrame:
     """This run's parameters beside the full protocol's (run paths left out: they say nothing)."""
     full = RunParams().as_dict()
@@ -161,13 +152,8 @@ def params_table(run: RunResult) -> pd.DataFrame:
         if key in ("output_dir", "staging_dir"):
             continue
         spec = full.get(key, mine)
-        rows.append({"parameter": key, "this run": _short(mine), "full protocol": "" if mine == spec else _short(spec)})
+        rows.append({"parameter": key, "this run": _text(mine), "full protocol": "" if mine == spec else _text(spec)})
     return pd.DataFrame(rows).set_index("parameter") if rows else pd.DataFrame()
-
-
-def _short(v: Any, width: int = 90) -> str:
-    text = ", ".join(map(str, v)) if isinstance(v, list) else str(v)
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def environment_table(run: RunResult) -> pd.DataFrame:
@@ -175,7 +161,7 @@ def environment_table(run: RunResult) -> pd.DataFrame:
     env = {k: v for k, v in run.environment.items() if k != "libraries"}
     env["commit"] = (run.commit or "not a git checkout") + (" (uncommitted changes)" if run.tracked_tree_dirty else "")
     libs = run.libraries
-    rows = [{"what": k, "value": _short(v)} for k, v in env.items()]
+    rows = [{"what": k, "value": _text(v)} for k, v in env.items()]
     rows += [{"what": name, "value": version} for name, version in libs.items() if version]
     missing = [name for name, version in libs.items() if not version]
     if missing:
@@ -187,8 +173,3 @@ def time_table(timings: dict[str, float], top: int = 10) -> pd.DataFrame:
     """The slowest steps (backend: check, gates, ...), so a reader knows what a rerun will cost."""
     steps = sorted(((k, v) for k, v in timings.items() if k not in ("total", "checks")), key=lambda kv: -kv[1])
     return pd.DataFrame([{"step": k, "seconds": round(v, 1)} for k, v in steps[:top]]).set_index("step")
-
-
-def failed_checks(run: RunResult) -> list[tuple[str, str]]:
-    """(backend, check) pairs whose state is failed: what a reader opens `investigate` for."""
-    return [(k, c) for k, v in run_verdicts(run).items() for c, cv in v.checks.items() if cv.state is State.FAILED]

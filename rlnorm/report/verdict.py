@@ -1,46 +1,23 @@
 """The one verdict model: per backend and check a state, the counts behind it, and the words for both.
 
-A **row comparison** is one row of a seeded case computed two ways and compared bitwise: `all_rows` compares
-the row inside its batch of n with the row alone (once per n and seed), `full_vs_sub_batches` the row inside a
-sub-batch with the same row in the full batch (once per sub-batch size and seed), `batch_size_sweep` a probe row
-in a batch of m with the probe alone (once per m, position, probe and seed). The artifact's counts are row
-comparisons, summed over sizes and seeds and always complete: `fwd_differ` (y differs), `rowgrad_differ` (dx or
-dz differs; once where both do), the sweep's `differ` (any of y, dx, dz). A **record** (a line of the records
-CSV) is one differing (row comparison, tensor), capped at `max_records` per backend and check; `records_dropped`
-counts those the cap left out. `dweight_repeatable` compares one batch's dweight run against run: no rows.
-
-Every reader (the page's verdict lines, the verdict figure, `compare`, `index`, the command line's summary)
-takes its states, counts and words from here, so one count reads alike everywhere.
+A **row comparison** is one row of a seeded case computed two ways and compared bitwise (`all_rows`: in its batch
+of n vs alone; `full_vs_sub_batches`: in a sub-batch vs in the full batch; `batch_size_sweep`: a probe row in a
+batch of m vs alone). The artifact's counts are row comparisons summed over sizes and seeds, always complete:
+`fwd_differ` (y), `rowgrad_differ` (dx or dz), the sweep's `differ` (any). A **record** is one differing (row
+comparison, tensor), capped at `max_records` per backend and check; `records_dropped` counts those left out.
+Every reader (page, figures, compare, index, the command line) takes its states, counts and words from here.
 """
 
 from __future__ import annotations
 
-import signal
 import textwrap
 from dataclasses import dataclass
 from enum import Enum
 
 import pandas as pd
 
+from rlnorm.kit.process import describe_exit
 from rlnorm.kit.results import BackendResult, Gate, RunResult
-
-__all__ = [
-    "CHECKS",
-    "COMPARES",
-    "INVARIANCE",
-    "ROW_CHECKS",
-    "STATE_COLORS",
-    "BackendVerdict",
-    "CheckVerdict",
-    "Counts",
-    "State",
-    "backend_verdict",
-    "count",
-    "differing_table",
-    "run_verdicts",
-    "summary_lines",
-    "verdict_frame",
-]
 
 
 class State(Enum):
@@ -165,14 +142,14 @@ class CheckVerdict:
         if self.detail and self.state in (State.PASSED, State.FAILED):
             return textwrap.fill(self.detail, 20)
         if self.detail:
-            return f"{self.state.value}:\n{_clip(self.detail, 22)}"
+            return f"{self.state.value}:\n{clip(self.detail, 22)}"
         return self.state.value
 
     def words(self) -> str:
         """One line: 'failed (736 y / 3,128 dx,dz of 2,621,440 row comparisons)', 'passed', 'raised (why)'."""
         if self.counts is not None and self.state in (State.PASSED, State.FAILED):
             return f"{self.state.value} ({self.counts.short()} {self.counts.of()})".replace(" )", ")")
-        return self.state.value + (f" ({_clip(self.detail, 80)})" if self.detail else "")
+        return self.state.value + (f" ({clip(self.detail, 80)})" if self.detail else "")
 
 
 @dataclass(frozen=True)
@@ -200,19 +177,10 @@ class BackendVerdict:
         return f"{self.headline} ({self.why})" if self.why else self.headline
 
 
-def _clip(text: str, width: int) -> str:
+def clip(text: str, width: int) -> str:
+    """One line of at most `width` characters."""
     text = " ".join(str(text).split())
     return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def exit_words(code: int) -> str:
-    """'killed by SIGSEGV' for a negative return code, 'exit code 3' otherwise."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def crash_words(result: BackendResult, brief: bool = False) -> str:
@@ -254,7 +222,7 @@ def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdi
         why = gate.stderr_tail[-1] if gate.stderr_tail else "cannot take it"
         return CheckVerdict(check, State.NOT_RUN, detail="no backward" if "no backward" in why else "cannot take it")
     if gate.returncode not in (0, None):
-        return CheckVerdict(check, State.CRASHED, detail=f"gate child {exit_words(gate.returncode)}")
+        return CheckVerdict(check, State.CRASHED, detail=f"gate child {describe_exit(gate.returncode)[0]}")
     if gate.failed_lines:
         total = f" of {len(lines)}" if lines else ""
         return CheckVerdict(check, State.FAILED, detail=f"{len(gate.failed_lines)}{total} lines failed")
@@ -341,7 +309,7 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
                               f"differ; {dweight}")  # fmt: skip
     raised = [c for c in INVARIANCE if checks[c].state is State.RAISED]
     if raised:
-        why = "; ".join(f"{c} raised {_clip(checks[c].detail, 120)}" for c in raised)
+        why = "; ".join(f"{c} raised {clip(checks[c].detail, 120)}" for c in raised)
         return BackendVerdict(key, result.status, checks, State.RAISED, why)
     return BackendVerdict(key, result.status, checks, State.NOT_RUN, "checks missing")
 
@@ -363,7 +331,7 @@ def summary_lines(run: RunResult) -> list[str]:
     width = max((len(k) for k in verdicts), default=0)
     lines = [f"  {k:<{width}} {v.sentence()}" for k, v in verdicts.items()]
     for f in run.failed_steps or []:
-        lines.append(f"  step {f.step} failed: {_clip(f.error, 160)}")
+        lines.append(f"  step {f.step} failed: {clip(f.error, 160)}")
     return lines
 
 
@@ -376,65 +344,38 @@ def records_line(kept: int, not_kept: int | None) -> str:
     return f"{count(kept)} of {count(kept + not_kept)} records kept ({count(not_kept)} not kept: max_records)"
 
 
-DIFFERING_COLUMNS = [
-    "backend",
-    "check",
-    "compares",
-    "row comparisons",
-    "y differs",
-    "dx or dz differs",
-    "y, dx or dz differs",
-    "records kept",
-    "records not kept (max_records)",
-    "records kept per tensor",
-    "max_ulp",
-]
+_TENSOR_ORDER = ["y", "dx", "dz", "dweight"]
+_COUNT_COLUMNS = ["row comparisons", "y differs", "dx or dz differs", "y, dx or dz differs"]
 
 
 def differing_table(run: RunResult | None, records: pd.DataFrame | None) -> pd.DataFrame:
     """One line per (backend, check) that differs or has records: the complete counts, the records kept (per
     tensor) and those `max_records` left out, and the largest recorded difference (bf16 ulps). Without the run
     only the records are known, and they cannot give the counts: those columns stay empty rather than undercount."""
-    pairs: list[tuple[str, str]] = []
     verdicts = {} if run is None else run_verdicts(run)
-    for key, v in verdicts.items():
-        pairs += [(key, c) for c in INVARIANCE if v.checks[c].state is State.FAILED]
-    if records is not None and len(records):
-        for key, check in records[["backend", "check"]].astype(str).drop_duplicates().itertuples(index=False):
-            if (key, check) not in pairs:
-                pairs.append((key, check))
-    order = ["y", "dx", "dz", "dweight"]
-
-    def rank(item: tuple[str, int]) -> int:
-        return order.index(item[0]) if item[0] in order else len(order)
-
+    pairs = [(key, c) for key, v in verdicts.items() for c in INVARIANCE if v.checks[c].state is State.FAILED]
+    if records is None or not len(records):
+        records = pd.DataFrame(columns=["backend", "check", "tensor"])
+    for pair in records[["backend", "check"]].astype(str).drop_duplicates().itertuples(index=False, name=None):
+        pairs += [pair] if pair not in pairs else []
     rows = []
     for key, check in pairs:
-        sel = _records_of(records, key, check)
-        counted = verdicts[key].checks[check].counts if key in verdicts and check in CHECKS else None
-        tensors = sel["tensor"].astype(str).value_counts() if len(sel) else pd.Series(dtype=int)
+        sel = records[(records["backend"].astype(str) == key) & (records["check"].astype(str) == check)]
+        c = verdicts[key].checks[check].counts if key in verdicts and check in CHECKS else None
+        tensors = sel["tensor"].astype(str).value_counts().to_dict()
+        ranked = sorted(tensors, key=lambda t: _TENSOR_ORDER.index(t) if t in _TENSOR_ORDER else len(_TENSOR_ORDER))
         ulps = pd.to_numeric(sel["max_ulp"], errors="coerce").dropna() if "max_ulp" in sel else pd.Series([])
         rows.append({
             "backend": key,
             "check": check,
             "compares": COMPARES.get(check, ""),
-            "row comparisons": None if counted is None else counted.compared,
-            "y differs": None if counted is None else counted.y,
-            "dx or dz differs": None if counted is None else counted.grad,
-            "y, dx or dz differs": None if counted is None else counted.any,
+            **dict(zip(_COUNT_COLUMNS, [None] * 4 if c is None else [c.compared, c.y, c.grad, c.any], strict=True)),
             "records kept": len(sel),
-            "records not kept (max_records)": counted.not_kept if counted else (0 if key in verdicts else None),
-            "records kept per tensor": ", ".join(f"{t} {n:,}" for t, n in sorted(tensors.items(), key=rank)),
+            "records not kept (max_records)": c.not_kept if c else (0 if key in verdicts else None),
+            "records kept per tensor": ", ".join(f"{t} {tensors[t]:,}" for t in ranked),
             "max_ulp": None if ulps.empty else int(ulps.max()),
         })  # fmt: skip
-    out = pd.DataFrame(rows, columns=DIFFERING_COLUMNS)
-    for col in [*DIFFERING_COLUMNS[3:9], "max_ulp"]:
-        out[col] = out[col].astype("Int64")
-    return out
-
-
-def _records_of(records: pd.DataFrame | None, backend: str, check: str | None = None) -> pd.DataFrame:
-    if records is None or len(records) == 0:
-        return pd.DataFrame(columns=["backend", "check", "tensor"])
-    sel = records[records["backend"].astype(str) == backend]
-    return sel if check is None else sel[sel["check"].astype(str) == check]
+    columns = ["backend", "check", "compares", *_COUNT_COLUMNS, "records kept", "records not kept (max_records)",
+               "records kept per tensor", "max_ulp"]  # fmt: skip
+    counted = [*_COUNT_COLUMNS, "records kept", "records not kept (max_records)", "max_ulp"]
+    return pd.DataFrame(rows, columns=columns).astype(dict.fromkeys(counted, "Int64"))

@@ -20,7 +20,7 @@ from conftest import BATCH_FAULT, POSITION_FAULT, REPO_ROOT
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.artifact import write_artifact
-from rlnorm.kit.results import load_run, to_json
+from rlnorm.kit.results import load_run
 from rlnorm.report.investigate import differing_rows
 from rlnorm.report.runs import records_of
 
@@ -78,13 +78,13 @@ def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Pa
     assert "fp64_from_x" in shown and "fp32_from_x" in shown
     assert "reference" in shown and POSITION_FAULT in shown and "batch_equal_compared" in shown
     assert images(nb) == 1  # the per-column plot
-    assert re.search(r"FAIL \(\d[\d,]* y", shown)  # the run's own verdicts table, in row comparisons
+    assert re.search(r"failed \(\d[\d,]* y", shown)  # the run's own verdicts table, in row comparisons
 
 
 def test_investigate_rows_notebook_on_the_seed_report_says_it_has_no_records(tmp_path: Path) -> None:
     shown = "\n".join(texts(execute("investigate_rows", tmp_path, {"run": str(SEED)})))
     assert "This artifact has no per-row records" in shown
-    assert "FAIL (95 y / 152 dx,dz)" in shown  # its counts are still shown
+    assert "failed (95 y / 152 dx,dz" in shown  # its counts are still shown
 
 
 def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: Path, tmp_path: Path) -> None:
@@ -105,19 +105,18 @@ def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: P
 
 
 def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:
-    seed = to_json(load_run(SEED))
-    b = copy.deepcopy(seed)
-    b["environment"]["gpu"] = "NVIDIA H200"
-    fused = b["results"]["fla_fused_norm_gate"]["batch_invariance"]
-    fused["full_vs_sub_batches"].update(fwd_differ=0, rowgrad_differ=0)
-    fused["batch_invariant"] = True
-    b["results"]["vllm"]["accuracy_latency"]["fwd_us"] = 58.6
+    b = copy.deepcopy(load_run(SEED))
+    b.environment["gpu"] = "NVIDIA H200"
+    fused = b.results["fla_fused_norm_gate"].batch_invariance
+    fused.full_vs_sub_batches.fwd_differ = fused.full_vs_sub_batches.rowgrad_differ = 0  # type: ignore[union-attr]
+    fused.batch_invariant = True  # type: ignore[union-attr]
+    b.results["vllm"].accuracy_latency.fwd_us = 58.6  # type: ignore[union-attr]
     write_artifact(b, tmp_path / "h200" / "rms_norm_gated_reuse_check.json")
     # artifact_a left at its default: the seed report shipped with rlnorm
     nb = execute("compare_runs", tmp_path, {"artifact_b": str(tmp_path / "h200")})
     shown = "\n".join(texts(nb))
-    assert "- fla_fused_norm_gate full_vs_sub_batches: FAIL (95 y / 152 dx,dz) -> pass" in shown
-    assert "- fla_fused_norm_gate batch_invariant: FAIL -> pass" in shown
+    assert "- fla_fused_norm_gate full_vs_sub_batches: failed (95 y / 152 dx,dz) -> passed" in shown
+    assert "- fla_fused_norm_gate batch_invariant: not batch invariant" in shown
     assert "- vllm fwd_us: 87.1 -> 58.6 us (0.67x, faster)" in shown
     assert "A: NVIDIA B200" in shown and "B: NVIDIA H200" in shown
     assert "fwd_us_ratio" in shown and "fwd_correctly_rounded_a" in shown

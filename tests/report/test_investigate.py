@@ -17,13 +17,15 @@ from rlnorm.kit.backends import Backend
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
-from rlnorm.report.explain import DIAGNOSES, explain_row
 from rlnorm.report.investigate import (
+    DIAGNOSES,
+    compute_tensor,
     correctly_rounded,
     crash_batch,
     crash_table,
     crashed_backends,
     differing_rows,
+    explain_row,
     rows_or_reason,
     rstd_from_x,
 )
@@ -90,17 +92,11 @@ def _rebuild_spec(rows: int, seed: int, row: int, opts: OpOptions, tensor: str) 
     )
 
 
-def _fault_record(tensor: str) -> dict:
-    """A hand-made record of the scaling fault: all_rows of 7 rows, seed 3, row 2."""
-    return {
-        "backend": FAULTY_SPEC,
-        "check": "all_rows",
-        "seed": 3,
-        "case": "n=7",
-        "row": 2,
-        "tensor": tensor,
-        "rebuild": _rebuild_spec(7, 3, 2, OpOptions(), tensor),
-    }
+def _fault_record(tensor: str, spec: str = FAULTY_SPEC, row: int = 2) -> dict:
+    """A hand-made record of a planted fault: all_rows of 7 rows, seed 3."""
+    rebuild = _rebuild_spec(7, 3, row, OpOptions(), tensor)
+    return {"backend": spec, "check": "all_rows", "seed": 3, "case": "n=7", "row": row, "tensor": tensor,
+            "rebuild": rebuild}  # fmt: skip
 
 
 def test_explain_row_reproduces_the_planted_batch_size_fault() -> None:
@@ -204,18 +200,6 @@ def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> 
     assert [p.get_height() for p in top.patches] == [2, 7] and [p.get_height() for p in bottom.patches] == [1, 3]
 
 
-def _hand_record(spec: str, row: int = 2, tensor: str = "y") -> dict:
-    return {
-        "backend": spec,
-        "check": "all_rows",
-        "seed": 3,
-        "case": "n=7",
-        "row": row,
-        "tensor": tensor,
-        "rebuild": _rebuild_spec(7, 3, row, OpOptions(), tensor),
-    }
-
-
 @pytest.mark.parametrize(
     ("spec", "diagnosis"),
     [
@@ -233,7 +217,7 @@ def test_diagnosis_names_the_planted_cause(spec: str, diagnosis: str) -> None:
         from tests.faults import batch_size_fault_mask
 
         row = int(batch_size_fault_mask(make_case(7, 128, 3).x).nonzero()[0])
-    expl = explain_row(_hand_record(spec, row), others=[], device="cpu")
+    expl = explain_row(_fault_record("y", spec, row), others=[], device="cpu")
     assert expl.summary["reproduced"], expl.text
     assert expl.summary["diagnosis"] == diagnosis
     assert DIAGNOSES[diagnosis] in expl.text
@@ -250,8 +234,6 @@ def test_rstd_both_ways_and_correctly_rounded_gradient() -> None:
     dz = correctly_rounded(case, opts, "dz")
     assert dz.dtype == torch.bfloat16 and dz.shape == case.x.shape
     with pytest.raises(ValueError, match="tensor"):
-        from rlnorm.report.investigate import compute_tensor
-
         compute_tensor(None, case, opts, "dweight")
 
 

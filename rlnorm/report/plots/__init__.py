@@ -14,25 +14,11 @@ from matplotlib.figure import Figure
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.results import RunResult, load_run
-from rlnorm.report.plots.agreement import plot_agreement
-from rlnorm.report.plots.common import BAD_COLOR, message, save, set_title, shorten
-from rlnorm.report.plots.errors import plot_error_distributions
-from rlnorm.report.plots.latency import plot_latency
-from rlnorm.report.plots.rows import plot_differing_rows
-from rlnorm.report.plots.verdict import plot_verdict
-from rlnorm.report.plots.vs_report import plot_vs_reference_report
+from rlnorm.report.plots.common import BAD_COLOR, message, save, set_title
+from rlnorm.report.plots.counts import plot_differing_rows, plot_verdict, plot_vs_reference_report
+from rlnorm.report.plots.measures import plot_agreement, plot_error_distributions, plot_latency
 from rlnorm.report.runs import records_of
-
-__all__ = [
-    "PLOT_NAMES",
-    "make_plots",
-    "plot_agreement",
-    "plot_differing_rows",
-    "plot_error_distributions",
-    "plot_latency",
-    "plot_verdict",
-    "plot_vs_reference_report",
-]
+from rlnorm.report.verdict import clip
 
 PLOT_NAMES = ("verdict", "differing_rows", "error_distributions", "latency", "agreement", "vs_reference_report")
 
@@ -64,7 +50,7 @@ def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None
         except Exception as exc:
             warnings.warn(f"plot {name!r} failed: {type(exc).__name__}: {exc}", RuntimeWarning, stacklevel=2)
             fig = Figure(figsize=(8, 3), layout="constrained")
-            message(fig.subplots(), f"plot '{name}' failed:\n{type(exc).__name__}: {shorten(str(exc), 200)}",
+            message(fig.subplots(), f"plot '{name}' failed:\n{type(exc).__name__}: {clip(str(exc), 200)}",
                     color=BAD_COLOR)  # fmt: skip
             set_title(fig, name, run)
             save(fig, folder, name)

@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from rlnorm.kit.results import Accuracy, BackendResult, RunResult
 from rlnorm.report.runs import run_label
-from rlnorm.report.verdict import crash_words
+from rlnorm.report.verdict import clip, crash_words
 
 MISSING_COLOR = "#888888"
 OK_COLOR = "#2e7d32"
@@ -43,16 +43,11 @@ def message(ax: Any, text: str, color: str = MISSING_COLOR, fontsize: float = 11
         spine.set_color("#dddddd")
 
 
-def shorten(text: str, width: int) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 def not_ran(result: BackendResult) -> str | None:
     """Why a backend has no data ('skipped: reason'); None when it ran, even in part (a backend whose process died
     keeps the checks it finished)."""
     if result.status in ("skipped", "failed"):
-        return f"{result.status}: {shorten(result.skip_reason or 'no reason recorded', 90)}"
+        return f"{result.status}: {clip(result.skip_reason or 'no reason recorded', 90)}"
     return None
 
 

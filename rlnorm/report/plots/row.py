@@ -9,7 +9,7 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from rlnorm.kit.results import RunResult
-from rlnorm.report.explain import RowExplanation
+from rlnorm.report.investigate import RowExplanation
 from rlnorm.report.runs import run_label
 
 

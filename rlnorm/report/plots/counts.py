@@ -1,0 +1,334 @@
+"""The figures of the verdict: every backend's state per check, the row comparisons that differ with each kept
+record at its row, and this run's counts and times beside the reference B200 report's."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib import colors as mcolors
+from matplotlib import transforms as mtransforms
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from rlnorm.kit.results import RunResult
+from rlnorm.report.plots.common import (
+    BAD_COLOR,
+    MISSING_COLOR,
+    OK_COLOR,
+    REPORT_COLOR,
+    THIS_COLOR,
+    cpu_note,
+    fmt_us,
+    message,
+    missing_reason,
+    not_ran,
+    rows_measured,
+    save,
+    set_title,
+)
+from rlnorm.report.runs import param, run_label
+from rlnorm.report.verdict import (
+    CHECKS,
+    COMPARES,
+    INVARIANCE,
+    STATE_COLORS,
+    BackendVerdict,
+    State,
+    backend_verdict,
+    clip,
+    crash_words,
+    records_line,
+    run_verdicts,
+)
+
+COLUMNS = (*CHECKS, "batch_invariant")
+NOTES = {  # what each column compares, under its name
+    "all_rows": "row in batch\nvs alone",
+    "full_vs_sub_batches": "sub-batch\nvs full batch",
+    "batch_size_sweep": "probe in batch\nof m vs alone",
+    "dweight_repeatable": "dweight\nrun vs run",
+    "forward_gate": "y across 7\narrangements",
+    "gradient_gate": "dx, dz; own dweight\nvs exact sum",
+    "correctly_rounded": "fraction of y\n= fp64 rounded once",
+    "batch_invariant": "the first four\nchecks",
+}
+
+
+def plot_verdict(run: RunResult, folder: Path | None = None) -> Figure:
+    """Backends (rows) by checks (columns), each cell coloured by its state, with the count where there is one
+    (row comparisons that differ: y / dx,dz, of those made)."""
+    verdicts = run_verdicts(run)
+    keys = list(verdicts)
+    fig = Figure(figsize=(17, 2.9 + 0.62 * max(len(keys), 1)), layout="constrained")
+    ax = fig.subplots()
+    title = "Verdict per backend and check (bitwise: RL trainer and sampler must compute the same bits)"
+    if not keys:
+        message(ax, "no backends in this artifact")
+        set_title(fig, title, run)
+        return save(fig, folder, "verdict")
+    states = list(State)
+    grid = np.zeros((len(keys), len(COLUMNS)))
+    notes = []
+    for i, key in enumerate(keys):
+        v = verdicts[key]
+        for j, col in enumerate(COLUMNS):
+            if col == "batch_invariant":
+                state, text = v.overall, v.headline.replace(" batch ", "\nbatch ").replace("no verdict", "no\nverdict")
+            else:
+                state, text = v.checks[col].state, v.checks[col].cell()
+            grid[i, j] = states.index(state)
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, linespacing=1.1)
+        result = run.results[key]
+        done = result.crash.finished_checks if result.crash is not None else []
+        crashed = crash_words(result)
+        notes.append(crashed + (f"; finished: {', '.join(done)}" if done else "; no check finished") if crashed else "")
+        if result.status in ("skipped", "failed"):
+            notes[-1] = f"{result.status}: {result.skip_reason or 'no reason recorded'}"
+    cmap = mcolors.ListedColormap([STATE_COLORS[s] for s in states])
+    ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(states) - 0.5, aspect="auto")
+    labels = [f"{c}\n{NOTES[c]}" for c in COLUMNS]
+    ticks: list[float] = list(range(len(COLUMNS)))
+    if any(notes):  # a last, uncoloured column says why a row looks as it does (a crash and where, a skip and why)
+        ticks.append(len(COLUMNS) + 0.75)
+        labels.append("status\n(crash or skip: why)")
+        for i, note in enumerate(notes):
+            ax.text(len(COLUMNS) - 0.4, i, textwrap.fill(note, 44), ha="left", va="center", fontsize=7.5)
+    ax.set_xlim(-0.5, len(COLUMNS) - 0.5 + (2.5 if any(notes) else 0))
+    ax.set_xticks(ticks, labels, fontsize=8.5)
+    ax.xaxis.tick_top()
+    ax.set_yticks(range(len(keys)), keys, fontsize=9)
+    ax.set_xticks(np.arange(-0.5, len(COLUMNS)), minor=True)
+    ax.set_yticks(np.arange(-0.5, len(keys)), minor=True)
+    ax.grid(which="minor", color="white", linewidth=2)
+    ax.tick_params(which="minor", length=0)
+    ax.axvline(len(COLUMNS) - 1.5, color="#424242", lw=2)  # the overall verdict apart from its parts
+    ax.set_xlabel("check  ·  a count is row comparisons that differ (y: the output; dx,dz: dx or dz) 'of' those made,"
+                  " summed over sizes and seeds")  # fmt: skip
+    ax.set_ylabel("backend")
+    used = [s for s in states if s.value in {states[int(g)].value for g in grid.flat}]
+    ax.legend(
+        handles=[Patch(facecolor=STATE_COLORS[s], edgecolor="#9e9e9e", label=s.value) for s in used],
+        loc="upper center", bbox_to_anchor=(0.5, -0.09), ncols=len(used), fontsize=9, frameon=False,
+    )  # fmt: skip
+    set_title(fig, title, run)
+    return save(fig, folder, "verdict")
+
+
+TENSOR_STYLE = {  # marker, colour, vertical offset within a check's lane
+    "y": ("o", "#1f77b4", -0.24),
+    "dx": ("^", "#d62728", -0.08),
+    "dz": ("v", "#ff7f0e", 0.08),
+    "dweight": ("s", "#2ca02c", 0.24),
+}
+
+
+def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Path | None = None) -> Figure:
+    """Per backend, one lane per check that found a difference, labelled with the run's complete counts; each point
+    is a kept record (one differing row comparison and tensor) at its row's index in the case, marker = tensor;
+    the panel says how many records were kept of how many differing pairs (`max_records` caps them)."""
+    if records is not None and {"backend", "check", "row", "tensor"} - set(records.columns):
+        raise ValueError(f"records: expected the records table's columns, got {list(records.columns)}")
+    verdicts = run_verdicts(run)
+    lanes: dict[str, list[str]] = {}
+    for key, v in verdicts.items():
+        sub = records[records["backend"] == key] if records is not None else None
+        checks = [c for c in INVARIANCE if v.checks[c].state is State.FAILED]
+        checks += [c for c in (sub["check"].astype(str).unique() if sub is not None else []) if c not in checks]
+        lanes[key] = checks
+    heights = [0.9 + 0.62 * len(lanes[k]) if lanes[k] and records is not None else 0.75 for k in verdicts] or [1.0]
+    fig = Figure(figsize=(12, 1.4 + sum(heights)), layout="constrained")
+    axes = fig.subplots(len(heights), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
+    if not verdicts:
+        message(axes[0], "no backends in this artifact")
+    for ax, (key, v) in zip(axes, verdicts.items(), strict=False):
+        result = run.results[key]
+        crashed = crash_words(result)
+        title = key + (f"  ({clip(crashed, 110)})" if crashed else "")
+        ax.set_title(title, loc="left", fontsize=10, fontweight="bold", color=BAD_COLOR if crashed else "black")
+        counted = {c: v.checks[c] for c in INVARIANCE if v.checks[c].state in (State.PASSED, State.FAILED)}
+        if not_ran(result) is not None:
+            message(ax, f"no data ({not_ran(result)})")
+            continue
+        if records is None:
+            said = "; ".join(f"{c}: {cv.words()}" for c, cv in counted.items()) or "no batch-invariance summary"
+            message(ax, "per-row records not available; " + said, fontsize=9)
+            continue
+        if not lanes[key]:
+            if counted:
+                message(ax, "nothing differs in " + ", ".join(counted) + " (bitwise identical)", color=OK_COLOR)
+            else:
+                message(ax, "no batch-invariance check ran" + (" before it stopped" if crashed else ""))
+            continue
+        sub = records[records["backend"] == key]
+        kept_total = not_kept_total = 0
+        labels = []
+        x_in_axes = mtransforms.blended_transform_factory(ax.transAxes, ax.transData)
+        for lane, check in enumerate(lanes[key]):
+            in_check = sub[sub["check"].astype(str) == check]
+            rows = pd.to_numeric(in_check["row"], errors="coerce")
+            counts = v.checks[check].counts if check in v.checks else None
+            not_kept = None if counts is None else counts.not_kept
+            kept_total, not_kept_total = kept_total + len(in_check), not_kept_total + (not_kept or 0)
+            if counts is not None:
+                labels.append(f"{check}\n{COMPARES[check]}\n{counts.short()} {counts.of()}")
+            elif check == "dweight_repeatable":
+                labels.append(f"{check}\n{COMPARES[check]}\ndiffers ({len(in_check):,} records)")
+            else:
+                labels.append(f"{check}\n{len(in_check):,} records")
+            if len(lanes[key]) > 1:  # each lane's own records; the panel's title sums them
+                ax.text(0.995, lane + 0.32, records_line(len(in_check), not_kept), transform=x_in_axes, ha="right",
+                        va="center", fontsize=7.5, color="#424242")  # fmt: skip
+            whole = in_check[rows.isna()]  # batch-level records (dweight repeats): no row to place
+            if len(whole) or not len(in_check):
+                tensors = ", ".join(sorted(set(whole["tensor"].astype(str))))
+                text = (f"{tensors} differs between two runs of one whole batch ({len(whole):,}x)" if len(whole)
+                        else "no records kept for this check")  # fmt: skip
+                ax.text(0.5, lane, text, transform=x_in_axes, ha="center", va="center", fontsize=9, color=BAD_COLOR)
+            placed = in_check[rows.notna()]
+            for tensor, group in placed.groupby(placed["tensor"].astype(str)):
+                marker, color, offset = TENSOR_STYLE.get(tensor, ("x", "#555555", 0.0))
+                xs = pd.to_numeric(group["row"]).to_numpy(dtype=float)
+                ax.scatter(xs, np.full(xs.shape, lane + offset), marker=marker, s=22, color=color, alpha=0.75)
+        ax.set_title(records_line(kept_total, not_kept_total), loc="right", fontsize=9, color=BAD_COLOR)
+        ax.set_yticks(range(len(labels)), labels, fontsize=8)
+        ax.set_ylim(len(labels) - 0.4, -0.6)
+        ax.set_xlabel("row index in the generated case (one point per kept record)")
+        ax.grid(axis="x", alpha=0.3)
+        shown = set(sub.loc[pd.to_numeric(sub["row"], errors="coerce").notna(), "tensor"].astype(str))
+        handles = [
+            ax.scatter([], [], marker=TENSOR_STYLE[t][0], color=TENSOR_STYLE[t][1], label=t)
+            for t in TENSOR_STYLE
+            if t in shown
+        ]
+        if handles:
+            ax.legend(handles=handles, title="tensor", fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    what = ("Row comparisons that differ bitwise, per backend and check (a count is row comparisons: once per size "
+            "and seed; a record is one differing row comparison and tensor)")  # fmt: skip
+    set_title(fig, what, run)
+    return save(fig, folder, "differing_rows")
+
+
+# column -> (check, which count); the sweep's is its total, as the report counts it
+COUNT_COLUMNS = {
+    "all_rows\ny": ("all_rows", "y"),
+    "all_rows\ndx,dz": ("all_rows", "grad"),
+    "full_vs_sub_batches\ny": ("full_vs_sub_batches", "y"),
+    "full_vs_sub_batches\ndx,dz": ("full_vs_sub_batches", "grad"),
+    "batch_size_sweep\ny, dx or dz": ("batch_size_sweep", "any"),
+    "dweight_repeatable": ("dweight_repeatable", ""),
+    "gates passed": ("", ""),
+}
+_DIED = (State.CRASHED, State.TIMED_OUT)
+
+
+def count_cell(v: BackendVerdict | None, column: str) -> tuple[str, int]:
+    """(text, colour class) of one count column: 0 no value, 1 nothing differs, 2 differs, 3 crashed."""
+    if v is None or v.overall in (State.SKIPPED, State.NOT_LOADED):
+        return "–", 0
+    check, what = COUNT_COLUMNS[column]
+    if not check:  # the gates the backend could take
+        taken = [v.checks[g] for g in ("forward_gate", "gradient_gate") if v.checks[g].state is not State.NOT_RUN]
+        if any(c.state in _DIED for c in taken):
+            return taken[0].state.value, 3
+        ok = all(c.state is State.PASSED for c in taken)
+        return ("yes", 1) if taken and ok else (("NO", 2) if taken else ("–", 0))
+    cv = v.checks[check]
+    if cv.state in _DIED:
+        return cv.state.value, 3
+    if check == "dweight_repeatable":
+        return {State.PASSED: ("yes", 1), State.FAILED: ("NO", 2)}.get(cv.state, ("–", 0))
+    n = None if cv.counts is None else getattr(cv.counts, what)
+    if what == "any" and n is None and cv.counts is not None:
+        n = cv.counts.y
+    return ("–", 0) if n is None else (f"{n:,}", 2 if n else 1)
+
+
+def plot_vs_reference_report(run: RunResult, seed: RunResult, folder: Path | None = None) -> Figure:
+    """This run beside the B200 reference report wherever both have a measure: forward and forward+backward time,
+    the fraction not correctly rounded, and the differing-row counts."""
+    keys = list(run.results) + [k for k in seed.results if k not in run.results]
+    fig = Figure(figsize=(15, 4.0 + 0.9 * max(len(keys), 1)), layout="constrained")
+    grid = fig.subplot_mosaic([["fwd", "fwd_bwd", "cr"], ["counts", "counts", "counts"]], height_ratios=[1.15, 1])
+    names = (f"this run ({run.environment.get('gpu', '?')})", f"report ({seed.environment.get('gpu', '?')})")
+    ys, h = np.arange(len(keys)), 0.38
+
+    def value(r: RunResult, key: str, field: str) -> float | None:
+        result = r.results.get(key)
+        acc = None if result is None else result.accuracy_latency
+        v = None if acc is None else getattr(acc, field)
+        if field == "fwd_correctly_rounded":
+            return None if v is None else 1.0 - v
+        return v if v else None
+
+    panels = (
+        ("fwd", "fwd_us", "forward time (us, log scale)", "forward"),
+        ("fwd_bwd", "fwd_bwd_us", "forward+backward time (us, log scale)", "forward + backward"),
+        ("cr", "fwd_correctly_rounded", "fraction NOT correctly rounded (log scale)", "outputs not correctly rounded"),
+    )
+    for name, field, xlabel, title in panels:
+        ax = grid[name]
+        ax.set_title(title, fontsize=11, fontweight="bold")
+        sides = [[value(r, k, field) for k in keys] for r in (run, seed)]
+        present = [v for side in sides for v in side if v]
+        if not present:
+            message(ax, "no shared measure" if keys else "no backends")
+            continue
+        x_text = mtransforms.blended_transform_factory(ax.transAxes, ax.transData)
+        for off, side, r, color, label in ((-h / 2, sides[0], run, THIS_COLOR, names[0]),
+                                           (h / 2, sides[1], seed, REPORT_COLOR, names[1])):  # fmt: skip
+            ax.barh(ys + off, [v or 0 for v in side], height=h, color=color, label=label)
+            for y, k, v in zip(ys, keys, side, strict=True):
+                if v:
+                    ax.text(v * 1.1, y + off, f"{v:.2e}" if name == "cr" else fmt_us(v), va="center", fontsize=7)
+                    continue
+                exact = name == "cr" and v == 0
+                why = "0 (all correctly rounded)" if exact else (missing_reason(r.results[k], field)
+                                                                if k in r.results else "absent")  # fmt: skip
+                ax.text(0.01, y + off, why, transform=x_text, va="center", fontsize=7, color=MISSING_COLOR,
+                        style="italic")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_xlim(min(present) / 4, max(present) * 30)
+        ax.set_yticks(ys, keys)
+        ax.invert_yaxis()
+        ax.set_xlabel(xlabel)
+        ax.grid(axis="x", alpha=0.3)
+        if name == "fwd":
+            fig.legend(loc="outside upper right", fontsize=9, ncols=2)
+    ax = grid["counts"]
+    if not keys:
+        message(ax, "no backends")
+    else:
+        ours = {k: backend_verdict(k, r) for k, r in run.results.items()}
+        theirs = {k: backend_verdict(k, r) for k, r in seed.results.items()}
+        classes = np.zeros((len(keys), len(COUNT_COLUMNS)))
+        for i, k in enumerate(keys):
+            for j, col in enumerate(COUNT_COLUMNS):
+                (a, cls), (b, _) = count_cell(ours.get(k), col), count_cell(theirs.get(k), col)
+                classes[i, j] = cls
+                ax.text(j, i, f"{a}  |  {b}", ha="center", va="center", fontsize=9)
+        cmap = mcolors.ListedColormap(["#eeeeee", "#c8e6c9", "#ffcdd2", "#ce93d8"])
+        ax.imshow(classes, cmap=cmap, vmin=0, vmax=3, aspect="auto")
+        ax.set_xticks(range(len(COUNT_COLUMNS)), list(COUNT_COLUMNS), fontsize=8.5)
+        labels = [k + (f"\n({crash_words(run.results[k], brief=True)})" if k in run.results and
+                       crash_words(run.results[k]) else "") for k in keys]  # fmt: skip
+        ax.set_yticks(range(len(keys)), labels)
+        ax.xaxis.tick_top()
+        ax.set_title(
+            "row comparisons that differ (y: the output; dx,dz: dx or dz; sweep: any of them): this run | report"
+            "   (colour = this run: green 0, red > 0, grey no value, purple crashed or timed out)\n"
+            "gates passed: the report's gradient gates compared the reference op's own dweight hook for every "
+            "library, so their dweight lines passed by construction (docs/spec.md §5)",
+            fontsize=10, loc="left",
+        )  # fmt: skip
+    notes = [f"vs {run_label(seed)}"]
+    rows_this, rows_ref = rows_measured(run), rows_measured(seed)
+    if rows_this and rows_ref and rows_this != rows_ref:
+        notes.append(f"timed rows: this run {rows_this:,}, report {rows_ref:,}")
+    if param(run, "coverage"):
+        notes.append(f"this run's sub-batch coverage: {param(run, 'coverage')}")
+    notes.append(cpu_note(run) or "")
+    set_title(fig, "This run beside the B200 reference report", run, " · ".join(n for n in notes if n))
+    return save(fig, folder, "vs_reference_report")

@@ -1,0 +1,230 @@
+"""The figures of what was measured: forward error distributions, latency against the same-run torch.add floor,
+and the cross-backend bitwise agreement matrix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib import colors as mcolors
+from matplotlib import transforms as mtransforms
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+
+from rlnorm.kit.results import RunResult
+from rlnorm.report.plots.common import (
+    BAD_COLOR,
+    MISSING_COLOR,
+    OK_COLOR,
+    THIS_COLOR,
+    compact,
+    cpu_note,
+    fmt_ratio,
+    fmt_us,
+    message,
+    missing_reason,
+    own_add_us,
+    roofline_ratio,
+    rows_measured,
+    save,
+    set_title,
+)
+from rlnorm.report.verdict import clip, crash_words
+
+
+def _ulp_rank(k: str) -> tuple[int, int]:
+    return (2, 0) if k == "nan" else ((1, int(k[:-1])) if k.endswith("+") else (0, int(k)))
+
+
+def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figure:
+    """Per backend: histogram of the ulp distance of each forward output to the correctly rounded (fp64, rounded
+    once) value, and of the absolute error against fp64 (log-spaced bins)."""
+    keys = list(run.results)
+    accs = {k: run.results[k].accuracy_latency for k in keys}
+    heights = [2.4 if accs[k] is not None and accs[k].fwd_ulp_hist else 0.9 for k in keys] or [1.0]
+    fig = Figure(figsize=(12, 1.0 + sum(heights)), layout="constrained")
+    axes = fig.subplots(len(heights), 2, squeeze=False, gridspec_kw={"height_ratios": heights})
+    if not keys:
+        message(axes[0, 0], "no backends in this artifact")
+        message(axes[0, 1], "no backends in this artifact")
+    for (ax_ulp, ax_abs), key in zip(axes, keys, strict=False):
+        acc = accs[key]
+        cr = None if acc is None else acc.fwd_correctly_rounded
+        head = key + (f"   correctly rounded: {cr:.6f}" if cr is not None else "")
+        ax_ulp.set_title(head, loc="left", fontsize=10, fontweight="bold")
+        ax_abs.set_title("absolute error vs fp64", loc="left", fontsize=10)
+        if acc is None or not acc.fwd_ulp_hist:
+            why = f"no ulp histogram ({missing_reason(run.results[key], 'fwd_correctly_rounded')})"
+            message(ax_ulp, why)
+        else:
+            ks = sorted(acc.fwd_ulp_hist, key=_ulp_rank)
+            counts = [int(acc.fwd_ulp_hist[k] or 0) for k in ks]
+            xs = np.arange(len(ks))
+            colors = [OK_COLOR if k == "0" else (BAD_COLOR if k == "nan" or k.endswith("+") else "#ef6c00") for k in ks]
+            ax_ulp.bar(xs, counts, color=colors, width=0.8)
+            ax_ulp.set_xticks(xs, ks, fontsize=7)
+            if any(counts):
+                ax_ulp.set_yscale("log")
+                ax_ulp.set_ylim(0.5, max(counts) * 40)  # headroom for the count labels
+            for x, c in zip(xs, counts, strict=True):
+                if c > 0:
+                    ax_ulp.text(x, c * 1.3, compact(c), ha="center", va="bottom", fontsize=7)
+            ax_ulp.set_ylabel("outputs (count)")
+            ax_ulp.set_xlabel("ulp distance to the correctly rounded value (bf16 ulps)")
+        hist = None if acc is None else acc.fwd_abs_err_hist
+        if not hist or not hist.get("edges") or not hist.get("counts"):
+            max_err = None if acc is None else acc.fwd_max_abs_err
+            extra = f"\nmax abs err {max_err:.3g}" if max_err is not None else ""
+            message(ax_abs, "no absolute-error histogram recorded" + extra)
+            continue
+        edges, counts_a = np.asarray(hist["edges"], dtype=float), np.asarray(hist["counts"], dtype=float)
+        if len(edges) != len(counts_a) + 1:
+            message(ax_abs, f"malformed histogram: {len(edges)} edges for {len(counts_a)} counts", color=BAD_COLOR)
+            continue
+        ax_abs.stairs(counts_a, edges, fill=True, color="#5c6bc0", alpha=0.85)
+        if np.all(edges > 0):
+            ax_abs.set_xscale("log")
+        if counts_a.max(initial=0) > 0:
+            ax_abs.set_yscale("log")
+            ax_abs.set_ylim(bottom=0.5)
+        zero = int(hist.get("zero") or 0)
+        share = 100 * zero / max(zero + int(counts_a.sum()), 1)
+        ax_abs.text(0.02, 0.95, f"exact (error 0): {zero:,} ({share:.2f}%)", transform=ax_abs.transAxes, va="top",
+                    fontsize=8, bbox={"facecolor": "white", "alpha": 0.8, "edgecolor": "none"})  # fmt: skip
+        if acc is not None and acc.fwd_max_abs_err:
+            ax_abs.axvline(acc.fwd_max_abs_err, color=BAD_COLOR, ls="--", lw=1)
+            ax_abs.text(acc.fwd_max_abs_err, 0.5, f" max {acc.fwd_max_abs_err:.3g}", color=BAD_COLOR, fontsize=7,
+                        transform=ax_abs.get_xaxis_transform())  # fmt: skip
+        ax_abs.set_ylabel("outputs (count)")
+        ax_abs.set_xlabel("|y - y_fp64| (absolute error, log scale)")
+    set_title(fig, "Forward error distributions per backend", run)
+    return save(fig, folder, "error_distributions")
+
+
+def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
+    """Forward and forward+backward time per backend (median, p20-p80 whiskers), each against the torch.add timed
+    in the same run beside that backend (3 tensors forward; 8/3 of it for the 8 tensors of forward+backward)."""
+    keys = list(run.results)
+    fig = Figure(figsize=(14, 2.0 + 0.5 * max(len(keys), 1)), layout="constrained")
+    axes = fig.subplots(1, 2, squeeze=False)[0]
+    panels = (("fwd_us", "forward", "3 tensors"), ("fwd_bwd_us", "forward + backward", "8/3 x, 8 tensors"))
+    starred = any_add = False
+    accs = [run.results[k].accuracy_latency for k in keys]
+    for ax, (field, label, what) in zip(axes, panels, strict=True):
+        ax.set_title(label, fontsize=11, fontweight="bold")
+        values = [None if a is None or not getattr(a, field) else getattr(a, field) for a in accs]
+        present = [v for v in values if v is not None]
+        if not present:
+            reasons = {missing_reason(run.results[k], field) for k in keys} or {"no backends"}
+            message(ax, "no timings: " + "; ".join(sorted(reasons)))
+            continue
+        ys = np.arange(len(keys))
+        adds = [None if a is None or v is None else own_add_us(a, field) for a, v in zip(accs, values, strict=True)]
+        span = present + [a for a in adds if a is not None]
+        log = max(span) / min(span) > 8  # within 8x a linear axis still shows the differences
+        ax.barh(ys, [v or 0.0 for v in values], color=THIS_COLOR, height=0.6)
+        x_in_axes = mtransforms.blended_transform_factory(ax.transAxes, ax.transData)
+        for y, key, acc, v in zip(ys, keys, accs, values, strict=True):
+            if v is None or acc is None:
+                crashed = run.results[key].status in ("crashed", "timed_out")
+                ax.text(0.01, y, missing_reason(run.results[key], field), transform=x_in_axes, va="center",
+                        fontsize=9, style="italic", color=BAD_COLOR if crashed else MISSING_COLOR)  # fmt: skip
+                continue
+            lo, hi = getattr(acc, f"{field}_p20"), getattr(acc, f"{field}_p80")
+            tip = v
+            if lo is not None and hi is not None:
+                ax.errorbar([v], [y], xerr=[[max(v - lo, 0)], [max(hi - v, 0)]], fmt="none", ecolor="#222", capsize=3)
+                tip = max(v, hi)
+            star = "*" if acc.ran_host_bound(field) else ""
+            starred |= bool(star)
+            ratio = roofline_ratio(acc, field)
+            text = fmt_us(v) + star + (f"  ({fmt_ratio(ratio)} its add)" if ratio is not None else "")
+            ax.text(tip * 1.12 if log else tip + max(span) * 0.015, y, text, va="center", fontsize=8)
+        for i, (y, a) in enumerate((y, a) for y, a in zip(ys, adds, strict=True) if a is not None):
+            any_add = True
+            label_add = f"torch.add timed beside each backend, same run ({what})" if i == 0 else None
+            ax.plot([a, a], [y - 0.42, y + 0.42], color=BAD_COLOR, ls="--", lw=1.4, label=label_add)
+        if any(a is not None for a in adds):
+            ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
+        if log:
+            ax.set_xscale("log")
+            ax.set_xlim(min(span) / 2.5, max(span) * 60)
+        else:
+            ax.set_xlim(0, max(span) * 1.5)
+        ax.set_yticks(ys, keys)
+        ax.set_ylim(len(keys) - 0.4, -0.6)
+        ax.set_xlabel(f"time per call (us, median, {'log scale' if log else 'linear'}); whiskers p20-p80")
+        ax.set_ylabel("backend")
+        ax.grid(axis="x", alpha=0.3)
+    rows = rows_measured(run)
+    notes = [
+        f"{rows:,} rows" if rows else None,
+        "ratio: the time over the add timed beside that backend" if any_add else "roofline not measured",
+        cpu_note(run),
+        "* the GPU queue ran dry while timing: host overhead included" if starred else None,
+        "torch.add ran with the queue dry in some timing: the roofline may include host overhead"
+        if any(a is not None and a.ran_host_bound("add") for a in accs)
+        else None,
+    ]
+    what = "Latency per backend, against the torch.add timed beside it in the same run (lower is better)"
+    set_title(fig, what, run, " · ".join(n for n in notes if n) or None)
+    return save(fig, folder, "latency")
+
+
+FLOOR = 1e-7  # agreement within 1e-7 of 1 takes the scale's last colour
+TICKS = (0.0, 0.9, 0.99, 0.999, 0.9999, 0.99999, 0.999999, 1.0 - FLOOR)
+
+
+def _cell(f: float | None) -> str:
+    if f is None:
+        return "n/a"
+    return "1\n(bitwise)" if f >= 1.0 else (f"{f:.6f}" if f >= 0.999 else f"{f:.4f}")
+
+
+def plot_agreement(run: RunResult, folder: Path | None = None) -> Figure:
+    """Fraction of forward outputs bitwise equal between each pair of backends on the same inputs; the colour
+    scale is logarithmic in the fraction that differs, so 1 - 1e-5 and 1 - 1e-3 look different."""
+    a = run.agreement
+    title = "Cross-backend bitwise agreement"
+    if a is None or not a.backends:
+        fig = Figure(figsize=(7, 3.2), layout="constrained")
+        failed = [f for f in run.failed_steps or [] if f.step == "agreement"]
+        text = f"agreement step failed: {clip(failed[0].error, 200)}" if failed else "no agreement matrix"
+        message(fig.subplots(), text, color=BAD_COLOR if failed else "#888888")
+        set_title(fig, title, run)
+        return save(fig, folder, "agreement")
+    k = len(a.backends)
+    frac = np.array([[np.nan if v is None else v for v in row] for row in a.equal_fraction], dtype=float)
+    norm = mcolors.FuncNorm(
+        (lambda f: -np.log10(np.clip(1.0 - np.asarray(f, dtype=float), FLOOR, 1.0)),
+         lambda s: 1.0 - 10.0 ** (-np.asarray(s, dtype=float))),
+        vmin=0.0, vmax=1.0 - FLOOR,
+    )  # fmt: skip
+    size = 2.6 + 1.05 * k
+    fig = Figure(figsize=(size + 1.2, size), layout="constrained")
+    ax = fig.subplots()
+    im = ax.imshow(np.where(frac < 1.0, frac, np.nan), cmap=matplotlib.colormaps["YlOrRd_r"], norm=norm)
+    for i in range(k):
+        for j in range(k):
+            f = None if np.isnan(frac[i, j]) else float(frac[i, j])
+            if f is None or f >= 1.0:  # exactly 1 is drawn green apart; n/a grey
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, color="#eeeeee" if f is None else "#c8e6c9"))
+            dark = f is not None and f < 0.9
+            ax.text(j, i, _cell(f), ha="center", va="center", fontsize=8.5, color="white" if dark else "black")
+    ax.set_xticks(range(k), a.backends, rotation=35, ha="right")
+    ax.set_yticks(range(k), a.backends)
+    ax.set_xlabel("backend")
+    ax.set_ylabel("backend")
+    cbar = fig.colorbar(im, ax=ax, shrink=0.8)
+    cbar.set_ticks(TICKS, labels=["0" if t == 0 else f"{t:.7f}".rstrip("0") for t in TICKS])
+    cbar.set_label("fraction of outputs bitwise equal (as in the cells)\n(green: all equal; grey: n/a)")
+    lines = [f"fraction of {a.tensor} elements bitwise equal · {a.rows:,} rows, seed {a.seed}"]
+    left_out = [f"{key} ({crash_words(r, brief=True) or r.status})" for key, r in run.results.items()
+                if key not in a.backends]  # fmt: skip
+    if left_out:
+        lines.append("not in the matrix: " + ", ".join(left_out))
+    if a.errors:
+        lines.append("n/a: " + "; ".join(f"{key}: {clip(v, 60)}" for key, v in a.errors.items()))
+    set_title(fig, title, run, "\n".join(lines))
+    return save(fig, folder, "agreement")
