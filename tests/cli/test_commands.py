@@ -228,17 +228,16 @@ def external_urls(page: str) -> list[str]:
 
 def _run_folder(outputs_dir: Path, created: str = "2026-12-05T00:00:00+00:00") -> Path:
     """A run folder as a finished run leaves it: the seed report as its artifact, records, a page of this run."""
-    doc = json.loads(SEED_REPORT.read_text())
-    from rlnorm.kit.artifact import normalize_artifact, write_artifact
+    from rlnorm.kit.artifact import write_artifact
+    from rlnorm.kit.records import write_records
+    from rlnorm.kit.results import load_run
 
-    art = normalize_artifact(doc)
-    art.update(schema_version="1", created_at=created, records="records.csv", plots={})
+    run = load_run(SEED_REPORT)
+    run.schema_version, run.created_at, run.records, run.plots = "1", created, "records.csv", {}
     folder = outputs_dir / "r"
     folder.mkdir()
-    write_artifact(art, folder / "rms_norm_gated_reuse_check.json", validate=False)
-    from rlnorm.kit.records import records_frame, write_records
-
-    write_records(records_frame([]), folder / "records.csv")
+    write_artifact(run, folder / "rms_norm_gated_reuse_check.json")
+    write_records([], folder / "records.csv")
     (folder / "reuse_check.html").write_text(f"<html>created {created}</html>")
     return folder
 
