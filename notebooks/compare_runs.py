@@ -32,7 +32,7 @@ from rlnorm.report.runs import check_parameters as _check_parameters
 
 _check_parameters(globals(), _names_before_parameters, ["artifact_a", "artifact_b", "latency_move", "accuracy_move"])
 
-import matplotlib.pyplot as plt  # under the inline backend, a Figure displays as a PNG
+# %matplotlib inline
 import pandas as pd
 from IPython.display import Markdown, display
 
@@ -94,6 +94,4 @@ cmp.accuracy
 # Right: the verdict grid, each cell's left half A's state and right half B's (framed where it changed).
 
 # %%
-fig = plot_comparison(cmp)
-display(fig)
-plt.close(fig)
+display(plot_comparison(cmp))
