@@ -1,7 +1,6 @@
-"""apply_rlnorm on a tiny Qwen3-Next built from its config (no download) and on FLA's gated norms, on the CPU.
+"""apply_rlnorm on a tiny Qwen3-Next built from its config (transformers' PyTorch delta rule) and on FLA's norms.
 
-The model runs transformers' PyTorch delta rule (FLA's chunked kernel needs a GPU). The bitwise batch test runs
-on one thread, where the layers around the norm are batch invariant on the CPU (checked first).
+The bitwise batch test runs on one thread, where the layers around the norm are batch invariant (checked first).
 """
 
 from __future__ import annotations
@@ -97,8 +96,7 @@ def test_a_sequence_alone_equals_it_inside_a_batch_bitwise(tiny_model: nn.Module
 
 
 def norm_rows_that_break_invariance(model: nn.Module, ids: torch.Tensor) -> list[int]:
-    """Rows (token x head) of the first gated norm whose inputs are bitwise the same alone and inside the batch but
-    whose outputs are not: the norm's own contribution, whatever the layers before it do."""
+    """Rows of the first gated norm with bitwise-equal inputs alone and in the batch but not equal outputs."""
     calls: list[tuple[torch.Tensor, ...]] = []
     gdn = model.model.layers[0].linear_attn
     gdn.norm.register_forward_hook(lambda mod, args, out: calls.append((*args, out)))  # the model is the test's own
@@ -108,14 +106,9 @@ def norm_rows_that_break_invariance(model: nn.Module, ids: torch.Tensor) -> list
             model(ids[i : i + 1])
     (bx, bz, by), alone = calls[0], calls[1:]
     k = bx.shape[0] // ids.shape[0]
-    bad = []
-    for i, (ax, az, ay) in enumerate(alone):
-        for r in range(k):
-            row = i * k + r
-            same_in = torch.equal(bx[row], ax[r]) and torch.equal(bz[row], az[r])
-            if same_in and not torch.equal(by[row], ay[r]):
-                bad.append(row)
-    return bad
+    rows = [(i * k + r, ax[r], az[r], ay[r]) for i, (ax, az, ay) in enumerate(alone) for r in range(k)]
+    same_in = [(row, ay) for row, ax, az, ay in rows if torch.equal(bx[row], ax) and torch.equal(bz[row], az)]
+    return [row for row, ay in same_in if not torch.equal(by[row], ay)]
 
 
 IDS_VARIANT = torch.randint(0, 97, (3, 9), generator=torch.Generator().manual_seed(1))  # upstream not invariant
@@ -160,14 +153,6 @@ def test_state_dict_and_weight_are_kept_and_undo_puts_the_originals_back(tiny_mo
     with pytest.raises(RuntimeError, match=r"model\.layers\.0\.linear_attn\.norm: holds Identity"):
         replaced.undo()
     assert tiny_model.model.layers[0].linear_attn.norm is stranger and not replaced.undone
-
-
-def test_the_qwen3_next_alias_replaces_its_norms_and_refuses_another_model() -> None:
-    holder = nn.Sequential(Qwen3NextRMSNormGated(32, eps=1e-5), nn.Linear(2, 2))
-    done = apply_rlnorm_to_qwen3_next(holder)
-    assert done.names == ["0"] and done[0].replacement.variance_epsilon == 1e-5
-    with pytest.raises(ValueError, match="holds no Qwen3NextRMSNormGated"):
-        apply_rlnorm_to_qwen3_next(nn.Sequential(nn.Linear(2, 2)))
 
 
 def test_bf16_outputs_move_by_at_most_two_ulps_from_transformers_eager() -> None:
@@ -216,18 +201,16 @@ def _rows(rows: int, d: int, seed: int = 7, dtype: torch.dtype = torch.float32) 
 def test_fla_rmsnorm_gated_is_replaced_with_its_own_options(
     eps: float, group_size: int | None, norm_before_gate: bool
 ) -> None:
-    fla = fla_gated.RMSNormGated(32, eps=eps, group_size=group_size, norm_before_gate=norm_before_gate)
-    with torch.no_grad():
-        fla.weight.copy_(1 + 0.1 * torch.randn(32, generator=torch.Generator().manual_seed(2)))
+    opts = {"eps": eps, "group_size": group_size, "norm_before_gate": norm_before_gate}
+    fla = fla_gated.RMSNormGated(32, **opts)
     holder = nn.Sequential(fla)
     x, z = _rows(13, 32)
     with torch.no_grad():
+        fla.weight.copy_(1 + 0.1 * torch.randn(32, generator=torch.Generator().manual_seed(2)))
         theirs = fla(x, z)
         apply_rlnorm(holder)
         ours = holder[0](x, z)
-    assert isinstance(holder[0], RlnormFlaRMSNormGated)
-    assert (holder[0].eps, holder[0].group_size, holder[0].norm_before_gate) == (eps, group_size, norm_before_gate)
-    opts = {"eps": eps, "group_size": group_size, "norm_before_gate": norm_before_gate}
+    assert isinstance(holder[0], RlnormFlaRMSNormGated) and {k: getattr(holder[0], k) for k in opts} == opts
     assert torch.equal(ours, rlnorm.rms_norm_gated(x, z, fla.weight.detach(), **opts))
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)  # FLA's fp32 kernel, a few fp32 ulps away
     defaults = rlnorm.rms_norm_gated(x, z, fla.weight.detach(), group_size=group_size)  # what a default would give
@@ -286,9 +269,7 @@ class _OwnForward(Qwen3NextRMSNormGated):
 def test_what_cannot_be_honoured_raises_naming_the_module_and_the_option(
     make: Callable[[], nn.Module], message: str
 ) -> None:
-    bad = make()
-    good = Qwen3NextRMSNormGated(32)
-    holder = nn.Sequential(bad, good)
+    holder = nn.Sequential(bad := make(), good := Qwen3NextRMSNormGated(32))
     with pytest.raises(UnsupportedGatedNorm, match=message):
         apply_rlnorm(holder)
     assert holder[0] is bad and holder[1] is good  # nothing swapped
@@ -296,7 +277,7 @@ def test_what_cannot_be_honoured_raises_naming_the_module_and_the_option(
     assert lenient.names == ["1"] and [name for name, _ in lenient.skipped] == ["0"] and holder[0] is bad
 
 
-def test_a_module_shared_by_two_parents_stays_shared_only_and_the_model_itself() -> None:
+def test_a_shared_module_stays_shared_only_the_model_itself_and_the_qwen3_next_alias() -> None:
     shared = Qwen3NextRMSNormGated(32)
     model = nn.ModuleDict({"a": nn.Sequential(shared), "b": nn.Sequential(shared)})
     replaced = apply_rlnorm(model)
@@ -311,3 +292,9 @@ def test_a_module_shared_by_two_parents_stays_shared_only_and_the_model_itself()
         apply_rlnorm(Qwen3NextRMSNormGated(32))
     with pytest.raises(TypeError, match=r"model: expected a torch\.nn\.Module"):
         apply_rlnorm("model")  # type: ignore[arg-type]
+    # the Qwen3-Next alias replaces only Qwen3-Next's norms, and refuses a model without one
+    model = nn.Sequential(Qwen3NextRMSNormGated(32, eps=1e-5), fla_gated.RMSNormGated(32))
+    done = apply_rlnorm_to_qwen3_next(model)
+    assert done.names == ["0"] and done[0].replacement.variance_epsilon == 1e-5
+    with pytest.raises(ValueError, match="holds no Qwen3NextRMSNormGated"):
+        apply_rlnorm_to_qwen3_next(nn.Sequential(nn.Linear(2, 2)))
