@@ -21,14 +21,11 @@ def case():
     return make_case(12, 128, seed=2)
 
 
-def test_top_level_names_are_the_kernel():
-    assert rlnorm.rms_norm_gated is rms_norm_gated
-    assert rlnorm.RMSNormGated is RMSNormGated
-
-
-def test_result_is_the_fp64_result_rounded_once(case):
-    y = rms_norm_gated(case.x, case.z, case.w)
-    ref = round_once(gated_rmsnorm_math(case.x, case.z, case.w, OpOptions(), torch.float64), torch.bfloat16)
+@pytest.mark.parametrize("gated", [True, False])
+def test_result_is_the_fp64_result_rounded_once(case, gated):
+    z = case.z if gated else None
+    y = rlnorm.rms_norm_gated(case.x, z, case.w)
+    ref = round_once(gated_rmsnorm_math(case.x, z, case.w, OpOptions(), torch.float64), torch.bfloat16)
     assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
 
 
@@ -59,17 +56,10 @@ def test_zero_rows_give_empty_output_and_zero_dweight(case):
     assert x.grad.shape == (0, 128)
 
 
-def test_plain_rmsnorm_without_gate(case):
-    y = rms_norm_gated(case.x, None, case.w)
-    ref = round_once(gated_rmsnorm_math(case.x, None, case.w, OpOptions(), torch.float64), torch.bfloat16)
-    assert torch.equal(y.view(torch.int16), ref.view(torch.int16))
-
-
 def test_module_defaults_and_forward(case):
     m = RMSNormGated(128, dtype=torch.bfloat16)
     assert m.weight.shape == (128,) and m.weight.dtype == torch.bfloat16
     assert torch.equal(m.weight.detach(), torch.ones(128, dtype=torch.bfloat16))  # ones, not zero-centred
-    assert "128" in repr(m) and "silu" in repr(m)
     y = m(case.x, case.z)
     assert torch.equal(y.view(torch.int16), rms_norm_gated(case.x, case.z, m.weight.detach()).view(torch.int16))
     assert m(case.x).shape == case.x.shape  # z=None
@@ -86,6 +76,7 @@ def test_module_defaults_and_forward(case):
         (lambda c: {"weight": c.w.to(torch.int16)}, TypeError, "weight"),
         (lambda c: {"z": c.z.float()}, TypeError, "z"),
         (lambda c: {"z": c.z[:5]}, ValueError, "z"),
+        (lambda c: {"z": c.z.reshape(-1, 64)}, ValueError, "z"),  # the right number of elements, the wrong shape
         (lambda c: {"weight": c.w[:64]}, ValueError, "weight"),
         (lambda c: {"weight": c.w.view(2, 64)}, ValueError, "weight"),
         (lambda c: {"weight": c.w.to("meta")}, ValueError, "weight"),
@@ -95,6 +86,7 @@ def test_module_defaults_and_forward(case):
         (lambda c: {"group_size": 0}, ValueError, "group_size"),
         (lambda c: {"activation": "gelu"}, ValueError, "activation"),
         (lambda c: {"eps": -1.0}, ValueError, "eps"),
+        (lambda c: {"eps": float("nan")}, ValueError, "eps"),
         (lambda c: {"norm_before_gate": 1}, TypeError, "norm_before_gate"),
     ],
 )
@@ -124,27 +116,6 @@ def test_cpu_tensor_without_interpreter_is_refused_not_run_elsewhere(case, monke
         pytest.skip("a GPU is present: CPU tensors are refused there too, but this test plants no GPU")
     with pytest.raises(ValueError, match=r"^x: expected a CUDA tensor"):
         _validate(case.x, case.z, case.w, OpOptions())
-
-
-def test_validation_check_catches_a_planted_shape_fault(case):
-    # the planted fault: a z with the right number of elements but the wrong shape must not pass
-    with pytest.raises(ValueError, match=r"^z:"):
-        rms_norm_gated(case.x, case.z.reshape(-1, 64), case.w)
-
-
-def test_backward_is_wired_to_the_backward_kernel(case):
-    x = case.x.clone().requires_grad_(True)
-    z = case.z.clone().requires_grad_(True)
-    w = case.w.float().clone().requires_grad_(True)
-    y = rms_norm_gated(x.view(3, 4, 128), z.view(3, 4, 128), w)
-    y.backward(case.dy.view(3, 4, 128))
-    assert x.grad.shape == x.shape and z.grad.shape == z.shape and w.grad.shape == w.shape
-    assert w.grad.dtype == torch.float32
-    # against fp64 autograd of the reference math (loose: the backward's accuracy is its own module's test)
-    x64, z64, w64 = (t.detach().double().requires_grad_(True) for t in (case.x, case.z, w))
-    gated_rmsnorm_math(x64, z64, w64, OpOptions(), torch.float64).backward(case.dy.double())
-    for got, ref in ((x.grad, x64.grad), (z.grad, z64.grad), (w.grad, w64.grad)):
-        assert ((got.double() - ref).abs().max() / ref.abs().max()).item() < 2e-2
 
 
 def test_no_grad_call_skips_autograd_and_gives_the_same_bits(case):

@@ -1,10 +1,8 @@
 """Backward kernel (rlnorm/kernel/_bwd.py): batch invariance of dx/dz, exact dweight, accuracy.
 
-Rows computed alone are the yardstick: every row of every batch (sizes 1, 2, 7, 63, 257, 1031,
-at every position, permuted, padded) must give bitwise the same dx and dz as when it is alone,
-and the batch's dweight must be the exact sum of the single-row dweights (fp32 weight, so a
-single row's dweight is its contribution itself) rounded once. Each checker is also shown to
-catch the fault it exists for.
+Rows computed alone are the yardstick: every row of every batch must give bitwise the same dx and dz as
+alone, and the batch's dweight must be the exact sum of the single-row dweights (fp32 weight: a single row's
+dweight is its contribution) rounded once. Each checker is also shown to catch the fault it exists for.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ import triton.language as tl
 
 import rlnorm
 from rlnorm.inputs import make_case
-from rlnorm.kernel._bwd import bwd_config, rms_norm_gated_bwd, tiles_per_program, workspace_numel
+from rlnorm.kernel._bwd import rms_norm_gated_bwd, tiles_per_program, workspace_numel
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
@@ -26,7 +24,7 @@ from rlnorm.numerics import exact_sum, round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 
-BATCH_SIZES = (1, 2, 7, 63, 257, 1031)
+BATCH_SIZES = (1, 2, 7, 63, 257)  # 257 rows already take the most tiles per program (31) in the interpreter
 
 
 def assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
@@ -233,35 +231,14 @@ def test_nan_and_inf_stay_in_their_row(pool):
     assert torch.isnan(dw).any()
 
 
-def test_zero_rows_give_empty_grads_and_zero_dweight():
-    e = torch.zeros(0, 128, dtype=torch.bfloat16)
-    dx, dz, dw = rms_norm_gated_bwd(e, e, e, torch.ones(128), 1e-6, None, True, "silu")
-    assert dx.shape == (0, 128) and dz.shape == (0, 128)
-    assert dw.dtype == torch.float32 and not dw.view(torch.int32).any()
-
-
-def test_launch_shape_depends_on_width_only():
-    # the config takes no row count at all; the signature is the guarantee, pinned here
-    import inspect
-
-    assert list(inspect.signature(bwd_config).parameters) == ["d", "group"]
-    cfg = bwd_config(128, 128)
-    assert cfg["BLOCK_R"] * cfg["BLOCK_C"] <= 4096 and cfg["TILES"] >= 1
-
-
 def test_tiles_per_program_change_no_bit():
     # the one launch value taken from the row count only partitions rows among programs: every
     # value must give the same dx, dz and dweight bits (an inexact dweight sum would show here)
-    c = make_case(257, 128, seed=5)
-    outs = {
-        t: bwd_under({"TILES": t}, c.dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu") for t in (1, 2, 4, 16, 31)
-    }
+    c = make_case(63, 128, seed=5)
+    outs = {t: bwd_under({"TILES": t}, c.dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu") for t in (1, 4, 31)}
     for t, got in outs.items():
         for a, b, name in zip(got, outs[31], ("dx", "dz", "dweight"), strict=True):
             assert_same_bits(a, b, f"{name}, {t} tiles per program vs 31")
-    assert tiles_per_program(1, 2, 31) == 1
-    assert tiles_per_program(10**6, 2, 31) == 31
-    assert all(tiles_per_program(r, 1, 31) in (1, 2, 4, 8, 16, 31) for r in (1, 7, 63, 257, 4097, 10**5))
 
 
 @triton.constexpr_function
@@ -270,13 +247,13 @@ def _int32_tile_bits(tiles: int) -> tl.dtype:
 
 
 def test_deferred_values_past_31_tiles_are_counted(monkeypatch):
-    # 63 tiles per program keep one bit per tile in an int64 (D=256's default past ~65000 rows): rare
-    # ("cold") contributions in tiles 35 and 40 of a program must reach dweight as in one-tile programs
-    c = make_case(200, 128, seed=8)
+    # past 31 tiles per program the deferred values keep one bit per tile in an int64: rare ("cold")
+    # contributions in tiles 35 and 39 must reach dweight as in one-tile programs
+    c = make_case(80, 128, seed=8)
     dy = c.dy.clone()
     dy[70:72] *= 2.0**-100  # tile 35 of program 0 (2-row tiles): far below its hot range, so deferred
-    dy[81, 5] *= 2.0**-90  # tile 40
-    dy[190, 7] = float("inf")  # program 1, tile 32: +-Inf / NaN have their own slots
+    dy[79, 5] *= 2.0**-90  # tile 39
+    dy[66, 7] = float("inf")  # tile 33: +-Inf / NaN have their own slots
     args = (dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
     deferred = {"COLD_MODE": 0}  # the path that keeps tile bits (widths past 256 columns take it)
     want = bwd_under(dict(deferred, TILES=1), *args)
@@ -291,54 +268,26 @@ def test_deferred_values_past_31_tiles_are_counted(monkeypatch):
     assert not torch.equal(bits(bad), bits(want[2]))
 
 
-def test_bwd_config_up_to_256_columns_is_one_warp_with_stages():
-    # the measured shape (docs/kernel.md): one warp, 8 elements per thread, cp.async stages, cold values
-    # inline; 63 tiles at 256 columns halve the programs' flushes
-    for d, rows, tiles, stages in ((128, 2, 31, 4), (256, 1, 63, 6), (96, 2, 31, 4), (200, 1, 63, 6)):
-        cfg = bwd_config(d, d)
-        assert (cfg["NUM_WARPS"], cfg["BLOCK_R"], cfg["TILES"], cfg["STAGES"]) == (1, rows, tiles, stages)
-        assert cfg["COLD_MODE"] == 1 and cfg["PREFETCH"] == 0 and cfg["MAXNREG"] == 168
-        assert cfg["BLOCK_R"] * cfg["BLOCK_G"] * cfg["BLOCK_C"] == 8 * 32
-    # groups in a 256-wide row take a 200-register cap (168 spilled); narrower grouped rows keep 168
-    assert [bwd_config(256, g)["MAXNREG"] for g in (256, 128, 64, 32)] == [168, 200, 200, 200]
-    assert [bwd_config(128, g)["MAXNREG"] for g in (128, 64, 32)] == [168, 168, 168]
-    wide = bwd_config(512, 512)
-    assert (wide["NUM_WARPS"], wide["TILES"], wide["COLD_MODE"], wide["STAGES"]) == (4, 31, 0, 1)
-
-
 @pytest.mark.parametrize(
     "dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu(reason="cp.async stages take effect on a GPU only"))]
 )
 def test_load_paths_and_cold_paths_change_no_bit(dev):
-    # cp.async stages or the register prefetch, cold values inline or deferred: the same rows' math, so the
-    # same dx, dz and dweight bits (rows scaled far apart, so cold values exist)
+    # cp.async stages, the register prefetch (off by default at 128 columns; the last program's is masked), cold
+    # values inline or deferred: the same rows' math, so the same bits (rows scaled far apart: cold values exist)
     c = make_case(63, 128, seed=12, device=dev)
     dy = (c.dy.float() * torch.exp2(torch.arange(63, device=dev).float() * 4 - 125)[:, None]).bfloat16()
     args = (dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
     want = bwd_under({"TILES": 4}, *args)
-    for cfg in ({"STAGES": 1, "PREFETCH": 1}, {"COLD_MODE": 0}, {"COLD_MODE": 0, "STAGES": 1, "PREFETCH": 1}):
+    for cfg in ({"PREFETCH": 1}, {"STAGES": 1, "PREFETCH": 1}, {"COLD_MODE": 0}, {"COLD_MODE": 0, "STAGES": 1}):
         got = bwd_under(dict(cfg, TILES=4), *args)
         for a, b, name in zip(got, want, ("dx", "dz", "dweight"), strict=True):
             assert_same_bits(a, b, f"{name}, {cfg} vs the default paths")
 
 
-def test_prefetch_changes_no_bit():
-    # loads issued a tile ahead only move memory latency: a program's last tile (a masked prefetch past
-    # its rows, 257 rows leaving a short last program) must not change a bit
-    c = make_case(257, 128, seed=6)
-    args = (c.dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
-    want = bwd_under({"TILES": 4, "PREFETCH": 1}, *args)
-    got = bwd_under({"TILES": 4, "PREFETCH": 0}, *args)
-    for a, b, name in zip(got, want, ("dx", "dz", "dweight"), strict=True):
-        assert_same_bits(a, b, f"{name}, no prefetch vs a tile ahead")
-
-
 def test_tiles_per_program_on_the_gpu_is_a_capped_power_of_two_growing_with_rows(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # TILES only partitions the rows, and no output bit depends on it (_bwd.py): the split is tuning, so what is
-    # held here is its shape (one tile for a row, more for more rows, a power of two up to the cap), not the split
-    # one GPU measured fastest
+    # TILES is tuning (no bit depends on it): held here is its shape, not the split one GPU measured fastest
     monkeypatch.setattr(rlnorm.kernel._bwd, "_INTERPRET", False)
     rows = (1, 2, 3, 31, 32, 33, 512, 4096, 65536, 262144, 1 << 24)
     for block_r, max_tiles in ((2, 31), (1, 31), (2, 63), (1, 8)):
@@ -367,17 +316,6 @@ def test_workspace_zeroed_by_the_forward_gives_the_same_bits():
         rms_norm_gated_bwd(c.dy, *args, workspace=ws[1:])
 
 
-def test_bad_options_are_named():
-    x = torch.zeros(2, 96, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="group_size"):
-        rms_norm_gated_bwd(x, x, x, torch.ones(96), 1e-6, 64, True, "silu")
-    with pytest.raises(ValueError, match="activation"):
-        rms_norm_gated_bwd(x, x, x, torch.ones(96), 1e-6, None, True, "swish")
-    big = torch.zeros(1, 16384, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="8192"):
-        rms_norm_gated_bwd(big, big, None, torch.ones(16384), 1e-6, None, True, "silu")
-
-
 def test_through_the_autograd_api(pool):
     x = pool.x.clone().view(4, 6, 128).requires_grad_()
     z = pool.z.clone().view(4, 6, 128).requires_grad_()
@@ -386,10 +324,6 @@ def test_through_the_autograd_api(pool):
     assert_same_bits(x.grad.view(24, 128), pool.dx, "x.grad")
     assert_same_bits(z.grad.view(24, 128), pool.dz, "z.grad")
     assert_same_bits(w.grad, exact_sum(pool.contrib, torch.float32), "weight.grad")
-    x0 = torch.zeros(0, 128, dtype=torch.bfloat16, requires_grad=True)
-    w0 = torch.ones(128, dtype=torch.bfloat16, requires_grad=True)
-    rlnorm.rms_norm_gated(x0, x0, w0).sum().backward()
-    assert w0.grad is not None and not w0.grad.view(torch.int16).any()
 
 
 def subnormal_case():
@@ -421,19 +355,20 @@ def test_subnormal_inputs_are_read_exactly(monkeypatch):
 def test_dweight_exact_when_rows_span_the_exponent_range(cold_mode):
     # rows scaled by 2**-100 .. 2**60: contributions far outside any program's hot range, so
     # both cold-value paths (deferred to the scratch, inline) are exercised
-    c = make_case(20, 128, seed=31, weight_dtype=torch.float32)
-    scale = torch.exp2(torch.randint(-100, 61, (20, 1), generator=torch.Generator().manual_seed(5)).float())
+    n = 10
+    c = make_case(n, 128, seed=31, weight_dtype=torch.float32)
+    scale = torch.exp2(torch.randint(-100, 61, (n, 1), generator=torch.Generator().manual_seed(5)).float())
     dy = (c.dy.float() * scale).bfloat16()
-    cfg = {"COLD_MODE": cold_mode, "BLOCK_R": 2, "TILES": 8}
+    cfg = {"COLD_MODE": cold_mode, "BLOCK_R": 2, "TILES": 4}  # two programs
     dx, _, dw = bwd_under(cfg, dy, c.x, c.z, c.w, 1e-6, None, True, "silu")
     singles = [
-        bwd_under(cfg, dy[i : i + 1], c.x[i : i + 1], c.z[i : i + 1], c.w, 1e-6, None, True, "silu") for i in range(20)
+        bwd_under(cfg, dy[i : i + 1], c.x[i : i + 1], c.z[i : i + 1], c.w, 1e-6, None, True, "silu") for i in range(n)
     ]
     contrib = torch.stack([s[2] for s in singles])
     assert_same_bits(dw, exact_sum(contrib, torch.float32), f"dweight, cold mode {cold_mode}")
     assert_same_bits(dx, torch.cat([s[0] for s in singles]), "dx")
     # the contributions the kernel hands out for checks are the single rows' dweights
-    handed = torch.empty(20, 128, dtype=torch.float32)
+    handed = torch.empty(n, 128, dtype=torch.float32)
     dx2, _, dw2 = bwd_under(cfg, dy, c.x, c.z, c.w, 1e-6, None, True, "silu", contributions=handed)
     assert_same_bits(handed, contrib, "contributions=")
     assert_same_bits(dw2, dw, "dweight with contributions=")

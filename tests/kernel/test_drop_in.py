@@ -1,9 +1,8 @@
 """What a user meets when the kernel replaces FLA's, vLLM's or transformers' gated norm (CPU interpreter).
 
-eps = 0 (FLA's own tests use it): accepted; a row of all zeros gives NaN (rstd = inf), every other row
-keeps its guarantees. No weight (elementwise_affine=False): bitwise a weight of ones, and no dweight. A last
-dimension that is not contiguous: copied once, as FLA and vLLM do, which changes no bit. Odd row counts
-(1, 7, 63, 257) at D=128 and a group_size case, fixed seeds, bitwise comparisons throughout.
+eps = 0 (FLA's tests use it): a row of all zeros gives NaN, every other row keeps its guarantees. No weight:
+bitwise a weight of ones, and no dweight. A last dimension that is not contiguous: copied once, as FLA and vLLM
+do, which changes no bit.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
 
 ODD_ROWS = [1, 7, 63, 257]
+FEW_ROWS = [1, 7, 63]  # enough for an equality that holds row by row
 # the interpreter's numpy reports the zero rows' 1 / 0 and 0 * inf (eps = 0)
 pytestmark = pytest.mark.filterwarnings(
     "ignore:divide by zero encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning"
@@ -44,15 +44,6 @@ def grads(x, z, w, dy, **kw):
 
 
 # ---------------------------------------------------------------- eps = 0
-
-
-def test_eps_zero_is_accepted_and_negative_eps_is_refused_naming_eps():
-    assert OpOptions(eps=0).eps == 0.0
-    assert RMSNormGated(128, eps=0.0).opts.eps == 0.0
-    c = make_case(2, 128, seed=1)
-    for bad in (-1e-6, float("nan")):
-        with pytest.raises(ValueError, match=r"^eps: expected a non-negative float"):
-            rms_norm_gated(c.x, c.z, c.w, eps=bad)
 
 
 @pytest.mark.parametrize("rows", ODD_ROWS)
@@ -118,7 +109,7 @@ def test_eps_zero_backward_keeps_finite_rows_and_a_zero_row_makes_dweight_nan():
 # ---------------------------------------------------------------- no weight
 
 
-@pytest.mark.parametrize("rows", ODD_ROWS)
+@pytest.mark.parametrize("rows", FEW_ROWS)
 @pytest.mark.parametrize(
     "opts",
     [OpOptions(), OpOptions(group_size=32), OpOptions(norm_before_gate=False, activation="sigmoid")],
@@ -151,7 +142,6 @@ def test_module_without_elementwise_affine_has_no_parameter():
     c = make_case(7, 128, seed=6)
     m = RMSNormGated(128, elementwise_affine=False, group_size=64)
     assert m.weight is None and list(m.parameters()) == []
-    assert "elementwise_affine=False" in repr(m) and "elementwise_affine" not in repr(RMSNormGated(128))
     assert same(m(c.x, c.z), rms_norm_gated(c.x, c.z, torch.ones(128), group_size=64))
     x = c.x.clone().requires_grad_(True)
     m(x, c.z).backward(c.dy)
@@ -170,7 +160,7 @@ def transposed(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("rows", ODD_ROWS)
+@pytest.mark.parametrize("rows", FEW_ROWS)
 @pytest.mark.parametrize("group_size", [None, 32])
 def test_a_strided_last_dimension_gives_the_contiguous_bits(rows, group_size):
     c = make_case(rows, 128, seed=rows + 3)
@@ -199,11 +189,3 @@ def test_a_strided_last_dimension_backward_gives_the_contiguous_bits(rows):
     leaf.requires_grad_(True)
     rms_norm_gated(c.x, c.z, leaf[:, 1]).backward(c.dy)
     assert same(leaf.grad[:, 1], want[2]) and not leaf.grad[:, [0, 2]].any()
-
-
-def test_refused_inputs_still_name_the_parameter():
-    c = make_case(3, 128, seed=7)
-    with pytest.raises(ValueError, match=r"^weight:"):
-        rms_norm_gated(c.x, c.z, c.w[:64])
-    with pytest.raises(ValueError, match=r"^z:"):
-        rms_norm_gated(c.x, transposed(c.z)[:, :64], None)

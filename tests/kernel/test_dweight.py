@@ -1,9 +1,7 @@
 """The exact dweight accumulator (rlnorm/kernel/_dweight.py) against exact rational arithmetic.
 
-The accumulator is driven directly with crafted fp32 values, so the hard cases (wide exponent
-range, subnormals, cancellation, ties, overflow, NaN/Inf) are reached on purpose rather than
-hoped for. The oracle is `fractions.Fraction` with its own rounding, independent of both the
-kernel and `rlnorm.numerics.exact_sum` (which is checked against it too).
+Driven directly with crafted fp32 values, so the hard cases (wide exponent range, subnormals, cancellation,
+ties, overflow, NaN/Inf) are reached on purpose. The oracle is `fractions.Fraction` with its own rounding.
 """
 
 from __future__ import annotations
@@ -113,25 +111,6 @@ def test_heavy_cancellation_is_exact_and_defeats_float_sums(dtype):
     assert_bitwise(exact_column_sum(v, dtype), want)
     # planted fault: a float sum in the same data loses the residual, so this data can catch one
     assert not torch.equal(v.sum(0).to(dtype), want)
-
-
-def test_ties_round_to_even_and_sticky_bits_break_them():
-    one = 1.0
-    cols = [
-        ([one, 2.0**-8], torch.bfloat16, 1.0),  # tie, even stays
-        ([one, 3 * 2.0**-8], torch.bfloat16, 1.0 + 2.0**-6),  # tie, odd rounds up
-        ([one, 2.0**-8, 2.0**-100], torch.bfloat16, 1.0 + 2.0**-7),  # above the tie by a far sticky bit
-        ([one, 2.0**-8, -(2.0**-100)], torch.bfloat16, 1.0),  # below the tie
-        ([one, 2.0**-24], torch.float32, 1.0),
-        ([one, 2.0**-24, 2.0**-120], torch.float32, 1.0 + 2.0**-23),
-        ([-one, -(2.0**-11), -(2.0**-90)], torch.float16, -(1.0 + 2.0**-10)),
-        ([2.0**-24, 2.0**-25], torch.float16, 2.0**-23),  # fp16 subnormal tie rounds to even
-    ]
-    for vals, dtype, want in cols:
-        v = torch.tensor(vals, dtype=torch.float32)[:, None]
-        got = exact_column_sum(v, dtype)
-        assert got.item() == want, (vals, dtype, got.item(), want)
-        assert_bitwise(got, oracle(v, dtype))
 
 
 def test_overflow_only_when_the_exact_sum_overflows():
@@ -251,16 +230,6 @@ def test_bad_input_is_named():
         exact_column_sum(torch.zeros(2, 2), block_rows=512)
 
 
-def test_assert_bitwise_catches_one_ulp():
-    a = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
-    b = a.clone()
-    b.view(torch.int16)[1] += 1
-    with pytest.raises(AssertionError):
-        assert_bitwise(a, b)
-    with pytest.raises(AssertionError):
-        assert_bitwise(torch.tensor([0.0]), torch.tensor([-0.0]))
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_hot_windows_chosen_from_a_misleading_first_tile(dtype):
     # the first tile holds tiny values, later tiles huge ones (and the reverse): whichever
@@ -292,6 +261,9 @@ def _tie_columns() -> torch.Tensor:
         [2.0**-100, 2.0**-130, -(2.0**-140)],
         [2.0**100, 2.0**60, 2.0**20],  # digits far apart, no tie
         [3.0 * 2.0**-127, -(2.0**-149), 2.0**-149],  # subnormal-range totals
+        [1.0, 2.0**-8, 0.0],  # a bf16 tie: even stays
+        [1.0, 3 * 2.0**-8, 0.0],  # a bf16 tie: odd rounds up
+        [2.0**-24, 2.0**-25, 0.0],  # an fp16 subnormal tie
     ]
     cols += [[-v for v in c] for c in cols]  # the mirror images: negative totals read their digits as ~D + 1
     return torch.tensor(cols, dtype=torch.float64).t().float().contiguous()

@@ -95,27 +95,9 @@ def _run32(v: torch.Tensor, dtype: torch.dtype, plain: bool = False) -> torch.Te
 def _fp32_values() -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     random_bits = torch.randint(-(2**31), 2**31 - 1, (60000,), generator=g, dtype=torch.int64).to(torch.int32)
-    specials = torch.tensor(
-        [
-            0.0,
-            -0.0,
-            float("inf"),
-            -float("inf"),
-            float("nan"),
-            65504.0,
-            65519.99,
-            65520.0,
-            -65520.0,
-            2.0**-24 * 0.5,
-            2.0**-25 * 1.0000001,
-            6e-8,
-            3.0e-5,
-            3.3e38,
-            -3.39e38,
-            1e-40,
-            -1e-45,
-        ]
-    )
+    inf, nan = float("inf"), float("nan")
+    specials = [0.0, -0.0, inf, -inf, nan, 65504.0, 65519.99, 65520.0, -65520.0, 2.0**-25, 2.0**-25 * 1.0000001]
+    specials = torch.tensor([*specials, 6e-8, 3.0e-5, 3.3e38, -3.39e38, 1e-40, -1e-45])
     ties = torch.randn(4000, generator=g).to(torch.bfloat16).float()  # exact bf16 values ...
     ties = ties.view(torch.int32) | 0x8000  # ... moved onto the midpoint above them
     return torch.cat(
@@ -186,23 +168,11 @@ def test_error_bound_is_needed(case11):
         assert not same_bits(fwd(c.x, c.z, c.w), ref).all()
 
 
-def test_unknown_variant_switches_are_refused(case11):
-    # a mistyped or retired switch must not run some other path silently
-    c = case11.rows(slice(0, 2))
-    for bad in ({"EXACT": 4}, {"NO_SUCH": 1}, {"RSTD_FAST": 3}, {"ACCURATE_ARG": 4}, {"SPLIT": 3}, {"SPLIT": 4}):
-        with pytest.raises(ValueError, match="plant"), plant(fwd=bad):
-            fwd(c.x, c.z, c.w)
-
-
 @pytest.mark.parametrize("d", [96, 128, 200])
 def test_row_chunk_layouts_give_the_same_bits(d):
-    # the tile as [BLOCK_R, BLOCK_C, SPLIT] (two 2-D chunks joined: a thread holds SPLIT chunks of one row)
-    # only regroups the columns: any mis-indexed chunk, mask or per-row broadcast (a chunk stored at the other's
-    # columns among them) shows as a wrong output. The bound is widened so that many elements
-    # also go through the per-element tier, whose columns come from the same layout; non-power-of-two
-    # widths put padding in the last chunk.
-    # Rows are stored where they become final (unflagged rows before the tier's branch, the tier's rows
-    # inside it, risky rows by the whole-row path): a row stored never or with the wrong mask shows too.
+    # SPLIT chunks of a row per thread only regroup the columns: a mis-indexed chunk, mask or broadcast shows
+    # as a wrong output. The widened bound sends many elements through the tier (same layout); other widths
+    # pad the last chunk; the NaN row takes the whole-row path, so every store site is seen.
     c = make_case(63, d, seed=7)
     x = c.x.clone()
     x[5, 3] = float("nan")  # a risky row (whole-row path) among the tier's rows
@@ -215,9 +185,8 @@ def test_row_chunk_layouts_give_the_same_bits(d):
 
 @pytest.mark.parametrize("opts", [DEFAULT, OpOptions(activation="sigmoid"), OpOptions(norm_before_gate=False)])
 def test_exact_path_repairs_a_fast_path_planted_wrong(case11, opts):
-    # The fast path is moved 6 fp32 ulps off on purpose (a planted fault the default bound of 10 must
-    # absorb): every output is still the correctly rounded one, because the rows it makes near a
-    # midpoint are recomputed in fp64.
+    # the fast path planted 6 fp32 ulps off (the default bound of 10 absorbs it): the rows it makes near a
+    # midpoint are recomputed in fp64, so every output is still the correctly rounded one
     c = case11.rows(slice(0, 96))
     ref = oracle(c.x, c.z, c.w, opts)
     with plant(fast_ulps=6):
@@ -252,7 +221,7 @@ OPTION_CASES = [
 
 @pytest.mark.parametrize(("opts", "has_z", "dtype", "wdtype"), OPTION_CASES)
 def test_options_match_fp64_rounded_once(opts, has_z, dtype, wdtype):
-    c = make_case(96, 128, seed=5, dtype=dtype, weight_dtype=wdtype)
+    c = make_case(33, 128, seed=5, dtype=dtype, weight_dtype=wdtype)
     z = c.z if has_z else None
     y = fwd(c.x, z, c.w, opts)
     assert y.dtype == dtype and y.shape == c.x.shape
@@ -265,21 +234,9 @@ def test_widths_not_a_power_of_two(d):
     assert same_bits(fwd(c.x, c.z, c.w), oracle(c.x, c.z, c.w)).all()
 
 
-def test_width_at_the_limit_and_above():
+def test_width_at_the_limit():  # one past it is refused: tests/kernel/test_api.py
     c = make_case(2, MAX_D, seed=7)
     assert same_bits(fwd(c.x, c.z, c.w), oracle(c.x, c.z, c.w)).all()
-    c = make_case(2, MAX_D + 1, seed=7)
-    with pytest.raises(ValueError, match=r"x: .*8192"):
-        fwd(c.x, c.z, c.w)
-
-
-def test_strided_rows_and_zero_rows():
-    c = make_case(40, 256, seed=8)
-    x, z = c.x[:, :128], c.z[:, 64:192]  # row stride 256, last dim contiguous
-    w = c.w[:128].contiguous()
-    assert same_bits(fwd(x, z, w), oracle(x, z, w)).all()
-    assert same_bits(fwd(x, z, w), fwd(x.contiguous(), z.contiguous(), w)).all()
-    assert fwd(c.x[:0], c.z[:0], c.w).shape == (0, 256)
 
 
 def test_extreme_values_take_the_exact_path():
@@ -303,8 +260,7 @@ def test_an_underflowed_intermediate_sends_its_row_to_the_exact_path(kind):
     y, fast, _ = fwd(x, z, w, opts, debug=True)
     assert same_bits(y, ref).all()
     assert (fast[:, 1:] == 0).all()  # flushed to zero: what the range test catches
-    # the planted fault: plain products keep the subnormal, y comes out normal and wrong, and nothing
-    # sends its row to the exact path
+    # the planted fault: plain products keep the subnormal, and nothing sends the row to the exact path
     with plant(plain_products=True):
         assert not same_bits(fwd(x, z, w, opts), ref).all()
 
@@ -353,14 +309,14 @@ def rows_differing(fn, x, z, w, sizes) -> list[tuple[str, int]]:
             bad.append((layout, int(idx[k])))
 
     for m in sizes:
-        # contiguous chunks: row i sits at position i % m, so every position is covered; small
-        # sizes stop after 20 chunks (each call is ~15 ms in the interpreter)
+        # contiguous chunks: row i sits at position i % m, so every position is covered; small sizes stop
+        # after 20 chunks
         for start in range(0, min(n, max(20 * m, 64)) if m > 1 else 0, m):
             idx = torch.arange(start, min(start + m, n))
             compare(f"chunk{m}", idx, fn(x[idx], z[idx], w))
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(0))
     compare("permuted", perm, fn(x[perm], z[perm], w))
-    k = min(n, 257)  # padding and strides on the first rows (a full-size call is ~4 s here)
+    k = min(n, 257)  # padding and strides on the first rows
     pad_x = torch.cat([torch.zeros(5, x.shape[1], dtype=x.dtype), x[:k], torch.full_like(x[:3], float("nan"))])
     pad_z = torch.cat([torch.zeros(5, x.shape[1], dtype=x.dtype), z[:k], torch.ones_like(z[:3])])
     compare("padded", torch.arange(k), fn(pad_x, pad_z, w)[5 : 5 + k])
@@ -372,8 +328,8 @@ def rows_differing(fn, x, z, w, sizes) -> list[tuple[str, int]]:
 
 @pytest.mark.slow
 def test_batch_invariance_every_row_every_position():
-    c = make_case(1031, 128, seed=3)
-    assert rows_differing(fwd, c.x, c.z, c.w, sizes=[1, 2, 7, 63, 257, 1031]) == []
+    c = make_case(257, 128, seed=3)
+    assert rows_differing(fwd, c.x, c.z, c.w, sizes=[1, 2, 7, 63, 257]) == []
 
 
 @pytest.mark.slow
@@ -449,12 +405,11 @@ def _rows_per_thread(layout: dict[str, list[int]], block_r: int) -> int:
     return layout["sizePerThread"][0] * max(1, block_r // covered)
 
 
-@pytest.mark.parametrize("d", [128, 256])
-def test_a_thread_holds_sixteen_elements_of_one_row_on_the_installed_triton(d):
-    # The forward's speed rests on each thread holding 16 columns of ONE row (one rstd per thread, three
-    # shuffle levels). Which layout Triton gives a 3-D [R, S, C] tile depends on its version (on Triton 3.7 two
-    # rows per thread: many more shuffles, and spilled registers); the joined 2-D chunks must give one row per
-    # thread on the Triton installed here. The one-chunk layout (SPLIT 1) is the planted fault that must not pass.
+def test_a_thread_holds_sixteen_elements_of_one_row_on_the_installed_triton():
+    # The forward's speed rests on each thread holding 16 columns of ONE row (one rstd per thread). The layout of
+    # a 3-D tile depends on Triton's version (3.7: two rows per thread); the joined 2-D chunks must give one row
+    # per thread on the Triton installed here. The one-chunk layout (SPLIT 1) is the planted fault.
+    d = 128
     block_r = fwd_config(d, torch.bfloat16)[0]
     joined = [lay for lay in _sm90_layouts(d, {}) if lay["sizePerThread"][1:] == [8, 2]]
     assert joined and all(_rows_per_thread(lay, block_r) == 1 for lay in joined), joined
