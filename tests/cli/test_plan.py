@@ -59,10 +59,6 @@ def test_every_problem_of_every_combination_is_named_at_once(tmp_path: Path) -> 
 def test_where_a_run_goes_is_not_a_parameter(tmp_path: Path, key: str) -> None:
     with pytest.raises(PlanError, match=f"{key}: set by the command line"):
         expand([_file(tmp_path)], overrides=[(key, "x")])
-    copied = tmp_path / "copied.yaml"
-    copied.write_text(f"name: c\n{key}: x\n")
-    with pytest.raises(PlanError, match=f"{key}: set by `python -m rlnorm run`"):
-        expand([str(copied)])
 
 
 def test_runs_that_would_share_a_folder_are_refused(tmp_path: Path) -> None:
