@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from rlnorm.cli import main
-from rlnorm.cli.plan import PlanError, combination_name, expand, parse_value
+from rlnorm.cli.plan import PlanError, combination_name, expand
 from rlnorm.cli.runs import EXIT_USAGE
 from rlnorm.kit.params import params_from_namespace
 
@@ -18,11 +18,6 @@ def _file(tmp_path: Path, stem: str = "p", **values: object) -> str:
     f = tmp_path / f"{stem}.yaml"
     f.write_text(yaml.safe_dump({"device": "cpu", **values}, sort_keys=False))
     return str(f)
-
-
-def test_values_are_read_as_yaml() -> None:
-    assert parse_value("256") == 256 and parse_value("1.0e-5") == 1e-5 and parse_value("true") is True
-    assert parse_value("null") is None and parse_value("[128, 256]") == [128, 256] and parse_value("silu") == "silu"
 
 
 def test_overrides_apply_in_papermill_order(tmp_path: Path) -> None:
