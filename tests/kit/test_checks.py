@@ -36,6 +36,7 @@ from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.timing import Timing
 from tests.faults import (
     BatchSizeDependentOutput,
+    ForwardOnlyBatchSize,
     NondeterministicDweight,
     OrderDependentDweight,
     PositionDependentOutput,
@@ -95,11 +96,6 @@ class ForwardOnly(ReferenceBackend):
     """The reference without a backward (like vLLM's forward_cuda)."""
 
     key = "test:ForwardOnly"
-    has_backward = False
-
-
-class ForwardOnlyBatchSize(BatchSizeDependentOutput):
-    key = "test:ForwardOnlyBatchSize"
     has_backward = False
 
 
