@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
     from torch import Tensor
 
     from rlnorm.options import OpOptions
@@ -59,15 +58,11 @@ def pytest_configure(config: pytest.Config) -> None:
     import rlnorm  # noqa: F401  (with the mode set: rlnorm and Triton read it at import)
 
 
-def holds_gpu_tests(path: Path) -> bool:
-    """Whether a test module marks any test `gpu` (read as text: --gpu imports no other module, so a GPU machine
-    without the notebook extras can still run it)."""
-    return "mark.gpu" in path.read_text(encoding="utf-8")
-
-
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    # a module without a gpu mark, read as text: --gpu imports no other module, so a GPU machine without the
+    # notebook extras can still run it
     if config.getoption("--gpu") and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
-        return not holds_gpu_tests(collection_path)
+        return "mark.gpu" not in collection_path.read_text(encoding="utf-8")
     return None
 
 
@@ -162,19 +157,6 @@ def oracle(x: Tensor, z: Tensor | None, w: Tensor | None, opts: OpOptions | None
     return round_once(gated_rmsnorm_math(x, z, w, opts or OpOptions(), torch.float64), x.dtype)
 
 
-def figure_texts(fig: Figure) -> str:
-    """Every text a figure shows, a line each: titles, axis labels, annotations, tick labels and legend entries."""
-    parts = [fig.get_suptitle()]
-    for ax in fig.axes:
-        parts += [ax.get_title(), ax.get_title("left"), ax.get_title("right"), ax.get_xlabel(), ax.get_ylabel()]
-        parts += [t.get_text() for t in ax.texts]
-        parts += [t.get_text() for t in ax.get_yticklabels() + ax.get_xticklabels()]
-        legend = ax.get_legend()
-        if legend is not None:
-            parts += [t.get_text() for t in legend.get_texts()]
-    return "\n".join(p for p in parts if p)
-
-
 def child_result(script: str, *args: str) -> Any:
     """Run a script in a fresh interpreter (vllm imported there, never here); its last `RESULT <json>` line."""
     proc = subprocess.run(
@@ -183,11 +165,6 @@ def child_result(script: str, *args: str) -> Any:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stderr[-4000:]
     return json.loads(lines[-1][len("RESULT ") :])
-
-
-@pytest.fixture
-def repo_root() -> Path:
-    return REPO_ROOT
 
 
 @pytest.fixture
@@ -254,7 +231,6 @@ timing: false
 """
 BATCH_FAULT = "tests.faults:BatchSizeDependentOutput"
 POSITION_FAULT = "tests.faults:PositionDependentOutput"
-DWEIGHT_FAULT = "tests.faults:NondeterministicDweight"
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ so the only thing wrong with a fault is the one planted. Load one by import path
 | class | broken guarantee | caught by |
 |---|---|---|
 | `BatchSizeDependentOutput` | y depends on the row count | all_rows, full_vs_sub, batch_size_sweep, fwd gate |
+| `ForwardOnlyBatchSize` | the same, in a backend without a backward | the forward checks |
 | `PositionDependentOutput` | y depends on position | all_rows, full_vs_sub, batch_size_sweep, fwd gate |
 | `NondeterministicDweight` | dweight differs run to run | dweight_repeatable, gradient gate |
 | `OrderDependentDweight` | dweight is a plain fp32 fold | gradient gate (singleton_aggregate, permuted) |
@@ -42,6 +43,7 @@ __all__ = [
     "BatchSizeDependentOutput",
     "DeviceErrorPastRows",
     "ExitPastRows",
+    "ForwardOnlyBatchSize",
     "HangPastRows",
     "NondeterministicDweight",
     "OrderDependentDweight",
@@ -115,6 +117,14 @@ class BatchSizeDependentOutput(_OutputFault):
 
     def _mask(self, x: Tensor) -> Tensor:
         return batch_size_fault_mask(x)
+
+
+class ForwardOnlyBatchSize(BatchSizeDependentOutput):
+    """BatchSizeDependentOutput without a backward (like vLLM's forward_cuda): a run must still judge its forward."""
+
+    key = "tests.faults:ForwardOnlyBatchSize"
+    source = "planted fault: forward only, output depends on batch size"
+    has_backward = False
 
 
 class PositionDependentOutput(_OutputFault):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -23,6 +22,7 @@ from rlnorm.cli.runs import (
     run_one,
     workers,
 )
+from rlnorm.kit.folders import write_atomic
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.records import RECORD_COLUMNS, read_records
 from rlnorm.kit.results import RunResult
@@ -149,11 +149,8 @@ def _page_beside(notebook: str, params: dict[str, Any], folder: Path, stem: str,
         if not page.is_file():
             _err(failure or f"{notebook}: no page was made")
             return EXIT_CELL_FAILED
-        target = folder / f"{stem}.html"
-        staged = folder / f".{stem}.html.tmp"
-        shutil.copyfile(page, staged)
-        os.chmod(staged, 0o644)
-        os.replace(staged, target)
+        target = write_atomic(folder / f"{stem}.html", page.read_bytes())
+        os.chmod(target, 0o644)  # beside the run's files, readable as they are
     print(str(target))
     if failure:
         _err(f"{failure}\n  the page shows how far it got: {target}")

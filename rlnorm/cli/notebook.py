@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnorm.checkout import CHECKOUT, PACKAGE_DIR
+from rlnorm.kit.folders import write_atomic
 from rlnorm.kit.worker import PLAIN_ENV
 
 # the page template: the lab page with nothing fetched from the network (see its own comment)
@@ -128,10 +129,7 @@ def render_html(executed: Path, html: Path, title: str) -> Path:
         exclude_output_prompt=True,
     )
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
-    tmp = html.with_name(f".{html.name}.tmp")
-    tmp.write_text(body, encoding="utf-8")
-    os.replace(tmp, html)
-    return html
+    return write_atomic(html, body)
 
 
 def execute(

@@ -129,17 +129,12 @@ def expand(
     matrices: dict[Path, list[Combination]] = {}
     errors: list[str] = []
     for source, raw in _merge(files, yaml_text, overrides):
-        if name:
-            raw["name"] = name
-        if device:
-            raw["device"] = device
-        if progress is not None:
-            raw["progress"] = progress
+        given = {"name": name or None, "device": device or None, "progress": progress}
+        raw.update({k: v for k, v in given.items() if v is not None})
         axes = {k: v for k, v in raw.items() if isinstance(v, list) and k not in _LIST_KEYS}
-        for k, v in axes.items():
-            if not v:
-                errors.append(f"{source}: {k}: an empty list gives no run")
-        if any(not v for v in axes.values()):
+        empty = [k for k, v in axes.items() if not v]
+        errors += [f"{source}: {k}: an empty list gives no run" for k in empty]
+        if empty:
             continue
         base = Path(outputs) / str(raw.get("name", "run"))
         combos = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]

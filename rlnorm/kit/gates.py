@@ -19,8 +19,7 @@ from torch import Tensor
 
 from rlnorm.inputs import Case, make_case
 from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import NO_TRAIL, Trail, bits
-from rlnorm.kit.records import dtype_name
+from rlnorm.kit.checks.common import NO_TRAIL, Trail, bits, case_spec
 from rlnorm.kit.results import Gate
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
@@ -139,8 +138,7 @@ class _Bench:
 
 def _bench(backend: Backend, opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> _Bench:
     case = make_case(sum(SAMPLE_TOKENS) * heads, d, seed=seed, weight_dtype=torch.float32, device=device)
-    spec = {"rows": case.x.shape[0], "d": d, "seed": seed, "dtype": dtype_name(case.x.dtype), "weight_dtype": "float32"}
-    trail.case("contract_gates", spec, opts)
+    trail.case("contract_gates", case_spec(case.x.shape[0], d, seed, torch.float32), opts)
     return _Bench(backend, opts, case, heads, trail)
 
 

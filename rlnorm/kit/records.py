@@ -239,11 +239,5 @@ def _batch_rows(case: Case, batch_spec: Mapping[str, Any]) -> torch.Tensor:
             raise ValueError(f"record: slice {start}+{size} outside a case of {n_case} rows")
         return torch.arange(start, start + size)
     if kind == "sweep":
-        return sweep_batch_rows(
-            n_case,
-            int(batch_spec["m"]),
-            int(batch_spec["probe"]),
-            int(batch_spec["position"]),
-            int(batch_spec["perm_seed"]),
-        )
+        return sweep_batch_rows(n_case, *(int(batch_spec[k]) for k in ("m", "probe", "position", "perm_seed")))
     raise ValueError(f"record: unknown batch kind {kind!r} (expected 'slice' or 'sweep')")

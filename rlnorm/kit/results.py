@@ -21,9 +21,6 @@ SCHEMA_VERSION = "1"
 SEED_SCHEMA_VERSION = "seed"  # the reference report, which has no schema_version of its own
 ARTIFACT_KIND = "qwen3_next_norm_reuse_check"
 OP = "rms_norm_gated"
-# ran: every selected check was given the backend (a check may still have raised: `errors`); skipped: it cannot
-# run here (reason); failed: it could not be loaded; crashed / timed_out: its process ended before its checks did
-STATUSES = ("ran", "skipped", "failed", "crashed", "timed_out")
 
 # a field with this metadata is left out of the JSON while it is None (fields the report never had)
 OMIT_NONE = {"omit_none": True}
@@ -153,6 +150,8 @@ class BackendResult:
 
     source: str
     backward: str  # "full" | "none"
+    # ran: every selected check was given the backend (a check may still have raised: `errors`); skipped: it
+    # cannot run here (reason); failed: it could not be loaded; crashed / timed_out: its process ended early
     status: str = "skipped"
     skip_reason: str | None = None
     batch_invariance: BatchInvariance | None = None

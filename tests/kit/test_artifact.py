@@ -52,26 +52,8 @@ def _ran_backend(backward: str = "full") -> dict[str, Any]:
             "timed": False,
         },
         "contract_gates": {
-            "forward": {
-                "returncode": 0,
-                "passed": True,
-                "failed_lines": [],
-                "singleton_aggregate": [],
-                "stderr_tail": [],
-                "timed_out": False,
-                "lines": ["forward ok"],
-            },
-            "gradient": {
-                "returncode": 0,
-                "passed": True,
-                "failed_lines": [],
-                "singleton_aggregate": [
-                    "singleton_aggregate pair=('BN/full', 'B1') tensor=dweight max_abs=0 passed=True"
-                ],
-                "stderr_tail": [],
-                "timed_out": False,
-                "lines": [],
-            },
+            name: {"returncode": 0, "passed": True, "failed_lines": [], "singleton_aggregate": [], "stderr_tail": []}
+            for name in ("forward", "gradient")
         },
         "errors": {},
     }
@@ -144,69 +126,68 @@ def test_an_artifact_round_trips_through_its_file(tmp_path: Path) -> None:
 # planted faults: each is caught, and the message names where
 
 
-def _plant(doc: dict[str, Any], fault: str) -> str:
-    """Apply one fault; return the key path the error must name."""
+def _set(path: str, value: Any = None) -> Any:
+    """A fault that sets (or, with no value, deletes) the key at `path` ("results.rlnorm.status")."""
+
+    def plant(doc: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        for key in parents:
+            doc = doc[key]
+        doc.pop(last) if value is None else doc.__setitem__(last, value)
+
+    return plant
+
+
+def _rename(doc: dict[str, Any]) -> None:
     r = doc["results"]["rlnorm"]
-    if fault == "missing top-level key":
-        del doc["environment"]
-        return r"at \$: 'environment' is a required property"
-    if fault == "wrong top-level type":
-        doc["quick"] = "false"
-        return r"at \$\.quick: 'false' is not of type 'boolean'"
-    if fault == "misspelled backend field":
-        r["batch_invarance"] = r.pop("batch_invariance")
-        return r"at \$\.results\.rlnorm: .*'batch_invarance' was unexpected"
-    if fault == "misspelled accuracy field":
-        r["accuracy_latency"]["fwd_correct_rounded"] = r["accuracy_latency"].pop("fwd_correctly_rounded")
-        return r"at \$\.results\.rlnorm\.accuracy_latency: 'fwd_correctly_rounded' is a required property"
-    if fault == "count as a string":
-        r["batch_invariance"]["all_rows"]["7"]["fwd_differ"] = "0"
-        return r"at \$\.results\.rlnorm\.batch_invariance\.all_rows\.7\.fwd_differ: '0' is not of type 'integer'"
-    if fault == "fraction above one":
-        r["accuracy_latency"]["fwd_correctly_rounded"] = 1.5
-        return r"at \$\.results\.rlnorm\.accuracy_latency\.fwd_correctly_rounded: 1\.5 is greater than"
-    if fault == "unknown status":
-        r["status"] = "ok"
-        return r"at \$\.results\.rlnorm\.status: 'ok' is not one of"
-    if fault == "skipped without a reason":
-        r["status"] = "skipped"
-        return r"at \$\.results\.rlnorm\.skip_reason: None is not of type 'string'"
-    if fault == "missing library":
-        del doc["environment"]["libraries"]["vllm"]
-        return r"at \$\.environment\.libraries: 'vllm' is a required property"
-    if fault == "gate without returncode":
-        del r["contract_gates"]["gradient"]["returncode"]
-        return r"at \$\.results\.rlnorm\.contract_gates\.gradient: 'returncode' is a required property"
-    if fault == "failed step without its traceback":
-        doc["failed_steps"] = [{"step": "plots", "error": "RuntimeError: x"}]
-        return r"at \$\.failed_steps\[0\]: 'traceback' is a required property"
-    if fault == "bad commit":
-        doc["commit"] = "not-a-hash"
-        return r"at \$\.commit: 'not-a-hash' does not match"
-    raise AssertionError(fault)
+    r["batch_invarance"] = r.pop("batch_invariance")
 
 
-FAULTS = [
-    "missing top-level key",
-    "wrong top-level type",
-    "misspelled backend field",
-    "misspelled accuracy field",
-    "count as a string",
-    "fraction above one",
-    "unknown status",
-    "skipped without a reason",
-    "missing library",
-    "gate without returncode",
-    "failed step without its traceback",
-    "bad commit",
-]
+R = "results.rlnorm."
+# fault -> (how it is planted, the key path the error must name)
+FAULTS = {
+    "missing top-level key": (_set("environment"), r"at \$: 'environment' is a required property"),
+    "wrong top-level type": (_set("quick", "false"), r"at \$\.quick: 'false' is not of type 'boolean'"),
+    "misspelled backend field": (_rename, r"at \$\.results\.rlnorm: .*'batch_invarance' was unexpected"),
+    "misspelled accuracy field": (
+        _set(R + "accuracy_latency.fwd_correctly_rounded"),
+        r"at \$\.results\.rlnorm\.accuracy_latency: 'fwd_correctly_rounded' is a required property",
+    ),
+    "count as a string": (
+        _set(R + "batch_invariance.all_rows.7.fwd_differ", "0"),
+        r"at \$\.results\.rlnorm\.batch_invariance\.all_rows\.7\.fwd_differ: '0' is not of type 'integer'",
+    ),
+    "fraction above one": (
+        _set(R + "accuracy_latency.fwd_correctly_rounded", 1.5),
+        r"at \$\.results\.rlnorm\.accuracy_latency\.fwd_correctly_rounded: 1\.5 is greater than",
+    ),
+    "unknown status": (_set(R + "status", "ok"), r"at \$\.results\.rlnorm\.status: 'ok' is not one of"),
+    "skipped without a reason": (
+        _set(R + "status", "skipped"),
+        r"at \$\.results\.rlnorm\.skip_reason: None is not of type 'string'",
+    ),
+    "missing library": (
+        _set("environment.libraries.vllm"),
+        r"at \$\.environment\.libraries: 'vllm' is a required property",
+    ),
+    "gate without returncode": (
+        _set(R + "contract_gates.gradient.returncode"),
+        r"at \$\.results\.rlnorm\.contract_gates\.gradient: 'returncode' is a required property",
+    ),
+    "failed step without its traceback": (
+        _set("failed_steps", [{"step": "plots", "error": "RuntimeError: x"}]),
+        r"at \$\.failed_steps\[0\]: 'traceback' is a required property",
+    ),
+    "bad commit": (_set("commit", "not-a-hash"), r"at \$\.commit: 'not-a-hash' does not match"),
+}
 
 
 @pytest.mark.parametrize("fault", FAULTS)
 def test_schema_catches_planted_fault_and_names_the_key(fault: str) -> None:
     doc = built()
     validate_artifact(doc)  # clean before the fault
-    where = _plant(doc, fault)
+    plant, where = FAULTS[fault]
+    plant(doc)
     with pytest.raises(ArtifactValidationError, match=where) as info:
         validate_artifact(doc)
     assert info.value.problems
@@ -215,7 +196,7 @@ def test_schema_catches_planted_fault_and_names_the_key(fault: str) -> None:
 @pytest.mark.parametrize("fault", ["misspelled backend field", "count as a string", "missing top-level key"])
 def test_reader_catches_planted_fault_in_a_file(tmp_path: Path, fault: str) -> None:
     doc = built()
-    _plant(doc, fault)
+    FAULTS[fault][0](doc)
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(ArtifactValidationError, match=r"bad\.json"):

@@ -28,7 +28,7 @@ from rlnorm.kit.checks.common import CheckOutcome, Trail
 from rlnorm.kit.checks.rows import sub_batch_plan
 from rlnorm.kit.checks.sweep import sweep_positions
 from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes, run_check
-from rlnorm.kit.records import RECORD_COLUMNS, rebuild_case, records_frame
+from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.results import AllRows, BatchInvariance, from_json, to_json
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
@@ -36,6 +36,7 @@ from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.timing import Timing
 from tests.faults import (
     BatchSizeDependentOutput,
+    ForwardOnlyBatchSize,
     NondeterministicDweight,
     OrderDependentDweight,
     PositionDependentOutput,
@@ -95,11 +96,6 @@ class ForwardOnly(ReferenceBackend):
     """The reference without a backward (like vLLM's forward_cuda)."""
 
     key = "test:ForwardOnly"
-    has_backward = False
-
-
-class ForwardOnlyBatchSize(BatchSizeDependentOutput):
-    key = "test:ForwardOnlyBatchSize"
     has_backward = False
 
 
@@ -290,6 +286,14 @@ def test_forward_only_backend() -> None:
     acc = J.accuracy_latency(ForwardOnly(), OPTS, accuracy_rows=63, timing_warmup=0, timing_iters=2)
     assert acc.summary["grad_rel_err"] is None and acc.summary["fwd_bwd_us"] is None
     assert acc.summary["fwd_us"] > 0
+    fvs = J.full_vs_sub_batches(ForwardOnly(), OPTS, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
+    sw = J.batch_size_sweep(
+        ForwardOnly(), OPTS, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3]
+    )
+    # the sweep's JSON leaves a None rowgrad_differ out (the reference report has no such key)
+    assert fvs.summary["rowgrad_differ"] is None and sw.summary.get("rowgrad_differ") is None
+    assert (fvs.summary["fwd_differ"], sw.summary["fwd_differ"], sw.summary["differ"]) == (0, 0, 0)
+    assert invariant(ar, Ran({"dweight_repeatable": None}, [], None), fvs, sw) is True
 
 
 # -- sub-batch plans ---------------------------------------------------------------------------------
@@ -319,14 +323,6 @@ def test_sampled_run_reports_2188_on_the_full_protocol() -> None:
     assert s["sub_batch_sizes"] == [1, 7, 4097, 65536, 131072]
     assert s["rows_compared"] == 2 * (512 + 512 * 7 + 262144 * 3)
     assert s["fwd_differ"] == 0 and "error" not in s
-
-
-def test_every_row_is_compared_with_coverage_all() -> None:
-    fvs = J.full_vs_sub_batches(
-        ForwardOnly(), OPTS, sub_batches_rows=101, sub_batch_sizes=(1, 7, 50), sub_batches_seeds=(3,)
-    )
-    assert fvs.summary["rows_compared"] == 3 * 101
-    assert fvs.summary["sub_batches"] == 101 + 15 + 3
 
 
 # -- batch_size_sweep protocol ------------------------------------------------------------------------
@@ -359,8 +355,6 @@ def test_correctly_rounded_measure_can_fail() -> None:
 
 def test_accuracy_summary_fields_and_histograms() -> None:
     s = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=257, timing_warmup=1, timing_iters=3).summary
-    for k in ("rows", "fwd_correctly_rounded", "fwd_max_abs_err", "fwd_us", "grad_rel_err", "fwd_bwd_us"):
-        assert s[k] is not None, k  # the report's fields
     assert s["rows"] == 257 and s["timed"] is True and s["device"] == "cpu"
     assert s["fwd_us_p20"] <= s["fwd_us"] <= s["fwd_us_p80"]
     assert s["fwd_bwd_us_p20"] <= s["fwd_bwd_us"] <= s["fwd_bwd_us_p80"]
@@ -370,7 +364,6 @@ def test_accuracy_summary_fields_and_histograms() -> None:
     assert set(s["grad_rel_err"]) == {"x", "z", "w"} and all(0 < v < 0.01 for v in s["grad_rel_err"].values())
     n = 257 * 128
     assert sum(s["fwd_ulp_hist"].values()) == n
-    assert list(s["fwd_ulp_hist"]) == [str(i) for i in range(16)] + ["16+", "nan"]
     h = s["fwd_abs_err_hist"]
     assert len(h["counts"]) == len(h["edges"]) - 1
     assert sum(h["counts"]) + h["zero"] + h["under"] + h["over"] + h["nan"] == n
@@ -442,38 +435,28 @@ def test_a_raising_backend_is_recorded_not_fatal() -> None:
     assert checks.batch_invariant(BatchInvariance(all_rows=AllRows(error="x"))) is None
 
 
+R = ReferenceBackend()
+
+
 @pytest.mark.parametrize(
-    ("call", "match"),
+    ("call", "error", "match"),
     [
-        (lambda: J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=()), "all_rows_sizes"),
-        (lambda: J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=(0,)), r"all_rows_sizes\[0\]"),
-        (lambda: J.full_vs_sub_batches(ReferenceBackend(), OPTS, coverage="some"), "coverage"),
-        (lambda: J.batch_size_sweep(ReferenceBackend(), OPTS, sweep_n=9, sweep_sizes=(10,)), "sweep_sizes"),
-        (lambda: J.batch_size_sweep(ReferenceBackend(), OPTS, sweep_n=9, sweep_probe_rows=(9,)), "sweep_probe_rows"),
-        (lambda: J.dweight_repeatable(ReferenceBackend(), OPTS, dweight_rows=7, repeats=1), "repeats"),
-        (lambda: J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=0), "accuracy_rows"),
-        (lambda: J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=(7,), device="gpu0", progress=False), "device"),
+        (lambda: J.all_rows(R, OPTS, all_rows_sizes=()), ValueError, "all_rows_sizes"),
+        (lambda: J.all_rows(R, OPTS, all_rows_sizes=(0,)), ValueError, r"all_rows_sizes\[0\]"),
+        (lambda: J.full_vs_sub_batches(R, OPTS, coverage="some"), ValueError, "coverage"),
+        (lambda: J.batch_size_sweep(R, OPTS, sweep_n=9, sweep_sizes=(10,)), ValueError, "sweep_sizes"),
+        (lambda: J.batch_size_sweep(R, OPTS, sweep_n=9, sweep_probe_rows=(9,)), ValueError, "sweep_probe_rows"),
+        (lambda: J.dweight_repeatable(R, OPTS, dweight_rows=7, repeats=1), ValueError, "repeats"),
+        (lambda: J.accuracy_latency(R, OPTS, accuracy_rows=0), ValueError, "accuracy_rows"),
+        (lambda: J.all_rows(R, OPTS, all_rows_sizes=(7,), device="gpu0"), ValueError, "device"),
+        (lambda: J.all_rows(object(), OPTS, all_rows_sizes=(7,)), TypeError, "backend"),
+        (lambda: J.all_rows(R, {"eps": 1e-6}, all_rows_sizes=(7,)), TypeError, "opts"),
+        (lambda: J.all_rows(R, OPTS, all_rows_sizes=(7,), all_rows_seeds=3), TypeError, "all_rows_seeds"),
     ],
 )
-def test_bad_parameters_name_themselves(call, match) -> None:  # type: ignore[no-untyped-def]
-    with pytest.raises(ValueError, match=match):
+def test_bad_parameters_name_themselves(call, error, match) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(error, match=match):
         call()
-
-
-def test_bad_types_name_themselves() -> None:
-    with pytest.raises(TypeError, match="backend"):
-        J.all_rows(object(), OPTS, all_rows_sizes=(7,))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="opts"):
-        J.all_rows(ReferenceBackend(), {"eps": 1e-6}, all_rows_sizes=(7,))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="all_rows_seeds"):
-        J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=(7,), all_rows_seeds=3)  # type: ignore[arg-type]
-
-
-def test_records_fit_the_record_table() -> None:
-    ar = J.all_rows(PositionDependentOutput(), OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
-    assert all(set(r) == set(RECORD_COLUMNS) for r in ar.records)
-    df = records_frame(ar.records)
-    assert list(df.columns) == RECORD_COLUMNS and len(df) == 2
 
 
 def test_max_records_caps_records_not_counts() -> None:
@@ -587,18 +570,6 @@ def test_accuracy_latency_flags_a_host_bound_forward_on_the_gpu() -> None:
     ).summary
     assert s["host_bound"] == {"add": False, "fwd": True}
     assert s["fwd_us"] > 1000  # the 3 ms host gaps are inside the events: the flag says so
-
-
-def test_a_forward_only_backend_compares_no_gradients_and_says_so() -> None:
-    fvs = J.full_vs_sub_batches(ForwardOnly(), OPTS, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
-    sw = J.batch_size_sweep(
-        ForwardOnly(), OPTS, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3]
-    )
-    ar = J.all_rows(ForwardOnly(), OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
-    # the sweep's JSON leaves a None rowgrad_differ out (the reference report has no such key)
-    assert fvs.summary["rowgrad_differ"] is None and sw.summary.get("rowgrad_differ") is None
-    assert (fvs.summary["fwd_differ"], sw.summary["fwd_differ"], sw.summary["differ"]) == (0, 0, 0)
-    assert invariant(ar, Ran({"dweight_repeatable": None}, [], None), fvs, sw) is True
 
 
 def test_dweight_repeatable_says_how_many_records_the_cap_dropped() -> None:

@@ -78,14 +78,6 @@ def test_bitwise_means_bits_not_values():
 
 
 # --- gate bodies in-process --------------------------------------------------------------------------------
-def test_exact_reference_passes_both_gate_bodies():
-    b = ExactReferenceBackend()
-    fwd = forward_gate(b, OPTS, "cpu", **SMALL)
-    grad = gradient_gate(b, OPTS, "cpu", **SMALL)
-    assert len(fwd) == 7 and all(parse_line(x)["passed"] for x in fwd)
-    assert len(grad) == 7 * 2 + 2 + 4 and all(parse_line(x)["passed"] for x in grad)
-
-
 def test_batch_size_fault_fails_the_forward_gate_only():
     b = load_backend("tests.faults:BatchSizeDependentOutput")
     fwd = forward_gate(b, OPTS, "cpu", **SMALL)

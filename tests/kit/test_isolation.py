@@ -14,14 +14,13 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from conftest import TINY_SIZES
 
 from rlnorm.kit import steps
 from rlnorm.kit.artifact import load_artifact
 from rlnorm.kit.backends import device_lost
 from rlnorm.kit.params import load_params
-from rlnorm.kit.process import Child, describe_exit, run_child
+from rlnorm.kit.process import Child, run_child
 from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.worker import EXIT_DEVICE_ERROR, BackendWorker, run_batch
 from tests.faults import DeviceErrorPastRows, HangPastRows
@@ -148,22 +147,6 @@ def test_a_backend_that_cannot_load_fails_in_its_own_process_with_the_reason(tmp
     out = BackendWorker("no_such_module_xyz:f", _params(tmp_path, [], backends=[]), "cpu").finish(120.0)
     assert out.result.status == "failed" and "cannot load" in out.result.skip_reason
     assert out.result.crash is None
-
-
-def test_the_exit_of_a_child_is_described() -> None:
-    assert describe_exit(3) == ("exited with code 3", None)
-    assert describe_exit(-9) == ("killed by SIGKILL (signal 9)", "SIGKILL")
-    assert describe_exit(-200)[1] == "signal 200"
-
-
-def test_a_planted_device_error_is_the_exact_reference_on_the_cpu() -> None:
-    from rlnorm.inputs import make_case
-    from rlnorm.kit.backends import load_backend
-    from rlnorm.options import OpOptions
-
-    c = make_case(63, 128, seed=1)
-    fault, exact = load_backend(DEVICE_ERROR), load_backend(EXACT)
-    assert torch.equal(fault.forward(c.x, c.z, c.w, OpOptions()), exact.forward(c.x, c.z, c.w, OpOptions()))
 
 
 @pytest.mark.slow

@@ -48,13 +48,6 @@ def _reproduces(record: dict, backend) -> None:  # type: ignore[no-untyped-def]
 # -- the table -------------------------------------------------------------------------------------
 
 
-def test_empty_frame_keeps_typed_columns() -> None:
-    df = records_frame([])
-    assert list(df.columns) == RECORD_COLUMNS and len(df) == 0
-    assert str(df["row"].dtype) == "Int64" and str(df["max_abs"].dtype) == "float64"
-    assert str(df["backend"].dtype) == "string"
-
-
 def test_unknown_column_or_non_dict_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown columns"):
         records_frame([{"backend": "b", "rows": 3}])

@@ -15,12 +15,13 @@ from conftest import TINY_SIZES
 
 from rlnorm.kit import steps
 from rlnorm.kit.artifact import load_artifact, validate_artifact
-from rlnorm.kit.backends import Backend, Grads
+from rlnorm.kit.backends import Backend
 from rlnorm.kit.params import ParamsError, RunParams, load_params
 from rlnorm.kit.results import load_run
 from rlnorm.options import OpOptions
 
 FAULT = "tests.faults:BatchSizeDependentOutput"
+NO_BACKWARD = "tests.faults:ForwardOnlyBatchSize"  # forward only: a run must still judge its forward
 
 
 class ExplodingSweep(Backend):
@@ -35,22 +36,6 @@ class ExplodingSweep(Backend):
         from rlnorm.reference import rms_norm_gated_reference
 
         return rms_norm_gated_reference(x, z, w, opts)
-
-
-class NoBackwardFault(Backend):
-    """Forward only, batch-size dependent: a run must still judge its forward."""
-
-    key = ""
-    source = "test: forward only, batch-size dependent"
-    has_backward = False
-
-    def forward(self, x, z, w, opts: OpOptions):
-        from tests.faults import BatchSizeDependentOutput
-
-        return BatchSizeDependentOutput().forward(x, z, w, opts)
-
-    def forward_backward(self, x, z, w, dy, opts) -> Grads:  # pragma: no cover - never called
-        raise AssertionError("no backward")
 
 
 TINY = {
@@ -81,7 +66,7 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
             "custom_backends": [
                 FAULT,
                 "test_steps:ExplodingSweep",
-                "test_steps:NoBackwardFault",
+                NO_BACKWARD,
                 "test_steps:no_such_attr",
             ],
         }
@@ -100,7 +85,7 @@ def test_every_backend_is_listed_with_a_status(finished_run: steps.Run) -> None:
         "fla_fused_norm_gate",
         FAULT,
         "test_steps:ExplodingSweep",
-        "test_steps:NoBackwardFault",
+        NO_BACKWARD,
         "test_steps:no_such_attr",
     ]
     assert r["reference"].status == "ran"
@@ -108,7 +93,7 @@ def test_every_backend_is_listed_with_a_status(finished_run: steps.Run) -> None:
     assert (
         r["test_steps:no_such_attr"].status == "failed" and "no attribute" in r["test_steps:no_such_attr"].skip_reason
     )
-    assert r["test_steps:NoBackwardFault"].backward == "none"
+    assert r[NO_BACKWARD].backward == "none"
 
 
 def test_a_check_that_raises_is_recorded_and_the_run_goes_on(finished_run: steps.Run) -> None:
@@ -124,7 +109,7 @@ def test_verdicts_are_honest(finished_run: steps.Run) -> None:
     r = finished_run.result.results
     assert r["reference"].batch_invariance.batch_invariant is True
     assert r[FAULT].batch_invariance.batch_invariant is False
-    nb = r["test_steps:NoBackwardFault"].batch_invariance
+    nb = r[NO_BACKWARD].batch_invariance
     assert nb.dweight_repeatable is None and nb.batch_invariant is False
     fused = r["fla_fused_norm_gate"]
     assert fused.batch_invariance is None and fused.accuracy_latency is None
@@ -139,7 +124,7 @@ def test_artifact_and_records_are_written(finished_run: steps.Run) -> None:
     assert list(art.results) == list(finished_run.result.results)
     assert art.agreement.backends == [k for k, r in art.results.items() if r.status == "ran"]
     df = pd.read_csv(out / steps.RECORDS_FILE)
-    assert set(df["backend"]) == {FAULT, "test_steps:NoBackwardFault"}
+    assert set(df["backend"]) == {FAULT, NO_BACKWARD}
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]
     t = finished_run.timings
     assert t["backends"] > 0 and "reference:all_rows" in t and t["reference"] > 0
