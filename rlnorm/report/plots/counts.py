@@ -21,11 +21,9 @@ from rlnorm.report.plots.common import (
     REPORT_COLOR,
     THIS_COLOR,
     cpu_note,
-    fmt_us,
     message,
     missing_reason,
     not_ran,
-    rows_measured,
     save,
     set_title,
 )
@@ -178,9 +176,6 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
                 labels.append(f"{check}\n{COMPARES[check]}\ndiffers ({len(in_check):,} records)")
             else:
                 labels.append(f"{check}\n{len(in_check):,} records")
-            if len(lanes[key]) > 1:  # each lane's own records; the panel's title sums them
-                ax.text(0.995, lane + 0.32, records_line(len(in_check), not_kept), transform=x_in_axes, ha="right",
-                        va="center", fontsize=7.5, color="#424242")  # fmt: skip
             whole = in_check[rows.isna()]  # batch-level records (dweight repeats): no row to place
             if len(whole) or not len(in_check):
                 tensors = ", ".join(sorted(set(whole["tensor"].astype(str))))
@@ -247,57 +242,45 @@ def count_cell(v: BackendVerdict | None, column: str) -> tuple[str, int]:
 
 
 def plot_vs_reference_report(run: RunResult, seed: RunResult, folder: Path | None = None) -> Figure:
-    """This run beside the B200 reference report wherever both have a measure: forward and forward+backward time,
-    the fraction not correctly rounded, and the differing-row counts."""
+    """This run beside the B200 reference report wherever both have a measure: the fraction not correctly rounded
+    and the differing-row counts (the times are the latency figure's, and `python -m rlnorm compare`'s)."""
     keys = list(run.results) + [k for k in seed.results if k not in run.results]
     fig = Figure(figsize=(15, 4.0 + 0.9 * max(len(keys), 1)), layout="constrained")
-    grid = fig.subplot_mosaic([["fwd", "fwd_bwd", "cr"], ["counts", "counts", "counts"]], height_ratios=[1.15, 1])
+    ax, counts_ax = fig.subplots(2, 1, gridspec_kw={"height_ratios": [1.15, 1]})
     names = (f"this run ({run.environment.get('gpu', '?')})", f"report ({seed.environment.get('gpu', '?')})")
     ys, h = np.arange(len(keys)), 0.38
 
-    def value(r: RunResult, key: str, field: str) -> float | None:
+    def not_rounded(r: RunResult, key: str) -> float | None:
         result = r.results.get(key)
         acc = None if result is None else result.accuracy_latency
-        v = None if acc is None else getattr(acc, field)
-        if field == "fwd_correctly_rounded":
-            return None if v is None else 1.0 - v
-        return v if v else None
+        return None if acc is None or acc.fwd_correctly_rounded is None else 1.0 - acc.fwd_correctly_rounded
 
-    panels = (
-        ("fwd", "fwd_us", "forward time (us, log scale)", "forward"),
-        ("fwd_bwd", "fwd_bwd_us", "forward+backward time (us, log scale)", "forward + backward"),
-        ("cr", "fwd_correctly_rounded", "fraction NOT correctly rounded (log scale)", "outputs not correctly rounded"),
-    )
-    for name, field, xlabel, title in panels:
-        ax = grid[name]
-        ax.set_title(title, fontsize=11, fontweight="bold")
-        sides = [[value(r, k, field) for k in keys] for r in (run, seed)]
-        present = [v for side in sides for v in side if v]
-        if not present:
-            message(ax, "no shared measure" if keys else "no backends")
-            continue
+    ax.set_title("outputs not correctly rounded", fontsize=11, fontweight="bold")
+    sides = [[not_rounded(r, k) for k in keys] for r in (run, seed)]
+    present = [v for side in sides for v in side if v]
+    if not present:
+        message(ax, "no shared measure" if keys else "no backends")
+    else:
         x_text = mtransforms.blended_transform_factory(ax.transAxes, ax.transData)
         for off, side, r, color, label in ((-h / 2, sides[0], run, THIS_COLOR, names[0]),
                                            (h / 2, sides[1], seed, REPORT_COLOR, names[1])):  # fmt: skip
             ax.barh(ys + off, [v or 0 for v in side], height=h, color=color, label=label)
             for y, k, v in zip(ys, keys, side, strict=True):
                 if v:
-                    ax.text(v * 1.1, y + off, f"{v:.2e}" if name == "cr" else fmt_us(v), va="center", fontsize=7)
+                    ax.text(v * 1.1, y + off, f"{v:.2e}", va="center", fontsize=7)
                     continue
-                exact = name == "cr" and v == 0
-                why = "0 (all correctly rounded)" if exact else (missing_reason(r.results[k], field)
-                                                                if k in r.results else "absent")  # fmt: skip
+                why = "0 (all correctly rounded)" if v == 0 else (missing_reason(r.results[k], "fwd_correctly_rounded")
+                                                                  if k in r.results else "absent")  # fmt: skip
                 ax.text(0.01, y + off, why, transform=x_text, va="center", fontsize=7, color=MISSING_COLOR,
                         style="italic")  # fmt: skip
         ax.set_xscale("log")
         ax.set_xlim(min(present) / 4, max(present) * 30)
         ax.set_yticks(ys, keys)
         ax.invert_yaxis()
-        ax.set_xlabel(xlabel)
+        ax.set_xlabel("fraction NOT correctly rounded (log scale)")
         ax.grid(axis="x", alpha=0.3)
-        if name == "fwd":
-            fig.legend(loc="outside upper right", fontsize=9, ncols=2)
-    ax = grid["counts"]
+        fig.legend(loc="outside upper right", fontsize=9, ncols=2)
+    ax = counts_ax
     if not keys:
         message(ax, "no backends")
     else:
@@ -324,9 +307,6 @@ def plot_vs_reference_report(run: RunResult, seed: RunResult, folder: Path | Non
             fontsize=10, loc="left",
         )  # fmt: skip
     notes = [f"vs {run_label(seed)}"]
-    rows_this, rows_ref = rows_measured(run), rows_measured(seed)
-    if rows_this and rows_ref and rows_this != rows_ref:
-        notes.append(f"timed rows: this run {rows_this:,}, report {rows_ref:,}")
     if param(run, "coverage"):
         notes.append(f"this run's sub-batch coverage: {param(run, 'coverage')}")
     notes.append(cpu_note(run) or "")
