@@ -39,6 +39,7 @@ class Comparison:
     different_ops: list[str] = field(default_factory=list)
     source_a: str = ""  # GPU, commit and parameter set of each run, for the figure's title
     source_b: str = ""
+    runs: tuple[RunResult, RunResult] | None = None  # A and B, for the counts in the figure's verdict grid
 
     def changes_markdown(self) -> str:
         """What changed: first whether the runs computed the same op, then each change."""
@@ -211,12 +212,14 @@ def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_m
         different_ops=op_differences(ra, rb, la, lb),
         source_a=run_label(ra),
         source_b=run_label(rb),
+        runs=(ra, rb),
     )
 
 
 def plot_comparison(cmp: Comparison) -> Any:
     """Left: latency ratio B/A per backend (log scale; 1 = unchanged). Middle: share of outputs NOT correctly
-    rounded, A and B (log scale). Right: the verdict grid, each cell split: A's state left, B's right."""
+    rounded, A and B (log scale). Right: the verdict grid, each cell split: A's state left, B's right, and the
+    row comparisons that differ, A's over B's."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch, Rectangle
 
@@ -252,6 +255,7 @@ def plot_comparison(cmp: Comparison) -> Any:
     ax_acc.legend(fontsize=7)
     v = cmp.verdicts
     backends = list(dict.fromkeys(v.index.get_level_values(0)))
+    counted = [{} if cmp.runs is None else run_verdicts(r) for r in cmp.runs or (None, None)]
     colors = {s.value: STATE_COLORS[s] for s in State} | {ABSENT: "#ffffff"}
     for i, key in enumerate(backends):
         for j, check in enumerate(COLUMNS):
@@ -260,6 +264,10 @@ def plot_comparison(cmp: Comparison) -> Any:
                 ax_grid.add_patch(Rectangle((j - 0.5 + 0.5 * half, i - 0.5), 0.5, 1, color=colors[state]))
             if row["changed"]:
                 ax_grid.add_patch(Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, ec="k", lw=1.5))
+            counts = [None if key not in bv else bv[key].checks[check].counts for bv in counted if check in CHECKS]
+            if any(counts):  # the differing row comparisons, A over B
+                text = "\n".join("–" if c is None else (c.short() if c.differs else "0") for c in counts)
+                ax_grid.text(j, i, text, ha="center", va="center", fontsize=6.5)
     ax_grid.set_xlim(-0.5, len(COLUMNS) - 0.5)
     ax_grid.set_ylim(len(backends) - 0.5, -0.5)
     ax_grid.set_xticks(range(len(COLUMNS)), COLUMNS, rotation=35, ha="right", fontsize=8)
