@@ -23,14 +23,9 @@ from rlnorm.kit.worker import run_batch
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
-from rlnorm.report.verdict import COMPARES, ROW_CHECKS, backend_verdict, differing_table, records_line
+from rlnorm.report.verdict import COMPARES, ROW_CHECKS, backend_verdict, records_line
 
 ROW_TENSORS = ("y", "dx", "dz")
-
-
-def failing_summary(records: pd.DataFrame | None, run: RunResult | None = None) -> pd.DataFrame:
-    """One line per backend and check that differs (`rlnorm.report.verdict.differing_table`)."""
-    return differing_table(run, records)
 
 
 def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None,
@@ -222,30 +217,21 @@ def explain_row(
 
     exact = correctly_rounded(alone, opts, tensor)[0]
     d = exact.shape[0]
-    columns = pd.DataFrame(
-        {"x": _values(alone.x[0]), "z": _values(alone.z[0]) if alone.z is not None else float("nan")}
-    )
-    ulp_names = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr")
+    columns = pd.DataFrame({"x": _values(alone.x[0]), "z": float("nan") if alone.z is None else _values(alone.z[0])})
+    ulp_names = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr",
+                 "ulp_compared_vs_cr")  # fmt: skip
     if ok:
         in_batch, compared, by_itself = row_of(backend)
         ulp_bc = ulp_distance(in_batch, compared)
         ulp_a, ulp_b, ulp_c = (ulp_distance(t, exact) for t in (by_itself, in_batch, compared))
-        for name, t in (
-            ("in_batch", in_batch),
-            ("compared", compared),
-            ("alone", by_itself),
-            ("correctly_rounded", exact),
-        ):
-            columns[name] = _values(t)
+        columns = columns.assign(in_batch=_values(in_batch), compared=_values(compared), alone=_values(by_itself),
+                                 correctly_rounded=_values(exact))  # fmt: skip
         ulps = (ulp_bc, ulp_distance(in_batch, by_itself), ulp_a, ulp_b, ulp_c)
-        for name, u in zip((*ulp_names, "ulp_compared_vs_cr"), ulps, strict=True):
-            columns[name] = u.tolist()
+        columns = columns.assign(**{name: u.tolist() for name, u in zip(ulp_names, ulps, strict=True)})
     else:
-        for name in ("in_batch", "compared", "alone"):
-            columns[name] = float("nan")
-        columns["correctly_rounded"] = _values(exact)
-        for name in (*ulp_names, "ulp_compared_vs_cr"):
-            columns[name] = pd.array([pd.NA] * d, dtype="Int64")
+        columns = columns.assign(in_batch=float("nan"), compared=float("nan"), alone=float("nan"),
+                                 correctly_rounded=_values(exact))  # fmt: skip
+        columns = columns.assign(**{name: pd.array([pd.NA] * d, dtype="Int64") for name in ulp_names})
     columns.index.name = "col"
 
     # rstd: the per-row statistic the op divides by, both ways, and the backend's own if it has one
@@ -400,16 +386,9 @@ def explain_dweight(
     first, second = (r.detach().cpu() for r in runs)
     ref = correctly_rounded(batch, opts, "dweight")
     u12, u1r, u2r = ulp_distance(first, second), ulp_distance(first, ref), ulp_distance(second, ref)
-    columns = pd.DataFrame(
-        {
-            "first_run": _values(first),
-            "second_run": _values(second),
-            "fp64_rounded_once": _values(ref),
-            "ulp_first_vs_second": u12.tolist(),
-            "ulp_first_vs_fp64": u1r.tolist(),
-            "ulp_second_vs_fp64": u2r.tolist(),
-        }
-    )
+    columns = pd.DataFrame({"first_run": _values(first), "second_run": _values(second),
+                            "fp64_rounded_once": _values(ref), "ulp_first_vs_second": u12.tolist(),
+                            "ulp_first_vs_fp64": u1r.tolist(), "ulp_second_vs_fp64": u2r.tolist()})  # fmt: skip
     columns.index.name = "col"
     d, n_diff, rows = int(first.shape[0]), int((u12 != 0).sum()), int(batch.x.shape[0])
     summary = {
