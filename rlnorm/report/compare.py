@@ -1,8 +1,5 @@
-"""Two runs side by side: verdicts, latency ratios, accuracy and what changed. Nothing is recomputed.
-
-The typical pair is the reference B200 report and a run of ours on another GPU; both load as a `RunResult`, where
-the report's missing fields read as None. Verdict states and their words are `rlnorm.report.verdict`'s.
-"""
+"""Two runs side by side (typically the reference B200 report and a run of ours): verdicts, latency ratios,
+accuracy and what changed, from their `RunResult`s. Nothing is recomputed."""
 
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""Drill into the rows a check found differing, and say why one of them differs.
-
-Someone reads "fwd_differ: 95" and needs the rows behind it (what each count counts: `rlnorm.report.verdict`).
-Each record carries what `rlnorm.kit.records.rebuild_case` needs to rebuild the exact batches compared, so a row
-is re-examined by recomputing those batches and the row alone, column by column against the correctly rounded
-value, never by rerunning the check. `notebooks/investigate_rows` only calls this module.
-"""
+"""Drill into the rows a check found differing, and say why one of them differs. A record carries what
+`rlnorm.kit.records.rebuild_case` needs to rebuild the exact batches compared, so a row is re-examined by
+recomputing those batches and the row alone against the correctly rounded value, never by rerunning the check."""
 
 from __future__ import annotations
 
@@ -167,6 +163,12 @@ def _setup(record: Mapping[str, Any] | pd.Series, device: str | None) -> tuple[d
     return rec, rebuild_case(rec), load_backend(str(rec["backend"])), device or default_device()
 
 
+def _recorded(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the record came from and what the run measured, for an explanation's summary."""
+    names = ("backend", "check", "case", "seed", "cols_differ", "max_ulp")
+    return {("recorded_" if k in ("cols_differ", "max_ulp") else "") + k: rec.get(k) for k in names}
+
+
 def _values(t: torch.Tensor) -> list[float]:
     return [float(v) for v in t.detach().cpu().to(torch.float64)]
 
@@ -284,23 +286,11 @@ def explain_row(
                      "pass others_in_batch=True to run them on the compared batches too)")  # fmt: skip
 
     summary: dict[str, Any] = {
-        **{k: rec.get(k) for k in ("backend", "check", "case", "seed")},
-        "row": int(rec["row"]),
-        "tensor": tensor,
-        "batch_rows": int(batch.x.shape[0]),
-        "position": pos,
-        "compared_with": rb.other_label,
-        "compared_rows": int(other.x.shape[0]),
-        "compared_position": opos,
-        "device": device,
-        "columns": d,
-        "recomputed": ok,
-        "cols_differ": None,
-        "max_ulp": None,
-        "recorded_cols_differ": rec.get("cols_differ"),
-        "recorded_max_ulp": rec.get("max_ulp"),
-        "reproduced": None,
-    }
+        **_recorded(rec), "row": int(rec["row"]), "tensor": tensor, "batch_rows": int(batch.x.shape[0]),
+        "position": pos, "compared_with": rb.other_label, "compared_rows": int(other.x.shape[0]),
+        "compared_position": opos, "device": device, "columns": d, "recomputed": ok, "cols_differ": None,
+        "max_ulp": None, "reproduced": None,
+    }  # fmt: skip
     if ok:
         diff_cols = ulp_bc != 0
         summary.update(
@@ -392,19 +382,10 @@ def explain_dweight(
     columns.index.name = "col"
     d, n_diff, rows = int(first.shape[0]), int((u12 != 0).sum()), int(batch.x.shape[0])
     summary = {
-        **{k: rec.get(k) for k in ("backend", "check", "case", "seed")},
-        "tensor": "dweight",
-        "batch_rows": rows,
-        "device": device,
-        "columns": d,
-        "cols_differ": n_diff,
-        "max_ulp": int(u12.max()),
-        "recorded_cols_differ": rec.get("cols_differ"),
-        "recorded_max_ulp": rec.get("max_ulp"),
-        "reproduced": n_diff > 0,
-        "first_equal_fp64_cols": int((u1r == 0).sum()),
-        "second_equal_fp64_cols": int((u2r == 0).sum()),
-    }
+        **_recorded(rec), "tensor": "dweight", "batch_rows": rows, "device": device, "columns": d,
+        "cols_differ": n_diff, "max_ulp": int(u12.max()), "reproduced": n_diff > 0,
+        "first_equal_fp64_cols": int((u1r == 0).sum()), "second_equal_fp64_cols": int((u2r == 0).sum()),
+    }  # fmt: skip
     head = f"{name}'s dweight over the same batch of {_n(rows, 'row')} (seed {rec.get('seed')})"
     if n_diff:
         text = (

@@ -1,8 +1,6 @@
-"""The docs/spec.md §7.2 figures, drawn from a `RunResult` (and its per-row records) alone; the verdict, the
-headline, first. Each returns a matplotlib Figure (built without pyplot state: Agg-safe, nothing leaks in loops)
-and, given a folder, writes `<name>.png` there. Every title carries the GPU, the short commit and the parameter
-set. Missing data (a skipped backend, a CPU run with no timings, a report that predates a field) is a labelled
-empty panel, never an exception."""
+"""The docs/spec.md §7.2 figures, drawn from a `RunResult` (and its per-row records) alone. Each returns a
+matplotlib Figure (no pyplot state: Agg-safe) and, given a folder, writes `<name>.png` there; every title says the
+GPU, commit and parameter set; missing data is a labelled empty panel, never an exception."""
 
 from __future__ import annotations
 
