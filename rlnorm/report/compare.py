@@ -55,9 +55,7 @@ def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
     """column -> (state word, the words with counts or why) for one backend; 'absent' where the run lacks it."""
     if key not in run.results:
         return dict.fromkeys(COLUMNS, (ABSENT, ABSENT))
-    v = run_verdicts(run)[key]
-    return {**{c: (cv.state.value, cv.words()) for c, cv in v.checks.items()},
-            "batch_invariant": (v.overall.value, v.sentence())}  # fmt: skip
+    return {c: (state.value, words) for c, (state, words) in run_verdicts(run)[key].columns().items()}
 
 
 def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
@@ -131,16 +129,11 @@ def environment_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: s
     return pd.DataFrame(rows).set_index("field")
 
 
-def op_of(run: RunResult) -> dict[str, Any]:
-    """The op a run computed (the reference report names none: the defaults, which it computed)."""
-    default = RunParams()
-    op = {k: param(run, k, getattr(default, k)) for k in OP_KEYS}
-    return {**op, "activation": "silu" if op["activation"] == "swish" else op["activation"]}
-
-
 def op_differences(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> list[str]:
-    """The op parameters two runs differ in: when there are any, their numbers measure different ops."""
-    oa, ob = op_of(a), op_of(b)
+    """The op parameters two runs differ in: when there are any, their numbers measure different ops (the
+    reference report names none: it computed the defaults)."""
+    default = RunParams()
+    oa, ob = ({k: str(param(r, k, getattr(default, k))).replace("swish", "silu") for k in OP_KEYS} for r in (a, b))
     return [f"{k}: {oa[k]} in {label_a}, {ob[k]} in {label_b}" for k in OP_KEYS if oa[k] != ob[k]]
 
 
@@ -231,11 +224,6 @@ def plot_comparison(cmp: Comparison) -> Any:
         for p, v in zip(pos[ok] + off, vals[ok], strict=True):
             ax_lat.annotate(f"{v:.2g}", (p, v), ha="center", va="bottom" if v >= 1 else "top", fontsize=7)
     ax_lat.axhline(1.0, color="k", lw=0.8)
-    ax_lat.set_yscale("log")
-    ax_lat.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
-    ax_lat.set_ylabel("latency ratio B / A (< 1: B faster)")
-    ax_lat.set_title("latency, where both runs timed it", fontsize=10)
-    ax_lat.legend(fontsize=8)
     floor = 1e-7  # exactly correctly rounded (a share of 0) is drawn at the floor, marked "0"
     for off, side, colour, label in ((-0.2, "a", "#546e7a", cmp.label_a), (0.2, "b", "#00897b", cmp.label_b)):
         miss = 1.0 - cmp.accuracy[f"fwd_correctly_rounded_{side}"].to_numpy(dtype=float)
@@ -244,12 +232,15 @@ def plot_comparison(cmp: Comparison) -> Any:
         for p, v in zip(pos[ok] + off, miss[ok], strict=True):
             if v <= 0:
                 ax_acc.annotate("0", (p, floor), ha="center", va="bottom", fontsize=7)
-    ax_acc.set_yscale("log")
+    for ax, what, title in (
+        (ax_lat, "latency ratio B / A (< 1: B faster)", "latency, where both runs timed it"),
+        (ax_acc, "share of outputs not correctly rounded", "forward accuracy (lower is better)"),
+    ):
+        ax.set(yscale="log", ylabel=what)
+        ax.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
     ax_acc.set_ylim(floor / 2, 1.0)
-    ax_acc.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
-    ax_acc.set_ylabel("share of outputs not correctly rounded")
-    ax_acc.set_title("forward accuracy (lower is better)", fontsize=10)
-    ax_acc.legend(fontsize=7)
     v = cmp.verdicts
     backends = list(dict.fromkeys(v.index.get_level_values(0)))
     counted = [{} if cmp.runs is None else run_verdicts(r) for r in cmp.runs or (None, None)]
