@@ -187,14 +187,10 @@ def explain_row(
     others_in_batch: bool | None = None,
     others_batch_max_rows: int = 1024,
 ) -> RowExplanation:
-    """Recompute one differing row on both sides of its comparison and alone, and explain the difference.
-
-    The two sides are the row inside the batch the record names and inside what the check compared it with (the
-    row alone; the full batch for full_vs_sub_batches), both rebuilt from the record. `others`: backend keys (or
-    import paths) to compare on the same row; default: every registered backend. `others_in_batch`: also run the
-    others on both compared batches (default: on a GPU, or on a CPU when those hold at most
-    `others_batch_max_rows` rows; interpreted Triton is slow).
-    """
+    """Recompute one differing row on both sides of its comparison (its batch, and the row alone or the full batch)
+    and alone, and explain the difference. `others`: backend keys to compute the same row with (default: every
+    registered one); `others_in_batch`: also on both batches (default: on a GPU, or when they hold at most
+    `others_batch_max_rows` rows: interpreted Triton is slow)."""
     rec, rb, backend, device = _setup(record, device)
     tensor = str(rec["tensor"])
     if tensor not in ROW_TENSORS:
@@ -231,7 +227,7 @@ def explain_row(
         ulps = (ulp_bc, ulp_distance(in_batch, by_itself), ulp_a, ulp_b, ulp_c)
         columns = columns.assign(**{name: u.tolist() for name, u in zip(ulp_names, ulps, strict=True)})
     else:
-        columns = columns.assign(in_batch=float("nan"), compared=float("nan"), alone=float("nan"),
+        columns = columns.assign(**dict.fromkeys(("in_batch", "compared", "alone"), float("nan")),
                                  correctly_rounded=_values(exact))  # fmt: skip
         columns = columns.assign(**{name: pd.array([pd.NA] * d, dtype="Int64") for name in ulp_names})
     columns.index.name = "col"
