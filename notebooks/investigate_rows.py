@@ -59,7 +59,6 @@ from rlnorm.report.investigate import (
     crash_table,
     crashed_backends,
     explain_record,
-    failing_summary,
     pick_row,
     reproduce_crash,
     rows_or_reason,
@@ -67,7 +66,7 @@ from rlnorm.report.investigate import (
 from rlnorm.report.plots.row import plot_row
 from rlnorm.report.runs import latest_run, open_run, records_of, run_options
 from rlnorm.report.tables import backend_table
-from rlnorm.report.verdict import verdict_frame
+from rlnorm.report.verdict import differing_table, verdict_frame
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -124,7 +123,7 @@ else:
 # pair. `max_ulp` is the largest recorded difference in bf16 ulps.
 
 # %%
-summary_table = failing_summary(records, the_run)
+summary_table = differing_table(the_run, records)
 summary_table
 
 # %% [markdown]

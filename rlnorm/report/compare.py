@@ -1,8 +1,5 @@
-"""Two runs side by side: verdicts, latency ratios, accuracy and what changed. Nothing is recomputed.
-
-The typical pair is the reference B200 report and a run of ours on another GPU; both load as a `RunResult`, where
-the report's missing fields read as None. Verdict states and their words are `rlnorm.report.verdict`'s.
-"""
+"""Two runs side by side (typically the reference B200 report and a run of ours): verdicts, latency ratios,
+accuracy and what changed, from their `RunResult`s. Nothing is recomputed."""
 
 from __future__ import annotations
 
@@ -39,6 +36,7 @@ class Comparison:
     different_ops: list[str] = field(default_factory=list)
     source_a: str = ""  # GPU, commit and parameter set of each run, for the figure's title
     source_b: str = ""
+    runs: tuple[RunResult, RunResult] | None = None  # A and B, for the counts in the figure's verdict grid
 
     def changes_markdown(self) -> str:
         """What changed: first whether the runs computed the same op, then each change."""
@@ -57,9 +55,7 @@ def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
     """column -> (state word, the words with counts or why) for one backend; 'absent' where the run lacks it."""
     if key not in run.results:
         return dict.fromkeys(COLUMNS, (ABSENT, ABSENT))
-    v = run_verdicts(run)[key]
-    return {**{c: (cv.state.value, cv.words()) for c, cv in v.checks.items()},
-            "batch_invariant": (v.overall.value, v.sentence())}  # fmt: skip
+    return {c: (state.value, words) for c, (state, words) in run_verdicts(run)[key].columns().items()}
 
 
 def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
@@ -133,16 +129,11 @@ def environment_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: s
     return pd.DataFrame(rows).set_index("field")
 
 
-def op_of(run: RunResult) -> dict[str, Any]:
-    """The op a run computed (the reference report names none: the defaults, which it computed)."""
-    default = RunParams()
-    op = {k: param(run, k, getattr(default, k)) for k in OP_KEYS}
-    return {**op, "activation": "silu" if op["activation"] == "swish" else op["activation"]}
-
-
 def op_differences(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> list[str]:
-    """The op parameters two runs differ in: when there are any, their numbers measure different ops."""
-    oa, ob = op_of(a), op_of(b)
+    """The op parameters two runs differ in: when there are any, their numbers measure different ops (the
+    reference report names none: it computed the defaults)."""
+    default = RunParams()
+    oa, ob = ({k: str(param(r, k, getattr(default, k))).replace("swish", "silu") for k in OP_KEYS} for r in (a, b))
     return [f"{k}: {oa[k]} in {label_a}, {ob[k]} in {label_b}" for k in OP_KEYS if oa[k] != ob[k]]
 
 
@@ -211,12 +202,14 @@ def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_m
         different_ops=op_differences(ra, rb, la, lb),
         source_a=run_label(ra),
         source_b=run_label(rb),
+        runs=(ra, rb),
     )
 
 
 def plot_comparison(cmp: Comparison) -> Any:
     """Left: latency ratio B/A per backend (log scale; 1 = unchanged). Middle: share of outputs NOT correctly
-    rounded, A and B (log scale). Right: the verdict grid, each cell split: A's state left, B's right."""
+    rounded, A and B (log scale). Right: the verdict grid, each cell split: A's state left, B's right, and the
+    row comparisons that differ, A's over B's."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch, Rectangle
 
@@ -231,11 +224,6 @@ def plot_comparison(cmp: Comparison) -> Any:
         for p, v in zip(pos[ok] + off, vals[ok], strict=True):
             ax_lat.annotate(f"{v:.2g}", (p, v), ha="center", va="bottom" if v >= 1 else "top", fontsize=7)
     ax_lat.axhline(1.0, color="k", lw=0.8)
-    ax_lat.set_yscale("log")
-    ax_lat.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
-    ax_lat.set_ylabel("latency ratio B / A (< 1: B faster)")
-    ax_lat.set_title("latency, where both runs timed it", fontsize=10)
-    ax_lat.legend(fontsize=8)
     floor = 1e-7  # exactly correctly rounded (a share of 0) is drawn at the floor, marked "0"
     for off, side, colour, label in ((-0.2, "a", "#546e7a", cmp.label_a), (0.2, "b", "#00897b", cmp.label_b)):
         miss = 1.0 - cmp.accuracy[f"fwd_correctly_rounded_{side}"].to_numpy(dtype=float)
@@ -244,14 +232,18 @@ def plot_comparison(cmp: Comparison) -> Any:
         for p, v in zip(pos[ok] + off, miss[ok], strict=True):
             if v <= 0:
                 ax_acc.annotate("0", (p, floor), ha="center", va="bottom", fontsize=7)
-    ax_acc.set_yscale("log")
+    for ax, what, title in (
+        (ax_lat, "latency ratio B / A (< 1: B faster)", "latency, where both runs timed it"),
+        (ax_acc, "share of outputs not correctly rounded", "forward accuracy (lower is better)"),
+    ):
+        ax.set(yscale="log", ylabel=what)
+        ax.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
     ax_acc.set_ylim(floor / 2, 1.0)
-    ax_acc.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
-    ax_acc.set_ylabel("share of outputs not correctly rounded")
-    ax_acc.set_title("forward accuracy (lower is better)", fontsize=10)
-    ax_acc.legend(fontsize=7)
     v = cmp.verdicts
     backends = list(dict.fromkeys(v.index.get_level_values(0)))
+    counted = [{} if cmp.runs is None else run_verdicts(r) for r in cmp.runs or (None, None)]
     colors = {s.value: STATE_COLORS[s] for s in State} | {ABSENT: "#ffffff"}
     for i, key in enumerate(backends):
         for j, check in enumerate(COLUMNS):
@@ -260,6 +252,10 @@ def plot_comparison(cmp: Comparison) -> Any:
                 ax_grid.add_patch(Rectangle((j - 0.5 + 0.5 * half, i - 0.5), 0.5, 1, color=colors[state]))
             if row["changed"]:
                 ax_grid.add_patch(Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, ec="k", lw=1.5))
+            counts = [None if key not in bv else bv[key].checks[check].counts for bv in counted if check in CHECKS]
+            if any(counts):  # the differing row comparisons, A over B
+                text = "\n".join("–" if c is None else (c.short() if c.differs else "0") for c in counts)
+                ax_grid.text(j, i, text, ha="center", va="center", fontsize=6.5)
     ax_grid.set_xlim(-0.5, len(COLUMNS) - 0.5)
     ax_grid.set_ylim(len(backends) - 0.5, -0.5)
     ax_grid.set_xticks(range(len(COLUMNS)), COLUMNS, rotation=35, ha="right", fontsize=8)

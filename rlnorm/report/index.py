@@ -1,8 +1,5 @@
-"""Across runs: a summary table (one line per run and backend) and an index page linking every run's page.
-
-What a matrix of runs (`d: [128, 256]`, `activation: [silu, sigmoid]`) or run folders gathered from a cluster's
-array tasks are read through: each run folder stays as it is, the index only reads their artifacts.
-"""
+"""Across runs (a matrix of params, or folders gathered from a cluster's array tasks): a summary table, one line
+per run and backend, and an index page linking every run's page. The run folders are only read."""
 
 from __future__ import annotations
 

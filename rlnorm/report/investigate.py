@@ -1,10 +1,6 @@
-"""Drill into the rows a check found differing, and say why one of them differs.
-
-Someone reads "fwd_differ: 95" and needs the rows behind it (what each count counts: `rlnorm.report.verdict`).
-Each record carries what `rlnorm.kit.records.rebuild_case` needs to rebuild the exact batches compared, so a row
-is re-examined by recomputing those batches and the row alone, column by column against the correctly rounded
-value, never by rerunning the check. `notebooks/investigate_rows` only calls this module.
-"""
+"""Drill into the rows a check found differing, and say why one of them differs. A record carries what
+`rlnorm.kit.records.rebuild_case` needs to rebuild the exact batches compared, so a row is re-examined by
+recomputing those batches and the row alone against the correctly rounded value, never by rerunning the check."""
 
 from __future__ import annotations
 
@@ -23,14 +19,9 @@ from rlnorm.kit.worker import run_batch
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
-from rlnorm.report.verdict import COMPARES, ROW_CHECKS, backend_verdict, differing_table, records_line
+from rlnorm.report.verdict import COMPARES, ROW_CHECKS, backend_verdict, records_line
 
 ROW_TENSORS = ("y", "dx", "dz")
-
-
-def failing_summary(records: pd.DataFrame | None, run: RunResult | None = None) -> pd.DataFrame:
-    """One line per backend and check that differs (`rlnorm.report.verdict.differing_table`)."""
-    return differing_table(run, records)
 
 
 def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None,
@@ -172,6 +163,12 @@ def _setup(record: Mapping[str, Any] | pd.Series, device: str | None) -> tuple[d
     return rec, rebuild_case(rec), load_backend(str(rec["backend"])), device or default_device()
 
 
+def _recorded(rec: Mapping[str, Any]) -> dict[str, Any]:
+    """Where the record came from and what the run measured, for an explanation's summary."""
+    names = ("backend", "check", "case", "seed", "cols_differ", "max_ulp")
+    return {("recorded_" if k in ("cols_differ", "max_ulp") else "") + k: rec.get(k) for k in names}
+
+
 def _values(t: torch.Tensor) -> list[float]:
     return [float(v) for v in t.detach().cpu().to(torch.float64)]
 
@@ -190,14 +187,10 @@ def explain_row(
     others_in_batch: bool | None = None,
     others_batch_max_rows: int = 1024,
 ) -> RowExplanation:
-    """Recompute one differing row on both sides of its comparison and alone, and explain the difference.
-
-    The two sides are the row inside the batch the record names and inside what the check compared it with (the
-    row alone; the full batch for full_vs_sub_batches), both rebuilt from the record. `others`: backend keys (or
-    import paths) to compare on the same row; default: every registered backend. `others_in_batch`: also run the
-    others on both compared batches (default: on a GPU, or on a CPU when those hold at most
-    `others_batch_max_rows` rows; interpreted Triton is slow).
-    """
+    """Recompute one differing row on both sides of its comparison (its batch, and the row alone or the full batch)
+    and alone, and explain the difference. `others`: backend keys to compute the same row with (default: every
+    registered one); `others_in_batch`: also on both batches (default: on a GPU, or when they hold at most
+    `others_batch_max_rows` rows: interpreted Triton is slow)."""
     rec, rb, backend, device = _setup(record, device)
     tensor = str(rec["tensor"])
     if tensor not in ROW_TENSORS:
@@ -222,30 +215,21 @@ def explain_row(
 
     exact = correctly_rounded(alone, opts, tensor)[0]
     d = exact.shape[0]
-    columns = pd.DataFrame(
-        {"x": _values(alone.x[0]), "z": _values(alone.z[0]) if alone.z is not None else float("nan")}
-    )
-    ulp_names = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr")
+    columns = pd.DataFrame({"x": _values(alone.x[0]), "z": float("nan") if alone.z is None else _values(alone.z[0])})
+    ulp_names = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr",
+                 "ulp_compared_vs_cr")  # fmt: skip
     if ok:
         in_batch, compared, by_itself = row_of(backend)
         ulp_bc = ulp_distance(in_batch, compared)
         ulp_a, ulp_b, ulp_c = (ulp_distance(t, exact) for t in (by_itself, in_batch, compared))
-        for name, t in (
-            ("in_batch", in_batch),
-            ("compared", compared),
-            ("alone", by_itself),
-            ("correctly_rounded", exact),
-        ):
-            columns[name] = _values(t)
+        columns = columns.assign(in_batch=_values(in_batch), compared=_values(compared), alone=_values(by_itself),
+                                 correctly_rounded=_values(exact))  # fmt: skip
         ulps = (ulp_bc, ulp_distance(in_batch, by_itself), ulp_a, ulp_b, ulp_c)
-        for name, u in zip((*ulp_names, "ulp_compared_vs_cr"), ulps, strict=True):
-            columns[name] = u.tolist()
+        columns = columns.assign(**{name: u.tolist() for name, u in zip(ulp_names, ulps, strict=True)})
     else:
-        for name in ("in_batch", "compared", "alone"):
-            columns[name] = float("nan")
-        columns["correctly_rounded"] = _values(exact)
-        for name in (*ulp_names, "ulp_compared_vs_cr"):
-            columns[name] = pd.array([pd.NA] * d, dtype="Int64")
+        columns = columns.assign(**dict.fromkeys(("in_batch", "compared", "alone"), float("nan")),
+                                 correctly_rounded=_values(exact))  # fmt: skip
+        columns = columns.assign(**{name: pd.array([pd.NA] * d, dtype="Int64") for name in ulp_names})
     columns.index.name = "col"
 
     # rstd: the per-row statistic the op divides by, both ways, and the backend's own if it has one
@@ -298,23 +282,11 @@ def explain_row(
                      "pass others_in_batch=True to run them on the compared batches too)")  # fmt: skip
 
     summary: dict[str, Any] = {
-        **{k: rec.get(k) for k in ("backend", "check", "case", "seed")},
-        "row": int(rec["row"]),
-        "tensor": tensor,
-        "batch_rows": int(batch.x.shape[0]),
-        "position": pos,
-        "compared_with": rb.other_label,
-        "compared_rows": int(other.x.shape[0]),
-        "compared_position": opos,
-        "device": device,
-        "columns": d,
-        "recomputed": ok,
-        "cols_differ": None,
-        "max_ulp": None,
-        "recorded_cols_differ": rec.get("cols_differ"),
-        "recorded_max_ulp": rec.get("max_ulp"),
-        "reproduced": None,
-    }
+        **_recorded(rec), "row": int(rec["row"]), "tensor": tensor, "batch_rows": int(batch.x.shape[0]),
+        "position": pos, "compared_with": rb.other_label, "compared_rows": int(other.x.shape[0]),
+        "compared_position": opos, "device": device, "columns": d, "recomputed": ok, "cols_differ": None,
+        "max_ulp": None, "reproduced": None,
+    }  # fmt: skip
     if ok:
         diff_cols = ulp_bc != 0
         summary.update(
@@ -400,32 +372,16 @@ def explain_dweight(
     first, second = (r.detach().cpu() for r in runs)
     ref = correctly_rounded(batch, opts, "dweight")
     u12, u1r, u2r = ulp_distance(first, second), ulp_distance(first, ref), ulp_distance(second, ref)
-    columns = pd.DataFrame(
-        {
-            "first_run": _values(first),
-            "second_run": _values(second),
-            "fp64_rounded_once": _values(ref),
-            "ulp_first_vs_second": u12.tolist(),
-            "ulp_first_vs_fp64": u1r.tolist(),
-            "ulp_second_vs_fp64": u2r.tolist(),
-        }
-    )
+    columns = pd.DataFrame({"first_run": _values(first), "second_run": _values(second),
+                            "fp64_rounded_once": _values(ref), "ulp_first_vs_second": u12.tolist(),
+                            "ulp_first_vs_fp64": u1r.tolist(), "ulp_second_vs_fp64": u2r.tolist()})  # fmt: skip
     columns.index.name = "col"
     d, n_diff, rows = int(first.shape[0]), int((u12 != 0).sum()), int(batch.x.shape[0])
     summary = {
-        **{k: rec.get(k) for k in ("backend", "check", "case", "seed")},
-        "tensor": "dweight",
-        "batch_rows": rows,
-        "device": device,
-        "columns": d,
-        "cols_differ": n_diff,
-        "max_ulp": int(u12.max()),
-        "recorded_cols_differ": rec.get("cols_differ"),
-        "recorded_max_ulp": rec.get("max_ulp"),
-        "reproduced": n_diff > 0,
-        "first_equal_fp64_cols": int((u1r == 0).sum()),
-        "second_equal_fp64_cols": int((u2r == 0).sum()),
-    }
+        **_recorded(rec), "tensor": "dweight", "batch_rows": rows, "device": device, "columns": d,
+        "cols_differ": n_diff, "max_ulp": int(u12.max()), "reproduced": n_diff > 0,
+        "first_equal_fp64_cols": int((u1r == 0).sum()), "second_equal_fp64_cols": int((u2r == 0).sum()),
+    }  # fmt: skip
     head = f"{name}'s dweight over the same batch of {_n(rows, 'row')} (seed {rec.get('seed')})"
     if n_diff:
         text = (

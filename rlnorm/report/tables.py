@@ -11,7 +11,7 @@ from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import Accuracy, RunResult
 from rlnorm.report.plots.common import fmt_ratio, roofline_ratio
 from rlnorm.report.runs import records_of
-from rlnorm.report.verdict import ROW_CHECKS, clip, differing_table, fraction, run_verdicts
+from rlnorm.report.verdict import clip, differing_table, fraction, run_verdicts
 
 
 def backend_table(run: RunResult) -> pd.DataFrame:
@@ -19,34 +19,6 @@ def backend_table(run: RunResult) -> pd.DataFrame:
     rows = [{"backend": k, "status": r.status, "backward": r.backward, "source": r.source, "why": r.skip_reason}
             for k, r in run.results.items()]  # fmt: skip
     return pd.DataFrame(rows).set_index("backend")
-
-
-def invariance_table(run: RunResult, records: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Batch invariance per backend in the artifact's field names: per row check the row comparisons made,
-    `fwd_differ` (y differs) and `rowgrad_differ` (dx or dz differs; the sweep's `differ`: any of them), then the
-    records kept and those `max_records` left out."""
-    records = records if records is not None else records_of(run)
-    rows = []
-    for key, v in run_verdicts(run).items():
-        r = run.results[key]
-        inv = r.batch_invariance
-        line: dict[str, Any] = {"backend": key, "status": r.status, "batch_invariant": inv and inv.batch_invariant}
-        not_kept = 0
-        for check in ROW_CHECKS:
-            c = v.checks[check].counts
-            not_kept += 0 if c is None else c.not_kept
-            line[f"{check} row comparisons"] = None if c is None else c.compared
-            if check == "batch_size_sweep":
-                line[f"{check} differ"] = None if c is None else (c.any if c.any is not None else c.y)
-            else:
-                line[f"{check} fwd_differ"] = None if c is None else c.y
-                line[f"{check} rowgrad_differ"] = None if c is None else c.grad
-        line["dweight_repeatable"] = inv and inv.dweight_repeatable
-        line["records kept"] = 0 if records is None else int((records["backend"] == key).sum())
-        line["records not kept (max_records)"] = not_kept
-        line["errors"] = "; ".join(f"{c}: {m}" for c, m in (r.errors or {}).items())
-        rows.append(line)
-    return pd.DataFrame(rows).set_index("backend").convert_dtypes()
 
 
 def _span(acc: Accuracy, field: str) -> str:

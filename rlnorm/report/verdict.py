@@ -176,6 +176,11 @@ class BackendVerdict:
         """'not batch invariant (all_rows: y differs in 3 ... ; dweight_repeatable: ...)'."""
         return f"{self.headline} ({self.why})" if self.why else self.headline
 
+    def columns(self) -> dict[str, tuple[State, str]]:
+        """Per check, then `batch_invariant` (the overall verdict): the state and its words."""
+        return {**{c: (cv.state, cv.words()) for c, cv in self.checks.items()},
+                "batch_invariant": (self.overall, self.sentence())}  # fmt: skip
+
 
 def clip(text: str, width: int) -> str:
     """One line of at most `width` characters."""
@@ -320,8 +325,7 @@ def run_verdicts(run: RunResult) -> dict[str, BackendVerdict]:
 
 def verdict_frame(run: RunResult) -> pd.DataFrame:
     """A backend per line, a check per column (and the overall verdict last), each cell the verdict's words."""
-    rows = {k: {**{c: cv.words() for c, cv in v.checks.items()}, "batch_invariant": v.sentence()}
-            for k, v in run_verdicts(run).items()}  # fmt: skip
+    rows = {k: {c: words for c, (_, words) in v.columns().items()} for k, v in run_verdicts(run).items()}
     return pd.DataFrame.from_dict(rows, orient="index", columns=[*CHECKS, "batch_invariant"]).rename_axis("backend")
 
 

@@ -1,8 +1,6 @@
-"""The docs/spec.md §7.2 figures, drawn from a `RunResult` (and its per-row records) alone; the verdict, the
-headline, first. Each returns a matplotlib Figure (built without pyplot state: Agg-safe, nothing leaks in loops)
-and, given a folder, writes `<name>.png` there. Every title carries the GPU, the short commit and the parameter
-set. Missing data (a skipped backend, a CPU run with no timings, a report that predates a field) is a labelled
-empty panel, never an exception."""
+"""The docs/spec.md §7.2 figures, drawn from a `RunResult` (and its per-row records) alone. Each returns a
+matplotlib Figure (no pyplot state: Agg-safe) and, given a folder, writes `<name>.png` there; every title says the
+GPU, commit and parameter set; missing data is a labelled empty panel, never an exception."""
 
 from __future__ import annotations
 
@@ -14,13 +12,22 @@ from matplotlib.figure import Figure
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.results import RunResult, load_run
-from rlnorm.report.plots.common import BAD_COLOR, message, save, set_title
-from rlnorm.report.plots.counts import plot_differing_rows, plot_verdict, plot_vs_reference_report
+from rlnorm.report.compare import compare_runs, plot_comparison
+from rlnorm.report.plots.common import BAD_COLOR, cpu_note, message, save, set_title
+from rlnorm.report.plots.counts import plot_differing_rows, plot_verdict
 from rlnorm.report.plots.measures import plot_agreement, plot_error_distributions, plot_latency
 from rlnorm.report.runs import records_of
 from rlnorm.report.verdict import clip
 
 PLOT_NAMES = ("verdict", "differing_rows", "error_distributions", "latency", "agreement", "vs_reference_report")
+
+
+def plot_vs_reference_report(run: RunResult, seed: RunResult, folder: Path | None = None) -> Figure:
+    """This run (B) beside the B200 reference report (A): `rlnorm.report.compare`'s figure of the two."""
+    fig = plot_comparison(compare_runs(seed, run))
+    if cpu_note(run):  # a CPU run's latency ratios against a B200 say only that the code ran
+        fig.suptitle(f"{fig.get_suptitle()}\n{cpu_note(run)}", fontsize=10)
+    return save(fig, folder, "vs_reference_report")
 
 
 def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None) -> dict[str, Path]:

@@ -16,7 +16,6 @@ MISSING_COLOR = "#888888"
 OK_COLOR = "#2e7d32"
 BAD_COLOR = "#c62828"
 THIS_COLOR = "#1f77b4"
-REPORT_COLOR = "#9e9e9e"
 
 
 def set_title(fig: Figure, what: str, run: RunResult, extra: str | None = None) -> None:
