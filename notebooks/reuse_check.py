@@ -25,7 +25,7 @@ from IPython.display import Image, Markdown, display
 from rlnorm.kit import steps
 from rlnorm.kit.params import params_from_namespace
 from rlnorm.kit.records import records_frame
-from rlnorm.report import page, plots, tables
+from rlnorm.report import page, plots, tables, verdict
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -101,7 +101,7 @@ steps.run_step(
             "**Batch invariance** (row comparisons that differ, in the artifact's field names; a row is compared "
             "once per size and seed; 0 everywhere is what RL needs)"
         ),
-        tables.invariance_table(run.result, records_frame(run.records)),
+        verdict.verdict_frame(run.result),
         Markdown(
             "**Accuracy and latency** (microseconds; `fwd / its add`: the time over the `torch.add` timed beside "
             "that backend in the same run; `*`: the GPU queue ran dry while timing, so that time includes host "
