@@ -27,7 +27,7 @@ import torch
 from benchmarks import base, merge, results, runner
 from benchmarks.table import format_base, format_footer, format_markdown
 from benchmarks.variants import VariantError, parse_variants
-from rlnorm.kit.folders import write_atomic
+from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.results import to_json
 
 PROG = "python -m benchmarks.run"

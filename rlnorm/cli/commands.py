@@ -22,7 +22,7 @@ from rlnorm.cli.runs import (
     run_one,
     workers,
 )
-from rlnorm.kit.folders import write_atomic
+from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.records import RECORD_COLUMNS, read_records
 from rlnorm.kit.results import RunResult

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnorm.checkout import CHECKOUT, PACKAGE_DIR
-from rlnorm.kit.folders import write_atomic
+from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.worker import PLAIN_ENV
 
 # the page template: the lab page with nothing fetched from the network (see its own comment)

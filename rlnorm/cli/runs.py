@@ -21,7 +21,7 @@ from subprocess import PIPE, STDOUT
 
 from rlnorm.cli.notebook import execute
 from rlnorm.cli.plan import Combination
-from rlnorm.kit import folders
+from rlnorm.kit import artifact
 from rlnorm.kit.artifact import ENDED_EARLY
 from rlnorm.kit.results import load_run
 from rlnorm.kit.steps import ARTIFACT_FILE
@@ -52,8 +52,8 @@ def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, s
     t0 = time.time()
     run_dir = combo.folder
     try:
-        staging = folders.staging_for(run_dir, force)
-    except folders.RunExists as exc:
+        staging = artifact.staging_for(run_dir, force)
+    except artifact.RunExists as exc:
         return Outcome(combo, EXIT_EXISTS, str(exc))
     params = {**combo.notebook_parameters(), "output_dir": str(run_dir), "staging_dir": str(staging)}
     if combo.params.resolved_device() == "cpu":  # Triton runs on CPU tensors only interpreted, GPU or not
@@ -62,15 +62,15 @@ def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, s
         executed, failure = execute(
             NOTEBOOK, params, staging, progress=progress, title=f"rlnorm reuse check: {run_dir.name}", env=env
         )
-        folders.place(staging, run_dir, overwrite=force)
-    except folders.RunExists as exc:
+        artifact.place(staging, run_dir, overwrite=force)
+    except artifact.RunExists as exc:
         return Outcome(combo, EXIT_EXISTS, str(exc))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     seconds = time.time() - t0
-    artifact = run_dir / ARTIFACT_FILE
-    run = load_run(artifact) if artifact.is_file() else None
+    artifact_path = run_dir / ARTIFACT_FILE
+    run = load_run(artifact_path) if artifact_path.is_file() else None
     if failure:
         # a step after the backends that raised is in the artifact, with every result that stands
         failed = [f"  {f.step}: {f.error}" for f in (run.failed_steps if run else None) or []]

@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from rlnorm.inputs import Case, make_case
-from rlnorm.kit.folders import write_atomic
+from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.results import Record
 from rlnorm.options import OpOptions
 

@@ -23,7 +23,7 @@ from typing import Any, TextIO
 
 import torch
 
-from rlnorm.kit import folders
+from rlnorm.kit import artifact
 from rlnorm.kit import records as rec
 from rlnorm.kit.artifact import write_artifact
 from rlnorm.kit.backends import describe_error
@@ -110,7 +110,7 @@ def start_run(params: RunParams) -> Run:
         out.mkdir(parents=True, exist_ok=True)
     else:
         place_at = params.run_dir
-        out = folders.staging_for(place_at, params.overwrite)
+        out = artifact.staging_for(place_at, params.overwrite)
     result = RunResult(
         schema_version=SCHEMA_VERSION,
         kind=ARTIFACT_KIND,
@@ -263,7 +263,7 @@ def finish(run: Run) -> RunResult:
     run.timings["total"] = time.time() - run.started
     write(run)
     if run.place_at is not None:
-        folders.place(run.out, run.place_at, overwrite=run.params.overwrite)
+        artifact.place(run.out, run.place_at, overwrite=run.params.overwrite)
         run.out, run.place_at = run.place_at, None
         run.result.path = run.out / ARTIFACT_FILE
     if run.result.failed_steps:

@@ -27,10 +27,10 @@ from typing import Any
 import torch
 
 from rlnorm.kit import checks, gates
+from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks.agreement import agreement_output
 from rlnorm.kit.checks.common import Trail
-from rlnorm.kit.folders import write_atomic
 from rlnorm.kit.params import RunParams, check_kwargs, load_params, run_check
 from rlnorm.kit.process import Child, Ended, run_child
 from rlnorm.kit.records import rebuild_case

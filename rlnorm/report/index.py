@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rlnorm.kit.folders import write_atomic
+from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.results import RunResult
 from rlnorm.report.compare import OP_KEYS as OP
 from rlnorm.report.runs import open_run, param

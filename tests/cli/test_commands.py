@@ -17,7 +17,7 @@ from rlnorm.checkout import seed_report_path
 from rlnorm.cli import notebook as cli_notebook
 from rlnorm.cli import runs
 from rlnorm.cli.plan import expand
-from rlnorm.kit import folders
+from rlnorm.kit import artifact
 
 SEED_REPORT = seed_report_path()
 
@@ -167,9 +167,9 @@ def test_place_keeps_the_old_run_when_the_swap_fails(tmp_path: Path, monkeypatch
             raise OSError("disk full")
         return real_replace(src, dst)
 
-    monkeypatch.setattr(folders.os, "replace", flaky)
+    monkeypatch.setattr(artifact.os, "replace", flaky)
     with pytest.raises(OSError, match="disk full"):
-        folders.place(staging, run_dir)
+        artifact.place(staging, run_dir)
     assert (run_dir / "old.txt").read_text() == "old"
 
 

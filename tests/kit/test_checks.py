@@ -23,9 +23,8 @@ from rlnorm.kit.backends import Backend
 from rlnorm.kit.backends.local import ExactReferenceBackend, ReferenceBackend
 from rlnorm.kit.checks import accuracy
 from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
-from rlnorm.kit.checks.alone import AloneRunner
 from rlnorm.kit.checks.common import CheckOutcome, Trail
-from rlnorm.kit.checks.rows import sub_batch_plan
+from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan
 from rlnorm.kit.checks.sweep import sweep_positions
 from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes, run_check
 from rlnorm.kit.records import rebuild_case
