@@ -11,7 +11,6 @@ vLLM's import-time patches of torch stay out of the kit's process.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs
+from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs, dist_version
 from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.process import run_child
 from rlnorm.options import OpOptions
@@ -44,10 +43,8 @@ _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang mus
 
 def vllm_version() -> str | None:
     """The installed vllm distribution's version, or None when it is not installed."""
-    try:
-        return importlib.metadata.version(DIST)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    version = dist_version(DIST)
+    return None if version == "?" else version
 
 
 def _last_line(exc: BaseException) -> str:
@@ -181,8 +178,7 @@ class VllmBackend(Backend):
     has_backward = False
 
     def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
-        """files: run `rmsnorm_fn` from these vLLM files (a folder holding vllm/, or tools/vllm_sources.py's
-        archive) even where vllm imports."""
+        """files: run `rmsnorm_fn` from these vLLM files (a folder or archive) even where vllm imports."""
         super().__init__()
         self.version = vllm_version()
         self.files_given = files
@@ -301,14 +297,5 @@ class VllmBackend(Backend):
 _PATH_NOTE = "; what enforce_eager=True runs; unchanged by VLLM_BATCH_INVARIANT=1"
 
 
-def _main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "--probe":
-        print("usage: python -m rlnorm.kit.backends.vllm --probe DEVICE", file=sys.stderr)
-        return 2
-    result = probe(argv[1])
-    print(_PROBE_MARK + json.dumps(result), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+if __name__ == "__main__":  # the probe child: `--probe DEVICE`
+    print(_PROBE_MARK + json.dumps(probe(sys.argv[2])), flush=True)

@@ -51,8 +51,7 @@ def row_scales(rows: int) -> Tensor:
 
 
 def sampler_plan(rows: int, heads: int, decode_tokens: int) -> list[int]:
-    """Row counts of the sampler's calls: one prefill of the leading rows, then up to `decode_tokens` decode steps
-    of one token (`heads` rows) each."""
+    """Row counts of the sampler's calls: a prefill, then up to `decode_tokens` decode steps of `heads` rows."""
     steps = min(decode_tokens, rows // heads)
     prefill = rows - steps * heads
     return ([prefill] if prefill else []) + [heads] * steps
@@ -169,7 +168,7 @@ def trainer_vs_sampler(
     seed: int = 3,
     device: str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
-    weight_dtype: torch.dtype | None = None,
+    weight_dtype: str | torch.dtype | None = None,
     heads: int = 2,
     decode_tokens: int = 8,
     opts: OpOptions | None = None,
@@ -179,7 +178,7 @@ def trainer_vs_sampler(
     limits = {"rows": (rows, 1), "d": (d, 1), "heads": (heads, 1), "decode_tokens": (decode_tokens, 0)}
     for name, (n, least) in limits.items():
         check_int(name, n, least)
-    wdt = weight_dtype or dtype
+    wdt = getattr(torch, weight_dtype) if isinstance(weight_dtype, str) else weight_dtype or dtype
     plan = sampler_plan(rows, heads, decode_tokens)
     summary: dict[str, Any] = {"rows": rows, "d": d, "heads": heads, "seed": seed, "eps": eps, "device": device}
     summary.update(dtype=str(dtype).removeprefix("torch."), weight_dtype=str(wdt).removeprefix("torch."))
@@ -212,17 +211,14 @@ def trainer_vs_sampler(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`main([JOB.json, OUT.json])`: the check with JOB's keyword arguments; the summary goes to OUT."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    for key in ("dtype", "weight_dtype"):
-        if job.get(key) is not None:
-            job[key] = getattr(torch, job[key])
-    if job.get("opts") is not None:
-        job["opts"] = OpOptions(**job["opts"])
+    """`main([JOB, OUT.json])`: the check with the keywords of JOB (a JSON object); the summary goes to OUT."""
+    job, out = sys.argv[1:] if argv is None else argv
+    kwargs = json.loads(job)
+    if kwargs.get("opts") is not None:
+        kwargs["opts"] = OpOptions(**kwargs["opts"])
     try:
-        summary = trainer_vs_sampler(**job).summary
+        summary = trainer_vs_sampler(**kwargs).summary
     except Exception as exc:
         summary = {"error": describe_error(exc)}
-    Path(args[1]).write_text(json.dumps({"summary": summary}, allow_nan=False), encoding="utf-8")
+    Path(out).write_text(json.dumps({"summary": summary}, allow_nan=False), encoding="utf-8")
     return 0
