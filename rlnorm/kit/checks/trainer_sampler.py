@@ -133,33 +133,6 @@ class _Skip(Exception):
     """A side that cannot be built here, for a reason that is a finding, not an error."""
 
 
-def _pair(
-    config: Any,
-    weight: Tensor,
-    patched: bool,
-    x: Tensor,
-    z: Tensor,
-    plan: Sequence[int],
-    device: str,
-    vllm_reason: str | None,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"trainer": None, "sampler": None, "bitwise_equal": None}
-    try:
-        out["trainer"], trainer = _trainer(config, weight, patched, device)
-        out["sampler"], sampler = _sampler(config, weight, patched, device, vllm_reason)
-        y_trainer = trainer(x, z)
-        parts, start = [], 0
-        for size in plan:
-            parts.append(sampler(x[start : start + size], z[start : start + size]))
-            start += size
-        out.update(compare_outputs(y_trainer, torch.cat(parts)))
-    except _Skip as why:
-        out["skip_reason"] = str(why)
-    except Exception as exc:
-        out["error"] = describe_error(exc)
-    return out
-
-
 def trainer_vs_sampler(
     *,
     d: int = 128,
@@ -205,7 +178,18 @@ def trainer_vs_sampler(
     summary["vllm_reason"] = reason
     summary["vllm"] = None if reason else dist_version("vllm")
     for name, patched in (("patched", True), ("unpatched", False)):
-        summary["pairs"][name] = _pair(config, case.w, patched, x, z, plan, device, reason)
+        pair: dict[str, Any] = {"trainer": None, "sampler": None, "bitwise_equal": None}
+        summary["pairs"][name] = pair
+        try:
+            pair["trainer"], trainer = _trainer(config, case.w, patched, device)
+            pair["sampler"], sampler = _sampler(config, case.w, patched, device, reason)
+            y_trainer = trainer(x, z)
+            y_sampler = torch.cat([sampler(xs, zs) for xs, zs in zip(x.split(plan), z.split(plan), strict=True)])
+            pair.update(compare_outputs(y_trainer, y_sampler))
+        except _Skip as why:
+            pair["skip_reason"] = str(why)
+        except Exception as exc:
+            pair["error"] = describe_error(exc)
     summary["agree"] = summary["pairs"]["patched"]["bitwise_equal"]
     return SamplerCheck(summary)
 
