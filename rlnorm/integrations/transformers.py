@@ -126,8 +126,10 @@ def _refuse(where: str, source: str, option: str, why: str) -> UnsupportedGatedN
     return UnsupportedGatedNorm(f"{where} ({source}): {option} cannot be honoured: {why}")
 
 
-def _weight(mod: nn.Module, where: str, source: str) -> nn.Parameter | None:
+def _weight(mod: nn.Module, where: str, source: str, required: bool = False) -> nn.Parameter | None:
     w = getattr(mod, "weight", None)
+    if w is None and required:
+        raise _refuse(where, source, "weight=None", f"{source}'s gated norm always multiplies by its weight")
     if w is None:
         return None
     if not isinstance(w, nn.Parameter) or w.dim() != 1:
@@ -147,9 +149,7 @@ def _no_bias(mod: nn.Module, where: str, source: str) -> None:
 
 
 def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    w = _weight(mod, where, source)
-    if w is None:
-        raise _refuse(where, source, "weight=None", "transformers' gated norm always multiplies by its weight")
+    w = _weight(mod, where, source, required=True)
     return GatedNormOptions(
         hidden_size=w.shape[0],
         eps=mod.variance_epsilon,
@@ -162,9 +162,7 @@ def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOpti
 
 def _read_fla_rmsnorm_gated(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
     _no_bias(mod, where, source)
-    w = _weight(mod, where, source)
-    if w is None:
-        raise _refuse(where, source, "weight=None", "FLA's RMSNormGated always multiplies by its weight")
+    w = _weight(mod, where, source, required=True)
     return GatedNormOptions(
         hidden_size=w.shape[0],
         eps=mod.eps,

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs, dist_version
+from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs, describe_error, dist_version
 from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.process import run_child
 from rlnorm.options import OpOptions
@@ -45,11 +44,6 @@ def vllm_version() -> str | None:
     """The installed vllm distribution's version, or None when it is not installed."""
     version = dist_version(DIST)
     return None if version == "?" else version
-
-
-def _last_line(exc: BaseException) -> str:
-    """The traceback's last line, `Type: message`, as Python prints it."""
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1][:500]
 
 
 def _device_type(device: str) -> str:
@@ -124,7 +118,7 @@ def probe(device: str) -> dict[str, Any]:
         out["output_shape"] = list(y.shape)
         out["stage"] = "ok"
     except BaseException as exc:
-        out["error"] = _last_line(exc)
+        out["error"] = describe_error(exc)
     return out
 
 
