@@ -195,10 +195,7 @@ class UnavailableBackend(Backend):
     def available(self, device: str) -> tuple[bool, str]:
         return False, self.reason
 
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        raise BackendUnavailable(f"{self.key}: {self.reason}")
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         raise BackendUnavailable(f"{self.key}: {self.reason}")
 
 
