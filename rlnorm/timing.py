@@ -37,9 +37,6 @@ class Timing:
     p80: float
     host_bound: bool = False
 
-    def scaled(self, k: float) -> Timing:
-        return Timing(self.us * k, self.p20 * k, self.p80 * k, self.host_bound)
-
 
 def summarize(samples: Sequence[float], host_bound: bool = False) -> Timing:
     """Median, p20, p80 (linear interpolation between order statistics)."""

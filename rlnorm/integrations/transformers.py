@@ -1,10 +1,9 @@
 """rlnorm's kernel in a transformers (or FLA) model: `apply_rlnorm(model)` swaps every gated RMSNorm it knows.
 
-Each known module is replaced in place by an rlnorm module holding the *same* weight Parameter (one tensor for the
-optimizer and the state_dict, same key) and the module's own eps, group size, gate order and activation, read off
-the module, never a library's default (they differ: docs/integrations.md). An option rlnorm cannot honour raises
+Each known module (recognised by class name and defining module: nothing is imported to look) is replaced in place
+by an rlnorm module holding the *same* weight Parameter and the module's own eps, group size, gate order and
+activation, never a library's default (docs/integrations.md). An option rlnorm cannot honour raises
 `UnsupportedGatedNorm` naming module and option before anything is swapped; `undo()` or leaving `with` restores.
-Modules are recognised by class name and defining module, so nothing is imported to look for them.
 
 Numerics: rlnorm rounds once; transformers' Qwen3NextRMSNormGated rounds three times in bf16, so about a third of
 bf16 outputs move by 1-2 ulp when a model is patched: patch from the start for a reproducible run.
