@@ -28,11 +28,13 @@ from rlnorm.timing import (
     GraphUnavailable,
     Timing,
     describe_error,
-    floor_us,
     make_sets,
-    rotating,
+    summarize,
     verify_graph,
 )
+
+FWD_TENSORS = 3  # read x, z; write y
+FWD_BWD_TENSORS = 8  # forward's 3, then read x, z, dy; write dx, dz (dweight: [D], negligible)
 
 RUN = "rlnorm.bench"  # the JSON kind of one process's run
 PEERS = (
@@ -57,6 +59,27 @@ class Settings:
 QUICK = Settings(reps=20, warmup=3, graph_calls=20, graph_replays=10, wall_calls=30, wall_rounds=5)
 # one call of each: whether every path runs (a tree checked on the CPU); its times mean nothing
 SMOKE = Settings(reps=1, warmup=1, graph_calls=2, graph_replays=1, wall_calls=1, wall_rounds=1)
+
+
+def floor_us(add_us: float | None, mode: str) -> float | None:
+    """The same-method floor: the add (fwd), or 8/3 of it (fwd_bwd moves 8 tensors to the add's 3)."""
+    if not add_us:
+        return None
+    return add_us * (FWD_BWD_TENSORS / FWD_TENSORS if mode == "fwd_bwd" else 1.0)
+
+
+def wall_time(clock: CpuClock, fn: Callable[[], Any], calls: int, rounds: int) -> Timing:
+    """Host wall clock per call over `calls` back-to-back calls, `rounds` times (the clock syncs each round)."""
+    fn()
+    clock.sync()
+    ts = []
+    for _ in range(max(1, rounds)):
+        t0 = time.perf_counter()
+        for _ in range(max(1, calls)):
+            fn()
+        clock.sync()
+        ts.append((time.perf_counter() - t0) * 1e6 / max(1, calls))
+    return summarize(ts)
 
 
 def entry(name: str, mode: str, status: str = "ok", reason: str = "", t: Timing | None = None, **more: Any) -> dict:
@@ -87,7 +110,8 @@ def time_gpu(
                 t = clock.events(cap.replay, s.graph_replays, 1)
             finally:
                 del cap
-            return t.scaled(1.0 / len(calls)), "graph", ""
+            n = len(calls)  # one replay runs every captured call
+            return Timing(t.us / n, t.p20 / n, t.p80 / n, t.host_bound), "graph", ""
         except GraphUnavailable as exc:
             why_not = str(exc)
         except Exception as exc:  # anything else in capture or replay: fall back, and say why
@@ -96,8 +120,14 @@ def time_gpu(
 
 
 def _cycling(step: Callable[[Any], Any], sets: Sequence[Any]) -> Callable[[], Any]:
-    nxt = rotating(sets)
-    return lambda: step(nxt())
+    """step on the next set each call: consecutive calls never share buffers."""
+    i = [0]
+
+    def call() -> Any:
+        i[0] = (i[0] + 1) % len(sets)
+        return step(sets[i[0]])
+
+    return call
 
 
 def bench_shape(
@@ -125,7 +155,7 @@ def bench_shape(
     def add_step(a: tuple) -> Any:
         return torch.add(a[0], a[1], out=a[2])
 
-    add = {"wall": clock.wall(_cycling(add_step, add_sets), s.wall_calls, s.wall_rounds)}
+    add = {"wall": wall_time(clock, _cycling(add_step, add_sets), s.wall_calls, s.wall_rounds)}
     add["events"] = clock.events(_cycling(add_step, add_sets), s.reps, s.warmup)
     add_notes = {}
     if use_graph:
@@ -149,7 +179,7 @@ def bench_shape(
 
         try:
             # the wall clock first: it is also the warm-up (compile, autotune) before any graph
-            wall = clock.wall(_cycling(step, sets), s.wall_calls, s.wall_rounds)
+            wall = wall_time(clock, _cycling(step, sets), s.wall_calls, s.wall_rounds)
             t, method, reason = time_gpu(step, sets, clock, s, use_graph, why_not)
             if method not in add:  # the add itself could not be graph-timed: no same-method yardstick
                 reason = f"{reason}; no graph-timed add" if reason else "no graph-timed add"

@@ -1,15 +1,10 @@
 """Clocks shared by the checks and the benchmark: one way to time a call on this device.
 
-Why these clocks: the op is memory-bound, so a time means something only beside a same-run,
-same-method `torch.add` moving as many bytes. On a GPU, `CudaClock.events` brackets each call with
-CUDA events on a queue primed by `torch.cuda._sleep`, so the events measure GPU time and not the
-host's enqueue; if the queue still ran dry, the `Timing` says `host_bound`. `CudaClock.capture`
-holds calls in one CUDA graph (decode sizes, where a launch costs as much as the work), and
-`verify_graph` refuses a graph whose replay does not reproduce an eager call. `CpuClock` has the
-same interface for CPU runs and tests: it times, but no claim rests on its numbers.
-
-Inputs rotate over distinct buffer sets (`make_sets`, `rotating`) so no call finds its inputs in
-L2 because the previous call left them there.
+The op is memory-bound, so a time means something only beside a same-method `torch.add` moving as many bytes.
+`CudaClock.events` brackets each call with CUDA events on a queue primed by `torch.cuda._sleep`, so they measure
+GPU time, not the host's enqueue (`host_bound` when the queue still ran dry); `capture` holds calls in one CUDA
+graph, and `verify_graph` refuses a graph whose replay does not reproduce an eager call. `CpuClock` has the same
+interface for CPU runs and tests: it times, but no claim rests on its numbers.
 """
 
 from __future__ import annotations
@@ -26,8 +21,6 @@ from torch import Tensor
 
 from rlnorm.inputs import make_case
 
-FWD_TENSORS = 3  # read x, z; write y
-FWD_BWD_TENSORS = 8  # forward's 3, then read x, z, dy; write dx, dz (dweight: [D], negligible)
 ROTATE_BYTES = 256 << 20  # enough distinct input sets that their total exceeds the 50 MB L2 several times
 MAX_SETS = 64
 EVENT_CHUNK = 10  # timed calls per primed chunk: keeps the launch queue (~1000 entries) from filling
@@ -43,9 +36,6 @@ class Timing:
     p20: float
     p80: float
     host_bound: bool = False
-
-    def scaled(self, k: float) -> Timing:
-        return Timing(self.us * k, self.p20 * k, self.p80 * k, self.host_bound)
 
 
 def summarize(samples: Sequence[float], host_bound: bool = False) -> Timing:
@@ -81,7 +71,7 @@ class Captured:
 
 
 class CpuClock:
-    """perf_counter clocks for CPU runs (tests): the table logic, no timing claims, no graphs."""
+    """perf_counter clocks for CPU runs (tests): no timing claims, no graphs."""
 
     name = "cpu perf_counter (no timing claims)"
     graphs = False
@@ -96,16 +86,6 @@ class CpuClock:
             ts.append((time.perf_counter() - t0) * 1e6)
         return summarize(ts)
 
-    def wall(self, fn: Callable[[], Any], calls: int, rounds: int) -> Timing:
-        fn()
-        ts = []
-        for _ in range(max(1, rounds)):
-            t0 = time.perf_counter()
-            for _ in range(max(1, calls)):
-                fn()
-            ts.append((time.perf_counter() - t0) * 1e6 / max(1, calls))
-        return summarize(ts)
-
     def capture(self, calls: Sequence[Callable[[], Any]], warmup: int) -> Captured:
         raise GraphUnavailable("no CUDA device: CUDA graphs need one")
 
@@ -114,7 +94,7 @@ class CpuClock:
 
 
 class CudaClock(CpuClock):
-    """CUDA events with a primed queue, CUDA-graph capture, and a host wall clock."""
+    """CUDA events with a primed queue, and CUDA-graph capture."""
 
     name = "cuda events (primed queue) / cuda graph replay / host wall clock"
     graphs = True
@@ -168,18 +148,6 @@ class CudaClock(CpuClock):
             self.sync()
             ts += [a.elapsed_time(b) * 1e3 for a, b in ev]
         return summarize(ts, host_bound)
-
-    def wall(self, fn: Callable[[], Any], calls: int, rounds: int) -> Timing:
-        fn()
-        self.sync()
-        ts = []
-        for _ in range(max(1, rounds)):
-            t0 = time.perf_counter()
-            for _ in range(max(1, calls)):
-                fn()
-            self.sync()
-            ts.append((time.perf_counter() - t0) * 1e6 / max(1, calls))
-        return summarize(ts)
 
     def capture(self, calls: Sequence[Callable[[], Any]], warmup: int) -> Captured:
         """PyTorch's graph rules: warm up on a side stream, then capture every call once."""
@@ -251,27 +219,10 @@ def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callab
     return verdict
 
 
-def rotating(sets: Sequence[Any]) -> Callable[[], Any]:
-    """A callable returning the next item each time: consecutive calls never share buffers."""
-    state = {"i": 0}
-
-    def nxt() -> Any:
-        state["i"] = (state["i"] + 1) % len(sets)
-        return sets[state["i"]]
-
-    return nxt
-
-
 def make_sets(rows: int, d: int, dtype: torch.dtype, device: str, seed: int = 11) -> list[tuple]:
-    """Distinct (x, z, w, dy) sets on `device`, as many as fill ROTATE_BYTES (2..MAX_SETS)."""
+    """Distinct (x, z, w, dy) sets, as many as fill ROTATE_BYTES (2..MAX_SETS): rotating over them, no timed call
+    finds its inputs in L2 because the previous call left them there."""
     c = make_case(rows, d, seed=seed, dtype=dtype, device=device)
     set_bytes = max(1, 3 * rows * d * c.x.element_size())
     n = max(2, min(MAX_SETS, math.ceil(ROTATE_BYTES / set_bytes)))
     return [(c.x.clone(), c.z.clone(), c.w.clone(), c.dy.clone()) for _ in range(n)]
-
-
-def floor_us(add_us: float | None, mode: str) -> float | None:
-    """The same-method floor: the add (fwd), or 8/3 of it (fwd_bwd moves 8 tensors to the add's 3)."""
-    if not add_us:
-        return None
-    return add_us * (FWD_BWD_TENSORS / FWD_TENSORS if mode == "fwd_bwd" else 1.0)

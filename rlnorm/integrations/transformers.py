@@ -1,10 +1,9 @@
 """rlnorm's kernel in a transformers (or FLA) model: `apply_rlnorm(model)` swaps every gated RMSNorm it knows.
 
-Each known module is replaced in place by an rlnorm module holding the *same* weight Parameter (one tensor for the
-optimizer and the state_dict, same key) and the module's own eps, group size, gate order and activation, read off
-the module, never a library's default (they differ: docs/integrations.md). An option rlnorm cannot honour raises
+Each known module (recognised by class name and defining module: nothing is imported to look) is replaced in place
+by an rlnorm module holding the *same* weight Parameter and the module's own eps, group size, gate order and
+activation, never a library's default (docs/integrations.md). An option rlnorm cannot honour raises
 `UnsupportedGatedNorm` naming module and option before anything is swapped; `undo()` or leaving `with` restores.
-Modules are recognised by class name and defining module, so nothing is imported to look for them.
 
 Numerics: rlnorm rounds once; transformers' Qwen3NextRMSNormGated rounds three times in bf16, so about a third of
 bf16 outputs move by 1-2 ulp when a model is patched: patch from the start for a reproducible run.
@@ -126,8 +125,10 @@ def _refuse(where: str, source: str, option: str, why: str) -> UnsupportedGatedN
     return UnsupportedGatedNorm(f"{where} ({source}): {option} cannot be honoured: {why}")
 
 
-def _weight(mod: nn.Module, where: str, source: str) -> nn.Parameter | None:
+def _weight(mod: nn.Module, where: str, source: str, required: bool = False) -> nn.Parameter | None:
     w = getattr(mod, "weight", None)
+    if w is None and required:
+        raise _refuse(where, source, "weight=None", f"{source}'s gated norm always multiplies by its weight")
     if w is None:
         return None
     if not isinstance(w, nn.Parameter) or w.dim() != 1:
@@ -147,9 +148,7 @@ def _no_bias(mod: nn.Module, where: str, source: str) -> None:
 
 
 def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    w = _weight(mod, where, source)
-    if w is None:
-        raise _refuse(where, source, "weight=None", "transformers' gated norm always multiplies by its weight")
+    w = _weight(mod, where, source, required=True)
     return GatedNormOptions(
         hidden_size=w.shape[0],
         eps=mod.variance_epsilon,
@@ -162,9 +161,7 @@ def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOpti
 
 def _read_fla_rmsnorm_gated(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
     _no_bias(mod, where, source)
-    w = _weight(mod, where, source)
-    if w is None:
-        raise _refuse(where, source, "weight=None", "FLA's RMSNormGated always multiplies by its weight")
+    w = _weight(mod, where, source, required=True)
     return GatedNormOptions(
         hidden_size=w.shape[0],
         eps=mod.eps,

@@ -224,11 +224,9 @@ def run_trainer_sampler(run: Run) -> None:
 
     def body() -> None:
         with tempfile.TemporaryDirectory(prefix="rlnorm-trainer-sampler-") as tmp:
-            job_path, out_path = Path(tmp) / "job.json", Path(tmp) / "result.json"
-            job_path.write_text(json.dumps(job), encoding="utf-8")
-            ended = run_child(
-                [sys.executable, "-c", TRAINER_SAMPLER_CHILD, str(job_path), str(out_path)], p.backend_timeout_s
-            )
+            out_path = Path(tmp) / "result.json"
+            argv = [sys.executable, "-c", TRAINER_SAMPLER_CHILD, json.dumps(job), str(out_path)]
+            ended = run_child(argv, p.backend_timeout_s)
             try:
                 summary = json.loads(out_path.read_text(encoding="utf-8"))["summary"]
             except (OSError, ValueError, KeyError, TypeError):

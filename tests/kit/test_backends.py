@@ -128,13 +128,6 @@ def test_builtin_whose_module_is_missing_or_broken_is_unavailable_not_an_error(
     assert not ok and "import-time failure" in why
 
 
-def test_vllm_key_never_raises():
-    b = load_backend("vllm")
-    ok, why = b.available("cpu")
-    assert isinstance(ok, bool)
-    assert ok or why
-
-
 # --- base-class behaviour ------------------------------------------------------------------------------------
 def test_available_never_raises_and_says_why():
     b = ExplodingBackend()
@@ -262,7 +255,7 @@ def test_fla_fused_norm_gate_availability_and_options():
     assert b.source.startswith("FLA 0.5.2 fused_norm_gate.rms_norm_gated")
     ok, why = b.available("cpu")
     if not torch.cuda.is_available():
-        assert not ok and "active drivers" in why and "autotune" in why
+        assert not ok and "active drivers" in why  # its autotuner benchmarks through a GPU driver
     assert b.supports(OpOptions(activation="sigmoid")) == (True, "")
     assert not b.supports(OpOptions(group_size=64))[0]
     assert not b.supports(OpOptions(norm_before_gate=False))[0]

@@ -21,7 +21,6 @@ from rlnorm.inputs import make_case
 from rlnorm.kit.backends import BackendUnavailable, load_backend
 from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.backends.vllm_native import (
-    COMPILE_ROWS,
     VllmNativeBackend,
     VllmNativeBatchInvariantBackend,
     VllmNativeCompiledBackend,
@@ -237,15 +236,12 @@ def vllm_child(installed_vllm: vf.VllmFiles) -> dict:
 # -- the rows, here in this process ---------------------------------------------------------------------------------
 
 
-def test_the_rows_are_registered_forward_only_and_read_vllms_files(installed_vllm: vf.VllmFiles) -> None:
+def test_the_rows_are_forward_only_and_read_vllms_files(installed_vllm: vf.VllmFiles) -> None:
     for key in ROWS:
         b = load_backend(key)
-        assert b.key == key and b.has_backward is False
         assert f"read from the installed package ({installed_vllm.root / 'vllm'}), vllm not imported" in b.source
         with pytest.raises(BackendUnavailable, match="no backward"):
             b.forward_backward(torch.zeros(2, 128), None, torch.ones(128), torch.zeros(2, 128), OpOptions())
-    assert "compiled once at 262144 rows, every guard dropped" in load_backend("vllm_native_compiled").source
-    assert COMPILE_ROWS == 262144
 
 
 def test_without_vllms_files_the_rows_say_where_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

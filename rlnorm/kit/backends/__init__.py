@@ -1,9 +1,8 @@
 """Backends: one small interface in front of every implementation the kit checks (docs/spec.md §6).
 
-A backend overrides `forward` / `forward_backward`, or gives one differentiable `_fn` from which the base class
-derives both (dweight then comes from the backend's OWN autograd). `available(device)` never raises: it runs a tiny
-probe through the real code path, since an import succeeding says little about whether a kernel launches. Built-in
-keys are resolved lazily, so a peer that is missing or broken makes only its own backend unavailable.
+A backend overrides `forward` / `forward_backward`, or gives one differentiable `_fn` from which both derive (dweight
+from the backend's OWN autograd). `available(device)` never raises: it runs a tiny probe through the real code path.
+Built-in keys resolve lazily, so a missing or broken peer makes only its own backend unavailable.
 """
 
 from __future__ import annotations
@@ -41,7 +40,7 @@ class Grads:
 
 def device_lost(device: str) -> str | None:
     """The device's error when this process's device context no longer works, else None. Asked of the device, never
-    read off an error's text: an out-of-memory or a refused launch mentions CUDA and leaves the context usable."""
+    read off an error's text: an out-of-memory mentions CUDA and leaves the context usable."""
     if torch.device(device).type != "cuda":
         return None
     try:
@@ -93,7 +92,6 @@ class Backend:
     probe_rows: int = 3
     probe_width: int = 128
 
-    # -- what subclasses give -------------------------------------------------------------
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         """The op, differentiable with respect to x, z and w (override this, or forward/forward_backward)."""
         raise NotImplementedError(f"{type(self).__name__} defines neither _fn nor forward")
@@ -111,7 +109,6 @@ class Backend:
         """Whether the implementation has this option combination; (False, reason) if not."""
         return True, ""
 
-    # -- derived --------------------------------------------------------------------------
     def available(self, device: str) -> tuple[bool, str]:
         """(True, "") if a tiny run works on `device`, else (False, reason). Never raises; cached."""
         device = str(device)
@@ -198,10 +195,7 @@ class UnavailableBackend(Backend):
     def available(self, device: str) -> tuple[bool, str]:
         return False, self.reason
 
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        raise BackendUnavailable(f"{self.key}: {self.reason}")
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         raise BackendUnavailable(f"{self.key}: {self.reason}")
 
 
@@ -272,7 +266,7 @@ def _adapt(obj: object, spec: str) -> Backend:
         raise ValueError(f"backend {spec!r}: {type(inst).__qualname__} defines neither _fn nor forward")
     if not inst.key:
         inst.key = spec
-    # a source that is a property is decided when first read (vLLM's, once it knows whether vllm imports): not here
+    # a property source (vLLM's) is decided when first read, not here
     if not isinstance(getattr(type(inst), "source", None), property) and not inst.source:
         inst.source = spec
     return inst

@@ -102,13 +102,6 @@ class FlaFusedNormGateBackend(_Peer):
     needs_gate = True
     _ACTIVATION: ClassVar[dict[str, str]] = {"silu": "swish", "sigmoid": "sigmoid"}
 
-    def _probe(self, device: str) -> tuple[bool, str]:
-        ok, reason = super()._probe(device)
-        if not ok and "active drivers" in reason:
-            # the autotuner benchmarks through the active driver, which the interpreter does not provide
-            reason += " (fused_norm_gate is @triton.autotune'd; the autotuner benchmarks on a GPU driver)"
-        return ok, reason
-
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
         if opts.group_size is not None:
             return False, "fused_norm_gate has no group_size"

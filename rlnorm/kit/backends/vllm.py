@@ -1,29 +1,19 @@
 """The `vllm` backend: vLLM's `RMSNormGated.forward_cuda`, forward only (docs/spec.md §6, docs/vllm.md).
 
-forward_cuda is one call, `layernorm_guard.rmsnorm_fn(x, weight, bias, z=z, eps=..., group_size=...,
-norm_before_gate=..., activation=...)`, a Triton kernel (no autograd: vLLM is inference-only); it is what
-`enforce_eager=True` runs (a default, compiled deployment runs `forward_native`: `vllm_native`). What runs is
-decided once (`plan`) and said in `source`:
-- where vllm imports: the real `RMSNormGated`, built under a vLLM config, our weight swapped in, `.forward_cuda`.
-  Without a GPU, as a new user gets it running: CUDA_VISIBLE_DEVICES="" before the import (vLLM then keeps Triton),
-  the Triton interpreter, and `num_compute_units` answered as vLLM's CPU platform answers it;
-- where vllm does not import, or is not installed but its files are here: `rmsnorm_fn` from vLLM's own files
-  (`vllm_files`), called with the arguments forward_cuda passes (`rmsnorm_call`);
-- else nothing, and `available` says why.
-The first import happens in a CHILD process (`--probe DEVICE`), which also runs forward_cuda on a tiny input: an
-import that fails, crashes or hangs is reported with vLLM's own error, and vLLM's import-time patches of torch stay
-out of the kit's process until vLLM is known to run.
+forward_cuda is one call, `layernorm_guard.rmsnorm_fn(x, weight, None, z=z, **options)`, a Triton kernel (no
+autograd), what `enforce_eager=True` runs. What runs is decided once (`plan`) and said in `source`: where vllm
+imports, the real module under a vLLM config with our weight (without a GPU: CUDA_VISIBLE_DEVICES="" so vLLM keeps
+Triton, and the interpreter); where it cannot import, `rmsnorm_fn` from vLLM's own files (`vllm_files`); else
+nothing, with the reason. The first import happens in a CHILD process (`--probe DEVICE`) that also runs
+forward_cuda on a tiny input, so a failing, crashing or hanging import is reported with vLLM's own error and
+vLLM's import-time patches of torch stay out of the kit's process.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 import json
 import os
-import re
 import sys
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,13 +22,13 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs
+from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs, describe_error, dist_version
 from rlnorm.kit.backends import vllm_files as vf
 from rlnorm.kit.process import run_child
 from rlnorm.options import OpOptions
 
 __all__ = ["INSTALL_HINT", "VllmBackend", "answer_compute_units", "prepare_import", "probe", "reason_from_probe"]
-__all__ += ["rmsnorm_call", "run_probe", "torch_pin_reason", "torch_requirement", "vllm_version"]
+__all__ += ["rmsnorm_call", "run_probe", "vllm_version"]
 
 DIST = "vllm"
 INSTALL_HINT = (
@@ -52,53 +42,8 @@ _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang mus
 
 def vllm_version() -> str | None:
     """The installed vllm distribution's version, or None when it is not installed."""
-    try:
-        return importlib.metadata.version(DIST)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def torch_requirement() -> str | None:
-    """vllm's own requirement on torch as its metadata states it (e.g. "torch==2.13.0"), or None."""
-    try:
-        reqs = importlib.metadata.requires(DIST) or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for raw in reqs:
-        head, _, marker = raw.partition(";")
-        if "extra" in marker:
-            continue
-        m = re.fullmatch(r"\s*torch\s*(\(.*\)|[<>=!~].*)?", head, flags=re.IGNORECASE)
-        if m:
-            return "torch" + (m.group(1) or "").strip("() ").replace(" ", "")
-    return None
-
-
-def torch_pin_reason(torch_version: str, requirement: str | None, vllm_ver: str | None) -> str | None:
-    """Why this torch does not meet vllm's torch requirement, or None when it does (or none is stated)."""
-    if not requirement:
-        return None
-    spec = requirement[len("torch") :]
-    if not spec:
-        return None
-    from packaging.specifiers import SpecifierSet
-    from packaging.version import InvalidVersion, Version
-
-    try:
-        if Version(torch_version) in SpecifierSet(spec):
-            return None
-    except InvalidVersion:  # an odd version string: compare the release by hand
-        if not spec.startswith("==") or torch_version.split("+")[0] == spec[2:]:
-            return None
-    return (
-        f"vLLM {vllm_ver} pins {requirement} but torch {torch_version} is installed (vLLM's compiled "
-        "extensions are built against the pinned torch)"
-    )
-
-
-def _last_line(exc: BaseException) -> str:
-    """The traceback's last line, `Type: message`, as Python prints it."""
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip().splitlines()[-1][:500]
+    version = dist_version(DIST)
+    return None if version == "?" else version
 
 
 def _device_type(device: str) -> str:
@@ -145,32 +90,19 @@ def build_module(d: int, w: Tensor, opts: OpOptions) -> Any:
 
 def probe(device: str) -> dict[str, Any]:
     """In the child: import vllm as the backend does, build RMSNormGated, call forward_cuda on a tiny input.
-    Returns facts (stage reached, vLLM's Triton decision, the error's last line) for `reason_from_probe`."""
+    Returns the stage reached, vLLM's Triton decision and the error's last line, for `reason_from_probe`."""
     prepare_import(device)
-    out: dict[str, Any] = {"device": device, "stage": "import", "error": None, "active_drivers": None}
+    out: dict[str, Any] = {"device": device, "stage": "import", "error": None}
     out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     out["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
-    out["torch_cuda_available"] = torch.cuda.is_available()
     try:
         import vllm
-        from vllm.model_executor.layers.layernorm import RMSNormGated  # noqa: F401
         from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
-        from vllm.triton_utils import triton as vllm_triton
 
         out["vllm_version"] = getattr(vllm, "__version__", None)
         out["platform"] = type(current_platform).__name__
         out["has_triton"] = bool(HAS_TRITON)
-        out["triton_placeholder"] = type(vllm_triton).__name__ == "TritonPlaceholder"
-        out["triton_installed"] = importlib.util.find_spec("triton") is not None
-        if out["triton_installed"]:
-            try:  # the same count vllm/triton_utils/importing.py makes (the cpu backend excluded)
-                from triton.backends import backends
-
-                active = [name for name, b in backends.items() if name != "cpu" and b.driver and b.driver.is_active()]
-                out["active_drivers"] = active
-            except Exception as exc:
-                out["active_drivers_error"] = _last_line(exc)
         if _device_type(device) == "cpu":
             out["compute_units_answered"] = answer_compute_units()
         out["stage"] = "construct"
@@ -186,7 +118,7 @@ def probe(device: str) -> dict[str, Any]:
         out["output_shape"] = list(y.shape)
         out["stage"] = "ok"
     except BaseException as exc:
-        out["error"] = _last_line(exc)
+        out["error"] = describe_error(exc)
     return out
 
 
@@ -207,41 +139,20 @@ def run_probe(device: str, timeout_s: float = _PROBE_TIMEOUT_S, env: dict[str, s
 
 
 def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
-    """The exact reason the probe shows vLLM's forward_cuda cannot run on p["device"], or None if it ran."""
+    """Why the probe shows vLLM's forward_cuda cannot run on p["device"], quoting vLLM's error; None if it ran."""
     stage, err, device = p.get("stage"), p.get("error"), p.get("device")
     if stage == "ok":
         return None
-    if stage == "child":
-        return f"probing vllm in a child process failed: {err}"
-    if stage == "import":
-        return f"vllm {vllm_ver} is installed but importing its RMSNormGated fails: {err}"
-    if stage == "construct":
-        return f"vLLM's RMSNormGated(128, ...) under VllmConfig(device_config=DeviceConfig({device!r})) fails: {err}"
-    parts: list[str] = []
-    if not p.get("has_triton", True):
-        if not p.get("triton_installed"):
-            parts.append(
-                "vLLM found no Triton (find_spec('triton') is None), "
-                "so vllm.triton_utils.triton is its TritonPlaceholder"
-            )
-        else:
-            drivers = p.get("active_drivers")
-            count = "an unknown number of" if drivers is None else str(len(drivers))
-            named = f" {drivers}" if drivers else ""
-            parts.append(
-                f"no GPU driver: vLLM disabled Triton (vllm/triton_utils/importing.py found {count} active Triton "
-                f"GPU driver(s){named}, expected exactly 1; torch.cuda.is_available()={p.get('torch_cuda_available')}"
-                "), so vllm.triton_utils.triton is its TritonPlaceholder"
-            )
-    cpu = _device_type(str(device)) == "cpu"
-    if cpu and p.get("has_triton", True) and not p.get("active_drivers") and p.get("triton_interpret") != "1":
-        parts.append("Triton's interpreter is off (TRITON_INTERPRET is not 1), and without it the kernel needs a GPU")
-    if cpu and p.get("active_drivers"):
-        parts.append(f"forward_cuda launches a CUDA Triton kernel and device {device!r} is not CUDA")
-    elif _device_type(str(device)) not in ("cuda", "cpu"):
-        parts.append(f"forward_cuda launches a Triton kernel and device {device!r} is neither CUDA nor the CPU")
-    parts.append(f"RMSNormGated.forward_cuda(x, z) on {device} raises {err}")
-    return "; ".join(parts)
+    what = {
+        "child": "probing vllm in a child process failed",
+        "import": f"vllm {vllm_ver} is installed but importing its RMSNormGated fails",
+        "construct": f"vLLM's RMSNormGated(128, ...) under VllmConfig(device_config=DeviceConfig({device!r})) fails",
+    }.get(str(stage))
+    if what:
+        return f"{what}: {err}"
+    # vLLM keeps Triton only where it counts exactly one active GPU driver (vllm/triton_utils/importing.py)
+    off = "" if p.get("has_triton", True) else "vLLM disabled Triton (its TritonPlaceholder stands in); "
+    return f"{off}RMSNormGated.forward_cuda(x, z) on {device} raises {err}"
 
 
 @dataclass
@@ -261,8 +172,7 @@ class VllmBackend(Backend):
     has_backward = False
 
     def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
-        """files: run `rmsnorm_fn` from these vLLM files (a folder holding vllm/, or tools/vllm_sources.py's
-        archive) even where vllm imports."""
+        """files: run `rmsnorm_fn` from these vLLM files (a folder or archive) even where vllm imports."""
         super().__init__()
         self.version = vllm_version()
         self.files_given = files
@@ -294,33 +204,23 @@ class VllmBackend(Backend):
         p = self._probe_child(device)
         if p.get("stage") in ("import", "child"):
             why = f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}"
-            pin = torch_pin_reason(torch.__version__, torch_requirement(), self.version)
-            return self._files_plan(*vf.find_files(None), why=why + (f" ({pin})" if pin else ""))
+            return self._files_plan(*vf.find_files(None), why=why)
         return Plan("imported", self._imported_source(p))
 
     def _imported_source(self, p: dict[str, Any]) -> str:
         text = f"vLLM {self.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported"
         if _device_type(p["device"]) == "cpu":
-            units = p.get("compute_units_answered")
-            answered = f"answered {units} (torch.get_num_threads(), as vLLM's CPU platform answers)" if units else ""
-            text += (
-                ", under the Triton interpreter (CUDA_VISIBLE_DEVICES='' so vLLM keeps Triton without a GPU driver"
-                + (f"; num_compute_units {answered}" if answered else "")
-                + ")"
-            )
+            text += ", under the Triton interpreter (CUDA_VISIBLE_DEVICES='')"
         return text + _PATH_NOTE
 
     def _files_plan(self, files: vf.VllmFiles | None, where: str, why: str) -> Plan:
         if files is None:
             reason = f"{why}, and vLLM's Python files were not found ({where}): {INSTALL_HINT}"
             return Plan("none", f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda", reason=reason)
-        units = vf.compute_units(0 if torch.cuda.is_available() else None)
-        what = "SMs" if torch.cuda.is_available() else "torch threads, as vLLM's CPU platform answers"
         interp = ", under the Triton interpreter" if not torch.cuda.is_available() else ""
         source = (
-            f"vLLM {files.version or '?'} layernorm_guard.rmsnorm_fn, called as RMSNormGated.forward_cuda calls it, "
-            f"run from vLLM's own files{interp} ({files.origin}; {why}); stood in for: vllm.triton_utils (Triton "
-            f"itself), vllm.platforms and vllm.utils.platform_utils (num_compute_units = {units} {what})"
+            f"vLLM {files.version or '?'} layernorm_guard.rmsnorm_fn as RMSNormGated.forward_cuda calls it, "
+            f"from vLLM's own files{interp} ({files.origin}; {why})"
         )
         return Plan("files", source + _PATH_NOTE, files=files)
 
@@ -343,19 +243,10 @@ class VllmBackend(Backend):
         what = f"vLLM's rmsnorm_fn from its files ({origin})"
         return self._tiny_run(device, lambda x, z, w, dy: self._run_files(x, z, w, OpOptions()), what)
 
-    def _probed_name(self, device: torch.device) -> str:
-        """The device name already probed that means this tensor's device ("cuda" for cuda:0): one probe, not two."""
-        name = str(device)
-        cache = self.__dict__.get("_available_cache", {})
-        if name not in cache and device.type == "cuda" and device.index in (None, 0):
-            for alias in ("cuda", "cuda:0"):
-                if alias in cache:
-                    return alias
-        return name
-
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         """vLLM's forward_cuda on our x, z and weight. Raises BackendUnavailable where it cannot run."""
-        ok, why = self.available(self._probed_name(x.device))
+        # "cuda" and "cuda:0" are one device: one probe child, not two
+        ok, why = self.available("cuda" if x.device.type == "cuda" and x.device.index in (None, 0) else str(x.device))
         if not ok:
             raise BackendUnavailable(f"{self.key}: {why}")
         if not check_inputs(x, z, w, opts):  # no rows: vLLM is not called
@@ -400,14 +291,5 @@ class VllmBackend(Backend):
 _PATH_NOTE = "; what enforce_eager=True runs; unchanged by VLLM_BATCH_INVARIANT=1"
 
 
-def _main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] != "--probe":
-        print("usage: python -m rlnorm.kit.backends.vllm --probe DEVICE", file=sys.stderr)
-        return 2
-    result = probe(argv[1])
-    print(_PROBE_MARK + json.dumps(result), flush=True)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+if __name__ == "__main__":  # the probe child: `--probe DEVICE`
+    print(_PROBE_MARK + json.dumps(probe(sys.argv[2])), flush=True)

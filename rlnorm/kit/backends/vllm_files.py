@@ -1,10 +1,8 @@
 """vLLM's own Python files, run where `import vllm` cannot (docs/vllm.md, "Where vLLM cannot import").
 
-vLLM's wheel ships extensions built against one torch, so with another torch (or no wheel) `import vllm` fails;
-the ops this kit checks are Python and Triton, and run from vLLM's files (the installed package, or the copy
-`tools/vllm_sources.py` packs). `load_layernorm_guard` executes layernorm_guard.py and the vLLM modules it imports,
-unchanged, with only the runtime helpers in `STOOD_IN` stood in; `read_function` executes one function of a file.
-The `vllm.*` names exist only while the files execute: a real `import vllm` later is unaffected.
+vLLM's extensions are built against one torch, but the ops checked here are Python and Triton: they run from vLLM's
+files (installed, or packed by `tools/vllm_sources.py`) with only the helpers in `STOOD_IN` stood in, under `vllm.*`
+names that exist only while the files execute, so a real `import vllm` later is unaffected.
 """
 
 from __future__ import annotations
@@ -259,12 +257,9 @@ def _global_reads(code: types.CodeType) -> set[str]:
 
 
 def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Callable[..., Any]:
-    """`qualname` ("f" or "Class.method") from the file at `path`, executed from its own lines in `namespace`.
-
-    A method's @staticmethod is dropped; a module-level function keeps its decorators (@triton.jit). The code keeps
-    the file's name and line numbers (tracebacks, `inspect.getsource` and Triton's JIT read vLLM's file). Raises
-    NameError naming any global the function reads that `namespace` lacks.
-    """
+    """`qualname` ("f" or "Class.method") from the file at `path`, executed from its own lines in `namespace`
+    (file name and line numbers kept: Triton's JIT reads the source). A method's @staticmethod is dropped; NameError
+    names any global the function reads that `namespace` lacks."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     node = _find_def(tree, qualname)
     if "." in qualname:

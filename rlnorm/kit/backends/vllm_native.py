@@ -1,19 +1,15 @@
 """vLLM's `RMSNormGated.forward_native` as vLLM runs it: eager, compiled by Inductor, and under VLLM_BATCH_INVARIANT=1.
 
-forward_native is one call, `forward_static(x, z, weight, eps, x.dtype, group_size=..., norm_before_gate=...,
-activation=...)` (fp32 PyTorch, nothing of vLLM but torch). These rows run that function from vLLM's own file
-(`vllm_files.read_function`) without importing vllm, the same way wherever vllm imports or not;
+forward_native is one call, `forward_static(x, z, weight, eps, x.dtype, **options)` (fp32 PyTorch). These rows run
+it from vLLM's own file (`vllm_files.read_function`) without importing vllm, the same way wherever vllm imports;
 tests/kit/test_vllm_native.py proves against the installed vLLM that they give forward_native's bits.
-
-- `vllm_native`: the eager call (vLLM's CPU platform; a deployment with the op disabled and no compilation).
-- `vllm_native_compiled`: a default deployment. With Inductor, vLLM disables custom ops, so `forward_native` is
-  traced into the model's graph, compiled with `torch.compile(fullgraph=True, dynamic=False)` once at its profile
-  run's size, the token dimension marked dynamic, every guard dropped (compilation/wrapper.py), so one graph
-  serves every batch size; Inductor options `vllm_inductor_options`. Compiled alone here, not fused with neighbours.
-- `vllm_native_batch_invariant`: the eager call with VLLM_BATCH_INVARIANT=1's change for this op: vLLM's Triton
-  `mean_batch_invariant` registered as `aten::mean.dim` (determinism/batch_invariant.py), which forward_static's
-  `x.pow(2).mean(-1)` dispatches to; registered around each call only. forward_cuda's kernel makes no aten call
-  and Inductor generates its own reduction, so nothing else changes.
+- `vllm_native`: the eager call (the op disabled and no compilation).
+- `vllm_native_compiled`: a default deployment. With Inductor vLLM disables custom ops, so forward_native is traced
+  into the model's graph: `torch.compile(fullgraph=True, dynamic=False)` once at the profile run's size, the token
+  dimension dynamic, every guard dropped (compilation/wrapper.py), Inductor options `vllm_inductor_options`.
+- `vllm_native_batch_invariant`: the eager call with vLLM's Triton `mean_batch_invariant` registered as
+  `aten::mean.dim` (determinism/batch_invariant.py) around each call: the one change VLLM_BATCH_INVARIANT=1 makes
+  to this op (forward_cuda's kernel makes no aten call, Inductor generates its own reduction).
 """
 
 from __future__ import annotations
@@ -77,8 +73,7 @@ def _skip_all_guards() -> Callable[[list[Any]], list[bool]]:
 
 
 class _FromVllmFiles(Backend):
-    """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only, so
-    `forward_backward` raises BackendUnavailable)."""
+    """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only)."""
 
     has_backward = False
     what = ""  # the path, for the source string
@@ -109,8 +104,8 @@ class _FromVllmFiles(Backend):
             self._static = vf.read_function(path, "RMSNormGated.forward_static", {"torch": torch, "F": F})
         return self._static
 
-    def _extra(self) -> None:
-        """Whatever else the row reads from vLLM's files (checked by the probe)."""
+    def _extra(self) -> None:  # whatever else the row reads from vLLM's files (checked by the probe)
+        pass
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         if not check_inputs(x, z, w, opts):
@@ -141,12 +136,9 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
 
     @property
     def what(self) -> str:  # type: ignore[override]
-        device = "cuda" if torch.cuda.is_available() else "cpu"
         return (
-            "RMSNormGated.forward_native compiled by Inductor as a default vLLM deployment runs it (custom op "
-            f"disabled): torch.compile(fullgraph=True, dynamic=False), rows marked dynamic, compiled once at "
-            f"{self.compile_rows} rows, every guard dropped, options {vllm_inductor_options(device)}; alone, not "
-            "fused with a model's neighbouring ops; unchanged by VLLM_BATCH_INVARIANT=1"
+            "RMSNormGated.forward_native compiled by Inductor as a default vLLM deployment runs it: fullgraph, rows "
+            f"dynamic, compiled once at {self.compile_rows} rows, every guard dropped; alone, not fused with neighbours"
         )
 
     def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
@@ -209,11 +201,10 @@ class VllmNativeBatchInvariantBackend(_FromVllmFiles):
 
     @property
     def what(self) -> str:  # type: ignore[override]
-        key = "CUDA" if torch.cuda.is_available() else "CPU (vLLM registers it on CUDA, from its GPU worker only)"
+        key = "CUDA" if torch.cuda.is_available() else "CPU (vLLM registers it on CUDA only)"
         return (
-            "RMSNormGated.forward_native, eager, under VLLM_BATCH_INVARIANT=1: aten::mean.dim dispatched to "
-            f"batch_invariant.mean_batch_invariant (vLLM's Triton mean kernel), registered on {key} around each "
-            "call as enable_batch_invariant_mode() registers it"
+            "RMSNormGated.forward_native, eager, under VLLM_BATCH_INVARIANT=1: aten::mean.dim -> vLLM's Triton "
+            f"mean_batch_invariant, registered on {key}"
         )
 
     def _extra(self) -> None:

@@ -1,17 +1,12 @@
 """Trainer against sampler: the same rows through the norm as transformers calls it and as vLLM calls it, bitwise.
 
-RL trains on what the sampler generated, so the trainer (transformers) and the sampler (vLLM, in prefill chunks and
-decode steps) must compute the same bits for a token. From one Qwen3-Next config (`tiny_config`, no weights
-downloaded) and one weight, two pairs are built: the patched pair (transformers' norm swapped by
-`apply_rlnorm_to_qwen3_next`, called as a training step calls it; vLLM's `RMSNormGated` with rlnorm's layer
-registered, as `RLNORM_VLLM=1` does, called as an engine calls it: a prefill, then decode steps of `heads` rows),
-and the unpatched pair for contrast. Each reports the rows and elements that differ and the largest ulp distance;
-`agree` is the patched pair's bitwise equality. Row r of x is scaled by 2^-(r mod 16), exactly, so mean squares
-reach far below eps, where an eps taken from a default shows.
-
+RL trains on what the sampler generated, so the trainer (transformers) and the sampler (vLLM, in a prefill then
+decode steps of `heads` rows) must compute the same bits for a token. From one tiny Qwen3-Next config and one weight,
+two pairs are built: the patched pair (`apply_rlnorm_to_qwen3_next` in transformers, rlnorm's layer registered in
+vLLM as `RLNORM_VLLM=1` does) and the unpatched pair for contrast; `agree` is the patched pair's bitwise equality.
+Row r of x is scaled by 2^-(r mod 16), exactly, so mean squares reach far below eps, where a default eps shows.
 Where vLLM cannot be imported, the patched sampler is the operator rlnorm's vLLM layer calls, labelled so, and the
-unpatched pair is skipped with the reason. `main` runs in a process of its own: importing vLLM patches torch's
-compiler for the rest of a process.
+unpatched pair is skipped with the reason. `main` runs in a process of its own: importing vLLM patches torch.
 """
 
 from __future__ import annotations
@@ -56,8 +51,7 @@ def row_scales(rows: int) -> Tensor:
 
 
 def sampler_plan(rows: int, heads: int, decode_tokens: int) -> list[int]:
-    """Row counts of the sampler's calls: one prefill of the leading rows, then up to `decode_tokens` decode steps
-    of one token (`heads` rows) each."""
+    """Row counts of the sampler's calls: a prefill, then up to `decode_tokens` decode steps of `heads` rows."""
     steps = min(decode_tokens, rows // heads)
     prefill = rows - steps * heads
     return ([prefill] if prefill else []) + [heads] * steps
@@ -84,14 +78,11 @@ def compare_outputs(trainer_y: Tensor, sampler_y: Tensor) -> dict[str, Any]:
 
 def vllm_unavailable_reason() -> str | None:
     """Why vLLM cannot be used in this process, or None after importing its layer."""
-    from rlnorm.kit.backends.vllm import torch_pin_reason, torch_requirement, vllm_version
+    from rlnorm.kit.backends.vllm import vllm_version
 
     version = vllm_version()
     if version is None:
         return "vllm is not installed"
-    reason = torch_pin_reason(torch.__version__, torch_requirement(), version)
-    if reason:
-        return reason
     try:
         import vllm.model_executor.layers.layernorm  # noqa: F401
     except Exception as exc:
@@ -142,33 +133,6 @@ class _Skip(Exception):
     """A side that cannot be built here, for a reason that is a finding, not an error."""
 
 
-def _pair(
-    config: Any,
-    weight: Tensor,
-    patched: bool,
-    x: Tensor,
-    z: Tensor,
-    plan: Sequence[int],
-    device: str,
-    vllm_reason: str | None,
-) -> dict[str, Any]:
-    out: dict[str, Any] = {"trainer": None, "sampler": None, "bitwise_equal": None}
-    try:
-        out["trainer"], trainer = _trainer(config, weight, patched, device)
-        out["sampler"], sampler = _sampler(config, weight, patched, device, vllm_reason)
-        y_trainer = trainer(x, z)
-        parts, start = [], 0
-        for size in plan:
-            parts.append(sampler(x[start : start + size], z[start : start + size]))
-            start += size
-        out.update(compare_outputs(y_trainer, torch.cat(parts)))
-    except _Skip as why:
-        out["skip_reason"] = str(why)
-    except Exception as exc:
-        out["error"] = describe_error(exc)
-    return out
-
-
 def trainer_vs_sampler(
     *,
     d: int = 128,
@@ -177,7 +141,7 @@ def trainer_vs_sampler(
     seed: int = 3,
     device: str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
-    weight_dtype: torch.dtype | None = None,
+    weight_dtype: str | torch.dtype | None = None,
     heads: int = 2,
     decode_tokens: int = 8,
     opts: OpOptions | None = None,
@@ -187,7 +151,7 @@ def trainer_vs_sampler(
     limits = {"rows": (rows, 1), "d": (d, 1), "heads": (heads, 1), "decode_tokens": (decode_tokens, 0)}
     for name, (n, least) in limits.items():
         check_int(name, n, least)
-    wdt = weight_dtype or dtype
+    wdt = getattr(torch, weight_dtype) if isinstance(weight_dtype, str) else weight_dtype or dtype
     plan = sampler_plan(rows, heads, decode_tokens)
     summary: dict[str, Any] = {"rows": rows, "d": d, "heads": heads, "seed": seed, "eps": eps, "device": device}
     summary.update(dtype=str(dtype).removeprefix("torch."), weight_dtype=str(wdt).removeprefix("torch."))
@@ -214,26 +178,31 @@ def trainer_vs_sampler(
     summary["vllm_reason"] = reason
     summary["vllm"] = None if reason else dist_version("vllm")
     for name, patched in (("patched", True), ("unpatched", False)):
-        summary["pairs"][name] = _pair(config, case.w, patched, x, z, plan, device, reason)
+        pair: dict[str, Any] = {"trainer": None, "sampler": None, "bitwise_equal": None}
+        summary["pairs"][name] = pair
+        try:
+            pair["trainer"], trainer = _trainer(config, case.w, patched, device)
+            pair["sampler"], sampler = _sampler(config, case.w, patched, device, reason)
+            y_trainer = trainer(x, z)
+            y_sampler = torch.cat([sampler(xs, zs) for xs, zs in zip(x.split(plan), z.split(plan), strict=True)])
+            pair.update(compare_outputs(y_trainer, y_sampler))
+        except _Skip as why:
+            pair["skip_reason"] = str(why)
+        except Exception as exc:
+            pair["error"] = describe_error(exc)
     summary["agree"] = summary["pairs"]["patched"]["bitwise_equal"]
     return SamplerCheck(summary)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`main([JOB.json, OUT.json])`: the check with JOB's keyword arguments; the summary goes to OUT."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2:
-        print("usage: main([JOB.json, OUT.json])", file=sys.stderr)
-        return 2
-    job = json.loads(Path(args[0]).read_text(encoding="utf-8"))
-    for key in ("dtype", "weight_dtype"):
-        if job.get(key) is not None:
-            job[key] = getattr(torch, job[key])
-    if job.get("opts") is not None:
-        job["opts"] = OpOptions(**job["opts"])
+    """`main([JOB, OUT.json])`: the check with the keywords of JOB (a JSON object); the summary goes to OUT."""
+    job, out = sys.argv[1:] if argv is None else argv
+    kwargs = json.loads(job)
+    if kwargs.get("opts") is not None:
+        kwargs["opts"] = OpOptions(**kwargs["opts"])
     try:
-        summary = trainer_vs_sampler(**job).summary
+        summary = trainer_vs_sampler(**kwargs).summary
     except Exception as exc:
         summary = {"error": describe_error(exc)}
-    Path(args[1]).write_text(json.dumps({"summary": summary}, allow_nan=False), encoding="utf-8")
+    Path(out).write_text(json.dumps({"summary": summary}, allow_nan=False), encoding="utf-8")
     return 0
