@@ -28,6 +28,9 @@ if TYPE_CHECKING:
     from rlnorm.options import OpOptions
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# the planted faulty backends are named `tests.faults:...`: every child a test starts (backend workers, notebook
+# kernels) must import them as pytest itself does, from the repository root
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
 GPU_HINT = "run `python3 -m pytest --gpu` on a machine with a CUDA GPU"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 
