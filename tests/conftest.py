@@ -207,7 +207,6 @@ def tiny_params() -> dict:
         "backends": ["reference", "rlnorm"],
         **TINY_SIZES,
         "timing": True,
-        "gate_timeout_s": 300.0,
     }
 
 

@@ -43,7 +43,6 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "backends": ["reference"],  # the kit's own tests run every backend: here, one that runs and two faults
         "custom_backends": [FAULT, "no_such_package.anywhere:fn"],
         **TINY_SIZES,
-        "gate_timeout_s": 300.0,
     }
     f = tmp / "tiny.yaml"
     f.write_text(yaml.safe_dump(params))
