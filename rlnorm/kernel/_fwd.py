@@ -8,13 +8,12 @@
   Newton step, the gate with an exactly split exp argument, the products; then a test on the result's
   bits folded into two row minima. An output within T fp32 ulps of a rounding midpoint of the output
   format, where T is the error bound the fast path is held to, flags its row; away from midpoints the
-  fast value then rounds to the same output as the exact result. That the error stays below T is an
-  error budget backed by measurement, not a proof (docs/kernel.md §3).
+  fast value then rounds to the same output as the exact result. T is the floor of a proven bound on
+  the fast path's error, per group width and options (`_bound.py`, docs/kernel.md §3).
 - Exact paths (fp64): a flagged element of a bf16 row whose rstd comes from x alone is settled alone
   (`_exact_element.py`); a row with a non-finite, zero or tiny value, or an element that tier cannot
   place, is recomputed whole from its own inputs. Every output therefore equals the fp64 result
-  rounded once (wherever the fast path's error is inside T), which is also why the CPU interpreter and
-  the GPU agree bitwise.
+  rounded once, which is also why the CPU interpreter and the GPU agree bitwise.
 - fp32 outputs have no spare bits to test: they take the fp64 path everywhere.
 """
 
@@ -28,6 +27,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from rlnorm.kernel._bound import near_threshold
 from rlnorm.kernel._exact_element import MARGIN_ULPS, UNDECIDED_BITS, exact_element, rows_rstd64
 from rlnorm.kernel._interpreter import INTERPRETED
 from rlnorm.kernel._rounding import round_fp32_to_out, round_fp64_to_out, widen_fast, widen_to_fp32
@@ -51,22 +51,13 @@ TIER_MAXNREG = {128: 64, 256: 64}
 SPLIT_CHUNKS = 2
 MAX_BLOCK_R = 64  # the rows of a program that go to the whole-row path are one int64 bitmask
 
-# T, the midpoint test's bound on the fast path's error in fp32 ulps of the result, by the op's options:
-# set from an error budget (the roundings, the ex2, rcp and rsqrt approximations, the fp32 sum of squares)
-# and above the worst error measured on the H200 with margin. Not a proven bound: the budget's terms
-# exceed 10 once the compiled summation order is counted (docs/kernel.md §3). Gate first
-# (norm_before_gate=False): the gate's error enters x * act, rstd and the product again.
-NEAR_T_GATED = 10
-NEAR_T_GATED_PRE = 24
-NEAR_T_PLAIN = 8  # no gate
 
-
-def near_bound(has_z: bool, norm_before_gate: bool) -> int:
-    """The midpoint test's bound T (fp32 ulps) for these options, the NEAR_T switch's default: an error
-    budget with a measured margin, not a proven bound (docs/kernel.md §3)."""
-    if not has_z:
-        return NEAR_T_PLAIN
-    return NEAR_T_GATED if norm_before_gate else NEAR_T_GATED_PRE
+def near_bound(
+    group: int, has_z: bool, norm_before_gate: bool, sigmoid: bool, weight_fp32: bool, split: int, per_thread: int
+) -> int:
+    """The midpoint test's threshold T (fp32 ulps) for this launch, the NEAR_T switch's default: the floor of the
+    fast path's proven error bound (`_bound.fast_error_ulps`, docs/kernel.md §3), per group width and options."""
+    return near_threshold(group, has_z, norm_before_gate, sigmoid, weight_fp32, split, per_thread)
 
 
 def _eps_bits(eps: float) -> int:
@@ -612,7 +603,15 @@ def rms_norm_gated_fwd(
         block_r = sw["BLOCK_R"]
     if sw["NUM_WARPS"] is not None:
         num_warps = sw["NUM_WARPS"]
-    near_t = near_bound(has_z, norm_before_gate) if sw["NEAR_T"] is None else sw["NEAR_T"]
+    split = sw["SPLIT"] or (SPLIT_CHUNKS if block_g >= 16 * SPLIT_CHUNKS else 1)
+    if block_g % split:
+        raise ValueError(f"plant: SPLIT {split} does not divide the block width {block_g}")
+    if sw["NEAR_T"] is None:  # from the launch's shape: the summation depth is part of the bound
+        per_thread = max(1, block_r * block_g // (32 * num_warps))
+        sigmoid = activation == "sigmoid"
+        near_t = near_bound(group, has_z, norm_before_gate, sigmoid, w.dtype == torch.float32, split, per_thread)
+    else:
+        near_t = sw["NEAR_T"]
     exact = sw["EXACT"] if x.dtype != torch.float32 else 0  # fp32 output: all fp64 already
     # the per-element tier covers bf16 outputs whose rstd comes from x alone (gate after the norm, or
     # none); elsewhere flagged rows go whole to fp64
@@ -626,9 +625,6 @@ def rms_norm_gated_fwd(
     maxnreg = sw["MAXNREG"]
     if maxnreg is None:
         maxnreg = TIER_MAXNREG.get(block_g, 0) if tier2 and num_warps == 1 else 0
-    split = sw["SPLIT"] or (SPLIT_CHUNKS if block_g >= 16 * SPLIT_CHUNKS else 1)
-    if block_g % split:
-        raise ValueError(f"plant: SPLIT {split} does not divide the block width {block_g}")
     grid = (triton.cdiv(rows, block_r), d // group)
     _rms_norm_gated_fwd_kernel[grid](
         x,
