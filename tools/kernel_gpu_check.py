@@ -1,7 +1,8 @@
 """The forward's bits on a GPU, and a short timing of its variants against the same-run add.
 
-    python tools/kernel_gpu_check.py [--rows 262144] [--skip accuracy|invariance|timing ...]
+    python tools/kernel_gpu_check.py [--rows 262144] [--skip accuracy|invariance|timing|bound ...]
                                      [--variant fwd.NAME=VALUE ...] [--out gpu_check.json]
+                                     [--bound-elements 8388608]
 
 1. accuracy: on the standard data (seed 11) for the default op, D = 256, the gate first, sigmoid, no gate
    and a wide z: the fraction of outputs equal to the fp64 result rounded once, and, where the launcher
@@ -13,6 +14,10 @@
    (default `fwd.EXACT=0`, the fast path alone), against a same-run `torch.add`, by the bench's clocks
    (`rlnorm.timing`: CUDA graphs up to 4096 rows, events on a primed queue above). For the full table
    with the peers: `python -m benchmarks.run --variant ...`.
+4. bound: per width 64..8192 (and group widths), option and input distribution, the fast path's worst error
+   in fp32 ulps of its value against the fp64 result, beside the proven bound B and the threshold T
+   (`rlnorm.kernel._bound`), the outputs that differ from the fp64 result rounded once, and the fractions
+   flagged; written as bound_table.md and bound_table.csv beside --out (or into $OUT).
 Without a GPU it runs on the CPU in the Triton interpreter (use a few rows): a check of the tool itself.
 """
 
@@ -36,6 +41,7 @@ import rlnorm
 from benchmarks import runner, variants
 from rlnorm.inputs import make_case
 from rlnorm.kernel import _fwd as F
+from rlnorm.kernel._bound import fast_error_ulps, near_threshold
 from rlnorm.kernel.testing import plant
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
@@ -48,7 +54,8 @@ DEV = "cuda" if torch.cuda.is_available() else "cpu"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python tools/kernel_gpu_check.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=262144, help="rows of the accuracy and invariance data")
-    p.add_argument("--skip", nargs="*", default=[], choices=["accuracy", "invariance", "timing"])
+    p.add_argument("--skip", nargs="*", default=[], choices=["accuracy", "invariance", "timing", "bound"])
+    p.add_argument("--bound-elements", type=int, default=1 << 23, help="outputs per case of the bound section")
     p.add_argument(
         "--variant",
         action="append",
@@ -70,7 +77,7 @@ class Check:
 
     def __init__(self, out: str | None) -> None:
         self.out = out
-        self.res: dict[str, Any] = {"accuracy": [], "invariance": [], "timing": [], "errors": []}
+        self.res: dict[str, Any] = {"accuracy": [], "invariance": [], "timing": [], "bound": [], "errors": []}
         self.summary: list[str] = []
 
     def section(self, name: str, fn: Callable[[], None]) -> None:
@@ -132,10 +139,7 @@ def _fast_path(c: Any, z: Any, y: Any, opts: OpOptions, ref64: Any, ref: Any, ro
     ulp32 = torch.ldexp(torch.ones_like(ref64), e - 24)  # |ref| in [2**(e-1), 2**e)
     ok = torch.isfinite(ref64) & (ref64 != 0) & (ref64.abs() > 1e-30)
     err = torch.where(ok, (fast.double() - ref64).abs() / ulp32, torch.zeros_like(ref64))
-    if z is None:
-        bound = F.NEAR_T_PLAIN
-    else:
-        bound = F.NEAR_T_GATED if opts.norm_before_gate else F.NEAR_T_GATED_PRE
+    bound = near_threshold(opts.group_size or d, z is not None, opts.norm_before_gate, opts.activation == "sigmoid")
     block_r = F.fwd_config(opts.group_size or d, c.x.dtype)[0]
     row_flag = flags.bool().any(dim=1)
     n_blocks = (rows + block_r - 1) // block_r
@@ -152,6 +156,102 @@ def _fast_path(c: Any, z: Any, y: Any, opts: OpOptions, ref64: Any, ref: Any, ro
         "flag_tiles": tile_flag.float().mean().item(),
         "block_r": block_r,
     }
+
+
+# (D, group width or None): every width the kernel's layouts change at, groups, and a group that is not a power of two
+BOUND_WIDTHS = [(64, None), (128, None), (256, None), (512, None), (1024, None), (2048, None), (4096, None)]
+BOUND_WIDTHS += [(8192, None), (4096, 64), (4096, 256), (4096, 1024), (192, 96)]
+BOUND_OPTIONS = {  # name: (options, has z); the default op at every width, the others where the depth changes most
+    "silu": (OpOptions(), True),
+    "sigmoid": (OpOptions(activation="sigmoid"), True),
+    "gate_first": (OpOptions(norm_before_gate=False), True),
+    "no_gate": (OpOptions(), False),
+}
+BOUND_ALL_OPTIONS_AT = (128, 1024, 8192)
+
+
+def _bound_inputs(rows: int, d: int, dist: str, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x, z, w (bf16) on the device: standard; per-row scales e**-6..e**6; heavy tails with |z| up to ~90."""
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    x = 2 * torch.randn(rows, d, generator=g, device=DEV)
+    z = torch.randn(rows, d, generator=g, device=DEV)
+    w = 1 + 0.1 * torch.randn(d, generator=g, device=DEV)
+    if dist == "row_scales":
+        x = x * torch.exp(12 * torch.rand(rows, 1, generator=g, device=DEV) - 6)
+    elif dist == "heavy":  # Student-t-like tails in x, a wide gate (the exp split's second-order term grows)
+        x = x / torch.rand(rows, d, generator=g, device=DEV).clamp_min(1e-3).sqrt()
+        z = (z * 16).clamp(-90, 90)
+    return x.bfloat16(), z.bfloat16(), w.bfloat16()
+
+
+def bound(ck: Check, elements: int) -> None:
+    """The fast path's worst error per width against the proven bound (docs/kernel.md §3)."""
+    table: list[dict[str, Any]] = []
+    for d, group in BOUND_WIDTHS:
+        rows = max(1, elements // d)
+        for name, (base, has_z) in BOUND_OPTIONS.items():
+            if name != "silu" and (d not in BOUND_ALL_OPTIONS_AT or group is not None):
+                continue
+            opts = OpOptions(**{**base.as_dict(), "group_size": group})
+            g = group or d
+            b = fast_error_ulps(g, has_z, opts.norm_before_gate, opts.activation == "sigmoid")
+            t = near_threshold(g, has_z, opts.norm_before_gate, opts.activation == "sigmoid")
+            rec: dict[str, Any] = {"d": d, "group": group, "option": name, "bound": round(b, 2), "T": t}
+            rec.update(outputs=0, wrong=0, err_max=0.0, err_dist="", flag_elems=0.0, flag_rows=0.0)
+            for i, dist in enumerate(("standard", "row_scales", "heavy")):
+                x, z, w = _bound_inputs(rows, d, dist, seed=1000 * d + 10 * (group or 0) + i)
+                zz = z if has_z else None
+                y, fast, flags = fwd(x, zz, w, opts, debug=True)
+                ref64 = gated_rmsnorm_math(x, zz, w, opts, torch.float64)
+                fast64 = fast.double()
+                # elements the range test lets through: |fast| in [2**-96, inf); the rest go exact by design
+                ok = torch.isfinite(fast64) & (fast64.abs() >= 2.0**-96) & torch.isfinite(ref64)
+                _, e = torch.frexp(fast64)
+                err = torch.where(ok, (fast64 - ref64).abs() / torch.ldexp(torch.ones_like(fast64), e - 24), 0.0)
+                worst = err.max().item()
+                if worst >= rec["err_max"]:
+                    rec.update(err_max=round(worst, 3), err_dist=dist)
+                rec["outputs"] += y.numel()
+                rec["wrong"] += int((~same_bits(y, round_once(ref64, torch.bfloat16))).sum())
+                rec["flag_elems"] = max(rec["flag_elems"], flags.float().mean().item())
+                rec["flag_rows"] = max(rec["flag_rows"], flags.bool().any(dim=1).float().mean().item())
+                del x, z, w, y, fast, flags, ref64, fast64, err, ok, e
+            rec["err_over_bound"] = round(rec["err_max"] / b, 3)
+            table.append(rec)
+            ck.res["bound"].append(rec)
+            print(json.dumps(rec), flush=True)
+            ck.summary.append(
+                f"bound d={d} group={group} {name:<10} err_max={rec['err_max']:.2f} ({rec['err_dist']}) "
+                f"B={b:.2f} T={t} wrong={rec['wrong']} of {rec['outputs']}"
+            )
+    _write_bound_table(table, ck.out)
+
+
+def _write_bound_table(table: list[dict[str, Any]], out: str | None) -> None:
+    """bound_table.md and bound_table.csv beside the JSON output (or nowhere without one)."""
+    if not out:
+        return
+    folder = Path(out).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
+    cols = ["d", "group", "option", "err_max", "err_dist", "bound", "T", "err_over_bound", "wrong", "outputs"]
+    cols += ["flag_elems", "flag_rows"]
+    lines = [",".join(cols)] + [",".join(str(r[c]) for c in cols) for r in table]
+    (folder / "bound_table.csv").write_text("\n".join(lines) + "\n")
+    md = [
+        f"Worst fast-path error (fp32 ulps of the fast value, against fp64) and the proven bound B; {device}, "
+        f"torch {torch.__version__}, triton {__import__('triton').__version__}; worst of three input distributions.",
+        "",
+        "| D | group | option | worst error | input | bound B | T | wrong / outputs | flagged elems | flagged rows |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        md.append(
+            f"| {r['d']} | {r['group'] or '-'} | {r['option']} | {r['err_max']:.2f} | {r['err_dist']} | "
+            f"{r['bound']:.2f} | {r['T']} | {r['wrong']} / {r['outputs']:,} | {100 * r['flag_elems']:.3f}% | "
+            f"{100 * r['flag_rows']:.2f}% |"
+        )
+    (folder / "bound_table.md").write_text("\n".join(md) + "\n")
 
 
 def invariance(ck: Check, rows: int) -> None:
@@ -229,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ck.section("accuracy", lambda: accuracy(ck, a.rows))
     if "invariance" not in a.skip:
         ck.section("invariance", lambda: invariance(ck, a.rows))
+    if "bound" not in a.skip:
+        ck.section("bound", lambda: bound(ck, a.bound_elements))
     if "timing" not in a.skip:
         ck.section("timing", lambda: timing(ck, a.timing_rows or [a.rows, 32, 512, 4096], wanted))
     print("\n==== summary ====")

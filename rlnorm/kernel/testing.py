@@ -24,8 +24,9 @@ FWD_SWITCHES: dict[str, str] = {
     "0: never (timing only, outputs NOT correctly rounded)",
     "TIER2": "1 (default): near-midpoint elements of bf16 rows settled one by one first; "
     "0: flagged rows go whole to fp64",
-    "NEAR_T": "int 0..4096: the midpoint test's bound T in fp32 ulps (default: the op's bound, 10 gated, 24 with "
-    "the gate first, 8 without a gate; below it outputs are NOT claimed correctly rounded)",
+    "NEAR_T": "int 0..4096: the midpoint test's threshold T in fp32 ulps (default: from the proven error bound, "
+    "per group width and options, e.g. 21 at 128 columns with a silu gate; below it outputs are NOT claimed "
+    "correctly rounded)",
     "SPLIT": "1 or 2: column chunks per thread (default: 2 where the group width rounded up to a power of two, "
     "BLOCK_G, is 32 or more, else 1)",
     "MAXNREG": "int 0..255: register cap per thread, 0 = the compiler's choice (default: 64 at 128 and 256 "

@@ -9,14 +9,18 @@ counted in, so "inside" is a total error of at most T and "past" at least T + 1 
 from __future__ import annotations
 
 import math
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 import torch
-from conftest import oracle
+from conftest import REPO_ROOT, oracle
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
-from rlnorm.kernel._bound import fast_error_ulps, near_threshold, sum_depth
+from rlnorm.kernel._bound import near_threshold, sum_depth
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
@@ -37,40 +41,46 @@ def _just_below_midpoint(ref64: torch.Tensor) -> torch.Tensor:
     return (below > 0) & (below <= 1) & torch.isfinite(ref64) & (ref64 != 0)
 
 
-def _selected_rows(d: int, opts: OpOptions, seed: int, want: int = 3):
+def _selected_rows(d: int, opts: OpOptions, has_z: bool, wdtype: torch.dtype, seed: int, want: int = 3):
     """Rows of standard data holding an element just below a midpoint (about one element in 65536)."""
     rows = max(8, (1 << 19) // d)
-    c = make_case(rows, d, seed=seed)
-    ref64 = gated_rmsnorm_math(c.x, c.z, c.w, opts, torch.float64)
+    c = make_case(rows, d, seed=seed, weight_dtype=wdtype)
+    z = c.z if has_z else None
+    ref64 = gated_rmsnorm_math(c.x, z, c.w, opts, torch.float64)
     hit = _just_below_midpoint(ref64)
     idx = hit.any(dim=1).nonzero().flatten()[:want]
     assert idx.numel() > 0, "no row with an element just below a midpoint: draw more rows"
-    return c.x[idx], c.z[idx], c.w, ref64[idx], hit[idx]
+    return c.x[idx], None if z is None else z[idx], c.w, ref64[idx], hit[idx]
 
 
 def _fwd(x, z, w, opts: OpOptions, **kw):
     return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
 
 
-CASES = [
-    (64, OpOptions()),
-    (128, OpOptions()),
-    (256, OpOptions()),
-    (1024, OpOptions()),
-    (8192, OpOptions()),
-    (192, OpOptions(group_size=96)),  # a group width that is not a power of two: 1/96 is rounded
-    (128, OpOptions(activation="sigmoid")),
-    (128, OpOptions(norm_before_gate=False)),  # no per-element tier: flagged rows go whole to fp64
+BF16, FP32 = torch.bfloat16, torch.float32
+CASES = [  # (D, options, gate, weight dtype)
+    (64, OpOptions(), True, BF16),
+    (128, OpOptions(), True, BF16),
+    (256, OpOptions(), True, BF16),
+    (1024, OpOptions(), True, BF16),
+    (8192, OpOptions(), True, BF16),
+    (192, OpOptions(group_size=96), True, BF16),  # a group width that is not a power of two: 1/96 is rounded
+    (128, OpOptions(activation="sigmoid"), True, BF16),
+    (128, OpOptions(norm_before_gate=False), True, BF16),  # no per-element tier: flagged rows go whole to fp64
+    (128, OpOptions(), False, BF16),
+    (128, OpOptions(), True, FP32),  # x * w rounded: one unit more
 ]
 
 
 @pytest.mark.parametrize(
-    ("d", "opts"), CASES, ids=[f"d{d}-g{o.group_size}-{o.activation}-{o.norm_before_gate}" for d, o in CASES]
+    ("d", "opts", "has_z", "wdtype"),
+    CASES,
+    ids=[f"d{d}-g{o.group_size}-{o.activation}-{o.norm_before_gate}-z{z}-{str(w)[6:]}" for d, o, z, w in CASES],
 )
-def test_planted_error_inside_the_threshold_is_repaired_and_past_it_shows(d, opts):
-    x, z, w, ref64, target = _selected_rows(d, opts, seed=d)
+def test_planted_error_inside_the_threshold_is_repaired_and_past_it_shows(d, opts, has_z, wdtype):
+    x, z, w, ref64, target = _selected_rows(d, opts, has_z, wdtype, seed=d)
     ref = oracle(x, z, w, opts)
-    t = near_threshold(opts.group_size or d, True, opts.norm_before_gate, opts.activation == "sigmoid")
+    t = near_threshold(opts.group_size or d, has_z, opts.norm_before_gate, opts.activation == "sigmoid", wdtype == FP32)
     _, fast, _ = _fwd(x, z, w, opts, debug=True)
     # the interpreter's own fast-path error on these rows, in ulps of the fast value
     ok = torch.isfinite(ref64) & (ref64 != 0)
@@ -97,13 +107,65 @@ def test_planted_error_inside_the_threshold_is_repaired_and_past_it_shows(d, opt
     assert (bits(y) != bits(ref))[target].all()
 
 
-def test_the_bound_grows_with_the_summation_depth_and_the_options():
-    # the compiled sum (16 columns per thread: a pair add and a chain of 8, then log2(threads) butterfly levels)
-    assert [sum_depth(1 << k) for k in (5, 6, 7, 8, 13)] == [9, 10, 11, 12, 17]
-    assert sum_depth(16, split=1) == 15 and sum_depth(8, split=1) == 7  # short rows: any order in one thread
-    # each option's extra roundings: a fp32 weight, the silu product, the gate's error twice when it comes first
-    assert fast_error_ulps(128, weight_fp32=True) == pytest.approx(fast_error_ulps(128) + 1)
-    assert fast_error_ulps(128) == pytest.approx(fast_error_ulps(128, sigmoid=True) + 1)
-    assert fast_error_ulps(128, norm_before_gate=False) > fast_error_ulps(128) + 13
-    assert [near_threshold(g) for g in (64, 128, 256, 1024, 8192)] == [20, 21, 21, 22, 24]
-    assert near_threshold(128, has_z=False) == 8
+_PTX_PROGRAM = """
+import sys
+sys.path.insert(0, "tools")
+import compile_sm90
+compiled = compile_sm90.compile_only()
+import torch
+from rlnorm.kernel._fwd import rms_norm_gated_fwd
+d = int(sys.argv[1])
+x = torch.randn(8, d).bfloat16()
+rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu")
+print(compiled[-1].asm["ptx"])
+"""
+
+
+def _sm90_ptx(d: int) -> str:
+    """The default forward's PTX for sm_90 at width d, compiled by the installed Triton (no GPU needed)."""
+    return subprocess.run(
+        [sys.executable, "-c", _PTX_PROGRAM, str(d)],
+        cwd=REPO_ROOT,
+        env={**os.environ, "TRITON_INTERPRET": "0"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=True,
+    ).stdout
+
+
+def _sum_depth_in_ptx(ptx: str) -> int:
+    """The most fp32 adds on any square's path into the mean square that feeds rsqrt, by dataflow over the PTX:
+    squares are leaves, add.f32 / a square's fma add one level, shuffles and shared memory pass a value on."""
+    depth: dict[str, int] = {}
+    stored = None
+    for line in ptx.splitlines():
+        ins = line.split("//")[0].strip().rstrip(";")
+        ops = [o.strip() for o in re.split(r"[\s,]+", re.sub(r"^@%p\d+\s+", "", ins)) if o.strip()]
+        if not ops:
+            continue
+        op, args = ops[0], ops[1:]
+        if op == "mul.f32" and len(args) == 3 and args[1] == args[2]:
+            depth[args[0]] = 0
+        elif op == "fma.rn.f32" and len(args) == 4 and args[1] == args[2] and args[3] in depth:
+            depth[args[0]] = depth[args[3]] + 1
+        elif op == "add.f32" and (args[1] in depth or args[2] in depth):
+            depth[args[0]] = max(depth.get(args[1], 0), depth.get(args[2], 0)) + 1
+        elif op.startswith("shfl.sync.bfly") and args[1] in depth:
+            depth[args[0]] = depth[args[1]]
+        elif op.startswith("st.shared") and args[-1] in depth:
+            stored = depth[args[-1]]
+        elif op.startswith("ld.shared") and stored is not None:
+            depth[args[0]] = stored
+        elif op == "fma.rn.f32" and args[1] in depth and not args[1] == args[2]:
+            ms_sum = depth[args[1]]  # the mean square: fma(sum, 1/G, eps)
+        elif op.startswith("rsqrt.approx"):
+            return ms_sum
+    raise AssertionError("no rsqrt in the forward's PTX")
+
+
+@pytest.mark.parametrize("d", [64, 128, 1024, 8192])
+def test_the_bound_counts_the_summation_depth_of_the_compiled_code(d):
+    # The bound's sum term is the depth of the reduction Triton emits; read it from the PTX of the installed
+    # Triton. A reduction with a longer chain (e.g. one chunk per thread, SPLIT 1) would raise the bound.
+    assert _sum_depth_in_ptx(_sm90_ptx(d)) == sum_depth(d)

@@ -185,7 +185,7 @@ def test_row_chunk_layouts_give_the_same_bits(d):
 
 @pytest.mark.parametrize("opts", [DEFAULT, OpOptions(activation="sigmoid"), OpOptions(norm_before_gate=False)])
 def test_exact_path_repairs_a_fast_path_planted_wrong(case11, opts):
-    # the fast path planted 6 fp32 ulps off (the default bound of 10 absorbs it): the rows it makes near a
+    # the fast path planted 6 fp32 ulps off (the threshold, 21 here, absorbs it): the rows it makes near a
     # midpoint are recomputed in fp64, so every output is still the correctly rounded one
     c = case11.rows(slice(0, 96))
     ref = oracle(c.x, c.z, c.w, opts)
