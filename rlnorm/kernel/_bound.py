@@ -55,13 +55,15 @@ def fast_error_ulps(
     block_g = 1 << max(0, (group - 1).bit_length())
     d = sum_depth(block_g, split if block_g >= 32 else 1, per_thread)
     inv_g = 0.0 if group & (group - 1) == 0 else 1.0  # 1/group rounded to fp32 unless a power of two
+    # the sum's error, or eps's rounding to fp32 where it is larger (both terms of ms are non-negative)
+    sum_u = max(d + inv_g, 1.0)
     gate = (SIGMOID_U if sigmoid else SILU_U) if has_z else 0.0
     if has_z and not norm_before_gate:
         xg = gate + 1.0  # x * act(z), rounded: every square carries 2 * xg + 1 (its own rounding)
         # ms = fma(sum, 1/group, eps) rounded once; eps's own rounding is no larger than the sum's share
-        rstd = (2 * xg + 1.0 + d + inv_g + 1.0) / 2 + NEWTON_U
+        rstd = (2 * xg + 1.0 + sum_u + 1.0) / 2 + NEWTON_U
         return xg + 1.0 + 1.0 + rstd + SLACK_U  # (xg * w) * rstd: two roundings
-    rstd = (d + inv_g + 1.0) / 2 + NEWTON_U
+    rstd = (sum_u + 1.0) / 2 + NEWTON_U
     products = (1.0 if weight_fp32 else 0.0) + 1.0 + (1.0 if has_z else 0.0)  # x * w exact for 16-bit w
     return products + gate + rstd + SLACK_U
 
