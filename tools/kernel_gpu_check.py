@@ -41,7 +41,7 @@ import rlnorm
 from benchmarks import runner, variants
 from rlnorm.inputs import make_case
 from rlnorm.kernel import _fwd as F
-from rlnorm.kernel._bound import fast_error_ulps, near_threshold
+from rlnorm.kernel._bound import fast_error_ulps, near_threshold, ptx_sum_depth, sum_depth
 from rlnorm.kernel.testing import plant
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
@@ -184,6 +184,25 @@ def _bound_inputs(rows: int, d: int, dist: str, seed: int) -> tuple[torch.Tensor
     return x.bfloat16(), z.bfloat16(), w.bfloat16()
 
 
+def _compiled_ptx() -> dict[int, str]:
+    """The PTX of every variant of the forward kernel compiled in this process, by object id (none in the
+    interpreter). Triton 3.6 and 3.7 both keep the kernels in the first slot of `device_caches`' entries."""
+    out: dict[int, str] = {}
+    for entry in getattr(F._rms_norm_gated_fwd_kernel, "device_caches", {}).values():
+        for k in entry[0].values():
+            ptx = getattr(k, "asm", {}).get("ptx")
+            if ptx:
+                out[id(k)] = ptx
+    return out
+
+
+def _launch_depth(group: int) -> int:
+    """The summation depth the bound counts for the default launch at this group width."""
+    block_r, block_g, num_warps = F.fwd_config(group, torch.bfloat16)
+    per_thread = max(1, block_r * block_g // (32 * num_warps))
+    return sum_depth(block_g, F.SPLIT_CHUNKS if block_g >= 16 * F.SPLIT_CHUNKS else 1, per_thread)
+
+
 def bound(ck: Check, elements: int) -> None:
     """The fast path's worst error per width against the proven bound (docs/kernel.md §3)."""
     table: list[dict[str, Any]] = []
@@ -198,6 +217,7 @@ def bound(ck: Check, elements: int) -> None:
             t = near_threshold(g, has_z, opts.norm_before_gate, opts.activation == "sigmoid")
             rec: dict[str, Any] = {"d": d, "group": group, "option": name, "bound": round(b, 2), "T": t}
             rec.update(outputs=0, wrong=0, err_max=0.0, err_dist="", flag_elems=0.0, flag_rows=0.0)
+            seen = set(_compiled_ptx())
             for i, dist in enumerate(("standard", "row_scales", "heavy")):
                 x, z, w = _bound_inputs(rows, d, dist, seed=1000 * d + 10 * (group or 0) + i)
                 zz = z if has_z else None
@@ -217,12 +237,15 @@ def bound(ck: Check, elements: int) -> None:
                 rec["flag_rows"] = max(rec["flag_rows"], flags.bool().any(dim=1).float().mean().item())
                 del x, z, w, y, fast, flags, ref64, fast64, err, ok, e
             rec["err_over_bound"] = round(rec["err_max"] / b, 3)
+            # the depth B counts beside the one this Triton's PTX has (None: no new kernel, or interpreted)
+            depths = {ptx_sum_depth(v) for k, v in _compiled_ptx().items() if k not in seen}
+            rec.update(depth=_launch_depth(g), ptx_depth=max(depths, key=lambda v: v or 0) if depths else None)
             table.append(rec)
             ck.res["bound"].append(rec)
             print(json.dumps(rec), flush=True)
             ck.summary.append(
                 f"bound d={d} group={group} {name:<10} err_max={rec['err_max']:.2f} ({rec['err_dist']}) "
-                f"B={b:.2f} T={t} wrong={rec['wrong']} of {rec['outputs']}"
+                f"B={b:.2f} T={t} wrong={rec['wrong']} of {rec['outputs']} depth={rec['depth']} ptx={rec['ptx_depth']}"
             )
     _write_bound_table(table, ck.out)
 
@@ -235,21 +258,22 @@ def _write_bound_table(table: list[dict[str, Any]], out: str | None) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name() if DEV == "cuda" else "cpu"
     cols = ["d", "group", "option", "err_max", "err_dist", "bound", "T", "err_over_bound", "wrong", "outputs"]
-    cols += ["flag_elems", "flag_rows"]
+    cols += ["flag_elems", "flag_rows", "depth", "ptx_depth"]
     lines = [",".join(cols)] + [",".join(str(r[c]) for c in cols) for r in table]
     (folder / "bound_table.csv").write_text("\n".join(lines) + "\n")
     md = [
         f"Worst fast-path error (fp32 ulps of the fast value, against fp64) and the proven bound B; {device}, "
         f"torch {torch.__version__}, triton {__import__('triton').__version__}; worst of three input distributions.",
         "",
-        "| D | group | option | worst error | input | bound B | T | wrong / outputs | flagged elems | flagged rows |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| D | group | option | worst error | input | bound B | T | wrong / outputs | flagged elems | flagged rows "
+        "| sum depth (PTX) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in table:
         md.append(
             f"| {r['d']} | {r['group'] or '-'} | {r['option']} | {r['err_max']:.2f} | {r['err_dist']} | "
             f"{r['bound']:.2f} | {r['T']} | {r['wrong']} / {r['outputs']:,} | {100 * r['flag_elems']:.3f}% | "
-            f"{100 * r['flag_rows']:.2f}% |"
+            f"{100 * r['flag_rows']:.2f}% | {r['depth']} ({r['ptx_depth'] if r['ptx_depth'] is not None else '-'}) |"
         )
     (folder / "bound_table.md").write_text("\n".join(md) + "\n")
 

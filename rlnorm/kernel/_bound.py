@@ -9,6 +9,7 @@ so the GPU check and the tests import it without a kernel.
 from __future__ import annotations
 
 import math
+import re
 
 # PTX ISA (9.7.3 Floating Point Instructions), as relative errors in u:
 EX2_U = 5.0  # ex2.approx.f32: 2 ulp from the correctly rounded result -> 2.5 ulp of 2**-23 relative each
@@ -81,3 +82,35 @@ def near_threshold(
     least T + 1 ulps from the midpoint, so an error below T + 1 keeps it on the midpoint's correct side:
     T = floor(B)."""
     return math.floor(fast_error_ulps(group, has_z, norm_before_gate, sigmoid, weight_fp32, split, per_thread))
+
+
+def ptx_sum_depth(ptx: str) -> int | None:
+    """The most fp32 adds on any square's path into the mean square that feeds rsqrt, by dataflow over the
+    forward's PTX: squares are leaves, add.f32 and a square's fma add one level, shuffles and shared memory
+    pass a value on. What `sum_depth` must equal for the Triton that compiled it (tests, GPU check). None
+    if the PTX has no such chain."""
+    depth: dict[str, int] = {}
+    stored = ms_sum = None
+    for line in ptx.splitlines():
+        ins = line.split("//")[0].strip().rstrip(";")
+        ops = [o.strip() for o in re.split(r"[\s,]+", re.sub(r"^@%p\d+\s+", "", ins)) if o.strip()]
+        if not ops:
+            continue
+        op, args = ops[0], ops[1:]
+        if op == "mul.f32" and len(args) == 3 and args[1] == args[2]:
+            depth[args[0]] = 0
+        elif op == "fma.rn.f32" and len(args) == 4 and args[1] == args[2] and args[3] in depth:
+            depth[args[0]] = depth[args[3]] + 1
+        elif op == "add.f32" and (args[1] in depth or args[2] in depth):
+            depth[args[0]] = max(depth.get(args[1], 0), depth.get(args[2], 0)) + 1
+        elif op.startswith("shfl.sync.bfly") and args[1] in depth:
+            depth[args[0]] = depth[args[1]]
+        elif op.startswith("st.shared") and args[-1] in depth:
+            stored = depth[args[-1]]
+        elif op.startswith("ld.shared") and stored is not None:
+            depth[args[0]] = stored
+        elif op == "fma.rn.f32" and args[1] in depth and args[1] != args[2]:
+            ms_sum = depth[args[1]]  # the mean square: fma(sum, 1/G, eps)
+        elif op.startswith("rsqrt.approx"):
+            return ms_sum
+    return None

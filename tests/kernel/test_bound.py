@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import subprocess
 import sys
 
@@ -20,7 +19,7 @@ from conftest import REPO_ROOT, oracle
 
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
-from rlnorm.kernel._bound import near_threshold, sum_depth
+from rlnorm.kernel._bound import near_threshold, ptx_sum_depth, sum_depth
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
@@ -134,38 +133,8 @@ def _sm90_ptx(d: int) -> str:
     ).stdout
 
 
-def _sum_depth_in_ptx(ptx: str) -> int:
-    """The most fp32 adds on any square's path into the mean square that feeds rsqrt, by dataflow over the PTX:
-    squares are leaves, add.f32 / a square's fma add one level, shuffles and shared memory pass a value on."""
-    depth: dict[str, int] = {}
-    stored = None
-    for line in ptx.splitlines():
-        ins = line.split("//")[0].strip().rstrip(";")
-        ops = [o.strip() for o in re.split(r"[\s,]+", re.sub(r"^@%p\d+\s+", "", ins)) if o.strip()]
-        if not ops:
-            continue
-        op, args = ops[0], ops[1:]
-        if op == "mul.f32" and len(args) == 3 and args[1] == args[2]:
-            depth[args[0]] = 0
-        elif op == "fma.rn.f32" and len(args) == 4 and args[1] == args[2] and args[3] in depth:
-            depth[args[0]] = depth[args[3]] + 1
-        elif op == "add.f32" and (args[1] in depth or args[2] in depth):
-            depth[args[0]] = max(depth.get(args[1], 0), depth.get(args[2], 0)) + 1
-        elif op.startswith("shfl.sync.bfly") and args[1] in depth:
-            depth[args[0]] = depth[args[1]]
-        elif op.startswith("st.shared") and args[-1] in depth:
-            stored = depth[args[-1]]
-        elif op.startswith("ld.shared") and stored is not None:
-            depth[args[0]] = stored
-        elif op == "fma.rn.f32" and args[1] in depth and not args[1] == args[2]:
-            ms_sum = depth[args[1]]  # the mean square: fma(sum, 1/G, eps)
-        elif op.startswith("rsqrt.approx"):
-            return ms_sum
-    raise AssertionError("no rsqrt in the forward's PTX")
-
-
 @pytest.mark.parametrize("d", [64, 128, 1024, 8192])
 def test_the_bound_counts_the_summation_depth_of_the_compiled_code(d):
     # The bound's sum term is the depth of the reduction Triton emits; read it from the PTX of the installed
     # Triton. A reduction with a longer chain (e.g. one chunk per thread, SPLIT 1) would raise the bound.
-    assert _sum_depth_in_ptx(_sm90_ptx(d)) == sum_depth(d)
+    assert ptx_sum_depth(_sm90_ptx(d)) == sum_depth(d)
