@@ -199,8 +199,9 @@ def _compiled_ptx() -> dict[int, str]:
 def _launch_depth(group: int) -> int:
     """The summation depth the bound counts for the default launch at this group width."""
     block_r, block_g, num_warps = F.fwd_config(group, torch.bfloat16)
-    per_thread = max(1, block_r * block_g // (32 * num_warps))
-    return sum_depth(block_g, F.SPLIT_CHUNKS if block_g >= 16 * F.SPLIT_CHUNKS else 1, per_thread)
+    split = F.SPLIT_CHUNKS if block_g >= 16 * F.SPLIT_CHUNKS else 1
+    per_thread = max(8 * split, block_r * block_g // (32 * num_warps)) if block_g >= 32 else block_g
+    return sum_depth(block_g, split, per_thread)
 
 
 def bound(ck: Check, elements: int) -> None:

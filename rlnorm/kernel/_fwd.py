@@ -607,7 +607,9 @@ def rms_norm_gated_fwd(
     if block_g % split:
         raise ValueError(f"plant: SPLIT {split} does not divide the block width {block_g}")
     if sw["NEAR_T"] is None:  # from the launch's shape: the summation depth is part of the bound
-        per_thread = max(1, block_r * block_g // (32 * num_warps))
+        # a row's elements in one thread: at least one 16-byte vector per chunk (Triton vectorizes the loads),
+        # more where the tile has more elements than threads; a row under 32 columns is taken whole (any order)
+        per_thread = max(8 * split, block_r * block_g // (32 * num_warps)) if block_g >= 32 else block_g
         sigmoid = activation == "sigmoid"
         near_t = near_bound(group, has_z, norm_before_gate, sigmoid, w.dtype == torch.float32, split, per_thread)
     else:
