@@ -305,3 +305,17 @@ def test_the_stacks_rows_on_the_gpu(key: str) -> None:
     assert row.available("cuda") == (True, ""), row.available("cuda")
     c = make_case(1000, 128, seed=3, device="cuda")
     assert torch.isfinite(row.forward(c.x, c.z, c.w, OpOptions()).float()).all()
+
+
+def test_the_tool_packs_a_pin_as_vllm_sources_does(vllm_archive: Path, tmp_path: Path) -> None:
+    """tools/stack_sources.py packs the installed vLLM 0.30.0 into the very bytes of tools/vllm_sources.py's archive,
+    and refuses a key it does not know."""
+    import subprocess
+
+    tool = Path(__file__).resolve().parents[2] / "tools" / "stack_sources.py"
+    run = [sys.executable, str(tool), "--out", str(tmp_path)]
+    proc = subprocess.run([*run, "vllm-0.30.0"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "vllm-src.tar.gz").read_bytes() == vllm_archive.read_bytes()
+    proc = subprocess.run([*run, "sglang-9"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["vllm-src.tar.gz"]
