@@ -227,6 +227,24 @@ REGISTRY: dict[str, str] = {
     "vllm_native_batch_invariant": "rlnorm.kit.backends.vllm_native:VllmNativeBatchInvariantBackend",
     "torch_compile": "rlnorm.kit.backends.local:TorchCompileBackend",
 }
+# the RL stacks' paths, from their own files at pinned versions (docs/stacks.md)
+REGISTRY.update(
+    {
+        k: f"rlnorm.kit.backends.stacks:{cls}"
+        for k, cls in (
+            ("sglang_fused_norm_gate", "SglangFusedNormGateBackend"),
+            ("sglang_layernorm_gated", "SglangLayernormGatedBackend"),
+            ("sglang_layernorm_gated_deterministic", "SglangLayernormGatedDeterministicBackend"),
+            ("torchtitan", "TorchtitanBackend"),
+            ("megatron_gdn", "MegatronGdnBackend"),
+            ("megatron_gdn_batch_invariant", "MegatronGdnBatchInvariantBackend"),
+            ("vllm_033", "Vllm033Backend"),
+            ("vllm_native_033", "VllmNative033Backend"),
+            ("vllm_native_compiled_033", "VllmNativeCompiled033Backend"),
+            ("vllm_native_batch_invariant_033", "VllmNativeBatchInvariant033Backend"),
+        )
+    }
+)
 
 
 def _check_function_signature(fn: Callable, spec: str) -> None:

@@ -215,14 +215,17 @@ def _install(name: str, module: types.ModuleType, ours: dict[str, types.ModuleTy
     setattr(_package(parent, ours), child, module)
 
 
-def load_layernorm_guard(files: VllmFiles) -> types.ModuleType:
-    """vLLM's layernorm_guard module, executed from `files` with only `STOOD_IN` standing in."""
+def load_layernorm_guard(files: VllmFiles, extra: tuple[str, ...] = ()) -> types.ModuleType:
+    """vLLM's layernorm_guard module, executed from `files` with only `STOOD_IN` standing in, and an empty module
+    under each name in `extra` (a later release's imports that its forward never reads)."""
     missing = [rel for _, rel in _FROM_FILES if not files.path(rel).is_file()]
     if missing:
         raise FileNotFoundError(f"vLLM files under {files.root} lack {missing}")
     with _vllm_names() as ours:
         for name, module in _stand_ins().items():
             _install(name, module, ours)
+        for name in extra:
+            _install(name, types.ModuleType(name), ours)
         for name, rel in _FROM_FILES:
             spec = importlib.util.spec_from_file_location(name, files.path(rel))
             assert spec is not None and spec.loader is not None

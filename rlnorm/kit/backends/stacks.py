@@ -1,0 +1,411 @@
+"""The gated norm as the RL stacks run it, from each stack's own files at a pinned version (docs/stacks.md).
+
+SGLang (the sampler of slime and AReaL), Megatron-core (their trainer), TorchTitan and today's vLLM cannot be
+installed beside the kit's torch, so each row executes the stack's files (`stack_files`: installed at the pinned
+version, or carried in .whl/) with only the helpers named in `source` stood in, and calls the stack's module as the
+model's layer calls it. tests/kit/test_stacks.py proves the calls and their arguments against the real files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error
+from rlnorm.kit.backends import stack_files as sf
+from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.kit.backends.vllm import Plan, VllmBackend
+from rlnorm.kit.backends.vllm_native import (
+    VllmNativeBackend,
+    VllmNativeBatchInvariantBackend,
+    VllmNativeCompiledBackend,
+)
+from rlnorm.options import OpOptions
+
+__all__ = ["MegatronGdnBackend", "MegatronGdnBatchInvariantBackend", "SglangFusedNormGateBackend"]
+__all__ += ["SglangLayernormGatedBackend", "SglangLayernormGatedDeterministicBackend", "TorchtitanBackend"]
+__all__ += ["Vllm033Backend", "VllmNative033Backend", "VllmNativeBatchInvariant033Backend"]
+__all__ += ["VllmNativeCompiled033Backend", "sglang_modules"]
+
+
+def _interp() -> str:
+    return "" if torch.cuda.is_available() else ", under the Triton interpreter"
+
+
+class _StackRow(Backend):
+    """A row from a pinned stack's files: `_load` reads them once; a missing file is the reason it cannot run."""
+
+    pin: sf.Pin
+    needs_gate = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.files, self._where = sf.find(self.pin)
+        self._loaded: Any = None
+        where = self.files.origin if self.files is not None else "files not found"
+        stood = "; ".join(f"{k}: {v}" for k, v in self.pin.stood_in.items()) or "nothing"
+        self.source = f"{self.pin.dist} {self.pin.version} {self.what()} ({where}; stood in: {stood})"
+
+    def what(self) -> str:
+        raise NotImplementedError
+
+    def _load(self) -> Any:
+        raise NotImplementedError
+
+    def loaded(self) -> Any:
+        if self._loaded is None:
+            if self.files is None:
+                raise BackendUnavailable(f"{self.key}: {self._where}")
+            self._loaded = self._load()
+        return self._loaded
+
+    def _import_reason(self) -> str | None:
+        if self.files is None:
+            return self._where
+        try:
+            self.loaded()
+        except Exception as exc:
+            return (
+                f"{self.pin.dist} {self.pin.version}'s files under {self.files.root} do not load: {describe_error(exc)}"
+            )
+        return None
+
+    def _check(self, x: Tensor, z: Tensor | None, opts: OpOptions) -> None:
+        ok, why = self.supports(opts)
+        if not ok:
+            raise BackendUnavailable(f"{self.key}: {why}")
+        if self.needs_gate and z is None:
+            raise BackendUnavailable(f"{self.key}: needs a gate z (the stack's layer always passes one)")
+
+
+def _only_qwen_options(opts: OpOptions, who: str, activations: tuple[str, ...] = ("silu",)) -> tuple[bool, str]:
+    if opts.group_size is not None:
+        return False, f"{who} has no group_size (it normalises the whole row)"
+    if not opts.norm_before_gate:
+        return False, f"{who} only norms before the gate (norm_before_gate=True)"
+    if opts.activation not in activations:
+        return False, f"{who} has no activation {opts.activation} (only {', '.join(activations)})"
+    return True, ""
+
+
+# -- SGLang 0.5.23 -----------------------------------------------------------------------------------------------
+_SGL = "sglang.kernels.ops.attention.fla."
+
+
+def _capability() -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
+
+
+def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, types.ModuleType]:
+    """SGLang's fused_norm_gate and layernorm_gated modules, executed from its files with `pin.stood_in` standing
+    in; `batch_invariant` is what is_batch_invariant_mode_enabled() answers (--enable-deterministic-inference)."""
+    common = files.path("sglang/srt/utils/common.py")
+    utils = types.ModuleType("sglang.srt.utils")
+    # device_context's own lines: on a host without a GPU it answers as SGLang's CPU engine (torch.device("cpu"))
+    ctx_scope = {"torch": torch, "contextmanager": contextlib.contextmanager, "is_cpu": lambda: _capability() is None}
+    utils.__dict__.update(
+        cdiv=sf.read_function(common, "cdiv", {}),
+        next_power_of_2=sf.read_function(common, "next_power_of_2", {}),
+        device_context=sf.read_function(common, "device_context", ctx_scope),
+        is_cpu=lambda: False,
+        is_npu=lambda: False,
+        cpu_has_amx_support=lambda: False,
+    )
+    jit = types.ModuleType("sglang.kernels.jit.utils")
+    jit.__dict__.update(
+        is_arch_support_pdl=lambda: (_capability() or (0, 0))[0] >= 9 and torch.version.hip is None,
+        get_jit_cuda_arch=lambda: types.SimpleNamespace(major=_capability()[0], minor=_capability()[1]),  # type: ignore[index]
+    )
+    bio = types.ModuleType("sglang.srt.batch_invariant_ops")
+    bio.__dict__.update(is_batch_invariant_mode_enabled=lambda: batch_invariant)
+    runtime = types.ModuleType("sglang.srt.runtime_context")
+
+    def get_exec() -> Any:
+        raise ValueError("no server config is published here")
+
+    runtime.__dict__.update(get_exec=get_exec)
+    stand_ins = {m.__name__: m for m in (utils, jit, bio, runtime)}
+    modules = [
+        ("sglang.srt.model_executor.cuda_graph_config", "sglang/srt/model_executor/cuda_graph_config.py"),
+        (_SGL + "fused_norm_gate", "sglang/kernels/ops/attention/fla/fused_norm_gate.py"),
+        (_SGL + "layernorm_gated", "sglang/kernels/ops/attention/fla/layernorm_gated.py"),
+    ]
+    loaded = sf.load(files, modules, stand_ins)
+    lg = loaded[_SGL + "layernorm_gated"]
+    if _capability() is None:  # its torch.cuda query has no answer on a CPU: torch's threads, as vLLM's CPU platform
+        lg._get_sm_count = functools.cache(lambda device: torch.get_num_threads())
+    return {"fused_norm_gate": loaded[_SGL + "fused_norm_gate"], "layernorm_gated": lg}
+
+
+class _SglangRow(_StackRow):
+    pin = sf.PINS["sglang"]
+    has_backward = False  # SGLang's autograd Functions define no backward: it samples, never trains
+    batch_invariant = False
+
+    def _load(self) -> Any:
+        return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
+
+    def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if not check_inputs(x, z, w, opts):
+            return torch.empty_like(x)
+        self._check(x, z, opts)
+        mod = self._module(x.shape[-1], w, opts)
+        mod.weight = nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
+        with torch.no_grad():
+            return self._call(mod, x, z)
+
+    def _call(self, mod: nn.Module, x: Tensor, z: Tensor | None) -> Tensor:
+        return mod(x, z)
+
+
+class SglangFusedNormGateBackend(_SglangRow):
+    """`FusedRMSNormGated`, Qwen3-Next's gated norm in SGLang (qwen3_next.py builds it unless the removed
+    tc_piecewise prefill graph is configured): FLA's fused kernel with BT=32, num_warps=4 for D <= 512."""
+
+    key = "sglang_fused_norm_gate"
+    needs_gate = True
+
+    def what(self) -> str:
+        return (
+            "fused_norm_gate.py FusedRMSNormGated(D, eps, activation) as qwen3_next.py builds it, called as its GDN "
+            f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{_interp()}"
+        )
+
+    def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        return _only_qwen_options(opts, "FusedRMSNormGated", ("silu", "sigmoid"))
+
+    def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
+        cls = self.loaded()["fused_norm_gate"].FusedRMSNormGated
+        return cls(d, eps=opts.eps, activation=opts.activation, device=w.device, dtype=w.dtype)
+
+    def _call(self, mod: nn.Module, x: Tensor, z: Tensor | None) -> Tensor:
+        return mod(x.clone(), z)  # y = x: layer_norm_gated_fwd stores the output over its input
+
+
+class SglangLayernormGatedBackend(_SglangRow):
+    """`layernorm_gated.RMSNorm`, Qwen3.5's gated norm in SGLang (qwen3_5.py): rows per program from
+    calc_rows_per_block(M, device), i.e. from the row count and the SM count."""
+
+    key = "sglang_layernorm_gated"
+
+    def what(self) -> str:
+        mode = (
+            "under --enable-deterministic-inference (is_batch_invariant_mode_enabled(): 4 rows per program)"
+            if self.batch_invariant
+            else "rows per program from calc_rows_per_block(M, device)"
+            + ("" if torch.cuda.is_available() else ", whose _get_sm_count answers torch's thread count on a CPU")
+        )
+        built = "layernorm_gated.py RMSNorm(D, eps, group_size, norm_before_gate, activation) as qwen3_5.py builds it"
+        return f"{built}, {mode}{_interp()}"
+
+    def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
+        cls = self.loaded()["layernorm_gated"].RMSNorm
+        return cls(
+            d,
+            eps=opts.eps,
+            group_size=opts.group_size,
+            norm_before_gate=opts.norm_before_gate,
+            device=w.device,
+            dtype=w.dtype,
+            activation=opts.activation,
+        )
+
+
+class SglangLayernormGatedDeterministicBackend(SglangLayernormGatedBackend):
+    key = "sglang_layernorm_gated_deterministic"
+    batch_invariant = True
+
+
+# -- TorchTitan 0.3.0 --------------------------------------------------------------------------------------------
+class TorchtitanBackend(_StackRow):
+    """TorchTitan's `RMSNormGated.forward` (models/qwen3_5/model.py), used by its trainer and its generator:
+    PyTorch, normalised x rounded to x's dtype before the gate (two roundings); its own autograd gives the grads."""
+
+    key = "torchtitan"
+    pin = sf.PINS["torchtitan"]
+    needs_gate = True
+
+    def what(self) -> str:
+        return "models/qwen3_5/model.py RMSNormGated.forward(x, gate), eager, with its weight and Config.eps"
+
+    def _load(self) -> Callable[..., Tensor]:
+        path = self.files.path("torchtitan/models/qwen3_5/model.py")  # type: ignore[union-attr]
+        return sf.read_function(path, "RMSNormGated.forward", {"torch": torch, "F": F})
+
+    def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        return _only_qwen_options(opts, "TorchTitan's RMSNormGated")
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        self._check(x, z, opts)
+        return self.loaded()(types.SimpleNamespace(eps=opts.eps, weight=w), x, z)
+
+
+# -- Megatron-core 0.19.2 ----------------------------------------------------------------------------------------
+_GDN = "megatron/core/ssm/gated_delta_net/common.py"
+_BIK = "megatron/core/transformer/custom_layers/batch_invariant_kernels.py"
+
+
+def zero_centred(w: Tensor) -> Tensor:
+    """The weight Megatron holds with layernorm_zero_centered_gamma: Megatron-Bridge loads the norm weight minus one."""
+    return (w.float() - 1.0).to(w.dtype)
+
+
+class _MegatronRow(_StackRow):
+    """Megatron's GDN `_apply_gated_norm(self, x, gate)`: out_norm(x), then y * silu(gate.float()), then to x's dtype,
+    under @jit_fuser (torch.compile). `out_norm` holds the zero-centred weight."""
+
+    pin = sf.PINS["megatron-core"]
+    needs_gate = True
+    jit_fuser: Callable[..., Any] = staticmethod(torch.compile)  # what megatron/core/jit.py sets for torch >= 2.2
+
+    def _load(self) -> Any:
+        path = self.files.path(_GDN)  # type: ignore[union-attr]
+        return sf.read_function(path, "_GDNBase._apply_gated_norm", {"jit_fuser": self.jit_fuser})
+
+    def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        return _only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
+
+    def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
+        raise NotImplementedError
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        self._check(x, z, opts)
+        layer = types.SimpleNamespace(out_norm=self.out_norm(w, opts), act_fn=F.silu)
+        y = self.loaded()(layer, x, z)
+        return y.reshape(x.shape)
+
+
+class MegatronGdnBackend(_MegatronRow):
+    key = "megatron_gdn"
+    requires = "transformer_engine.pytorch"
+
+    def what(self) -> str:
+        return (
+            "ssm/gated_delta_net/common.py _GDNBase._apply_gated_norm under jit_fuser (torch.compile), "
+            "out_norm = Transformer Engine's RMSNorm(zero_centered_gamma=True) holding the weight minus one"
+        )
+
+    def _import_reason(self) -> str | None:
+        try:
+            import transformer_engine.pytorch  # noqa: F401
+        except Exception as exc:
+            return f"needs Transformer Engine: {describe_error(exc)}".splitlines()[0][:160]
+        return super()._import_reason()
+
+    def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
+        import transformer_engine.pytorch as te
+
+        norm = te.RMSNorm(w.shape[0], eps=opts.eps, zero_centered_gamma=True, params_dtype=w.dtype, device=w.device)
+        return _Holding(norm, zero_centred(w))
+
+
+class _Holding(nn.Module):
+    """`norm` with `weight` as its parameter, kept in the graph so that dweight reaches the row's w."""
+
+    def __init__(self, norm: nn.Module, weight: Tensor) -> None:
+        super().__init__()
+        self.norm, self.held = norm, weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.func.functional_call(self.norm, {"weight": self.held}, (x,))
+
+
+class _PatchedTERMSNorm(nn.Module):
+    """TE's RMSNorm as Megatron's batch-invariant mode leaves it: its forward is `_te_rmsnorm_forward_patched`."""
+
+    def __init__(self, forward: Callable[..., Tensor], weight: Tensor, eps: float) -> None:
+        super().__init__()
+        self._forward, self.eps, self.zero_centered_gamma = forward, eps, True
+        self.weight = weight
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._forward(self, x)
+
+
+class MegatronGdnBatchInvariantBackend(_MegatronRow):
+    key = "megatron_gdn_batch_invariant"
+
+    def what(self) -> str:
+        return (
+            "ssm/gated_delta_net/common.py _GDNBase._apply_gated_norm under jit_fuser (torch.compile), with TE's "
+            "RMSNorm.forward patched by batch-invariant mode (batch_invariant_kernels.py _te_rmsnorm_forward_patched "
+            "-> BatchInvariantRMSNormFn, whose forward uses the stored weight, not weight + 1: zero_centered_gamma "
+            "is ignored); needs no TE"
+        )
+
+    def _load(self) -> Any:
+        self.bik = sf.load_file(self.files, _BIK)  # type: ignore[arg-type]
+        return super()._load()
+
+    def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
+        self.loaded()
+        return _PatchedTERMSNorm(self.bik._te_rmsnorm_forward_patched, zero_centred(w), opts.eps)
+
+
+# -- vLLM 0.33.0, beside the installed 0.30.0 ---------------------------------------------------------------------
+_VLLM = sf.PINS["vllm-0.33.0"]
+
+
+def _vllm_files() -> tuple[vf.VllmFiles | None, str]:
+    files, where = sf.find(_VLLM)
+    if files is None:
+        return None, where
+    return vf.VllmFiles(root=files.root, origin=files.origin, version=_VLLM.version), ""
+
+
+class Vllm033Backend(VllmBackend):
+    """The `vllm` row at vLLM 0.33.0: forward_cuda -> torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated ->
+    layernorm_guard.rmsnorm_fn with forward_cuda's arguments (layernorm.py:413-455), from 0.33.0's files."""
+
+    key = "vllm_033"
+
+    def _decide(self) -> Plan:
+        files, where = _vllm_files()
+        if files is None:
+            return Plan("none", f"vLLM {_VLLM.version} RMSNormGated.forward_cuda", reason=where)
+        plan = self._files_plan(files, "", why="through torch.ops.vllm.fla_rms_norm_gated, vllm not imported")
+        plan.source += "; vllm.envs stood in by an empty module (only the warm-up reads it)"
+        return plan
+
+    def _run_files(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if self._guard is None:
+            files = self.plan().files
+            assert files is not None
+            self._guard = vf.load_layernorm_guard(files, extra=("vllm.envs",))
+        return super()._run_files(x, z, w, opts)
+
+
+class _Native033:
+    def __init__(self) -> None:
+        files, self._pin_where = _vllm_files()
+        # a path that does not exist when the pin's files are missing: never the installed 0.30.0
+        super().__init__(files.root if files is not None else sf.WHL / "missing")  # type: ignore[call-arg]
+        if files is not None:
+            self.source = self.source.replace(str(files.root), files.origin)
+
+    def _import_reason(self) -> str | None:
+        if getattr(self, "files", None) is None:
+            return self._pin_where
+        return super()._import_reason()  # type: ignore[misc]
+
+
+class VllmNative033Backend(_Native033, VllmNativeBackend):
+    key = "vllm_native_033"
+
+
+class VllmNativeCompiled033Backend(_Native033, VllmNativeCompiledBackend):
+    key = "vllm_native_compiled_033"
+
+
+class VllmNativeBatchInvariant033Backend(_Native033, VllmNativeBatchInvariantBackend):
+    key = "vllm_native_batch_invariant_033"

@@ -1,0 +1,321 @@
+"""The stacks' rows run the stacks' own files and call them as the stacks do (docs/stacks.md).
+
+Against each pinned package's real files (carried in .whl/ by tools/stack_sources.py): the kernel launch or call each
+row makes is recorded and compared with the arguments the stack's layer passes (SGLang's BT and num_warps, the
+inputs of calc_rows_per_block, Megatron's zero-centred weight, vLLM 0.33.0's forward_cuda arguments), and a planted
+change to those arguments (in the stack's file or in how the row calls it) makes the comparison fail.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import IN_CI
+
+from rlnorm.inputs import make_case
+from rlnorm.kit.backends import load_backend, stacks
+from rlnorm.kit.backends import stack_files as sf
+from rlnorm.kit.backends.vllm import rmsnorm_call
+from rlnorm.kit.backends.vllm_native import native_call
+from rlnorm.options import OpOptions
+
+
+def pinned(key: str) -> sf.StackFiles:
+    files, where = sf.find(sf.PINS[key])
+    if files is None:
+        if IN_CI:
+            pytest.fail(f"CI must check the rows against the real files: {where}")
+        pytest.skip(where)
+    return files
+
+
+class Launches:
+    """Stands in for a Triton kernel `k` in its module: records each `k[grid](*args, **kwargs)`, then launches."""
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel, self.calls = kernel, []
+
+    def __getitem__(self, grid: Any) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append({"grid": tuple(grid), "args": args, "kwargs": kwargs})
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+def record(monkeypatch: pytest.MonkeyPatch, module: types.ModuleType, name: str) -> Launches:
+    rec = Launches(getattr(module, name))
+    monkeypatch.setattr(module, name, rec)
+    return rec
+
+
+def planted_copy(files: sf.StackFiles, rel: str, old: str, new: str, tmp: Path) -> Path:
+    """A copy of the pin's files with `old` replaced by `new` once in file `rel`."""
+    root = tmp / "planted"
+    for f in files.pin.files:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(files.path(f), root / f)
+    text = (root / rel).read_text()
+    assert text.count(old) == 1, old
+    (root / rel).write_text(text.replace(old, new))
+    return root
+
+
+# -- SGLang --------------------------------------------------------------------------------------------------------
+_FNG = "sglang/kernels/ops/attention/fla/fused_norm_gate.py"
+
+
+def fused_mismatches(call: dict, x: torch.Tensor, w: torch.Tensor, opts: OpOptions) -> list[str]:
+    """How a launch of layer_norm_gated_fwd_kernel differs from the one SGLang's Qwen3-Next layer makes for rows x
+    (fused_norm_gate.py:243-276 for D <= 512: BT=32, num_warps=4, one program per 32 rows; no PDL without a GPU)."""
+    t = x.reshape(-1, x.shape[-1]).shape[0]
+    k = call["kwargs"]
+    want = {"grid": ((t + 31) // 32,), "BT": 32, "num_warps": 4, "T": t, "D": x.shape[-1], "eps": opts.eps}
+    want |= {"ACTIVATION": opts.activation, "IS_RMS_NORM": True, "HAS_WEIGHT": True, "HAS_BIAS": False}
+    got = {"grid": call["grid"], **{n: k.get(n) for n in want if n != "grid"}}
+    bad = [f"{n}: {got[n]!r} != {want[n]!r}" for n in want if got[n] != want[n]]
+    if k["w"].data_ptr() != w.data_ptr():
+        bad.append("the weight is not the row's")
+    if k["x"].data_ptr() == x.data_ptr() or k["y"].data_ptr() != k["x"].data_ptr():
+        bad.append("the kernel must write over a copy of x (y = x), never the caller's x")
+    return bad
+
+
+@pytest.mark.parametrize("rows", [5, 40])
+def test_sglang_fused_norm_gate_launches_as_qwen3_nexts_layer(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned("sglang")
+    row = stacks.SglangFusedNormGateBackend()
+    rec = record(monkeypatch, row.loaded()["fused_norm_gate"], "layer_norm_gated_fwd_kernel")
+    for opts in (OpOptions(), OpOptions(eps=1e-5, activation="sigmoid")):
+        c = make_case(rows, 128, seed=rows)
+        x0 = c.x.clone()
+        rec.calls.clear()
+        y = row.forward(c.x, c.z, c.w, opts)
+        assert len(rec.calls) == 1
+        assert fused_mismatches(rec.calls[0], c.x, c.w, opts) == []
+        assert torch.equal(c.x, x0) and y.shape == c.x.shape
+
+
+def test_sglang_fused_norm_gate_a_planted_tile_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's file with BT = 16 in place of 32: the row runs it, and the comparison names the difference."""
+    files = pinned("sglang")
+    monkeypatch.setenv(files.pin.env, str(planted_copy(files, _FNG, "BT = 32", "BT = 16", tmp_path)))
+    row = stacks.SglangFusedNormGateBackend()
+    rec = record(monkeypatch, row.loaded()["fused_norm_gate"], "layer_norm_gated_fwd_kernel")
+    c = make_case(40, 128, seed=1)
+    row.forward(c.x, c.z, c.w, OpOptions())
+    assert fused_mismatches(rec.calls[0], c.x, c.w, OpOptions()) == ["grid: (3,) != (2,)", "BT: 16 != 32"]
+
+
+def rows_per_block_mismatches(
+    row: stacks.SglangLayernormGatedBackend, asked: list, call: dict, x: torch.Tensor
+) -> list:
+    """How a layernorm_gated launch differs from SGLang's: calc_rows_per_block(M, x.device) asked once with M the
+    rows, ROWS_PER_BLOCK = min(next_power_of_2(cdiv(M, 2 * SMs)), 4), or 4 in deterministic inference
+    (layernorm_gated.py:222-231), one program per ROWS_PER_BLOCK rows."""
+    m = x.reshape(-1, x.shape[-1]).shape[0]
+    sms = torch.get_num_threads()  # what the CPU stand-in answers for the SM count
+    rpb = 4 if row.batch_invariant else min(1 << (-(-m // (2 * sms)) - 1).bit_length(), 4)
+    bad = [] if asked == [(m, x.device)] else [f"calc_rows_per_block asked {asked}, not [({m}, {x.device})]"]
+    got = call["kwargs"]["ROWS_PER_BLOCK"], call["grid"]
+    if got != (rpb, (-(-m // rpb), 1)):
+        bad.append(f"ROWS_PER_BLOCK, grid {got} != {(rpb, (-(-m // rpb), 1))}")
+    return bad
+
+
+def run_layernorm_gated(row: Any, monkeypatch: pytest.MonkeyPatch, rows: int) -> list:
+    lg = row.loaded()["layernorm_gated"]
+    asked: list = []
+    real = lg.calc_rows_per_block
+    monkeypatch.setattr(lg, "calc_rows_per_block", lambda m, device: asked.append((m, device)) or real(m, device))
+    rec = record(monkeypatch, lg, "_layer_norm_fwd_1pass_kernel")
+    c = make_case(rows, 128, seed=rows)
+    row.forward(c.x, c.z, c.w, OpOptions())
+    assert len(rec.calls) == 1
+    return rows_per_block_mismatches(row, asked, rec.calls[0], c.x)
+
+
+@pytest.mark.parametrize("key", ["sglang_layernorm_gated", "sglang_layernorm_gated_deterministic"])
+def test_sglang_layernorm_gated_picks_rows_per_program_as_sglang(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned("sglang")
+    row = load_backend(key)
+    for rows in (1, 3, 9):  # with 2 threads: 1, 1 and 4 rows per program
+        assert run_layernorm_gated(row, monkeypatch, rows) == []
+
+
+def test_sglang_layernorm_gated_a_planted_mode_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The non-deterministic row's file answering deterministic mode: 4 rows per program for 3 rows is caught."""
+    pinned("sglang")
+    row = stacks.SglangLayernormGatedBackend()
+    monkeypatch.setattr(row.loaded()["layernorm_gated"], "is_batch_invariant_mode_enabled", lambda: True)
+    assert run_layernorm_gated(row, monkeypatch, 3) != []
+
+
+# -- TorchTitan ----------------------------------------------------------------------------------------------------
+def test_torchtitan_row_runs_the_files_forward_with_the_layers_eps_and_weight() -> None:
+    files = pinned("torchtitan")
+    row = stacks.TorchtitanBackend()
+    assert row.loaded().__code__.co_filename == str(files.path("torchtitan/models/qwen3_5/model.py"))
+    c = make_case(6, 128, seed=2)
+    x = (c.x.float() * 1e-3).to(c.x.dtype)  # small rows: eps moves the bits
+
+    def layer(eps: float) -> torch.Tensor:  # the file's forward for a layer holding w and Config(eps=eps)
+        xf = x.float()
+        y = (c.w.float() * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps))).to(x.dtype)
+        return (y * F.silu(c.z.float())).to(x.dtype)
+
+    for eps in (1e-6, 1e-5):
+        got = row.forward_backward(x, c.z, c.w, c.dy, OpOptions(eps=eps))
+        assert torch.equal(got.y, layer(eps))
+        assert got.dw is not None and got.dz is not None
+    assert not torch.equal(row.forward(x, c.z, c.w, OpOptions(eps=1e-5)), layer(1e-6))  # a planted eps is caught
+
+
+# -- Megatron ------------------------------------------------------------------------------------------------------
+class Eager(stacks.MegatronGdnBatchInvariantBackend):
+    """The batch-invariant row with jit_fuser left out, so a recorder can stand where the CUDA-only kernel runs."""
+
+    jit_fuser = staticmethod(lambda f: f)
+
+
+def megatron_call(row: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list, Any, torch.Tensor]:
+    calls: list = []
+
+    class Recorder:
+        @staticmethod
+        def apply(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
+            calls.append((x, weight, eps, zero_centered))
+            return x * 2
+
+    row.loaded()
+    monkeypatch.setattr(row.bik, "BatchInvariantRMSNormFn", Recorder)
+    c = make_case(4, 128, seed=3)
+    y = row.forward(c.x, c.z, c.w, OpOptions(eps=1e-6))
+    return calls, c, y
+
+
+def megatron_mismatches(calls: list, c: Any, y: torch.Tensor) -> list[str]:
+    """How the call differs from Megatron's: out_norm(x) = BatchInvariantRMSNormFn.apply(x, weight, eps, True) with
+    the weight held zero-centred (w - 1), then y * silu(gate.float()) rounded to x's dtype (common.py:370-379)."""
+    if len(calls) != 1:
+        return [f"{len(calls)} calls"]
+    x, weight, eps, zc = calls[0]
+    bad = [] if torch.equal(x, c.x) else ["x"]
+    bad += [] if torch.equal(weight, (c.w.float() - 1).to(c.w.dtype)) else ["the weight is not w - 1"]
+    bad += [] if (eps, zc) == (1e-6, True) else [f"eps, zero_centered_gamma = {eps}, {zc}"]
+    bad += [] if torch.equal(y, ((c.x * 2) * F.silu(c.z.float())).to(c.x.dtype)) else ["y"]
+    return bad
+
+
+def test_megatron_batch_invariant_row_calls_megatrons_norm_with_the_zero_centred_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pinned("megatron-core")
+    assert megatron_mismatches(*megatron_call(Eager(), monkeypatch)) == []
+
+
+def test_megatron_a_weight_not_zero_centred_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    pinned("megatron-core")
+    monkeypatch.setattr(stacks, "zero_centred", lambda w: w)
+    assert megatron_mismatches(*megatron_call(Eager(), monkeypatch)) == ["the weight is not w - 1"]
+
+
+def test_megatron_rows_say_why_they_cannot_run_here() -> None:
+    pinned("megatron-core")
+    ok, why = load_backend("megatron_gdn_batch_invariant").available("cpu")
+    assert not ok and why.endswith("Batch-invariant RMSNorm requires CUDA tensors.")
+    ok, why = load_backend("megatron_gdn").available("cpu")
+    assert ok or why.startswith("needs Transformer Engine")
+
+
+# -- vLLM 0.33.0 ---------------------------------------------------------------------------------------------------
+def vllm_033_calls(files: sf.StackFiles, monkeypatch: pytest.MonkeyPatch, flip: bool) -> list[bool]:
+    """0.33.0's forward_cuda (-> torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated) and forward_native, read
+    from its layernorm.py, against rmsnorm_call and native_call: equal calls, one per case."""
+    layernorm = files.path("vllm/model_executor/layers/layernorm.py")
+    seen: list = []
+    guard = types.ModuleType("vllm.third_party.flash_linear_attention.ops.layernorm_guard")
+    guard.rmsnorm_fn = lambda *a, **k: seen.append((a, k))
+    monkeypatch.setitem(sys.modules, guard.__name__, guard)
+    op = sf.read_function(layernorm, "_fla_rms_norm_gated", {})
+    fake_torch = types.SimpleNamespace(ops=types.SimpleNamespace(vllm=types.SimpleNamespace(fla_rms_norm_gated=op)))
+    cuda = sf.read_function(layernorm, "RMSNormGated.forward_cuda", {"torch": fake_torch})
+    native = sf.read_function(layernorm, "RMSNormGated.forward_native", {})
+    same = []
+    for opts in (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid")):
+        c = make_case(3, 128, seed=1)
+        mod = types.SimpleNamespace(weight=c.w, **opts.as_dict())
+        mod.forward_static = lambda *a, **k: seen.append((a, k))
+        if flip:
+            mod.norm_before_gate = not mod.norm_before_gate
+        for theirs in (cuda, native):
+            seen.clear()
+            theirs(mod, c.x, c.z)
+            if theirs is native:
+                native_call(lambda *a, **k: seen.append((a, k)), c.x, c.z, c.w, opts)
+            else:
+                rmsnorm_call(guard.rmsnorm_fn, c.x, c.z, c.w, opts)
+            assert len(seen) == 2
+            (a1, k1), (a2, k2) = seen
+            equal = len(a1) == len(a2) and all(u is v or u == v for u, v in zip(a1, a2, strict=True))
+            same.append(equal and k1 == k2)
+    return same
+
+
+def test_vllm_033_forward_cuda_and_native_make_the_rows_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    files = pinned("vllm-0.33.0")
+    assert vllm_033_calls(files, monkeypatch, flip=False) == [True] * 4
+    assert vllm_033_calls(files, monkeypatch, flip=True) == [False] * 4  # planted: the module's option differs
+
+
+def test_vllm_033_rows_run_its_files() -> None:
+    pinned("vllm-0.33.0")
+    c = make_case(5, 128, seed=4)
+    for key in ("vllm_033", "vllm_native_033", "vllm_native_batch_invariant_033"):
+        row = load_backend(key)
+        assert row.available("cpu") == (True, ""), key
+        assert "vLLM 0.33.0" in row.source and row.forward(c.x, c.z, c.w, OpOptions()).shape == c.x.shape
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "key",
+    [
+        "sglang_fused_norm_gate",
+        "sglang_layernorm_gated",
+        "sglang_layernorm_gated_deterministic",
+        "torchtitan",
+        "megatron_gdn_batch_invariant",
+        "vllm_033",
+        "vllm_native_033",
+        "vllm_native_compiled_033",
+        "vllm_native_batch_invariant_033",
+    ],
+)
+def test_the_stacks_rows_on_the_gpu(key: str) -> None:
+    """On the GPU machine (the stacks not installed there): each row runs from the carried files."""
+    row = load_backend(key)
+    assert row.available("cuda") == (True, ""), row.available("cuda")
+    c = make_case(1000, 128, seed=3, device="cuda")
+    assert torch.isfinite(row.forward(c.x, c.z, c.w, OpOptions()).float()).all()
+
+
+def test_the_tool_packs_a_pin_as_vllm_sources_does(vllm_archive: Path, tmp_path: Path) -> None:
+    """tools/stack_sources.py packs the installed vLLM 0.30.0 into the very bytes of tools/vllm_sources.py's archive,
+    and refuses a key it does not know."""
+    import subprocess
+
+    tool = Path(__file__).resolve().parents[2] / "tools" / "stack_sources.py"
+    run = [sys.executable, str(tool), "--out", str(tmp_path)]
+    proc = subprocess.run([*run, "vllm-0.30.0"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "vllm-src.tar.gz").read_bytes() == vllm_archive.read_bytes()
+    proc = subprocess.run([*run, "sglang-9"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["vllm-src.tar.gz"]
