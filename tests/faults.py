@@ -17,7 +17,7 @@ so the only thing wrong with a fault is the one planted. Load one by import path
 | `SegfaultPastRows` | the process segfaults on a batch of more than `limit` rows | run: status crashed, SIGSEGV |
 | `HangPastRows` | the process sleeps on a batch of more than `limit` rows | run: status timed_out |
 | `ExitPastRows` | the process exits with code 3 on a batch of more than `limit` rows | run: status crashed, code 3 |
-| `RowCountOrder` | a Triton kernel sums a row's squares in two halves (bf16 partials) from `halves_from` rows on | configurations |
+| `RowCountOrder` | a Triton kernel sums a row's squares in halves from `halves_from` rows on | configurations |
 | `DeviceErrorPastRows` | an illegal memory access on the GPU past `limit` rows | run: crashed, device error |
 
 The output faults move outputs by exactly one ulp and leave dx, dz untouched (the perturbation is
@@ -39,8 +39,8 @@ import triton.language as tl
 from torch import Tensor
 
 from rlnorm.kit.backends import Backend, Grads
-from rlnorm.kit.backends.pins import Setting
 from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.kit.backends.pins import Setting
 from rlnorm.options import OpOptions
 
 __all__ = [

@@ -122,7 +122,9 @@ class TorchCompileBackend(Backend):
         count each): dynamic=True against dynamic=False."""
         return [
             Setting(self.GRAPH, "graph", "dynamic=True", lambda: self._forced("dynamic")),
-            Setting(self.GRAPH, "graph", "dynamic=False (a static graph per row count)", lambda: self._forced("static")),
+            Setting(
+                self.GRAPH, "graph", "dynamic=False (one static graph per row count)", lambda: self._forced("static")
+            ),
         ]
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:

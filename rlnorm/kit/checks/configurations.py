@@ -44,7 +44,9 @@ if TYPE_CHECKING:
 _Run = tuple[tuple[Tensor | None, ...], Tensor | None, dict[int, tuple[Tensor | None, ...]]]
 
 
-def _full(backend: Backend, case: Case, opts: OpOptions, with_grad: bool) -> tuple[tuple[Tensor | None, ...], Tensor | None]:
+def _full(
+    backend: Backend, case: Case, opts: OpOptions, with_grad: bool
+) -> tuple[tuple[Tensor | None, ...], Tensor | None]:
     if with_grad:
         g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
         return (g.y, g.dx, g.dz), g.dw
