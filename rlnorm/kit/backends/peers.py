@@ -14,7 +14,14 @@ import torch
 from torch import Tensor
 
 from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, dist_version
-from rlnorm.kit.backends.pins import Setting, autotuner_settings, config_words, kernel_name, pin_first_configs
+from rlnorm.kit.backends.pins import (
+    Setting,
+    autotuner,
+    autotuner_settings,
+    config_words,
+    kernel_name,
+    pin_first_configs,
+)
 from rlnorm.options import OpOptions
 
 
@@ -129,13 +136,11 @@ class FlaFusedNormGateBackend(_Peer):
         """The autotuned kernels a call of width d launches (all four without d): forward, backward."""
         from fla.modules import fused_norm_gate as fng
 
-        if d is None:
-            return [fng.layer_norm_gated_fwd_kernel, fng.layer_norm_gated_bwd_kernel,
-                    fng.layer_norm_gated_fwd_kernel1, fng.layer_norm_gated_bwd_kernel1]  # fmt: skip
+        narrow = [fng.layer_norm_gated_fwd_kernel, fng.layer_norm_gated_bwd_kernel]
+        wide = [fng.layer_norm_gated_fwd_kernel1, fng.layer_norm_gated_bwd_kernel1]
         # the launchers' split: one row per program past 512 columns (layer_norm_gated_fwd / _bwd)
-        if d <= 512:
-            return [fng.layer_norm_gated_fwd_kernel, fng.layer_norm_gated_bwd_kernel]
-        return [fng.layer_norm_gated_fwd_kernel1, fng.layer_norm_gated_bwd_kernel1]
+        kernels = narrow + wide if d is None else narrow if d <= 512 else wide
+        return [autotuner(k) for k in kernels]
 
     def _untimed(self, x: Tensor) -> AbstractContextManager[Any]:
         return pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()

@@ -43,6 +43,18 @@ def kernel_name(obj: Any) -> str:
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', repr(obj)))}"
 
 
+def autotuner(obj: Any) -> Any:
+    """The triton Autotuner inside a kernel object (under @triton.heuristics, say); ValueError when there is none."""
+    from triton.runtime.autotuner import Autotuner
+
+    found, seen = obj, 0
+    while not isinstance(found, Autotuner) and hasattr(found, "fn") and seen < 8:
+        found, seen = found.fn, seen + 1
+    if not isinstance(found, Autotuner):
+        raise ValueError(f"autotuner: {kernel_name(obj)} is not an autotuned Triton kernel")
+    return found
+
+
 def config_words(config: Any) -> str:
     """A triton.Config in words: its constexprs, then num_warps and num_stages."""
     parts = [f"{k}={v}" for k, v in sorted(config.kwargs.items())]
