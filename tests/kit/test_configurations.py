@@ -14,6 +14,7 @@ from rlnorm.kit.backends.pins import autotuner, autotuner_settings, pin_autotune
 from rlnorm.kit.checks.configurations import configurations
 from rlnorm.kit.checks.rows import all_rows, full_vs_sub_batches
 from rlnorm.kit.params import ParamsError, load_params
+from rlnorm.kit.results import Configurations
 from tests.faults import RowCountOrder
 
 SMALL = {"configurations_rows": 8, "configurations_sizes": [1, 3], "configurations_seed": 3}
@@ -113,3 +114,8 @@ def test_bad_sizes_are_named() -> None:
                        configurations_seed=3, **OP)  # fmt: skip
     with pytest.raises(ParamsError, match="configurations_sizes"):
         load_params({"configurations_rows": 4, "configurations_sizes": [1, 5]})
+
+
+def test_a_backend_with_one_configuration_reports_none() -> None:
+    out = configurations(load_backend("reference"), None, "cpu", **SMALL, **OP)
+    assert out.error is None and out.summary == Configurations()

@@ -153,7 +153,7 @@ class Backend:
             return False, f"probe output has shape {tuple(y.shape)}, expected {tuple(case.x.shape)}"
         return True, ""
 
-    def configurations(self, opts: OpOptions, device: str) -> list[Setting]:
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         """Each value of every launch parameter its kernels pick by row count or autotuner, with a pin forcing it
         (the `configurations` check); none by default: one launch configuration at every size."""
         return []
