@@ -17,6 +17,7 @@ so the only thing wrong with a fault is the one planted. Load one by import path
 | `SegfaultPastRows` | the process segfaults on a batch of more than `limit` rows | run: status crashed, SIGSEGV |
 | `HangPastRows` | the process sleeps on a batch of more than `limit` rows | run: status timed_out |
 | `ExitPastRows` | the process exits with code 3 on a batch of more than `limit` rows | run: status crashed, code 3 |
+| `RowCountOrder` | a Triton kernel sums a row's squares in halves from `halves_from` rows on | configurations |
 | `DeviceErrorPastRows` | an illegal memory access on the GPU past `limit` rows | run: crashed, device error |
 
 The output faults move outputs by exactly one ulp and leave dx, dz untouched (the perturbation is
@@ -25,9 +26,11 @@ added outside the autograd graph), so they show up as `fwd_differ` and never as 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -35,8 +38,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from rlnorm.kit.backends import Grads
+from rlnorm.kit.backends import Backend, Grads
 from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.kit.backends.pins import Setting
 from rlnorm.options import OpOptions
 
 __all__ = [
@@ -48,6 +52,7 @@ __all__ = [
     "NondeterministicDweight",
     "OrderDependentDweight",
     "PositionDependentOutput",
+    "RowCountOrder",
     "SegfaultPastRows",
     "batch_size_fault_mask",
     "bump_one_ulp",
@@ -263,3 +268,67 @@ class DeviceErrorPastRows(_PastRows):
 @triton.jit
 def _store_far_away(ptr, offset):
     tl.store(ptr + offset, 1.0)  # an address no allocation holds: the kernel faults
+
+
+@triton.jit
+def _order_kernel(X, Z, W, Y, d, eps, BLOCK: tl.constexpr, HALVES: tl.constexpr):
+    """One row per program, y = x * rstd * w * silu(z); HALVES sums the squares in two halves, each partial sum
+    rounded to the input's dtype."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < d
+    x = tl.load(X + row * d + cols, mask=mask, other=0.0).to(tl.float32)
+    if HALVES:  # a split reduction whose two partial sums are kept in the input's dtype, then added
+        half = tl.arange(0, BLOCK // 2)
+        lo = tl.load(X + row * d + half, mask=half < d, other=0.0).to(tl.float32)
+        hi = tl.load(X + row * d + BLOCK // 2 + half, mask=BLOCK // 2 + half < d, other=0.0).to(tl.float32)
+        ss = tl.sum(lo * lo, axis=0).to(X.dtype.element_ty).to(tl.float32)
+        ss += tl.sum(hi * hi, axis=0).to(X.dtype.element_ty).to(tl.float32)
+    else:
+        ss = tl.sum(x * x, axis=0)
+    rstd = 1.0 / tl.sqrt(ss / d + eps)
+    z = tl.load(Z + row * d + cols, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
+    y = x * rstd * w * (z * tl.sigmoid(z))
+    tl.store(Y + row * d + cols, y.to(Y.dtype.element_ty), mask=mask)
+
+
+class RowCountOrder(Backend):
+    """A custom Triton forward whose constexpr HALVES, chosen from the row count (on from `halves_from` rows),
+    reduces a row in another order: every row check at sizes below `halves_from` passes it, and only the
+    `configurations` check, running both values against each other, sees rows differ."""
+
+    key = "tests.faults:RowCountOrder"
+    source = "planted: a Triton gated RMSNorm whose reduction order follows the row count"
+    has_backward = False
+    halves_from = 1 << 20
+
+    def __init__(self) -> None:
+        self._forced: int | None = None
+
+    def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        ok = opts.group_size is None and opts.norm_before_gate and opts.activation == "silu"
+        return ok, "" if ok else "only the whole row, norm before a silu gate"
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if z is None:
+            raise ValueError("z: this planted backend needs a gate")
+        rows, d = x.shape
+        y = torch.empty_like(x)
+        halves = int(rows >= self.halves_from) if self._forced is None else self._forced
+        if rows:
+            grid = (rows,)
+            _order_kernel[grid](x.contiguous(), z.contiguous(), w, y, d, opts.eps,
+                                BLOCK=triton.next_power_of_2(d), HALVES=halves)  # fmt: skip
+        return y
+
+    @contextlib.contextmanager
+    def _force(self, halves: int) -> Iterator[None]:
+        saved, self._forced = self._forced, halves
+        try:
+            yield
+        finally:
+            self._forced = saved
+
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
+        return [Setting("tests.faults._order_kernel", "HALVES", str(h), lambda h=h: self._force(h)) for h in (0, 1)]

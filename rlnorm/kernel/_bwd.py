@@ -315,7 +315,8 @@ def tiles_per_program(rows: int, block_r: int, max_tiles: int) -> int:
 def _launch_plan(rows: int, d: int, group: int) -> tuple[dict[str, int], int, int]:
     """(launch, programs, counter copies) for a backward of `rows` rows under the active switches.
 
-    Only TILES and the copies follow the row count, and neither can change a bit: both only cut the work."""
+    Only TILES and the copies follow the row count, and neither can change a bit: both only cut the work (the
+    kit's `configurations` check runs each value of both through `testing.plant` to show it)."""
     cfg = bwd_config(d, group)
     switches = bwd_switches()
     cfg.update((name, value) for name, value in switches.items() if value is not None)
@@ -325,7 +326,7 @@ def _launch_plan(rows: int, d: int, group: int) -> tuple[dict[str, int], int, in
     elif cfg["TILES"] > max_tiles:
         raise ValueError(f"plant: TILES {cfg['TILES']} exceeds {max_tiles}, the most with COLD_MODE 0")
     programs = triton.cdiv(rows, cfg["BLOCK_R"] * cfg["TILES"])
-    stripes = _dweight.stripes_for(programs)  # fewer copies for few programs
+    stripes = switches["STRIPES"] or _dweight.stripes_for(programs)  # fewer copies for few programs
     return cfg, programs, stripes
 
 

@@ -11,12 +11,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# None: chosen by the launcher from the width (and the row count, for TILES)
+# None: chosen by the launcher from the width (and the row count, for TILES and STRIPES)
 FWD_DEFAULTS: dict[str, int | None] = dict.fromkeys(
     ("EXACT", "TIER2", "NEAR_T", "SPLIT", "MAXNREG", "BLOCK_R", "NUM_WARPS")
 ) | {"EXACT": 1, "TIER2": 1}
 BWD_DEFAULTS: dict[str, int | None] = dict.fromkeys(
-    ("BLOCK_R", "NUM_WARPS", "TILES", "STAGES", "PREFETCH", "MAXNREG", "COLD_MODE", "RSTD_FAST", "DWEIGHT")
+    ("BLOCK_R", "NUM_WARPS", "TILES", "STRIPES", "STAGES", "PREFETCH", "MAXNREG", "COLD_MODE", "RSTD_FAST", "DWEIGHT")
 ) | {"DWEIGHT": 1}
 
 

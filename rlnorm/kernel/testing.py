@@ -39,6 +39,8 @@ BWD_SWITCHES: dict[str, str] = {
     "NUM_WARPS": "power of two 1..32: warps per program (default: 1 up to 256 columns, else width / 128, 2..16)",
     "TILES": "int 1..64 (1..63 with COLD_MODE 0): tiles per program, capped by the dweight counters' window "
     "layout (_dweight.MAX_TILES) (default: from the row count; it only partitions the rows and changes no bit)",
+    "STRIPES": "1, 2, 4 or 8: copies of the dweight counters the programs add into, by pid (default: from the "
+    "number of programs, `_dweight.stripes_for`; it only spreads atomics and changes no bit)",
     "STAGES": "int 1..8: cp.async pipeline depth of the tile loop's loads (default: 4, or 6 above 128 columns, "
     "up to 256 columns; else 1)",
     "PREFETCH": "0 or 1: load tile t + 1 before tile t's math (default: 1 for 257..2048 columns)",
@@ -78,6 +80,7 @@ _VALID = {
         "BLOCK_R": _pow2(256),
         "NUM_WARPS": _pow2(32),
         "TILES": _int_range(1, 64),  # _dweight.MAX_TILES (not imported: no Triton here)
+        "STRIPES": _one_of(1, 2, 4, 8),  # _dweight.STRIPES at most
         "STAGES": _int_range(1, 8),
         "PREFETCH": _one_of(0, 1),
         "MAXNREG": _int_range(0, 255),

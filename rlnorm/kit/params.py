@@ -99,6 +99,11 @@ class RunParams:
     timing: bool = True  # False: accuracy only, latency fields null (an interpreted kernel's time means nothing)
     timing_warmup: int = 10
     timing_iters: int = 50  # the median (and p20/p80) of these
+    # configurations: each value of every launch parameter a kernel picks by row count or autotuner, the full
+    # batch under one value against its rows in sub-batches of each size (1: alone) under another
+    configurations_rows: int = 4097
+    configurations_sizes: list[int] = field(default_factory=lambda: [1, 7, 257])
+    configurations_seed: int = 3
     agreement_rows: int = 4097
     agreement_seed: int = 3
     # a backend's own process (its checks, gates and agreement output) is ended past this; the full protocol
@@ -230,14 +235,17 @@ def _range_errors(p: Any) -> list[str]:
     for name in ("all_rows_seeds", "sub_batches_seeds", "sweep_seeds"):
         if not getattr(p, name) or any(v < 0 for v in getattr(p, name)):
             bad(name, "a non-empty list of seeds >= 0")
-    for name in ("dweight_rows", "sub_batches_rows", "sweep_n", "accuracy_rows", "agreement_rows", "timing_iters"):
+    for name in ("dweight_rows", "sub_batches_rows", "sweep_n", "accuracy_rows", "agreement_rows", "timing_iters",
+                 "configurations_rows"):  # fmt: skip
         if getattr(p, name) <= 0:
             bad(name, "a positive int")
-    for name in ("dweight_seed", "accuracy_seed", "agreement_seed", "timing_warmup"):
+    for name in ("dweight_seed", "accuracy_seed", "agreement_seed", "timing_warmup", "configurations_seed"):
         if getattr(p, name) < 0:
             bad(name, "an int >= 0")
     if any(s > p.sub_batches_rows for s in p.sub_batch_sizes):
         bad("sub_batch_sizes", f"sizes no larger than sub_batches_rows={p.sub_batches_rows}")
+    if not p.configurations_sizes or any(not 0 < s <= p.configurations_rows for s in p.configurations_sizes):
+        bad("configurations_sizes", f"a non-empty list of sizes in 1..configurations_rows={p.configurations_rows}")
     if any(s > p.sweep_n for s in p.sweep_sizes):
         bad("sweep_sizes", f"sizes no larger than sweep_n={p.sweep_n}")
     if not p.sweep_probe_rows or any(not 0 <= r < p.sweep_n for r in p.sweep_probe_rows):

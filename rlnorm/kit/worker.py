@@ -116,8 +116,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         if out.error:
             errors[name] = out.error
         inv = result.batch_invariance
-        if name == "accuracy_latency":
-            result.accuracy_latency = out.summary
+        if name in ("accuracy_latency", "configurations"):
+            setattr(result, name, out.summary)
         elif name == "dweight_repeatable":
             inv.dweight_repeatable = out.summary.dweight_repeatable  # type: ignore[union-attr]
         else:

@@ -99,6 +99,7 @@ def test_a_variant_reaches_both_launches_through_the_module_and_autograd(spies):
         (None, {"TILES": 65}, "TILES"),  # past the dweight counters' window layout (MAX_TILES)
         (None, {"STAGES": 0}, "STAGES"),
         (None, {"COLD_MODE": 2}, "COLD_MODE"),
+        (None, {"STRIPES": 3}, "STRIPES"),
         (None, {"HOT_MODE": 0}, "HOT_MODE"),  # retired
         (None, {"BLOCK_R": 512}, "BLOCK_R"),
         (None, {"EXACT": 0}, "EXACT"),  # a forward switch given to the backward

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
+from rlnorm.kit.backends.pins import Setting
 from rlnorm.options import OpOptions
 from rlnorm.timing import describe_error
 
@@ -151,6 +152,11 @@ class Backend:
         if tuple(y.shape) != tuple(case.x.shape):
             return False, f"probe output has shape {tuple(y.shape)}, expected {tuple(case.x.shape)}"
         return True, ""
+
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
+        """Each value of every launch parameter its kernels pick by row count or autotuner, with a pin forcing it
+        (the `configurations` check); none by default: one launch configuration at every size."""
+        return []
 
     def device_lost(self, device: str) -> str | None:
         """Asked after each check: the device's error when its context no longer works (the process then ends)."""

@@ -6,11 +6,22 @@ peers' sources (transformers 5.17 `Qwen3NextRMSNormGated.forward`; FLA 0.5.2 `la
 
 from __future__ import annotations
 
-from typing import ClassVar
+import contextlib
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
 
+import torch
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, dist_version
+from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, dist_version
+from rlnorm.kit.backends.pins import (
+    Setting,
+    autotuner,
+    autotuner_settings,
+    config_words,
+    kernel_name,
+    pin_first_configs,
+)
 from rlnorm.options import OpOptions
 
 
@@ -94,7 +105,11 @@ class FlaLayernormGatedBackend(_Peer):
 
 
 class FlaFusedNormGateBackend(_Peer):
-    """FLA `fused_norm_gate.rms_norm_gated`: autotuned rows-per-program; norm before gate, no groups."""
+    """FLA `fused_norm_gate.rms_norm_gated`: autotuned rows-per-program; norm before gate, no groups.
+
+    Its autotuners time every config on first use, which needs an active Triton driver: under the interpreter
+    (a CPU) there is none ("0 active drivers"), so there each runs its first config, and the `configurations`
+    check runs the others."""
 
     key = "fla_fused_norm_gate"
     requires = "fla.modules.fused_norm_gate"
@@ -115,3 +130,37 @@ class FlaFusedNormGateBackend(_Peer):
         from fla.modules.fused_norm_gate import rms_norm_gated
 
         return rms_norm_gated(x, z, w, None, activation=self._ACTIVATION[opts.activation], eps=opts.eps)
+
+    @staticmethod
+    def _autotuners(d: int | None = None) -> list[Any]:
+        """The autotuned kernels a call of width d launches (all four without d): forward, backward."""
+        from fla.modules import fused_norm_gate as fng
+
+        narrow = [fng.layer_norm_gated_fwd_kernel, fng.layer_norm_gated_bwd_kernel]
+        wide = [fng.layer_norm_gated_fwd_kernel1, fng.layer_norm_gated_bwd_kernel1]
+        # the launchers' split: one row per program past 512 columns (layer_norm_gated_fwd / _bwd)
+        kernels = narrow + wide if d is None else narrow if d <= 512 else wide
+        return [autotuner(k) for k in kernels]
+
+    def _untimed(self, x: Tensor) -> AbstractContextManager[Any]:
+        return pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        with self._untimed(x):
+            return super().forward(x, z, w, opts)
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        with self._untimed(x):
+            return super().forward_backward(x, z, w, dy, opts)
+
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
+        """Every config of the forward's and the backward's autotuner (any of them may win the timing at a row
+        count); under the interpreter, which ignores num_warps and num_stages, one per set of constexprs."""
+        tuners = self._autotuners(d)
+        interp = torch.device(device).type == "cpu"
+        out = autotuner_settings(tuners, distinct_kwargs_only=interp)
+        if interp:
+            why = "the Triton interpreter ignores num_warps and num_stages: only a GPU runs them"
+            out += [Setting(kernel_name(at), "config", config_words(c), why=why)
+                    for at in tuners for c in at.configs if c.num_warps != at.configs[0].num_warps]  # fmt: skip
+        return out

@@ -11,6 +11,7 @@ vLLM's import-time patches of torch stay out of the kit's process.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ from torch import Tensor
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs, describe_error, dist_version
 from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.process import run_child
 from rlnorm.options import OpOptions
 
@@ -275,6 +277,30 @@ class VllmBackend(Backend):
             self._guard = vf.load_layernorm_guard(files)
         with torch.no_grad():
             return rmsnorm_call(self._guard.rmsnorm_fn, x, z, w.detach(), opts)
+
+    def _layernorm_guard(self, device: str) -> Any:
+        """The layernorm_guard module the calls run: vLLM's own, or the one loaded from its files."""
+        if self.plan().mode == "files":
+            if self._guard is None:
+                files = self.plan().files
+                assert files is not None
+                self._guard = vf.load_layernorm_guard(files)
+            return self._guard
+        prepare_import(device)
+        return importlib.import_module(vf.LAYERNORM_GUARD.removesuffix(".py").replace("/", "."))
+
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
+        """ROWS_PER_BLOCK, which `calc_rows_per_block` picks from the row count and the compute units
+        (min(next_power_of_2(cdiv(rows, 2 * units)), 4)): each of 1, 2, 4, forced through that function."""
+        if self.plan().mode == "none":
+            return []
+        guard = self._layernorm_guard(device)
+        kernel = kernel_name(guard.layer_norm_fwd_kernel)
+
+        def pin(n: int) -> Any:
+            return patched(guard, "calc_rows_per_block", lambda rows, device, n=n: n)
+
+        return [Setting(kernel, "ROWS_PER_BLOCK", str(n), lambda n=n: pin(n)) for n in (1, 2, 4)]
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
         raise BackendUnavailable(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 
 from rlnorm.kit.checks.accuracy import accuracy_latency
 from rlnorm.kit.checks.common import CheckOutcome
+from rlnorm.kit.checks.configurations import configurations
 from rlnorm.kit.checks.dweight import dweight_repeatable
 from rlnorm.kit.checks.rows import all_rows, full_vs_sub_batches
 from rlnorm.kit.checks.sweep import batch_size_sweep
@@ -23,6 +24,7 @@ CHECKS: dict[str, Callable[..., CheckOutcome]] = {
     "full_vs_sub_batches": full_vs_sub_batches,
     "batch_size_sweep": batch_size_sweep,
     "accuracy_latency": accuracy_latency,
+    "configurations": configurations,
 }
 CHECK_ORDER: tuple[str, ...] = tuple(CHECKS)
 # the checks whose verdicts make `batch_invariant`, in the report's order

@@ -1,0 +1,128 @@
+"""Forcing a kernel's launch configuration for a call: what the `configurations` check runs a backend under.
+
+A backend lists, in `Backend.configurations(opts)`, one `Setting` per value of each launch parameter its kernels
+may pick (an autotuner's configs, a value chosen from the row count); entering a setting's `pin()` makes every
+call inside the block launch with that value. Nothing here is used by a backend's ordinary calls (except
+`pin_first_configs` where no autotuner can time: a CPU under the Triton interpreter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any
+
+Pin = Callable[[], AbstractContextManager[Any]]
+
+
+@dataclass
+class Setting:
+    """One value of one launch parameter. `pin` None: the value exists but cannot be forced here (`why`)."""
+
+    kernel: str  # qualified name of the kernel the parameter belongs to
+    parameter: str  # "config" for an autotuner's whole config, else the parameter's name ("ROWS_PER_BLOCK")
+    value: str  # the value in words ("BT=16, num_warps=4")
+    pin: Pin | None = None
+    why: str | None = None  # why it cannot be forced here
+    # other parameters this value fixes at the same time (rlnorm: TILES fixes HOT_WIDTH): name -> value
+    implies: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.kernel}.{self.parameter}"
+
+
+def kernel_name(obj: Any) -> str:
+    """`module.name` of the Python function under a Triton kernel (through Autotuner / Heuristics / JITFunction)."""
+    seen = 0
+    while not isinstance(obj, types.FunctionType) and hasattr(obj, "fn") and seen < 8:
+        obj, seen = obj.fn, seen + 1
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', repr(obj)))}"
+
+
+def autotuner(obj: Any) -> Any:
+    """The triton Autotuner inside a kernel object (under @triton.heuristics, say); ValueError when there is none."""
+    from triton.runtime.autotuner import Autotuner
+
+    found, seen = obj, 0
+    while not isinstance(found, Autotuner) and hasattr(found, "fn") and seen < 8:
+        found, seen = found.fn, seen + 1
+    if not isinstance(found, Autotuner):
+        raise ValueError(f"autotuner: {kernel_name(obj)} is not an autotuned Triton kernel")
+    return found
+
+
+def config_words(config: Any) -> str:
+    """A triton.Config in words: its constexprs, then num_warps and num_stages."""
+    parts = [f"{k}={v}" for k, v in sorted(config.kwargs.items())]
+    parts += [f"num_warps={config.num_warps}", f"num_stages={config.num_stages}"]
+    return ", ".join(parts)
+
+
+@contextlib.contextmanager
+def pin_autotuner(autotuner: Any, config: Any) -> Iterator[None]:
+    """Every launch of `autotuner` (a triton.runtime.autotuner.Autotuner) inside the block runs `config`.
+
+    An Autotuner with a single config launches it without timing (Autotuner.run), so the list is swapped for
+    the block; its cache of earlier picks is left alone and used again after the block."""
+    saved = autotuner.configs
+    autotuner.configs = [config]
+    try:
+        yield
+    finally:
+        autotuner.configs = saved
+
+
+@contextlib.contextmanager
+def pin_first_configs(autotuners: Iterable[Any]) -> Iterator[None]:
+    """Each autotuner not already pinned to one config runs its first: where none can time (no active driver,
+    as under the Triton interpreter), rather than failing in its benchmark."""
+    with contextlib.ExitStack() as stack:
+        for at in autotuners:
+            if len(at.configs) > 1:
+                stack.enter_context(pin_autotuner(at, at.configs[0]))
+        yield
+
+
+@contextlib.contextmanager
+def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """`owner.name` is `value` inside the block (a module global a launcher looks up at each call)."""
+    saved = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, saved)
+
+
+@contextlib.contextmanager
+def _pinned(autotuner: Any, config: Any, others: list[Any]) -> Iterator[None]:
+    with pin_autotuner(autotuner, config), pin_first_configs(others):
+        yield
+
+
+def autotuner_settings(autotuners: list[Any], distinct_kwargs_only: bool = False) -> list[Setting]:
+    """One Setting per config of each autotuner: that config pinned, the other autotuners pinned to their first.
+
+    `distinct_kwargs_only` (the Triton interpreter, which ignores num_warps and num_stages): one config per set
+    of constexprs."""
+    out: list[Setting] = []
+    for i, at in enumerate(autotuners):
+        others = [a for j, a in enumerate(autotuners) if j != i]
+        seen: set[tuple] = set()
+        for cfg in at.configs:
+            sig = tuple(sorted(cfg.kwargs.items()))
+            if distinct_kwargs_only:
+                if sig in seen:
+                    continue
+                seen.add(sig)
+
+            def pin(at: Any = at, cfg: Any = cfg, others: list[Any] = others) -> AbstractContextManager[Any]:
+                return _pinned(at, cfg, others)
+
+            words = ", ".join(f"{k}={v}" for k, v in sig) if distinct_kwargs_only else config_words(cfg)
+            out.append(Setting(kernel_name(at), "config", words, pin))
+    return out

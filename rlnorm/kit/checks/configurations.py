@@ -1,0 +1,151 @@
+"""Every launch configuration a backend's kernels could pick, run against each other (docs/spec.md §5).
+
+The row checks see only the configuration the autotuner or the row-count heuristic picked in this process, at
+the sizes they ran. Here each value of each such parameter is forced (`Backend.configurations`: a `Setting` with
+a pin per value) and the full batch under value a is compared, row by row and bitwise, with the rows alone and in
+sub-batches under value b, for every ordered pair (a, b); with a backward, dx and dz too, and dweight of the full
+batch under a against under b. A parameter is cleared when no pair changes a bit; one whose values cannot all be
+forced here is unexercised, with why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from rlnorm.inputs import Case, make_case
+from rlnorm.kit.backends.pins import Setting
+from rlnorm.kit.checks.common import (
+    NO_TRAIL,
+    X_DTYPE,
+    CheckOutcome,
+    Trail,
+    bits,
+    call_rows,
+    case_spec,
+    check_common,
+    check_int,
+    check_ints,
+    differ_rows,
+    has_backward,
+)
+from rlnorm.kit.checks.rows import sub_batch_plan
+from rlnorm.kit.results import ConfigPair, Configurations
+from rlnorm.options import OpOptions
+from rlnorm.timing import describe_error
+
+if TYPE_CHECKING:
+    from rlnorm.kit.backends import Backend
+
+# what one setting gave: the full batch's (y, dx, dz), its dweight, and per sub-batch size the rows' (y, dx, dz)
+_Run = tuple[tuple[Tensor | None, ...], Tensor | None, dict[int, tuple[Tensor | None, ...]]]
+
+
+def _full(
+    backend: Backend, case: Case, opts: OpOptions, with_grad: bool
+) -> tuple[tuple[Tensor | None, ...], Tensor | None]:
+    if with_grad:
+        g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
+        return (g.y, g.dx, g.dz), g.dw
+    return (backend.forward(case.x, case.z, case.w, opts), None, None), None
+
+
+def _pieces(
+    backend: Backend, case: Case, opts: OpOptions, with_grad: bool, size: int, trail: Trail
+) -> tuple[Tensor | None, ...]:
+    """The case's rows computed in contiguous sub-batches of `size` (the last one partial), in row order."""
+    got = []
+    for start, m in sub_batch_plan(case.x.shape[0], size):
+        trail.batch({"kind": "slice", "start": start, "size": m})
+        got.append(call_rows(backend, case, start, m, opts, with_grad))
+    return tuple(None if got[0][i] is None else torch.cat([g[i].detach() for g in got]) for i in range(3))
+
+
+def _run(setting: Setting, backend: Backend, case: Case, opts: OpOptions, with_grad: bool, sizes: list[int],
+         trail: Trail) -> _Run:  # fmt: skip
+    assert setting.pin is not None
+    with setting.pin():
+        trail.batch({"kind": "slice", "start": 0, "size": case.x.shape[0]})
+        full, dw = _full(backend, case, opts, with_grad)
+        parts = {size: _pieces(backend, case, opts, with_grad, size, trail) for size in sizes}
+    return tuple(None if t is None else t.detach() for t in full), dw, parts
+
+
+def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Run) -> ConfigPair:
+    """The full batch under a against the rows alone / sub-batches under b; dweight of the full batch a vs b."""
+    (full, dw_a, _), (_, dw_b, parts) = ra, rb
+    fwd = grad = 0
+    for piece in parts.values():
+        masks = [differ_rows(f, p) for f, p in zip(full, piece, strict=True) if f is not None and p is not None]
+        fwd += int(masks[0].sum())
+        if len(masks) > 1:
+            grad += int(torch.stack(masks[1:]).any(dim=0).sum())
+    with_grad = full[1] is not None
+    dweight = None
+    if a is not b and dw_a is not None and dw_b is not None:
+        dweight = bool(torch.equal(bits(dw_a), bits(dw_b)))
+    return ConfigPair(kernel, parameter, a.value, b.value, fwd, grad if with_grad else None, dweight)
+
+
+def configurations(
+    backend: Backend,
+    opts: OpOptions | None,
+    device: str,
+    *,
+    configurations_rows: int,
+    configurations_sizes: Sequence[int],
+    configurations_seed: int,
+    d: int,
+    weight_dtype: str | torch.dtype,
+    trail: Trail = NO_TRAIL,
+    progress: bool = True,
+) -> CheckOutcome:
+    """Each launch parameter the backend's kernels pick by row count or autotuner, at each of its values: the
+    full batch of `configurations_rows` under one value against its rows in sub-batches of each of
+    `configurations_sizes` (1: alone) under another, for every ordered pair of values."""
+    rows = check_int("configurations_rows", configurations_rows, 1)
+    sizes = check_ints("configurations_sizes", configurations_sizes, 1)
+    seed = check_int("configurations_seed", configurations_seed)
+    if any(s > rows for s in sizes):
+        raise ValueError(f"configurations_sizes: expected sizes no larger than configurations_rows={rows}, got {sizes}")
+    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
+    with_grad = has_backward(backend)
+    summary = Configurations()
+    try:
+        groups: dict[str, list[Setting]] = {}
+        for s in backend.configurations(opts, device, d):
+            groups.setdefault(s.key, []).append(s)
+            if s.pin is not None:
+                summary.values.setdefault(s.key, []).append(s.value)
+            for name, value in s.implies.items():
+                implied = summary.values.setdefault(f"{s.kernel}.{name}", [])
+                if value not in implied:
+                    implied.append(value)
+        for key, group in groups.items():
+            unrun = [s for s in group if s.pin is None]
+            if unrun:
+                whys = "; ".join(dict.fromkeys(str(s.why) for s in unrun))
+                summary.unexercised[key] = f"{whys} ({len(unrun)} of its {len(group)} values not run)"
+        if not groups:
+            return CheckOutcome(summary, [])
+        case = make_case(rows, d, seed, X_DTYPE, wdt, device)
+        trail.case("configurations", case_spec(rows, d, seed, wdt), opts)
+        for key, group in groups.items():
+            pinned = [s for s in group if s.pin is not None]
+            if not pinned:
+                continue
+            runs = [_run(s, backend, case, opts, with_grad, sizes, trail) for s in pinned]
+            kernel, parameter = pinned[0].kernel, pinned[0].parameter
+            pairs = [_pair(kernel, parameter, a, b, ra, rb) for a, ra in zip(pinned, runs, strict=True)
+                     for b, rb in zip(pinned, runs, strict=True)]  # fmt: skip
+            summary.pairs += pairs
+            clean = all(p.fwd_differ == 0 and not p.rowgrad_differ and p.dweight_equal is not False for p in pairs)
+            if clean and key not in summary.unexercised:
+                implied = {f"{s.kernel}.{n}" for s in group for n in s.implies}
+                summary.cleared += [key, *sorted(implied - set(summary.cleared))]
+    except Exception as exc:
+        summary.error = describe_error(exc)
+    return CheckOutcome(summary, [], summary.error)
