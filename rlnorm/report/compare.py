@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rlnorm.kit.checks.digests import same_bits
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import RunResult
 from rlnorm.report.runs import open_run, param, run_label
@@ -56,6 +57,17 @@ def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
     if key not in run.results:
         return dict.fromkeys(COLUMNS, (ABSENT, ABSENT))
     return {c: (state.value, words) for c, (state, words) in run_verdicts(run)[key].columns().items()}
+
+
+def digest_table(a: RunResult, b: RunResult) -> pd.DataFrame:
+    """Per backend: whether A and B computed the same bits on the standard case (digests of y, dx, dz, dweight);
+    `same bits` is None where they cannot tell (no digest, different cases)."""
+    out = []
+    for key in _keys(a, b):
+        da, db = (r.results[key].digests if key in r.results else None for r in (a, b))
+        same, why = same_bits(da, db)
+        out.append({"backend": key, "same bits": same, "why": why})
+    return pd.DataFrame(out, columns=["backend", "same bits", "why"]).set_index("backend")
 
 
 def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
