@@ -34,6 +34,7 @@ def test_long_skip_reasons_are_one_line_each_and_nothing_overlaps() -> None:
     notes = [t for t in ax.texts if t.get_position()[0] > 7 and t.get_text()]  # the status column
     assert len(notes) == 8  # the five, the planted skipped, unloadable and crashed backends
     assert all("\n" not in t.get_text() for t in notes)
+    assert sum(t.get_text() == "skipped: No module named 'vllm'" for t in notes) == 5  # the error's own words
     boxes, figure = _extents(fig, notes)
     for a, b in itertools.combinations(boxes, 2):
         assert not a.overlaps(b)

@@ -3,6 +3,7 @@ kept record at its row."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +44,13 @@ NOTE_CHARS = 52  # one line of 7.5 pt fits the status column (2.5 cells of a 17-
 
 
 def short_note(text: str) -> str:
-    """A skip or crash reason as one short line: its first clause (up to ';' or a newline), clipped."""
+    """A skip or crash reason as one short line: its first clause (up to ';' or a newline) and, where it quotes an
+    exception, only the exception's message (`skipped: No module named 'vllm'`), clipped."""
     first = str(text).split("\n")[0].split("; ")[0]
+    status, _, why = first.partition(": ")
+    quoted = re.split(r"\b[A-Z]\w*(?:Error|Exception): ", why)
+    if len(quoted) > 1 and quoted[-1]:
+        first = f"{status}: {quoted[-1]}"
     return clip(first, NOTE_CHARS)
 
 
