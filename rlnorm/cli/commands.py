@@ -177,9 +177,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if a is None or b is None or a.path is None or b.path is None or b.folder is None:
         return EXIT_USAGE
     label = "seed" if args.run_a == "seed" else a.path.parent.name
-    for key, row in digest_table(a, b).iterrows():  # the same bits, backend by backend, on the terminal too
-        word = {True: "same bits", False: "DIFFERENT bits", None: "cannot tell"}[row["same bits"]]
-        print(f"{key}: {word} ({row['why']})")
+    table = digest_table(a, b)  # the same bits, backend by backend, on the terminal too
+    for key, same, why in zip(table.index, table["same bits"], table["why"], strict=True):
+        word = "cannot tell" if same is None else "same bits" if same else "DIFFERENT bits"
+        print(f"{key}: {word} ({why})")
     params = {"artifact_a": str(a.path.resolve()), "artifact_b": str(b.path.resolve())}
     return _page_beside("compare_runs", params, b.folder, f"compare-{label}", f"rlnorm: {label} vs {b.folder.name}")
 

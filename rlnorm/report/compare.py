@@ -62,12 +62,14 @@ def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
 def digest_table(a: RunResult, b: RunResult) -> pd.DataFrame:
     """Per backend: whether A and B computed the same bits on the standard case (digests of y, dx, dz, dweight);
     `same bits` is None where they cannot tell (no digest, different cases)."""
-    out = []
-    for key in _keys(a, b):
+    keys, same, why = _keys(a, b), [], []
+    for key in keys:
         da, db = (r.results[key].digests if key in r.results else None for r in (a, b))
-        same, why = same_bits(da, db)
-        out.append({"backend": key, "same bits": same, "why": why})
-    return pd.DataFrame(out, columns=["backend", "same bits", "why"]).set_index("backend")
+        s, w = same_bits(da, db)
+        same.append(s)
+        why.append(w)
+    index = pd.Index(keys, name="backend")  # object columns: None stays None (never NaN) where they cannot tell
+    return pd.DataFrame({"same bits": pd.Series(same, index=index, dtype=object), "why": why}, index=index)
 
 
 def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:

@@ -45,3 +45,12 @@ def test_compare_says_backend_by_backend_whether_two_runs_computed_the_same_bits
 
     table = digest_table(run({"same": exact, "moved": exact}), run({"same": exact, "moved": planted, "new": exact}))
     assert table["same bits"].to_dict() == {"same": True, "moved": False, "new": None}
+
+
+def test_runs_without_digests_compare_as_cannot_tell() -> None:
+    from rlnorm.kit.results import BackendResult, RunResult
+    from rlnorm.report.compare import digest_table
+
+    run = RunResult(schema_version="1", kind="k", op="o", commit=None, environment={}, quick=True, checks=[],
+                    results={"a": BackendResult(source="a", backward="full", status="ran")})  # fmt: skip
+    assert digest_table(run, run)["same bits"].to_dict() == {"a": None}
