@@ -36,7 +36,7 @@ _check_parameters(globals(), _names_before_parameters, ["artifact_a", "artifact_
 import pandas as pd
 from IPython.display import Markdown, display
 
-from rlnorm.report.compare import compare_runs, plot_comparison
+from rlnorm.report.compare import compare_runs, digest_table, plot_comparison
 from rlnorm.report.runs import latest_run
 
 pd.set_option("display.width", 200)
@@ -70,6 +70,15 @@ cmp.environment
 
 # %%
 cmp.verdicts[[cmp.label_a, cmp.label_b, "changed"]]
+
+# %% [markdown]
+# ## The same bits?
+# Per backend: whether A and B computed the same bits on the standard case, from the sha256 of each output's bytes
+# (y; dx, dz and dweight where it has a backward): two machines, a trainer's GPU and a sampler's, compared without
+# moving a tensor. Empty where a run has no digest or the two computed different cases.
+
+# %%
+digest_table(*cmp.runs)
 
 # %% [markdown]
 # ## Latency (microseconds) and ratios B/A

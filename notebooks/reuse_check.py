@@ -154,6 +154,18 @@ steps.run_trainer_sampler(run)
 steps.run_step(run, "page", lambda: display(page.shown(tables.trainer_sampler_table(run.result))))
 
 # %% [markdown]
+# ## The pairs RL stacks deploy
+# The same rows through the trainer and the sampler of each stack that serves Qwen3-Next or Qwen3.5 (verl FSDP
+# with vLLM compiled and eager, Megatron with vLLM, slime and AReaL with SGLang, TorchTitan, rlnorm on both sides),
+# each pair in a process of its own: the trainer as a training step runs them (one packed batch, forward and
+# backward), the sampler as generation does (a prefill, then decode steps). `trainer chosen at` / `sampler chosen
+# at` say where the stack's source makes the choice. A pair whose backend cannot run here says why.
+
+# %% Stack pairs
+steps.run_stack_pairs(run)
+steps.run_step(run, "page", lambda: display(page.shown(tables.stack_pairs_table(run.result))))
+
+# %% [markdown]
 # ## The artifact, the records and the plots
 #
 # The JSON artifact keeps every key of the reference B200 report, so the two compare directly

@@ -26,6 +26,7 @@ from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.records import RECORD_COLUMNS, read_records
 from rlnorm.kit.results import RunResult
+from rlnorm.report.compare import digest_table
 from rlnorm.report.index import write_index
 from rlnorm.report.runs import open_run, resolve
 from rlnorm.report.verdict import summary_lines
@@ -176,6 +177,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if a is None or b is None or a.path is None or b.path is None or b.folder is None:
         return EXIT_USAGE
     label = "seed" if args.run_a == "seed" else a.path.parent.name
+    table = digest_table(a, b)  # the same bits, backend by backend, on the terminal too
+    for key, same, why in zip(table.index, table["same bits"], table["why"], strict=True):
+        word = "cannot tell" if same is None else "same bits" if same else "DIFFERENT bits"
+        print(f"{key}: {word} ({why})")
     params = {"artifact_a": str(a.path.resolve()), "artifact_b": str(b.path.resolve())}
     return _page_beside("compare_runs", params, b.folder, f"compare-{label}", f"rlnorm: {label} vs {b.folder.name}")
 

@@ -188,6 +188,15 @@ class Configurations:
 
 
 @dataclass
+class Digests:
+    """sha256 of the bytes of a backend's outputs on the standard case (`checks.digests`): same digest, same bits."""
+
+    case: str  # what was computed: the case and the options
+    tensors: dict[str, str]  # "y", and "dx", "dz", "dweight" where the backend has a backward -> hex digest
+    error: str | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass
 class BackendResult:
     """Everything one backend's process found: `results.<key>` of the artifact."""
 
@@ -204,6 +213,7 @@ class BackendResult:
     crash: Crash | None = field(default=None, metadata=OMIT_NONE)
     launches: Launches | None = field(default=None, metadata=OMIT_NONE)
     configurations: Configurations | None = field(default=None, metadata=OMIT_NONE)
+    digests: Digests | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def has_backward(self) -> bool:
@@ -232,6 +242,41 @@ class TrainerSampler:
     d: int | None = field(default=None, metadata=OMIT_NONE)
     pairs: dict[str, Any] | None = field(default=None, metadata=OMIT_NONE)
     extra: dict[str, Any] = field(default_factory=dict)  # the check's other fields, shown as they are
+
+
+@dataclass
+class StackPair:
+    """One trainer/sampler pair an RL stack deploys (`checks.stack_pairs`): bitwise equal or how they differ."""
+
+    name: str
+    status: str  # "ran" | "skipped" | "error"
+    stack: str | None = None
+    model: str | None = None
+    trainer: str | None = None  # backend keys
+    sampler: str | None = None
+    trainer_where: str | None = None  # where the stack's source chooses it (file:line at a pinned version)
+    sampler_where: str | None = None
+    trainer_calls: list[int] | None = None  # row counts of each call: one packed batch
+    sampler_calls: list[int] | None = None  # a prefill, then decode steps
+    reason: str | None = field(default=None, metadata=OMIT_NONE)  # why skipped, or the error
+    trainer_source: str | None = field(default=None, metadata=OMIT_NONE)
+    sampler_source: str | None = field(default=None, metadata=OMIT_NONE)
+    bitwise_equal: bool | None = None
+    rows_differ: int | None = None
+    elements_differ: int | None = None
+    max_ulp: int | None = None
+    differing_rows: list[int] | None = field(default=None, metadata=OMIT_NONE)
+
+
+@dataclass
+class StackPairs:
+    """The stack pairs table: the same rows (seed, rows, d) through every pair."""
+
+    rows: int
+    d: int
+    seed: int
+    device: str
+    pairs: list[StackPair] = field(default_factory=list)
 
 
 @dataclass
@@ -284,6 +329,7 @@ class RunResult:
     plots: dict[str, str] | None = None  # name -> PNG, relative to the artifact's folder
     agreement: Agreement | None = None
     trainer_sampler: TrainerSampler | None = None
+    stack_pairs: StackPairs | None = field(default=None, metadata=OMIT_NONE)
     results: dict[str, BackendResult]
     failed_steps: list[StepFailure] | None = field(default=None, metadata=OMIT_NONE)
     path: Path | None = field(default=None, metadata={"json": False})  # where it was read from

@@ -37,6 +37,8 @@ from rlnorm.kit.results import (
     SCHEMA_VERSION,
     Record,
     RunResult,
+    StackPair,
+    StackPairs,
     StepFailure,
     TrainerSampler,
     from_json,
@@ -240,6 +242,48 @@ def run_trainer_sampler(run: Run) -> None:
         run.result.trainer_sampler = from_json(TrainerSampler, summary)
 
     run_step(run, "trainer_sampler", body)
+
+
+STACK_PAIR_CHILD = "import sys; from rlnorm.kit.checks.stack_pairs import main; sys.exit(main(sys.argv[1:]))"
+
+
+def run_stack_pairs(run: Run, pairs: list[str] | None = None) -> None:
+    """Each pair of `checks.stack_pairs.PAIRS` (or those named) in a process of its own within `backend_timeout_s`:
+    a crash or a hang becomes that pair's error, the others stand."""
+    if "stack_pairs" not in run.params.checks:
+        return
+    from rlnorm.kit.checks.stack_pairs import PAIRS
+
+    p = run.params
+    job = {"d": p.d, "rows": p.agreement_rows, "seed": p.agreement_seed, "device": run.device}
+    job |= {"weight_dtype": p.weight_dtype, "opts": p.op_options().as_dict()}
+    names = pairs or [spec.name for spec in PAIRS]
+
+    def one(name: str) -> StackPair:
+        with tempfile.TemporaryDirectory(prefix="rlnorm-stack-pair-") as tmp:
+            out_path = Path(tmp) / "pair.json"
+            argv = [sys.executable, "-c", STACK_PAIR_CHILD, json.dumps({**job, "pair": name}), str(out_path)]
+            ended = run_child(argv, p.backend_timeout_s)
+            try:
+                row = json.loads(out_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                row = None
+        if not isinstance(row, dict) or ended.timed_out or not ended.ok:
+            last = ended.stderr_tail.strip().splitlines()[-1:] or ["(no stderr)"]
+            why = ended.cause if not ended.ok or ended.timed_out else "it left no readable result"
+            row = {"name": name, "status": "error", "reason": f"its process: {why}; last line: {last[0][:300]}"}
+        return from_json(StackPair, row)
+
+    def body() -> None:
+        table = StackPairs(rows=p.agreement_rows, d=p.d, seed=p.agreement_seed, device=run.device)
+        with _progress_stream() as stream:
+            for i, name in enumerate(names, 1):
+                table.pairs.append(one(name))
+                if p.progress:
+                    print(f"[pair {i}/{len(names)}] {name}: {table.pairs[-1].status}", file=stream, flush=True)
+        run.result.stack_pairs = table
+
+    run_step(run, "stack_pairs", body)
 
 
 def run_plots(run: Run, make_plots: Callable[[RunResult, Path], dict[str, Path]]) -> dict[str, Path]:

@@ -31,6 +31,7 @@ from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks.agreement import agreement_output
 from rlnorm.kit.checks.common import Trail
+from rlnorm.kit.checks.digests import output_digests
 from rlnorm.kit.params import RunParams, check_kwargs, load_params, run_check
 from rlnorm.kit.process import Child, Ended, run_child
 from rlnorm.kit.records import rebuild_case
@@ -135,8 +136,12 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     def gate() -> None:
         result.contract_gates = gates.run_gates(backend, params.op_options(), device, d=params.d, trail=trail)
 
+    def digests() -> None:
+        result.digests = output_digests(backend, params.op_options(), device, d=params.d)
+
     steps: list[tuple[str, Callable[[], None]]] = [(name, lambda name=name: keep(name)) for name in selected]
-    steps += [(name, fn) for name, fn in (("agreement", agreement), ("contract_gates", gate)) if name in params.checks]
+    ends = (("agreement", agreement), ("digests", digests), ("contract_gates", gate))
+    steps += [(name, fn) for name, fn in ends if name in params.checks]
     for i, (name, step) in enumerate(steps, 1):
         say(f"[{i}/{len(steps)}] {name}")
         t0 = time.time()

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rlnorm.kit.checks.digests import same_bits
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import RunResult
 from rlnorm.report.runs import open_run, param, run_label
@@ -56,6 +57,19 @@ def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
     if key not in run.results:
         return dict.fromkeys(COLUMNS, (ABSENT, ABSENT))
     return {c: (state.value, words) for c, (state, words) in run_verdicts(run)[key].columns().items()}
+
+
+def digest_table(a: RunResult, b: RunResult) -> pd.DataFrame:
+    """Per backend: whether A and B computed the same bits on the standard case (digests of y, dx, dz, dweight);
+    `same bits` is None where they cannot tell (no digest, different cases)."""
+    keys, same, why = _keys(a, b), [], []
+    for key in keys:
+        da, db = (r.results[key].digests if key in r.results else None for r in (a, b))
+        s, w = same_bits(da, db)
+        same.append(s)
+        why.append(w)
+    index = pd.Index(keys, name="backend")  # object columns: None stays None (never NaN) where they cannot tell
+    return pd.DataFrame({"same bits": pd.Series(same, index=index, dtype=object), "why": why}, index=index)
 
 
 def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:

@@ -145,3 +145,29 @@ def time_table(timings: dict[str, float], top: int = 10) -> pd.DataFrame:
     """The slowest steps (backend: check, gates, ...), so a reader knows what a rerun will cost."""
     steps = sorted(((k, v) for k, v in timings.items() if k not in ("total", "checks")), key=lambda kv: -kv[1])
     return pd.DataFrame([{"step": k, "seconds": round(v, 1)} for k, v in steps[:top]]).set_index("step")
+
+
+def stack_pairs_table(run: RunResult) -> pd.DataFrame | str:
+    """The trainer/sampler pairs RL stacks deploy: each side's backend, how it ran the rows, where the stack chooses
+    it, and how the outputs differ (the full reason where a pair did not run)."""
+    table = run.stack_pairs
+    if table is None:
+        return ""
+    n = table.rows * table.d
+    out = []
+    for p in table.pairs:
+        ran = p.status == "ran"
+        out.append({
+            "pair": p.name,
+            "stack": p.stack or "",
+            "model": p.model or "",
+            "trainer": p.trainer_source or p.trainer or "",
+            "sampler": p.sampler_source or p.sampler or "",
+            "bitwise equal": p.bitwise_equal if ran else "",
+            "elements differ": f"{p.elements_differ} / {n}" if ran else "",
+            "max ulp": p.max_ulp if ran else "",
+            "status": p.status if ran else f"{p.status}: {p.reason}",
+            "trainer chosen at": p.trainer_where or "",
+            "sampler chosen at": p.sampler_where or "",
+        })  # fmt: skip
+    return pd.DataFrame(out).set_index("pair") if out else "no pairs"

@@ -16,10 +16,12 @@ from rlnorm.report.compare import compare_runs, plot_comparison
 from rlnorm.report.plots.common import BAD_COLOR, cpu_note, message, save, set_title
 from rlnorm.report.plots.counts import plot_differing_rows, plot_verdict
 from rlnorm.report.plots.measures import plot_agreement, plot_error_distributions, plot_latency
+from rlnorm.report.plots.pairs import plot_stack_pairs
 from rlnorm.report.runs import records_of
 from rlnorm.report.verdict import clip
 
-PLOT_NAMES = ("verdict", "differing_rows", "error_distributions", "latency", "agreement", "vs_reference_report")
+PLOT_NAMES = ("verdict", "differing_rows", "error_distributions", "latency", "agreement", "stack_pairs")
+PLOT_NAMES += ("vs_reference_report",)
 
 
 def plot_vs_reference_report(run: RunResult, seed: RunResult, folder: Path | None = None) -> Figure:
@@ -47,6 +49,7 @@ def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None
         "error_distributions": lambda: plot_error_distributions(run, folder),
         "latency": lambda: plot_latency(run, folder),
         "agreement": lambda: plot_agreement(run, folder),
+        "stack_pairs": lambda: plot_stack_pairs(run, folder),
     }
     if seed is not None:
         jobs["vs_reference_report"] = lambda: plot_vs_reference_report(run, seed, folder)

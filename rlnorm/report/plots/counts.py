@@ -3,7 +3,7 @@ kept record at its row."""
 
 from __future__ import annotations
 
-import textwrap
+import re
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,20 @@ NOTES = {  # what each column compares, under its name
 }
 
 
+NOTE_CHARS = 52  # one line of 7.5 pt fits the status column (2.5 cells of a 17-inch figure)
+
+
+def short_note(text: str) -> str:
+    """A skip or crash reason as one short line: its first clause (up to ';' or a newline) and, where it quotes an
+    exception, only the exception's message (`skipped: No module named 'vllm'`), clipped."""
+    first = str(text).split("\n")[0].split("; ")[0]
+    status, _, why = first.partition(": ")
+    quoted = re.split(r"\b[A-Z]\w*(?:Error|Exception): ", why)
+    if len(quoted) > 1 and quoted[-1]:
+        first = f"{status}: {quoted[-1]}"
+    return clip(first, NOTE_CHARS)
+
+
 def plot_verdict(run: RunResult, folder: Path | None = None) -> Figure:
     """Backends (rows) by checks (columns), each cell coloured by its state, with the count where there is one
     (row comparisons that differ: y / dx,dz, of those made)."""
@@ -66,19 +80,20 @@ def plot_verdict(run: RunResult, folder: Path | None = None) -> Figure:
             ax.text(j, i, text, ha="center", va="center", fontsize=8, linespacing=1.1)
         result = run.results[key]
         done = result.crash.finished_checks if result.crash is not None else []
-        crashed = crash_words(result)
+        crashed = crash_words(result, brief=True)
         notes.append(crashed + (f"; finished: {', '.join(done)}" if done else "; no check finished") if crashed else "")
         if result.status in ("skipped", "failed"):
             notes[-1] = f"{result.status}: {result.skip_reason or 'no reason recorded'}"
+        notes[-1] = short_note(notes[-1])
     cmap = mcolors.ListedColormap([STATE_COLORS[s] for s in states])
     ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(states) - 0.5, aspect="auto")
     labels = [f"{c}\n{NOTES[c]}" for c in COLUMNS]
     ticks: list[float] = list(range(len(COLUMNS)))
     if any(notes):  # a last, uncoloured column says why a row looks as it does (a crash and where, a skip and why)
         ticks.append(len(COLUMNS) + 0.75)
-        labels.append("status\n(crash or skip: why)")
+        labels.append("status: why, in short\n(the full reason: the status table)")
         for i, note in enumerate(notes):
-            ax.text(len(COLUMNS) - 0.4, i, textwrap.fill(note, 44), ha="left", va="center", fontsize=7.5)
+            ax.text(len(COLUMNS) - 0.4, i, note, ha="left", va="center", fontsize=7.5, clip_on=True)
     ax.set_xlim(-0.5, len(COLUMNS) - 0.5 + (2.5 if any(notes) else 0))
     ax.set_xticks(ticks, labels, fontsize=8.5)
     ax.xaxis.tick_top()

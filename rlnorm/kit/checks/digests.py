@@ -1,0 +1,63 @@
+"""Digests: sha256 of the bytes of a backend's outputs on one standard case, so two runs on different machines (a
+trainer's GPU and a sampler's) say whether they computed the same bits without moving the tensors.
+
+The case is fixed (`STANDARD_ROWS` rows of the run's width, `STANDARD_SEED`, bf16): only the options and width of
+the run change it, and `Digests.case` says what was computed, so digests are compared only where the cases match.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import Tensor
+
+from rlnorm.inputs import make_case
+from rlnorm.kit.backends import Backend, describe_error
+from rlnorm.kit.results import Digests
+from rlnorm.options import OpOptions
+
+__all__ = ["STANDARD_ROWS", "STANDARD_SEED", "digest", "output_digests", "same_bits"]
+
+STANDARD_ROWS = 257  # not a multiple of any block size, so a kernel's tail handling is in the bits
+STANDARD_SEED = 0
+
+
+def digest(t: Tensor) -> str:
+    """sha256 of the tensor's bytes (its dtype and shape are the case's: a digest alone says nothing of them)."""
+    flat = t.detach().contiguous().cpu().reshape(-1)
+    return hashlib.sha256(flat.view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def output_digests(backend: Backend, opts: OpOptions, device: str, *, d: int = 128) -> Digests:
+    """The backend's y (and dx, dz, dweight where it has a backward) on the standard case, digested."""
+    case_text = f"make_case({STANDARD_ROWS}, {d}, seed={STANDARD_SEED}, bfloat16) {opts.as_dict()}"
+    case = make_case(STANDARD_ROWS, d, STANDARD_SEED, device=device)
+    out = Digests(case=case_text, tensors={})
+    try:
+        out.tensors["y"] = digest(backend.forward(case.x, case.z, case.w, opts))
+        if backend.has_backward:
+            g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
+            for name, t in (("dx", g.dx), ("dz", g.dz), ("dweight", g.dw)):
+                if t is not None:
+                    out.tensors[name] = digest(t)
+    except Exception as exc:  # what was digested stands
+        out.error = describe_error(exc)
+    return out
+
+
+def same_bits(a: Digests | None, b: Digests | None) -> tuple[bool | None, str]:
+    """Whether two backends' digests show the same bits: (None, why) where they cannot be compared."""
+    if a is None or b is None:
+        return None, "no digest in " + " and ".join(w for w, d in (("A", a), ("B", b)) if d is None)
+    if a.case != b.case:
+        return None, f"different cases: {a.case} vs {b.case}"
+    shared = [k for k in a.tensors if k in b.tensors]
+    if not shared:
+        return None, "no tensor digested in both"
+    differ = [k for k in shared if a.tensors[k] != b.tensors[k]]
+    only = sorted(set(a.tensors) ^ set(b.tensors))
+    tail = f" ({', '.join(only)} in one run only)" if only else ""
+    if differ:
+        return False, f"differ: {', '.join(differ)}" + tail
+    return True, f"same bits: {', '.join(shared)}" + tail
