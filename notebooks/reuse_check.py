@@ -80,6 +80,7 @@ _headline = display(Markdown(page.placeholder("headline figure")), display_id=Tr
 #   several sizes, covering every row (`coverage: all`) or the report's sample (`coverage: sampled`).
 # * **batch_size_sweep**: probe rows placed first, in the middle and last in batches of many sizes, against the
 #   probe row alone.
+# * **launch**: each kernel's launch parameters at a ladder of row counts, and those that change with it.
 # * **accuracy_latency**: the fraction of outputs equal to the fp64 result rounded once, the gradients' error
 #   against fp64, and the median time against a same-run `torch.add` moving as many bytes.
 #
@@ -109,6 +110,11 @@ steps.run_step(
         ),
         tables.accuracy_table(run.result),
     ),
+)
+
+# %% Launches: what each kernel launched at each row count
+steps.run_step(
+    run, "page", lambda: display(Markdown(page.LAUNCH_EXPLANATION), Markdown(page.launch_markdown(run.result)))
 )
 
 # %% [markdown]

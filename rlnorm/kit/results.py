@@ -81,7 +81,9 @@ class BatchInvariance:
     dweight_repeatable: bool | None = None
     full_vs_sub_batches: SubBatches | None = None
     batch_size_sweep: Sweep | None = None
-    batch_invariant: bool | None = None  # None: a check raised or did not run
+    batch_invariant: bool | None = None  # None: a check raised or did not run; True only for verdict "invariant"
+    # "invariant" | "not_invariant" | "not_invariant_by_construction" (None: no verdict); rlnorm.kit.checks.verdict
+    verdict: str | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass
@@ -145,6 +147,49 @@ class Crash:
 
 
 @dataclass
+class KernelLaunches:
+    """One kernel's launch configurations over the row ladder (the `launch` check)."""
+
+    kernel: str  # qualified name, e.g. "fla.modules.fused_norm_gate.layer_norm_gated_fwd_kernel"
+    passes: list[str]  # "forward", "backward": where it was launched
+    seen_by: str  # "launch_hook" (compiled Triton) | "jit_hook" (Triton interpreter) | "profiler" (CUDA kernels)
+    configs: dict[str, list[int]]  # one launch configuration, in words, minus the grid's row extent -> row counts
+    varying: list[str]  # the launch parameters whose value changes with the row count (empty: one configuration)
+    evidence: str | None = None  # "BT=16 at 1..65536, BT=32 at 262144"
+    specializations: dict[str, list[int]] | None = None  # Triton's integer specialisations (e.g. "rows==1") -> rows
+
+
+@dataclass
+class Launches:
+    rows: list[int]  # the ladder
+    kernels: list[KernelLaunches] = field(default_factory=list)
+    unseen: str | None = None  # what this device cannot show
+    error: str | None = None
+
+
+@dataclass
+class ConfigPair:
+    kernel: str
+    parameter: str  # the launch parameter (or autotuner config) that differs between the two runs
+    full: str  # the configuration the full batch ran under, in words
+    alone: str  # the configuration the rows alone / sub-batches ran under
+    fwd_differ: int
+    rowgrad_differ: int | None = None
+    dweight_equal: bool | None = None
+
+
+@dataclass
+class Configurations:
+    """Every configuration a kernel could pick, run against each other (the `configurations` check)."""
+
+    values: dict[str, list[str]] = field(default_factory=dict)  # "kernel.param" -> every value it was run at
+    pairs: list[ConfigPair] = field(default_factory=list)  # each pair tried, with what differed (0: nothing)
+    cleared: list[str] = field(default_factory=list)  # "kernel.param" run at each value, no bit changed
+    unexercised: dict[str, str] = field(default_factory=dict)  # "kernel.param" -> why the kit could not run it
+    error: str | None = None
+
+
+@dataclass
 class BackendResult:
     """Everything one backend's process found: `results.<key>` of the artifact."""
 
@@ -159,6 +204,8 @@ class BackendResult:
     contract_gates: dict[str, Gate] | None = None
     errors: dict[str, str] | None = None  # check -> why it raised (None: the reference report did not say)
     crash: Crash | None = field(default=None, metadata=OMIT_NONE)
+    launches: Launches | None = field(default=None, metadata=OMIT_NONE)
+    configurations: Configurations | None = field(default=None, metadata=OMIT_NONE)
 
     @property
     def has_backward(self) -> bool:
