@@ -88,7 +88,10 @@ _headline = display(Markdown(page.placeholder("headline figure")), display_id=Tr
 # Qwen3-Next's gated norm runs `RMSNormGated.forward_native` compiled by Inductor (row `vllm_native_compiled`);
 # with `enforce_eager=True`, common in RL rollouts, it runs `forward_cuda`, `layernorm_guard`'s Triton kernel (row
 # `vllm`). Where vLLM cannot be imported, the `vllm` row runs vLLM's own `layernorm_guard` from its Python files,
-# with only its Triton and platform helpers stood in; each row's `source` says what ran.
+# with only its Triton and platform helpers stood in; each row's `source` says what ran. vLLM refuses to start a
+# Qwen3-Next engine with `VLLM_BATCH_INVARIANT=1` ("VLLM batch_invariant mode is not supported for GDN_ATTN",
+# `vllm/v1/attention/selector.py`, vLLM 0.30.0 and 0.33.0): the row `vllm_native_batch_invariant` is what the flag
+# would do to `forward_native` where vLLM allows it, unreachable for Qwen3-Next.
 
 # %% Run every backend
 steps.run_backends(run)

@@ -46,6 +46,7 @@ from rlnorm.timing import describe_error
 # the backend's process needs this before torch._inductor reads its config: Inductor's static launcher bypasses
 # Triton's launch hooks
 LAUNCH_ENV = {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "0"}
+INDUCTOR_PREFIXES = ("triton_poi_", "triton_red_", "triton_per_", "triton_tem_", "triton_for_")
 UNSEEN_CPU = (
     "CPU (Triton's interpreter): no kernel is compiled, so Triton's launch hook does not fire and there is no "
     "binary, num_warps or num_stages unless a config passes them, and no integer specialisation; torch's own "
@@ -205,6 +206,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
         def hook(lazy: Any) -> None:
             kernel, grid, args = lazy.data.get("rlnorm_launch", (None, None, ()))
             if kernel is None:  # a launcher that fetched the metadata before this check: its name only
+                rec.triton_names.add(str(lazy.data.get("name")))
                 rec.add(str(lazy.data.get("name")), "launch_hook", {"config": "not seen"}, [])
                 return
             md, src = kernel.metadata, kernel.src
@@ -215,11 +217,11 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
                 return
             names = list(fn.arg_names)
             bound = dict(zip(names, args, strict=False))
-            consts = {names[k[0]]: v for k, v in getattr(src, "constants", {}).items() if len(k) == 1}
-            if getattr(fn, "__module__", "") in ("", "__main__") or not hasattr(fn, "params"):
-                fn_name = f"inductor.{getattr(md, 'name', fn.__name__)}"
-            else:
-                fn_name = _qualname(fn)
+            consts = {k if isinstance(k, str) else names[k[0]]: v for k, v in getattr(src, "constants", {}).items()
+                      if isinstance(k, str) or len(k) == 1}  # fmt: skip
+            md_name = str(getattr(md, "name", fn.__name__))
+            # Inductor's generated modules have throwaway names: its kernels go by their own
+            fn_name = f"inductor.{md_name}" if md_name.startswith(INDUCTOR_PREFIXES) else _qualname(fn)
             constexpr, _ = _kinds(fn, names)
             bound.update({n: v for n, v in consts.items() if n in constexpr})
             rec.triton_names.add(getattr(md, "name", ""))
@@ -229,8 +231,20 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
                 rec.kernels[fn_name] = rec.kernels.pop(_qualname(fn))
 
         patch(CompiledKernel, "launch_metadata", launch_metadata)
-        knobs.runtime.launch_enter_hook.add(hook)
-        undo.append(lambda: knobs.runtime.launch_enter_hook.remove(hook))
+        chain = knobs.runtime.launch_enter_hook
+        if hasattr(chain, "add"):  # a HookChain
+            chain.add(hook)
+            undo.append(lambda: chain.remove(hook))
+        else:  # one optional callable: ours calls the one installed before it
+            before = chain
+
+            def both(lazy: Any) -> None:
+                hook(lazy)
+                if before is not None:
+                    before(lazy)
+
+            knobs.runtime.launch_enter_hook = both
+            undo.append(lambda: setattr(knobs.runtime, "launch_enter_hook", before))
     try:
         yield
     finally:
