@@ -106,3 +106,14 @@ def test_require_and_a_raised_check_set_the_exit_status(tmp_path: Path) -> None:
 def test_a_bad_require_is_refused_before_anything_runs(spec: str, tmp_path: Path) -> None:
     assert main(["run", "params/quick.yaml", "--outputs", str(tmp_path), "--require", spec]) == EXIT_USAGE
     assert not any(tmp_path.iterdir())
+
+
+def test_a_kernel_launched_at_some_row_counts_only_changes_with_them() -> None:
+    """As torch.compile's graphs of another shape: another kernel takes its place at some row counts."""
+    from rlnorm.kit.checks.launch import LAUNCHED, _Kernel, summarise
+
+    k = _Kernel("launch_hook", {"forward"})
+    for rows in (2, 3, 4):
+        k.launches[rows].append({"XBLOCK": "8"})
+    s = summarise("inductor.triton_per_fused_0", k, [1, 2, 3, 4])
+    assert s.varying == [LAUNCHED] and s.evidence == "launched at 2..4, not at 1"

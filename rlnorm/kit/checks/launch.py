@@ -38,7 +38,16 @@ from typing import Any
 import torch
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.checks.common import NO_TRAIL, CheckOutcome, Trail, call, check_common, check_ints, has_backward
+from rlnorm.kit.checks.common import (
+    NO_TRAIL,
+    CheckOutcome,
+    Trail,
+    call,
+    case_spec,
+    check_common,
+    check_ints,
+    has_backward,
+)
 from rlnorm.kit.results import KernelLaunches, Launches
 from rlnorm.options import OpOptions
 from rlnorm.timing import describe_error
@@ -46,6 +55,7 @@ from rlnorm.timing import describe_error
 # the backend's process needs this before torch._inductor reads its config: Inductor's static launcher bypasses
 # Triton's launch hooks
 LAUNCH_ENV = {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "0"}
+LAUNCHED = "launched"  # the pseudo-parameter of a kernel launched at some row counts only
 INDUCTOR_PREFIXES = ("triton_poi_", "triton_red_", "triton_per_", "triton_tem_", "triton_for_")
 UNSEEN_CPU = (
     "CPU (Triton's interpreter): no kernel is compiled, so Triton's launch hook does not fire and there is no "
@@ -289,8 +299,10 @@ def _spans(rows: list[int], ladder_: list[int]) -> str:
     return ", ".join(out)
 
 
-def summarise(name: str, k: _Kernel, ladder_: list[int]) -> KernelLaunches:
-    """One kernel's record: its configurations, the parameters that change with the row count and the evidence."""
+def summarise(name: str, k: _Kernel, ladder_: list[int], done: list[int] | None = None) -> KernelLaunches:
+    """One kernel's record: its configurations, the parameters that change with the row count and the evidence.
+    A kernel launched at some of the row counts `done` and not at others changes with the row count too: its
+    parameter `launched` (another kernel takes its place there, e.g. a compiled graph of another shape)."""
     configs: dict[str, list[int]] = defaultdict(list)
     values: dict[str, dict[int, frozenset[str]]] = defaultdict(dict)
     params = sorted({p for launches in k.launches.values() for one in launches for p in one})
@@ -307,6 +319,10 @@ def summarise(name: str, k: _Kernel, ladder_: list[int]) -> KernelLaunches:
             by_value[v].append(rows)
         evidence.append(f"{p}=" + ", ".join(f"{'|'.join(sorted(v))} at {_spans(r, ladder_)}"
                                             for v, r in by_value.items()))  # fmt: skip
+    absent = [r for r in (ladder_ if done is None else done) if r not in k.launches]
+    if absent:
+        varying.append(LAUNCHED)
+        evidence.append(f"launched at {_spans(sorted(k.launches), ladder_)}, not at {_spans(absent, ladder_)}")
     picks = sorted(set(k.autotune.values()))
     if len(picks) > 1 or (picks and varying):
         at = {p: _spans([r for r, q in k.autotune.items() if q == p], ladder_) for p in picks}
@@ -353,21 +369,24 @@ def launch(
     interpreted = not cuda and os.environ.get("TRITON_INTERPRET") == "1"
     out = Launches(rows=rows_ladder, unseen=None if cuda else UNSEEN_CPU)
     rec = _Recorder()
+    done: list[int] = []  # the row counts whose passes all ran
     passes = [("forward", False)] + ([("backward", True)] if has_backward(backend) else [])
     try:
         with _installed(rec, interpreted):
             for rows in rows_ladder:
                 case = make_case(rows, d, seed=seed, device=device, weight_dtype=wdt)
                 for name, grad in passes:
-                    trail.case("launch", {"rows": rows, "d": d, "seed": seed}, opts)
+                    trail.case("launch", case_spec(rows, d, seed, wdt), opts)
+                    trail.batch({"kind": "slice", "start": 0, "size": rows})
                     rec.rows, rec.pass_ = rows, name
 
                     def once(grad: bool = grad, case: Any = case) -> None:
                         call(backend, case.x, case.z, case.w, case.dy if grad else None, opts, grad)
 
                     _profiled(rec, once) if cuda else once()
+                done.append(rows)
                 rec.rows = 0
     except Exception as exc:
         out.error = f"at {rec.rows} rows ({rec.pass_}): {describe_error(exc)}"
-    out.kernels = [summarise(n, k, rows_ladder) for n, k in sorted(rec.kernels.items())]
+    out.kernels = [summarise(n, k, rows_ladder, done) for n, k in sorted(rec.kernels.items())]
     return CheckOutcome(out, [], out.error)
