@@ -114,7 +114,8 @@ def launch_markdown(run: RunResult) -> str:
     for key, r in run.results.items():
         lines = launch_lines(r)
         if lines:
-            out.append(f"- **{key}**: " + "; ".join(lines))
+            out.append(f"- **{key}**: " + "; ".join(f"`{line.partition(' ')[0]}` {line.partition(' ')[2]}"
+                                                  for line in lines))  # fmt: skip
         elif r.launches is not None and not r.launches.error:
             out.append(f"- **{key}**: one configuration per kernel at {len(r.launches.rows)} row counts "
                        f"({len(r.launches.kernels)} kernels seen)")  # fmt: skip

@@ -291,10 +291,11 @@ def _launch_verdict(result: BackendResult, check: str, error: str | None) -> Che
         left = uncleared(result)
         varying = [f"{k.kernel.rsplit('.', 1)[-1]}.{p}" for k in node.kernels for p in k.varying]
         if left:
-            return CheckVerdict(check, State.BY_CONSTRUCTION, detail="changes with the rows: " + ", ".join(
-                k.rsplit(".", 2)[-2] + "." + k.rsplit(".", 1)[-1] for k in left))  # fmt: skip
+            params = dict.fromkeys(k.rsplit(".", 1)[-1] for k in left)  # the parameters, then where: launch_lines
+            return CheckVerdict(check, State.BY_CONSTRUCTION, detail=", ".join(params))
         said = f"varying, each value cleared: {', '.join(varying)}" if varying else "one configuration per kernel"
-        return CheckVerdict(check, State.PASSED, detail=f"{said} ({len(node.kernels)} kernels, {len(node.rows)} sizes)")
+        seen = f"{len(node.kernels)} kernels seen" + (" here; see launches.unseen" if node.unseen else "")
+        return CheckVerdict(check, State.PASSED, detail=f"{said} ({seen}, {len(node.rows)} row counts)")
     node_c = result.configurations
     if error or (node_c is not None and node_c.error):
         return CheckVerdict(check, State.RAISED, detail=error or (node_c.error if node_c else "") or "")
@@ -317,7 +318,7 @@ def launch_lines(result: BackendResult) -> list[str]:
         if k.varying:
             done = [p for p in k.varying if f"{k.kernel}.{p}" in cleared]
             tail = f" (cleared by the configurations check: {', '.join(done)})" if done else ""
-            out.append(f"`{k.kernel}` ({k.seen_by}, {'+'.join(k.passes)}): {k.evidence}{tail}")
+            out.append(f"{k.kernel} ({'+'.join(k.passes)}): {k.evidence}{tail}")
     return out
 
 
@@ -357,9 +358,8 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
     if ended is not None:
         return BackendVerdict(key, result.status, checks, ended, crash_words(result).partition(": ")[2])
     if inv is not None and inv.verdict == BY_CONSTRUCTION:
-        left = uncleared(result)
-        why = "no row differs, but " + "; ".join(f"{k}: {e}" for k, e in left.items()) + " (not run at each value)"
-        return BackendVerdict(key, result.status, checks, State.BY_CONSTRUCTION, why)
+        why = "no row differs, but the launch changes with the row count and was not run at each value: "
+        return BackendVerdict(key, result.status, checks, State.BY_CONSTRUCTION, why + "; ".join(launch_lines(result)))
     # an artifact without the three-state verdict (the reference report) keeps its bool: rows only
     if inv is not None and (inv.verdict == INVARIANT or (inv.verdict is None and inv.batch_invariant)):
         compared = sum((checks[c].counts.compared or 0) for c in ROW_CHECKS if checks[c].counts is not None)
