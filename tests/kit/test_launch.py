@@ -117,3 +117,14 @@ def test_a_kernel_launched_at_some_row_counts_only_changes_with_them() -> None:
         k.launches[rows].append({"XBLOCK": "8"})
     s = summarise("inductor.triton_per_fused_0", k, [1, 2, 3, 4])
     assert s.varying == [LAUNCHED] and s.evidence == "launched at 2..4, not at 1"
+
+
+def test_an_autotuners_pick_that_changes_with_the_row_count_is_one_parameter() -> None:
+    """As I37's interface names it: `kernel.config`, which the configurations check clears or not as a whole."""
+    from rlnorm.kit.checks.launch import CONFIG, _Kernel, summarise
+
+    k = _Kernel("launch_hook", {"forward"}, tuned={"BT", "num_warps"})
+    for rows, bt, warps in ((1, "16", "16"), (2, "16", "16"), (3, "32", "8")):
+        k.launches[rows].append({"BT": bt, "num_warps": warps, "grid[1]": "2"})
+    s = summarise("fla.fused_fwd", k, [1, 2, 3])
+    assert s.varying == [CONFIG] and s.evidence == "BT=16 at 1..2, 32 at 3; num_warps=16 at 1..2, 8 at 3"

@@ -55,6 +55,7 @@ from rlnorm.timing import describe_error
 # the backend's process needs this before torch._inductor reads its config: Inductor's static launcher bypasses
 # Triton's launch hooks
 LAUNCH_ENV = {"TORCHINDUCTOR_USE_STATIC_CUDA_LAUNCHER": "0"}
+CONFIG = "config"  # the pseudo-parameter of an autotuned kernel whose pick changes with the row count
 LAUNCHED = "launched"  # the pseudo-parameter of a kernel launched at some row counts only
 INDUCTOR_PREFIXES = ("triton_poi_", "triton_red_", "triton_per_", "triton_tem_", "triton_for_")
 UNSEEN_CPU = (
@@ -83,6 +84,7 @@ class _Kernel:
     launches: dict[int, list[dict[str, str]]] = field(default_factory=lambda: defaultdict(list))
     special: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     autotune: dict[int, str] = field(default_factory=dict)  # rows -> "key (...) -> pick"
+    tuned: set[str] = field(default_factory=set)  # the launch parameters an autotuner's configs set
 
 
 class _Recorder:
@@ -179,6 +181,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
             k = rec.kernels.get(_qualname(self.base_fn))
             if k is not None:
                 k.autotune[rec.rows] = f"key {key} -> {self.best_config}"
+                k.tuned |= set(self.best_config.all_kwargs())
         return out
 
     def bench(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -319,6 +322,8 @@ def summarise(name: str, k: _Kernel, ladder_: list[int], done: list[int] | None 
             by_value[v].append(rows)
         evidence.append(f"{p}=" + ", ".join(f"{'|'.join(sorted(v))} at {_spans(r, ladder_)}"
                                             for v, r in by_value.items()))  # fmt: skip
+    if any(p in k.tuned for p in varying):  # an autotuner's pick is one parameter: its whole config
+        varying = [p for p in varying if p not in k.tuned] + [CONFIG]
     absent = [r for r in (ladder_ if done is None else done) if r not in k.launches]
     if absent:
         varying.append(LAUNCHED)
