@@ -80,6 +80,7 @@ _headline = display(Markdown(page.placeholder("headline figure")), display_id=Tr
 #   several sizes, covering every row (`coverage: all`) or the report's sample (`coverage: sampled`).
 # * **batch_size_sweep**: probe rows placed first, in the middle and last in batches of many sizes, against the
 #   probe row alone.
+# * **launch**: each kernel's launch parameters at a ladder of row counts, and those that change with it.
 # * **accuracy_latency**: the fraction of outputs equal to the fp64 result rounded once, the gradients' error
 #   against fp64, and the median time against a same-run `torch.add` moving as many bytes.
 #
@@ -87,7 +88,10 @@ _headline = display(Markdown(page.placeholder("headline figure")), display_id=Tr
 # Qwen3-Next's gated norm runs `RMSNormGated.forward_native` compiled by Inductor (row `vllm_native_compiled`);
 # with `enforce_eager=True`, common in RL rollouts, it runs `forward_cuda`, `layernorm_guard`'s Triton kernel (row
 # `vllm`). Where vLLM cannot be imported, the `vllm` row runs vLLM's own `layernorm_guard` from its Python files,
-# with only its Triton and platform helpers stood in; each row's `source` says what ran.
+# with only its Triton and platform helpers stood in; each row's `source` says what ran. vLLM refuses to start a
+# Qwen3-Next engine with `VLLM_BATCH_INVARIANT=1` ("VLLM batch_invariant mode is not supported for GDN_ATTN",
+# `vllm/v1/attention/selector.py`, vLLM 0.30.0 and 0.33.0): the row `vllm_native_batch_invariant` is what the flag
+# would do to `forward_native` where vLLM allows it, unreachable for Qwen3-Next.
 
 # %% Run every backend
 steps.run_backends(run)
@@ -109,6 +113,11 @@ steps.run_step(
         ),
         tables.accuracy_table(run.result),
     ),
+)
+
+# %% Launches: what each kernel launched at each row count
+steps.run_step(
+    run, "page", lambda: display(Markdown(page.LAUNCH_EXPLANATION), Markdown(page.launch_markdown(run.result)))
 )
 
 # %% [markdown]

@@ -19,6 +19,7 @@ so the only thing wrong with a fault is the one planted. Load one by import path
 | `ExitPastRows` | the process exits with code 3 on a batch of more than `limit` rows | run: status crashed, code 3 |
 | `RowCountOrder` | a Triton kernel sums a row's squares in halves from `halves_from` rows on | configurations |
 | `DeviceErrorPastRows` | an illegal memory access on the GPU past `limit` rows | run: crashed, device error |
+| `RowsPerProgramByRowCount` | a Triton constexpr (ROWS) set from the row count; no row differs | launch |
 
 The output faults move outputs by exactly one ulp and leave dx, dz untouched (the perturbation is
 added outside the autograd graph), so they show up as `fwd_differ` and never as `rowgrad_differ`.
@@ -50,9 +51,11 @@ __all__ = [
     "ForwardOnlyBatchSize",
     "HangPastRows",
     "NondeterministicDweight",
+    "OneRowPerProgram",
     "OrderDependentDweight",
     "PositionDependentOutput",
     "RowCountOrder",
+    "RowsPerProgramByRowCount",
     "SegfaultPastRows",
     "batch_size_fault_mask",
     "bump_one_ulp",
@@ -332,3 +335,47 @@ class RowCountOrder(Backend):
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         return [Setting("tests.faults._order_kernel", "HALVES", str(h), lambda h=h: self._force(h)) for h in (0, 1)]
+
+
+@triton.jit
+def _rows_per_program_kernel(X, Z, W, Y, n_rows, eps, D: tl.constexpr, ROWS: tl.constexpr):
+    """The gated norm, ROWS rows per program; each row is reduced alone, the same way whatever ROWS is."""
+    cols = tl.arange(0, D)
+    for i in range(ROWS):
+        row = tl.program_id(0) * ROWS + i
+        if row < n_rows:
+            x = tl.load(X + row * D + cols).to(tl.float32)
+            z = tl.load(Z + row * D + cols).to(tl.float32)
+            w = tl.load(W + cols).to(tl.float32)
+            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+            tl.store(Y + row * D + cols, (x * rstd * w * z * tl.sigmoid(z)).to(Y.dtype.element_ty))
+
+
+class RowsPerProgramByRowCount(ExactReferenceBackend):
+    """A Triton forward whose launch constexpr ROWS comes from the row count (1 up to `threshold` rows, 4 past
+    it), as vLLM's ROWS_PER_BLOCK does; every row is computed the same way, so no row check can see the change:
+    only the `launch` check can. `threshold=None`: ROWS is 1 at every size (the control)."""
+
+    key = "rows_per_program_by_row_count"
+    has_backward = False
+    threshold: int | None = 4
+
+    def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        ok = opts.group_size is None and opts.norm_before_gate and opts.activation in ("silu", "swish")
+        return ok, "" if ok else "only the default options"
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        assert z is not None
+        x2, z2 = x.reshape(-1, x.shape[-1]).contiguous(), z.reshape(-1, x.shape[-1]).contiguous()
+        y = torch.empty_like(x2)
+        rows = x2.shape[0]
+        per = 4 if self.threshold is not None and rows > self.threshold else 1
+        _rows_per_program_kernel[(triton.cdiv(rows, per),)](x2, z2, w, y, rows, opts.eps, D=x2.shape[1], ROWS=per)
+        return y.reshape(x.shape)
+
+
+class OneRowPerProgram(RowsPerProgramByRowCount):
+    """The control of `RowsPerProgramByRowCount`: ROWS is 1 at every row count."""
+
+    key = "one_row_per_program"
+    threshold = None

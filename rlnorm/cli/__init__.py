@@ -2,6 +2,7 @@
 
     python -m rlnorm run FILE... [-y YAML] [-p KEY VALUE]... [--name N] [--outputs DIR] [--force]
                      [--jobs N] [--gpus 0,1,...] [--only K] [--list] [--device D] [--no-progress]
+                     [--require BACKEND=invariant]...
     python -m rlnorm index RUN... [--out DIR]
     python -m rlnorm investigate RUN [--backend B] [--check C] [--row R] [--device D]
     python -m rlnorm compare RUN_A RUN_B
@@ -9,7 +10,8 @@
 
 Exit status: 0 done; 1 a notebook cell failed (the partial run is placed, the cell named); 2 bad arguments or
 parameters (nothing ran); 3 the run folder exists (pass --force); 4 the run is complete but a backend could not be
-loaded, crashed or timed out; 130 interrupted (nothing written). `validate`: 0 valid, 1 invalid (each problem
+loaded, crashed, timed out or raised in a check; 5 a backend named by --require is not invariant (each named
+with why); 130 interrupted (nothing written). `validate`: 0 valid, 1 invalid (each problem
 named), 2 nothing to read at that path.
 """
 
@@ -72,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--only", type=int, metavar="K", help="run only combination K (0-based; see --list)")
     run.add_argument("--list", action="store_true", help="list the combinations with their K and exit")
     run.add_argument("--no-progress", action="store_true", help="no progress lines")
+    run.add_argument(
+        "--require",
+        action="append",
+        default=[],
+        metavar="BACKEND=invariant",
+        help="exit 5 (naming it and why) unless BACKEND's verdict is invariant; repeatable, any backend",
+    )
     run.set_defaults(func=commands.cmd_run)
 
     idx = sub.add_parser("index", allow_abbrev=False, help="index page and summary.csv across run folders")

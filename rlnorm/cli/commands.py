@@ -17,6 +17,7 @@ from rlnorm.cli.runs import (
     EXIT_EXISTS,
     EXIT_USAGE,
     MATRIX_CHILD_ENV,
+    REQUIRABLE,
     exit_status,
     run_many,
     run_one,
@@ -55,7 +56,19 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
     out = [*args.files, "--outputs", args.outputs, *(x for key, value in args.parameter for x in ("-p", key, value))]
     for flag, value in (("-y", args.yaml), ("--name", args.name), ("--device", args.device)):
         out += [flag, value] if value else []
+    out += [x for r in args.require for x in ("--require", r)]
     return out + [flag for flag, on in (("--force", args.force), ("--no-progress", args.no_progress)) if on]
+
+
+def _required(specs: list[str]) -> dict[str, str]:
+    """--require BACKEND=STATE, each checked: {backend: state}; ValueError naming the bad one."""
+    out = {}
+    for spec in specs:
+        key, eq, state = spec.partition("=")
+        if not eq or not key or state not in REQUIRABLE:
+            raise ValueError(f"--require: expected BACKEND=STATE with STATE one of {list(REQUIRABLE)}, got {spec!r}")
+        out[key] = state
+    return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -66,6 +79,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         _err(f"--jobs: expected a positive number, got {args.jobs}")
         return EXIT_USAGE
     gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else []
+    try:
+        require = _required(args.require)
+    except ValueError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
     try:
         plan = _plan(args)
     except PlanError as exc:
@@ -93,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if gpus:  # one run in this process: the notebook's kernel inherits the GPU it is given
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
         print(f"rlnorm: running {combo.source} into {combo.folder}/", file=sys.stderr)
-        outcome = run_one(combo, force=args.force, progress=progress)
+        outcome = run_one(combo, force=args.force, progress=progress, require=require)
         print(f"rlnorm: {combo.folder}/ {'written' if outcome.code != EXIT_EXISTS else 'not written'} "
               f"in {time.time() - t0:.0f} s", file=sys.stderr)  # fmt: skip
         if outcome.message:

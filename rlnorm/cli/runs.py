@@ -23,18 +23,20 @@ from rlnorm.cli.notebook import execute
 from rlnorm.cli.plan import Combination
 from rlnorm.kit import artifact
 from rlnorm.kit.artifact import ENDED_EARLY
-from rlnorm.kit.results import load_run
+from rlnorm.kit.results import RunResult, load_run
 from rlnorm.kit.steps import ARTIFACT_FILE
-from rlnorm.report.verdict import summary_lines
+from rlnorm.report.verdict import State, backend_verdict, summary_lines
 
 NOTEBOOK = "reuse_check"
 EXIT_CELL_FAILED = 1  # a cell or a step raised, or the kernel died; the run is placed for reading
 EXIT_USAGE = 2  # bad arguments or parameters: nothing ran
 EXIT_EXISTS = 3  # the run folder exists and --force was not given: nothing ran
-EXIT_BACKEND = 4  # the run is complete, but a backend could not be loaded, crashed or timed out
+EXIT_BACKEND = 4  # the run is complete, but a backend could not be loaded, crashed, timed out or a check raised
+EXIT_REQUIRED = 5  # the run is complete, but a backend `--require` names is not what it requires
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: nothing was written
 # the worst first, for a batch's own exit status
-SEVERITY = (EXIT_INTERRUPTED, EXIT_CELL_FAILED, EXIT_EXISTS, EXIT_BACKEND)
+SEVERITY = (EXIT_INTERRUPTED, EXIT_CELL_FAILED, EXIT_EXISTS, EXIT_REQUIRED, EXIT_BACKEND)
+REQUIRABLE = ("invariant",)  # what `--require BACKEND=STATE` may ask for
 
 
 @dataclass
@@ -47,7 +49,28 @@ class Outcome:
     seconds: float = 0.0
 
 
-def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, str] | None = None) -> Outcome:
+def unmet(run: RunResult | None, require: dict[str, str]) -> list[str]:
+    """'  KEY: required invariant, is <the verdict and why>' for each required backend that is not."""
+    out = []
+    for key, want in require.items():
+        r = None if run is None else run.results.get(key)
+        if r is None:
+            out.append(f"  {key}: required {want}, but it is not in this run")
+            continue
+        v = backend_verdict(key, r)
+        if v.overall is not State.PASSED:
+            out.append(f"  {key}: required {want}, is {v.sentence()}")
+    return out
+
+
+def run_one(
+    combo: Combination,
+    *,
+    force: bool,
+    progress: bool,
+    env: dict[str, str] | None = None,
+    require: dict[str, str] | None = None,
+) -> Outcome:
     """One run in this process: the notebook executed into a staging folder, placed with its page beside it."""
     t0 = time.time()
     run_dir = combo.folder
@@ -76,14 +99,27 @@ def run_one(combo: Combination, *, force: bool, progress: bool, env: dict[str, s
         failed = [f"  {f.step}: {f.error}" for f in (run.failed_steps if run else None) or []]
         said = "\n".join(["steps that failed (the artifact holds every other result):", *failed]) if failed else failure
         return Outcome(combo, EXIT_CELL_FAILED, f"{said}\n  the partial notebook is in {run_dir / executed.name}")
+    code, lines = verdict_status(run, require or {})
+    return Outcome(combo, code, "\n".join(lines), seconds)
+
+
+def verdict_status(run: RunResult | None, require: dict[str, str]) -> tuple[int, list[str]]:
+    """A complete run's exit status and its summary: EXIT_REQUIRED when a required backend is not what is
+    required; EXIT_BACKEND when a backend could not be loaded, died or raised in a check; else 0."""
     results = run.results if run else {}
     problems = [
         f"  {k}: {r.status}: {r.skip_reason}" for k, r in results.items() if r.status in ("failed", *ENDED_EARLY)
     ]
+    # a check that raised is no clean exit either: its backend has no verdict from that check
+    problems += [f"  {k}: raised in {', '.join(r.errors)}" for k, r in results.items()
+                 if r.status == "ran" and r.errors]  # fmt: skip
+    missing = unmet(run, require)
     lines = ["verdicts (the page says why):", *(summary_lines(run) if run else [])]
+    if missing:
+        lines += ["required backends that are not what --require asks:", *missing]
     if problems:
         lines += ["backends a script must know about (the run is complete):", *problems]
-    return Outcome(combo, EXIT_BACKEND if problems else 0, "\n".join(lines), seconds)
+    return (EXIT_REQUIRED if missing else EXIT_BACKEND if problems else 0), lines
 
 
 # set in each combination's own process: its parent builds the index, so the child gives no hint about it

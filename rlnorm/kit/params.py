@@ -105,6 +105,9 @@ class RunParams:
     configurations_sizes: list[int] = field(default_factory=lambda: [1, 7, 257])
     configurations_seed: int = 3
     agreement_rows: int = 4097
+    # launch: the row ladder's top (1..9, 2^k-1, 2^k, 2^k+1 and every size the other checks use, up to it);
+    # null = the largest batch any check uses
+    launch_rows: int | None = None
     agreement_seed: int = 3
     # a backend's own process (its checks, gates and agreement output) is ended past this; the full protocol
     # takes a few minutes per backend on an H200
@@ -250,6 +253,8 @@ def _range_errors(p: Any) -> list[str]:
         bad("sweep_sizes", f"sizes no larger than sweep_n={p.sweep_n}")
     if not p.sweep_probe_rows or any(not 0 <= r < p.sweep_n for r in p.sweep_probe_rows):
         bad("sweep_probe_rows", f"a non-empty list of rows in [0, sweep_n={p.sweep_n})")
+    if p.launch_rows is not None and p.launch_rows <= 0:
+        bad("launch_rows", "null or a positive int")
     if p.max_records is not None and p.max_records < 0:
         bad("max_records", "null or an int >= 0")
     if not p.backend_timeout_s > 0:

@@ -81,7 +81,9 @@ class BatchInvariance:
     dweight_repeatable: bool | None = None
     full_vs_sub_batches: SubBatches | None = None
     batch_size_sweep: Sweep | None = None
-    batch_invariant: bool | None = None  # None: a check raised or did not run
+    batch_invariant: bool | None = None  # None: a check raised or did not run; True only for verdict "invariant"
+    # "invariant" | "not_invariant" | "not_invariant_by_construction" (None: no verdict); rlnorm.kit.checks.verdict
+    verdict: str | None = field(default=None, metadata=OMIT_NONE)
 
 
 @dataclass

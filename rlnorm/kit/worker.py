@@ -32,6 +32,7 @@ from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks.agreement import agreement_output
 from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.checks.digests import output_digests
+from rlnorm.kit.checks.launch import LAUNCH_ENV
 from rlnorm.kit.params import RunParams, check_kwargs, load_params, run_check
 from rlnorm.kit.process import Child, Ended, run_child
 from rlnorm.kit.records import rebuild_case
@@ -110,7 +111,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     if any(c in checks.INVARIANCE_CHECKS for c in selected):
         result.batch_invariance = BatchInvariance()
     # a verdict needs every invariance check: one not selected leaves it open (None), as one that raised does
-    unrun = {c: "not run" for c in checks.INVARIANCE_CHECKS if c not in selected}
+    unrun = {c: "not run" for c in (*checks.INVARIANCE_CHECKS, "launch") if c not in selected}
 
     def keep(name: str) -> None:
         out = run_check(name, backend, bars, device, trail)
@@ -119,6 +120,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         inv = result.batch_invariance
         if name in ("accuracy_latency", "configurations"):
             setattr(result, name, out.summary)
+        elif name == "launch":
+            result.launches = out.summary  # type: ignore[assignment]
         elif name == "dweight_repeatable":
             inv.dweight_repeatable = out.summary.dweight_repeatable  # type: ignore[union-attr]
         else:
@@ -158,7 +161,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         report.finished.append(name)
         if result.batch_invariance is not None:
             inv, said = result.batch_invariance, {**unrun, **errors}
-            inv.batch_invariant = checks.batch_invariant(inv, said)
+            inv.verdict = checks.verdict(result, said)
+            inv.batch_invariant = None if inv.verdict is None else inv.verdict == checks.INVARIANT
         save()
     return 0
 
@@ -211,6 +215,8 @@ class BackendWorker:
         self._tmp = tempfile.TemporaryDirectory(prefix="rlnorm-backend-")
         self.folder = Path(self._tmp.name)
         job = {"backend": spec, "device": device, "folder": str(self.folder), "params": params.as_dict()}
+        if "launch" in params.checks:  # Inductor's kernels reach Triton's launch hook only without its static launcher
+            env = {**LAUNCH_ENV, **(env or {})}
         self.child = Child(_argv(job, "--hold"), env=env, hold=True, relay=relay)
 
     def finish(self, timeout_s: float) -> WorkerReport:

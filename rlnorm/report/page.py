@@ -10,7 +10,7 @@ from typing import Any
 from rlnorm.kit.results import RunResult
 from rlnorm.report.plots.common import fmt_us, roofline_ratio
 from rlnorm.report.runs import param
-from rlnorm.report.verdict import COMPARES, INVARIANCE, State, crash_words, fraction, run_verdicts
+from rlnorm.report.verdict import COMPARES, INVARIANCE, State, crash_words, fraction, launch_lines, run_verdicts
 
 GATE_EXPLANATION = (
     "**Reading the gradient gate.** It compares the backend's *own* dweight (the weight's gradient) with the "
@@ -64,9 +64,11 @@ def verdict_markdown(run: RunResult) -> str:
                 clean = f": {', '.join(passed)} passed before it" if passed else ""
                 parts.append(f"no batch-invariance verdict (it {v.overall.value} before its checks ended{clean})")
         if v.overall is State.FAILED:
-            parts.append(f"**not** batch invariant ({v.why})")
+            parts.append(f"**not invariant** ({v.why})")
+        elif v.overall is State.BY_CONSTRUCTION:
+            parts.append(f"**not invariant by construction** ({v.why})")
         elif v.overall is State.PASSED:
-            parts.append(f"batch invariant ({v.why})")
+            parts.append(f"invariant ({v.why})")
         elif r.crash is None:
             parts.append(f"no batch-invariance verdict ({v.why})")
         for gate in ("forward_gate", "gradient_gate") if r.crash is None else ():  # a crash: its gates never ran
@@ -88,6 +90,37 @@ def verdict_markdown(run: RunResult) -> str:
         lines.append(f"- **{key}**: " + "; ".join(parts))
     failed = failed_steps_markdown(run)
     return "\n".join(lines) + (f"\n\n{failed}" if failed else "")
+
+
+LAUNCH_EXPLANATION = (
+    "**Launches.** The row checks see only the configurations this process's launches took. The `launch` check "
+    "runs each backend's forward (and forward+backward) at every row count of a ladder (1..9, 2^k-1, 2^k, 2^k+1 "
+    "and every size the other checks use, up to the full batch) and records each kernel's launch parameters "
+    "(constexprs, num_warps, num_stages, the grid past its row extent; a CUDA kernel's block and shared memory). "
+    "A parameter that changes with the row count leaves the verdict at *not invariant by construction* until "
+    "the `configurations` check has run the kernel at each of its values with no bit changed. **The reference "
+    "report's FLA result** follows from this: FLA's `fused_norm_gate` is autotuned on a key holding "
+    "`NB = cdiv(rows, 65536)`, so a full batch past 65536 rows and its sub-batches can run different "
+    "configurations (on an H100: `BT=16, NB=1, num_warps=16` up to 65536 rows, `BT=32, NB=4, num_warps=8` at "
+    "262144), and whether they do depends on what the autotuner timed fastest on that GPU in that process. A "
+    "B200 (95 forward, 152 gradient rows) and an H100 (736 y, 3,128 dx/dz) picked differently for the two; an H200 "
+    "picked alike, and its rows agreed: a pass of the row checks there, not of the kernel."
+)
+
+
+def launch_markdown(run: RunResult) -> str:
+    """Per backend, each kernel whose launch changes with the row count and the evidence ('' when none does)."""
+    out = []
+    for key, r in run.results.items():
+        lines = launch_lines(r)
+        if lines:
+            out.append(f"- **{key}**: " + "; ".join(f"`{line.partition(' ')[0]}` {line.partition(' ')[2]}"
+                                                  for line in lines))  # fmt: skip
+        elif r.launches is not None and not r.launches.error:
+            out.append(f"- **{key}**: one configuration per kernel at {len(r.launches.rows)} row counts "
+                       f"({len(r.launches.kernels)} kernels seen)")  # fmt: skip
+    unseen = {r.launches.unseen for r in run.results.values() if r.launches is not None and r.launches.unseen}
+    return "\n".join(out + [f"\n*Not seen here:* {u}" for u in sorted(unseen)])
 
 
 def failed_steps_markdown(run: RunResult) -> str:

@@ -16,6 +16,7 @@ from enum import Enum
 
 import pandas as pd
 
+from rlnorm.kit.checks import BY_CONSTRUCTION, INVARIANT, differing_pairs, uncleared
 from rlnorm.kit.process import describe_exit
 from rlnorm.kit.results import BackendResult, Gate, RunResult
 
@@ -23,6 +24,8 @@ from rlnorm.kit.results import BackendResult, Gate, RunResult
 class State(Enum):
     PASSED = "passed"
     FAILED = "failed"
+    # no row differs, but a launch parameter changes with the row count and was not run at each of its values
+    BY_CONSTRUCTION = "by construction"
     RAISED = "raised"  # the check raised: what it found so far is no verdict
     NOT_RUN = "not run"  # not measured here (not selected, no backward, the gate cannot take it)
     SKIPPED = "skipped"  # the backend cannot run here
@@ -34,6 +37,7 @@ class State(Enum):
 STATE_COLORS = {
     State.PASSED: "#a5d6a7",
     State.FAILED: "#ef9a9a",
+    State.BY_CONSTRUCTION: "#f48fb1",
     State.RAISED: "#fff59d",
     State.NOT_RUN: "#e0e0e0",
     State.SKIPPED: "#eeeeee",
@@ -43,13 +47,16 @@ STATE_COLORS = {
 }
 ROW_CHECKS = ("all_rows", "full_vs_sub_batches", "batch_size_sweep")
 INVARIANCE = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
-CHECKS = (*INVARIANCE, "forward_gate", "gradient_gate", "correctly_rounded")
+LAUNCH = ("launch", "configurations")  # what the launches were, and every configuration run against the others
+CHECKS = (*INVARIANCE, *LAUNCH, "forward_gate", "gradient_gate", "correctly_rounded")
 # the worker's check behind each verdict column (what `crash.finished_checks` names)
-_RAN_BY = {**{c: c for c in INVARIANCE}, "correctly_rounded": "accuracy_latency"}
+_RAN_BY = {**{c: c for c in (*INVARIANCE, *LAUNCH)}, "correctly_rounded": "accuracy_latency"}
 COMPARES = {
     "all_rows": "row in its batch vs the row alone",
     "full_vs_sub_batches": "row in a sub-batch vs the full batch",
     "batch_size_sweep": "probe row in a batch of m vs alone",
+    "launch": "each kernel's launch parameters over the row ladder",
+    "configurations": "rows under each configuration a kernel may pick, pair by pair",
     "dweight_repeatable": "dweight of one batch, run vs run",
     "forward_gate": "y across 7 batch arrangements",
     "gradient_gate": "dx, dz across arrangements; own dweight vs the exact sum of single-row dweights",
@@ -157,15 +164,16 @@ class BackendVerdict:
     backend: str
     status: str
     checks: dict[str, CheckVerdict]  # CHECKS order
-    overall: State  # batch invariant: PASSED; not: FAILED; else why there is no verdict
+    overall: State  # invariant: PASSED; not invariant: FAILED or BY_CONSTRUCTION; else why there is no verdict
     why: str  # the overall verdict's reason, in words
 
     @property
     def headline(self) -> str:
-        """'batch invariant', 'not batch invariant', 'skipped', 'crashed', 'no verdict'."""
+        """'invariant', 'not invariant', 'not invariant by construction', 'skipped', 'crashed', 'no verdict'."""
         return {
-            State.PASSED: "batch invariant",
-            State.FAILED: "not batch invariant",
+            State.PASSED: "invariant",
+            State.FAILED: "not invariant",
+            State.BY_CONSTRUCTION: "not invariant by construction",
             State.SKIPPED: "skipped",
             State.NOT_LOADED: "not loaded",
             State.CRASHED: "crashed",
@@ -257,6 +265,8 @@ def _check_verdict(result: BackendResult, check: str) -> CheckVerdict:
         if value:
             return CheckVerdict(check, State.PASSED)
         return CheckVerdict(check, State.FAILED, detail="differs run to run")
+    if check in LAUNCH:
+        return _launch_verdict(result, check, errors.get(check))
     if check in ("forward_gate", "gradient_gate"):
         gates = result.contract_gates or {}
         return gate_verdict(check, gates.get(check.split("_")[0]), errors.get("contract_gates"))
@@ -269,6 +279,47 @@ def _check_verdict(result: BackendResult, check: str) -> CheckVerdict:
     if cr >= 1.0:
         return CheckVerdict(check, State.PASSED, detail="1.0 (every output)")
     return CheckVerdict(check, State.FAILED, detail=fraction(cr))
+
+
+def _launch_verdict(result: BackendResult, check: str, error: str | None) -> CheckVerdict:
+    if check == "launch":
+        node = result.launches
+        if error or (node is not None and node.error):
+            return CheckVerdict(check, State.RAISED, detail=error or node.error or "")
+        if node is None:
+            return CheckVerdict(check, State.NOT_RUN)
+        left = uncleared(result)
+        varying = [f"{k.kernel.rsplit('.', 1)[-1]}.{p}" for k in node.kernels for p in k.varying]
+        if left:
+            params = dict.fromkeys(k.rsplit(".", 1)[-1] for k in left)  # the parameters, then where: launch_lines
+            return CheckVerdict(check, State.BY_CONSTRUCTION, detail=", ".join(params))
+        said = f"varying, each value cleared: {', '.join(varying)}" if varying else "one configuration per kernel"
+        seen = f"{len(node.kernels)} kernels seen" + (" here; see launches.unseen" if node.unseen else "")
+        return CheckVerdict(check, State.PASSED, detail=f"{said} ({seen}, {len(node.rows)} row counts)")
+    node_c = result.configurations
+    if error or (node_c is not None and node_c.error):
+        return CheckVerdict(check, State.RAISED, detail=error or (node_c.error if node_c else "") or "")
+    if node_c is None:
+        return CheckVerdict(check, State.NOT_RUN)
+    pairs = differing_pairs(result)
+    if pairs:
+        return CheckVerdict(check, State.FAILED, detail=f"{len(pairs)} of {len(node_c.pairs)} pairs differ: {pairs[0]}")
+    return CheckVerdict(check, State.PASSED, detail=f"{len(node_c.pairs)} pairs, none differs")
+
+
+def launch_lines(result: BackendResult) -> list[str]:
+    """The launch evidence behind a verdict: each kernel whose launch changes with the row count, and why."""
+    node = result.launches
+    if node is None:
+        return []
+    cleared = set(result.configurations.cleared) if result.configurations else set()
+    out = []
+    for k in node.kernels:
+        if k.varying:
+            done = [p for p in k.varying if f"{k.kernel}.{p}" in cleared]
+            tail = f" (cleared by the configurations check: {', '.join(done)})" if done else ""
+            out.append(f"{k.kernel} ({'+'.join(k.passes)}): {k.evidence}{tail}")
+    return out
 
 
 def fraction(f: float) -> str:
@@ -294,25 +345,31 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
             checks[c] = CheckVerdict(c, ended, detail=where if here else f"not reached ({ended.value} earlier)")
         else:
             checks[c] = _check_verdict(result, c)
-    found = [c for c in INVARIANCE if checks[c].state is State.FAILED]
+    found = [c for c in (*INVARIANCE, "configurations") if checks[c].state is State.FAILED]
     inv = result.batch_invariance
     if found:
         parts = []
         for c in found:
             counts = checks[c].counts
             said = counts.sentence() if counts is not None else "the same batch gives another dweight when run again"
-            parts.append(f"{c}: {said}")
+            parts.append(f"{c}: {said}" if c != "configurations" else "configurations: " + "; ".join(
+                differing_pairs(result)))  # fmt: skip
         return BackendVerdict(key, result.status, checks, State.FAILED, "; ".join(parts))
     if ended is not None:
         return BackendVerdict(key, result.status, checks, ended, crash_words(result).partition(": ")[2])
-    if inv is not None and inv.batch_invariant:
+    if inv is not None and inv.verdict == BY_CONSTRUCTION:
+        why = "no row differs, but the launch changes with the row count and was not run at each value: "
+        return BackendVerdict(key, result.status, checks, State.BY_CONSTRUCTION, why + "; ".join(launch_lines(result)))
+    # an artifact without the three-state verdict (the reference report) keeps its bool: rows only
+    if inv is not None and (inv.verdict == INVARIANT or (inv.verdict is None and inv.batch_invariant)):
         compared = sum((checks[c].counts.compared or 0) for c in ROW_CHECKS if checks[c].counts is not None)
         dweight = {State.PASSED: "dweight repeatable", State.NOT_RUN: "no dweight: forward only"}.get(
             checks["dweight_repeatable"].state, "dweight not checked"
         )
+        launches = "no launch evidence in this artifact" if inv.verdict is None else checks["launch"].detail
         return BackendVerdict(key, result.status, checks, State.PASSED, f"0 of {count(compared)} row comparisons "
-                              f"differ; {dweight}")  # fmt: skip
-    raised = [c for c in INVARIANCE if checks[c].state is State.RAISED]
+                              f"differ; {dweight}; {launches}")  # fmt: skip
+    raised = [c for c in (*INVARIANCE, *LAUNCH) if checks[c].state is State.RAISED]
     if raised:
         why = "; ".join(f"{c} raised {clip(checks[c].detail, 120)}" for c in raised)
         return BackendVerdict(key, result.status, checks, State.RAISED, why)

@@ -20,7 +20,7 @@ from rlnorm.report.index import INDEX_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.slow
 
-CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "accuracy_latency"]
+CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "launch", "accuracy_latency"]
 FAST = {**TINY_SIZES, "device": "cpu", "backends": ["reference"], "checks": CHECKS}  # no gates: seconds a run
 
 
@@ -39,7 +39,7 @@ def params_file(tmp_path: Path, stem: str, **values: object) -> str:
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     tmp = tmp_path_factory.mktemp("matrix")
-    f = params_file(tmp, "grid", checks=CHECKS[:4])  # the four a verdict needs; accuracy_latency only times
+    f = params_file(tmp, "grid", checks=CHECKS[:5])  # the five a verdict needs; accuracy_latency only times
     out = rlnorm("run", f, "-p", "activation", "[silu, sigmoid]", "--outputs", str(tmp / "o"), "--jobs", "2")
     return out, tmp / "o" / "grid"
 
@@ -52,7 +52,7 @@ def test_a_matrix_runs_its_combinations_in_parallel_and_writes_an_index(matrix) 
     for r in runs:
         assert (grid / r / "rms_norm_gated_reuse_check.json").is_file() and (grid / r / "reuse_check.html").is_file()
     summary = pd.read_csv(grid / SUMMARY_FILE)
-    assert sorted(summary["activation"]) == ["sigmoid", "silu"] and set(summary["verdict"]) == {"batch invariant"}
+    assert sorted(summary["activation"]) == ["sigmoid", "silu"] and set(summary["verdict"]) == {"invariant"}
     index = (grid / INDEX_FILE).read_text()
     assert index.count('href="activation-') == 2 and "varying activation" in index
     assert "2 at a time" in proc.stderr and "[2/2]" in proc.stderr, "progress across runs"

@@ -29,9 +29,11 @@ SEGFAULT = "tests.faults:SegfaultPastRows"
 EXIT = "tests.faults:ExitPastRows"
 EXACT = "rlnorm.kit.backends.local:ExactReferenceBackend"  # a correct backend, run after a crash
 DEVICE_ERROR = "tests.faults:DeviceErrorPastRows"
-CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "accuracy_latency", "agreement"]
-# TINY_SIZES' batches stay at 15 rows or fewer until accuracy_latency's 63: the planted faults (past 50 rows) die there
-FINISHED = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep"]
+CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "launch", "accuracy_latency",
+          "agreement"]  # fmt: skip
+# TINY_SIZES' batches (and the launch ladder, to launch_rows) stay at 15 rows or fewer until accuracy_latency's 63:
+# the planted faults (past 50 rows) die there
+FINISHED = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "launch"]
 PLANTED_DEVICE_ERROR = "CUDA error: an illegal memory access was encountered (planted)"
 
 
@@ -55,7 +57,9 @@ class DeviceErrorOnTheCpu(DeviceErrorPastRows):
 
 def _params(tmp_path: Path, custom: list[str], **kw: object):
     raw = {"name": "iso", "device": "cpu", "progress": False, "backends": ["reference"], "custom_backends": custom}
-    return load_params({**raw, "checks": CHECKS, **TINY_SIZES, "output_dir": str(tmp_path / "run"), **kw})
+    return load_params(
+        {**raw, "checks": CHECKS, **TINY_SIZES, "launch_rows": 15, "output_dir": str(tmp_path / "run"), **kw}
+    )
 
 
 @pytest.fixture(scope="module")

@@ -49,6 +49,7 @@ TINY = {
         "dweight_repeatable",
         "full_vs_sub_batches",
         "batch_size_sweep",
+        "launch",
         "accuracy_latency",
         "agreement",
     ],

@@ -66,8 +66,8 @@ def test_the_planted_counts_read_alike_everywhere(planted: RunResult) -> None:
 
 def test_each_backend_takes_the_state_of_what_happened_to_it(planted: RunResult) -> None:
     v = run_verdicts(planted)
-    assert v["clean"].overall is State.PASSED and v["clean"].headline == "batch invariant"
-    assert v[FAULTY].overall is State.FAILED and v[FAULTY].headline == "not batch invariant"
+    assert v["clean"].overall is State.PASSED and v["clean"].headline == "invariant"
+    assert v[FAULTY].overall is State.FAILED and v[FAULTY].headline == "not invariant"
     assert {c for c in INVARIANCE if v[FAULTY].checks[c].state is State.FAILED} == set(INVARIANCE)
     assert v[FAULTY].checks["gradient_gate"].state is State.FAILED
     assert v[FAULTY].checks["forward_gate"].state is State.PASSED

@@ -314,7 +314,10 @@ class VllmBackend(Backend):
 
 
 # what a deployment runs, and what VLLM_BATCH_INVARIANT does to it (docs/vllm.md)
-_PATH_NOTE = "; what enforce_eager=True runs; unchanged by VLLM_BATCH_INVARIANT=1"
+_PATH_NOTE = (
+    "; what enforce_eager=True runs; unchanged by VLLM_BATCH_INVARIANT=1, which vLLM refuses for Qwen3-Next "
+    "(GDN_ATTN: v1/attention/selector.py)"
+)
 
 
 if __name__ == "__main__":  # the probe child: `--probe DEVICE`

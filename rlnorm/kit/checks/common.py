@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.kit.records import REBUILD_VERSION, dtype_name
-from rlnorm.kit.results import Accuracy, AllRows, Configurations, Record, SubBatches, Sweep
+from rlnorm.kit.results import Accuracy, AllRows, Configurations, Launches, Record, SubBatches, Sweep
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
@@ -42,7 +42,7 @@ class CheckOutcome:
     """What a check returns: its summary, the records of differing (row, tensor), and why it raised (if it did:
     the check caught it, and the summary holds what it got before)."""
 
-    summary: AllRows | SubBatches | Sweep | Accuracy | Dweight | Configurations
+    summary: AllRows | SubBatches | Sweep | Accuracy | Dweight | Configurations | Launches
     records: list[Record]
     error: str | None = None
 

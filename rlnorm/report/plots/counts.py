@@ -33,10 +33,12 @@ NOTES = {  # what each column compares, under its name
     "full_vs_sub_batches": "sub-batch\nvs full batch",
     "batch_size_sweep": "probe in batch\nof m vs alone",
     "dweight_repeatable": "dweight\nrun vs run",
+    "launch": "launch params\nover the rows",
+    "configurations": "each config\npair vs pair",
     "forward_gate": "y across 7\narrangements",
     "gradient_gate": "dx, dz; own dweight\nvs exact sum",
     "correctly_rounded": "fraction of y\n= fp64 rounded once",
-    "batch_invariant": "the first four\nchecks",
+    "batch_invariant": "the first six\nchecks",
 }
 
 
@@ -73,7 +75,7 @@ def plot_verdict(run: RunResult, folder: Path | None = None) -> Figure:
         v = verdicts[key]
         for j, col in enumerate(COLUMNS):
             if col == "batch_invariant":
-                state, text = v.overall, v.headline.replace(" batch ", "\nbatch ").replace("no verdict", "no\nverdict")
+                state, text = v.overall, textwrap.fill(v.headline, 14)
             else:
                 state, text = v.checks[col].state, v.checks[col].cell()
             grid[i, j] = states.index(state)
