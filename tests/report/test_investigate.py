@@ -173,9 +173,9 @@ def test_explain_row_for_a_gradient_record_and_the_backends_own_rstd() -> None:
 
 
 def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> None:
-    # a GPU run's record of FLA's fused kernel read on a CPU, where it cannot run
+    # a GPU run's record of Megatron's batch-invariant norm read on a CPU, where it cannot run
     record = {
-        "backend": "fla_fused_norm_gate",
+        "backend": "megatron_gdn_batch_invariant",
         "check": "all_rows",
         "seed": 3,
         "case": "n=7",
@@ -187,7 +187,7 @@ def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> 
     }
     expl = explain_row(record, others=["reference"], device="cpu")
     assert not expl.summary["recomputed"] and expl.summary["reproduced"] is None
-    assert "fla_fused_norm_gate cannot run on cpu" in expl.text and "2 columns, 1 ulp" in expl.text
+    assert "megatron_gdn_batch_invariant cannot run on cpu" in expl.text and "2 columns, 1 ulp" in expl.text
     assert expl.columns["in_batch"].isna().all() and expl.columns["correctly_rounded"].notna().all()
     assert expl.others.set_index("backend").loc["reference", "alone_max_ulp_vs_cr"] == 0
     assert expl.differing_columns.empty

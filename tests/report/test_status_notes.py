@@ -9,7 +9,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from planted import planted_run
 
 from rlnorm.kit.results import BackendResult, StackPair, StackPairs
-from rlnorm.report.plots.counts import plot_verdict
+from rlnorm.report.plots.counts import COLUMNS, plot_verdict
 from rlnorm.report.plots.pairs import plot_stack_pairs
 
 LONG = (
@@ -31,7 +31,7 @@ def test_long_skip_reasons_are_one_line_each_and_nothing_overlaps() -> None:
         run.results[f"vllm_{i}"] = BackendResult(f"vllm {i}", "none", "skipped", LONG)
     fig = plot_verdict(run)
     ax = fig.axes[0]
-    notes = [t for t in ax.texts if t.get_position()[0] > 7 and t.get_text()]  # the status column
+    notes = [t for t in ax.texts if t.get_position()[0] > len(COLUMNS) - 1 and t.get_text()]  # the status column
     assert len(notes) == 8  # the five, the planted skipped, unloadable and crashed backends
     assert all("\n" not in t.get_text() for t in notes)
     assert sum(t.get_text() == "skipped: No module named 'vllm'" for t in notes) == 5  # the error's own words

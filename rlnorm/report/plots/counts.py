@@ -4,6 +4,7 @@ kept record at its row."""
 from __future__ import annotations
 
 import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
