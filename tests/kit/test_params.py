@@ -33,7 +33,8 @@ def test_parameter_files_differ_from_the_protocol_only_where_they_say() -> None:
     def diff(p: RunParams) -> set[str]:
         return {k for k in FIELDS if getattr(p, k) != protocol[k]} - {"name", "params_file"}
 
-    assert diff(full) == set() and (full.name, full.params_file) == ("full", "params/full.yaml")
+    assert diff(full) == {"backends"} and (full.name, full.params_file) == ("full", "params/full.yaml")
+    assert set(protocol["backends"]) - set(full.backends) == {"vllm_native_033", "vllm_native_batch_invariant_033"}
     assert diff(seed) == {"coverage"} and seed.coverage == "sampled"
     assert diff(kernel) == {"backends"} and kernel.backends == ["rlnorm", "fla_fused_norm_gate"]
     assert quick.sub_batches_rows == 65 and quick.name == "quick" and "checks" not in diff(quick)
