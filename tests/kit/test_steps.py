@@ -178,35 +178,32 @@ def _failed_and_placed(run: steps.Run, step: str) -> None:
     assert not [p for p in run.out.parent.iterdir() if p.name.startswith(".")], "no staging folder left"
 
 
-def test_a_failing_agreement_step_is_recorded(backends_done: steps.Run, tmp_path: Path, monkeypatch) -> None:
-    run = _resume(backends_done, tmp_path)
+def _fail_agreement(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steps, "agreement_from_outputs", _planted)
     steps.run_agreement(run)
     assert run.result.agreement is None
-    _failed_and_placed(run, "agreement")
 
 
-def test_a_failing_trainer_sampler_step_is_recorded(backends_done: steps.Run, tmp_path: Path, monkeypatch) -> None:
-    run = _resume(backends_done, tmp_path)
+def _fail_trainer_sampler(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steps, "run_child", _planted)
     steps.run_agreement(run)  # a step that works, before one that fails: its result stands too
     steps.run_trainer_sampler(run)
-    assert run.result.trainer_sampler is None
-    _failed_and_placed(run, "trainer_sampler")
-    assert load_run(run.out).agreement.equal_fraction == [[1.0]]
+    assert run.result.trainer_sampler is None and run.result.agreement.equal_fraction == [[1.0]]
 
 
-def test_a_failing_plots_step_is_recorded(backends_done: steps.Run, tmp_path: Path) -> None:
-    run = _resume(backends_done, tmp_path)
-    assert steps.run_plots(run, _planted) == {}
-    assert run.result.plots == {}
-    _failed_and_placed(run, "plots")
+def _fail_plots(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert steps.run_plots(run, _planted) == {} and run.result.plots == {}
 
 
-def test_a_failing_page_step_is_recorded(backends_done: steps.Run, tmp_path: Path) -> None:
-    run = _resume(backends_done, tmp_path)
+def _fail_page(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
     assert steps.run_step(run, "page", _planted) is None
-    _failed_and_placed(run, "page")
+
+
+@pytest.mark.parametrize("fail", [_fail_agreement, _fail_trainer_sampler, _fail_plots, _fail_page])
+def test_a_failing_step_is_recorded(backends_done: steps.Run, tmp_path: Path, monkeypatch, fail) -> None:  # type: ignore[no-untyped-def]
+    run = _resume(backends_done, tmp_path)
+    fail(run, monkeypatch)
+    _failed_and_placed(run, fail.__name__.removeprefix("_fail_"))
 
 
 def test_a_step_that_leaves_what_the_artifact_refuses_is_dropped(backends_done: steps.Run, tmp_path: Path) -> None:

@@ -81,12 +81,6 @@ def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Pa
     assert re.search(r"failed \(\d[\d,]* y", shown)  # the run's own verdicts table, in row comparisons
 
 
-def test_investigate_rows_notebook_on_the_seed_report_says_it_has_no_records(tmp_path: Path) -> None:
-    shown = "\n".join(texts(execute("investigate_rows", tmp_path, {"run": str(SEED)})))
-    assert "This artifact has no per-row records" in shown
-    assert "failed (95 y / 152 dx,dz" in shown  # its counts are still shown
-
-
 def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: Path, tmp_path: Path) -> None:
     table = differing_rows(records_of(load_run(tiny_run)), POSITION_FAULT, "batch_size_sweep")
     index = len(table) - 1
