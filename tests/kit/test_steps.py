@@ -38,21 +38,9 @@ class ExplodingSweep(Backend):
         return rms_norm_gated_reference(x, z, w, opts)
 
 
-TINY = {
-    "name": "unit",
-    "device": "cpu",
-    "progress": False,
-    **TINY_SIZES,
-    "accuracy_rows": 31,
-    "checks": [
-        "all_rows",
-        "dweight_repeatable",
-        "full_vs_sub_batches",
-        "batch_size_sweep",
-        "accuracy_latency",
-        "agreement",
-    ],
-}
+TINY = {"name": "unit", "device": "cpu", "progress": False, **TINY_SIZES, "accuracy_rows": 31}
+TINY["checks"] = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "accuracy_latency",
+                  "agreement"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +50,8 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
         {
             **TINY,
             "output_dir": str(out),
-            "backends": ["reference", "fla_fused_norm_gate"],  # FLA fused cannot run on a CPU
-            "custom_backends": [
-                FAULT,
-                "test_steps:ExplodingSweep",
-                NO_BACKWARD,
-                "test_steps:no_such_attr",
-            ],
+            "backends": ["reference"],  # skipped and unloadable backends: test_backends_vllm.py, test_isolation.py
+            "custom_backends": [FAULT, "test_steps:ExplodingSweep", NO_BACKWARD],
         }
     )
     run = steps.start_run(params)
@@ -76,24 +59,6 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
     steps.run_agreement(run)
     steps.finish(run)
     return run
-
-
-def test_every_backend_is_listed_with_a_status(finished_run: steps.Run) -> None:
-    r = finished_run.result.results
-    assert list(r) == [
-        "reference",
-        "fla_fused_norm_gate",
-        FAULT,
-        "test_steps:ExplodingSweep",
-        NO_BACKWARD,
-        "test_steps:no_such_attr",
-    ]
-    assert r["reference"].status == "ran"
-    assert r["fla_fused_norm_gate"].status == "skipped" and r["fla_fused_norm_gate"].skip_reason
-    assert (
-        r["test_steps:no_such_attr"].status == "failed" and "no attribute" in r["test_steps:no_such_attr"].skip_reason
-    )
-    assert r[NO_BACKWARD].backward == "none"
 
 
 def test_a_check_that_raises_is_recorded_and_the_run_goes_on(finished_run: steps.Run) -> None:
@@ -105,14 +70,13 @@ def test_a_check_that_raises_is_recorded_and_the_run_goes_on(finished_run: steps
     assert bi.batch_invariant is None, "no verdict when a batch-invariance check raised"
 
 
-def test_verdicts_are_honest(finished_run: steps.Run) -> None:
+def test_every_backend_is_listed_and_the_verdicts_are_honest(finished_run: steps.Run) -> None:
     r = finished_run.result.results
-    assert r["reference"].batch_invariance.batch_invariant is True
+    assert list(r) == ["reference", FAULT, "test_steps:ExplodingSweep", NO_BACKWARD]
+    assert r["reference"].status == "ran" and r["reference"].batch_invariance.batch_invariant is True
     assert r[FAULT].batch_invariance.batch_invariant is False
     nb = r[NO_BACKWARD].batch_invariance
-    assert nb.dweight_repeatable is None and nb.batch_invariant is False
-    fused = r["fla_fused_norm_gate"]
-    assert fused.batch_invariance is None and fused.accuracy_latency is None
+    assert r[NO_BACKWARD].backward == "none" and nb.dweight_repeatable is None and nb.batch_invariant is False
 
 
 def test_artifact_and_records_are_written(finished_run: steps.Run) -> None:
