@@ -197,19 +197,6 @@ TINY_SIZES: dict = {
 }
 
 
-@pytest.fixture
-def tiny_params() -> dict:
-    """The smallest run that still exercises every check on the CPU backends: seconds per backend."""
-    return {
-        "name": "tiny",
-        "device": "cpu",
-        "progress": False,
-        "backends": ["reference", "rlnorm"],
-        **TINY_SIZES,
-        "timing": True,
-    }
-
-
 BATCH_FAULT = "tests.faults:BatchSizeDependentOutput"
 POSITION_FAULT = "tests.faults:PositionDependentOutput"
 DWEIGHT_FAULT = "tests.faults:NondeterministicDweight"

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import IN_CI, child_result, needs_installed_vllm
+from conftest import IN_CI, TINY_SIZES, child_result, needs_installed_vllm
 
 import rlnorm.kit.backends.vllm as vb
 from rlnorm.kit.backends import BackendUnavailable, load_backend
@@ -162,9 +162,7 @@ class UnimportableVllm(VllmBackend):
         self.probe_env = {"PYTHONPATH": os.environ[PLANTED_VLLM_ENV]}
 
 
-def test_a_run_records_the_reason_true_for_the_machine(
-    monkeypatch: pytest.MonkeyPatch, tiny_params: dict, tmp_path: Path
-) -> None:
+def test_a_run_records_the_reason_true_for_the_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Through the kit's worker process: skipped, and the reason says installed-but-unimportable with the error."""
     from rlnorm.kit.params import load_params
     from rlnorm.kit.steps import run_backends, start_run
@@ -174,8 +172,8 @@ def test_a_run_records_the_reason_true_for_the_machine(
     planted = _plant_vllm(tmp_path / "planted", "raise ImportError('planted: no vllm._C')\n")
     monkeypatch.setenv(PLANTED_VLLM_ENV, planted["PYTHONPATH"])
     spec = f"{__name__}:UnimportableVllm"
-    params = load_params({**tiny_params, "backends": ["reference"], "custom_backends": [spec]})
-    run = start_run(load_params({**params.as_dict(), "output_dir": str(tmp_path / "run")}))
+    params = {"name": "tiny", "device": "cpu", "progress": False, **TINY_SIZES, "backends": ["reference"]}
+    run = start_run(load_params({**params, "custom_backends": [spec], "output_dir": str(tmp_path / "run")}))
     run_backends(run)
     table = backend_table(run.result)
     assert table.loc["reference", "status"] == "ran"
