@@ -1,0 +1,164 @@
+"""vLLM's forward_native rows (eager, compiled, VLLM_BATCH_INVARIANT=1): they run what vLLM runs.
+
+Proven against the installed vLLM in the session's one vLLM child (tests/kit/vllm_child.py; vllm never enters
+this process):
+- `RMSNormGated.forward_native(x, z)` is `native_call(forward_static, x, z, w, opts)`, and the rows give its bits;
+- a default (compiled) vLLM config disables the op, so its forward is forward_native; the mode enforce_eager sets
+  keeps it enabled, so its forward is forward_cuda; the compiled row's Inductor options are the config's;
+- vLLM's own `enable_batch_invariant_mode()` reroutes the eager forward_native's mean (and the row gives those bits),
+  and leaves forward_cuda and the compiled forward_native as they were.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from vllm_child import facts
+
+from rlnorm.inputs import make_case
+from rlnorm.kit.backends import BackendUnavailable, load_backend
+from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.kit.backends.vllm_native import (
+    VllmNativeBackend,
+    VllmNativeBatchInvariantBackend,
+    VllmNativeCompiledBackend,
+)
+from rlnorm.numerics import ulp_distance
+from rlnorm.options import OpOptions
+
+ROWS = ("vllm_native", "vllm_native_compiled", "vllm_native_batch_invariant")
+OPTIONS = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid"))
+
+
+@pytest.fixture(scope="module")
+def vllm_child(installed_vllm: vf.VllmFiles, vllm_archive: Path) -> dict:
+    """The real vllm's findings, from the session's one child (tests/kit/vllm_child.py)."""
+    return facts(vllm_archive)
+
+
+@pytest.mark.slow
+def test_forward_native_calls_forward_static_with_exactly_these_arguments(vllm_child: dict) -> None:
+    """forward_native(x, z) is native_call(forward_static, x, z, w, opts); the planted variant (a module whose
+    activation differs) shows the comparison catches a difference."""
+    for variant, results in vllm_child["native_calls"].items():
+        assert len(results) == 4
+        for r in results:
+            assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r
+            assert (r["vllm"] == r["ours"]) is (variant == "real"), r
+
+
+@pytest.mark.slow
+def test_the_rows_give_vllms_forward_native_bits(vllm_child: dict) -> None:
+    """The eager row is the installed forward_native bit for bit (options, weight dtypes, with and without a gate);
+    the compiled row is Inductor's code for the same function, within a bf16 ulp of it."""
+    results = vllm_child["native_bits"]
+    assert len(results) == 8
+    for r in results:
+        assert r["eager"], r
+        assert r["compiled_ulps"] <= 1, r
+
+
+@pytest.mark.slow
+def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(vllm_child: dict) -> None:
+    r = vllm_child["dispatch"]
+    # a default config compiles with Inductor: every custom op disabled, RMSNormGated's forward is forward_native
+    assert r["default"]["mode"] == 3 and r["default"]["backend"] == "inductor"
+    assert r["default"]["custom_ops"] == ["none"] and r["default"]["forward"] == "forward_native"
+    assert r["compiled"] == r["default"]
+    # enforce_eager=True sets mode NONE: every custom op enabled, forward is forward_cuda (layernorm_guard)
+    assert r["enforce_eager_sets_none"]
+    assert r["none"]["custom_ops"] == ["all"] and r["none"]["forward"] == "forward_cuda"
+    # the compiled row compiles with the options vLLM's config gives, on a GPU platform and on vLLM's CPU platform
+    assert r["default"]["inductor"] == r["ours_gpu"]
+    assert r["cpu_platform"] == r["ours_cpu"] and "combo_kernels" not in r["ours_cpu"]
+
+
+@pytest.mark.slow
+def test_batch_invariant_mode_changes_only_the_eager_native_path(vllm_child: dict) -> None:
+    """Under vLLM's own enable_batch_invariant_mode(): the eager forward_native's mean goes to vLLM's Triton kernel
+    (its bits are the row's, and fp32 means change), while forward_cuda and the compiled forward_native never call
+    it and keep their bits. Neither RMSNormGated nor layernorm_guard reads VLLM_BATCH_INVARIANT (RMSNorm does)."""
+    r = vllm_child["batch_invariant"]
+    assert r["native_calls"] >= 1 and r["native_is_the_row"], r
+    assert r["mean_differs_in_fp32"], r
+    assert r["cuda_calls"] == 0 and r["cuda_unchanged"], r
+    assert r["compiled_calls"] == 0 and r["compiled_unchanged"], r
+    assert r["reads_flag"] == {"RMSNormGated": False, "layernorm_guard": False, "RMSNorm.forward_cuda": True}
+
+
+# -- the rows, here in this process ---------------------------------------------------------------------------------
+
+
+def test_the_rows_are_forward_only_and_read_vllms_files(installed_vllm: vf.VllmFiles) -> None:
+    for key in ROWS:
+        b = load_backend(key)
+        assert f"read from the installed package ({installed_vllm.root / 'vllm'}), vllm not imported" in b.source
+        with pytest.raises(BackendUnavailable, match="no backward"):
+            b.forward_backward(torch.zeros(2, 128), None, torch.ones(128), torch.zeros(2, 128), OpOptions())
+
+
+def test_without_vllms_files_the_rows_say_where_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(vf, "installed_root", lambda: None)
+    monkeypatch.setattr(vf, "DEFAULT_ARCHIVE", tmp_path / "absent.tar.gz")
+    monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
+    for cls in (VllmNativeBackend, VllmNativeCompiledBackend, VllmNativeBatchInvariantBackend):
+        ok, why = cls().available("cpu")
+        assert not ok
+        assert why.startswith("vLLM's Python files were not found (RLNORM_VLLM_SOURCES is unset, vllm is not")
+        assert ".ci/install-vllm.sh" in why and "tools/vllm_sources.py" in why
+
+
+def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(installed_vllm: vf.VllmFiles) -> None:
+    """One graph serves every row count, 1 included (vLLM drops the guards that would recompile for it); other
+    options get a graph of their own (with every guard dropped, sharing one would silently reuse the first)."""
+    from torch._dynamo.utils import counters
+
+    b = VllmNativeCompiledBackend()
+    b.compile_rows = 64
+    eager = VllmNativeBackend()
+    start = counters["stats"]["unique_graphs"]
+    for opts in OPTIONS:
+        for rows in (1, 2, 7, 65):
+            c = make_case(rows, 128, seed=rows)
+            y = b.forward(c.x, c.z, c.w, opts)
+            assert int(ulp_distance(y, eager.forward(c.x, c.z, c.w, opts)).max()) <= 1, (opts, rows)
+    assert counters["stats"]["unique_graphs"] - start == 2
+    assert len(b._compiled) == 2
+
+
+def test_the_batch_invariant_override_lasts_one_call(installed_vllm: vf.VllmFiles) -> None:
+    b = VllmNativeBatchInvariantBackend()
+    real = b._mean_fn()
+    calls: list[int] = []
+
+    def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    b._mean = counting
+    c = make_case(9, 128, seed=2)
+    y = b.forward(c.x, c.z, c.w, OpOptions())
+    assert len(calls) == 1 and y.shape == (9, 128)
+    x = make_case(9, 128, seed=2, dtype=torch.float32).x
+    expected = x.sum(-1, keepdim=True) / 128  # torch's own mean, exact here: 128 is a power of two
+    assert torch.equal(x.mean(-1, keepdim=True), expected)
+    assert len(calls) == 1  # after the call, aten::mean.dim is torch's again
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("key", ROWS)
+def test_the_native_rows_on_the_gpu(key: str) -> None:
+    from rlnorm.reference import rms_norm_gated_reference
+
+    b = load_backend(key)
+    ok, why = b.available("cuda")
+    if not ok and "files were not found" in why:
+        pytest.skip(why)
+    assert (ok, why) == (True, "")
+    c = make_case(1000, 128, seed=3, device="cuda")
+    y = b.forward(c.x, c.z, c.w, OpOptions())
+    ref = rms_norm_gated_reference(c.x, c.z, c.w, OpOptions())
+    assert int(ulp_distance(y, ref).max()) <= 1
