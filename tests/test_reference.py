@@ -16,20 +16,8 @@ def test_reference_matches_the_written_formula_in_fp64() -> None:
     rstd = 1 / torch.sqrt((x * x).mean(-1, keepdim=True) + 1e-6)
     want = x * rstd * w * (z * torch.sigmoid(z))
     assert torch.allclose(gated_rmsnorm_math(c.x, c.z, c.w, OpOptions(), torch.float64), want, rtol=1e-14, atol=0)
-
-
-def test_options_change_the_math() -> None:
-    c = make_case(5, 64, seed=4)
-    base = gated_rmsnorm_math(c.x, c.z, c.w, OpOptions(), torch.float64)
-    for o in (
-        OpOptions(group_size=16),
-        OpOptions(norm_before_gate=False),
-        OpOptions(activation="sigmoid"),
-    ):
-        assert not torch.equal(gated_rmsnorm_math(c.x, c.z, c.w, o, torch.float64), base), o
-    plain = gated_rmsnorm_math(c.x, None, c.w, OpOptions(), torch.float64)
-    x = c.x.double()
-    assert torch.allclose(plain, x * torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * c.w.double())
+    plain = gated_rmsnorm_math(c.x, None, c.w, OpOptions(), torch.float64)  # no gate
+    assert torch.allclose(plain, x * rstd * w, rtol=1e-14, atol=0)
 
 
 def test_fp32_reference_is_almost_always_correctly_rounded() -> None:

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import REPO_ROOT, RING_AND_HOLD, TINY_SIZES, Doorbell
 
+from rlnorm import cli
 from rlnorm.cli.runs import EXIT_BACKEND, EXIT_INTERRUPTED
 from rlnorm.report.index import INDEX_FILE, SUMMARY_FILE
 
@@ -70,7 +71,7 @@ def test_the_index_command_rebuilds_it_from_gathered_folders(matrix, tmp_path: P
     assert (tmp_path / "idx" / INDEX_FILE).read_text().count("<tr>") == 1 + 2, "a header and a line per run"
 
 
-def test_a_backend_that_fails_or_crashes_gives_a_nonzero_exit_and_a_complete_folder(tmp_path: Path) -> None:
+def test_a_backend_that_fails_or_crashes_gives_a_nonzero_exit_and_a_complete_folder(tmp_path: Path, capsys) -> None:
     faulty = ["no_such_module_xyz:norm", "tests.faults:SegfaultPastRows"]
     f = params_file(tmp_path, "bad", backends=[], custom_backends=faulty)
     proc = rlnorm("run", f, "--outputs", str(tmp_path / "o"), "--no-progress")
@@ -78,13 +79,12 @@ def test_a_backend_that_fails_or_crashes_gives_a_nonzero_exit_and_a_complete_fol
     assert "no_such_module_xyz:norm: failed: cannot load" in proc.stderr
     assert "tests.faults:SegfaultPastRows: crashed: killed by SIGSEGV" in proc.stderr
     folder = tmp_path / "o" / "bad"
-    assert rlnorm("validate", str(folder)).returncode == 0, "the run folder is complete"
-    page = rlnorm("investigate", str(folder), "--backend", "tests.faults:SegfaultPastRows")
-    assert page.returncode == 0, page.stderr[-2000:]
-    html = Path(page.stdout.strip()).read_text()
-    assert Path(page.stdout.strip()).parent == folder and "died on a batch of 63 rows" in html
-    cmp = rlnorm("compare", "seed", str(folder))
-    assert cmp.returncode == 0 and (folder / "compare-seed.html").is_file(), cmp.stderr[-2000:]
+    capsys.readouterr()
+    assert cli.main(["validate", str(folder)]) == 0, "the run folder is complete"
+    assert cli.main(["investigate", str(folder), "--backend", "tests.faults:SegfaultPastRows"]) == 0
+    page = Path(capsys.readouterr().out.strip().splitlines()[-1])
+    assert page.parent == folder and "died on a batch of 63 rows" in page.read_text()
+    assert cli.main(["compare", "seed", str(folder)]) == 0 and (folder / "compare-seed.html").is_file()
 
 
 # a custom backend that, once its checks run, rings and holds: the interrupt lands while the run is going

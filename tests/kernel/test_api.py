@@ -71,22 +71,16 @@ def test_module_defaults_and_forward(case):
     ("make_bad", "exc", "name"),
     [
         (lambda c: {"x": c.x.to(torch.int32)}, TypeError, "x"),
-        (lambda c: {"x": c.x.tolist()}, TypeError, "x"),
-        (lambda c: {"z": c.z.to(torch.int64)}, TypeError, "z"),
         (lambda c: {"weight": c.w.to(torch.int16)}, TypeError, "weight"),
         (lambda c: {"z": c.z.float()}, TypeError, "z"),
         (lambda c: {"z": c.z[:5]}, ValueError, "z"),
         (lambda c: {"z": c.z.reshape(-1, 64)}, ValueError, "z"),  # the right number of elements, the wrong shape
         (lambda c: {"weight": c.w[:64]}, ValueError, "weight"),
-        (lambda c: {"weight": c.w.view(2, 64)}, ValueError, "weight"),
         (lambda c: {"weight": c.w.to("meta")}, ValueError, "weight"),
-        (lambda c: {"z": c.z.to("meta")}, ValueError, "z"),
         (lambda c: {"x": c.x[0, 0]}, ValueError, "x"),  # 0-d
         (lambda c: {"group_size": 48}, ValueError, "group_size"),
-        (lambda c: {"group_size": 0}, ValueError, "group_size"),
         (lambda c: {"activation": "gelu"}, ValueError, "activation"),
         (lambda c: {"eps": -1.0}, ValueError, "eps"),
-        (lambda c: {"eps": float("nan")}, ValueError, "eps"),
         (lambda c: {"norm_before_gate": 1}, TypeError, "norm_before_gate"),
     ],
 )

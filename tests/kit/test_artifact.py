@@ -20,69 +20,41 @@ COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 
 def _ran_backend(backward: str = "full") -> dict[str, Any]:
+    gate = {"returncode": 0, "passed": True, "failed_lines": [], "singleton_aggregate": [], "stderr_tail": []}
     return {
-        "source": "rlnorm 0.1.0 Triton",
-        "backward": backward,
-        "status": "ran",
-        "skip_reason": None,
+        "source": "rlnorm 0.1.0 Triton", "backward": backward, "status": "ran", "skip_reason": None,
         "batch_invariance": {
             "all_rows": {"7": {"rows": 21, "fwd_differ": 0, "rowgrad_differ": 0}},
             "dweight_repeatable": True,
-            "full_vs_sub_batches": {
-                "full_batch": 257,
-                "sub_batch_sizes": [1, 7],
-                "sub_batches": 294,
-                "fwd_differ": 0,
-                "rowgrad_differ": 0,
-                "coverage": "every_row",
-            },
+            "full_vs_sub_batches": {"full_batch": 257, "sub_batch_sizes": [1, 7], "sub_batches": 294, "fwd_differ": 0,
+                                    "rowgrad_differ": 0, "coverage": "every_row"},
             "batch_size_sweep": {"batch_sizes": [1, 2], "probe_rows": [0], "comparisons": 6, "differ": 0},
             "batch_invariant": True,
         },
         "accuracy_latency": {
-            "rows": 257,
-            "fwd_correctly_rounded": 1.0,
-            "fwd_max_abs_err": 0.0078125,
-            "fwd_us": None,
-            "grad_rel_err": {"x": 0.002, "z": 0.002, "w": 0.001},
-            "fwd_bwd_us": None,
+            "rows": 257, "fwd_correctly_rounded": 1.0, "fwd_max_abs_err": 0.0078125, "fwd_us": None,
+            "grad_rel_err": {"x": 0.002, "z": 0.002, "w": 0.001}, "fwd_bwd_us": None,
             "fwd_ulp_hist": {"0": 257 * 128, "1": 0, "16+": 0, "nan": 0},
-            "fwd_abs_err_hist": {"edges": [1e-6, 1e-3, 1.0], "counts": [3, 4], "zero": 100},
-            "device": "cpu",
+            "fwd_abs_err_hist": {"edges": [1e-6, 1e-3, 1.0], "counts": [3, 4], "zero": 100}, "device": "cpu",
             "timed": False,
         },
-        "contract_gates": {
-            name: {"returncode": 0, "passed": True, "failed_lines": [], "singleton_aggregate": [], "stderr_tail": []}
-            for name in ("forward", "gradient")
-        },
+        "contract_gates": {"forward": dict(gate), "gradient": dict(gate)},
         "errors": {},
-    }
+    }  # fmt: skip
 
 
 def built(**overrides: Any) -> dict[str, Any]:
     """A small artifact as the steps write it on this machine: one backend ran, one skipped."""
-    skipped = {"source": "vLLM RMSNormGated.forward_cuda", "backward": "none", "status": "skipped", "errors": {}}
+    skipped = {"source": "vLLM", "backward": "none", "status": "skipped", "errors": {}, "skip_reason": "no vllm"}
     doc: dict[str, Any] = {
-        "schema_version": "1",
-        "kind": ARTIFACT_KIND,
-        "rfc": None,
-        "op": OP,
-        "commit": COMMIT,
-        "rl_kernel_commit": None,
-        "tracked_tree_dirty": False,
-        "created_at": "2026-01-01T00:00:00+00:00",
-        "wall_time_s": 1.0,
-        "param_set": "quick",
-        "environment": collect_environment("cpu"),
-        "quick": True,
-        "checks": ["all_rows", "accuracy_latency"],
-        "params": {"name": "quick", "coverage": "all"},
-        "records": "records.csv",
-        "plots": {"latency": "plots/latency.png"},
+        "schema_version": "1", "kind": ARTIFACT_KIND, "rfc": None, "op": OP, "commit": COMMIT,
+        "rl_kernel_commit": None, "tracked_tree_dirty": False, "created_at": "2026-01-01T00:00:00+00:00",
+        "wall_time_s": 1.0, "param_set": "quick", "environment": collect_environment("cpu"), "quick": True,
+        "checks": ["all_rows", "accuracy_latency"], "params": {"name": "quick", "coverage": "all"},
+        "records": "records.csv", "plots": {"latency": "plots/latency.png"},
         "agreement": {"tensor": "y", "rows": 7, "seed": 11, "backends": ["rlnorm"], "equal_fraction": [[1.0]]},
-        "trainer_sampler": None,
-        "results": {"rlnorm": _ran_backend(), "vllm": {**skipped, "skip_reason": "vllm is not installed"}},
-    }
+        "trainer_sampler": None, "results": {"rlnorm": _ran_backend(), "vllm": skipped},
+    }  # fmt: skip
     doc.update(overrides)
     return to_json(run_from_doc(doc))
 
@@ -147,7 +119,6 @@ R = "results.rlnorm."
 # fault -> (how it is planted, the key path the error must name)
 FAULTS = {
     "missing top-level key": (_set("environment"), r"at \$: 'environment' is a required property"),
-    "wrong top-level type": (_set("quick", "false"), r"at \$\.quick: 'false' is not of type 'boolean'"),
     "misspelled backend field": (_rename, r"at \$\.results\.rlnorm: .*'batch_invarance' was unexpected"),
     "misspelled accuracy field": (
         _set(R + "accuracy_latency.fwd_correctly_rounded"),
@@ -165,14 +136,6 @@ FAULTS = {
     "skipped without a reason": (
         _set(R + "status", "skipped"),
         r"at \$\.results\.rlnorm\.skip_reason: None is not of type 'string'",
-    ),
-    "missing library": (
-        _set("environment.libraries.vllm"),
-        r"at \$\.environment\.libraries: 'vllm' is a required property",
-    ),
-    "gate without returncode": (
-        _set(R + "contract_gates.gradient.returncode"),
-        r"at \$\.results\.rlnorm\.contract_gates\.gradient: 'returncode' is a required property",
     ),
     "failed step without its traceback": (
         _set("failed_steps", [{"step": "plots", "error": "RuntimeError: x"}]),

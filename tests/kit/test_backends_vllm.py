@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import IN_CI, child_result, needs_installed_vllm
+from conftest import IN_CI, TINY_SIZES, child_result, needs_installed_vllm
 
 import rlnorm.kit.backends.vllm as vb
 from rlnorm.kit.backends import BackendUnavailable, load_backend
@@ -50,24 +50,17 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 # -- what runs where ------------------------------------------------------------------------------------------------
 
 
-def test_not_installed_and_no_files_says_where_it_looked(monkeypatch: pytest.MonkeyPatch, nowhere: None) -> None:
+def test_not_installed_and_no_files_says_where_it_looked(
+    monkeypatch: pytest.MonkeyPatch, nowhere: None, tmp_path: Path
+) -> None:
     monkeypatch.setattr(vb, "run_probe", _no_probe)
     b = VllmBackend()
     ok, why = b.available("cpu")
-    assert not ok
-    assert why.startswith(
-        "vllm is not installed here, and vLLM's Python files were not found (RLNORM_VLLM_SOURCES is unset, vllm is "
-        "not installed, and .whl/vllm-src.tar.gz does not exist): `bash .ci/install-vllm.sh` installs"
-    )
-    assert "python tools/vllm_sources.py" in why
-    assert b.source == "vLLM (not installed) RMSNormGated.forward_cuda"
+    assert not ok and why.startswith("vllm is not installed here, and vLLM's Python files were not found")
+    assert ".ci/install-vllm.sh" in why and "python tools/vllm_sources.py" in why
     with pytest.raises(BackendUnavailable, match="vllm is not installed here"):
         b.forward(torch.zeros(2, 128), torch.zeros(2, 128), torch.ones(128), OpOptions())
-
-
-def test_a_missing_sources_path_is_named(monkeypatch: pytest.MonkeyPatch, nowhere: None, tmp_path: Path) -> None:
-    monkeypatch.setattr(vb, "run_probe", _no_probe)
-    monkeypatch.setenv(vf.SOURCES_ENV, str(tmp_path / "nope.tar.gz"))
+    monkeypatch.setenv(vf.SOURCES_ENV, str(tmp_path / "nope.tar.gz"))  # a missing archive is named
     ok, why = VllmBackend().available("cpu")
     assert not ok and f"{vf.SOURCES_ENV}={tmp_path / 'nope.tar.gz'} does not exist" in why
 
@@ -115,90 +108,35 @@ def test_installed_but_not_importable_runs_its_files_and_says_why(
     assert b.available("cpu") == (True, "")
 
 
-def test_installed_unimportable_and_no_files_is_a_true_skip_reason(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    monkeypatch.setattr(vb, "vllm_version", lambda: "0.30.0")
-    monkeypatch.setattr(vf, "installed_root", lambda: None)
-    monkeypatch.setattr(vf, "DEFAULT_ARCHIVE", tmp_path / "absent.tar.gz")
-    monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
-    b = VllmBackend()
-    b.probe_env = _plant_vllm(tmp_path, "raise ImportError('planted: libcudart.so.13: cannot open')\n")
-    ok, why = b.available("cpu")
-    assert not ok
-    assert why.startswith(
-        "vllm 0.30.0 is installed but `import vllm` fails here: ImportError: planted: libcudart.so.13: cannot open, "
-        "and vLLM's Python files were not found"
-    )
-    assert "is not installed here" not in why
-
-
-_TRITON_OFF = {
-    "device": "cpu",
-    "stage": "forward_cuda",
-    "error": "AttributeError: module 'triton' has no attribute 'next_power_of_2'",
-    "has_triton": False,
-}
+def test_reason_from_probe_quotes_vllms_error() -> None:
+    assert reason_from_probe({"device": "cuda", "stage": "ok", "error": None}, "0.30.0") is None
+    for stage in ("import", "child", "construct", "forward_cuda"):
+        probe = {"device": "cpu", "stage": stage, "error": "RuntimeError: planted", "has_triton": True}
+        reason = reason_from_probe(probe, "0.30.0")
+        assert reason.endswith("RuntimeError: planted") and "disabled Triton" not in reason, stage
+    # vllm imported before CUDA_VISIBLE_DEVICES could be emptied: its placeholder stands in for Triton
+    off = reason_from_probe({"device": "cpu", "stage": "forward_cuda", "error": "E", "has_triton": False}, "0.30.0")
+    assert "vLLM disabled Triton" in off
 
 
 @pytest.mark.parametrize(
-    ("probe", "expected", "absent"),
+    ("body", "timeout_s", "expected"),
     [
-        ({"device": "cuda", "stage": "ok", "error": None}, None, []),
-        (
-            {"device": "cpu", "stage": "import", "error": "ModuleNotFoundError: No module named 'psutil'"},
-            "vllm 0.30.0 is installed but importing its RMSNormGated fails: "
-            "ModuleNotFoundError: No module named 'psutil'",
-            [],
-        ),
-        (
-            {"device": "cpu", "stage": "child", "error": "the probe child was killed by signal 11 before answering"},
-            "probing vllm in a child process failed: the probe child was killed by signal 11",
-            [],
-        ),
-        (
-            {"device": "cpu", "stage": "construct", "error": "RuntimeError: Failed to infer device type"},
-            "VllmConfig(device_config=DeviceConfig('cpu')) fails: RuntimeError: Failed to infer device type",
-            [],
-        ),
-        (_TRITON_OFF, "vLLM disabled Triton", []),  # vllm imported before CUDA_VISIBLE_DEVICES could be emptied
-        (
-            {"device": "cuda:0", "stage": "forward_cuda", "error": "RuntimeError: out of memory", "has_triton": True},
-            "RMSNormGated.forward_cuda(x, z) on cuda:0 raises RuntimeError: out of memory",
-            ["disabled"],
-        ),
+        ("raise ImportError('planted: libcudart.so.13: cannot open shared object file')\n", 120,
+         {"stage": "import", "error": PLANTED_IMPORT_ERROR}),
+        ("import os, sys\nsys.stderr.write('planted crash\\n')\nos.abort()\n", 120,
+         {"stage": "child", "error": "killed by SIGABRT (signal 6)"}),
+        ("import time\ntime.sleep(3600)\n", 3, {"stage": "child", "error": "the probe child did not finish in 3 s"}),
     ],
-)
-def test_reason_from_probe(probe: dict[str, Any], expected: str | None, absent: list[str]) -> None:
-    reason = reason_from_probe(probe, "0.30.0")
-    if expected is None:
-        assert reason is None
-        return
-    assert expected in reason
-    assert probe["error"] in reason  # vLLM's own error is always quoted
-    for text in absent:
-        assert text not in reason
-
-
-def test_probe_reports_the_real_import_error(tmp_path: Path) -> None:
-    env = _plant_vllm(tmp_path, "raise ImportError('planted: libcudart.so.13: cannot open shared object file')\n")
-    p = run_probe("cpu", timeout_s=120, env=env)
-    assert p["stage"] == "import"
-    assert p["error"] == PLANTED_IMPORT_ERROR
-    assert reason_from_probe(p, "0.30.0").endswith(p["error"])
-
-
-def test_probe_reports_a_crash(tmp_path: Path) -> None:
-    env = _plant_vllm(tmp_path, "import os, sys\nsys.stderr.write('planted crash\\n')\nos.abort()\n")
-    p = run_probe("cpu", timeout_s=120, env=env)
-    assert p["stage"] == "child"
-    assert "killed by SIGABRT (signal 6)" in p["error"] and "planted crash" in p["error"]
-
-
-def test_probe_reports_a_hang(tmp_path: Path) -> None:
-    env = _plant_vllm(tmp_path, "import time\ntime.sleep(3600)\n")
-    p = run_probe("cpu", timeout_s=10, env=env)
-    assert p == {"device": "cpu", "stage": "child", "error": "the probe child did not finish in 10 s"}
+    ids=["import-error", "crash", "hang"],
+)  # fmt: skip
+def test_the_probe_reports_how_vllm_failed(tmp_path: Path, body: str, timeout_s: int, expected: dict) -> None:
+    p = run_probe("cpu", timeout_s=timeout_s, env=_plant_vllm(tmp_path, body))
+    assert p["stage"] == expected["stage"] and expected["error"] in p["error"], p
+    if expected["stage"] == "import":
+        assert p["error"] == PLANTED_IMPORT_ERROR and reason_from_probe(p, "0.30.0").endswith(p["error"])
+    if "crash" in body:
+        assert "planted crash" in p["error"]
 
 
 def test_loading_does_not_decide_and_there_is_no_backward() -> None:
@@ -224,9 +162,7 @@ class UnimportableVllm(VllmBackend):
         self.probe_env = {"PYTHONPATH": os.environ[PLANTED_VLLM_ENV]}
 
 
-def test_a_run_records_the_reason_true_for_the_machine(
-    monkeypatch: pytest.MonkeyPatch, tiny_params: dict, tmp_path: Path
-) -> None:
+def test_a_run_records_the_reason_true_for_the_machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Through the kit's worker process: skipped, and the reason says installed-but-unimportable with the error."""
     from rlnorm.kit.params import load_params
     from rlnorm.kit.steps import run_backends, start_run
@@ -236,8 +172,8 @@ def test_a_run_records_the_reason_true_for_the_machine(
     planted = _plant_vllm(tmp_path / "planted", "raise ImportError('planted: no vllm._C')\n")
     monkeypatch.setenv(PLANTED_VLLM_ENV, planted["PYTHONPATH"])
     spec = f"{__name__}:UnimportableVllm"
-    params = load_params({**tiny_params, "backends": ["reference"], "custom_backends": [spec]})
-    run = start_run(load_params({**params.as_dict(), "output_dir": str(tmp_path / "run")}))
+    params = {"name": "tiny", "device": "cpu", "progress": False, **TINY_SIZES, "backends": ["reference"]}
+    run = start_run(load_params({**params, "custom_backends": [spec], "output_dir": str(tmp_path / "run")}))
     run_backends(run)
     table = backend_table(run.result)
     assert table.loc["reference", "status"] == "ran"
@@ -286,63 +222,29 @@ def test_real_vllm_runs_forward_cuda_under_the_interpreter_here(real: VllmBacken
     assert "vllm" not in sys.modules  # the kit's process never imported vllm
 
 
-_SET_UP_SCRIPT = r"""
-import json, os, sys
-if sys.argv[1] == "none":
-    os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-else:
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""  # what prepare_import("cpu") does
+# what prepare_import("cpu") leaves out: CUDA_VISIBLE_DEVICES emptied before vllm is imported
+_WITHOUT_SET_UP = r"""
+import json, os
+os.environ.pop("CUDA_VISIBLE_DEVICES", None)
 import torch
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends.vllm import build_module
 from rlnorm.options import OpOptions
-from rlnorm.reference import rms_norm_gated_reference
 
 c = make_case(3, 128, seed=0)
 try:
-    y = build_module(128, c.w, OpOptions()).forward_cuda(c.x, c.z)
-    out = {"ran": list(y.shape)}
+    out = {"ran": list(build_module(128, c.w, OpOptions()).forward_cuda(c.x, c.z).shape)}
 except Exception as exc:
     out = {"error": f"{type(exc).__name__}: {exc}"}
-if sys.argv[1] == "mapping":  # forward_native reads the attributes forward_cuda hands its kernel
-    out["mapping"] = []
-    for gs in (None, 32):
-        for nbg in (True, False):
-            for act in ("silu", "sigmoid"):
-                for wdt in (torch.bfloat16, torch.float32):
-                    opts = OpOptions(eps=1e-5, group_size=gs, norm_before_gate=nbg, activation=act)
-                    c = make_case(7, 128, seed=3, weight_dtype=wdt)
-                    mod = build_module(128, c.w, opts)
-                    mod.weight = torch.nn.Parameter(c.w.detach(), requires_grad=False)
-                    y, ref = mod.forward_native(c.x, c.z).float(), rms_norm_gated_reference(c.x, c.z, c.w, opts).float()
-                    out["mapping"].append({
-                        "opts": [gs, nbg, act, str(wdt)],
-                        "attrs": [mod.eps, mod.group_size, mod.norm_before_gate, mod.activation, str(mod.weight.dtype)],
-                        "max_rel": ((y - ref).abs() / ref.abs().clamp_min(1e-3)).max().item(),
-                        "bitwise": bool(torch.equal(y, ref)),
-                        "same_weight": mod.weight.data_ptr() == c.w.data_ptr(),
-                    })
 print("RESULT " + json.dumps(out))
 """
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU machine needs no set-up")
-def test_each_step_of_the_set_up_is_needed_and_the_module_gets_our_options(real: VllmBackend) -> None:
-    """Without CUDA_VISIBLE_DEVICES="" vLLM swaps Triton for its placeholder; without the compute units answered its
-    platform raises; with both (the `real` probe), vLLM's own forward_cuda runs. The constructor mapping is checked
-    on the real class: forward_native reads what forward_cuda hands its kernel, so it must match the reference."""
+def test_without_the_set_up_vllm_swaps_triton_for_its_placeholder(real: VllmBackend) -> None:
+    """With both steps (the `real` probe) vLLM's own forward_cuda runs; without CUDA_VISIBLE_DEVICES="" it does not
+    (without the compute units answered: tests/kit/test_vllm_files.py)."""
     assert real.last_probe is not None and real.last_probe["output_shape"] == [3, 128]
-    assert child_result(_SET_UP_SCRIPT, "none") == {
-        "error": "AttributeError: module 'triton' has no attribute 'next_power_of_2'"
-    }
-    out = child_result(_SET_UP_SCRIPT, "mapping")
-    assert out["error"].startswith("NotImplementedError: num_compute_units is not implemented")
-    assert len(out["mapping"]) == 16
-    for r in out["mapping"]:
-        gs, nbg, act, wdt = r["opts"]
-        assert r["attrs"] == [1e-5, gs, nbg, act, wdt] and r["same_weight"], r
-        # both are fp32 math rounded once; a wrong mapping (gate order, activation, groups, eps) moves outputs by
-        # far more than one bf16 ulp (2^-8 relative)
-        assert r["max_rel"] <= 2**-7, r
-    assert any(r["bitwise"] for r in out["mapping"])  # the comparison is not vacuous
+    error = "AttributeError: module 'triton' has no attribute 'next_power_of_2'"
+    assert child_result(_WITHOUT_SET_UP) == {"error": error}

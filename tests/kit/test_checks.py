@@ -298,37 +298,21 @@ def test_forward_only_backend() -> None:
 # -- sub-batch plans ---------------------------------------------------------------------------------
 
 
-def test_sampled_coverage_is_the_reports_2188_sub_batches() -> None:
+def test_the_full_protocol_compares_2188_sampled_sub_batches_and_2520_sweep_rows() -> None:
+    """The real checks on 262144 rows, forward only, narrow rows (the counts do not depend on d)."""
     sizes = (1, 7, 4097, 65536, 131072)
-    per_seed = sum(len(sub_batch_plan(262144, s, "sampled")) for s in sizes)
-    assert 2 * per_seed == 2188
     assert [len(sub_batch_plan(262144, s, "sampled")) for s in sizes] == [512, 512, 64, 4, 2]
     assert sub_batch_plan(262144, 4097, "sampled")[-1] == (63 * 4097, 262144 - 63 * 4097)
-    # every-row coverage: each size tiles the batch, the last tile partial
-    for s in sizes:
+    for s in sizes:  # every-row coverage: each size tiles the batch, the last tile partial
         plan = sub_batch_plan(262144, s, "all")
-        assert len(plan) == math.ceil(262144 / s)
-        assert sum(m for _, m in plan) == 262144 and plan[0][0] == 0
+        assert len(plan) == math.ceil(262144 / s) and sum(m for _, m in plan) == 262144 and plan[0][0] == 0
         assert all(a + m == b for (a, m), (b, _) in itertools.pairwise(plan))
-
-
-def test_sampled_run_reports_2188_on_the_full_protocol() -> None:
-    """The real check on 262144 rows, forward only, narrow rows (the counts do not depend on d)."""
-    fvs = run_check(
-        "full_vs_sub_batches", ForwardOnly(), RunParams(coverage="sampled", d=8, progress=False), "cpu", Trail()
-    )
-    s = to_json(fvs.summary)
-    assert s["sub_batches"] == 2188 and s["full_batch"] == 262144
-    assert s["sub_batch_sizes"] == [1, 7, 4097, 65536, 131072]
+    params = RunParams(coverage="sampled", d=8, progress=False)
+    s = to_json(run_check("full_vs_sub_batches", ForwardOnly(), params, "cpu", Trail()).summary)
+    assert s["sub_batches"] == 2188 and s["full_batch"] == 262144 and s["sub_batch_sizes"] == list(sizes)
     assert s["rows_compared"] == 2 * (512 + 512 * 7 + 262144 * 3)
     assert s["fwd_differ"] == 0 and "error" not in s
-
-
-# -- batch_size_sweep protocol ------------------------------------------------------------------------
-
-
-def test_sweep_runs_2520_comparisons() -> None:
-    sw = run_check("batch_size_sweep", ForwardOnly(), RunParams(d=8, progress=False), "cpu", Trail()).summary
+    sw = run_check("batch_size_sweep", ForwardOnly(), params, "cpu", Trail()).summary
     assert sw.comparisons == 2520 and sw.differ == 0 and sw.error is None
     assert sw.batch_sizes == default_sweep_sizes(4097)
 

@@ -54,29 +54,22 @@ def test_bump_one_ulp_moves_exactly_one_ulp():
     assert ulp_distance(out, t).tolist() == [1, 1, 1, 0]
 
 
-@pytest.mark.parametrize("n", [1, 7, 63, 257])
-def test_batch_size_fault_touches_only_y_and_only_the_masked_rows(n):
+@pytest.mark.parametrize(
+    ("fault", "n"),
+    [(BatchSizeDependentOutput(), n) for n in (1, 7, 63, 257)] + [(PositionDependentOutput(), 63)],
+    ids=lambda v: v if isinstance(v, int) else type(v).__name__,
+)
+def test_an_output_fault_moves_only_y_by_one_ulp_on_its_masked_rows(fault, n):
     case = make_case(n, 128, seed=3, weight_dtype=torch.float32)
-    f, ex = BatchSizeDependentOutput(), ExactReferenceBackend()
-    g, r = _fb(f, case), _fb(ex, case)
+    g, r = _fb(fault, case), _fb(ExactReferenceBackend(), case)
     for name in ("dx", "dz", "dw"):
         assert torch.equal(getattr(g, name), getattr(r, name)), name
     dist = ulp_distance(g.y, r.y)
-    mask = batch_size_fault_mask(case.x)
+    mask = batch_size_fault_mask(case.x) if isinstance(fault, BatchSizeDependentOutput) else position_fault_mask(n)
     assert torch.equal(dist[:, 0] == 1, mask) and int(dist[:, 1:].max()) == 0 and int(dist.max()) <= 1
-    assert torch.equal(f.forward(case.x, case.z, case.w, OPTS), g.y)
-
-
-def test_position_fault_touches_positions_r_mod_3_eq_1():
-    case = make_case(63, 128, seed=5, weight_dtype=torch.float32)
-    f, ex = PositionDependentOutput(), ExactReferenceBackend()
-    g, r = _fb(f, case), _fb(ex, case)
-    for name in ("dx", "dz", "dw"):
-        assert torch.equal(getattr(g, name), getattr(r, name)), name
-    dist = ulp_distance(g.y, r.y)
-    assert torch.equal(dist[:, 0] == 1, position_fault_mask(63)) and int(dist[:, 1:].max()) == 0
-    alone = torch.cat([gg.y for gg in _rows_alone(f, case)])
-    assert torch.equal(alone, r.y)  # a row alone sits at position 0: never perturbed
+    assert torch.equal(fault.forward(case.x, case.z, case.w, OPTS), g.y)
+    if isinstance(fault, PositionDependentOutput):  # a row alone sits at position 0: never perturbed
+        assert torch.equal(torch.cat([gg.y for gg in _rows_alone(fault, case)]), r.y)
 
 
 def test_nondeterministic_dweight_differs_call_to_call_by_one_ulp():

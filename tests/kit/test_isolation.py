@@ -123,7 +123,7 @@ def test_a_crash_in_a_contract_gate_is_the_backends_crash(tmp_path: Path) -> Non
 @pytest.mark.slow
 def test_a_hang_is_ended_at_the_time_limit(tmp_path: Path) -> None:
     """A hang in a contract gate, ended by the backend's time limit."""
-    params = _params(tmp_path, [], checks=["contract_gates"], backend_timeout_s=5.0)
+    params = _params(tmp_path, [], checks=["contract_gates"], backend_timeout_s=1.0)
     hanging = threading.Event()
     line = "planted fault: hanging on a batch of 118 rows"
 
@@ -141,16 +141,10 @@ def test_a_hang_is_ended_at_the_time_limit(tmp_path: Path) -> None:
         worker.close()
     r = out.result
     assert r.status == "timed_out" and r.crash.timed_out is True
-    assert r.crash.cause == "timed out after 5 s" and out.seconds >= 5
+    assert r.crash.cause == "timed out after 1 s" and out.seconds >= 1
     assert line in r.crash.stderr_tail
     assert r.crash.check == "contract_gates" and r.crash.batch_size == 118
-    assert r.skip_reason == "timed out after 5 s in contract_gates at a batch of 118 rows"
-
-
-def test_a_backend_that_cannot_load_fails_in_its_own_process_with_the_reason(tmp_path: Path) -> None:
-    out = BackendWorker("no_such_module_xyz:f", _params(tmp_path, [], backends=[]), "cpu").finish(120.0)
-    assert out.result.status == "failed" and "cannot load" in out.result.skip_reason
-    assert out.result.crash is None
+    assert r.skip_reason == "timed out after 1 s in contract_gates at a batch of 118 rows"
 
 
 @pytest.mark.slow
@@ -179,11 +173,6 @@ def test_a_device_error_leaves_the_next_backend_intact(tmp_path: Path) -> None:
     assert "illegal memory access" in bad.crash.cause and bad.crash.check == "accuracy_latency"
     assert ref.status == "ran" and ref.batch_invariance.batch_invariant is True and not ref.errors
     assert device_lost("cuda") is None
-
-
-def test_the_worker_refuses_a_bad_command_line() -> None:
-    proc = subprocess.run([sys.executable, "-m", "rlnorm.kit.worker"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "usage: python -m rlnorm.kit.worker JOB" in proc.stderr
 
 
 def test_a_held_worker_whose_parent_is_gone_runs_no_check(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """vLLM's forward_native rows (eager, compiled, VLLM_BATCH_INVARIANT=1): they run what vLLM runs.
 
-Proven against the installed vLLM, in child processes (vllm never enters this one):
+Proven against the installed vLLM in the session's one vLLM child (tests/kit/vllm_child.py; vllm never enters
+this process):
 - `RMSNormGated.forward_native(x, z)` is `native_call(forward_static, x, z, w, opts)`, and the rows give its bits;
 - a default (compiled) vLLM config disables the op, so its forward is forward_native; the mode enforce_eager sets
   keeps it enabled, so its forward is forward_cuda; the compiled row's Inductor options are the config's;
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import CHILD_DESCRIBE, child_result
+from vllm_child import facts
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import BackendUnavailable, load_backend
@@ -29,129 +30,35 @@ from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
 ROWS = ("vllm_native", "vllm_native_compiled", "vllm_native_batch_invariant")
-OPTIONS = (
-    OpOptions(),
-    OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid"),
-)
-
-
-_PRELUDE = r"""
-import json, sys
-import torch
-from rlnorm.inputs import make_case
-from rlnorm.kit.backends.vllm import answer_compute_units, build_module, prepare_import
-from rlnorm.kit.backends.vllm_native import (VllmNativeBackend, VllmNativeBatchInvariantBackend,
-                                             VllmNativeCompiledBackend, native_call, vllm_inductor_options)
-from rlnorm.options import OpOptions
-
-prepare_import("cpu")
-from vllm.model_executor.layers.layernorm import RMSNormGated
-answer_compute_units()
 OPTIONS = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid"))
 
-def module(w, opts):
-    mod = build_module(128, w, opts)
-    mod.weight = torch.nn.Parameter(w, requires_grad=False)
-    return mod
-"""
-_PRELUDE += CHILD_DESCRIBE
 
-_CALL_SCRIPT = r"""
-calls = []
-
-def recorder(*args, **kwargs):
-    calls.append(describe([list(args), kwargs]))
-    return torch.zeros(1)
-
-out = {"real": [], "planted": []}
-for variant, results in out.items():
-    for opts in OPTIONS:
-        for gated in (True, False):
-            c = make_case(5, 128, seed=1)
-            z = c.z if gated else None
-            mod = module(c.w, opts)
-            if variant == "planted":
-                mod.activation = "swish" if opts.activation == "sigmoid" else "sigmoid"
-            real_static = RMSNormGated.__dict__["forward_static"]  # the staticmethod itself
-            RMSNormGated.forward_static = staticmethod(recorder)
-            calls.clear()
-            mod.forward_native(c.x, z)
-            vllm_calls = list(calls)
-            RMSNormGated.forward_static = real_static
-            calls.clear()
-            native_call(recorder, c.x, z, c.w, opts)
-            results.append({"vllm": vllm_calls, "ours": list(calls)})
-found["calls"] = out
-"""
+@pytest.fixture(scope="module")
+def vllm_child(installed_vllm: vf.VllmFiles, vllm_archive: Path) -> dict:
+    """The real vllm's findings, from the session's one child (tests/kit/vllm_child.py)."""
+    return facts(vllm_archive)
 
 
 @pytest.mark.slow
 def test_forward_native_calls_forward_static_with_exactly_these_arguments(vllm_child: dict) -> None:
     """forward_native(x, z) is native_call(forward_static, x, z, w, opts); the planted variant (a module whose
     activation differs) shows the comparison catches a difference."""
-    for variant, results in vllm_child["calls"].items():
+    for variant, results in vllm_child["native_calls"].items():
         assert len(results) == 4
         for r in results:
             assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r
             assert (r["vllm"] == r["ours"]) is (variant == "real"), r
 
 
-_BITS_SCRIPT = r"""
-eager, compiled = VllmNativeBackend(), VllmNativeCompiledBackend()
-compiled.compile_rows = 64
-out = []
-for opts in OPTIONS:
-    for wdt in (torch.bfloat16, torch.float32):
-        for gated in (True, False):
-            c = make_case(9, 128, seed=4, weight_dtype=wdt)
-            z = c.z if gated else None
-            y = module(c.w, opts).forward_native(c.x, z)
-            e = eager.forward(c.x, z, c.w, opts)
-            k = compiled.forward(c.x, z, c.w, opts)
-            out.append({"eager": bool(torch.equal(y, e)), "compiled_ulps": int((y.view(torch.int16).int()
-                        - k.view(torch.int16).int()).abs().max()) if y.dtype == torch.bfloat16 else None})
-found["bits"] = out
-"""
-
-
 @pytest.mark.slow
 def test_the_rows_give_vllms_forward_native_bits(vllm_child: dict) -> None:
     """The eager row is the installed forward_native bit for bit (options, weight dtypes, with and without a gate);
     the compiled row is Inductor's code for the same function, within a bf16 ulp of it."""
-    results = vllm_child["bits"]
+    results = vllm_child["native_bits"]
     assert len(results) == 8
     for r in results:
         assert r["eager"], r
         assert r["compiled_ulps"] <= 1, r
-
-
-_DISPATCH_SCRIPT = r"""
-import inspect
-from vllm.config import CompilationConfig, DeviceConfig, VllmConfig, set_current_vllm_config
-from vllm.config.compilation import CompilationMode
-from vllm.platforms import current_platform
-
-out = {}
-for name, mode in (("default", None), ("compiled", CompilationMode.VLLM_COMPILE), ("none", CompilationMode.NONE)):
-    cc = CompilationConfig() if mode is None else CompilationConfig(mode=mode)
-    cfg = VllmConfig(device_config=DeviceConfig(device="cpu"), compilation_config=cc)
-    with set_current_vllm_config(cfg):
-        mod = RMSNormGated(128, eps=1e-6, norm_before_gate=True)
-    out[name] = {"mode": int(cfg.compilation_config.mode), "custom_ops": list(cfg.compilation_config.custom_ops),
-                 "backend": cfg.compilation_config.backend, "forward": mod._forward_method.__name__,
-                 "inductor": cfg.compilation_config.inductor_compile_config}
-out["ours_gpu"] = vllm_inductor_options("cuda")
-is_cpu, current_platform.is_cpu = current_platform.is_cpu, lambda: True  # the options vLLM's CPU platform gets
-out["cpu_platform"] = CompilationConfig(mode=CompilationMode.VLLM_COMPILE).inductor_compile_config
-current_platform.is_cpu = is_cpu
-out["ours_cpu"] = vllm_inductor_options("cpu")
-post_init = inspect.getsource(VllmConfig.__post_init__)
-out["enforce_eager_sets_none"] = (
-    "if self.model_config is not None and self.model_config.enforce_eager:" in post_init
-    and "self.compilation_config.mode = CompilationMode.NONE" in post_init
-)
-found["dispatch"] = out
-"""
 
 
 @pytest.mark.slow
@@ -169,50 +76,6 @@ def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(vllm_ch
     assert r["cpu_platform"] == r["ours_cpu"] and "combo_kernels" not in r["ours_cpu"]
 
 
-_BATCH_INVARIANT_SCRIPT = r"""
-import inspect, os
-os.environ["VLLM_BATCH_INVARIANT"] = "1"
-import vllm.model_executor.determinism.batch_invariant as bi
-from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.third_party.flash_linear_attention.ops import layernorm_guard
-
-c = make_case(9, 128, seed=6)
-mod = module(c.w, OpOptions())
-before = {"cuda": mod.forward_cuda(c.x, c.z), "native": mod.forward_native(c.x, c.z)}
-compiled = VllmNativeCompiledBackend()
-compiled.compile_rows = 64
-before["compiled"] = compiled.forward(c.x, c.z, c.w, OpOptions())
-row = VllmNativeBatchInvariantBackend().forward(c.x, c.z, c.w, OpOptions())  # our override only, then removed
-x32 = make_case(9, 128, seed=6, dtype=torch.float32).x
-mean_before = x32.pow(2).mean(-1, keepdim=True)
-
-calls = []
-real_mean = bi.mean_batch_invariant
-def counting(*args, **kwargs):
-    calls.append(1)
-    return real_mean(*args, **kwargs)
-bi.mean_batch_invariant = counting
-bi.enable_batch_invariant_mode()  # vLLM's own: registers its overrides on this platform's key (CPU here)
-
-out = {}
-n = len(calls); y = mod.forward_native(c.x, c.z); out["native_calls"] = len(calls) - n
-out["native_is_the_row"] = bool(torch.equal(y, row))
-n = len(calls); y = mod.forward_cuda(c.x, c.z); out["cuda_calls"] = len(calls) - n
-out["cuda_unchanged"] = bool(torch.equal(y, before["cuda"]))
-fresh = VllmNativeCompiledBackend()
-fresh.compile_rows = 64
-n = len(calls); y = fresh.forward(c.x, c.z, c.w, OpOptions()); out["compiled_calls"] = len(calls) - n
-out["compiled_unchanged"] = bool(torch.equal(y, before["compiled"]))
-out["mean_differs_in_fp32"] = not torch.equal(x32.pow(2).mean(-1, keepdim=True), mean_before)
-out["reads_flag"] = {
-    "RMSNormGated": "VLLM_BATCH_INVARIANT" in inspect.getsource(RMSNormGated),
-    "layernorm_guard": "VLLM_BATCH_INVARIANT" in inspect.getsource(layernorm_guard),
-    "RMSNorm.forward_cuda": "VLLM_BATCH_INVARIANT" in inspect.getsource(RMSNorm.forward_cuda),
-}
-found["batch_invariant"] = out
-"""
-
-
 @pytest.mark.slow
 def test_batch_invariant_mode_changes_only_the_eager_native_path(vllm_child: dict) -> None:
     """Under vLLM's own enable_batch_invariant_mode(): the eager forward_native's mean goes to vLLM's Triton kernel
@@ -224,13 +87,6 @@ def test_batch_invariant_mode_changes_only_the_eager_native_path(vllm_child: dic
     assert r["cuda_calls"] == 0 and r["cuda_unchanged"], r
     assert r["compiled_calls"] == 0 and r["compiled_unchanged"], r
     assert r["reads_flag"] == {"RMSNormGated": False, "layernorm_guard": False, "RMSNorm.forward_cuda": True}
-
-
-@pytest.fixture(scope="module")
-def vllm_child(installed_vllm: vf.VllmFiles) -> dict:
-    """One child importing the real vllm for the comparisons above; batch-invariant mode, which stays on, goes last."""
-    sections = _CALL_SCRIPT + _BITS_SCRIPT + _DISPATCH_SCRIPT + _BATCH_INVARIANT_SCRIPT
-    return child_result(_PRELUDE + "found = {}\n" + sections + 'print("RESULT " + json.dumps(found))')
 
 
 # -- the rows, here in this process ---------------------------------------------------------------------------------

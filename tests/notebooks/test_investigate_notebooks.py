@@ -60,34 +60,8 @@ def images(nb: nbformat.NotebookNode) -> int:
     return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
 
 
-def test_investigate_rows_notebook_finds_and_explains_a_planted_row(tiny_run: Path, tmp_path: Path) -> None:
-    nb = execute("investigate_rows", tmp_path, {"run": str(tiny_run), "device": "cpu"})
-    shown = "\n".join(texts(nb))
-    # the differing-rows table of the first planted backend, picked by default
-    assert f"**{BATCH_FAULT}**: all_rows (row in its batch vs the row alone): y differs in" in shown
-    # the explanation of its first row: columns differ by a nonzero number of ulps, reproduced here
-    m = re.search(r"differs in (\d+) of 128 columns by at most (\d+) ulp from the same row computed alone", shown)
-    assert m and int(m.group(1)) > 0 and int(m.group(2)) >= 1
-    assert "128/128 alone" in shown
-    assert (
-        "depends on the row count" in shown
-    )  # the probes name the planted cause  # the fault's row alone is correctly rounded, in the batch it is not
-    # the differing-columns table carries the correctly rounded value and the ulp columns
-    assert "correctly_rounded" in shown and "ulp_batch_vs_compared" in shown
-    # rstd both ways, and the other backends compared on the same row
-    assert "fp64_from_x" in shown and "fp32_from_x" in shown
-    assert "reference" in shown and POSITION_FAULT in shown and "batch_equal_compared" in shown
-    assert images(nb) == 1  # the per-column plot
-    assert re.search(r"failed \(\d[\d,]* y", shown)  # the run's own verdicts table, in row comparisons
-
-
-def test_investigate_rows_notebook_on_the_seed_report_says_it_has_no_records(tmp_path: Path) -> None:
-    shown = "\n".join(texts(execute("investigate_rows", tmp_path, {"run": str(SEED)})))
-    assert "This artifact has no per-row records" in shown
-    assert "failed (95 y / 152 dx,dz" in shown  # its counts are still shown
-
-
-def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: Path, tmp_path: Path) -> None:
+def test_investigate_rows_notebook_explains_a_chosen_planted_row(tiny_run: Path, tmp_path: Path) -> None:
+    """The backend, check and row chosen by parameters (the default pick is tests/report/test_investigate.py's)."""
     table = differing_rows(records_of(load_run(tiny_run)), POSITION_FAULT, "batch_size_sweep")
     index = len(table) - 1
     row, case = int(table.loc[index, "row"]), str(table.loc[index, "case"])
@@ -96,12 +70,24 @@ def test_investigate_rows_notebook_with_chosen_backend_check_and_row(tiny_run: P
         "backend": POSITION_FAULT,
         "check": "batch_size_sweep",
         "row_index": index,
-        "others": ["reference"],
+        "others": ["reference", BATCH_FAULT],
+        "device": "cpu",
     }
-    shown = "\n".join(texts(execute("investigate_rows", tmp_path, params)))
+    nb = execute("investigate_rows", tmp_path, params)
+    shown = "\n".join(texts(nb))
     assert f"**{POSITION_FAULT}**: batch_size_sweep" in shown and "row comparisons" in shown
     assert f"'s y for row {row} (batch_size_sweep, case {case}, seed 3)" in shown
+    # the explanation: columns differ by a nonzero number of ulps, reproduced here, and the planted cause named
+    m = re.search(r"differs in (\d+) of 128 columns by at most (\d+) ulp", shown)
+    assert m and int(m.group(1)) > 0 and int(m.group(2)) >= 1
     assert "depends on the row's position" in shown
+    # the differing-columns table carries the correctly rounded value and the ulp columns
+    assert "correctly_rounded" in shown and "ulp_batch_vs_compared" in shown
+    # rstd both ways, and the other backends compared on the same row
+    assert "fp64_from_x" in shown and "fp32_from_x" in shown
+    assert "reference" in shown and BATCH_FAULT in shown and "batch_equal_compared" in shown
+    assert images(nb) == 1  # the per-column plot
+    assert re.search(r"failed \(\d[\d,]* y", shown)  # the run's own verdicts table, in row comparisons
 
 
 def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:

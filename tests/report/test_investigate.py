@@ -20,14 +20,12 @@ from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.report.investigate import (
     DIAGNOSES,
     compute_tensor,
-    correctly_rounded,
     crash_batch,
     crash_table,
     crashed_backends,
     differing_rows,
     explain_row,
     rows_or_reason,
-    rstd_from_x,
 )
 from rlnorm.report.plots.row import plot_row
 from rlnorm.report.runs import check_parameters, records_of
@@ -148,13 +146,21 @@ def test_investigate_picks_the_differing_backend_and_says_why_not_others(tmp_pat
         crash_batch(run, "crashes")
 
 
-def test_explain_row_rejects_records_without_a_row() -> None:
+def test_bad_records_and_parameters_are_refused_by_name() -> None:
     with pytest.raises(ValueError, match="not per row"):
         explain_row({**_fault_record("y"), "tensor": "dweight"})
     with pytest.raises(ValueError, match="missing columns"):
         explain_row({"backend": "reference"})
     with pytest.raises(TypeError, match="record"):
         explain_row(3)  # type: ignore[arg-type]
+    # papermill's `-p others reference` hands the notebook a string: iterating it would ask for backends 'r', 'e'
+    with pytest.raises(TypeError, match="others: expected a list"):
+        explain_row(_fault_record("y"), others="reference", device="cpu")
+    with pytest.raises(ValueError, match="tensor"):
+        compute_tensor(None, make_case(5, 128, seed=7), OpOptions(), "dweight")
+    check_parameters({"In": 1, "run": "x", "_private": 2}, {"In", "Out"}, ["run", "row_index"])
+    with pytest.raises(ValueError, match=r"unknown \['row_idx'\]; this notebook takes \['row_index', 'run'\]"):
+        check_parameters({"run": "x", "row_idx": 3}, {"In", "Out"}, ["run", "row_index"])
 
 
 def test_explain_row_for_a_gradient_record_and_the_backends_own_rstd() -> None:
@@ -221,32 +227,3 @@ def test_diagnosis_names_the_planted_cause(spec: str, diagnosis: str) -> None:
     assert expl.summary["reproduced"], expl.text
     assert expl.summary["diagnosis"] == diagnosis
     assert DIAGNOSES[diagnosis] in expl.text
-
-
-def test_rstd_both_ways_and_correctly_rounded_gradient() -> None:
-    case = make_case(5, 128, seed=7)
-    opts = OpOptions()
-    r32, r64 = rstd_from_x(case, opts, torch.float32), rstd_from_x(case, opts, torch.float64)
-    assert r32.shape == (5, 1) and r32.dtype == torch.float32
-    assert torch.allclose(r32.double(), r64, rtol=1e-6)
-    grouped = rstd_from_x(case, OpOptions(group_size=32), torch.float64)
-    assert grouped.shape == (5, 4)
-    dz = correctly_rounded(case, opts, "dz")
-    assert dz.dtype == torch.bfloat16 and dz.shape == case.x.shape
-    with pytest.raises(ValueError, match="tensor"):
-        compute_tensor(None, case, opts, "dweight")
-
-
-def test_check_parameters_names_an_unknown_one() -> None:
-    before = {"In", "Out"}
-    check_parameters({"In": 1, "run": "x", "_private": 2}, before, ["run", "row_index"])
-    with pytest.raises(ValueError, match=r"unknown \['row_idx'\]; this notebook takes \['row_index', 'run'\]"):
-        check_parameters({"run": "x", "row_idx": 3}, before, ["run", "row_index"])
-
-
-def test_others_as_a_string_names_the_parameter() -> None:
-    # papermill's `-p others reference` hands the notebook a string; iterating it would ask for
-    # backends named 'r', 'e', ... — refuse it by name instead
-    record = _fault_record("y")
-    with pytest.raises(TypeError, match="others: expected a list"):
-        explain_row(record, others="reference", device="cpu")
