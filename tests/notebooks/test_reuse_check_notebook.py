@@ -18,7 +18,15 @@ from rlnorm.kit.results import to_json
 pytestmark = pytest.mark.slow
 
 FAULTS = {BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT}
-PLOTS = ["agreement", "differing_rows", "error_distributions", "latency", "stack_pairs", "verdict", "vs_reference_report"]
+PLOTS = [
+    "agreement",
+    "differing_rows",
+    "error_distributions",
+    "latency",
+    "stack_pairs",
+    "verdict",
+    "vs_reference_report",
+]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
