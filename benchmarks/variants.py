@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rlnorm.kit.backends.local import RlnormBackend
+from rlnorm.kit.backends import RlnormBackend
 
 
 class VariantError(ValueError):

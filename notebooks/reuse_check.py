@@ -23,8 +23,8 @@ import pandas as pd
 from IPython.display import Image, Markdown, display
 
 from rlnorm.kit import steps
+from rlnorm.kit.artifact import records_frame
 from rlnorm.kit.params import params_from_namespace
-from rlnorm.kit.records import records_frame
 from rlnorm.report import page, plots, tables, verdict
 
 pd.set_option("display.width", 200)

@@ -39,8 +39,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, Grads
-from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.kit.backends import Backend, ExactReferenceBackend, Grads
 from rlnorm.kit.backends.pins import Setting
 from rlnorm.options import OpOptions
 

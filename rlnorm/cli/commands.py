@@ -23,9 +23,8 @@ from rlnorm.cli.runs import (
     run_one,
     workers,
 )
-from rlnorm.kit.artifact import write_atomic
+from rlnorm.kit.artifact import RECORD_COLUMNS, read_records, write_atomic
 from rlnorm.kit.params import ParamsError, load_params
-from rlnorm.kit.records import RECORD_COLUMNS, read_records
 from rlnorm.kit.results import RunResult
 from rlnorm.report.compare import digest_table
 from rlnorm.report.index import write_index

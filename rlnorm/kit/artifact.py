@@ -1,6 +1,7 @@
 """The run folder on disk: its files written whole or not at all (`write_atomic`), the folder assembled in a
 staging folder beside its place and moved there (`place`), so `outputs/NAME/` is absent, the previous run, or a
-complete new run; and the artifact in it, validated against its JSON Schema when written and when read.
+complete new run; the artifact in it, validated against its JSON Schema when written and when read; and
+`records.csv`, one line per differing (row comparison, tensor).
 
 The artifact is `results.to_json(RunResult)`; it keeps every key of the reference B200 report
 (`rlnorm/data/rms_norm_gated_b200.json`), and its schema lives in `rlnorm/kit/schema/artifact.schema.json`.
@@ -10,6 +11,7 @@ The artifact is `results.to_json(RunResult)`; it keeps every key of the referenc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.resources
 import json
@@ -23,8 +25,9 @@ from typing import IO, Any
 import jsonschema
 import jsonschema.exceptions
 import jsonschema.validators
+import pandas as pd
 
-from rlnorm.kit.results import SCHEMA_VERSION, RunResult, run_from_doc, to_json
+from rlnorm.kit.results import SCHEMA_VERSION, Record, RunResult, run_from_doc, to_json
 
 
 class RunExists(FileExistsError):
@@ -183,3 +186,62 @@ def load_artifact(path: str | os.PathLike[str]) -> RunResult:
     except ValueError as exc:
         raise ValueError(f"{path.name}: {exc}") from None
     return run
+
+
+# -- records.csv: one line per differing (row comparison, tensor) -------------------------------------------------
+RECORD_COLUMNS: list[str] = (
+    "backend check seed case batch_start batch_size position row tensor cols_differ max_abs max_ulp rebuild".split()
+)
+# column -> pandas dtype; nullable ints because a dweight record has no row / position
+_COLUMN_DTYPES = {
+    c: "string" if c in ("backend", "check", "case", "tensor", "rebuild") else "float64" if c == "max_abs" else "Int64"
+    for c in RECORD_COLUMNS
+}
+
+
+def records_frame(records: list[Record] | list[dict[str, Any]]) -> pd.DataFrame:
+    """Records -> DataFrame with exactly RECORD_COLUMNS, typed (an empty frame keeps the columns)."""
+    if not isinstance(records, (list, tuple)):
+        raise TypeError(f"records: expected a list of Record, got {type(records).__name__}")
+    rows = [dataclasses.asdict(r) if isinstance(r, Record) else r for r in records]
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise TypeError(f"records[{i}]: expected a Record, got {type(row).__name__}")
+        unknown = set(row) - set(RECORD_COLUMNS)
+        if unknown:
+            raise ValueError(f"records[{i}]: unknown columns {sorted(unknown)}; expected a subset of {RECORD_COLUMNS}")
+    return _typed(pd.DataFrame.from_records(rows, columns=RECORD_COLUMNS))
+
+
+def _typed(df: pd.DataFrame) -> pd.DataFrame:
+    out = pd.DataFrame(index=range(len(df)))
+    for col, dt in _COLUMN_DTYPES.items():
+        s = (df[col] if col in df else pd.Series([None] * len(df))).reset_index(drop=True)
+        out[col] = s.astype("string") if dt == "string" else pd.to_numeric(s, errors="raise").astype(dt)
+    return out
+
+
+def write_records(records: list[Record] | pd.DataFrame, path: str | os.PathLike) -> Path:
+    """Write the records as CSV, whole or not at all."""
+    df = records if isinstance(records, pd.DataFrame) else records_frame(records)
+    missing = [c for c in RECORD_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"records: missing record columns {missing}")
+    return write_atomic(path, _typed(df[RECORD_COLUMNS]).to_csv(index=False))
+
+
+def read_records(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a records CSV written by `write_records` back into the typed frame."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"path: no records file at {path}")
+    df = pd.read_csv(
+        path,
+        dtype={c: ("string" if t == "string" else None) for c, t in _COLUMN_DTYPES.items()},
+        keep_default_na=False,
+        na_values={c: [""] for c, t in _COLUMN_DTYPES.items() if t != "string"},
+    )
+    missing = [c for c in RECORD_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"path: {path} lacks record columns {missing}")
+    return _typed(df)

@@ -1,4 +1,4 @@
-"""Per-row records of the checks, and the rebuild of any recorded comparison from the record alone.
+"""Rebuilding any recorded comparison from its record alone (the records CSV itself: `rlnorm.kit.artifact`).
 
 A record's `rebuild` column is JSON holding everything needed to regenerate that exact batch (case, dtypes,
 options, the slice or the sweep's seeded permutation), so a notebook reaches one failing row in one backend call.
@@ -6,99 +6,20 @@ options, the slice or the sweep's seeded permutation), so a notebook reaches one
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
 from rlnorm.inputs import Case, make_case
-from rlnorm.kit.artifact import write_atomic
-from rlnorm.kit.results import Record
+from rlnorm.kit.results import REBUILD_VERSION, dtype_from_name
 from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
-
-RECORD_COLUMNS: list[str] = (
-    "backend check seed case batch_start batch_size position row tensor cols_differ max_abs max_ulp rebuild".split()
-)
-# column -> pandas dtype; nullable ints because a dweight record has no row / position
-_COLUMN_DTYPES = {
-    c: "string" if c in ("backend", "check", "case", "tensor", "rebuild") else "float64" if c == "max_abs" else "Int64"
-    for c in RECORD_COLUMNS
-}
-REBUILD_VERSION = 1
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """torch.bfloat16 -> "bfloat16" (the spelling records and parameters use)."""
-    name = str(dtype).removeprefix("torch.")
-    if name not in _DTYPES:
-        raise TypeError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype}")
-    return name
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """ "bfloat16" -> torch.bfloat16."""
-    if name not in _DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {name!r}")
-    return _DTYPES[name]
-
-
-def records_frame(records: list[Record] | list[dict[str, Any]]) -> pd.DataFrame:
-    """Records -> DataFrame with exactly RECORD_COLUMNS, typed (an empty frame keeps the columns)."""
-    if not isinstance(records, (list, tuple)):
-        raise TypeError(f"records: expected a list of Record, got {type(records).__name__}")
-    rows = [dataclasses.asdict(r) if isinstance(r, Record) else r for r in records]
-    for i, row in enumerate(rows):
-        if not isinstance(row, Mapping):
-            raise TypeError(f"records[{i}]: expected a Record, got {type(row).__name__}")
-        unknown = set(row) - set(RECORD_COLUMNS)
-        if unknown:
-            raise ValueError(f"records[{i}]: unknown columns {sorted(unknown)}; expected a subset of {RECORD_COLUMNS}")
-    return _typed(pd.DataFrame.from_records(rows, columns=RECORD_COLUMNS))
-
-
-def _typed(df: pd.DataFrame) -> pd.DataFrame:
-    out = pd.DataFrame(index=range(len(df)))
-    for col, dt in _COLUMN_DTYPES.items():
-        s = (df[col] if col in df else pd.Series([None] * len(df))).reset_index(drop=True)
-        out[col] = s.astype("string") if dt == "string" else pd.to_numeric(s, errors="raise").astype(dt)
-    return out
-
-
-def write_records(records: list[Record] | pd.DataFrame, path: str | os.PathLike) -> Path:
-    """Write the records as CSV, whole or not at all."""
-    df = records if isinstance(records, pd.DataFrame) else records_frame(records)
-    missing = [c for c in RECORD_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"records: missing record columns {missing}")
-    return write_atomic(path, _typed(df[RECORD_COLUMNS]).to_csv(index=False))
-
-
-def read_records(path: str | os.PathLike) -> pd.DataFrame:
-    """Read a records CSV written by `write_records` back into the typed frame."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"path: no records file at {path}")
-    df = pd.read_csv(
-        path,
-        dtype={c: ("string" if t == "string" else None) for c, t in _COLUMN_DTYPES.items()},
-        keep_default_na=False,
-        na_values={c: [""] for c, t in _COLUMN_DTYPES.items() if t != "string"},
-    )
-    missing = [c for c in RECORD_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"path: {path} lacks record columns {missing}")
-    return _typed(df)
 
 
 # the batch_size_sweep permutation, shared by the check and the rebuild

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 SCHEMA_VERSION = "1"
 SEED_SCHEMA_VERSION = "seed"  # the reference report, which has no schema_version of its own
 ARTIFACT_KIND = "qwen3_next_norm_reuse_check"
@@ -24,6 +26,25 @@ OP = "rms_norm_gated"
 
 # a field with this metadata is left out of the JSON while it is None (fields the report never had)
 OMIT_NONE = {"omit_none": True}
+# a record's `rebuild` spec (kit.records.rebuild_case), and the dtype spellings it and the parameters use
+REBUILD_VERSION = 1
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.bfloat16 -> "bfloat16" (the spelling records and parameters use)."""
+    name = str(dtype).removeprefix("torch.")
+    if name not in _DTYPES:
+        raise TypeError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype}")
+    return name
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    """ "bfloat16" -> torch.bfloat16."""
+    if name not in _DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
 
 
 @dataclass
@@ -82,7 +103,7 @@ class BatchInvariance:
     full_vs_sub_batches: SubBatches | None = None
     batch_size_sweep: Sweep | None = None
     batch_invariant: bool | None = None  # None: a check raised or did not run; True only for verdict "invariant"
-    # "invariant" | "not_invariant" | "not_invariant_by_construction" (None: no verdict); rlnorm.kit.checks.verdict
+    # "invariant" | "not_invariant" | "not_invariant_by_construction" (None: none); kit.checks.common.verdict
     verdict: str | None = field(default=None, metadata=OMIT_NONE)
 
 

@@ -24,7 +24,6 @@ from typing import Any, TextIO
 import torch
 
 from rlnorm.kit import artifact
-from rlnorm.kit import records as rec
 from rlnorm.kit.artifact import write_artifact
 from rlnorm.kit.backends import describe_error
 from rlnorm.kit.checks.agreement import agreement_from_outputs
@@ -137,7 +136,7 @@ def start_run(params: RunParams) -> Run:
 def write(run: Run) -> Path:
     """The records CSV and the artifact (validated), each written whole; the artifact's path."""
     run.result.wall_time_s = round(time.time() - run.started, 1)
-    rec.write_records(run.records, run.out / RECORDS_FILE)
+    artifact.write_records(run.records, run.out / RECORDS_FILE)
     run.result.path = write_artifact(run.result, run.out / ARTIFACT_FILE)
     return run.result.path
 

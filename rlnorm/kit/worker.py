@@ -29,6 +29,7 @@ import torch
 from rlnorm.kit import checks, gates
 from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.backends import Backend, describe_error, load_backend
+from rlnorm.kit.checks import common
 from rlnorm.kit.checks.agreement import agreement_output
 from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.checks.digests import output_digests
@@ -108,10 +109,10 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     # progress bars redraw a line: not where the output is a file (the command line says so), lines only there
     bars = dataclasses.replace(params, progress=params.progress and os.environ.get(PLAIN_ENV) != "1")
     selected = [c for c in checks.CHECK_ORDER if c in params.checks]
-    if any(c in checks.INVARIANCE_CHECKS for c in selected):
+    if any(c in common.INVARIANCE_CHECKS for c in selected):
         result.batch_invariance = BatchInvariance()
     # a verdict needs every invariance check: one not selected leaves it open (None), as one that raised does
-    unrun = {c: "not run" for c in (*checks.INVARIANCE_CHECKS, "launch") if c not in selected}
+    unrun = {c: "not run" for c in (*common.INVARIANCE_CHECKS, "launch") if c not in selected}
 
     def keep(name: str) -> None:
         out = run_check(name, backend, bars, device, trail)
@@ -161,8 +162,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         report.finished.append(name)
         if result.batch_invariance is not None:
             inv, said = result.batch_invariance, {**unrun, **errors}
-            inv.verdict = checks.verdict(result, said)
-            inv.batch_invariant = None if inv.verdict is None else inv.verdict == checks.INVARIANT
+            inv.verdict = common.verdict(result, said)
+            inv.batch_invariant = None if inv.verdict is None else inv.verdict == common.INVARIANT
         save()
     return 0
 

@@ -10,7 +10,7 @@ from typing import Any
 import pandas as pd
 
 from rlnorm.checkout import CHECKOUT, seed_report_path
-from rlnorm.kit.records import read_records
+from rlnorm.kit.artifact import read_records
 from rlnorm.kit.results import RunResult, load_run
 from rlnorm.options import OpOptions
 

@@ -16,7 +16,7 @@ from enum import Enum
 
 import pandas as pd
 
-from rlnorm.kit.checks import BY_CONSTRUCTION, INVARIANT, differing_pairs, uncleared
+from rlnorm.kit.checks.common import BY_CONSTRUCTION, INVARIANT, differing_pairs, uncleared
 from rlnorm.kit.process import describe_exit
 from rlnorm.kit.results import BackendResult, Gate, RunResult
 

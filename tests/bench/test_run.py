@@ -11,8 +11,7 @@ import torch
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from benchmarks import run, runner
 from benchmarks.variants import VariantBackend, VariantError, parse_variant, parse_variants
-from rlnorm.kit.backends import UnavailableBackend
-from rlnorm.kit.backends.local import ReferenceBackend
+from rlnorm.kit.backends import ReferenceBackend, UnavailableBackend
 from rlnorm.timing import CpuClock, Timing
 
 ARGS = ["--d", "128", "--rows", "3", "--small-rows", "--smoke", "--no-progress"]
@@ -63,7 +62,7 @@ def test_a_variant_line_runs_under_its_switches():
     # rows 344..351 of the standard data hold an element the fast path alone rounds wrongly (docs/kernel.md):
     # the EXACT=0 line gives other bits than rlnorm, and only inside its context
     from rlnorm.inputs import make_case
-    from rlnorm.kit.backends.local import RlnormBackend
+    from rlnorm.kit.backends import RlnormBackend
     from rlnorm.options import OpOptions
 
     c = make_case(1024, 128, seed=11).rows(slice(344, 352))

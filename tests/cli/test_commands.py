@@ -213,8 +213,7 @@ def external_urls(page: str) -> list[str]:
 
 def _run_folder(outputs_dir: Path, created: str = "2026-12-05T00:00:00+00:00") -> Path:
     """A run folder as a finished run leaves it: the seed report as its artifact, records, a page of this run."""
-    from rlnorm.kit.artifact import write_artifact
-    from rlnorm.kit.records import write_records
+    from rlnorm.kit.artifact import write_artifact, write_records
     from rlnorm.kit.results import load_run
 
     run = load_run(SEED_REPORT)
@@ -234,7 +233,7 @@ def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir:
     assert cli.main(["validate", str(folder)]) == 1
     assert "reuse_check.html: written by another run than this artifact" in capsys.readouterr().err
     (folder / "reuse_check.html").unlink()
-    from rlnorm.kit.records import RECORD_COLUMNS
+    from rlnorm.kit.artifact import RECORD_COLUMNS
 
     (folder / "records.csv").write_text("backend,check\nfla_fused_norm_gate,all_rows\n")
     assert cli.main(["validate", str(folder)]) == 1

@@ -19,9 +19,8 @@ from torch import Tensor
 
 from rlnorm.inputs import make_case
 from rlnorm.kit import checks
-from rlnorm.kit.backends import Backend
-from rlnorm.kit.backends.local import ExactReferenceBackend, ReferenceBackend
-from rlnorm.kit.checks import accuracy
+from rlnorm.kit.backends import Backend, ExactReferenceBackend, ReferenceBackend
+from rlnorm.kit.checks import accuracy, common
 from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
 from rlnorm.kit.checks.common import CheckOutcome, Trail
 from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan
@@ -86,7 +85,7 @@ J = _Checks()
 def invariant(ar: Ran, dw: Ran, fvs: Ran, sw: Ran) -> bool | None:
     """batch_invariant of the four summaries, as the worker forms it from a backend's results."""
     inv = {"all_rows": ar.summary, "full_vs_sub_batches": fvs.summary, "batch_size_sweep": sw.summary}
-    return checks.batch_invariant(
+    return common.batch_invariant(
         from_json(BatchInvariance, {**inv, "dweight_repeatable": dw.summary["dweight_repeatable"]})
     )
 
@@ -415,7 +414,7 @@ def test_a_raising_backend_is_recorded_not_fatal() -> None:
         J.accuracy_latency(b, OPTS, accuracy_rows=7),
     ):
         assert "planted crash" in res.summary["error"]
-    assert checks.batch_invariant(BatchInvariance(all_rows=AllRows(error="x"))) is None
+    assert common.batch_invariant(BatchInvariance(all_rows=AllRows(error="x"))) is None
 
 
 R = ReferenceBackend()

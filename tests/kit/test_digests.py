@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from faults import PositionDependentOutput, bump_one_ulp
 
-from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.kit.backends import ExactReferenceBackend
 from rlnorm.kit.checks.digests import digest, output_digests, same_bits
 from rlnorm.options import OpOptions
 

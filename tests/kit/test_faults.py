@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.kit.backends import ExactReferenceBackend
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 from tests import faults

@@ -11,8 +11,7 @@ import json
 import torch
 
 from rlnorm.checkout import seed_report_path
-from rlnorm.kit.backends import load_backend
-from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.kit.backends import ExactReferenceBackend, load_backend
 from rlnorm.kit.gates import (
     CHUNK_TOKENS,
     SAMPLE_TOKENS,

@@ -27,7 +27,7 @@ from tests.faults import DeviceErrorPastRows, HangPastRows
 
 SEGFAULT = "tests.faults:SegfaultPastRows"
 EXIT = "tests.faults:ExitPastRows"
-EXACT = "rlnorm.kit.backends.local:ExactReferenceBackend"  # a correct backend, run after a crash
+EXACT = "rlnorm.kit.backends:ExactReferenceBackend"  # a correct backend, run after a crash
 DEVICE_ERROR = "tests.faults:DeviceErrorPastRows"
 CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "launch", "accuracy_latency",
           "agreement"]  # fmt: skip

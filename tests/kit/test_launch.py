@@ -11,7 +11,8 @@ import pytest
 
 from rlnorm.cli import main
 from rlnorm.cli.runs import EXIT_BACKEND, EXIT_REQUIRED, EXIT_USAGE, verdict_status
-from rlnorm.kit import checks, worker
+from rlnorm.kit import worker
+from rlnorm.kit.checks import common
 from rlnorm.kit.checks.launch import ladder, launch
 from rlnorm.kit.params import load_params
 from rlnorm.kit.results import BackendResult, ConfigPair, Configurations, RunResult, from_json
@@ -48,7 +49,7 @@ def test_one_configuration_at_every_row_count_is_no_variation() -> None:
 
 def _checked(tmp_path: Path, spec: str) -> BackendResult:
     """The backend's checks as a run gives them (the worker, in this process): its typed result."""
-    params = load_params(None, checks=[*checks.INVARIANCE_CHECKS, "launch"], progress=False, launch_rows=9, **SIZES)
+    params = load_params(None, checks=[*common.INVARIANCE_CHECKS, "launch"], progress=False, launch_rows=9, **SIZES)
     job = {"backend": spec, "device": "cpu", "folder": str(tmp_path), "params": params.as_dict()}
     assert worker.work(job) == 0
     report = from_json(worker.WorkerReport, json.loads((tmp_path / worker.RESULT_FILE).read_text()))
@@ -60,26 +61,26 @@ def test_three_verdicts_from_the_checks_typed_results(tmp_path: Path) -> None:
     inv = planted.batch_invariance
     assert inv is not None and not planted.errors
     # no row differs, yet ROWS changes with the row count and nothing ran it at each value: by construction
-    assert checks.batch_invariant(inv, {}) is True
-    assert (inv.verdict, inv.batch_invariant) == (checks.BY_CONSTRUCTION, False)
+    assert common.batch_invariant(inv, {}) is True
+    assert (inv.verdict, inv.batch_invariant) == (common.BY_CONSTRUCTION, False)
     v = backend_verdict("planted", planted)
     assert v.overall is State.BY_CONSTRUCTION and f"{KERNEL} (forward): ROWS=1 at 1..4, 4 at 5..9" in v.why
     assert v.checks["launch"].state is State.BY_CONSTRUCTION
     # the configurations check ran ROWS at both values and no bit changed: cleared, invariant
     cleared = dataclasses.replace(planted, configurations=Configurations(cleared=[f"{KERNEL}.ROWS"]))
-    assert checks.verdict(cleared, {}) == checks.INVARIANT
+    assert common.verdict(cleared, {}) == common.INVARIANT
     # a pair of configurations under which rows differ: not invariant, and the pair is named
     pair = ConfigPair(KERNEL, "ROWS", "ROWS=4", "ROWS=1", fwd_differ=3)
     differs = dataclasses.replace(planted, configurations=Configurations(pairs=[pair], cleared=[f"{KERNEL}.ROWS"]))
-    assert checks.verdict(differs, {}) == checks.NOT_INVARIANT
+    assert common.verdict(differs, {}) == common.NOT_INVARIANT
     said = backend_verdict("planted", differs)
     assert said.overall is State.FAILED and "ROWS=4 (full batch) vs ROWS=1 (alone)" in said.why
     # the control: one configuration at every row count, nothing to clear
     control = _checked(tmp_path / "b", "tests.faults:OneRowPerProgram")
-    assert control.batch_invariance is not None and control.batch_invariance.verdict == checks.INVARIANT
+    assert control.batch_invariance is not None and control.batch_invariance.verdict == common.INVARIANT
     assert backend_verdict("control", control).overall is State.PASSED
     # no launch evidence (the check raised): no verdict
-    assert checks.verdict(planted, {"launch": "planted"}) is None
+    assert common.verdict(planted, {"launch": "planted"}) is None
 
 
 def _run(results: dict[str, BackendResult]) -> RunResult:
@@ -93,11 +94,11 @@ def test_require_and_a_raised_check_set_the_exit_status(tmp_path: Path) -> None:
     assert code == EXIT_REQUIRED and any(line.startswith("  planted: required invariant, is not invariant by")
                                          for line in lines)  # fmt: skip
     cleared = dataclasses.replace(planted, configurations=Configurations(cleared=[f"{KERNEL}.ROWS"]))
-    cleared.batch_invariance = dataclasses.replace(planted.batch_invariance, verdict=checks.INVARIANT)
+    cleared.batch_invariance = dataclasses.replace(planted.batch_invariance, verdict=common.INVARIANT)
     assert verdict_status(_run({"planted": cleared}), {"planted": "invariant"})[0] == 0
     assert verdict_status(_run({"planted": cleared}), {"absent": "invariant"})[0] == EXIT_REQUIRED
     # a candidate that raised in every check: never a clean exit, even unrequired
-    raised = BackendResult("src", "full", "ran", errors=dict.fromkeys(checks.INVARIANCE_CHECKS, "boom"))
+    raised = BackendResult("src", "full", "ran", errors=dict.fromkeys(common.INVARIANCE_CHECKS, "boom"))
     assert verdict_status(_run({"raised": raised}), {})[0] == EXIT_BACKEND
     assert verdict_status(_run({"raised": raised}), {"raised": "invariant"})[0] == EXIT_REQUIRED
 

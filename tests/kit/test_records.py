@@ -11,14 +11,8 @@ import torch
 
 from rlnorm.inputs import make_case
 from rlnorm.kit import checks
-from rlnorm.kit.records import (
-    RECORD_COLUMNS,
-    read_records,
-    rebuild_case,
-    records_frame,
-    sweep_batch_rows,
-    write_records,
-)
+from rlnorm.kit.artifact import RECORD_COLUMNS, read_records, records_frame, write_records
+from rlnorm.kit.records import rebuild_case, sweep_batch_rows
 from rlnorm.kit.results import to_json
 from rlnorm.options import OpOptions
 from tests.faults import BatchSizeDependentOutput, NondeterministicDweight, PositionDependentOutput

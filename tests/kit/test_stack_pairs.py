@@ -9,7 +9,7 @@ from faults import PositionDependentOutput, position_fault_mask
 
 from rlnorm.kit import steps
 from rlnorm.kit.artifact import load_artifact
-from rlnorm.kit.backends.local import ExactReferenceBackend
+from rlnorm.kit.backends import ExactReferenceBackend
 from rlnorm.kit.checks.stack_pairs import PAIRS, PairSpec, pair_by_name, run_pair
 from rlnorm.kit.checks.trainer_sampler import sampler_plan
 from rlnorm.kit.params import load_params

@@ -90,7 +90,7 @@ def test_artifact_is_schema_valid_with_every_backend_and_its_status(tiny_run: Pa
 
 
 def test_records_name_the_faults_rows(tiny_run: Path) -> None:
-    from rlnorm.kit.records import read_records
+    from rlnorm.kit.artifact import read_records
 
     df = read_records(tiny_run / "records.csv")
     assert not df.empty and set(df["backend"]) == FAULTS, "only the planted faults have differing rows"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rlnorm.kit.records import records_frame, write_records
+from rlnorm.kit.artifact import records_frame, write_records
 from rlnorm.kit.results import (
     ARTIFACT_KIND,
     OP,

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from rlnorm.kit.records import REBUILD_VERSION, dtype_name
-from rlnorm.kit.results import Accuracy, AllRows, Configurations, Launches, Record, SubBatches, Sweep
+from rlnorm.kit.results import (
+    REBUILD_VERSION,
+    Accuracy,
+    AllRows,
+    BackendResult,
+    BatchInvariance,
+    Configurations,
+    Launches,
+    Record,
+    SubBatches,
+    Sweep,
+    dtype_name,
+)
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
@@ -20,6 +31,7 @@ if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 
 X_DTYPE = torch.bfloat16  # the op's activations (docs/spec.md §1); the weight's dtype is a parameter
+
 # where a differing row was: (row, case label, batch_start, batch_size, position in the batch, the batch's spec)
 Place = tuple[int | None, str, int | None, int, int | None, dict[str, Any]]
 
@@ -236,3 +248,55 @@ def compare_rows(
         in_batch, alone_rows = b.index_select(0, rows.index_select(0, pos_idx)), a.index_select(0, pos_idx)
         rec.add_rows(seed, name, in_batch, alone_rows, case_spec, places, other)
     return fwd, grad
+
+
+# the checks whose verdicts make `batch_invariant`, in the report's order
+INVARIANCE_CHECKS = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
+# the three verdicts (docs/spec.md §5): rows differ; no row differs but a launch parameter that changes with the
+# row count was not run at each of its values; neither
+INVARIANT, NOT_INVARIANT, BY_CONSTRUCTION = "invariant", "not_invariant", "not_invariant_by_construction"
+
+
+def batch_invariant(inv: BatchInvariance, errors: Mapping[str, str] | None = None) -> bool | None:
+    """False on any difference (or a non-repeatable dweight); None if a row check is missing or raised (its
+    summary's error, or `errors[check]`); else True. A dweight_repeatable of None (no backward) is no verdict."""
+    counts: list[int] = []
+    if inv.all_rows is not None:
+        # rowgrad_differ is None where gradients were not compared (a forward-only backend)
+        counts += [(s.fwd_differ or 0) + (s.rowgrad_differ or 0) for s in inv.all_rows.sizes.values()]
+    for s in (inv.full_vs_sub_batches, inv.batch_size_sweep):
+        if s is not None:
+            counts += [s.fwd_differ or 0, s.rowgrad_differ or 0, getattr(s, "differ", 0) or 0]
+    if any(c > 0 for c in counts) or inv.dweight_repeatable is False:
+        return False
+    parts = (inv.all_rows, inv.full_vs_sub_batches, inv.batch_size_sweep)
+    if any(p is None or p.error for p in parts) or any(c in (errors or {}) for c in INVARIANCE_CHECKS):
+        return None
+    return True
+
+
+def differing_pairs(result: BackendResult) -> list[str]:
+    """The configuration pairs (the `configurations` check) under which rows or dweight differ, in words."""
+    c = result.configurations
+    return [f"{p.kernel}.{p.parameter}: {p.full} (full batch) vs {p.alone} (alone)" for p in (c.pairs if c else [])
+            if p.fwd_differ or p.rowgrad_differ or p.dweight_equal is False]  # fmt: skip
+
+
+def uncleared(result: BackendResult) -> dict[str, str]:
+    """ "kernel.param" -> the launch evidence, for each launch parameter that changes with the row count and that
+    the `configurations` check did not run at each of its values without a bit changing."""
+    cleared = set(result.configurations.cleared) if result.configurations else set()
+    kernels = result.launches.kernels if result.launches else []
+    return {f"{k.kernel}.{p}": k.evidence or "" for k in kernels for p in k.varying if f"{k.kernel}.{p}" not in cleared}
+
+
+def verdict(result: BackendResult, errors: Mapping[str, str] | None = None) -> str | None:
+    """INVARIANT, NOT_INVARIANT, BY_CONSTRUCTION, or None (a check that decides it is missing or raised)."""
+    inv = result.batch_invariance
+    rows = None if inv is None else batch_invariant(inv, errors)
+    if rows is False or differing_pairs(result):
+        return NOT_INVARIANT
+    launches = result.launches
+    if rows is None or launches is None or launches.error or "launch" in (errors or {}):
+        return None
+    return BY_CONSTRUCTION if uncleared(result) else INVARIANT
