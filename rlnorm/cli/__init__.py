@@ -18,6 +18,7 @@ named), 2 nothing to read at that path.
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 from collections.abc import Sequence
@@ -123,6 +124,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except KeyboardInterrupt:
+        # the notebook's kernel died with the run: asyncio's and nbclient's complaints about it are not news
+        for name in ("asyncio", "traitlets", "papermill"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
         print("rlnorm: interrupted; nothing was written (run folders are as they were)", file=sys.stderr)
         return EXIT_INTERRUPTED
     finally:

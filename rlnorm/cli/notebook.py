@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -165,6 +166,11 @@ def execute(
         # inline, so display(fig) puts PNGs in the notebook whatever MPLBACKEND the shell has
         os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
         os.environ.update(env or {})
+        # a dead kernel or a failing cell comes back as an exception, said once below: not also as log lines
+        quiet = {n: logging.getLogger(n) for n in ("papermill", "traitlets")}
+        levels = {n: lg.level for n, lg in quiet.items()}
+        for lg in quiet.values():
+            lg.setLevel(logging.CRITICAL)
         try:
             with _echo_progress(progress_file, progress):
                 pm.execute_notebook(
@@ -182,6 +188,9 @@ def execute(
         except Exception as exc:  # the kernel died (out of memory, a crash in native code) or would not start
             where = started[-1] if started else "the kernel start"
             failure = f"{where} did not finish: {type(exc).__name__}: {str(exc).strip()[:500]}"
+        finally:
+            for n, lg in quiet.items():
+                lg.setLevel(levels[n])
         input_nb.unlink(missing_ok=True)
         if executed.exists():
             render_html(executed, workdir / f"{notebook}.html", title)

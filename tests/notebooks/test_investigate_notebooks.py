@@ -102,7 +102,7 @@ def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:
     nb = execute("compare_runs", tmp_path, {"artifact_b": str(tmp_path / "h200")})
     shown = "\n".join(texts(nb))
     assert "- fla_fused_norm_gate full_vs_sub_batches: failed (95 y / 152 dx,dz) -> passed" in shown
-    assert "- fla_fused_norm_gate batch_invariant: not batch invariant" in shown
+    assert "- fla_fused_norm_gate batch_invariant: not invariant (full_vs_sub_batches" in shown
     assert "- vllm fwd_us: 87.1 -> 58.6 us (0.67x, faster)" in shown
     assert "A: NVIDIA B200" in shown and "B: NVIDIA H200" in shown
     assert "fwd_us_ratio" in shown and "fwd_correctly_rounded_a" in shown
