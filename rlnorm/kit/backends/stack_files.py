@@ -13,20 +13,17 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-import threading
 import types
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rlnorm.kit.backends.vllm_files import LAYERNORM, NEEDED, read_function, unpack
+from rlnorm.kit.backends.vllm_files import LAYERNORM, NEEDED, private_names, read_function, unpack
 from rlnorm.timing import describe_error
 
 __all__ = ["PINS", "WHL", "Pin", "StackFiles", "find", "load", "load_file", "read_function"]
 
 WHL = Path(__file__).resolve().parents[3] / ".whl"
-_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -168,26 +165,6 @@ def find(pin: Pin) -> tuple[StackFiles | None, str]:
     )
 
 
-@contextmanager
-def _private(package: str) -> Iterator[dict[str, types.ModuleType]]:
-    """The package's names in sys.modules are ours for the duration; whatever was there comes back after."""
-    with _LOCK:
-
-        def mine(k: str) -> bool:
-            return k == package or k.startswith(package + ".")
-
-        saved = {k: v for k, v in sys.modules.items() if mine(k)}
-        for k in saved:
-            del sys.modules[k]
-        ours: dict[str, types.ModuleType] = {}
-        try:
-            yield ours
-        finally:
-            for k in [k for k in sys.modules if mine(k)]:
-                del sys.modules[k]
-            sys.modules.update(saved)
-
-
 def _install(name: str, module: types.ModuleType, ours: dict[str, types.ModuleType]) -> None:
     ours[name] = sys.modules[name] = module
     parent, _, child = name.rpartition(".")
@@ -208,7 +185,7 @@ def load(
     missing = [rel for _, rel in modules if not files.path(rel).is_file()]
     if missing:
         raise FileNotFoundError(f"{files.pin.dist} files under {files.root} lack {missing}")
-    with _private(files.pin.package) as ours:
+    with private_names(files.pin.package) as ours:
         for name, module in stand_ins.items():
             _install(name, module, ours)
         for name, rel in modules:

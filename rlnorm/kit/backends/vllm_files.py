@@ -181,17 +181,22 @@ def _stand_ins() -> dict[str, types.ModuleType]:
 
 
 @contextmanager
-def _vllm_names() -> Iterator[dict[str, types.ModuleType]]:
-    """A private `vllm` package in sys.modules for the duration; whatever was there before comes back after."""
+def private_names(package: str) -> Iterator[dict[str, types.ModuleType]]:
+    """`package` and its submodules in sys.modules are ours for the duration (one lock for every stack's files,
+    so two loads never see each other's modules); whatever was there before comes back after."""
     with _LOCK:
-        saved = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
+
+        def mine(k: str) -> bool:
+            return k == package or k.startswith(package + ".")
+
+        saved = {k: v for k, v in sys.modules.items() if mine(k)}
         for k in saved:
             del sys.modules[k]
         ours: dict[str, types.ModuleType] = {}
         try:
             yield ours
         finally:
-            for k in [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]:
+            for k in [k for k in sys.modules if mine(k)]:
                 del sys.modules[k]
             sys.modules.update(saved)
 
@@ -221,7 +226,7 @@ def load_layernorm_guard(files: VllmFiles, extra: tuple[str, ...] = ()) -> types
     missing = [rel for _, rel in _FROM_FILES if not files.path(rel).is_file()]
     if missing:
         raise FileNotFoundError(f"vLLM files under {files.root} lack {missing}")
-    with _vllm_names() as ours:
+    with private_names("vllm") as ours:
         for name, module in _stand_ins().items():
             _install(name, module, ours)
         for name in extra:
