@@ -113,6 +113,8 @@ def test_ctrl_c_says_so_in_one_line_and_writes_nothing(tmp_path: Path) -> None:
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,  # the signal goes to the whole group, as a terminal's Ctrl-C does
+            # as from a terminal: a suite started in the background (`cmd &`) ignores SIGINT, and children inherit it
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
             (held,) = bell.wait(1, alive=lambda: proc.poll() is None)

@@ -54,6 +54,8 @@ def test_an_interrupt_reaches_every_running_combination(tmp_path: Path, monkeypa
             rang.append(e)
         os.kill(os.getpid(), signal.SIGINT)
 
+    # as from a terminal: a suite started in the background (`cmd &`) inherits SIGINT ignored
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     watcher = threading.Thread(target=interrupt_once_both_run, daemon=True)
     watcher.start()
     try:
@@ -62,5 +64,6 @@ def test_an_interrupt_reaches_every_running_combination(tmp_path: Path, monkeypa
     finally:
         watcher.join()
         bell.close()
+        signal.signal(signal.SIGINT, previous)
     assert len(rang) == 2 and all(isinstance(pid, int) for pid in rang), rang
     assert [m.read_text() for m in marks] == ["stopped", "stopped"]
