@@ -69,6 +69,10 @@ def test_three_verdicts_from_the_checks_typed_results(tmp_path: Path) -> None:
     # the configurations check ran ROWS at both values and no bit changed: cleared, invariant
     cleared = dataclasses.replace(planted, configurations=Configurations(cleared=[f"{KERNEL}.ROWS"]))
     assert common.verdict(cleared, {}) == common.INVARIANT
+    # an autotuner's configs that could not all be run here (the interpreter cannot time them): by construction
+    untimed = dataclasses.replace(cleared, configurations=Configurations(
+        cleared=[f"{KERNEL}.ROWS"], unexercised={f"{KERNEL}.config": "the interpreter ignores num_warps"}))  # fmt: skip
+    assert common.verdict(untimed, {}) == common.BY_CONSTRUCTION
     # a pair of configurations under which rows differ: not invariant, and the pair is named
     pair = ConfigPair(KERNEL, "ROWS", "ROWS=4", "ROWS=1", fwd_differ=3)
     differs = dataclasses.replace(planted, configurations=Configurations(pairs=[pair], cleared=[f"{KERNEL}.ROWS"]))

@@ -283,11 +283,19 @@ def differing_pairs(result: BackendResult) -> list[str]:
 
 
 def uncleared(result: BackendResult) -> dict[str, str]:
-    """ "kernel.param" -> the launch evidence, for each launch parameter that changes with the row count and that
-    the `configurations` check did not run at each of its values without a bit changing."""
-    cleared = set(result.configurations.cleared) if result.configurations else set()
+    """ "kernel.param" -> the evidence, for each launch parameter that changes with the row count (`launch`), or
+    that the backend says its kernels may pick but the `configurations` check could not run at each value here (an
+    autotuner the interpreter cannot time), and that was not run at each of its values without a bit changing."""
+    c = result.configurations
+    cleared = set(c.cleared) if c else set()
     kernels = result.launches.kernels if result.launches else []
-    return {f"{k.kernel}.{p}": k.evidence or "" for k in kernels for p in k.varying if f"{k.kernel}.{p}" not in cleared}
+    out = {f"{k.kernel}.{p}": k.evidence or "" for k in kernels for p in k.varying if f"{k.kernel}.{p}" not in cleared}
+    out |= {
+        key: f"not run at each value here: {why}"
+        for key, why in (c.unexercised.items() if c else ())
+        if key not in cleared
+    }
+    return out
 
 
 def verdict(result: BackendResult, errors: Mapping[str, str] | None = None) -> str | None:
