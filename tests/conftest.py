@@ -206,7 +206,7 @@ UNLOADABLE = "no_such_package.anywhere:fn"
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One real run (`python -m rlnorm run`, the notebook through papermill) at tiny sizes with every check, of
-    `reference`, three planted faulty backends and one that cannot be loaded, made once per test session and read
+    `reference`, three planted faulty backends and one that cannot be loaded, made once per pytest run and read
     by the notebook tests (a couple of minutes of CPU)."""
     base = tmp_path_factory.mktemp("tiny_runs")
     params = {"name": "tiny", "device": "cpu", "progress": False, "backends": ["reference"], **TINY_SIZES}

@@ -1,7 +1,7 @@
 """What rlnorm's vLLM plugin does inside vLLM, run in a child process: `python vllm_scenarios.py OUT.json`.
 
 Importing vLLM takes ~20 s and patches torch's compiler for the rest of a process, so the test process never
-imports it: `facts()` runs this script once per test session, which runs every scenario against the installed
+imports it: `facts()` runs this script once per pytest run, which runs every scenario against the installed
 vLLM on the CPU and writes each one's facts (or its error) for `test_vllm.py` and `test_trainer_sampler.py`.
 """
 
@@ -288,7 +288,7 @@ _FACTS: dict[str, Any] = {}
 
 
 def facts(name: str) -> dict[str, Any]:
-    """One scenario's facts, from the session's one child run; skips (fails in CI) where vLLM is not installed."""
+    """One scenario's facts, from the suite's one child run; skips (fails in CI) where vLLM is not installed."""
     import pytest
     from conftest import needs_installed_vllm  # the test process's: this side runs only under pytest
 

@@ -1,6 +1,6 @@
 """vLLM's own files, run without importing vllm: the `vllm` row where vllm cannot import measures what vLLM runs.
 
-Proven against the installed vLLM in the session's one vLLM child (tests/kit/vllm_child.py; vllm never enters
+Proven against the installed vLLM in the suite's one vLLM child (tests/kit/vllm_child.py; vllm never enters
 this process):
 - `RMSNormGated.forward_cuda` calls `layernorm_guard.rmsnorm_fn` with exactly `rmsnorm_call`'s arguments, and the
   constructor gets our options (compute units answered: a step of the set-up that is needed);
@@ -31,7 +31,7 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "vllm_sources.py"
 
 @pytest.fixture(scope="module")
 def vllm_child(installed_vllm: vf.VllmFiles, vllm_archive: Path) -> dict:
-    """The real vllm's findings, from the session's one child (tests/kit/vllm_child.py)."""
+    """The real vllm's findings, from the suite's one child (tests/kit/vllm_child.py)."""
     return facts(vllm_archive)
 
 

@@ -1,6 +1,6 @@
 """vLLM's forward_native rows (eager, compiled, VLLM_BATCH_INVARIANT=1): they run what vLLM runs.
 
-Proven against the installed vLLM in the session's one vLLM child (tests/kit/vllm_child.py; vllm never enters
+Proven against the installed vLLM in the suite's one vLLM child (tests/kit/vllm_child.py; vllm never enters
 this process):
 - `RMSNormGated.forward_native(x, z)` is `native_call(forward_static, x, z, w, opts)`, and the rows give its bits;
 - a default (compiled) vLLM config disables the op, so its forward is forward_native; the mode enforce_eager sets
@@ -35,7 +35,7 @@ OPTIONS = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=Fals
 
 @pytest.fixture(scope="module")
 def vllm_child(installed_vllm: vf.VllmFiles, vllm_archive: Path) -> dict:
-    """The real vllm's findings, from the session's one child (tests/kit/vllm_child.py)."""
+    """The real vllm's findings, from the suite's one child (tests/kit/vllm_child.py)."""
     return facts(vllm_archive)
 
 

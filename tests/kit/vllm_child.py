@@ -1,6 +1,6 @@
 """The one child process that imports the real vllm for tests/kit/test_vllm_files.py and test_vllm_native.py
 (importing vLLM takes ~20 s and patches torch's compiler for the rest of a process, so the test process never does):
-`facts(archive)` runs every section below once per test session and returns what each found."""
+`facts(archive)` runs every section below once per pytest run and returns what each found."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import nbformat
 import papermill
 import pytest
 
-# the tiny run with planted faulty backends, shared with the unit tests (one real run per test session)
+# the tiny run with planted faulty backends, shared with the unit tests (one real run per pytest run)
 from conftest import BATCH_FAULT, POSITION_FAULT, REPO_ROOT
 
 from rlnorm.checkout import seed_report_path
