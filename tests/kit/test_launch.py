@@ -125,7 +125,7 @@ def test_a_kernel_launched_at_some_row_counts_only_changes_with_them() -> None:
 
 
 def test_an_autotuners_pick_that_changes_with_the_row_count_is_one_parameter() -> None:
-    """An autotuner's pick is one parameter, `kernel.config`, which the configurations check clears or not as a whole."""
+    """An autotuner's pick is one parameter, `kernel.config`: the configurations check clears it or not whole."""
     from rlnorm.kit.checks.launch import CONFIG, _Kernel, summarise
 
     k = _Kernel("launch_hook", {"forward"}, tuned={"BT", "num_warps"})
