@@ -51,7 +51,10 @@ def row_scales(rows: int) -> Tensor:
 
 
 def sampler_plan(rows: int, heads: int, decode_tokens: int) -> list[int]:
-    """Row counts of the sampler's calls: a prefill, then up to `decode_tokens` decode steps of `heads` rows."""
+    """Row counts of the sampler's calls: a prefill, then up to `decode_tokens` decode steps of `heads` rows (the
+    one place the sizes both the trainer-vs-sampler check and the stack pairs take are checked)."""
+    for name, (n, least) in {"rows": (rows, 1), "heads": (heads, 1), "decode_tokens": (decode_tokens, 0)}.items():
+        check_int(name, n, least)
     steps = min(decode_tokens, rows // heads)
     prefill = rows - steps * heads
     return ([prefill] if prefill else []) + [heads] * steps
@@ -148,11 +151,9 @@ def trainer_vs_sampler(
 ) -> SamplerCheck:
     """The same `rows` rows (make_case, x scaled per row) through both pairs; eps is the config's rms_norm_eps.
     Options other than Qwen3-Next's norm (`QWEN3_NEXT_OPTIONS`) are skipped with the reason."""
-    limits = {"rows": (rows, 1), "d": (d, 1), "heads": (heads, 1), "decode_tokens": (decode_tokens, 0)}
-    for name, (n, least) in limits.items():
-        check_int(name, n, least)
-    wdt = getattr(torch, weight_dtype) if isinstance(weight_dtype, str) else weight_dtype or dtype
+    check_int("d", d, 1)
     plan = sampler_plan(rows, heads, decode_tokens)
+    wdt = getattr(torch, weight_dtype) if isinstance(weight_dtype, str) else weight_dtype or dtype
     summary: dict[str, Any] = {"rows": rows, "d": d, "heads": heads, "seed": seed, "eps": eps, "device": device}
     summary.update(dtype=str(dtype).removeprefix("torch."), weight_dtype=str(wdt).removeprefix("torch."))
     summary.update(trainer_calls=[rows], sampler_calls=plan, vllm=None, vllm_reason=None, agree=None, pairs={})
