@@ -8,19 +8,21 @@ counted in, so "inside" is a total error of at most T and "past" at least T + 1 
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
 from conftest import REPO_ROOT, oracle
+from kernel_helpers import fwd
 
-import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
 from rlnorm.kernel._bound import near_threshold, ptx_sum_depth, sum_depth
-from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kernel._fwd import fwd_config
 from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
 from rlnorm.options import OpOptions
@@ -52,10 +54,6 @@ def _selected_rows(d: int, opts: OpOptions, has_z: bool, wdtype: torch.dtype, se
     return c.x[idx], None if z is None else z[idx], c.w, ref64[idx], hit[idx]
 
 
-def _fwd(x, z, w, opts: OpOptions, **kw):
-    return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
-
-
 BF16, FP32 = torch.bfloat16, torch.float32
 CASES = [  # (D, options, gate, weight dtype)
     (64, OpOptions(), True, BF16),
@@ -80,7 +78,7 @@ def test_planted_error_inside_the_threshold_is_repaired_and_past_it_shows(d, opt
     x, z, w, ref64, target = _selected_rows(d, opts, has_z, wdtype, seed=d)
     ref = oracle(x, z, w, opts)
     t = near_threshold(opts.group_size or d, has_z, opts.norm_before_gate, opts.activation == "sigmoid", wdtype == FP32)
-    _, fast, _ = _fwd(x, z, w, opts, debug=True)
+    _, fast, _ = fwd(x, z, w, opts, debug=True)
     # the interpreter's own fast-path error on these rows, in ulps of the fast value
     ok = torch.isfinite(ref64) & (ref64 != 0)
     own = math.ceil(((fast.double() - ref64).abs() / _ulp32(fast.double()))[ok].max().item())
@@ -90,51 +88,82 @@ def test_planted_error_inside_the_threshold_is_repaired_and_past_it_shows(d, opt
 
     # inside, in total: planted + own error <= T everywhere; the targets are flagged, every output correct
     with plant(fast_ulps=t - own):
-        y, _, flags = _fwd(x, z, w, opts, debug=True)
+        y, _, flags = fwd(x, z, w, opts, debug=True)
     assert flags.bool()[target].all()
     assert (bits(y) == bits(ref)).all()
     # inside, at the edge: the highest target lands T ulps above the midpoint, still flagged and repaired
     with plant(fast_ulps=t - offset.max().item()):
-        y, _, flags = _fwd(x, z, w, opts, debug=True)
+        y, _, flags = fwd(x, z, w, opts, debug=True)
     assert flags.bool()[target].all()
     assert (bits(y) == bits(ref))[target].all()
     # past: the lowest target lands T + 1 ulps above the midpoint: every target passes the test unflagged
     # and rounds up where the exact value rounds down
     with plant(fast_ulps=t + 1 - offset.min().item()):
-        y, _, flags = _fwd(x, z, w, opts, debug=True)
+        y, _, flags = fwd(x, z, w, opts, debug=True)
     assert not flags.bool()[target].any()
     assert (bits(y) != bits(ref))[target].all()
 
 
-_PTX_PROGRAM = """
-import sys
+# Compiles (never runs) the default forward for sm_90 out of the interpreter, in one process of its own (a fake
+# driver reports an sm_90 target: no GPU needed), at these widths and under these switches; prints its PTX and TTGIR.
+_COMPILED = [(64, {}), (128, {}), (1024, {}), (8192, {}), (128, {"SPLIT": 1})]
+_COMPILE_PROGRAM = """
+import json, sys
 sys.path.insert(0, "tools")
 import compile_sm90
 compiled = compile_sm90.compile_only()
 import torch
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
-d = int(sys.argv[1])
-x = torch.randn(8, d).bfloat16()
-rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu")
-print(compiled[-1].asm["ptx"])
+from rlnorm.kernel.testing import plant
+out = []
+for d, switches in json.loads(sys.argv[1]):
+    x = torch.randn(8, d).bfloat16()
+    with plant(fwd=switches):
+        rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu")
+    out.append({"ptx": compiled[-1].asm["ptx"], "ttgir": compiled[-1].asm["ttgir"]})
+print(json.dumps(out))
 """
 
 
-def _sm90_ptx(d: int) -> str:
-    """The default forward's PTX for sm_90 at width d, compiled by the installed Triton (no GPU needed)."""
-    return subprocess.run(
-        [sys.executable, "-c", _PTX_PROGRAM, str(d)],
-        cwd=REPO_ROOT,
-        env={**os.environ, "TRITON_INTERPRET": "0"},
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=True,
-    ).stdout
+@pytest.fixture(scope="module")
+def sm90() -> dict[tuple[int, str], dict[str, str]]:
+    """(width, switches as JSON) -> the forward's PTX and TTGIR for sm_90, compiled by the installed Triton."""
+    arg = json.dumps(_COMPILED)
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    proc = subprocess.run([sys.executable, "-c", _COMPILE_PROGRAM, arg], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=900, check=True)  # fmt: skip
+    return {(d, json.dumps(sw)): asm for (d, sw), asm in zip(_COMPILED, json.loads(proc.stdout), strict=True)}
 
 
-@pytest.mark.parametrize("d", [64, 128, 1024, 8192])
-def test_the_bound_counts_the_summation_depth_of_the_compiled_code(d):
+def test_the_bound_counts_the_summation_depth_of_the_compiled_code(sm90):
     # The bound's sum term is the depth of the reduction Triton emits; read it from the PTX of the installed
-    # Triton. A reduction with a longer chain (e.g. one chunk per thread, SPLIT 1) would raise the bound.
-    assert ptx_sum_depth(_sm90_ptx(d)) == sum_depth(d)
+    # Triton. A reduction with a longer chain (e.g. one chunk of 16 columns per thread) would raise the bound.
+    for d in (64, 128, 1024, 8192):
+        assert ptx_sum_depth(sm90[d, "{}"]["ptx"]) == sum_depth(d), d
+
+
+def _layouts(ttgir: str) -> list[dict[str, list[int]]]:
+    """The 3-D blocked layouts of a TTGIR."""
+    layouts = []
+    for line in re.findall(r"#ttg\.blocked<\{[^}]*\}>", ttgir):
+        fields = {k: [int(v) for v in vals.split(",")] for k, vals in re.findall(r"(\w+) = \[([\d, ]+)\]", line)}
+        if len(fields.get("sizePerThread", [])) == 3:
+            layouts.append(fields)
+    return layouts
+
+
+def _rows_per_thread(layout: dict[str, list[int]], block_r: int) -> int:
+    covered = layout["sizePerThread"][0] * layout["threadsPerWarp"][0] * layout["warpsPerCTA"][0]
+    return layout["sizePerThread"][0] * max(1, block_r // covered)
+
+
+def test_a_thread_holds_sixteen_elements_of_one_row_on_the_installed_triton(sm90):
+    # The forward's speed rests on each thread holding 16 columns of ONE row (one rstd per thread). The layout of
+    # a 3-D tile depends on Triton's version (3.7: two rows per thread); the joined 2-D chunks must give one row
+    # per thread on the Triton installed here. The one-chunk layout (SPLIT 1) is the planted fault.
+    block_r = fwd_config(128, torch.bfloat16)[0]
+    joined = [lay for lay in _layouts(sm90[128, "{}"]["ttgir"]) if lay["sizePerThread"][1:] == [8, 2]]
+    assert joined and all(_rows_per_thread(lay, block_r) == 1 for lay in joined), joined
+    one_chunk = _layouts(sm90[128, json.dumps({"SPLIT": 1})]["ttgir"])
+    assert not [lay for lay in one_chunk if lay["sizePerThread"][1:] == [8, 2]]
+    assert any(_rows_per_thread(lay, block_r) > 1 for lay in one_chunk if lay["sizePerThread"][1] == 8)

@@ -1,6 +1,6 @@
-"""Backward kernel (rlnorm/kernel/_bwd.py): batch invariance of dx/dz, exact dweight, accuracy.
+"""Batch invariance of the forward and the backward, the exact dweight, the backward's accuracy (CPU interpreter).
 
-Rows computed alone are the yardstick: every row of every batch must give bitwise the same dx and dz as
+Rows computed alone are the yardstick: every row of every batch must give bitwise the same y, dx and dz as
 alone, and the batch's dweight must be the exact sum of the single-row dweights (fp32 weight: a single row's
 dweight is its contribution) rounded once. Each checker is also shown to catch the fault it exists for.
 """
@@ -13,146 +13,155 @@ import pytest
 import torch
 import triton
 import triton.language as tl
+from kernel_helpers import DEFAULT, assert_same, bwd, fwd, same
 
 import rlnorm
 from rlnorm.inputs import make_case
-from rlnorm.kernel._bwd import rms_norm_gated_bwd, tiles_per_program, workspace_numel
-from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kernel._bwd import tiles_per_program, workspace_numel
 from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
 from rlnorm.numerics import exact_sum, round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 BATCH_SIZES = (1, 2, 7, 63, 257)  # 257 rows already take the most tiles per program (31) in the interpreter
 
 
-def assert_same_bits(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
-    assert a.shape == b.shape and a.dtype == b.dtype, what
-    diff = (bits(a) != bits(b)).reshape(a.shape[0], -1).any(-1) if a.dim() > 1 else (bits(a) != bits(b))
-    bad = diff.nonzero().flatten().tolist()
-    assert not bad, f"{what}: {len(bad)} rows/elements differ, first {bad[:5]}"
-
-
-def bwd(x, z, w, dy, opts: OpOptions):
-    return rms_norm_gated_bwd(dy, x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation)
-
-
 def bwd_under(switches: dict, *args, **kw):
-    """rms_norm_gated_bwd(*args, **kw) under these backward switches."""
+    """bwd(*args, **kw) under these backward switches."""
     with plant(bwd=switches):
-        return rms_norm_gated_bwd(*args, **kw)
+        return bwd(*args, **kw)
+
+
+def forward_backward(x, z, w, dy, opts: OpOptions):
+    return (fwd(x, z, w, opts), *bwd(x, z, w, dy, opts))
 
 
 class Pool:
     """Distinct rows and their results computed one row per launch (the yardstick)."""
 
-    def __init__(self, n: int, d: int, seed: int, opts: OpOptions, dtype=torch.bfloat16, has_z: bool = True):
+    def __init__(self, n: int, d: int, seed: int, opts: OpOptions, dtype=BF16, has_z: bool = True):
         c = make_case(n, d, seed=seed, dtype=dtype)
         self.x, self.z, self.dy = c.x, (c.z if has_z else None), c.dy
         self.w32 = c.w.float()  # fp32 weight: a single row's dweight is its exact fp32 contribution
         self.opts = opts
         alone = [self.run(torch.tensor([i])) for i in range(n)]
-        self.dx = torch.cat([a[0] for a in alone])
-        self.dz = None if self.z is None else torch.cat([a[1] for a in alone])
-        self.contrib = torch.stack([a[2] for a in alone])  # [n, d] fp32
+        self.y, self.dx = torch.cat([a[0] for a in alone]), torch.cat([a[1] for a in alone])
+        self.dz = None if self.z is None else torch.cat([a[2] for a in alone])
+        self.contrib = torch.stack([a[3] for a in alone])  # [n, d] fp32
 
-    def run(self, idx: torch.Tensor, w: torch.Tensor | None = None, launcher=bwd):
+    def run(self, idx: torch.Tensor, w: torch.Tensor | None = None, launch=forward_backward):
         z = None if self.z is None else self.z[idx]
-        return launcher(self.x[idx], z, self.w32 if w is None else w, self.dy[idx], self.opts)
+        return launch(self.x[idx], z, self.w32 if w is None else w, self.dy[idx], self.opts)
 
 
-def check_invariance(pool: Pool, sizes, seed: int, launcher=bwd) -> None:
-    """Batches drawn from the pool (every pool row used, permuted): each row's dx/dz equal its alone result."""
+def check_invariance(pool: Pool, sizes, seed: int, launch=forward_backward) -> None:
+    """Batches drawn from the pool (every pool row used, permuted): each row's y, dx, dz equal its alone result,
+    and dweight is the exact sum of the single-row dweights, rounded once."""
     g = torch.Generator().manual_seed(seed)
     n = pool.x.shape[0]
     for m in sizes:
         idx = torch.randperm(n, generator=g).repeat(m // n + 1)[:m]
         idx = idx[torch.randperm(m, generator=g)]
-        dx, dz, dw = pool.run(idx, launcher=launcher)
-        assert_same_bits(dx, pool.dx[idx], f"dx, batch of {m}")
+        y, dx, dz, dw = pool.run(idx, launch=launch)
+        assert_same(y, pool.y[idx], f"y, batch of {m}")
+        assert_same(dx, pool.dx[idx], f"dx, batch of {m}")
         if pool.z is not None:
-            assert_same_bits(dz, pool.dz[idx], f"dz, batch of {m}")
-        # dweight = exact sum of the single-row dweights, rounded once
-        assert_same_bits(dw, exact_sum(pool.contrib[idx], torch.float32), f"dweight fp32, batch of {m}")
+            assert_same(dz, pool.dz[idx], f"dz, batch of {m}")
+        assert_same(dw, exact_sum(pool.contrib[idx], FP32), f"dweight fp32, batch of {m}")
 
 
 @pytest.fixture(scope="module")
 def pool() -> Pool:
-    return Pool(24, 128, seed=7, opts=OpOptions())
+    return Pool(24, 128, seed=7, opts=DEFAULT)
 
 
 def test_rows_alone_equal_rows_in_batches_of_every_size(pool):
     check_invariance(pool, BATCH_SIZES, seed=1)
 
 
+def test_invariance_checker_catches_batch_dependent_rows(pool):
+    def eps_by_rows(x, z, w, dy, opts):  # planted fault: eps follows the batch size, as a rows-dependent launch
+        return (fwd(x, z, w, OpOptions(eps=1e-2) if x.shape[0] > 1 else opts), *bwd(x, z, w, dy, opts))
+
+    with pytest.raises(AssertionError, match="y, batch of 2"):
+        check_invariance(pool, (1, 2), seed=1, launch=eps_by_rows)
+
+    def leaky(x, z, w, dy, opts):
+        y, dx, dz, dw = forward_backward(x, z, w, dy, opts)
+        if x.shape[0] > 1:  # planted fault: the last row's dx depends on the batch size
+            dx[-1].view(torch.int16)[0] ^= 1
+        return y, dx, dz, dw
+
+    with pytest.raises(AssertionError, match="dx, batch of 2"):
+        check_invariance(pool, (1, 2), seed=1, launch=leaky)
+
+    def float_dweight(x, z, w, dy, opts):  # planted fault: dweight summed in float, in batch order
+        y, dx, dz, _ = forward_backward(x, z, w, dy, opts)
+        xf, zf, dyf = x.float(), z.float(), dy.float()
+        xh = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + opts.eps)
+        return y, dx, dz, (dyf * xh * zf * torch.sigmoid(zf)).sum(0)
+
+    with pytest.raises(AssertionError, match="dweight"):
+        check_invariance(pool, (257,), seed=2, launch=float_dweight)
+
+
 def test_bf16_dweight_is_the_exact_sum_rounded_once(pool):
     idx = torch.arange(24).repeat(3)
-    _, _, dw = pool.run(idx, w=pool.w32.bfloat16())
-    assert_same_bits(dw, exact_sum(pool.contrib[idx], torch.bfloat16), "dweight bf16")
-    _, _, dw16 = pool.run(idx, w=pool.w32.half())
-    assert_same_bits(dw16, exact_sum(pool.contrib[idx], torch.float16), "dweight fp16")
+    for wdtype in (BF16, FP16):
+        dw = pool.run(idx, w=pool.w32.to(wdtype))[3]
+        assert_same(dw, exact_sum(pool.contrib[idx], wdtype), f"dweight {wdtype}")
 
 
 def test_dweight_unchanged_by_permutation_zero_gradient_rows_and_repeats(pool):
-    x, z, dy = pool.x, pool.z, pool.dy.clone()
+    x, z, dy = pool.x, pool.z, pool.dy
     w = pool.w32.bfloat16()
-    ref = rms_norm_gated_bwd(dy, x, z, w, 1e-6, None, True, "silu")
+    ref = bwd(x, z, w, dy)
     perm = torch.randperm(24, generator=torch.Generator().manual_seed(3))
-    got = rms_norm_gated_bwd(dy[perm], x[perm], z[perm], w, 1e-6, None, True, "silu")
-    assert_same_bits(got[2], ref[2], "dweight after permutation")
+    assert_same(bwd(x[perm], z[perm], w, dy[perm])[2], ref[2], "dweight after permutation")
     # zero-gradient rows: real x, z but dy = 0; and all-zero padding rows
     extra = make_case(40, 128, seed=99)
-    xs = torch.cat([extra.x[:20], x, torch.zeros(20, 128, dtype=x.dtype)])
-    zs = torch.cat([extra.z[:20], z, torch.zeros(20, 128, dtype=z.dtype)])
-    dys = torch.cat([torch.zeros(20, 128, dtype=dy.dtype), dy, torch.zeros(20, 128, dtype=dy.dtype)])
-    padded = rms_norm_gated_bwd(dys, xs, zs, w, 1e-6, None, True, "silu")
-    assert_same_bits(padded[2], ref[2], "dweight with zero-gradient rows")
-    assert_same_bits(padded[0][20:44], ref[0], "dx with zero-gradient rows around")
+    zeros = torch.zeros(20, 128, dtype=x.dtype)
+    padded = bwd(torch.cat([extra.x[:20], x, zeros]), torch.cat([extra.z[:20], z, zeros]), w,
+                 torch.cat([zeros, dy, zeros]))  # fmt: skip
+    assert_same(padded[2], ref[2], "dweight with zero-gradient rows")
+    assert_same(padded[0][20:44], ref[0], "dx with zero-gradient rows around")
     assert (padded[0][:20] == 0).all() and (padded[0][44:] == 0).all(), "dy = 0 gives dx = 0 (either sign)"
-    again = rms_norm_gated_bwd(dy, x, z, w, 1e-6, None, True, "silu")
-    for a, b, name in zip(again, ref, ("dx", "dz", "dweight"), strict=True):
-        assert_same_bits(a, b, f"{name} repeated")
-
-
-def test_invariance_checker_catches_a_batch_dependent_row(pool):
-    def leaky(x, z, w, dy, opts):
-        dx, dz, dw = bwd(x, z, w, dy, opts)
-        if x.shape[0] > 1:  # planted fault: the last row's dx depends on the batch size
-            dx[-1].view(torch.int16)[0] ^= 1
-        return dx, dz, dw
-
-    with pytest.raises(AssertionError, match="dx, batch of 2"):
-        check_invariance(pool, (1, 2), seed=1, launcher=leaky)
-
-    def float_dweight(x, z, w, dy, opts):  # planted fault: dweight summed in float, in batch order
-        dx, dz, _ = bwd(x, z, w, dy, opts)
-        xf, zf, dyf = x.float(), z.float(), dy.float()
-        xh = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + opts.eps)
-        return dx, dz, (dyf * xh * zf * torch.sigmoid(zf)).sum(0)
-
-    with pytest.raises(AssertionError, match="dweight"):
-        check_invariance(pool, (257,), seed=2, launcher=float_dweight)
+    for a, b, name in zip(bwd(x, z, w, dy), ref, ("dx", "dz", "dweight"), strict=True):
+        assert_same(a, b, f"{name} repeated")
 
 
 OPTION_CASES = [
-    # (d, opts, x dtype, has z)
-    (128, OpOptions(norm_before_gate=False), torch.bfloat16, True),
-    (128, OpOptions(activation="sigmoid"), torch.bfloat16, True),
-    (128, OpOptions(norm_before_gate=False, activation="sigmoid"), torch.float16, True),
-    (128, OpOptions(), torch.bfloat16, False),
-    (256, OpOptions(group_size=64), torch.bfloat16, True),
-    (200, OpOptions(group_size=40, norm_before_gate=False), torch.bfloat16, True),
-    (96, OpOptions(), torch.float32, True),
-    (160, OpOptions(activation="swish"), torch.float16, True),
-    (2048, OpOptions(), torch.bfloat16, True),  # wide rows: one tile per program, direct atomics
+    # (d, opts, x dtype, has z, w dtype for the accuracy check)
+    (128, OpOptions(norm_before_gate=False), BF16, True, BF16),
+    (128, OpOptions(activation="sigmoid"), BF16, True, FP32),
+    (128, OpOptions(norm_before_gate=False, activation="sigmoid"), FP16, True, FP16),
+    (128, DEFAULT, BF16, False, BF16),
+    (256, OpOptions(group_size=64), BF16, True, FP32),
+    (200, OpOptions(group_size=40, norm_before_gate=False), BF16, True, FP16),
+    (96, OpOptions(group_size=32, norm_before_gate=False), FP32, True, BF16),  # fp32 squares: the sum's order counts
+    (160, OpOptions(activation="swish"), FP16, True, FP32),
+    (2048, DEFAULT, BF16, True, None),  # wide rows: one tile per program, direct atomics
 ]
 
 
-@pytest.mark.parametrize("d,opts,dtype,has_z", OPTION_CASES)
-def test_invariance_for_every_option(d, opts, dtype, has_z):
+@pytest.mark.parametrize("d,opts,dtype,has_z,wdtype", OPTION_CASES)
+def test_invariance_and_accuracy_for_every_option(d, opts, dtype, has_z, wdtype):
     pool = Pool(6 if d <= 256 else 3, d, seed=11, opts=opts, dtype=dtype, has_z=has_z)
     check_invariance(pool, (1, 7, 63) if d <= 256 else (2, 7), seed=5)
+    if wdtype is None:
+        return
+    c = make_case(33, d, seed=11, dtype=dtype, weight_dtype=wdtype)
+    z = c.z if has_z else None
+    dx, dz, dw = bwd(c.x, z, c.w, c.dy, opts)
+    rx, rz, rw = reference_grads(c.x, z, c.w, c.dy, opts)
+    assert dx.dtype == dtype and dw.dtype == wdtype and (dz is None) == (z is None)
+    check_accuracy(dx, rx, "dx")
+    if z is not None:
+        assert dz.dtype == dtype
+        check_accuracy(dz, rz, "dz")
+    check_accuracy(dw, rw, "dweight")
 
 
 def reference_grads(x, z, w, dy, opts: OpOptions):
@@ -176,45 +185,32 @@ def check_accuracy(got: torch.Tensor, ref64: torch.Tensor, what: str) -> None:
     assert exact >= 0.999, f"{what}: correctly rounded on {exact:.5f}"
 
 
-@pytest.mark.parametrize("wdtype", [torch.bfloat16, torch.float32, torch.float16])
-@pytest.mark.parametrize("d,opts,dtype,has_z", OPTION_CASES[:-1])
-def test_gradients_against_fp64(d, opts, dtype, has_z, wdtype):
-    c = make_case(33, d, seed=11, dtype=dtype, weight_dtype=wdtype)
-    z = c.z if has_z else None
-    dx, dz, dw = bwd(c.x, z, c.w, c.dy, opts)
-    rx, rz, rw = reference_grads(c.x, z, c.w, c.dy, opts)
-    assert dx.dtype == dtype and dw.dtype == wdtype and (dz is None) == (z is None)
-    check_accuracy(dx, rx, "dx")
-    if z is not None:
-        assert dz.dtype == dtype
-        check_accuracy(dz, rz, "dz")
-    check_accuracy(dw, rw, "dweight")
-
-
 def test_accuracy_checker_catches_truncation():
     c = make_case(64, 128, seed=11)
-    dx, _, _ = bwd(c.x, c.z, c.w, c.dy, OpOptions())
-    rx, _, _ = reference_grads(c.x, c.z, c.w, c.dy, OpOptions())
+    dx, _, _ = bwd(c.x, c.z, c.w, c.dy)
+    rx, _, _ = reference_grads(c.x, c.z, c.w, c.dy, DEFAULT)
     truncated = (rx.float().view(torch.int32) & -65536).view(torch.float32).bfloat16()  # toward zero
     check_accuracy(dx, rx, "dx")
     with pytest.raises(AssertionError, match="correctly rounded"):
         check_accuracy(truncated, rx, "planted truncation")
 
 
-def test_row_strides_give_the_same_bits(pool):
+def test_row_strides_padding_and_nan_neighbours_give_the_same_bits(pool):
+    # 5 zero rows before the pool's, 3 NaN rows after, each row at a misaligned start in a wider buffer
     n, d = 24, 128
-    xb = torch.zeros(n, 3 * d, dtype=torch.bfloat16)
-    zb = torch.zeros(n, 2 * d + 8, dtype=torch.bfloat16)
-    dyb = torch.zeros(2 * n, d, dtype=torch.bfloat16)
-    xb[:, d : 2 * d] = pool.x
-    zb[:, 8 : 8 + d] = pool.z
+    xb = torch.zeros(n + 8, 3 * d, dtype=BF16)
+    zb = torch.zeros(n + 8, 2 * d + 8, dtype=BF16)
+    dyb = torch.zeros(2 * n, d, dtype=BF16)
+    xb[5 : 5 + n, 3 : 3 + d], xb[5 + n :] = pool.x, float("nan")
+    zb[5 : 5 + n, 8 : 8 + d] = pool.z
     dyb[::2] = pool.dy
-    x, z, dy = xb[:, d : 2 * d], zb[:, 8 : 8 + d], dyb[::2]
+    x, z, dy = xb[:, 3 : 3 + d], zb[:, 8 : 8 + d], dyb[::2]
     assert x.stride(0) == 3 * d and z.stride(0) == 2 * d + 8 and dy.stride(0) == 2 * d
-    dx, dz, dw = bwd(x, z, pool.w32, dy, OpOptions())
-    assert_same_bits(dx, pool.dx, "dx strided")
-    assert_same_bits(dz, pool.dz, "dz strided")
-    assert_same_bits(dw, exact_sum(pool.contrib, torch.float32), "dweight strided")
+    assert_same(fwd(x, z, pool.w32)[5 : 5 + n], pool.y, "y strided, padded")
+    dx, dz, dw = bwd(x[5 : 5 + n], z[5 : 5 + n], pool.w32, dy)
+    assert_same(dx, pool.dx, "dx strided")
+    assert_same(dz, pool.dz, "dz strided")
+    assert_same(dw, exact_sum(pool.contrib, FP32), "dweight strided")
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy NaNs
@@ -223,22 +219,41 @@ def test_nan_and_inf_stay_in_their_row(pool):
     x[3, 5] = math.nan
     dy[9, 0] = math.inf
     z[15, 7] = -math.inf
-    dx, dz, dw = bwd(x, z, pool.w32, dy, OpOptions())
+    dx, dz, dw = bwd(x, z, pool.w32, dy)
     clean = [i for i in range(24) if i not in (3, 9, 15)]
-    assert_same_bits(dx[clean], pool.dx[clean], "dx of clean rows")
-    assert_same_bits(dz[clean], pool.dz[clean], "dz of clean rows")
+    assert_same(dx[clean], pool.dx[clean], "dx of clean rows")
+    assert_same(dz[clean], pool.dz[clean], "dz of clean rows")
     assert torch.isnan(dx[3]).all() and not torch.isfinite(dx[9]).all()
     assert torch.isnan(dw).any()
 
 
-def test_tiles_per_program_change_no_bit():
-    # the one launch value taken from the row count only partitions rows among programs: every
-    # value must give the same dx, dz and dweight bits (an inexact dweight sum would show here)
-    c = make_case(63, 128, seed=5)
-    outs = {t: bwd_under({"TILES": t}, c.dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu") for t in (1, 4, 31)}
-    for t, got in outs.items():
-        for a, b, name in zip(got, outs[31], ("dx", "dz", "dweight"), strict=True):
-            assert_same_bits(a, b, f"{name}, {t} tiles per program vs 31")
+@pytest.mark.parametrize(
+    "dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu(reason="cp.async stages take effect on a GPU only"))]
+)
+def test_launch_choices_and_a_workspace_zeroed_by_the_forward_change_no_bit(dev):
+    # Tiles per program (the one launch value taken from the row count: it only partitions rows among programs),
+    # cp.async stages (on a GPU), the register prefetch (off by default at 128 columns; the last program's is
+    # masked), cold values inline or deferred: the same rows' math, so the same bits (rows scaled far apart:
+    # cold values exist, and an inexact dweight sum would show)
+    c = make_case(63, 128, seed=12, device=dev)
+    dy = (c.dy.float() * torch.exp2(torch.arange(63, device=dev).float() * 4 - 125)[:, None]).bfloat16()
+    args = (c.x, c.z, c.w.float(), dy)
+    want = bwd(*args)
+    cfgs = [{"TILES": 1}, {"TILES": 31}, {"PREFETCH": 1}, {"COLD_MODE": 0}]
+    cfgs += [{"STAGES": 1, "PREFETCH": 1}, {"COLD_MODE": 0, "STAGES": 1}] if dev == "cuda" else []
+    for cfg in cfgs:
+        for a, b, name in zip(bwd_under(cfg, *args), want, ("dx", "dz", "dweight"), strict=True):
+            assert_same(a, b, f"{name}, {cfg} vs the default")
+    # the autograd forward zeroes the backward's counters in its own launch; a workspace left dirty (the fault
+    # that zeroing exists to prevent) must change dweight, a zeroed one must not
+    ws = torch.full((workspace_numel(63, 128, None),), 12345, dtype=torch.int64, device=dev)
+    assert same(fwd(*args[:3], zero=ws), fwd(*args[:3]))
+    assert not ws.any(), "the forward left part of the workspace unzeroed"
+    for a, b, name in zip(bwd(*args, workspace=ws), want, ("dx", "dz", "dweight"), strict=True):
+        assert_same(a, b, f"{name}, workspace zeroed by the forward")
+    assert not same(bwd(*args, workspace=torch.full_like(ws, 1 << 30))[2], want[2])  # counters of another call
+    with pytest.raises(ValueError, match="workspace"):
+        bwd(*args, workspace=ws[1:])
 
 
 @triton.constexpr_function
@@ -254,34 +269,18 @@ def test_deferred_values_past_31_tiles_are_counted(monkeypatch):
     dy[70:72] *= 2.0**-100  # tile 35 of program 0 (2-row tiles): far below its hot range, so deferred
     dy[79, 5] *= 2.0**-90  # tile 39
     dy[66, 7] = float("inf")  # tile 33: +-Inf / NaN have their own slots
-    args = (dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
+    args = (c.x, c.z, c.w.float(), dy)
     deferred = {"COLD_MODE": 0}  # the path that keeps tile bits (widths past 256 columns take it)
     want = bwd_under(dict(deferred, TILES=1), *args)
     got = {t: bwd_under(dict(deferred, TILES=t), *args) for t in (31, 32, 63)}
     for t, out in got.items():
-        assert_same_bits(out[2], want[2], f"dweight, {t} tiles per program vs 1")
+        assert_same(out[2], want[2], f"dweight, {t} tiles per program vs 1")
     # planted fault: int32 tile bits at 63 tiles lose the bits of tiles 32 and up
     from rlnorm.kernel import _dweight
 
     monkeypatch.setattr(_dweight, "tile_bits_dtype", _int32_tile_bits)
     bad = bwd_under(dict(deferred, TILES=63), *args)[2]
     assert not torch.equal(bits(bad), bits(want[2]))
-
-
-@pytest.mark.parametrize(
-    "dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu(reason="cp.async stages take effect on a GPU only"))]
-)
-def test_load_paths_and_cold_paths_change_no_bit(dev):
-    # cp.async stages, the register prefetch (off by default at 128 columns; the last program's is masked), cold
-    # values inline or deferred: the same rows' math, so the same bits (rows scaled far apart: cold values exist)
-    c = make_case(63, 128, seed=12, device=dev)
-    dy = (c.dy.float() * torch.exp2(torch.arange(63, device=dev).float() * 4 - 125)[:, None]).bfloat16()
-    args = (dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
-    want = bwd_under({"TILES": 4}, *args)
-    for cfg in ({"PREFETCH": 1}, {"STAGES": 1, "PREFETCH": 1}, {"COLD_MODE": 0}, {"COLD_MODE": 0, "STAGES": 1}):
-        got = bwd_under(dict(cfg, TILES=4), *args)
-        for a, b, name in zip(got, want, ("dx", "dz", "dweight"), strict=True):
-            assert_same_bits(a, b, f"{name}, {cfg} vs the default paths")
 
 
 def test_tiles_per_program_on_the_gpu_is_a_capped_power_of_two_growing_with_rows(
@@ -297,33 +296,14 @@ def test_tiles_per_program_on_the_gpu_is_a_capped_power_of_two_growing_with_rows
         assert got[0] == 1 and got[-1] == max_tiles, got
 
 
-def test_workspace_zeroed_by_the_forward_gives_the_same_bits():
-    # the autograd forward zeroes the backward's counters in its own launch; a workspace left dirty
-    # (the fault that zeroing exists to prevent) must change dweight, a zeroed one must not
-    c = make_case(63, 128, seed=17)
-    args = (c.x, c.z, c.w, 1e-6, None, True, "silu")
-    ws = torch.full((workspace_numel(63, 128, None),), 12345, dtype=torch.int64)
-    y = rms_norm_gated_fwd(*args, zero=ws)
-    assert torch.equal(y.view(torch.int16), rms_norm_gated_fwd(*args).view(torch.int16))
-    assert not ws.any(), "the forward left part of the workspace unzeroed"
-    got = rms_norm_gated_bwd(c.dy, *args, workspace=ws)
-    want = rms_norm_gated_bwd(c.dy, *args)
-    for a, b, name in zip(got, want, ("dx", "dz", "dweight"), strict=True):
-        assert_same_bits(a, b, f"{name}, workspace zeroed by the forward")
-    dirty = torch.full_like(ws, 1 << 30)  # counters left over from another call
-    assert (bits(rms_norm_gated_bwd(c.dy, *args, workspace=dirty)[2]) != bits(want[2])).any()
-    with pytest.raises(ValueError, match="workspace"):
-        rms_norm_gated_bwd(c.dy, *args, workspace=ws[1:])
-
-
 def test_through_the_autograd_api(pool):
     x = pool.x.clone().view(4, 6, 128).requires_grad_()
     z = pool.z.clone().view(4, 6, 128).requires_grad_()
     w = pool.w32.clone().requires_grad_()
     rlnorm.rms_norm_gated(x, z, w).backward(pool.dy.view(4, 6, 128))
-    assert_same_bits(x.grad.view(24, 128), pool.dx, "x.grad")
-    assert_same_bits(z.grad.view(24, 128), pool.dz, "z.grad")
-    assert_same_bits(w.grad, exact_sum(pool.contrib, torch.float32), "weight.grad")
+    assert_same(x.grad.view(24, 128), pool.dx, "x.grad")
+    assert_same(z.grad.view(24, 128), pool.dz, "z.grad")
+    assert_same(w.grad, exact_sum(pool.contrib, torch.float32), "weight.grad")
 
 
 def subnormal_case():
@@ -338,8 +318,8 @@ def max_ulp_on_subnormal_inputs() -> int:
     # bf16 subnormals in x: dz = dy*w*xh*act' is then tiny, often subnormal itself, so a widening
     # or rounding that mishandles subnormals shows up here
     x, c = subnormal_case()
-    _, dz, _ = bwd(x, c.z, c.w, c.dy, OpOptions())
-    _, rz, _ = reference_grads(x, c.z, c.w, c.dy, OpOptions())
+    _, dz, _ = bwd(x, c.z, c.w, c.dy, DEFAULT)
+    _, rz, _ = reference_grads(x, c.z, c.w, c.dy, DEFAULT)
     return ulp_distance(dz, round_once(rz, dz.dtype)).max().item()
 
 
@@ -360,16 +340,14 @@ def test_dweight_exact_when_rows_span_the_exponent_range(cold_mode):
     scale = torch.exp2(torch.randint(-100, 61, (n, 1), generator=torch.Generator().manual_seed(5)).float())
     dy = (c.dy.float() * scale).bfloat16()
     cfg = {"COLD_MODE": cold_mode, "BLOCK_R": 2, "TILES": 4}  # two programs
-    dx, _, dw = bwd_under(cfg, dy, c.x, c.z, c.w, 1e-6, None, True, "silu")
-    singles = [
-        bwd_under(cfg, dy[i : i + 1], c.x[i : i + 1], c.z[i : i + 1], c.w, 1e-6, None, True, "silu") for i in range(n)
-    ]
+    dx, _, dw = bwd_under(cfg, c.x, c.z, c.w, dy)
+    singles = [bwd_under(cfg, c.x[i : i + 1], c.z[i : i + 1], c.w, dy[i : i + 1]) for i in range(n)]
     contrib = torch.stack([s[2] for s in singles])
-    assert_same_bits(dw, exact_sum(contrib, torch.float32), f"dweight, cold mode {cold_mode}")
-    assert_same_bits(dx, torch.cat([s[0] for s in singles]), "dx")
+    assert_same(dw, exact_sum(contrib, torch.float32), f"dweight, cold mode {cold_mode}")
+    assert_same(dx, torch.cat([s[0] for s in singles]), "dx")
     # the contributions the kernel hands out for checks are the single rows' dweights
     handed = torch.empty(n, 128, dtype=torch.float32)
-    dx2, _, dw2 = bwd_under(cfg, dy, c.x, c.z, c.w, 1e-6, None, True, "silu", contributions=handed)
-    assert_same_bits(handed, contrib, "contributions=")
-    assert_same_bits(dw2, dw, "dweight with contributions=")
-    assert_same_bits(dx2, dx, "dx with contributions=")
+    dx2, _, dw2 = bwd_under(cfg, c.x, c.z, c.w, dy, contributions=handed)
+    assert_same(handed, contrib, "contributions=")
+    assert_same(dw2, dw, "dweight with contributions=")
+    assert_same(dx2, dx, "dx with contributions=")
