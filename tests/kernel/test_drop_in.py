@@ -7,32 +7,25 @@ do, which changes no bit.
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import pytest
 import torch
 from conftest import oracle
+from kernel_helpers import same
 
-import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
 from rlnorm.kernel import RMSNormGated, rms_norm_gated
 from rlnorm.kernel._bwd import rms_norm_gated_bwd
-from rlnorm.kit.checks.common import bits
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
 
-ODD_ROWS = [1, 7, 63, 257]
-FEW_ROWS = [1, 7, 63]  # enough for an equality that holds row by row
+BF16 = torch.bfloat16
+
 # the interpreter's numpy reports the zero rows' 1 / 0 and 0 * inf (eps = 0)
 pytestmark = pytest.mark.filterwarnings(
     "ignore:divide by zero encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning"
 )
-
-
-def same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equal, shapes and dtypes included; NaN where the other has NaN (its sign and payload are not
-    part of the result: they differ between the CPU interpreter and the GPU)."""
-    if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(torch.isnan(a), torch.isnan(b)):
-        return False
-    return torch.equal(bits(a)[~torch.isnan(a)], bits(b)[~torch.isnan(b)])
 
 
 def grads(x, z, w, dy, **kw):
@@ -46,46 +39,31 @@ def grads(x, z, w, dy, **kw):
 # ---------------------------------------------------------------- eps = 0
 
 
-@pytest.mark.parametrize("rows", ODD_ROWS)
-@pytest.mark.parametrize("group_size", [None, 32])
-def test_eps_zero_rounds_every_finite_row_correctly_and_gives_nan_for_a_zero_row(rows, group_size):
-    opts = OpOptions(eps=0.0, group_size=group_size)
-    c = make_case(rows, 128, seed=rows)
-    x = c.x.clone()
-    x[rows // 2] = 0.0  # a zero (padding) row: rstd = inf, its outputs 0 * inf = NaN
-    if rows > 2:
-        x[1] *= 2.0**-66  # a tiny row: the mean square leaves fp32's normal range, the row goes exact
-    y = rms_norm_gated(x, c.z, c.w, eps=0.0, group_size=group_size)
-    assert torch.isnan(y[rows // 2]).all()
-    keep = torch.arange(rows) != rows // 2
-    assert not torch.isnan(y[keep]).any()
-    assert same(y, oracle(x, c.z, c.w, opts))  # the NaN row included: the fp64 oracle gives NaN there too
-    if rows > 1:  # each finite row's bits are its bits alone: batch invariance holds at eps = 0
-        alone = torch.cat(
-            [rms_norm_gated(x[i : i + 1], c.z[i : i + 1], c.w, eps=0.0, group_size=group_size) for i in (0, 1)]
-        )
-        assert same(y[:2], alone)
-
-
 @pytest.mark.parametrize(
-    ("opts", "dtype", "has_z"),
+    ("rows", "opts", "dtype", "has_z"),
     [
-        (OpOptions(eps=0.0, norm_before_gate=False), torch.bfloat16, True),
-        (OpOptions(eps=0.0), torch.bfloat16, False),
-        (OpOptions(eps=0.0, activation="sigmoid"), torch.float16, True),
-        (OpOptions(eps=0.0, group_size=32), torch.float32, True),
+        (1, OpOptions(eps=0.0), BF16, True),
+        (7, OpOptions(eps=0.0, group_size=32), BF16, True),
+        (63, OpOptions(eps=0.0, norm_before_gate=False), BF16, True),  # the whole-row path without the tier
+        (257, OpOptions(eps=0.0), BF16, True),
+        (9, OpOptions(eps=0.0), BF16, False),
+        (9, OpOptions(eps=0.0, activation="sigmoid"), torch.float16, True),  # fp16's flag test
+        (9, OpOptions(eps=0.0, group_size=32), torch.float32, True),  # fp32's all-fp64 path
     ],
 )
-def test_eps_zero_for_every_path(opts, dtype, has_z):
-    # the whole-row path without the tier (gate first), no gate, fp16's flag test, fp32's all-fp64 path
-    c = make_case(9, 128, seed=4, dtype=dtype)
-    x = c.x.clone()
-    x[3] = 0.0
-    z = c.z if has_z else None
-    kw = dict(eps=0.0, group_size=opts.group_size, norm_before_gate=opts.norm_before_gate, activation=opts.activation)
-    y = rms_norm_gated(x, z, c.w, **kw)
-    assert same(y, oracle(x, z, c.w, opts))
-    assert torch.isnan(y[3]).all() and not torch.isnan(y[torch.arange(9) != 3]).any()
+def test_eps_zero_rounds_every_finite_row_correctly_and_gives_nan_for_a_zero_row(rows, opts, dtype, has_z):
+    c = make_case(rows, 128, seed=rows, dtype=dtype)
+    x, z = c.x.clone(), (c.z if has_z else None)
+    x[rows // 2] = 0.0  # a zero (padding) row: rstd = inf, its outputs 0 * inf = NaN
+    if rows > 2 and dtype == BF16:
+        x[1] *= 2.0**-66  # a tiny row: the mean square leaves fp32's normal range, the row goes exact
+    y = rms_norm_gated(x, z, c.w, **asdict(opts))
+    keep = torch.arange(rows) != rows // 2
+    assert torch.isnan(y[rows // 2]).all() and not torch.isnan(y[keep]).any()
+    assert same(y, oracle(x, z, c.w, opts))  # the NaN row included: the fp64 oracle gives NaN there too
+    if rows > 1:  # each finite row's bits are its bits alone: batch invariance holds at eps = 0
+        alone = [rms_norm_gated(x[i : i + 1], None if z is None else z[i : i + 1], c.w, **asdict(opts)) for i in (0, 1)]
+        assert same(y[:2], torch.cat(alone))
 
 
 def test_eps_zero_backward_keeps_finite_rows_and_a_zero_row_makes_dweight_nan():
@@ -109,19 +87,19 @@ def test_eps_zero_backward_keeps_finite_rows_and_a_zero_row_makes_dweight_nan():
 # ---------------------------------------------------------------- no weight
 
 
-@pytest.mark.parametrize("rows", FEW_ROWS)
 @pytest.mark.parametrize(
-    "opts",
-    [OpOptions(), OpOptions(group_size=32), OpOptions(norm_before_gate=False, activation="sigmoid")],
+    ("rows", "opts"),
+    [(1, OpOptions()), (7, OpOptions(group_size=32)), (63, OpOptions(norm_before_gate=False, activation="sigmoid"))],
 )
 def test_no_weight_is_bitwise_a_weight_of_ones(rows, opts):
     c = make_case(rows, 128, seed=rows + 1)
-    kw = dict(group_size=opts.group_size, norm_before_gate=opts.norm_before_gate, activation=opts.activation)
-    y = rms_norm_gated(c.x, c.z, None, **kw)
+    y = rms_norm_gated(c.x, c.z, None, **asdict(opts))
     assert same(y, oracle(c.x, c.z, None, opts))
-    for ones in (torch.ones(128, dtype=torch.bfloat16), torch.ones(128)):
-        assert same(y, rms_norm_gated(c.x, c.z, ones, **kw))
-    assert same(rms_norm_gated(c.x, None, None, **kw), rms_norm_gated(c.x, None, torch.ones(128), **kw))
+    for ones in (torch.ones(128, dtype=BF16), torch.ones(128)):
+        assert same(y, rms_norm_gated(c.x, c.z, ones, **asdict(opts)))
+    assert same(
+        rms_norm_gated(c.x, None, None, **asdict(opts)), rms_norm_gated(c.x, None, torch.ones(128), **asdict(opts))
+    )
 
 
 @pytest.mark.parametrize("rows", [1, 63])
@@ -160,25 +138,23 @@ def transposed(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-@pytest.mark.parametrize("rows", FEW_ROWS)
-@pytest.mark.parametrize("group_size", [None, 32])
+@pytest.mark.parametrize(("rows", "group_size"), [(1, None), (7, 32), (63, None)])
 def test_a_strided_last_dimension_gives_the_contiguous_bits(rows, group_size):
     c = make_case(rows, 128, seed=rows + 3)
     want = rms_norm_gated(c.x, c.z, c.w, group_size=group_size)
     assert same(rms_norm_gated(transposed(c.x), transposed(c.z), c.w, group_size=group_size), want)
     assert same(rms_norm_gated(transposed(c.x), c.z, c.w, group_size=group_size), want)
     # every other element of a wider buffer, in a 3-D batch; and a weight that is a strided view
-    wide = torch.zeros(rows, 256, dtype=torch.bfloat16)
+    wide = torch.zeros(rows, 256, dtype=BF16)
     wide[:, ::2] = c.x
-    w_wide = torch.zeros(256, dtype=torch.bfloat16)
+    w_wide = torch.zeros(256, dtype=BF16)
     w_wide[1::2] = c.w
     got = rms_norm_gated(wide[:, ::2].unsqueeze(0), c.z.unsqueeze(0), w_wide[1::2], group_size=group_size)
     assert same(got, want.unsqueeze(0))
 
 
-@pytest.mark.parametrize("rows", [7, 63])
-def test_a_strided_last_dimension_backward_gives_the_contiguous_bits(rows):
-    c = make_case(rows, 128, seed=rows + 4)
+def test_a_strided_last_dimension_backward_gives_the_contiguous_bits():
+    c = make_case(7, 128, seed=11)
     want = grads(c.x, c.z, c.w, c.dy)
     got = grads(transposed(c.x), transposed(c.z), c.w, transposed(c.dy))
     for a, b in zip(got, want, strict=True):
