@@ -13,65 +13,57 @@ from fractions import Fraction
 import pytest
 import torch
 from conftest import oracle
+from kernel_helpers import DEFAULT, fwd, same
 
-import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
 from rlnorm.kernel import _exact_element
-from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from rlnorm.kernel.testing import plant
-from rlnorm.kit.checks.common import bits
 from rlnorm.options import OpOptions
 
 WIDE = {"NEAR_T": 200}  # the fast path's bound widened: many elements go through the tier
 TIER_ON, TIER_OFF = {**WIDE, "TIER2": 1}, {**WIDE, "TIER2": 0}
 MOVED = {"tier2_ulps": 1 << 36}  # the planted fault: the tier's value moved 2**36 fp64 ulps
+COVERED = {**MOVED, "tier2_margin": 1 << 37}  # a margin above the fault
 TIER_CASES = [  # (opts, has_z, w dtype): each gate (silu, sigmoid, none), each weight dtype, groups
-    (OpOptions(), True, torch.bfloat16),
+    (DEFAULT, True, torch.bfloat16),
     (OpOptions(activation="sigmoid"), True, torch.bfloat16),
-    (OpOptions(), False, torch.bfloat16),
-    (OpOptions(), True, torch.float32),
-    (OpOptions(), True, torch.float16),
+    (DEFAULT, False, torch.bfloat16),
+    (DEFAULT, True, torch.float32),
+    (DEFAULT, True, torch.float16),
     (OpOptions(group_size=32), True, torch.bfloat16),
+    # the gate first needs every element's gate for rstd: flagged rows stay with the row path, whatever TIER2 says
+    (OpOptions(norm_before_gate=False), True, torch.bfloat16),
 ]
 
 
-def fwd(x, z, w, opts: OpOptions = OpOptions(), *, switches=None, faults=None, **kw):  # noqa: B008
+def fwd_under(switches, faults, *args, **kw):
     """The forward under these variant switches and planted faults."""
-    with plant(fwd=switches, **(faults or {})):
-        return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
+    with plant(fwd=switches, **faults):
+        return fwd(*args, **kw)
 
 
 @pytest.mark.parametrize(("opts", "has_z", "wdtype"), TIER_CASES)
 def test_tier_settles_near_elements_to_the_correctly_rounded_value(opts, has_z, wdtype):
-    c = make_case(63, 128, seed=11, weight_dtype=wdtype)
+    c = make_case(33, 128, seed=11, weight_dtype=wdtype)
     z = c.z if has_z else None
-    ref = bits(oracle(c.x, z, c.w, opts))
-    y_tier, _, flags = fwd(c.x, z, c.w, opts, switches=TIER_ON, debug=True)
-    y_rows = fwd(c.x, z, c.w, opts, switches=TIER_OFF)
+    ref = oracle(c.x, z, c.w, opts)
+    y_tier, _, flags = fwd_under(TIER_ON, {}, c.x, z, c.w, opts, debug=True)
     assert flags.float().mean().item() > 0.003  # the tier had work
-    assert torch.equal(bits(y_tier), ref)
-    assert torch.equal(bits(y_rows), ref)  # the row path it replaces: the same bits
+    assert same(y_tier, ref)
+    assert same(fwd_under(TIER_OFF, {}, c.x, z, c.w, opts), ref)  # the row path it replaces: the same bits
 
 
-def test_tier_runs_only_where_it_applies():
-    # norm_before_gate=False needs every element's gate for rstd: flagged rows stay with the row path,
-    # and the result is the same correctly rounded one with the switch on or off
-    c = make_case(40, 128, seed=4)
-    opts = OpOptions(norm_before_gate=False)
-    ref = bits(oracle(c.x, c.z, c.w, opts))
-    assert torch.equal(bits(fwd(c.x, c.z, c.w, opts, switches=TIER_ON)), ref)
-
-
-def test_margin_sends_a_planted_tier_error_to_the_row_path():
-    # The tier's fp64 value is moved 2**36 fp64 ulps (~128 fp32 ulps) on purpose. With the margin above
-    # the fault every element it cannot place goes to the row path and the output is still right; with
-    # the default margin under it, wrong outputs show: the margin test is what catches the fault.
-    c = make_case(64, 128, seed=11)
-    ref = bits(oracle(c.x, c.z, c.w))
-    covered = fwd(c.x, c.z, c.w, switches=TIER_ON, faults={**MOVED, "tier2_margin": 1 << 37})
-    assert torch.equal(bits(covered), ref)
-    uncovered = fwd(c.x, c.z, c.w, switches=TIER_ON, faults={**MOVED, "tier2_margin": _exact_element.MARGIN_ULPS})
-    assert not torch.equal(bits(uncovered), ref)
+@pytest.mark.parametrize("d", [128, 256])
+def test_margin_sends_a_planted_tier_error_to_the_row_path_and_the_default_uses_the_tier(d):
+    # The tier's fp64 value is moved 2**36 fp64 ulps (~128 fp32 ulps) on purpose. With the margin above the
+    # fault every element it cannot place goes to the row path and the output is still right; with the
+    # default margin under it, wrong outputs show with the default switches (the tier is on by default), and
+    # not with the tier switched off: the margin test is what catches the fault.
+    c = make_case(32, d, seed=11)
+    ref = oracle(c.x, c.z, c.w)
+    assert same(fwd_under(TIER_ON, COVERED, c.x, c.z, c.w), ref)
+    assert not same(fwd_under(WIDE, MOVED, c.x, c.z, c.w), ref)
+    assert same(fwd_under(TIER_OFF, MOVED, c.x, c.z, c.w), ref)
 
 
 @pytest.mark.parametrize(("d", "group"), [(128, None), (96, None), (200, None), (256, None), (128, 32)])
@@ -80,19 +72,7 @@ def test_everything_undecided_is_still_correct(d, group):
     # which walks the row one column per thread (steps of 32 columns; 96 and 200 end mid-step)
     c = make_case(32, d, seed=2)
     opts = OpOptions(group_size=group)
-    y = fwd(c.x, c.z, c.w, opts, switches=TIER_ON, faults={"tier2_margin": 1 << 50})
-    assert torch.equal(bits(y), bits(oracle(c.x, c.z, c.w, opts)))
-
-
-def test_rows_of_risky_values_with_near_elements():
-    # a row with a NaN (risky) next to rows the tier settles: the tier must leave it to the row path
-    c = make_case(16, 128, seed=10)
-    x = c.x.clone()
-    x[5, 7] = float("nan")
-    x[6] *= 1e37  # rstd below fp32's normal range
-    y, ref = fwd(x, c.z, c.w, switches=TIER_ON), oracle(x, c.z, c.w)
-    assert ((bits(y) == bits(ref)) | (torch.isnan(y) & torch.isnan(ref))).all()  # any NaN equals any NaN
-    assert torch.isnan(y[5]).all() and not torch.isnan(y[torch.arange(16) != 5]).any()
+    assert same(fwd_under(TIER_ON, {"tier2_margin": 1 << 50}, c.x, c.z, c.w, opts), oracle(c.x, c.z, c.w, opts))
 
 
 _EXP2_COEF = [math.log(2) ** k / math.factorial(k) for k in range(_exact_element._EXP2_DEGREE + 1)]
@@ -133,16 +113,6 @@ def test_exp2_series_text_computes_two_to_the_f():
     assert abs(float(got) / 2**0.5 - 1) > 2**-20
 
 
-def test_default_uses_the_tier():
-    # seen through a planted tier error that the margin does not cover: it shows with the default
-    # variant at both widths, and not with the tier switched off (the whole-row path then)
-    for d in (128, 256):
-        c = make_case(32, d, seed=11)
-        ref = bits(oracle(c.x, c.z, c.w))
-        assert not torch.equal(bits(fwd(c.x, c.z, c.w, switches=WIDE, faults=MOVED)), ref)
-        assert torch.equal(bits(fwd(c.x, c.z, c.w, switches=TIER_OFF, faults=MOVED)), ref)
-
-
 @pytest.mark.gpu(reason="the inline PTX runs on a GPU only (the interpreter runs the tile-wide form)")
 @pytest.mark.parametrize(("opts", "has_z", "wdtype"), TIER_CASES)
 def test_ptx_tier_on_the_gpu(opts, has_z, wdtype):
@@ -150,10 +120,8 @@ def test_ptx_tier_on_the_gpu(opts, has_z, wdtype):
     # and the planted tier error caught
     c = make_case(4096, 256, seed=11, weight_dtype=wdtype, device="cuda")
     z = c.z if has_z else None
-    ref = bits(oracle(c.x, z, c.w, opts))
-    assert torch.equal(bits(fwd(c.x, z, c.w, opts, switches=TIER_ON)), ref)
-    assert torch.equal(bits(fwd(c.x, z, c.w, opts, switches=TIER_OFF)), ref)
-    covered = fwd(c.x, z, c.w, opts, switches=TIER_ON, faults={**MOVED, "tier2_margin": 1 << 37})
-    assert torch.equal(bits(covered), ref)
-    uncovered = fwd(c.x, z, c.w, opts, switches=TIER_ON, faults={**MOVED, "tier2_margin": _exact_element.MARGIN_ULPS})
-    assert not torch.equal(bits(uncovered), ref)
+    ref = oracle(c.x, z, c.w, opts)
+    for switches, faults in ((TIER_ON, {}), (TIER_OFF, {}), (TIER_ON, COVERED)):
+        assert same(fwd_under(switches, faults, c.x, z, c.w, opts), ref)
+    uncovered = {**MOVED, "tier2_margin": _exact_element.MARGIN_ULPS}
+    assert opts.norm_before_gate is False or not same(fwd_under(TIER_ON, uncovered, c.x, z, c.w, opts), ref)
