@@ -185,34 +185,25 @@ class OrderDependentDweight(ExactReferenceBackend):
         return torch.from_numpy(folded.copy()).to(dtype)
 
 
-class _Tripwire(ExactReferenceBackend):
-    """The exact reference, except where `_trip` (called with the batch's row count before every forward and
-    forward+backward) does the planted thing: the crash and hang faults differ only in when and what."""
-
-    def _trip(self, rows: int) -> None:
-        raise NotImplementedError
-
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._trip(x.shape[0])
-        return super().forward(x, z, w, opts)
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        self._trip(x.shape[0])
-        return super().forward_backward(x, z, w, dy, opts)
-
-
-class _PastRows(_Tripwire):
-    """The exact reference until a batch has more than `limit` rows; then the planted failure, as a kernel bug that
-    shows only at some sizes does. Every check before that size completes."""
+class _PastRows(ExactReferenceBackend):
+    """The exact reference until a batch (every forward and forward+backward) has more than `limit` rows; then
+    the planted failure, as a kernel bug that shows only at some sizes does. Every check before that size
+    completes; the crash and hang faults differ only in what `_fail` does."""
 
     limit = 50
 
-    def _trip(self, rows: int) -> None:
-        if rows > self.limit:
-            self._fail(rows)
-
     def _fail(self, rows: int) -> None:
         raise NotImplementedError
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if x.shape[0] > self.limit:
+            self._fail(x.shape[0])
+        return super().forward(x, z, w, opts)
+
+    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
+        if x.shape[0] > self.limit:
+            self._fail(x.shape[0])
+        return super().forward_backward(x, z, w, dy, opts)
 
 
 class SegfaultPastRows(_PastRows):

@@ -86,24 +86,15 @@ def alone_differs_from_batch(model: nn.Module, ids: torch.Tensor) -> list[int]:
         return [i for i in range(ids.shape[0]) if not torch.equal(model(ids[i : i + 1]).logits[0], batch[i])]
 
 
-def test_a_sequence_alone_equals_it_inside_a_batch_bitwise(tiny_model: nn.Module, one_thread: None) -> None:
-    upstream = alone_differs_from_batch(tiny_model, IDS)
-    if upstream:  # PyTorch's delta rule batches its matmuls: on some CPUs and inputs they round by batch size
-        why = f"transformers' own layers are not batch invariant on this CPU for sequences {upstream}"
-        (pytest.fail if IN_CI else pytest.skip)(why)  # on CI the whole-model guarantee is checked, never skipped
-    apply_rlnorm(tiny_model)
-    assert alone_differs_from_batch(tiny_model, IDS) == []
-
-
 def norm_rows_that_break_invariance(model: nn.Module, ids: torch.Tensor) -> list[int]:
     """Rows of the first gated norm with bitwise-equal inputs alone and in the batch but not equal outputs."""
     calls: list[tuple[torch.Tensor, ...]] = []
-    gdn = model.model.layers[0].linear_attn
-    gdn.norm.register_forward_hook(lambda mod, args, out: calls.append((*args, out)))  # the model is the test's own
+    hook = model.model.layers[0].linear_attn.norm.register_forward_hook(lambda m, a, out: calls.append((*a, out)))
     with torch.no_grad():
         model(ids)
         for i in range(ids.shape[0]):
             model(ids[i : i + 1])
+    hook.remove()
     (bx, bz, by), alone = calls[0], calls[1:]
     k = bx.shape[0] // ids.shape[0]
     rows = [(i * k + r, ax[r], az[r], ay[r]) for i, (ax, az, ay) in enumerate(alone) for r in range(k)]
@@ -114,18 +105,23 @@ def norm_rows_that_break_invariance(model: nn.Module, ids: torch.Tensor) -> list
 IDS_VARIANT = torch.randint(0, 97, (3, 9), generator=torch.Generator().manual_seed(1))  # upstream not invariant
 
 
-@pytest.mark.parametrize("ids", [IDS, IDS_VARIANT])
-def test_inside_the_model_the_norm_maps_equal_rows_to_equal_bits(tiny_model: nn.Module, ids: torch.Tensor) -> None:
+def test_a_sequence_alone_equals_it_inside_a_batch_and_the_norm_maps_equal_rows_to_equal_bits(
+    tiny_model: nn.Module, one_thread: None
+) -> None:
+    upstream = alone_differs_from_batch(tiny_model, IDS)
     apply_rlnorm(tiny_model)
-    assert norm_rows_that_break_invariance(tiny_model, ids) == []
-
-
-def test_both_comparisons_catch_a_planted_batch_dependent_norm(tiny_model: nn.Module, one_thread: None) -> None:
-    # planted: the norm's output moves with the number of rows in the call
+    for ids in (IDS, IDS_VARIANT):  # inside the model, whatever the layers around it do
+        assert norm_rows_that_break_invariance(tiny_model, ids) == []
+    # planted: the norm's output moves with the number of rows in the call; both comparisons catch it
     norm = tiny_model.model.layers[0].linear_attn.norm
-    norm.register_forward_hook(lambda mod, args, y: y + args[0].shape[0] * torch.finfo(y.dtype).eps * y)
+    hook = norm.register_forward_hook(lambda mod, args, y: y + args[0].shape[0] * torch.finfo(y.dtype).eps * y)
     assert alone_differs_from_batch(tiny_model, IDS) == [0, 1, 2]
     assert len(norm_rows_that_break_invariance(tiny_model, IDS)) > 0
+    hook.remove()
+    if upstream:  # PyTorch's delta rule batches its matmuls: on some CPUs and inputs they round by batch size
+        why = f"transformers' own layers are not batch invariant on this CPU for sequences {upstream}"
+        (pytest.fail if IN_CI else pytest.skip)(why)  # on CI the whole-model guarantee is checked, never skipped
+    assert alone_differs_from_batch(tiny_model, IDS) == []
 
 
 def test_state_dict_and_weight_are_kept_and_undo_puts_the_originals_back(tiny_model: nn.Module) -> None:
