@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_helpers import same
 
 from rlnorm.inputs import make_case
 from rlnorm.kernel import RMSNormGated, rms_norm_gated
@@ -24,16 +25,16 @@ def test_leading_shapes_and_row_strides(case):
     y2 = rms_norm_gated(case.x, case.z, case.w)
     y4 = rms_norm_gated(case.x.view(2, 3, 2, 128), case.z.view(2, 3, 2, 128), case.w)
     assert y4.shape == (2, 3, 2, 128)
-    assert torch.equal(y4.reshape(12, 128).view(torch.int16), y2.view(torch.int16))
+    assert same(y4.reshape(12, 128), y2)
     wide = torch.zeros(12, 300, dtype=case.x.dtype)
     wide[:, 5:133] = case.x
     y_strided = rms_norm_gated(wide[:, 5:133], case.z, case.w)
-    assert torch.equal(y_strided.view(torch.int16), y2.view(torch.int16))
+    assert same(y_strided, y2)
     # leading dims that cannot be viewed as rows (a transposed batch) still give the same rows
     xt = case.x.view(3, 4, 128).transpose(0, 1)
     zt = case.z.view(3, 4, 128).transpose(0, 1)
     yt = rms_norm_gated(xt, zt, case.w)
-    assert torch.equal(yt.transpose(0, 1).reshape(12, 128).view(torch.int16), y2.view(torch.int16))
+    assert same(yt.transpose(0, 1).reshape(12, 128), y2)
 
 
 def test_zero_rows_give_empty_output_and_zero_dweight(case):
@@ -52,7 +53,7 @@ def test_module_defaults_and_forward(case):
     assert m.weight.shape == (128,) and m.weight.dtype == torch.bfloat16
     assert torch.equal(m.weight.detach(), torch.ones(128, dtype=torch.bfloat16))  # ones, not zero-centred
     y = m(case.x, case.z)
-    assert torch.equal(y.view(torch.int16), rms_norm_gated(case.x, case.z, m.weight.detach()).view(torch.int16))
+    assert same(y, rms_norm_gated(case.x, case.z, m.weight.detach()))
     assert m(case.x).shape == case.x.shape  # z=None
     m_swish = RMSNormGated(128, activation="swish", group_size=64, norm_before_gate=False)
     assert m_swish.opts.activation == "silu"
@@ -116,30 +117,25 @@ def test_cpu_tensor_without_interpreter_is_refused_not_run_elsewhere(case, monke
         _validate(case.x, case.z, case.w, OpOptions())
 
 
-def test_no_grad_call_skips_autograd_and_gives_the_same_bits(case):
-    y_plain = rms_norm_gated(case.x, case.z, case.w)  # nothing requires grad: the kernel directly
-    assert y_plain.grad_fn is None
-    x = case.x.clone().requires_grad_(True)
-    y_graph = rms_norm_gated(x, case.z, case.w)
-    assert y_graph.grad_fn is not None
-    assert torch.equal(y_plain.view(torch.int16), y_graph.detach().view(torch.int16))
-    with torch.no_grad():
-        assert rms_norm_gated(x, case.z, case.w).grad_fn is None
-
-
 def test_autograd_gives_the_backward_kernels_bits_on_every_backward(case, monkeypatch):
-    # the forward zeroes the backward's dweight counters in its own launch; the autograd route must
-    # give the plain backward's bits, and a second backward of the same graph (retain_graph) must get
-    # fresh zeroed counters, not the first one's sums
+    # A no-grad call runs the kernel directly; a 3-D batch through autograd gives the same rows. The forward
+    # zeroes the backward's dweight counters in its own launch: the autograd route must give the plain
+    # backward's bits, and a second backward of the same graph (retain_graph) fresh zeroed counters
     from rlnorm.kernel import api
 
     want = rms_norm_gated_bwd(case.dy, case.x, case.z, case.w, 1e-6, None, True, "silu")
-    leaves = [t.clone().requires_grad_(True) for t in (case.x, case.z, case.w)]
+    y_plain = rms_norm_gated(case.x, case.z, case.w)  # nothing requires grad: the kernel directly
+    leaves = [case.x.view(3, 4, 128).clone(), case.z.view(3, 4, 128).clone(), case.w.clone()]
+    leaves = [t.requires_grad_(True) for t in leaves]
+    with torch.no_grad():
+        assert rms_norm_gated(*leaves).grad_fn is None
     y = rms_norm_gated(*leaves)
+    assert y_plain.grad_fn is None and y.grad_fn is not None and same(y.detach().view(12, 128), y_plain)
+    dy = case.dy.view(3, 4, 128)
     for _ in range(2):
-        got = torch.autograd.grad(y, leaves, case.dy, retain_graph=True)
+        got = torch.autograd.grad(y, leaves, dy, retain_graph=True)
         for a, b, name in zip(got, want, ("dx", "dz", "dweight"), strict=True):
-            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), name
+            assert same(a.reshape(b.shape), b), name
     # planted fault: the second backward reuses the first one's (now summed-into) counters
     y = rms_norm_gated(*leaves)
     keep = []
@@ -149,7 +145,7 @@ def test_autograd_gives_the_backward_kernels_bits_on_every_backward(case, monkey
         return rms_norm_gated_bwd(*args, workspace=keep[-1], **kw)
 
     monkeypatch.setattr(api, "rms_norm_gated_bwd", reused)
-    first = torch.autograd.grad(y, leaves, case.dy, retain_graph=True)[2]
-    second = torch.autograd.grad(y, leaves, case.dy, retain_graph=True)[2]
-    assert torch.equal(first.view(torch.int16), want[2].view(torch.int16))
-    assert not torch.equal(second.view(torch.int16), want[2].view(torch.int16)), "reused counters went unnoticed"
+    first = torch.autograd.grad(y, leaves, dy, retain_graph=True)[2]
+    second = torch.autograd.grad(y, leaves, dy, retain_graph=True)[2]
+    assert same(first, want[2])
+    assert not same(second, want[2]), "reused counters went unnoticed"

@@ -67,12 +67,19 @@ def test_margin_sends_a_planted_tier_error_to_the_row_path_and_the_default_uses_
 
 
 @pytest.mark.parametrize(("d", "group"), [(128, None), (96, None), (200, None), (256, None), (128, 32)])
-def test_everything_undecided_is_still_correct(d, group):
-    # a margin wider than any distance: the tier settles nothing, every flagged row takes the row path,
-    # which walks the row one column per thread (steps of 32 columns; 96 and 200 end mid-step)
+def test_row_chunk_layouts_and_everything_undecided_are_still_correct(d, group):
+    # SPLIT chunks of a row per thread only regroup the columns: a mis-indexed chunk, mask or broadcast shows
+    # as a wrong output; widths not a power of two pad the last chunk. With a margin wider than any distance
+    # the tier settles nothing: every flagged row takes the row path, which walks the row one column per
+    # thread (steps of 32 columns; 96 and 200 end mid-step). The NaN row takes the whole-row path.
     c = make_case(32, d, seed=2)
+    x = c.x.clone()
+    x[5, 3] = float("nan")
     opts = OpOptions(group_size=group)
-    assert same(fwd_under(TIER_ON, {"tier2_margin": 1 << 50}, c.x, c.z, c.w, opts), oracle(c.x, c.z, c.w, opts))
+    ref = oracle(x, c.z, c.w, opts)
+    for split in (1, 2):
+        for faults in ({}, {"tier2_margin": 1 << 50}):
+            assert same(fwd_under({**TIER_ON, "SPLIT": split}, faults, x, c.z, c.w, opts), ref), (split, faults)
 
 
 _EXP2_COEF = [math.log(2) ** k / math.factorial(k) for k in range(_exact_element._EXP2_DEGREE + 1)]

@@ -124,20 +124,6 @@ def test_correctly_rounded_on_standard_data_and_the_error_bound_is_needed(case11
         assert not same(fwd(c.x, c.z, c.w), y[248:256])
 
 
-@pytest.mark.parametrize("d", [96, 128, 200])
-def test_row_chunk_layouts_give_the_same_bits(d):
-    # SPLIT chunks of a row per thread only regroup the columns: a mis-indexed chunk, mask or broadcast shows
-    # as a wrong output. The widened bound sends many elements through the tier (same layout); other widths
-    # pad the last chunk; the NaN row takes the whole-row path, so every store site is seen.
-    c = make_case(63, d, seed=7)
-    x = c.x.clone()
-    x[5, 3] = float("nan")  # a risky row (whole-row path) among the tier's rows
-    ref = oracle(x, c.z, c.w)
-    for split in (1, 2):
-        with plant(fwd={"NEAR_T": 200, "SPLIT": split}):
-            assert same(fwd(x, c.z, c.w), ref), f"SPLIT {split}, d={d}"
-
-
 @pytest.mark.parametrize("opts", [DEFAULT, OpOptions(activation="sigmoid"), OpOptions(norm_before_gate=False)])
 def test_exact_path_repairs_a_fast_path_planted_wrong(case11, opts):
     # the fast path planted 6 fp32 ulps off (the threshold, 21 here, absorbs it): the rows it makes near a
