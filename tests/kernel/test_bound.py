@@ -18,7 +18,7 @@ import sys
 import pytest
 import torch
 from conftest import REPO_ROOT, oracle
-from kernel_helpers import fwd
+from kernel_helpers import fwd, same
 
 from rlnorm.inputs import make_case
 from rlnorm.kernel._bound import near_threshold, ptx_sum_depth, sum_depth
@@ -90,7 +90,9 @@ def test_planted_error_inside_the_threshold_is_repaired_and_past_it_shows(d, opt
     with plant(fast_ulps=t - own):
         y, _, flags = fwd(x, z, w, opts, debug=True)
     assert flags.bool()[target].all()
-    assert (bits(y) == bits(ref)).all()
+    assert same(y, ref)
+    with plant(fwd={"EXACT": 0}, fast_ulps=t - own):  # without the exact path the same planted error shows
+        assert not same(fwd(x, z, w, opts), ref)
     # inside, at the edge: the highest target lands T ulps above the midpoint, still flagged and repaired
     with plant(fast_ulps=t - offset.max().item()):
         y, _, flags = fwd(x, z, w, opts, debug=True)

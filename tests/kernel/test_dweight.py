@@ -155,36 +155,25 @@ def test_many_rows_of_maximal_magnitude_stay_exact():
         assert got.tolist() == [2.0**-149, math.inf, -3.0]
 
 
-def top_of_hot_range_case(tiles: int) -> torch.Tensor:
-    """One column, one row per tile: the first tile sets the hot range (top shift = that of 1.0),
-    every later value is the largest the range still holds (the top of its 3-shift headroom,
-    all mantissa bits set), so the int64 register of a scaled hot range is filled to its bound."""
-    top = 16.0 * (1 - 2.0**-24)  # shift of 1.0 plus 3, largest mantissa: just below hi
-    v = torch.full((tiles, 1), top)
-    v[0, 0] = 1.0
-    return v
-
-
-def test_scaled_hot_register_is_exact_at_its_bound(monkeypatch):
+def test_the_hot_register_and_the_top_window_stay_exact_at_the_most_tiles(monkeypatch):
+    # one column, one row per tile: the first tile sets the hot range (top shift = that of 1.0), every later
+    # value is the largest the range still holds (the top of its 3-shift headroom, all mantissa bits set), so
+    # the int64 register of a scaled hot range is filled to its bound
     tiles = MAX_TILES_DEFERRED
-    v = top_of_hot_range_case(tiles)
-    want = oracle(v, torch.float32)
+    v = torch.full((tiles, 1), 16.0 * (1 - 2.0**-24))
+    v[0, 0] = 1.0
     check_exact(v, block_rows=1, tiles=tiles)
     check_exact(v, block_rows=1, tiles=tiles, cold_mode=1)
+    # at MAX_TILES the hot range's start is at most 223, so a flush's three limbs stay in windows 6..7
+    for value in (-(2.0**127), 2.0**127, -torch.finfo(torch.float32).max):
+        top = torch.tensor([[value], [1.0], [-3.0]])
+        assert exact_sum(top).item() == value  # the small values vanish in the rounding: the sum is the top value
+        check_exact(top, tiles=MAX_TILES, cold_mode=1, block_rows=1)
+        check_exact(top, tiles=MAX_TILES_DEFERRED, cold_mode=0, block_rows=1)
     # planted fault: a hot range 2 shifts wider than the bound allows overflows the register
     w = _dweight.hot_width(tiles)
     monkeypatch.setattr(_dweight, "hot_width", lambda t: w + 2)
-    bad = exact_column_sum(v, torch.float32, block_rows=1, tiles=tiles)
-    assert not torch.equal(bad, want)
-
-
-def test_most_tiles_keep_a_first_tile_at_fp32s_top_exact() -> None:
-    # at MAX_TILES the hot range's start is at most 223, so a flush's three limbs stay in windows 6..7
-    for value in (-(2.0**127), 2.0**127, -torch.finfo(torch.float32).max):
-        v = torch.tensor([[value], [1.0], [-3.0]])
-        assert exact_sum(v).item() == value  # the small values vanish in the rounding: the sum is the top value
-        check_exact(v, tiles=MAX_TILES, cold_mode=1, block_rows=1)
-        check_exact(v, tiles=MAX_TILES_DEFERRED, cold_mode=0, block_rows=1)
+    assert not torch.equal(exact_column_sum(v, block_rows=1, tiles=tiles), oracle(v, torch.float32))
 
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # v * scale of a cold value, discarded

@@ -24,17 +24,10 @@ class Spy:
     """Stands in for a @triton.jit kernel: records the keyword arguments of every launch, then launches."""
 
     def __init__(self, kernel: Any) -> None:
-        self.kernel = kernel
-        self.launches: list[dict[str, Any]] = []
+        self.kernel, self.launches = kernel, []
 
     def __getitem__(self, grid: Any) -> Any:
-        launch = self.kernel[grid]
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            self.launches.append(kwargs)
-            return launch(*args, **kwargs)
-
-        return run
+        return lambda *args, **kwargs: (self.launches.append(kwargs), self.kernel[grid](*args, **kwargs))[1]
 
 
 @pytest.fixture
