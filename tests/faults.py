@@ -27,11 +27,9 @@ added outside the autograd graph), so they show up as `fwd_differ` and never as 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -40,7 +38,7 @@ import triton.language as tl
 from torch import Tensor
 
 from rlnorm.kit.backends import Backend, ExactReferenceBackend, Grads
-from rlnorm.kit.backends.pins import Setting
+from rlnorm.kit.backends.pins import Setting, patched
 from rlnorm.options import OpOptions
 
 __all__ = [
@@ -315,16 +313,9 @@ class RowCountOrder(Backend):
                                 BLOCK=triton.next_power_of_2(d), HALVES=halves)  # fmt: skip
         return y
 
-    @contextlib.contextmanager
-    def _force(self, halves: int) -> Iterator[None]:
-        saved, self._forced = self._forced, halves
-        try:
-            yield
-        finally:
-            self._forced = saved
-
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
-        return [Setting("tests.faults._order_kernel", "HALVES", str(h), lambda h=h: self._force(h)) for h in (0, 1)]
+        kernel = "tests.faults._order_kernel"
+        return [Setting(kernel, "HALVES", str(h), lambda h=h: patched(self, "_forced", h)) for h in (0, 1)]
 
 
 @triton.jit
