@@ -106,12 +106,8 @@ def test_round_fp64_once_matches_numerics_round_once():
 # ---------------------------------------------------------------- accuracy
 
 
-@pytest.fixture(scope="module")
-def case11():
-    return make_case(1024, 128, seed=11)
-
-
-def test_correctly_rounded_on_standard_data_and_the_error_bound_is_needed(case11):
+def test_correctly_rounded_on_standard_data_and_the_error_bound_is_needed():
+    case11 = make_case(1024, 128, seed=11)
     c = case11.rows(slice(96, 353))
     y, fast, flags = fwd(c.x, c.z, c.w, debug=True)
     assert same(y, oracle(c.x, c.z, c.w))
@@ -125,26 +121,21 @@ def test_correctly_rounded_on_standard_data_and_the_error_bound_is_needed(case11
 
 
 OPTION_CASES = [  # (d, opts, has_z, x dtype, w dtype)
-    *[
-        (128, *case)
-        for case in [
-            (DEFAULT, True, BF16, FP32),
-            (DEFAULT, True, BF16, FP16),
-            (DEFAULT, False, BF16, BF16),
-            (OpOptions(norm_before_gate=False), True, BF16, BF16),
-            (OpOptions(activation="sigmoid"), True, BF16, BF16),
-            (OpOptions(activation="swish", norm_before_gate=False), True, BF16, FP32),
-            (OpOptions(activation="sigmoid", norm_before_gate=False), True, BF16, BF16),
-            (OpOptions(group_size=32), True, BF16, BF16),
-            (OpOptions(group_size=64, norm_before_gate=False), True, BF16, BF16),
-            (OpOptions(group_size=16), False, BF16, BF16),
-            (DEFAULT, True, FP16, FP16),
-            (OpOptions(norm_before_gate=False), True, FP16, FP32),
-            (DEFAULT, True, FP32, FP32),
-            (OpOptions(group_size=32, activation="sigmoid"), True, FP32, BF16),
-            (OpOptions(eps=1e-3), True, BF16, BF16),
-        ]
-    ],
+    (128, DEFAULT, True, BF16, FP32),
+    (128, DEFAULT, True, BF16, FP16),
+    (128, DEFAULT, False, BF16, BF16),
+    (128, OpOptions(norm_before_gate=False), True, BF16, BF16),
+    (128, OpOptions(activation="sigmoid"), True, BF16, BF16),
+    (128, OpOptions(activation="swish", norm_before_gate=False), True, BF16, FP32),
+    (128, OpOptions(activation="sigmoid", norm_before_gate=False), True, BF16, BF16),
+    (128, OpOptions(group_size=32), True, BF16, BF16),
+    (128, OpOptions(group_size=64, norm_before_gate=False), True, BF16, BF16),
+    (128, OpOptions(group_size=16), False, BF16, BF16),
+    (128, DEFAULT, True, FP16, FP16),
+    (128, OpOptions(norm_before_gate=False), True, FP16, FP32),
+    (128, DEFAULT, True, FP32, FP32),
+    (128, OpOptions(group_size=32, activation="sigmoid"), True, FP32, BF16),
+    (128, OpOptions(eps=1e-3), True, BF16, BF16),
     # widths not a power of two, and the limit (one past MAX_D is refused: tests/kernel/test_api.py)
     *[(d, DEFAULT, True, BF16, BF16) for d in (96, 160, 200, 1, 3, MAX_D)],
 ]
