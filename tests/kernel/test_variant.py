@@ -1,7 +1,8 @@
 """`rlnorm.kernel.testing.plant`, the one hook into the launches: experiment switches and planted faults.
 
 What the launches receive is read by a spy around each kernel's launch; every block restores the outer
-switches on exit, also after an exception. (Switches changing output bits: tests/kernel/test_fwd.py.)
+switches on exit, also after an exception. (The switches' effect on output bits: test_exact_element.py and
+test_bound.py.)
 """
 
 from __future__ import annotations
