@@ -20,7 +20,7 @@ from vllm_child import facts
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import BackendUnavailable, load_backend
-from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.vllm_native import (
     VllmNativeBackend,
     VllmNativeBatchInvariantBackend,
@@ -34,7 +34,7 @@ OPTIONS = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=Fals
 
 
 @pytest.fixture(scope="module")
-def vllm_child(installed_vllm: vf.VllmFiles, vllm_archive: Path) -> dict:
+def vllm_child(installed_vllm: sf.StackFiles, vllm_archive: Path) -> dict:
     """The real vllm's findings, from the suite's one child (tests/kit/vllm_child.py)."""
     return facts(vllm_archive)
 
@@ -92,7 +92,7 @@ def test_batch_invariant_mode_changes_only_the_eager_native_path(vllm_child: dic
 # -- the rows, here in this process ---------------------------------------------------------------------------------
 
 
-def test_the_rows_are_forward_only_and_read_vllms_files(installed_vllm: vf.VllmFiles) -> None:
+def test_the_rows_are_forward_only_and_read_vllms_files(installed_vllm: sf.StackFiles) -> None:
     for key in ROWS:
         b = load_backend(key)
         assert f"read from the installed package ({installed_vllm.root / 'vllm'}), vllm not imported" in b.source
@@ -101,17 +101,16 @@ def test_the_rows_are_forward_only_and_read_vllms_files(installed_vllm: vf.VllmF
 
 
 def test_without_vllms_files_the_rows_say_where_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(vf, "installed_root", lambda: None)
-    monkeypatch.setattr(vf, "DEFAULT_ARCHIVE", tmp_path / "absent.tar.gz")
-    monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
+    monkeypatch.setattr(sf, "installed", lambda pin: None)
+    monkeypatch.setattr(sf, "WHL", tmp_path)
+    monkeypatch.delenv("RLNORM_VLLM_SOURCES", raising=False)
     for cls in (VllmNativeBackend, VllmNativeCompiledBackend, VllmNativeBatchInvariantBackend):
         ok, why = cls().available("cpu")
-        assert not ok
-        assert why.startswith("vLLM's Python files were not found (RLNORM_VLLM_SOURCES is unset, vllm is not")
-        assert ".ci/install-vllm.sh" in why and "tools/vllm_sources.py" in why
+        assert not ok and why.startswith("vllm 0.30.0's files were not found (RLNORM_VLLM_SOURCES unset,")
+        assert why.endswith("`python tools/stack_sources.py` fetches them")
 
 
-def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(installed_vllm: vf.VllmFiles) -> None:
+def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(installed_vllm: sf.StackFiles) -> None:
     """One graph serves every row count, 1 included (vLLM drops the guards that would recompile for it); other
     options get a graph of their own (with every guard dropped, sharing one would silently reuse the first)."""
     from torch._dynamo.utils import counters
@@ -129,16 +128,17 @@ def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(ins
     assert len(b._compiled) == 2
 
 
-def test_the_batch_invariant_override_lasts_one_call(installed_vllm: vf.VllmFiles) -> None:
+def test_the_batch_invariant_override_lasts_one_call(installed_vllm: sf.StackFiles) -> None:
     b = VllmNativeBatchInvariantBackend()
-    real = b._mean_fn()
+    b.loaded()
+    real = b.mean
     calls: list[int] = []
 
     def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
         calls.append(1)
         return real(*args, **kwargs)
 
-    b._mean = counting
+    b.mean = counting
     c = make_case(9, 128, seed=2)
     y = b.forward(c.x, c.z, c.w, OpOptions())
     assert len(calls) == 1 and y.shape == (9, 128)

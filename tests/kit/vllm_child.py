@@ -18,8 +18,9 @@ import json, sys
 import torch
 torch.set_num_threads(2)
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import vllm_files as vf
-from rlnorm.kit.backends.vllm import VllmBackend, answer_compute_units, build_module, prepare_import, rmsnorm_call
+from rlnorm.kit.backends import stack_files as sf
+from rlnorm.kit.backends.vllm import (VllmBackend, answer_compute_units, build_module, load_layernorm_guard,
+                                      prepare_import, rmsnorm_call)
 from rlnorm.kit.backends.vllm_native import (VllmNativeBackend, VllmNativeBatchInvariantBackend,
                                              VllmNativeCompiledBackend, native_call, vllm_inductor_options)
 from rlnorm.options import OpOptions
@@ -79,8 +80,9 @@ _BITS_SCRIPT = r"""
 from vllm.third_party.flash_linear_attention.ops.layernorm_guard import rmsnorm_fn as installed_fn
 real = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
 archive = sys.argv[1]
-from_installed = vf.load_layernorm_guard(vf.find_files(vf.installed_root())[0])
-from_archive = vf.load_layernorm_guard(vf.find_files(archive)[0])
+PIN = sf.PINS["vllm"]
+from_installed = load_layernorm_guard(sf.find(PIN, sf.installed(PIN))[0])
+from_archive = load_layernorm_guard(sf.find(PIN, archive)[0])
 restored = {k for k, v in real.items() if sys.modules.get(k) is not v} | {
     k for k in sys.modules if (k == "vllm" or k.startswith("vllm.")) and k not in real
 }
@@ -105,9 +107,9 @@ found["bits"] = out
 _GDN_SCRIPT = r"""
 import types
 
-gdn_file = vf.find_files(vf.installed_root())[0].path("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py")
+gdn_file = sf.find(PIN, sf.installed(PIN))[0].path("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py")
 # the GDN module needs packages the CPU install leaves out; its method is read from its own lines instead
-fused = vf.read_function(gdn_file, "QwenGatedDeltaNetAttention._rms_norm_gated_cuda", {})
+fused = sf.read_function(gdn_file, "QwenGatedDeltaNetAttention._rms_norm_gated_cuda", {})
 launches = []
 real_kernel = lg.LayerNormFwdKernel.kernel
 
