@@ -2,8 +2,9 @@
 
 Proven against the installed vLLM in the suite's one vLLM child (tests/kit/vllm_child.py; vllm never enters
 this process):
-- `RMSNormGated.forward_cuda` calls `layernorm_guard.rmsnorm_fn` with exactly `rmsnorm_call`'s arguments, and the
-  constructor gets our options (compute units answered: a step of the set-up that is needed);
+- the constructor gets our options and no bias, what forward_cuda hands `rmsnorm_fn` (that its call is exactly
+  `rmsnorm_call`'s: tests/kit/test_stacks.py, from each release's own lines); compute units answered: a step of the
+  set-up that is needed;
 - `rmsnorm_fn` loaded from vLLM's files (installed, and packed by tools/stack_sources.py) gives the installed
   module's bits, and a real `import vllm` in the same process is left as it was;
 - the GDN layer's fused path (`_rms_norm_gated_cuda`: `layer_norm_fwd(..., out=...)`, in place) launches the same
@@ -36,19 +37,6 @@ TOOL = Path(__file__).resolve().parents[2] / "tools" / "stack_sources.py"
 def vllm_child(installed_vllm: sf.StackFiles, vllm_archive: Path) -> dict:
     """The real vllm's findings, from the suite's one child (tests/kit/vllm_child.py)."""
     return facts(vllm_archive)
-
-
-@pytest.mark.slow
-def test_forward_cuda_calls_rmsnorm_fn_with_exactly_these_arguments(vllm_child: dict) -> None:
-    """RMSNormGated.forward_cuda(x, z) is rmsnorm_call(rmsnorm_fn, x, z, w, opts): the same function (the recorder
-    put in its place is what forward_cuda calls), the same positional and keyword arguments, the same tensors. The
-    planted variant (forward_cuda reading a flipped norm_before_gate) shows the comparison catches a difference."""
-    out = vllm_child["calls"]
-    for variant, results in out.items():
-        assert len(results) == 4
-        for r in results:
-            assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r  # forward_cuda called rmsnorm_fn, once
-            assert (r["vllm"] == r["ours"]) is (variant == "real"), r
 
 
 @pytest.mark.slow
@@ -90,7 +78,7 @@ def test_the_set_up_needs_the_compute_units_and_the_module_gets_our_options(vllm
     assert len(vllm_child["mapping"]) == 16
     for r in vllm_child["mapping"]:
         gs, nbg, act, wdt = r["opts"]
-        assert r["attrs"] == [1e-5, gs, nbg, act, wdt] and r["same_weight"], r
+        assert r["attrs"] == [1e-5, gs, nbg, act, wdt, None] and r["same_weight"], r  # no bias: rmsnorm_call's None
         # both are fp32 math rounded once; a wrong mapping (gate order, activation, groups, eps) moves outputs by
         # far more than one bf16 ulp (2^-8 relative)
         assert r["max_rel"] <= 2**-7, r
