@@ -42,21 +42,26 @@ def pack(root: Path, names: list[str], out: Path) -> None:
         gz.write(buf.getvalue())
 
 
+def _stem(pin: sf.Pin) -> str:
+    """The start of the pin's wheel and dist-info names (`megatron_core-0.19.2`)."""
+    return f"{pin.dist.replace('-', '_')}-{pin.version}"
+
+
 def _wheel(pin: sf.Pin, wheels: Path | None, tmp: Path) -> Path:
-    stem = f"{pin.dist.replace('-', '_')}-{pin.version}-"
-    if wheels is not None and (found := sorted(wheels.glob(stem + "*.whl"))):
+    if wheels is not None and (found := sorted(wheels.glob(_stem(pin) + "-*.whl"))):
         return found[0]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version"]
     cmd += ["3.12", f"{pin.dist}=={pin.version}", "-d", str(tmp)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    found = sorted(tmp.glob(stem + "*.whl"))
+    found = sorted(tmp.glob(_stem(pin) + "-*.whl"))
     if proc.returncode != 0 or not found:
         raise SystemExit(f"stack_sources: `{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}")
     return found[0]
 
 
 def build(pin: sf.Pin, wheels: Path | None, out: Path) -> str:
-    """Write the pin's archive to `out`; returns where the files came from."""
+    """Write the pin's files and its METADATA to the archive `out`; returns where they came from."""
+    names = [*sorted(pin.files), f"{_stem(pin)}.dist-info/METADATA"]
     installed = sf.installed(pin)
     with tempfile.TemporaryDirectory() as tmp:
         if installed is not None:
@@ -65,26 +70,14 @@ def build(pin: sf.Pin, wheels: Path | None, out: Path) -> str:
             whl = _wheel(pin, wheels, Path(tmp))
             root, origin = Path(tmp) / "unpacked", whl.name
             with zipfile.ZipFile(whl) as z:
-                meta = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
-                for name in [*pin.files, *meta]:
-                    if name not in z.namelist():
-                        raise SystemExit(f"stack_sources: {whl.name} has no {name}: not the version pinned")
+                for name in [n for n in names if n in z.namelist()]:
                     (root / name).parent.mkdir(parents=True, exist_ok=True)
                     (root / name).write_bytes(z.read(name))
-        meta = sorted(p.relative_to(root).as_posix() for p in root.glob("*.dist-info/METADATA") if _is(p, pin))
-        if not meta:
-            raise SystemExit(f"stack_sources: no {pin.dist} dist-info METADATA under {root}")
-        missing = [f for f in pin.files if not (root / f).is_file()]
+        missing = [n for n in names if not (root / n).is_file()]
         if missing:
-            raise SystemExit(f"stack_sources: {origin} lacks {missing}")
-        pack(root, sorted(pin.files) + meta[:1], out)
+            raise SystemExit(f"stack_sources: {origin} lacks {missing}: not the version pinned")
+        pack(root, names, out)
     return origin
-
-
-def _is(meta: Path, pin: sf.Pin) -> bool:
-    lines = meta.read_text(encoding="utf-8", errors="replace").splitlines()[:8]
-    head = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
-    return head.get("name", "").lower().replace("_", "-") == pin.dist and head.get("version") == pin.version
 
 
 def main(argv: list[str] | None = None) -> int:
