@@ -54,11 +54,14 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_not_installed_and_no_files_says_where_it_looked(
     monkeypatch: pytest.MonkeyPatch, nowhere: None, tmp_path: Path
 ) -> None:
+    """Every vLLM row says where it looked and where to get the files (the native rows with the same words)."""
     monkeypatch.setattr(vb, "run_probe", _no_probe)
     b = VllmBackend()
     ok, why = b.available("cpu")
     assert not ok and why.startswith("vllm is not installed here, and vllm 0.30.0's files were not found")
-    assert "python tools/stack_sources.py" in why
+    for key in ("vllm_native", "vllm_native_compiled", "vllm_native_batch_invariant"):
+        assert load_backend(key).available("cpu") == (False, why.removeprefix("vllm is not installed here, and "))
+    assert why.endswith("no .whl/vllm-src.tar.gz): `python tools/stack_sources.py` fetches them")
     with pytest.raises(BackendUnavailable, match="vllm is not installed here"):
         b.forward(torch.zeros(2, 128), torch.zeros(2, 128), torch.ones(128), OpOptions())
     monkeypatch.setenv(ENV, str(tmp_path / "nope.tar.gz"))  # a missing archive is named

@@ -90,16 +90,6 @@ def test_the_rows_are_forward_only_and_read_vllms_files(installed_vllm: sf.Stack
             b.forward_backward(torch.zeros(2, 128), None, torch.ones(128), torch.zeros(2, 128), OpOptions())
 
 
-def test_without_vllms_files_the_rows_say_where_to_get_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(sf, "installed", lambda pin: None)
-    monkeypatch.setattr(sf, "WHL", tmp_path)
-    monkeypatch.delenv("RLNORM_VLLM_SOURCES", raising=False)
-    for cls in (VllmNativeBackend, VllmNativeCompiledBackend, VllmNativeBatchInvariantBackend):
-        ok, why = cls().available("cpu")
-        assert not ok and why.startswith("vllm 0.30.0's files were not found (RLNORM_VLLM_SOURCES unset,")
-        assert why.endswith("`python tools/stack_sources.py` fetches them")
-
-
 def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(installed_vllm: sf.StackFiles) -> None:
     """One graph serves every row count, 1 included (vLLM drops the guards that would recompile for it); other
     options get a graph of their own (with every guard dropped, sharing one would silently reuse the first)."""

@@ -141,9 +141,6 @@ class StackFiles:
     def path(self, rel: str) -> Path:
         return self.root / rel
 
-    def missing(self) -> list[str]:
-        return [rel for rel in self.pin.files if not self.path(rel).is_file()]
-
 
 def installed(pin: Pin) -> Path | None:
     """The folder holding the installed package when it is the pinned version, found without importing it."""
