@@ -2,8 +2,9 @@
 
 Against each pinned package's real files (carried in .whl/ by tools/stack_sources.py): the kernel launch or call each
 row makes is recorded and compared with the arguments the stack's layer passes (SGLang's BT and num_warps, the
-inputs of calc_rows_per_block, Megatron's zero-centred weight, vLLM 0.33.0's forward_cuda arguments), and a planted
-change to those arguments (in the stack's file or in how the row calls it) makes the comparison fail.
+inputs of calc_rows_per_block, Megatron's zero-centred weight, the calls of vLLM 0.30.0's and 0.33.0's forward_cuda
+and forward_native), and a planted change to those arguments (in the stack's file or in how the row calls it) makes
+the comparison fail.
 """
 
 from __future__ import annotations
