@@ -21,6 +21,7 @@ import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -109,7 +110,7 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
     key = "vllm_native_compiled"
     compile_rows = COMPILE_ROWS
 
-    def __init__(self, files: str | None = None) -> None:
+    def __init__(self, files: str | Path | None = None) -> None:
         super().__init__(files)
         self._compiled: dict[tuple, Callable[..., Tensor]] = {}
 
