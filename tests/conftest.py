@@ -91,11 +91,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def needs_installed_vllm(what: str) -> None:
     """Skip where vllm is not installed; fail on CI, which installs it so that `what` is checked against it."""
-    from rlnorm.kit.backends import vllm_files
-    from rlnorm.kit.backends.vllm import vllm_version
+    from rlnorm.kit.backends import stack_files as sf
 
-    if vllm_files.installed_root() is None or vllm_version() is None:
-        msg = "vllm is not installed here (bash .ci/install-vllm.sh installs it)"
+    if sf.installed(sf.PINS["vllm"]) is None:
+        msg = "vllm 0.30.0 is not installed here (bash .ci/install-vllm.sh installs it)"
         if IN_CI:
             pytest.fail(f"{msg}: CI must check {what} against the real package")
         pytest.skip(msg)
@@ -103,23 +102,22 @@ def needs_installed_vllm(what: str) -> None:
 
 @pytest.fixture(scope="session")
 def installed_vllm() -> Any:
-    """The installed vLLM's files (`rlnorm.kit.backends.vllm_files.VllmFiles`); skips, or fails on CI, without it."""
-    from rlnorm.kit.backends import vllm_files
+    """The installed vLLM's files (`rlnorm.kit.backends.stack_files.StackFiles`); skips, or fails on CI, without it."""
+    from rlnorm.kit.backends import stack_files as sf
 
     needs_installed_vllm("vLLM's rows")
-    files, _ = vllm_files.find_files(vllm_files.installed_root())
-    assert files is not None
-    return files
+    return sf.find(sf.PINS["vllm"], sf.installed(sf.PINS["vllm"]))[0]
 
 
 @pytest.fixture(scope="session")
 def vllm_archive(installed_vllm: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """tools/vllm_sources.py's archive of the installed vLLM's files, packed once per session."""
-    out = tmp_path_factory.mktemp("vllm-src") / "vllm-src.tar.gz"
-    tool = REPO_ROOT / "tools" / "vllm_sources.py"
-    proc = subprocess.run([sys.executable, str(tool), "--out", str(out)], capture_output=True, text=True, check=False)
+    """tools/stack_sources.py's archive of the installed vLLM's files, packed once per session."""
+    out = tmp_path_factory.mktemp("vllm-src")
+    tool = REPO_ROOT / "tools" / "stack_sources.py"
+    run = [sys.executable, str(tool), "--out", str(out), "vllm"]
+    proc = subprocess.run(run, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    return out
+    return out / "vllm-src.tar.gz"
 
 
 # For child scripts that compare calls: a call's arguments named by value, tensors by storage, shape, strides and

@@ -1,51 +1,68 @@
 """Pack the pinned stacks' files (rlnorm/kit/backends/stack_files.py, PINS) into .whl/<key>-src.tar.gz.
 
-    python tools/stack_sources.py [--wheels DIR] [KEY ...]
+    python tools/stack_sources.py [--wheels DIR] [--out DIR] [KEY ...]
 
 For each pin: from the installed package when it is the pinned version, else from its wheel in DIR, else from the
 wheel `pip download --no-deps --only-binary=:all: --python-version 3.12 DIST==VERSION` fetches (pip's cache is
 used). Only the pinned files and the dist-info METADATA are packed, sorted, without timestamps or owners, so the
 archive is byte-for-byte the same for the same files. `.whl/` is git-ignored: carry it to a machine without a
-package index (the GPU image), where the rows find the archives by themselves.
+package index (the GPU image), where the rows find the archives by themselves (vLLM 0.30.0's, key `vllm`, is
+`.whl/vllm-src.tar.gz`: the `vllm` rows run it where vllm cannot import).
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import subprocess
 import sys
+import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's rlnorm, not another one installed
-sys.path.insert(0, str(ROOT / "tools"))
-
-from vllm_sources import pack  # noqa: E402
 
 from rlnorm.kit.backends import stack_files as sf  # noqa: E402
 
 
+def pack(root: Path, names: list[str], out: Path) -> None:
+    """The files `names` under `root` into the archive `out`: sorted, no timestamps or owners."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name in names:
+            data = (root / name).read_bytes()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, filename="") as gz:
+        gz.write(buf.getvalue())
+
+
+def _stem(pin: sf.Pin) -> str:
+    """The start of the pin's wheel and dist-info names (`megatron_core-0.19.2`)."""
+    return f"{pin.dist.replace('-', '_')}-{pin.version}"
+
+
 def _wheel(pin: sf.Pin, wheels: Path | None, tmp: Path) -> Path:
-    stem = f"{pin.dist.replace('-', '_')}-{pin.version}-"
-    for folder in [w for w in (wheels,) if w is not None]:
-        found = sorted(folder.glob(stem + "*.whl"))
-        if found:
-            return found[0]
+    if wheels is not None and (found := sorted(wheels.glob(_stem(pin) + "-*.whl"))):
+        return found[0]
     cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--python-version"]
     cmd += ["3.12", f"{pin.dist}=={pin.version}", "-d", str(tmp)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    found = sorted(tmp.glob(stem + "*.whl"))
+    found = sorted(tmp.glob(_stem(pin) + "-*.whl"))
     if proc.returncode != 0 or not found:
         raise SystemExit(f"stack_sources: `{' '.join(cmd)}` failed: {proc.stderr.strip()[-500:]}")
     return found[0]
 
 
 def build(pin: sf.Pin, wheels: Path | None, out: Path) -> str:
-    """Write the pin's archive to `out`; returns where the files came from."""
-    installed = sf._installed(pin)
+    """Write the pin's files and its METADATA to the archive `out`; returns where they came from."""
+    names = [*sorted(pin.files), f"{_stem(pin)}.dist-info/METADATA"]
+    installed = sf.installed(pin)
     with tempfile.TemporaryDirectory() as tmp:
         if installed is not None:
             root, origin = installed, f"the installed {pin.dist} ({installed})"
@@ -53,26 +70,14 @@ def build(pin: sf.Pin, wheels: Path | None, out: Path) -> str:
             whl = _wheel(pin, wheels, Path(tmp))
             root, origin = Path(tmp) / "unpacked", whl.name
             with zipfile.ZipFile(whl) as z:
-                meta = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
-                for name in [*pin.files, *meta]:
-                    if name not in z.namelist():
-                        raise SystemExit(f"stack_sources: {whl.name} has no {name}: not the version pinned")
+                for name in [n for n in names if n in z.namelist()]:
                     (root / name).parent.mkdir(parents=True, exist_ok=True)
                     (root / name).write_bytes(z.read(name))
-        meta = sorted(p.relative_to(root).as_posix() for p in root.glob("*.dist-info/METADATA") if _is(p, pin))
-        if not meta:
-            raise SystemExit(f"stack_sources: no {pin.dist} dist-info METADATA under {root}")
-        missing = [f for f in pin.files if not (root / f).is_file()]
+        missing = [n for n in names if not (root / n).is_file()]
         if missing:
-            raise SystemExit(f"stack_sources: {origin} lacks {missing}")
-        pack(root, sorted(pin.files) + meta[:1], out)
+            raise SystemExit(f"stack_sources: {origin} lacks {missing}: not the version pinned")
+        pack(root, names, out)
     return origin
-
-
-def _is(meta: Path, pin: sf.Pin) -> bool:
-    text = io.StringIO(meta.read_text(encoding="utf-8", errors="replace"))
-    head = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in text.read().splitlines()[:8])}
-    return head.get("name", "").lower().replace("_", "-") == pin.dist and head.get("version") == pin.version
 
 
 def main(argv: list[str] | None = None) -> int:

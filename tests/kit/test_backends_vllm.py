@@ -20,10 +20,11 @@ from conftest import IN_CI, TINY_SIZES, child_result, needs_installed_vllm
 
 import rlnorm.kit.backends.vllm as vb
 from rlnorm.kit.backends import BackendUnavailable, load_backend
-from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.vllm import VllmBackend, reason_from_probe, run_probe
 from rlnorm.options import OpOptions
 
+ENV = sf.PINS["vllm"].env  # RLNORM_VLLM_SOURCES
 PLANTED_IMPORT_ERROR = "ImportError: planted: libcudart.so.13: cannot open shared object file"
 
 
@@ -42,9 +43,9 @@ def _plant_vllm(root: Path, body: str) -> dict[str, str]:
 def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """A machine with no vllm installed and no copy of its files."""
     monkeypatch.setattr(vb, "vllm_version", lambda: None)
-    monkeypatch.setattr(vf, "installed_root", lambda: None)
-    monkeypatch.setattr(vf, "DEFAULT_ARCHIVE", tmp_path / "absent.tar.gz")
-    monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
+    monkeypatch.setattr(sf, "installed", lambda pin: None)
+    monkeypatch.setattr(sf, "WHL", tmp_path)
+    monkeypatch.delenv(ENV, raising=False)
 
 
 # -- what runs where ------------------------------------------------------------------------------------------------
@@ -53,24 +54,27 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_not_installed_and_no_files_says_where_it_looked(
     monkeypatch: pytest.MonkeyPatch, nowhere: None, tmp_path: Path
 ) -> None:
+    """Every vLLM row says where it looked and where to get the files (the native rows with the same words)."""
     monkeypatch.setattr(vb, "run_probe", _no_probe)
     b = VllmBackend()
     ok, why = b.available("cpu")
-    assert not ok and why.startswith("vllm is not installed here, and vLLM's Python files were not found")
-    assert ".ci/install-vllm.sh" in why and "python tools/vllm_sources.py" in why
+    assert not ok and why.startswith("vllm is not installed here, and vllm 0.30.0's files were not found")
+    for key in ("vllm_native", "vllm_native_compiled", "vllm_native_batch_invariant"):
+        assert load_backend(key).available("cpu") == (False, why.removeprefix("vllm is not installed here, and "))
+    assert why.endswith("no .whl/vllm-src.tar.gz): `python tools/stack_sources.py` fetches them")
     with pytest.raises(BackendUnavailable, match="vllm is not installed here"):
         b.forward(torch.zeros(2, 128), torch.zeros(2, 128), torch.ones(128), OpOptions())
-    monkeypatch.setenv(vf.SOURCES_ENV, str(tmp_path / "nope.tar.gz"))  # a missing archive is named
+    monkeypatch.setenv(ENV, str(tmp_path / "nope.tar.gz"))  # a missing archive is named
     ok, why = VllmBackend().available("cpu")
-    assert not ok and f"{vf.SOURCES_ENV}={tmp_path / 'nope.tar.gz'} does not exist" in why
+    assert not ok and f"{ENV}={tmp_path / 'nope.tar.gz'} does not exist" in why
 
 
 def test_not_installed_with_vllms_files_runs_them(
     monkeypatch: pytest.MonkeyPatch, nowhere: None, vllm_archive: Path
 ) -> None:
-    """The GPU image's case: no vllm, its Python files carried as tools/vllm_sources.py packs them."""
+    """The GPU image's case: no vllm, its Python files carried as tools/stack_sources.py packs them."""
     monkeypatch.setattr(vb, "run_probe", _no_probe)
-    monkeypatch.setenv(vf.SOURCES_ENV, str(vllm_archive))
+    monkeypatch.setenv(ENV, str(vllm_archive))
     b = VllmBackend()
     assert b.available("cpu") == (True, "")
     assert b.plan().mode == "files"
@@ -79,7 +83,7 @@ def test_not_installed_with_vllms_files_runs_them(
         "vLLM 0.30.0 layernorm_guard.rmsnorm_fn as RMSNormGated.forward_cuda calls it, from vLLM's own files, under "
         "the Triton interpreter"
     )
-    for part in (f"{vllm_archive} ({vf.SOURCES_ENV})", "vllm is not installed here"):
+    for part in (f"{vllm_archive} ({ENV})", "vllm is not installed here"):
         assert part in source, part
     assert source.endswith(vb._PATH_NOTE)
     case_x = torch.randn(5, 128).to(torch.bfloat16)
@@ -94,7 +98,7 @@ def test_installed_but_not_importable_runs_its_files_and_says_why(
     """Where `import vllm` fails (the GPU image: vLLM's torch pin unmet), the row runs vLLM's installed files and its
     source quotes the import error, not "not installed"."""
     needs_installed_vllm("the adapter")
-    monkeypatch.delenv(vf.SOURCES_ENV, raising=False)
+    monkeypatch.delenv(ENV, raising=False)
     b = VllmBackend()
     b.probe_env = _plant_vllm(tmp_path, "raise ImportError('planted: libcudart.so.13: cannot open')\n")
     plan = b.plan()
@@ -168,7 +172,7 @@ def test_a_run_records_the_reason_true_for_the_machine(monkeypatch: pytest.Monke
     from rlnorm.kit.steps import run_backends, start_run
     from rlnorm.report.tables import backend_table
 
-    monkeypatch.setenv(vf.SOURCES_ENV, str(tmp_path / "no-such-archive.tar.gz"))  # the worker inherits it
+    monkeypatch.setenv(ENV, str(tmp_path / "no-such-archive.tar.gz"))  # the worker inherits it
     planted = _plant_vllm(tmp_path / "planted", "raise ImportError('planted: no vllm._C')\n")
     monkeypatch.setenv(PLANTED_VLLM_ENV, planted["PYTHONPATH"])
     spec = f"{__name__}:UnimportableVllm"
@@ -180,7 +184,7 @@ def test_a_run_records_the_reason_true_for_the_machine(monkeypatch: pytest.Monke
     assert table.loc[spec, "status"] == "skipped"
     why = table.loc[spec, "why"]
     assert why.startswith("vllm 0.30.0 is installed but `import vllm` fails here: ImportError: planted: no vllm._C")
-    assert f"{vf.SOURCES_ENV}={tmp_path / 'no-such-archive.tar.gz'} does not exist" in why
+    assert f"{ENV}={tmp_path / 'no-such-archive.tar.gz'} does not exist" in why
     assert table.loc[spec, "backward"] == "none"
 
 

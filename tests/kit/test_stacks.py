@@ -2,8 +2,9 @@
 
 Against each pinned package's real files (carried in .whl/ by tools/stack_sources.py): the kernel launch or call each
 row makes is recorded and compared with the arguments the stack's layer passes (SGLang's BT and num_warps, the
-inputs of calc_rows_per_block, Megatron's zero-centred weight, vLLM 0.33.0's forward_cuda arguments), and a planted
-change to those arguments (in the stack's file or in how the row calls it) makes the comparison fail.
+inputs of calc_rows_per_block, Megatron's zero-centred weight, the calls of vLLM 0.30.0's and 0.33.0's forward_cuda
+and forward_native), and a planted change to those arguments (in the stack's file or in how the row calls it) makes
+the comparison fail.
 """
 
 from __future__ import annotations
@@ -235,44 +236,50 @@ def test_megatron_rows_say_why_they_cannot_run_here() -> None:
     assert ok or why.startswith("needs Transformer Engine")
 
 
-# -- vLLM 0.33.0 ---------------------------------------------------------------------------------------------------
-def vllm_033_calls(files: sf.StackFiles, monkeypatch: pytest.MonkeyPatch, flip: bool) -> list[bool]:
-    """0.33.0's forward_cuda (-> torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated) and forward_native, read
-    from its layernorm.py, against rmsnorm_call and native_call: equal calls, one per case."""
-    layernorm = files.path("vllm/model_executor/layers/layernorm.py")
+# -- vLLM 0.30.0 and 0.33.0 ---------------------------------------------------------------------------------------
+def vllm_calls(files: sf.StackFiles, monkeypatch: pytest.MonkeyPatch, flip: bool) -> list[bool]:
+    """forward_cuda (0.33.0's through torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated) and forward_native,
+    read from the release's layernorm.py, against rmsnorm_call and native_call: equal calls, one per case."""
+    layernorm = files.path(sf.LAYERNORM)
     seen: list = []
-    guard = types.ModuleType("vllm.third_party.flash_linear_attention.ops.layernorm_guard")
+    guard = types.ModuleType(sf.VLLM_GUARD[-1].removesuffix(".py").replace("/", "."))
     guard.rmsnorm_fn = lambda *a, **k: seen.append((a, k))
     monkeypatch.setitem(sys.modules, guard.__name__, guard)
-    op = sf.read_function(layernorm, "_fla_rms_norm_gated", {})
+    op = (
+        sf.read_function(layernorm, "_fla_rms_norm_gated", {})
+        if "def _fla_rms_norm_gated" in layernorm.read_text()
+        else None
+    )
     fake_torch = types.SimpleNamespace(ops=types.SimpleNamespace(vllm=types.SimpleNamespace(fla_rms_norm_gated=op)))
     cuda = sf.read_function(layernorm, "RMSNormGated.forward_cuda", {"torch": fake_torch})
     native = sf.read_function(layernorm, "RMSNormGated.forward_native", {})
     same = []
     for opts in (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid")):
-        c = make_case(3, 128, seed=1)
-        mod = types.SimpleNamespace(weight=c.w, **opts.as_dict())
-        mod.forward_static = lambda *a, **k: seen.append((a, k))
-        if flip:
-            mod.norm_before_gate = not mod.norm_before_gate
-        for theirs in (cuda, native):
-            seen.clear()
-            theirs(mod, c.x, c.z)
-            if theirs is native:
-                native_call(lambda *a, **k: seen.append((a, k)), c.x, c.z, c.w, opts)
-            else:
-                rmsnorm_call(guard.rmsnorm_fn, c.x, c.z, c.w, opts)
-            assert len(seen) == 2
-            (a1, k1), (a2, k2) = seen
-            equal = len(a1) == len(a2) and all(u is v or u == v for u, v in zip(a1, a2, strict=True))
-            same.append(equal and k1 == k2)
+        for gated in (True, False):
+            c = make_case(3, 128, seed=1)
+            z = c.z if gated else None
+            mod = types.SimpleNamespace(weight=c.w, bias=None, **opts.as_dict())  # vLLM's module has no bias
+            mod.forward_static = lambda *a, **k: seen.append((a, k))
+            if flip:
+                mod.norm_before_gate = not mod.norm_before_gate
+            for theirs, ours in ((cuda, rmsnorm_call), (native, native_call)):
+                seen.clear()
+                theirs(mod, c.x, z)
+                ours(lambda *a, **k: seen.append((a, k)), c.x, z, c.w, opts)
+                assert len(seen) == 2
+                (a1, k1), (a2, k2) = seen
+                equal = len(a1) == len(a2) and all(u is v or u == v for u, v in zip(a1, a2, strict=True))
+                same.append(equal and k1 == k2)
     return same
 
 
-def test_vllm_033_forward_cuda_and_native_make_the_rows_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    files = pinned("vllm-0.33.0")
-    assert vllm_033_calls(files, monkeypatch, flip=False) == [True] * 4
-    assert vllm_033_calls(files, monkeypatch, flip=True) == [False] * 4  # planted: the module's option differs
+@pytest.mark.parametrize("key", ["vllm", "vllm-0.33.0"])
+def test_vllm_forward_cuda_and_native_make_the_rows_calls(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What RMSNormGated.forward_cuda and forward_native call, from each release's own lines (the constructor's
+    attributes: tests/kit/test_vllm_files.py); a module with another option is caught."""
+    files = pinned(key)
+    assert vllm_calls(files, monkeypatch, flip=False) == [True] * 8
+    assert vllm_calls(files, monkeypatch, flip=True) == [False] * 8
 
 
 def test_vllm_033_rows_run_its_files() -> None:
@@ -293,29 +300,12 @@ def test_vllm_033_rows_run_its_files() -> None:
         "sglang_layernorm_gated_deterministic",
         "torchtitan",
         "megatron_gdn_batch_invariant",
-        "vllm_033",
-        "vllm_native_033",
-        "vllm_native_compiled_033",
-        "vllm_native_batch_invariant_033",
     ],
 )
 def test_the_stacks_rows_on_the_gpu(key: str) -> None:
-    """On the GPU machine (the stacks not installed there): each row runs from the carried files."""
+    """On the GPU machine (the stacks not installed there): each row runs from the carried files (vLLM 0.33.0's:
+    tests/kit/test_vllm_files.py)."""
     row = load_backend(key)
     assert row.available("cuda") == (True, ""), row.available("cuda")
     c = make_case(1000, 128, seed=3, device="cuda")
     assert torch.isfinite(row.forward(c.x, c.z, c.w, OpOptions()).float()).all()
-
-
-def test_the_tool_packs_a_pin_as_vllm_sources_does(vllm_archive: Path, tmp_path: Path) -> None:
-    """tools/stack_sources.py packs the installed vLLM 0.30.0 into the very bytes of tools/vllm_sources.py's archive,
-    and refuses a key it does not know."""
-    import subprocess
-
-    tool = Path(__file__).resolve().parents[2] / "tools" / "stack_sources.py"
-    run = [sys.executable, str(tool), "--out", str(tmp_path)]
-    proc = subprocess.run([*run, "vllm-0.30.0"], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "vllm-src.tar.gz").read_bytes() == vllm_archive.read_bytes()
-    proc = subprocess.run([*run, "sglang-9"], capture_output=True, text=True, check=False)
-    assert proc.returncode == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["vllm-src.tar.gz"]

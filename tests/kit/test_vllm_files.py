@@ -2,9 +2,10 @@
 
 Proven against the installed vLLM in the suite's one vLLM child (tests/kit/vllm_child.py; vllm never enters
 this process):
-- `RMSNormGated.forward_cuda` calls `layernorm_guard.rmsnorm_fn` with exactly `rmsnorm_call`'s arguments, and the
-  constructor gets our options (compute units answered: a step of the set-up that is needed);
-- `rmsnorm_fn` loaded from vLLM's files (installed, and packed by tools/vllm_sources.py) gives the installed
+- the constructor gets our options and no bias, what forward_cuda hands `rmsnorm_fn` (that its call is exactly
+  `rmsnorm_call`'s: tests/kit/test_stacks.py, from each release's own lines); compute units answered: a step of the
+  set-up that is needed;
+- `rmsnorm_fn` loaded from vLLM's files (installed, and packed by tools/stack_sources.py) gives the installed
   module's bits, and a real `import vllm` in the same process is left as it was;
 - the GDN layer's fused path (`_rms_norm_gated_cuda`: `layer_norm_fwd(..., out=...)`, in place) launches the same
   kernel with the same arguments as forward_cuda, and gives the same bits.
@@ -22,39 +23,29 @@ import torch
 from vllm_child import facts
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import vllm_files as vf
-from rlnorm.kit.backends.vllm import VllmBackend, rmsnorm_call, vllm_version
+from rlnorm.kit.backends import load_backend
+from rlnorm.kit.backends import stack_files as sf
+from rlnorm.kit.backends import vllm as vb
+from rlnorm.kit.backends.vllm import rmsnorm_call
 from rlnorm.options import OpOptions
 
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "vllm_sources.py"
+GUARD = sf.VLLM_GUARD[-1]
+TOOL = Path(__file__).resolve().parents[2] / "tools" / "stack_sources.py"
 
 
 @pytest.fixture(scope="module")
-def vllm_child(installed_vllm: vf.VllmFiles, vllm_archive: Path) -> dict:
+def vllm_child(installed_vllm: sf.StackFiles, vllm_archive: Path) -> dict:
     """The real vllm's findings, from the suite's one child (tests/kit/vllm_child.py)."""
     return facts(vllm_archive)
 
 
 @pytest.mark.slow
-def test_forward_cuda_calls_rmsnorm_fn_with_exactly_these_arguments(vllm_child: dict) -> None:
-    """RMSNormGated.forward_cuda(x, z) is rmsnorm_call(rmsnorm_fn, x, z, w, opts): the same function (the recorder
-    put in its place is what forward_cuda calls), the same positional and keyword arguments, the same tensors. The
-    planted variant (forward_cuda reading a flipped norm_before_gate) shows the comparison catches a difference."""
-    out = vllm_child["calls"]
-    for variant, results in out.items():
-        assert len(results) == 4
-        for r in results:
-            assert len(r["vllm"]) == 1 and len(r["ours"]) == 1, r  # forward_cuda called rmsnorm_fn, once
-            assert (r["vllm"] == r["ours"]) is (variant == "real"), r
-
-
-@pytest.mark.slow
-def test_vllms_files_give_the_installed_modules_bits(installed_vllm: vf.VllmFiles, vllm_child: dict) -> None:
+def test_vllms_files_give_the_installed_modules_bits(installed_vllm: sf.StackFiles, vllm_child: dict) -> None:
     r = vllm_child["bits"]
     assert r["restored"] == []  # the real vllm modules are back, and none of ours is left
     assert r["distinct"]
-    assert r["files"][0] == str(installed_vllm.path(vf.LAYERNORM_GUARD))
-    assert r["files"][1].endswith(vf.LAYERNORM_GUARD) and "rlnorm-vllm-src-" in r["files"][1]
+    assert r["files"][0] == str(installed_vllm.path(GUARD))
+    assert r["files"][1].endswith(GUARD) and "rlnorm-src-" in r["files"][1]
     assert len(r["cases"]) == 20
     for case in r["cases"]:
         assert case["equal"] == [True, True, True], case
@@ -87,7 +78,7 @@ def test_the_set_up_needs_the_compute_units_and_the_module_gets_our_options(vllm
     assert len(vllm_child["mapping"]) == 16
     for r in vllm_child["mapping"]:
         gs, nbg, act, wdt = r["opts"]
-        assert r["attrs"] == [1e-5, gs, nbg, act, wdt] and r["same_weight"], r
+        assert r["attrs"] == [1e-5, gs, nbg, act, wdt, None] and r["same_weight"], r  # no bias: rmsnorm_call's None
         # both are fp32 math rounded once; a wrong mapping (gate order, activation, groups, eps) moves outputs by
         # far more than one bf16 ulp (2^-8 relative)
         assert r["max_rel"] <= 2**-7, r
@@ -97,28 +88,25 @@ def test_the_set_up_needs_the_compute_units_and_the_module_gets_our_options(vllm
 # -- the loader, here in this process ----------------------------------------------------------------------------
 
 
-def test_loading_runs_vllms_files_and_leaves_no_vllm_behind(installed_vllm: vf.VllmFiles) -> None:
+def test_loading_runs_vllms_files_and_leaves_no_vllm_behind(installed_vllm: sf.StackFiles) -> None:
     import triton
 
     def vllm_modules() -> set[str]:  # another test in this process may have imported vLLM itself
         return {k for k in sys.modules if k == "vllm" or k.startswith("vllm.")}
 
     before = vllm_modules()
-    lg = vf.load_layernorm_guard(installed_vllm)
+    lg = vb.load_layernorm_guard(installed_vllm)
     c = make_case(9, 128, seed=2)
     y = rmsnorm_call(lg.rmsnorm_fn, c.x, c.z, c.w, OpOptions())
     assert y.shape == (9, 128)
     assert vllm_modules() == before
     # what ran is vLLM's files: the module, the decorator and the kernel base class it imports ...
-    assert lg.__file__ == str(installed_vllm.path(vf.LAYERNORM_GUARD))
-    ops = "vllm/third_party/flash_linear_attention/ops/utils.py"
-    assert lg.input_guard.__code__.co_filename == str(installed_vllm.path(ops))
-    assert lg.VllmJitKernel.__init__.__code__.co_filename == str(
-        installed_vllm.path("vllm/model_executor/warmup/jit_warmup.py")
-    )
-    # ... and only the helpers named in STOOD_IN are ours
+    assert lg.__file__ == str(installed_vllm.path(GUARD))
+    assert lg.input_guard.__code__.co_filename == str(installed_vllm.path(sf.VLLM_GUARD[3]))
+    assert lg.VllmJitKernel.__init__.__code__.co_filename == str(installed_vllm.path(sf.VLLM_GUARD[1]))
+    # ... and only the helpers the pin names as stood in are ours
     assert lg.triton is triton
-    assert lg.num_compute_units.__wrapped__ is vf.compute_units
+    assert lg.num_compute_units.__wrapped__ is vb.compute_units
 
 
 def test_read_function_names_what_the_namespace_lacks(tmp_path: Path) -> None:
@@ -127,37 +115,43 @@ def test_read_function_names_what_the_namespace_lacks(tmp_path: Path) -> None:
         "import torch.nn.functional as F\n\nclass A:\n    @staticmethod\n    def g(x):\n        return F.silu(x)\n"
     )
     with pytest.raises(NameError, match=r"m\.py:A\.g reads \['F'\], which the namespace given does not define"):
-        vf.read_function(f, "A.g", {})
-    assert vf.read_function(f, "A.g", {"F": torch.nn.functional})(torch.zeros(2)).tolist() == [0.0, 0.0]
+        sf.read_function(f, "A.g", {})
+    assert sf.read_function(f, "A.g", {"F": torch.nn.functional})(torch.zeros(2)).tolist() == [0.0, 0.0]
     with pytest.raises(LookupError, match=r"no function 'A\.h'"):
-        vf.read_function(f, "A.h", {})
+        sf.read_function(f, "A.h", {})
 
 
 def test_the_archive_is_reproducible_and_holds_what_is_read(vllm_archive: Path, tmp_path: Path) -> None:
-    again = tmp_path / "again.tar.gz"
-    proc = subprocess.run([sys.executable, str(TOOL), "--out", str(again)], capture_output=True, text=True, check=False)
+    """tools/stack_sources.py packs the same bytes again, only the pin's files and METADATA; it unpacks once per
+    content, and an unknown key is refused with nothing written."""
+    run = [sys.executable, str(TOOL), "--out", str(tmp_path)]
+    proc = subprocess.run([*run, "vllm"], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert again.read_bytes() == vllm_archive.read_bytes()
+    assert (tmp_path / "vllm-src.tar.gz").read_bytes() == vllm_archive.read_bytes()
     with tarfile.open(vllm_archive) as tar:
-        names = tar.getnames()
-    assert names == [*sorted(vf.NEEDED), f"vllm-{vllm_version()}.dist-info/METADATA"]
-    assert vf.unpack(vllm_archive) == vf.unpack(vllm_archive)  # unpacked once per content
+        assert tar.getnames() == [*sorted(sf.PINS["vllm"].files), "vllm-0.30.0.dist-info/METADATA"]
+    assert sf.unpack(vllm_archive) == sf.unpack(vllm_archive)
+    proc = subprocess.run([*run, "sglang-9"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["vllm-src.tar.gz"]
+
+
+VLLM_ROWS = ["vllm", "vllm_native", "vllm_native_compiled", "vllm_native_batch_invariant"]
 
 
 @pytest.mark.gpu
-def test_the_vllm_row_from_vllms_files_on_the_gpu() -> None:
-    """On the GPU machine (vllm not importable there): the row runs vLLM's kernel from the carried files, with the
-    GPU's SM count as vLLM's CUDA platform answers it, and one bf16 ulp of the reference at most."""
+@pytest.mark.parametrize("key", VLLM_ROWS + [f"{k}_033" for k in VLLM_ROWS])
+def test_the_vllm_rows_on_the_gpu(key: str) -> None:
+    """On the GPU machine (vllm not importable there): each vLLM row runs from the carried files (the kernel with the
+    GPU's SM count as vLLM's CUDA platform answers it), one bf16 ulp of the reference at most."""
     from rlnorm.numerics import ulp_distance
     from rlnorm.reference import rms_norm_gated_reference
 
-    files, where = vf.find_files()
-    if files is None:
-        pytest.skip(f"no vLLM files here ({where}): python tools/vllm_sources.py, and carry .whl")
-    b = VllmBackend(files=files.root)
-    assert b.available("cuda") == (True, "")
-    assert vf.compute_units(0) == torch.cuda.get_device_properties(0).multi_processor_count
+    b = load_backend(key)
+    ok, why = b.available("cuda")
+    if not ok and "files were not found" in why:
+        pytest.skip(why)
+    assert (ok, why) == (True, "")
+    assert vb.compute_units(0) == torch.cuda.get_device_properties(0).multi_processor_count
     c = make_case(1000, 128, seed=3, device="cuda")
     y = b.forward(c.x, c.z, c.w, OpOptions())
-    ref = rms_norm_gated_reference(c.x, c.z, c.w, OpOptions())
-    assert int(ulp_distance(y, ref).max()) <= 1
+    assert int(ulp_distance(y, rms_norm_gated_reference(c.x, c.z, c.w, OpOptions())).max()) <= 1

@@ -18,8 +18,9 @@ import json, sys
 import torch
 torch.set_num_threads(2)
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import vllm_files as vf
-from rlnorm.kit.backends.vllm import VllmBackend, answer_compute_units, build_module, prepare_import, rmsnorm_call
+from rlnorm.kit.backends import stack_files as sf
+from rlnorm.kit.backends.vllm import (VllmBackend, answer_compute_units, build_module, load_layernorm_guard,
+                                      prepare_import, rmsnorm_call)
 from rlnorm.kit.backends.vllm_native import (VllmNativeBackend, VllmNativeBatchInvariantBackend,
                                              VllmNativeCompiledBackend, native_call, vllm_inductor_options)
 from rlnorm.options import OpOptions
@@ -45,42 +46,13 @@ def module(w, opts):
 """
 _PRELUDE += CHILD_DESCRIBE
 
-_CALL_SCRIPT = r"""
-calls = []
-real_fn = lg.rmsnorm_fn
-
-def recorder(*args, **kwargs):
-    calls.append(describe([list(args), kwargs]))
-    return torch.zeros(1)
-
-lg.rmsnorm_fn = recorder  # forward_cuda imports it from layernorm_guard when called
-out = {"real": [], "planted": []}
-for variant, results in out.items():
-    for opts in (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid")):
-        for gated in (True, False):
-            c = make_case(5, 128, seed=1)
-            z = c.z if gated else None
-            mod = build_module(128, c.w, opts)
-            mod.weight = torch.nn.Parameter(c.w, requires_grad=False)  # what the backend does: our bits, no copy
-            if variant == "planted":
-                mod.norm_before_gate = not mod.norm_before_gate
-            calls.clear()
-            mod.forward_cuda(c.x, z)
-            vllm_calls = list(calls)
-            calls.clear()
-            rmsnorm_call(recorder, c.x, z, c.w, opts)
-            results.append({"vllm": vllm_calls, "ours": list(calls)})
-found["calls"] = out
-lg.rmsnorm_fn = real_fn  # the sections after this one run the real function
-"""
-
-
 _BITS_SCRIPT = r"""
 from vllm.third_party.flash_linear_attention.ops.layernorm_guard import rmsnorm_fn as installed_fn
 real = {k: v for k, v in sys.modules.items() if k == "vllm" or k.startswith("vllm.")}
 archive = sys.argv[1]
-from_installed = vf.load_layernorm_guard(vf.find_files(vf.installed_root())[0])
-from_archive = vf.load_layernorm_guard(vf.find_files(archive)[0])
+PIN = sf.PINS["vllm"]
+from_installed = load_layernorm_guard(sf.find(PIN, sf.installed(PIN))[0])
+from_archive = load_layernorm_guard(sf.find(PIN, archive)[0])
 restored = {k for k, v in real.items() if sys.modules.get(k) is not v} | {
     k for k in sys.modules if (k == "vllm" or k.startswith("vllm.")) and k not in real
 }
@@ -105,9 +77,9 @@ found["bits"] = out
 _GDN_SCRIPT = r"""
 import types
 
-gdn_file = vf.find_files(vf.installed_root())[0].path("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py")
+gdn_file = sf.find(PIN, sf.installed(PIN))[0].path("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py")
 # the GDN module needs packages the CPU install leaves out; its method is read from its own lines instead
-fused = vf.read_function(gdn_file, "QwenGatedDeltaNetAttention._rms_norm_gated_cuda", {})
+fused = sf.read_function(gdn_file, "QwenGatedDeltaNetAttention._rms_norm_gated_cuda", {})
 launches = []
 real_kernel = lg.LayerNormFwdKernel.kernel
 
@@ -177,41 +149,13 @@ for gs in (None, 32):
                 y, ref = mod.forward_native(c.x, c.z).float(), rms_norm_gated_reference(c.x, c.z, c.w, opts).float()
                 out.append({
                     "opts": [gs, nbg, act, str(wdt)],
-                    "attrs": [mod.eps, mod.group_size, mod.norm_before_gate, mod.activation, str(mod.weight.dtype)],
+                    "attrs": [mod.eps, mod.group_size, mod.norm_before_gate, mod.activation, str(mod.weight.dtype),
+                              mod.bias],
                     "max_rel": ((y - ref).abs() / ref.abs().clamp_min(1e-3)).max().item(),
                     "bitwise": bool(torch.equal(y, ref)),
                     "same_weight": mod.weight.data_ptr() == c.w.data_ptr(),
                 })
 found["mapping"] = out
-"""
-
-
-_NATIVE_CALL_SCRIPT = r"""
-calls = []
-
-def recorder(*args, **kwargs):
-    calls.append(describe([list(args), kwargs]))
-    return torch.zeros(1)
-
-out = {"real": [], "planted": []}
-for variant, results in out.items():
-    for opts in OPTIONS:
-        for gated in (True, False):
-            c = make_case(5, 128, seed=1)
-            z = c.z if gated else None
-            mod = module(c.w, opts)
-            if variant == "planted":
-                mod.activation = "swish" if opts.activation == "sigmoid" else "sigmoid"
-            real_static = RMSNormGated.__dict__["forward_static"]  # the staticmethod itself
-            RMSNormGated.forward_static = staticmethod(recorder)
-            calls.clear()
-            mod.forward_native(c.x, z)
-            vllm_calls = list(calls)
-            RMSNormGated.forward_static = real_static
-            calls.clear()
-            native_call(recorder, c.x, z, c.w, opts)
-            results.append({"vllm": vllm_calls, "ours": list(calls)})
-found["native_calls"] = out
 """
 
 
@@ -313,8 +257,8 @@ def facts(archive: Path) -> dict[str, Any]:
     """Every section's findings; the call recorders restore what they replace, and batch-invariant mode, which stays
     on, goes last."""
     if not _FOUND:
-        sections = [_BITS_SCRIPT, _GDN_SCRIPT, _CALL_SCRIPT, _MAPPING_SCRIPT, _NATIVE_CALL_SCRIPT, _NATIVE_BITS_SCRIPT,
-                    _DISPATCH_SCRIPT, _BATCH_INVARIANT_SCRIPT]  # fmt: skip
+        sections = [_BITS_SCRIPT, _GDN_SCRIPT, _MAPPING_SCRIPT, _NATIVE_BITS_SCRIPT, _DISPATCH_SCRIPT,
+                    _BATCH_INVARIANT_SCRIPT]  # fmt: skip
         script = _PRELUDE + "".join(sections) + 'print("RESULT " + json.dumps(found))'
         _FOUND.update(child_result(script, str(archive)))
     return _FOUND

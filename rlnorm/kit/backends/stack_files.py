@@ -1,29 +1,42 @@
-"""Pinned files of the RL stacks (SGLang, Megatron-core, TorchTitan, vLLM), run where the package cannot install.
+"""Pinned files of the stacks (vLLM 0.30.0 and 0.33.0, SGLang, Megatron-core, TorchTitan), run without importing them.
 
 One registry (`PINS`): for each stack the distribution and version pinned, the files taken from its wheel and the
-modules stood in. Where the files are: $RLNORM_<KEY>_SOURCES (a folder or an archive), else the installed package
-when its version is the pinned one (found without importing it), else `.whl/<key>-src.tar.gz`, which
-`tools/stack_sources.py` packs from the installed package or the downloaded wheel. `load` executes files as modules
-under the stack's own names, which exist only while they execute: nothing is left in sys.modules.
+modules stood in. Where the files are (`find`): a path given, else $RLNORM_<KEY>_SOURCES (a folder or an archive),
+else the installed package when it is the pinned version (found without importing it), else `.whl/<key>-src.tar.gz`,
+which `tools/stack_sources.py` packs from the installed package or the downloaded wheel. `load` executes files as
+modules under the stack's own names, which exist only while they execute; `read_function` runs one function of a file.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
+import dis
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import sys
+import tarfile
+import tempfile
+import threading
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from rlnorm.kit.backends.vllm_files import LAYERNORM, NEEDED, private_names, read_function, unpack
-from rlnorm.timing import describe_error
+from torch import Tensor
 
-__all__ = ["PINS", "WHL", "Pin", "StackFiles", "find", "load", "load_file", "read_function"]
+from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error
+from rlnorm.options import OpOptions
+
+__all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "Pin", "StackFiles", "StackRow", "find", "installed", "load"]
+__all__ += ["load_file", "read_function", "unpack"]
 
 WHL = Path(__file__).resolve().parents[3] / ".whl"
+_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -33,14 +46,17 @@ class Pin:
     key: str  # names the archive (.whl/<key>-src.tar.gz) and the variable RLNORM_<KEY>_SOURCES
     dist: str  # the distribution on the package index
     version: str
-    package: str  # the top-level import name
-    files: tuple[str, ...]  # paths inside the wheel, relative to its root
+    files: tuple[str, ...]  # paths inside the wheel, relative to its root; the first names the package
     stood_in: Mapping[str, str] = field(default_factory=dict)  # module -> what stands in, for `source`
-    archive_name: str = ""
+    empty: tuple[str, ...] = ()  # modules the files import but never read: an empty module stands in
+
+    @property
+    def package(self) -> str:
+        return self.files[0].split("/", 1)[0]
 
     @property
     def archive(self) -> Path:
-        return WHL / (self.archive_name or f"{self.key}-src.tar.gz")
+        return WHL / f"{self.key}-src.tar.gz"
 
     @property
     def env(self) -> str:
@@ -49,7 +65,16 @@ class Pin:
 
 _SGL = "sglang/kernels/ops/attention/fla/"
 _MEG = "megatron/core/"
-_VLLM_033_EXTRA = {"vllm.envs": "empty (only the warm-up reads it)"}
+LAYERNORM = "vllm/model_executor/layers/layernorm.py"
+BATCH_INVARIANT = "vllm/model_executor/determinism/batch_invariant.py"
+# vLLM's layernorm_guard and the vLLM modules it imports, in import order
+VLLM_GUARD = (
+    "vllm/utils/math_utils.py",
+    "vllm/model_executor/warmup/jit_warmup.py",
+    "vllm/model_executor/warmup/jit_warmup_triton_helper.py",
+    "vllm/third_party/flash_linear_attention/ops/utils.py",
+    "vllm/third_party/flash_linear_attention/ops/layernorm_guard.py",
+)
 _VLLM_STOOD_IN = {
     "vllm.triton_utils": "triton",
     "vllm.platforms, vllm.utils.platform_utils": "num_compute_units: SMs, or torch's threads on a CPU",
@@ -61,7 +86,6 @@ PINS: dict[str, Pin] = {
             "sglang",
             "sglang",
             "0.5.23",
-            "sglang",
             (
                 _SGL + "fused_norm_gate.py",
                 _SGL + "layernorm_gated.py",
@@ -81,7 +105,6 @@ PINS: dict[str, Pin] = {
             "megatron-core",
             "megatron-core",
             "0.19.2",
-            "megatron",
             (
                 _MEG + "ssm/gated_delta_net/common.py",
                 _MEG + "transformer/custom_layers/batch_invariant_kernels.py",
@@ -92,19 +115,19 @@ PINS: dict[str, Pin] = {
                 "the GDN layer": "out_norm and act_fn = F.silu",
             },
         ),
-        Pin("torchtitan", "torchtitan", "0.3.0", "torchtitan", ("torchtitan/models/qwen3_5/model.py",)),
+        Pin("torchtitan", "torchtitan", "0.3.0", ("torchtitan/models/qwen3_5/model.py",)),
+        # the `vllm` rows' release (the one .ci/install-vllm.sh installs), and today's beside it
+        Pin("vllm", "vllm", "0.30.0", (*VLLM_GUARD, LAYERNORM, BATCH_INVARIANT), _VLLM_STOOD_IN),
         Pin(
             "vllm-0.33.0",
             "vllm",
             "0.33.0",
-            "vllm",
-            NEEDED,
-            {**_VLLM_STOOD_IN, **_VLLM_033_EXTRA},
+            (*VLLM_GUARD, LAYERNORM, BATCH_INVARIANT),
+            {**_VLLM_STOOD_IN, "vllm.envs": "an empty module (only the warm-up reads it)"},
+            empty=("vllm.envs",),
         ),
-        Pin("vllm-0.30.0", "vllm", "0.30.0", "vllm", NEEDED, _VLLM_STOOD_IN, archive_name="vllm-src.tar.gz"),
     )
 }
-assert LAYERNORM in NEEDED
 
 
 @dataclass(frozen=True)
@@ -118,18 +141,8 @@ class StackFiles:
     def path(self, rel: str) -> Path:
         return self.root / rel
 
-    def missing(self) -> list[str]:
-        return [rel for rel in self.pin.files if not self.path(rel).is_file()]
 
-    def line(self, rel: str, text: str) -> int:
-        """The first line of file `rel` holding `text`, for a source string (0 if none)."""
-        for i, ln in enumerate(self.path(rel).read_text(encoding="utf-8").splitlines(), 1):
-            if text in ln:
-                return i
-        return 0
-
-
-def _installed(pin: Pin) -> Path | None:
+def installed(pin: Pin) -> Path | None:
     """The folder holding the installed package when it is the pinned version, found without importing it."""
     try:
         if importlib.metadata.version(pin.dist) != pin.version:
@@ -143,16 +156,47 @@ def _installed(pin: Pin) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations))).parent
 
 
-def find(pin: Pin) -> tuple[StackFiles | None, str]:
-    """The pin's files and where they came from, or None and where they were looked for."""
-    given = os.environ.get(pin.env) or None
+def unpack(archive: Path) -> Path:
+    """An archive made by tools/stack_sources.py, unpacked once into the temp folder (named by its hash)."""
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()[:16]
+    dest = Path(tempfile.gettempdir()) / f"rlnorm-src-{digest}"
+    if dest.is_dir():
+        return dest
+    tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            if hasattr(tarfile, "data_filter"):
+                tar.extractall(tmp, filter="data")
+            else:  # Python without extraction filters: refuse members that would land outside tmp
+                for member in tar.getmembers():
+                    if member.name.startswith("/") or ".." in Path(member.name).parts:
+                        raise ValueError(f"{archive}: member {member.name!r} points outside the archive")
+                tar.extractall(tmp)
+        os.replace(tmp, dest)
+    except OSError:
+        if not dest.is_dir():  # another process unpacked the same archive first: use its copy
+            raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def find(pin: Pin, given: str | Path | None = None) -> tuple[StackFiles | None, str]:
+    """The pin's files (from `given`, a folder or archive, else as the module says) and where they came from, or
+    None and where they were looked for."""
+    if given is None and os.environ.get(pin.env):
+        given = os.environ[pin.env]
+        named, origin = f"{pin.env}={given}", f"{given} ({pin.env})"
+    else:
+        named = origin = str(given)
     try:
         if given is not None:
             path = Path(given)
             if not path.exists():
-                return None, f"{pin.env}={given} does not exist"
-            return StackFiles(pin, unpack(path) if path.is_file() else path, f"{path} ({pin.env})"), ""
-        root = _installed(pin)
+                return None, f"{named} does not exist"
+            return StackFiles(pin, unpack(path) if path.is_file() else path, origin), ""
+        root = installed(pin)
         if root is not None:
             return StackFiles(pin, root, f"the installed package ({root / pin.package})"), ""
         if pin.archive.is_file():
@@ -165,36 +209,44 @@ def find(pin: Pin) -> tuple[StackFiles | None, str]:
     )
 
 
-def _install(name: str, module: types.ModuleType, ours: dict[str, types.ModuleType]) -> None:
-    ours[name] = sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    if not parent:
-        return
-    if parent not in ours:  # an empty package: nothing else of the stack loads from disk
-        pkg = types.ModuleType(parent)
-        pkg.__path__ = []
-        _install(parent, pkg, ours)
-    setattr(ours[parent], child, module)
-
-
-def load(
-    files: StackFiles, modules: list[tuple[str, str]], stand_ins: Mapping[str, types.ModuleType]
-) -> dict[str, types.ModuleType]:
-    """Execute `modules` ((name, file) in import order) from the pin's files, with `stand_ins` under their names.
-    Returns the modules by name; none of them stays in sys.modules."""
-    missing = [rel for _, rel in modules if not files.path(rel).is_file()]
+def load(files: StackFiles, rels: tuple[str, ...] | list[str], stand_ins: list[types.ModuleType]) -> dict[str, Any]:
+    """Execute the files `rels` (in import order) as the modules they are, with `stand_ins` and an empty module for
+    each of the pin's `empty` under their names. Returns the modules by name; none of them stays in sys.modules, and
+    whatever was there under the stack's names before comes back after (one lock for every stack's files)."""
+    missing = [rel for rel in rels if not files.path(rel).is_file()]
     if missing:
         raise FileNotFoundError(f"{files.pin.dist} files under {files.root} lack {missing}")
-    with private_names(files.pin.package) as ours:
-        for name, module in stand_ins.items():
-            _install(name, module, ours)
-        for name, rel in modules:
-            spec = importlib.util.spec_from_file_location(name, files.path(rel))
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            _install(name, module, ours)
-            spec.loader.exec_module(module)
-        return dict(ours)
+    package = files.pin.package
+    ours: dict[str, types.ModuleType] = {}
+
+    def install(name: str, module: types.ModuleType) -> None:
+        ours[name] = sys.modules[name] = module
+        parent, _, child = name.rpartition(".")
+        if parent and parent not in ours:  # an empty package: nothing else of the stack loads from disk
+            pkg = types.ModuleType(parent)
+            pkg.__path__ = []
+            install(parent, pkg)
+        if parent:
+            setattr(ours[parent], child, module)
+
+    with _LOCK:
+        saved = {k: v for k, v in sys.modules.items() if k.split(".")[0] == package}
+        for k in saved:
+            del sys.modules[k]
+        try:
+            for module in [*stand_ins, *(types.ModuleType(name) for name in files.pin.empty)]:
+                install(module.__name__, module)
+            for rel in rels:
+                spec = importlib.util.spec_from_file_location(rel[:-3].replace("/", "."), files.path(rel))
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                install(spec.name, module)
+                spec.loader.exec_module(module)
+            return dict(ours)
+        finally:
+            for k in [k for k in sys.modules if k.split(".")[0] == package]:
+                del sys.modules[k]
+            sys.modules.update(saved)
 
 
 def load_file(files: StackFiles, rel: str) -> types.ModuleType:
@@ -213,3 +265,91 @@ def load_file(files: StackFiles, rel: str) -> types.ModuleType:
         del sys.modules[name]
         raise
     return module
+
+
+def _global_reads(code: types.CodeType) -> set[str]:
+    """Names a code object (and the code nested in it) reads as globals: what its namespace must define."""
+    names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _global_reads(const)
+    return names
+
+
+def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Callable[..., Any]:
+    """`qualname` ("f" or "Class.method") from the file at `path`, executed from its own lines in `namespace`
+    (file name and line numbers kept: Triton's JIT reads the source). A method's @staticmethod is dropped; NameError
+    names any global the function reads that `namespace` lacks."""
+    body: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body
+    *outer, name = qualname.split(".")
+    for cls in outer:
+        found = [n for n in body if isinstance(n, ast.ClassDef) and n.name == cls]
+        if not found:
+            raise LookupError(f"no class {cls!r} at the top of the file")
+        body = found[0].body
+    defs = [n for n in body if isinstance(n, ast.FunctionDef) and n.name == name]
+    if not defs:
+        raise LookupError(f"no function {qualname!r}")
+    node = defs[-1]
+    node.decorator_list = [d for d in node.decorator_list if not (outer and ast.unparse(d) == "staticmethod")]
+    code = compile(ast.Module(body=[node], type_ignores=[]), str(path), "exec")
+    unknown = sorted(_global_reads(code) - set(namespace) - set(vars(builtins)))
+    if unknown:
+        raise NameError(f"{path.name}:{qualname} reads {unknown}, which the namespace given does not define")
+    # the function's globals are a module of its own, importable by name: torch.compile looks a traced function's
+    # module up in sys.modules to guard its globals
+    tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]
+    module_name = f"{__name__}.{path.stem}_{tag}"
+    module = sys.modules.get(module_name) or types.ModuleType(module_name)
+    module.__dict__.update(namespace, __file__=str(path), __builtins__=builtins)
+    exec(code, module.__dict__)
+    sys.modules[module_name] = module
+    return module.__dict__[node.name]
+
+
+class StackRow(Backend):
+    """A row from a pinned stack's files (`files`: a folder or archive in their place): `_load` reads them once;
+    files missing or failing to load are the reason it cannot run."""
+
+    pin: Pin
+    needs_gate = False
+
+    def __init__(self, files: str | Path | None = None) -> None:
+        super().__init__()
+        self.files, self._where = find(self.pin, files)
+        self._loaded: Any = None
+        self.source = self.describe(self.files.origin if self.files is not None else "files not found")
+
+    def describe(self, where: str) -> str:
+        stood = "; ".join(f"{k}: {v}" for k, v in self.pin.stood_in.items()) or "nothing"
+        return f"{self.pin.dist} {self.pin.version} {self.what()} ({where}; stood in: {stood})"
+
+    def what(self) -> str:
+        raise NotImplementedError
+
+    def _load(self) -> Any:
+        raise NotImplementedError
+
+    def loaded(self) -> Any:
+        if self._loaded is None:
+            if self.files is None:
+                raise BackendUnavailable(f"{self.key}: {self._where}")
+            self._loaded = self._load()
+        return self._loaded
+
+    def _import_reason(self) -> str | None:
+        if self.files is None:
+            return self._where
+        try:
+            self.loaded()
+        except Exception as exc:
+            pinned = f"{self.pin.dist} {self.pin.version}"
+            return f"{pinned}'s files under {self.files.root} do not load: {describe_error(exc)}"
+        return None
+
+    def _check(self, x: Tensor, z: Tensor | None, opts: OpOptions) -> None:
+        ok, why = self.supports(opts)
+        if not ok:
+            raise BackendUnavailable(f"{self.key}: {why}")
+        if self.needs_gate and z is None:
+            raise BackendUnavailable(f"{self.key}: needs a gate z (the stack's layer always passes one)")

@@ -1,9 +1,10 @@
 """The gated norm as the RL stacks run it, from each stack's own files at a pinned version (docs/stacks.md).
 
-SGLang (the sampler of slime and AReaL), Megatron-core (their trainer), TorchTitan and today's vLLM cannot be
-installed beside the kit's torch, so each row executes the stack's files (`stack_files`: installed at the pinned
-version, or carried in .whl/) with only the helpers named in `source` stood in, and calls the stack's module as the
-model's layer calls it. tests/kit/test_stacks.py proves the calls and their arguments against the real files.
+SGLang (the sampler of slime and AReaL), Megatron-core (their trainer) and TorchTitan cannot be installed beside the
+kit's torch, so each row executes the stack's files (`stack_files`: installed at the pinned version, or carried in
+.whl/) with only the helpers named in `source` stood in, and calls the stack's module as the model's layer calls it.
+tests/kit/test_stacks.py proves the calls and their arguments against the real files. vLLM 0.33.0's rows are the
+vLLM rows (`vllm.py`, `vllm_native.py`) on its pin, beside the installed 0.30.0.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error
+from rlnorm.kit.backends import check_inputs, describe_error
 from rlnorm.kit.backends import stack_files as sf
-from rlnorm.kit.backends import vllm_files as vf
-from rlnorm.kit.backends.vllm import Plan, VllmBackend
+from rlnorm.kit.backends.vllm import VllmBackend
 from rlnorm.kit.backends.vllm_native import (
     VllmNativeBackend,
     VllmNativeBatchInvariantBackend,
@@ -37,52 +37,6 @@ __all__ += ["VllmNativeCompiled033Backend", "sglang_modules"]
 
 def _interp() -> str:
     return "" if torch.cuda.is_available() else ", under the Triton interpreter"
-
-
-class _StackRow(Backend):
-    """A row from a pinned stack's files: `_load` reads them once; a missing file is the reason it cannot run."""
-
-    pin: sf.Pin
-    needs_gate = False
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.files, self._where = sf.find(self.pin)
-        self._loaded: Any = None
-        where = self.files.origin if self.files is not None else "files not found"
-        stood = "; ".join(f"{k}: {v}" for k, v in self.pin.stood_in.items()) or "nothing"
-        self.source = f"{self.pin.dist} {self.pin.version} {self.what()} ({where}; stood in: {stood})"
-
-    def what(self) -> str:
-        raise NotImplementedError
-
-    def _load(self) -> Any:
-        raise NotImplementedError
-
-    def loaded(self) -> Any:
-        if self._loaded is None:
-            if self.files is None:
-                raise BackendUnavailable(f"{self.key}: {self._where}")
-            self._loaded = self._load()
-        return self._loaded
-
-    def _import_reason(self) -> str | None:
-        if self.files is None:
-            return self._where
-        try:
-            self.loaded()
-        except Exception as exc:
-            return (
-                f"{self.pin.dist} {self.pin.version}'s files under {self.files.root} do not load: {describe_error(exc)}"
-            )
-        return None
-
-    def _check(self, x: Tensor, z: Tensor | None, opts: OpOptions) -> None:
-        ok, why = self.supports(opts)
-        if not ok:
-            raise BackendUnavailable(f"{self.key}: {why}")
-        if self.needs_gate and z is None:
-            raise BackendUnavailable(f"{self.key}: needs a gate z (the stack's layer always passes one)")
 
 
 def _only_qwen_options(opts: OpOptions, who: str, activations: tuple[str, ...] = ("silu",)) -> tuple[bool, str]:
@@ -131,20 +85,19 @@ def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, typ
         raise ValueError("no server config is published here")
 
     runtime.__dict__.update(get_exec=get_exec)
-    stand_ins = {m.__name__: m for m in (utils, jit, bio, runtime)}
     modules = [
-        ("sglang.srt.model_executor.cuda_graph_config", "sglang/srt/model_executor/cuda_graph_config.py"),
-        (_SGL + "fused_norm_gate", "sglang/kernels/ops/attention/fla/fused_norm_gate.py"),
-        (_SGL + "layernorm_gated", "sglang/kernels/ops/attention/fla/layernorm_gated.py"),
+        "sglang/srt/model_executor/cuda_graph_config.py",
+        "sglang/kernels/ops/attention/fla/fused_norm_gate.py",
+        "sglang/kernels/ops/attention/fla/layernorm_gated.py",
     ]
-    loaded = sf.load(files, modules, stand_ins)
+    loaded = sf.load(files, modules, [utils, jit, bio, runtime])
     lg = loaded[_SGL + "layernorm_gated"]
     if _capability() is None:  # its torch.cuda query has no answer on a CPU: torch's threads, as vLLM's CPU platform
         lg._get_sm_count = functools.cache(lambda device: torch.get_num_threads())
     return {"fused_norm_gate": loaded[_SGL + "fused_norm_gate"], "layernorm_gated": lg}
 
 
-class _SglangRow(_StackRow):
+class _SglangRow(sf.StackRow):
     pin = sf.PINS["sglang"]
     has_backward = False  # SGLang's autograd Functions define no backward: it samples, never trains
     batch_invariant = False
@@ -227,7 +180,7 @@ class SglangLayernormGatedDeterministicBackend(SglangLayernormGatedBackend):
 
 
 # -- TorchTitan 0.3.0 --------------------------------------------------------------------------------------------
-class TorchtitanBackend(_StackRow):
+class TorchtitanBackend(sf.StackRow):
     """TorchTitan's `RMSNormGated.forward` (models/qwen3_5/model.py), used by its trainer and its generator:
     PyTorch, normalised x rounded to x's dtype before the gate (two roundings); its own autograd gives the grads."""
 
@@ -260,7 +213,7 @@ def zero_centred(w: Tensor) -> Tensor:
     return (w.float() - 1.0).to(w.dtype)
 
 
-class _MegatronRow(_StackRow):
+class _MegatronRow(sf.StackRow):
     """Megatron's GDN `_apply_gated_norm(self, x, gate)`: out_norm(x), then y * silu(gate.float()), then to x's dtype,
     under @jit_fuser (torch.compile). `out_norm` holds the zero-centred weight."""
 
@@ -352,60 +305,24 @@ class MegatronGdnBatchInvariantBackend(_MegatronRow):
         return _PatchedTERMSNorm(self.bik._te_rmsnorm_forward_patched, zero_centred(w), opts.eps)
 
 
-# -- vLLM 0.33.0, beside the installed 0.30.0 ---------------------------------------------------------------------
-_VLLM = sf.PINS["vllm-0.33.0"]
-
-
-def _vllm_files() -> tuple[vf.VllmFiles | None, str]:
-    files, where = sf.find(_VLLM)
-    if files is None:
-        return None, where
-    return vf.VllmFiles(root=files.root, origin=files.origin, version=_VLLM.version), ""
+# -- vLLM 0.33.0, beside the installed 0.30.0: the vLLM rows on its pin ------------------------------------------
+_VLLM_033 = sf.PINS["vllm-0.33.0"]
 
 
 class Vllm033Backend(VllmBackend):
     """The `vllm` row at vLLM 0.33.0: forward_cuda -> torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated ->
-    layernorm_guard.rmsnorm_fn with forward_cuda's arguments (layernorm.py:413-455), from 0.33.0's files."""
+    layernorm_guard.rmsnorm_fn with forward_cuda's arguments (layernorm.py:413-455), from 0.33.0's files only."""
 
-    key = "vllm_033"
-
-    def _decide(self) -> Plan:
-        files, where = _vllm_files()
-        if files is None:
-            return Plan("none", f"vLLM {_VLLM.version} RMSNormGated.forward_cuda", reason=where)
-        plan = self._files_plan(files, "", why="through torch.ops.vllm.fla_rms_norm_gated, vllm not imported")
-        plan.source += "; vllm.envs stood in by an empty module (only the warm-up reads it)"
-        return plan
-
-    def _run_files(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if self._guard is None:
-            files = self.plan().files
-            assert files is not None
-            self._guard = vf.load_layernorm_guard(files, extra=("vllm.envs",))
-        return super()._run_files(x, z, w, opts)
+    key, pin, imports = "vllm_033", _VLLM_033, False
 
 
-class _Native033:
-    def __init__(self) -> None:
-        files, self._pin_where = _vllm_files()
-        # a path that does not exist when the pin's files are missing: never the installed 0.30.0
-        super().__init__(files.root if files is not None else sf.WHL / "missing")  # type: ignore[call-arg]
-        if files is not None:
-            self.source = self.source.replace(str(files.root), files.origin)
-
-    def _import_reason(self) -> str | None:
-        if getattr(self, "files", None) is None:
-            return self._pin_where
-        return super()._import_reason()  # type: ignore[misc]
+class VllmNative033Backend(VllmNativeBackend):
+    key, pin = "vllm_native_033", _VLLM_033
 
 
-class VllmNative033Backend(_Native033, VllmNativeBackend):
-    key = "vllm_native_033"
+class VllmNativeCompiled033Backend(VllmNativeCompiledBackend):
+    key, pin = "vllm_native_compiled_033", _VLLM_033
 
 
-class VllmNativeCompiled033Backend(_Native033, VllmNativeCompiledBackend):
-    key = "vllm_native_compiled_033"
-
-
-class VllmNativeBatchInvariant033Backend(_Native033, VllmNativeBatchInvariantBackend):
-    key = "vllm_native_batch_invariant_033"
+class VllmNativeBatchInvariant033Backend(VllmNativeBatchInvariantBackend):
+    key, pin = "vllm_native_batch_invariant_033", _VLLM_033

@@ -3,18 +3,21 @@
 forward_cuda is one call, `layernorm_guard.rmsnorm_fn(x, weight, None, z=z, **options)`, a Triton kernel (no
 autograd), what `enforce_eager=True` runs. What runs is decided once (`plan`) and said in `source`: where vllm
 imports, the real module under a vLLM config with our weight (without a GPU: CUDA_VISIBLE_DEVICES="" so vLLM keeps
-Triton, and the interpreter); where it cannot import, `rmsnorm_fn` from vLLM's own files (`vllm_files`); else
-nothing, with the reason. The first import happens in a CHILD process (`--probe DEVICE`) that also runs
-forward_cuda on a tiny input, so a failing, crashing or hanging import is reported with vLLM's own error and
-vLLM's import-time patches of torch stay out of the kit's process.
+Triton, and the interpreter); where it cannot import, `rmsnorm_fn` from vLLM's own files (`stack_files`, the pin
+`PINS["vllm"]`); else nothing, with the reason (stacks.py's `vllm_033`: this row on 0.33.0's pin, files only). The
+first import happens in a CHILD process (`--probe DEVICE`) that also runs forward_cuda on a tiny input, so a failing,
+crashing or hanging import is reported with vLLM's own error and vLLM's import-time patches of torch stay out of the
+kit's process.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
 import sys
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,20 +27,16 @@ from torch import Tensor
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs, describe_error, dist_version
-from rlnorm.kit.backends import vllm_files as vf
+from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.process import run_child
 from rlnorm.options import OpOptions
 
-__all__ = ["INSTALL_HINT", "VllmBackend", "answer_compute_units", "prepare_import", "probe", "reason_from_probe"]
-__all__ += ["rmsnorm_call", "run_probe", "vllm_version"]
+__all__ = ["VllmBackend", "answer_compute_units", "compute_units", "load_layernorm_guard"]
+__all__ += ["prepare_import", "probe", "reason_from_probe", "rmsnorm_call", "run_probe", "vllm_version"]
 
 DIST = "vllm"
-INSTALL_HINT = (
-    "`bash .ci/install-vllm.sh` installs vllm==0.30.0 beside the installed torch where a package index is reachable; "
-    "`python tools/vllm_sources.py` packs an installed vLLM's Python files into .whl/vllm-src.tar.gz for a machine "
-    "without one"
-)
+GUARD = sf.VLLM_GUARD[-1].removesuffix(".py").replace("/", ".")  # layernorm_guard's module name
 _PROBE_MARK = "RLNORM_VLLM_PROBE "
 _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang must still end
 
@@ -72,8 +71,35 @@ def answer_compute_units() -> int | None:
         current_platform.num_compute_units(0)
         return None
     except NotImplementedError:
-        current_platform.num_compute_units = vf.compute_units
-        return vf.compute_units()
+        current_platform.num_compute_units = compute_units
+        return compute_units()
+
+
+def compute_units(device_id: int | None = None) -> int:
+    """What vLLM's platform answers for num_compute_units: the GPU's SM count (platforms/cuda.py), or, with no GPU,
+    torch's thread count (platforms/cpu.py)."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device_id).multi_processor_count
+    return torch.get_num_threads()
+
+
+def load_layernorm_guard(files: sf.StackFiles) -> types.ModuleType:
+    """vLLM's layernorm_guard module, executed from `files` with only the pin's `stood_in` standing in: Triton itself
+    for vllm.triton_utils, and vLLM's platform answer for num_compute_units."""
+    import triton
+    import triton.language as tl
+
+    triton_utils = types.ModuleType("vllm.triton_utils")
+    triton_utils.__dict__.update(HAS_TRITON=True, triton=triton, tl=tl)
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = types.SimpleNamespace(  # the part of current_platform the files use
+        device_type="cuda" if torch.cuda.is_available() else "cpu",
+        is_cuda_alike=torch.cuda.is_available,
+        num_compute_units=lambda device_id=0: compute_units(device_id),
+    )
+    platform_utils = types.ModuleType("vllm.utils.platform_utils")
+    platform_utils.num_compute_units = functools.cache(compute_units)
+    return sf.load(files, sf.VLLM_GUARD, [triton_utils, platforms, platform_utils])[GUARD]
 
 
 def rmsnorm_call(rmsnorm_fn: Any, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
@@ -164,19 +190,21 @@ class Plan:
     mode: str
     source: str
     reason: str = ""  # mode "none": why nothing can run
-    files: vf.VllmFiles | None = None
+    files: sf.StackFiles | None = None
 
 
 class VllmBackend(Backend):
     """vLLM's `RMSNormGated.forward_cuda`, or its `rmsnorm_fn` from vLLM's files where vllm cannot import."""
 
     key = "vllm"
+    pin = sf.PINS["vllm"]
+    imports = True  # False: the pin's files only, never the installed vllm (another release)
     has_backward = False
 
     def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
         """files: run `rmsnorm_fn` from these vLLM files (a folder or archive) even where vllm imports."""
         super().__init__()
-        self.version = vllm_version()
+        self.version = vllm_version() if self.imports else self.pin.version
         self.files_given = files
         self.probe_timeout_s = probe_timeout_s
         self.probe_env: dict[str, str] | None = None  # extra environment for the probe child (tests)
@@ -199,32 +227,32 @@ class VllmBackend(Backend):
 
     def _decide(self) -> Plan:
         if self.files_given is not None:
-            return self._files_plan(*vf.find_files(self.files_given), why="the files were given")
+            return self._files_plan("the files were given")
+        if not self.imports:
+            return self._files_plan("through torch.ops.vllm.fla_rms_norm_gated, vllm not imported")
         if self.version is None:
-            return self._files_plan(*vf.find_files(None), why="vllm is not installed here")
+            return self._files_plan("vllm is not installed here")
         device = "cuda" if torch.cuda.is_available() else "cpu"  # what `device: auto` picks
         p = self._probe_child(device)
         if p.get("stage") in ("import", "child"):
-            why = f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}"
-            return self._files_plan(*vf.find_files(None), why=why)
-        return Plan("imported", self._imported_source(p))
-
-    def _imported_source(self, p: dict[str, Any]) -> str:
+            return self._files_plan(f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}")
         text = f"vLLM {self.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported"
         if _device_type(p["device"]) == "cpu":
             text += ", under the Triton interpreter (CUDA_VISIBLE_DEVICES='')"
-        return text + _PATH_NOTE
+        return Plan("imported", text + _PATH_NOTE)
 
-    def _files_plan(self, files: vf.VllmFiles | None, where: str, why: str) -> Plan:
+    def _files_plan(self, why: str) -> Plan:
+        files, where = sf.find(self.pin, self.files_given)
         if files is None:
-            reason = f"{why}, and vLLM's Python files were not found ({where}): {INSTALL_HINT}"
+            reason = f"{why}, and {where}" if self.imports else where
             return Plan("none", f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda", reason=reason)
         interp = ", under the Triton interpreter" if not torch.cuda.is_available() else ""
         source = (
-            f"vLLM {files.version or '?'} layernorm_guard.rmsnorm_fn as RMSNormGated.forward_cuda calls it, "
-            f"from vLLM's own files{interp} ({files.origin}; {why})"
+            f"vLLM {self.pin.version} layernorm_guard.rmsnorm_fn as RMSNormGated.forward_cuda calls it, "
+            f"from vLLM's own files{interp} ({files.origin}; {why})" + _PATH_NOTE
         )
-        return Plan("files", source + _PATH_NOTE, files=files)
+        source += "".join(f"; {name} stood in by {self.pin.stood_in[name]}" for name in self.pin.empty)
+        return Plan("files", source, files=files)
 
     def _probe_child(self, device: str) -> dict[str, Any]:
         if device not in self._probes:
@@ -241,8 +269,7 @@ class VllmBackend(Backend):
             reason = reason_from_probe(self._probe_child(device), self.version)
             return (False, reason) if reason else (True, "")
         # files: nothing is imported, so the tiny run happens here
-        origin = plan.files.origin if plan.files is not None else "?"
-        what = f"vLLM's rmsnorm_fn from its files ({origin})"
+        what = f"vLLM's rmsnorm_fn from its files ({plan.files.origin if plan.files is not None else '?'})"
         return self._tiny_run(device, lambda x, z, w, dy: self._run_files(x, z, w, OpOptions()), what)
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
@@ -271,23 +298,19 @@ class VllmBackend(Backend):
             return mod.forward_cuda(x, z)
 
     def _run_files(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if self._guard is None:
-            files = self.plan().files
-            assert files is not None
-            self._guard = vf.load_layernorm_guard(files)
         with torch.no_grad():
-            return rmsnorm_call(self._guard.rmsnorm_fn, x, z, w.detach(), opts)
+            return rmsnorm_call(self._layernorm_guard(str(x.device)).rmsnorm_fn, x, z, w.detach(), opts)
 
     def _layernorm_guard(self, device: str) -> Any:
         """The layernorm_guard module the calls run: vLLM's own, or the one loaded from its files."""
-        if self.plan().mode == "files":
-            if self._guard is None:
-                files = self.plan().files
-                assert files is not None
-                self._guard = vf.load_layernorm_guard(files)
-            return self._guard
-        prepare_import(device)
-        return importlib.import_module(vf.LAYERNORM_GUARD.removesuffix(".py").replace("/", "."))
+        plan = self.plan()
+        if plan.mode == "imported":
+            prepare_import(device)
+            return importlib.import_module(GUARD)
+        if self._guard is None:
+            assert plan.files is not None
+            self._guard = load_layernorm_guard(plan.files)
+        return self._guard
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         """ROWS_PER_BLOCK, which `calc_rows_per_block` picks from the row count and the compute units
@@ -310,7 +333,7 @@ class VllmBackend(Backend):
 
     def __repr__(self) -> str:  # never decides: reading `source` may start the probe child
         decided = self._plan.source if self._plan is not None else "(not decided yet)"
-        return f"<VllmBackend key={self.key!r} source={decided!r}>"
+        return f"<{type(self).__name__} key={self.key!r} source={decided!r}>"
 
 
 # what a deployment runs, and what VLLM_BATCH_INVARIANT does to it (docs/vllm.md)

@@ -1,8 +1,9 @@
 """vLLM's `RMSNormGated.forward_native` as vLLM runs it: eager, compiled by Inductor, and under VLLM_BATCH_INVARIANT=1.
 
 forward_native is one call, `forward_static(x, z, weight, eps, x.dtype, **options)` (fp32 PyTorch). These rows run
-it from vLLM's own file (`vllm_files.read_function`) without importing vllm, the same way wherever vllm imports;
-tests/kit/test_vllm_native.py proves against the installed vLLM that they give forward_native's bits.
+it from vLLM's own file (`stack_files.read_function`, the pin `PINS["vllm"]`; stacks.py's `*_033` rows 0.33.0's) without
+importing vllm, the same way wherever vllm imports; tests/kit/test_vllm_native.py proves against the installed vLLM
+that they give forward_native's bits.
 - `vllm_native`: the eager call (the op disabled and no compilation).
 - `vllm_native_compiled`: a default deployment. With Inductor vLLM disables custom ops, so forward_native is traced
   into the model's graph: `torch.compile(fullgraph=True, dynamic=False)` once at the profile run's size, the token
@@ -27,9 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error
-from rlnorm.kit.backends import vllm_files as vf
-from rlnorm.kit.backends.vllm import INSTALL_HINT
+from rlnorm.kit.backends import BackendUnavailable, check_inputs
+from rlnorm.kit.backends import stack_files as sf
 from rlnorm.options import OpOptions
 
 __all__ = ["COMPILE_ROWS", "VllmNativeBackend", "VllmNativeBatchInvariantBackend", "VllmNativeCompiledBackend"]
@@ -72,40 +72,18 @@ def _skip_all_guards() -> Callable[[list[Any]], list[bool]]:
     return skip if skip is not None else (lambda entries: [False for _ in entries])
 
 
-class _FromVllmFiles(Backend):
+class _FromVllmFiles(sf.StackRow):
     """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only)."""
 
+    pin = sf.PINS["vllm"]
     has_backward = False
-    what = ""  # the path, for the source string
 
-    def __init__(self, files: str | Path | None = None) -> None:
-        super().__init__()
-        self.files, self._where = vf.find_files(files)
-        self.version = self.files.version if self.files is not None else None
-        self._static: Callable[..., Tensor] | None = None
-        where = self.files.origin if self.files is not None else "(vLLM's files not found)"
-        self.source = f"vLLM {self.version or '?'} {self.what}; forward_static read from {where}, vllm not imported"
+    def describe(self, where: str) -> str:
+        return f"vLLM {self.pin.version} {self.what()}; forward_static read from {where}, vllm not imported"
 
-    def _import_reason(self) -> str | None:
-        if self.files is None:
-            return f"vLLM's Python files were not found ({self._where}): {INSTALL_HINT}"
-        try:
-            self._forward_static()
-            self._extra()
-        except Exception as exc:
-            return f"vLLM's files under {self.files.root} do not give this path: {describe_error(exc)}"
-        return None
-
-    def _forward_static(self) -> Callable[..., Tensor]:
-        if self._static is None:
-            if self.files is None:
-                raise BackendUnavailable(f"{self.key}: vLLM's Python files were not found ({self._where})")
-            path = self.files.path(vf.LAYERNORM)
-            self._static = vf.read_function(path, "RMSNormGated.forward_static", {"torch": torch, "F": F})
-        return self._static
-
-    def _extra(self) -> None:  # whatever else the row reads from vLLM's files (checked by the probe)
-        pass
+    def _load(self) -> Callable[..., Tensor]:
+        path = self.files.path(sf.LAYERNORM)  # type: ignore[union-attr]
+        return sf.read_function(path, "RMSNormGated.forward_static", {"torch": torch, "F": F})
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         if not check_inputs(x, z, w, opts):
@@ -114,14 +92,16 @@ class _FromVllmFiles(Backend):
             return self._run(x, z, w, opts)
 
     def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        return native_call(self._forward_static(), x, z, w, opts)
+        return native_call(self.loaded(), x, z, w, opts)
 
 
 class VllmNativeBackend(_FromVllmFiles):
     """`RMSNormGated.forward_native`, eager."""
 
     key = "vllm_native"
-    what = "RMSNormGated.forward_native, eager (fp32 PyTorch, one rounding)"
+
+    def what(self) -> str:
+        return "RMSNormGated.forward_native, eager (fp32 PyTorch, one rounding)"
 
 
 class VllmNativeCompiledBackend(_FromVllmFiles):
@@ -131,11 +111,10 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
     compile_rows = COMPILE_ROWS
 
     def __init__(self, files: str | Path | None = None) -> None:
-        self._compiled: dict[tuple, Callable[..., Tensor]] = {}
         super().__init__(files)
+        self._compiled: dict[tuple, Callable[..., Tensor]] = {}
 
-    @property
-    def what(self) -> str:  # type: ignore[override]
+    def what(self) -> str:
         return (
             "RMSNormGated.forward_native compiled by Inductor as a default vLLM deployment runs it: fullgraph, rows "
             f"dynamic, compiled once at {self.compile_rows} rows, every guard dropped; alone, not fused with neighbours"
@@ -154,7 +133,7 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
         return fn(x2, z2, w.contiguous()).reshape(x.shape)
 
     def _compile(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Callable[..., Tensor]:
-        forward_static = self._forward_static()
+        forward_static = self.loaded()
 
         def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
             return native_call(forward_static, x, z, w, opts)
@@ -202,37 +181,28 @@ class VllmNativeBatchInvariantBackend(_FromVllmFiles):
 
     key = "vllm_native_batch_invariant"
 
-    def __init__(self, files: str | Path | None = None) -> None:
-        self._mean: Callable[..., Tensor] | None = None
-        super().__init__(files)
-
-    @property
-    def what(self) -> str:  # type: ignore[override]
+    def what(self) -> str:
         key = "CUDA" if torch.cuda.is_available() else "CPU (vLLM registers it on CUDA only)"
         return (
             "RMSNormGated.forward_native, eager, under VLLM_BATCH_INVARIANT=1: aten::mean.dim -> vLLM's Triton "
             f"mean_batch_invariant, registered on {key}; {GDN_REFUSED}"
         )
 
-    def _extra(self) -> None:
-        self._mean_fn()
+    def _load(self) -> Callable[..., Tensor]:
+        import triton
+        import triton.language as tl
 
-    def _mean_fn(self) -> Callable[..., Tensor]:
-        if self._mean is None:
-            import triton
-            import triton.language as tl
-
-            assert self.files is not None
-            path = self.files.path(vf.BATCH_INVARIANT)
-            scope: dict[str, Any] = {"torch": torch, "triton": triton, "tl": tl}
-            for name in ("mean_kernel", "mean_dim", "mean_batch_invariant"):  # each reads the ones before
-                scope[name] = vf.read_function(path, name, scope)
-            self._mean = scope["mean_batch_invariant"]
-        return self._mean
+        path = self.files.path(sf.BATCH_INVARIANT)  # type: ignore[union-attr]
+        scope: dict[str, Any] = {"torch": torch, "triton": triton, "tl": tl}
+        for name in ("mean_kernel", "mean_dim", "mean_batch_invariant"):  # each reads the ones before
+            scope[name] = sf.read_function(path, name, scope)
+        self.mean = scope["mean_batch_invariant"]
+        return super()._load()
 
     def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         key = {"cuda": "CUDA", "cpu": "CPU"}.get(x.device.type)
         if key is None:
             raise BackendUnavailable(f"{self.key}: no dispatch key for device {x.device} (expected cuda or cpu)")
-        with _mean_override(self._mean_fn(), key):
-            return native_call(self._forward_static(), x, z, w, opts)
+        forward_static = self.loaded()
+        with _mean_override(self.mean, key):
+            return native_call(forward_static, x, z, w, opts)
