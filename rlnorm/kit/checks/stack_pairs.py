@@ -4,17 +4,20 @@ An RL engineer's question is whether their trainer and their sampler compute the
 in `PAIRS` names the trainer's and the sampler's backend by key and where in the stack's source (file:line at a
 pinned version) that choice is made. The trainer runs the rows as a training step does: one packed batch, forward
 and backward (the forward output is compared); the sampler as generation does, under inference mode: a prefill, then
-decode steps of `heads` rows (`trainer_sampler.sampler_plan`). Row r of x is scaled by 2^-(r mod 16), exactly, so
-mean squares reach below eps. A pair whose backend is not registered or cannot run here is skipped with the reason.
-`main` runs one pair in a process of its own (`steps.run_stack_pairs`): a vLLM import patches torch for the rest
-of a process, and a pair that crashes takes only its own row down.
+decode steps of `heads` rows (`sampler_plan`). Row r of x is scaled by 2^-(r mod 16), exactly, so mean squares reach
+below eps, where a default eps shows. Two pairs are Qwen3-Next's own layers (`ModelNorm`): `rlnorm_patched`
+(`apply_rlnorm_to_qwen3_next` in transformers, rlnorm's layer registered in vLLM as `RLNORM_VLLM=1` does) must be
+bitwise equal; `stock_unpatched`, the same layers unpatched, is the contrast. A pair whose backend is not registered
+or cannot run here is skipped with the reason. `main` runs one pair in a process of its own
+(`steps.run_stack_pairs`): a vLLM import patches torch for the rest of a process, and a pair that crashes takes
+only its own row down.
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +26,118 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import REGISTRY, Backend, describe_error, load_backend
-from rlnorm.kit.checks.common import check_int
-from rlnorm.kit.checks.trainer_sampler import QWEN3_NEXT_OPTIONS, compare_outputs, row_scales, sampler_plan
+from rlnorm.kit.backends import REGISTRY, Backend, describe_error, dist_version, load_backend
+from rlnorm.kit.checks.common import bits, check_int
+from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
-__all__ = ["PAIRS", "PairSpec", "main", "pair_by_name", "run_pair"]
+# rlnorm.integrations and the vllm backend are imported where used: they bring in transformers and vLLM
+
+__all__ = ["PAIRS", "QWEN3_NEXT_OPTIONS", "ModelNorm", "PairSpec", "compare_outputs", "main", "pair_by_name"]
+__all__ += ["row_scales", "run_pair", "sampler_plan", "vllm_unavailable_reason"]
+
+# what Qwen3-Next's and Qwen3.5's gated norm is: whole rows, the norm before a silu gate
+QWEN3_NEXT_OPTIONS = {"group_size": None, "norm_before_gate": True, "activation": "silu"}
+SHOWN_ROWS = 10  # differing rows listed by index (the counts are complete)
+
+
+def row_scales(rows: int) -> Tensor:
+    """[rows, 1] fp32: 2^-(r mod 16), exact in every float dtype, so scaling x rounds nothing."""
+    return torch.pow(2.0, -(torch.arange(rows) % 16).to(torch.float32))[:, None]
+
+
+def sampler_plan(rows: int, heads: int, decode_tokens: int) -> list[int]:
+    """Row counts of the sampler's calls: a prefill, then up to `decode_tokens` decode steps of `heads` rows."""
+    for name, (n, least) in {"rows": (rows, 1), "heads": (heads, 1), "decode_tokens": (decode_tokens, 0)}.items():
+        check_int(name, n, least)
+    steps = min(decode_tokens, rows // heads)
+    prefill = rows - steps * heads
+    return ([prefill] if prefill else []) + [heads] * steps
+
+
+def compare_outputs(trainer_y: Tensor, sampler_y: Tensor) -> dict[str, Any]:
+    """How the sampler's output differs from the trainer's, row by row, bitwise."""
+    if trainer_y.shape != sampler_y.shape or trainer_y.dtype != sampler_y.dtype:
+        raise ValueError(
+            f"sampler output {tuple(sampler_y.shape)} {sampler_y.dtype}, expected the trainer's "
+            f"{tuple(trainer_y.shape)} {trainer_y.dtype}"
+        )
+    a, b = trainer_y.detach().cpu(), sampler_y.detach().cpu()
+    differ = bits(a) != bits(b)
+    rows = differ.any(dim=-1).nonzero().flatten().tolist()
+    return {
+        "bitwise_equal": not rows,
+        "rows_differ": len(rows),
+        "elements_differ": int(differ.sum()),
+        "max_ulp": int(ulp_distance(a, b).max()) if a.numel() else 0,
+        "differing_rows": rows[:SHOWN_ROWS],
+    }
+
+
+def vllm_unavailable_reason() -> str | None:
+    """Why vLLM cannot be used in this process, or None after importing its layer."""
+    from rlnorm.kit.backends.vllm import vllm_version
+
+    version = vllm_version()
+    if version is None:
+        return "vllm is not installed"
+    try:
+        import vllm.model_executor.layers.layernorm  # noqa: F401
+    except Exception as exc:
+        return f"importing vLLM {version} fails: {describe_error(exc)}"
+    return None
+
+
+Norm = Callable[[Tensor, Tensor | None, Tensor], Tensor]
+
+
+class ModelNorm(Backend):
+    """Qwen3-Next's gated norm as the model's own layer holds it (`integrations.qwen3_next`, a tiny config at the
+    call's width and eps): transformers' (a trainer) or vLLM's (a sampler), patched with rlnorm or not. Where vLLM
+    cannot be imported, the patched sampler is the operator rlnorm's vLLM layer calls, labelled so."""
+
+    requires = "transformers.models.qwen3_next.modeling_qwen3_next"
+
+    def __init__(self, key: str, framework: str, patched: bool) -> None:
+        self.key = self.source = key
+        self.framework, self.patched, self.has_backward = framework, patched, framework == "transformers"
+        self._norms: dict[tuple[Any, ...], Norm] = {}
+
+    def _probe(self, device: str) -> tuple[bool, str]:
+        reason = vllm_unavailable_reason() if self.framework == "vllm" else None
+        if reason and not self.patched:
+            return False, f"vLLM's own layer cannot run here: {reason}"
+        return super()._probe(device)
+
+    def _build(self, d: int, eps: float, device: str, dtype: torch.dtype) -> Norm:
+        from rlnorm.integrations import qwen3_next as q
+
+        config = q.tiny_config(d=d, eps=eps)
+        if self.framework == "transformers":
+            norm = q.transformers_norm(config, patched=self.patched, device=device, dtype=dtype)
+            self.source = f"transformers {dist_version('transformers')} {type(norm).__qualname__}"
+        elif (reason := vllm_unavailable_reason()) is None:
+            norm = q.vllm_norm(config, patched=self.patched, device=device, dtype=dtype)
+            method = getattr(getattr(norm, "_forward_method", None), "__name__", "forward")
+            self.source = f"vLLM {dist_version('vllm')} {type(norm).__qualname__}.{method}"
+        else:
+            from rlnorm.integrations.ops import rms_norm_gated_op
+
+            self.source = f"torch.ops.rlnorm.rms_norm_gated as rlnorm's vLLM layer calls it (vLLM: {reason})"
+            act = q.sampler_activation(config)  # the arguments RlnormRMSNormGated passes from vLLM's constructor
+            return lambda x, z, w: rms_norm_gated_op(x, z, w, eps, None, True, act)
+        return lambda x, z, w: torch.func.functional_call(norm, {"weight": w}, (x, z))
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        key = (x.shape[-1], opts.eps, str(x.device), w.dtype)
+        if key not in self._norms:
+            self._norms[key] = self._build(*key)
+        return self._norms[key](x, z, w)
+
+
+# the sides `ModelNorm` builds: key -> (framework, patched)
+MODEL_SIDES = {"transformers_rlnorm": ("transformers", True), "vllm_rlnorm": ("vllm", True)}
+MODEL_SIDES |= {"transformers_model": ("transformers", False), "vllm_layer": ("vllm", False)}
 
 
 @dataclass(frozen=True)
@@ -84,9 +193,12 @@ PAIRS: tuple[PairSpec, ...] = (
     PairSpec("torchtitan", "TorchTitan trainer + generator (its model registered in vLLM)", "Qwen3.5", "torchtitan",
              "torchtitan", _TITAN, f"torchtitan 0.3.0 experiments/rl/models/vllm_registry.py:197 register_to_vllm; "
              f"{_TITAN}"),
-    PairSpec("rlnorm_patched", "rlnorm on both sides (patched)", "Qwen3-Next / Qwen3.5", "rlnorm", "rlnorm",
-             "rlnorm integrations/qwen3_next.py apply_rlnorm_to_qwen3_next",
-             "rlnorm integrations/vllm_layer.py RLNORM_VLLM=1"),
+    # the patched/unpatched contrast: Qwen3-Next's own layers, rlnorm in both or in neither
+    PairSpec("rlnorm_patched", "rlnorm on both sides (patched)", "Qwen3-Next", "transformers_rlnorm", "vllm_rlnorm",
+             "rlnorm integrations/transformers.py apply_rlnorm_to_qwen3_next", "rlnorm integrations/vllm_layer.py "
+             "RLNORM_VLLM=1"),
+    PairSpec("stock_unpatched", "stock layers, unpatched (contrast)", "Qwen3-Next", "transformers_model",
+             "vllm_layer", _TRANSFORMERS_NEXT, f"{_VLLM_QWEN3_NEXT}, the installed vLLM's default dispatch"),
 )  # fmt: skip
 
 
@@ -102,15 +214,15 @@ class _Skip(Exception):
 
 
 def _backend(key: str, device: str, opts: OpOptions) -> Backend:
-    if key not in REGISTRY:
+    if key in MODEL_SIDES:
+        backend: Backend = ModelNorm(key, *MODEL_SIDES[key])
+    elif key in REGISTRY:
+        backend = load_backend(key)
+    else:
         raise _Skip(f"backend {key!r} is not registered in this rlnorm")
-    backend = load_backend(key)
-    ok, why = backend.available(device)
-    if not ok:
-        raise _Skip(f"{key}: {why}")
-    ok, why = backend.supports(opts)
-    if not ok:
-        raise _Skip(f"{key}: {why}")
+    for ok, why in (backend.available(device), backend.supports(opts)):
+        if not ok:
+            raise _Skip(f"{key}: {why}")
     return backend
 
 
@@ -165,19 +277,16 @@ def run_pair(
     except _Skip as why:
         row["reason"] = str(why)
         return row
-    row |= {"trainer_source": trainer.source, "sampler_source": sampler.source}
     wdt = getattr(torch, weight_dtype) if isinstance(weight_dtype, str) else weight_dtype or dtype
     case = make_case(rows, d, seed, dtype, wdt, device=device)
     x = (case.x.float() * row_scales(rows).to(device)).to(dtype)
     try:
         y_trainer = _train(trainer, x, case.z, case.w, case.dy, opts)
         y_sampler = _sample(sampler, x, case.z, case.w, plan, opts)
-        row |= compare_outputs(y_trainer, y_sampler)
+        row |= compare_outputs(y_trainer, y_sampler) | {"status": "ran"}
     except Exception as exc:
         row |= {"status": "error", "reason": describe_error(exc)}
-        return row
-    row["status"] = "ran"
-    return row
+    return row | {"trainer_source": trainer.source, "sampler_source": sampler.source}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
