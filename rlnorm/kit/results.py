@@ -473,19 +473,17 @@ def _upgrade_trainer_sampler(doc: dict[str, Any]) -> None:
     old = doc.pop("trainer_sampler", None)
     if not isinstance(old, dict):
         return  # null or absent: the check did not run
-    params, env = doc.get("params") or {}, doc.get("environment") or {}
-    table = doc.get("stack_pairs") or {"rows": old.get("rows", params.get("agreement_rows", 0)),
-                                       "d": old.get("d", params.get("d", 0)),
-                                       "seed": old.get("seed", params.get("agreement_seed", 0)),
-                                       "device": old.get("device", env.get("device", "cpu"))}  # fmt: skip
+    p, env = doc.get("params") or {}, doc.get("environment") or {}  # the check ran at the agreement rows and seed
+    sizes = {"rows": p.get("agreement_rows", 0), "d": p.get("d", 0), "seed": p.get("agreement_seed", 0)}
+    table = doc.get("stack_pairs") or {**sizes, "device": env.get("device", "cpu")}
     pairs = list(table.get("pairs", []))
     for key, (name, stack, trainer, sampler) in _TRAINER_SAMPLER_PAIRS.items():
-        p = dict((old.get("pairs") or {}).get(key) or {})
-        why = p.pop("error", None) or old.get("error")
-        status = "ran" if p.get("bitwise_equal") is not None else "error" if why else "skipped"
-        why = None if status == "ran" else why or p.pop("skip_reason", None) or old.get("skip_reason") or "not run"
-        pairs.append({**p, "name": name, "status": status, "stack": stack, "model": "Qwen3-Next", "trainer": trainer,
-                      "sampler": sampler, "trainer_source": p.get("trainer"), "sampler_source": p.get("sampler"),
+        one = dict((old.get("pairs") or {}).get(key) or {})
+        why = one.pop("error", None) or old.get("error")
+        status = "ran" if one.get("bitwise_equal") is not None else "error" if why else "skipped"
+        why = None if status == "ran" else why or one.pop("skip_reason", None) or old.get("skip_reason") or "not run"
+        pairs.append({**one, "name": name, "status": status, "stack": stack, "model": "Qwen3-Next", "trainer": trainer,
+                      "sampler": sampler, "trainer_source": one.get("trainer"), "sampler_source": one.get("sampler"),
                       "trainer_calls": old.get("trainer_calls"), "sampler_calls": old.get("sampler_calls"),
                       "reason": why})  # fmt: skip
     doc["stack_pairs"] = {**table, "pairs": pairs}

@@ -272,9 +272,7 @@ def stack_pairs_check() -> dict[str, Any]:
     def pair(name: str, eps: float) -> dict[str, Any]:
         return run_pair(pair_by_name(name), d=D, rows=40, opts=OpOptions(eps=eps, **QWEN3_NEXT_OPTIONS))
 
-    out: dict[str, Any] = {
-        f"{n}@{e:.0e}": pair(n, e) for n in ("rlnorm_patched", "stock_unpatched") for e in (1e-6, 1e-5)
-    }
+    out = {f"{n}@{e:.0e}": pair(n, e) for n in ("rlnorm_patched", "stock_unpatched") for e in (1e-6, 1e-5)}
 
     def wrong_eps(self: Any, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         return rms_norm_gated_op(x, z, self.weight, 1e-6, self.group_size, self.norm_before_gate, self.activation)
