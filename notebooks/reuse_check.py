@@ -143,32 +143,19 @@ steps.run_agreement(run)
 steps.run_step(run, "page", lambda: display(page.shown(tables.agreement_table(run.result))))
 
 # %% [markdown]
-# ## Trainer against sampler
-#
-# RL trains on what the sampler generated, so for one token the trainer (transformers) and the sampler (vLLM)
-# must compute the same bits. The same rows (the agreement rows and seed, row r scaled by 2^-(r mod 16) so that
-# some rows' mean square lies below eps) go through Qwen3-Next's gated norm as transformers' model calls it in a
-# training step (every row at once) and as vLLM's layer calls it while generating (a prefill, then decode steps of
-# one token each), in a process of its own:
-#
-# * **patched**: rlnorm on both sides (`apply_rlnorm_to_qwen3_next`, and vLLM with `RLNORM_VLLM=1`): must be
-#   bitwise equal;
-# * **unpatched**, for contrast: transformers' own norm against vLLM's default path.
-#
-# Where vLLM cannot run here, the patched sampler is the operator rlnorm's vLLM layer calls (labelled so) and the
-# unpatched pair is skipped with the reason.
-
-# %% Trainer against sampler
-steps.run_trainer_sampler(run)
-steps.run_step(run, "page", lambda: display(page.shown(tables.trainer_sampler_table(run.result))))
-
-# %% [markdown]
 # ## The pairs RL stacks deploy
-# The same rows through the trainer and the sampler of each stack that serves Qwen3-Next or Qwen3.5 (verl FSDP
+# The same rows (the agreement rows and seed, row r scaled by 2^-(r mod 16), so some mean squares lie below eps)
+# through the trainer and the sampler of each stack that serves Qwen3-Next or Qwen3.5 (verl FSDP
 # with vLLM compiled and eager, Megatron with vLLM, slime and AReaL with SGLang, TorchTitan, rlnorm on both sides),
 # each pair in a process of its own: the trainer as a training step runs them (one packed batch, forward and
 # backward), the sampler as generation does (a prefill, then decode steps). `trainer chosen at` / `sampler chosen
 # at` say where the stack's source makes the choice. A pair whose backend cannot run here says why.
+#
+# Two pairs are Qwen3-Next's own layers, transformers' as the trainer and vLLM's as the sampler:
+#
+# * **rlnorm_patched**: rlnorm on both sides (`apply_rlnorm_to_qwen3_next`, and vLLM with `RLNORM_VLLM=1`): must be
+#   bitwise equal (where vLLM cannot run here, its sampler is the operator rlnorm's vLLM layer calls, labelled so);
+# * **stock_unpatched**, for contrast: transformers' own norm against vLLM's default path.
 
 # %% Stack pairs
 steps.run_stack_pairs(run)

@@ -31,7 +31,7 @@ from rlnorm.options import ACTIVATIONS, OpOptions
 
 # the docs/spec.md §6 backends, in the registry's order: one list for the kit, not a second copy here
 ALL_BACKENDS = list(REGISTRY)
-ALL_CHECKS = [*CHECK_ORDER, "contract_gates", "agreement", "digests", "trainer_sampler", "stack_pairs"]
+ALL_CHECKS = [*CHECK_ORDER, "contract_gates", "agreement", "digests", "stack_pairs"]
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 # what `python -m rlnorm run` sets: a parameter file that sets them would misstate where its run goes

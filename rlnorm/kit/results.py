@@ -256,18 +256,6 @@ class Agreement:
 
 
 @dataclass
-class TrainerSampler:
-    """The same rows through the trainer's and the sampler's path of the norm (`checks.trainer_sampler`)."""
-
-    error: str | None = field(default=None, metadata=OMIT_NONE)
-    agree: bool | None = field(default=None, metadata=OMIT_NONE)
-    rows: int | None = field(default=None, metadata=OMIT_NONE)
-    d: int | None = field(default=None, metadata=OMIT_NONE)
-    pairs: dict[str, Any] | None = field(default=None, metadata=OMIT_NONE)
-    extra: dict[str, Any] = field(default_factory=dict)  # the check's other fields, shown as they are
-
-
-@dataclass
 class StackPair:
     """One trainer/sampler pair an RL stack deploys (`checks.stack_pairs`): bitwise equal or how they differ."""
 
@@ -351,7 +339,6 @@ class RunResult:
     records: str | None = None  # the records CSV, relative to the artifact's folder
     plots: dict[str, str] | None = None  # name -> PNG, relative to the artifact's folder
     agreement: Agreement | None = None
-    trainer_sampler: TrainerSampler | None = None
     stack_pairs: StackPairs | None = field(default=None, metadata=OMIT_NONE)
     results: dict[str, BackendResult]
     failed_steps: list[StepFailure] | None = field(default=None, metadata=OMIT_NONE)
@@ -401,9 +388,6 @@ def to_json(obj: Any) -> Any:
         if obj.error is not None:
             out["error"] = obj.error
         return out
-    if isinstance(obj, TrainerSampler):
-        base = {k: v for k, v in _fields_json(obj).items() if k != "extra"}
-        return {**{k: to_json(v) for k, v in obj.extra.items()}, **base}
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return _fields_json(obj)
     if isinstance(obj, dict):
@@ -436,8 +420,6 @@ def from_json(hint: Any, data: Any, where: str = "$") -> Any:
         return data
     if hint is AllRows:
         return _all_rows(data, where)
-    if hint is TrainerSampler:
-        return _trainer_sampler(data, where)
     if dataclasses.is_dataclass(hint):
         return _dataclass(hint, data, where)
     if origin is list:
@@ -479,13 +461,32 @@ def _all_rows(data: Any, where: str) -> AllRows:
     return AllRows(sizes=dict(sorted(sizes.items())), error=data.get("error"))
 
 
-def _trainer_sampler(data: Any, where: str) -> TrainerSampler:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(TrainerSampler)} - {"extra"}
-    ts = _dataclass(TrainerSampler, {k: v for k, v in data.items() if k in known}, where)
-    ts.extra = {k: v for k, v in data.items() if k not in known}
-    return ts
+# an older artifact's `trainer_sampler` field: its pair -> that pair of `stack_pairs` (name, stack, trainer, sampler)
+_TRAINER_SAMPLER_PAIRS = {
+    "patched": ("rlnorm_patched", "rlnorm on both sides (patched)", "transformers_rlnorm", "vllm_rlnorm"),
+    "unpatched": ("stock_unpatched", "stock layers, unpatched (contrast)", "transformers_model", "vllm_layer"),
+}
+
+
+def _upgrade_trainer_sampler(doc: dict[str, Any]) -> None:
+    """An older artifact's `trainer_sampler` summary as its two pairs of `stack_pairs` (added to any there)."""
+    old = doc.pop("trainer_sampler", None)
+    if not isinstance(old, dict):
+        return  # null or absent: the check did not run
+    p, env = doc.get("params") or {}, doc.get("environment") or {}  # the check ran at the agreement rows and seed
+    sizes = {"rows": p.get("agreement_rows", 0), "d": p.get("d", 0), "seed": p.get("agreement_seed", 0)}
+    table = doc.get("stack_pairs") or {**sizes, "device": env.get("device", "cpu")}
+    pairs = list(table.get("pairs", []))
+    for key, (name, stack, trainer, sampler) in _TRAINER_SAMPLER_PAIRS.items():
+        one = dict((old.get("pairs") or {}).get(key) or {})
+        why = one.pop("error", None) or old.get("error")
+        status = "ran" if one.get("bitwise_equal") is not None else "error" if why else "skipped"
+        why = None if status == "ran" else why or one.pop("skip_reason", None) or old.get("skip_reason") or "not run"
+        pairs.append({**one, "name": name, "status": status, "stack": stack, "model": "Qwen3-Next", "trainer": trainer,
+                      "sampler": sampler, "trainer_source": one.get("trainer"), "sampler_source": one.get("sampler"),
+                      "trainer_calls": old.get("trainer_calls"), "sampler_calls": old.get("sampler_calls"),
+                      "reason": why})  # fmt: skip
+    doc["stack_pairs"] = {**table, "pairs": pairs}
 
 
 def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
@@ -509,6 +510,7 @@ def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
             f"doc: schema_version {version!r} is not one this rlnorm reads ({SCHEMA_VERSION!r}, "
             f"{SEED_SCHEMA_VERSION!r}); upgrade rlnorm"
         )
+    _upgrade_trainer_sampler(doc)
     run = from_json(RunResult, doc)
     run.path = path
     return run

@@ -39,7 +39,6 @@ from rlnorm.kit.results import (
     StackPair,
     StackPairs,
     StepFailure,
-    TrainerSampler,
     from_json,
 )
 from rlnorm.kit.worker import BackendWorker
@@ -210,39 +209,7 @@ def run_agreement(run: Run) -> None:
     run_step(run, "agreement", body)
 
 
-# the trainer-vs-sampler check imports vLLM, whose import patches torch's compiler for the rest of a process
-TRAINER_SAMPLER_CHILD = "import sys; from rlnorm.kit.checks.trainer_sampler import main; sys.exit(main(sys.argv[1:]))"
-
-
-def run_trainer_sampler(run: Run) -> None:
-    """`rlnorm.kit.checks.trainer_sampler` in a process of its own within `backend_timeout_s` (vLLM's import patches
-    torch for the rest of a process): a crash or a hang becomes the summary's `error`."""
-    if "trainer_sampler" not in run.params.checks:
-        return
-    p = run.params
-    job = {"d": p.d, "eps": p.eps, "rows": p.agreement_rows, "seed": p.agreement_seed, "device": run.device}
-    job |= {"weight_dtype": p.weight_dtype, "opts": p.op_options().as_dict()}
-
-    def body() -> None:
-        with tempfile.TemporaryDirectory(prefix="rlnorm-trainer-sampler-") as tmp:
-            out_path = Path(tmp) / "result.json"
-            argv = [sys.executable, "-c", TRAINER_SAMPLER_CHILD, json.dumps(job), str(out_path)]
-            ended = run_child(argv, p.backend_timeout_s)
-            try:
-                summary = json.loads(out_path.read_text(encoding="utf-8"))["summary"]
-            except (OSError, ValueError, KeyError, TypeError):
-                summary = None
-        if ended.timed_out:
-            summary = {"error": ended.cause}
-        elif not ended.ok or not isinstance(summary, dict):
-            what = "left no readable result" if ended.ok else ended.cause
-            last = ended.stderr_tail.strip().splitlines()[-1:] or ["(no stderr)"]
-            summary = {"error": f"its process {what}; last line: {last[0][:500]}"}
-        run.result.trainer_sampler = from_json(TrainerSampler, summary)
-
-    run_step(run, "trainer_sampler", body)
-
-
+# a pair may import vLLM, whose import patches torch's compiler for the rest of a process
 STACK_PAIR_CHILD = "import sys; from rlnorm.kit.checks.stack_pairs import main; sys.exit(main(sys.argv[1:]))"
 
 

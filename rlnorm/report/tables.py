@@ -78,31 +78,6 @@ def agreement_table(run: RunResult) -> pd.DataFrame | None:
     return None if a is None else pd.DataFrame(a.equal_fraction, index=a.backends, columns=a.backends)
 
 
-def trainer_sampler_table(run: RunResult) -> pd.DataFrame | str:
-    """Trainer against sampler: per pair, who computed each side and how their outputs differ (a line of text
-    where the check did not run or raised)."""
-    ts = run.trainer_sampler
-    if ts is None:
-        return ""
-    if ts.error or ts.extra.get("skip_reason") or not ts.pairs:
-        return f"trainer vs sampler did not run: {ts.error or ts.extra.get('skip_reason') or 'no pairs'}"
-    n = (ts.rows or 0) * (ts.d or 0)
-    rows = []
-    for name, pair in ts.pairs.items():
-        why = pair.get("error") or pair.get("skip_reason") or ""
-        rows.append({
-            "pair": name,
-            "trainer": pair.get("trainer") or "",
-            "sampler": pair.get("sampler") or "",
-            "bitwise equal": "" if pair.get("bitwise_equal") is None else pair["bitwise_equal"],
-            "rows differ": "" if why else f"{pair['rows_differ']} / {ts.rows}",
-            "elements differ": "" if why else f"{pair['elements_differ']} / {n}",
-            "max ulp": "" if why else pair["max_ulp"],
-            "why not compared": why,
-        })  # fmt: skip
-    return pd.DataFrame(rows).set_index("pair")
-
-
 def record_table(run: RunResult, records: pd.DataFrame | None = None) -> pd.DataFrame | str:
     """Per backend and check that differs: the complete counts of row comparisons, the records kept (per tensor)
     and those `max_records` left out; the records themselves are the CSV's lines."""

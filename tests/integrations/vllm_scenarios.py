@@ -2,7 +2,7 @@
 
 Importing vLLM takes ~20 s and patches torch's compiler for the rest of a process, so the test process never
 imports it: `facts()` runs this script once per pytest run, which runs every scenario against the installed
-vLLM on the CPU and writes each one's facts (or its error) for `test_vllm.py` and `test_trainer_sampler.py`.
+vLLM on the CPU and writes each one's facts (or its error) for `test_vllm.py` and `test_stack_pairs.py`.
 """
 
 from __future__ import annotations
@@ -262,14 +262,17 @@ def another_replacement_registered() -> dict[str, Any]:
 
 
 @scenario
-def trainer_sampler_check() -> dict[str, Any]:
-    """The kit's check at width 32: as shipped, and with a planted replacement that keeps rlnorm's default eps in a
-    model whose eps is 1e-5."""
+def stack_pairs_check() -> dict[str, Any]:
+    """Qwen3-Next's layers through the stack pairs at width 32, rlnorm in both or in neither, and rlnorm's pair with
+    a planted replacement that keeps rlnorm's default eps in a model whose eps is 1e-5."""
     from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
-    from rlnorm.kit.checks.trainer_sampler import trainer_vs_sampler
+    from rlnorm.kit.checks.stack_pairs import QWEN3_NEXT_OPTIONS, pair_by_name, run_pair
+    from rlnorm.options import OpOptions
 
-    shipped = trainer_vs_sampler(d=D, rows=40, seed=3, eps=1e-6).summary
-    at_1e5 = trainer_vs_sampler(d=D, rows=40, seed=3, eps=1e-5).summary
+    def pair(name: str, eps: float) -> dict[str, Any]:
+        return run_pair(pair_by_name(name), d=D, rows=40, opts=OpOptions(eps=eps, **QWEN3_NEXT_OPTIONS))
+
+    out = {f"{n}@{e:.0e}": pair(n, e) for n in ("rlnorm_patched", "stock_unpatched") for e in (1e-6, 1e-5)}
 
     def wrong_eps(self: Any, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
         return rms_norm_gated_op(x, z, self.weight, 1e-6, self.group_size, self.norm_before_gate, self.activation)
@@ -277,10 +280,10 @@ def trainer_sampler_check() -> dict[str, Any]:
     saved = RlnormRMSNormGated._rlnorm
     RlnormRMSNormGated._rlnorm = wrong_eps
     try:
-        planted = trainer_vs_sampler(d=D, rows=40, seed=3, eps=1e-5).summary
+        out["planted"] = pair("rlnorm_patched", 1e-5)
     finally:
         RlnormRMSNormGated._rlnorm = saved
-    return {"shipped": shipped, "at_1e5": at_1e5, "planted": planted, "registered_after": plugin.is_registered()}
+    return out | {"registered_after": plugin.is_registered()}
 
 
 # -- the test process's side ----------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ def test_artifact_and_records_are_written(finished_run: steps.Run) -> None:
 def backends_done(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
     """One backend run, the state every step-failure test starts from."""
     out = tmp_path_factory.mktemp("steps") / "done"
-    checks = ["all_rows", "agreement", "trainer_sampler"]
+    checks = ["all_rows", "agreement", "stack_pairs"]
     run = steps.start_run(load_params({**TINY, "backends": ["reference"], "checks": checks, "output_dir": str(out)}))
     steps.run_backends(run)
     return run
@@ -148,11 +148,11 @@ def _fail_agreement(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
     assert run.result.agreement is None
 
 
-def _fail_trainer_sampler(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
+def _fail_stack_pairs(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steps, "run_child", _planted)
     steps.run_agreement(run)  # a step that works, before one that fails: its result stands too
-    steps.run_trainer_sampler(run)
-    assert run.result.trainer_sampler is None and run.result.agreement.equal_fraction == [[1.0]]
+    steps.run_stack_pairs(run)
+    assert run.result.stack_pairs is None and run.result.agreement.equal_fraction == [[1.0]]
 
 
 def _fail_plots(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -163,7 +163,7 @@ def _fail_page(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
     assert steps.run_step(run, "page", _planted) is None
 
 
-@pytest.mark.parametrize("fail", [_fail_agreement, _fail_trainer_sampler, _fail_plots, _fail_page])
+@pytest.mark.parametrize("fail", [_fail_agreement, _fail_stack_pairs, _fail_plots, _fail_page])
 def test_a_failing_step_is_recorded(backends_done: steps.Run, tmp_path: Path, monkeypatch, fail) -> None:  # type: ignore[no-untyped-def]
     run = _resume(backends_done, tmp_path)
     fail(run, monkeypatch)
@@ -249,15 +249,3 @@ def test_an_interrupt_while_starting_the_next_process_closes_the_one_started(
     with pytest.raises(KeyboardInterrupt):
         steps.run_backends(run)
     assert len(made) == 1 and made[0].closed
-
-
-def test_a_trainer_sampler_child_that_leaves_half_a_result_is_its_error(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # the child writes a result file that is not JSON: the check's error, not a failed step
-    monkeypatch.setattr(steps, "TRAINER_SAMPLER_CHILD", "import sys; open(sys.argv[2], 'w').write('{\"summ')")
-    params = load_params({**TINY, "checks": ["trainer_sampler"], "output_dir": str(tmp_path / "r")})
-    run = steps.start_run(params)
-    steps.run_trainer_sampler(run)
-    ts = run.result.trainer_sampler
-    assert ts.error == "its process left no readable result; last line: (no stderr)" and not run.result.failed_steps

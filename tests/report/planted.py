@@ -87,7 +87,7 @@ def planted_run() -> tuple[RunResult, list[dict]]:
         environment={"gpu": "cpu", "device": "cpu", "libraries": {"torch": "2.13.0"}}, quick=True,
         checks=["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep"],
         params={"name": "planted", "d": 128, "eps": 1e-6, "max_records": 4}, records="records.csv", plots=None,
-        agreement=Agreement("y", 64, 3, ["clean", FAULTY], [[1.0, 0.9], [0.9, 1.0]]), trainer_sampler=None,
+        agreement=Agreement("y", 64, 3, ["clean", FAULTY], [[1.0, 0.9], [0.9, 1.0]]),
         results=results,
         failed_steps=[StepFailure("trainer_sampler", "RuntimeError: planted step failure",
                                   ["Traceback (most recent call last):", '  File "x.py", line 1', "RuntimeError: "

@@ -4,17 +4,19 @@ An RL engineer's question is whether their trainer and their sampler compute the
 in `PAIRS` names the trainer's and the sampler's backend by key and where in the stack's source (file:line at a
 pinned version) that choice is made. The trainer runs the rows as a training step does: one packed batch, forward
 and backward (the forward output is compared); the sampler as generation does, under inference mode: a prefill, then
-decode steps of `heads` rows (`trainer_sampler.sampler_plan`). Row r of x is scaled by 2^-(r mod 16), exactly, so
-mean squares reach below eps. A pair whose backend is not registered or cannot run here is skipped with the reason.
-`main` runs one pair in a process of its own (`steps.run_stack_pairs`): a vLLM import patches torch for the rest
-of a process, and a pair that crashes takes only its own row down.
+decode steps of `heads` rows (`sampler_plan`). Row r of x is scaled by 2^-(r mod 16), exactly, so mean squares reach
+below eps, where a wrong eps shows. `rlnorm_patched` and `stock_unpatched` are Qwen3-Next's own layers (`ModelNorm`)
+with rlnorm in both (`apply_rlnorm_to_qwen3_next`, `RLNORM_VLLM=1`), which must agree, and in neither, the contrast.
+A pair that cannot run here is skipped with the reason. `main` runs one pair in a process of its own: a vLLM import
+patches torch for the rest of a process, and a pair that crashes takes only its own row down.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,12 +25,102 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import REGISTRY, Backend, describe_error, load_backend
-from rlnorm.kit.checks.common import check_int
-from rlnorm.kit.checks.trainer_sampler import QWEN3_NEXT_OPTIONS, compare_outputs, row_scales, sampler_plan
+from rlnorm.kit.backends import REGISTRY, Backend, describe_error, dist_version, load_backend
+from rlnorm.kit.checks.common import bits, check_int
+from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
-__all__ = ["PAIRS", "PairSpec", "main", "pair_by_name", "run_pair"]
+# rlnorm.integrations and the vllm backend are imported where used: they bring in transformers and vLLM
+
+__all__ = ["PAIRS", "QWEN3_NEXT_OPTIONS", "ModelNorm", "PairSpec", "compare_outputs", "main", "pair_by_name"]
+__all__ += ["row_scales", "run_pair", "sampler_plan", "vllm_unavailable_reason"]
+
+# what Qwen3-Next's and Qwen3.5's gated norm is: whole rows, the norm before a silu gate
+QWEN3_NEXT_OPTIONS = {"group_size": None, "norm_before_gate": True, "activation": "silu"}
+
+
+def row_scales(rows: int) -> Tensor:
+    """[rows, 1] fp32: 2^-(r mod 16), exact in every float dtype, so scaling x rounds nothing."""
+    return torch.pow(2.0, -(torch.arange(rows) % 16).to(torch.float32))[:, None]
+
+
+def sampler_plan(rows: int, heads: int, decode_tokens: int) -> list[int]:
+    """Row counts of the sampler's calls: a prefill, then up to `decode_tokens` decode steps of `heads` rows."""
+    for name, (n, least) in {"rows": (rows, 1), "heads": (heads, 1), "decode_tokens": (decode_tokens, 0)}.items():
+        check_int(name, n, least)
+    steps = min(decode_tokens, rows // heads)
+    prefill = rows - steps * heads
+    return ([prefill] if prefill else []) + [heads] * steps
+
+
+def compare_outputs(trainer_y: Tensor, sampler_y: Tensor) -> dict[str, Any]:
+    """How the sampler's output differs from the trainer's, row by row, bitwise."""
+    if trainer_y.shape != sampler_y.shape or trainer_y.dtype != sampler_y.dtype:
+        raise ValueError(
+            f"sampler output {tuple(sampler_y.shape)} {sampler_y.dtype}, expected the trainer's "
+            f"{tuple(trainer_y.shape)} {trainer_y.dtype}"
+        )
+    a, b = trainer_y.detach().cpu(), sampler_y.detach().cpu()
+    differ = bits(a) != bits(b)
+    rows = differ.any(dim=-1).nonzero().flatten().tolist()
+    ulp = int(ulp_distance(a, b).max()) if a.numel() else 0
+    out = {"bitwise_equal": not rows, "rows_differ": len(rows), "elements_differ": int(differ.sum()), "max_ulp": ulp}
+    return out | {"differing_rows": rows[:10]}  # the first ten by index (the counts are complete)
+
+
+def vllm_unavailable_reason() -> str | None:
+    """Why vLLM's layer cannot be imported in this process, or None once it is."""
+    try:
+        import vllm.model_executor.layers.layernorm  # noqa: F401
+    except Exception as exc:
+        return f"importing vLLM fails: {describe_error(exc)}"
+    return None
+
+
+class ModelNorm(Backend):
+    """Qwen3-Next's gated norm as the model's own layer holds it (`integrations.qwen3_next`, a tiny config at the
+    call's width and eps): transformers' (a trainer) or vLLM's (a sampler), patched with rlnorm or not. Where vLLM
+    cannot be imported, the patched sampler is the operator rlnorm's vLLM layer calls, labelled so."""
+
+    requires = "transformers.models.qwen3_next.modeling_qwen3_next"
+
+    def __init__(self, key: str, framework: str, patched: bool) -> None:
+        self.key = self.source = key
+        self.framework, self.patched, self.has_backward = framework, patched, framework == "transformers"
+
+    def _probe(self, device: str) -> tuple[bool, str]:
+        reason = vllm_unavailable_reason() if self.framework == "vllm" else None
+        if reason and not self.patched:
+            return False, f"vLLM's own layer cannot run here: {reason}"
+        return super()._probe(device)
+
+    @functools.cache  # noqa: B019 (one build per width, eps, device and dtype; a pair's process is short)
+    def _build(self, d: int, eps: float, device: str, dtype: torch.dtype) -> Callable[..., Tensor]:
+        from rlnorm.integrations import qwen3_next as q
+
+        config = q.tiny_config(d=d, eps=eps)
+        if self.framework == "transformers":
+            norm = q.transformers_norm(config, patched=self.patched, device=device, dtype=dtype)
+            self.source = f"transformers {dist_version('transformers')} {type(norm).__qualname__}"
+        elif (reason := vllm_unavailable_reason()) is None:
+            norm = q.vllm_norm(config, patched=self.patched, device=device, dtype=dtype)
+            method = getattr(getattr(norm, "_forward_method", None), "__name__", "forward")
+            self.source = f"vLLM {dist_version('vllm')} {type(norm).__qualname__}.{method}"
+        else:
+            from rlnorm.integrations.ops import rms_norm_gated_op
+
+            self.source = f"torch.ops.rlnorm.rms_norm_gated as rlnorm's vLLM layer calls it (vLLM: {reason})"
+            act = q.sampler_activation(config)  # the arguments RlnormRMSNormGated passes from vLLM's constructor
+            return lambda x, z, w: rms_norm_gated_op(x, z, w, eps, None, True, act)
+        return lambda x, z, w: torch.func.functional_call(norm, {"weight": w}, (x, z))
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        return self._build(x.shape[-1], opts.eps, str(x.device), w.dtype)(x, z, w)
+
+
+# the sides `ModelNorm` builds: key -> (framework, patched)
+MODEL_SIDES = {"transformers_rlnorm": ("transformers", True), "vllm_rlnorm": ("vllm", True)}
+MODEL_SIDES |= {"transformers_model": ("transformers", False), "vllm_layer": ("vllm", False)}
 
 
 @dataclass(frozen=True)
@@ -84,9 +176,12 @@ PAIRS: tuple[PairSpec, ...] = (
     PairSpec("torchtitan", "TorchTitan trainer + generator (its model registered in vLLM)", "Qwen3.5", "torchtitan",
              "torchtitan", _TITAN, f"torchtitan 0.3.0 experiments/rl/models/vllm_registry.py:197 register_to_vllm; "
              f"{_TITAN}"),
-    PairSpec("rlnorm_patched", "rlnorm on both sides (patched)", "Qwen3-Next / Qwen3.5", "rlnorm", "rlnorm",
-             "rlnorm integrations/qwen3_next.py apply_rlnorm_to_qwen3_next",
-             "rlnorm integrations/vllm_layer.py RLNORM_VLLM=1"),
+    # the patched/unpatched contrast: Qwen3-Next's own layers, rlnorm in both or in neither
+    PairSpec("rlnorm_patched", "rlnorm on both sides (patched)", "Qwen3-Next", "transformers_rlnorm", "vllm_rlnorm",
+             "rlnorm integrations/transformers.py apply_rlnorm_to_qwen3_next", "rlnorm integrations/vllm_layer.py "
+             "RLNORM_VLLM=1"),
+    PairSpec("stock_unpatched", "stock layers, unpatched (contrast)", "Qwen3-Next", "transformers_model",
+             "vllm_layer", _TRANSFORMERS_NEXT, f"{_VLLM_QWEN3_NEXT}, the installed vLLM's default dispatch"),
 )  # fmt: skip
 
 
@@ -97,38 +192,18 @@ def pair_by_name(name: str) -> PairSpec:
     raise ValueError(f"pair: expected one of {[p.name for p in PAIRS]}, got {name!r}")
 
 
-class _Skip(Exception):
-    """A side that cannot run here, for a reason that is a finding, not an error."""
-
-
-def _backend(key: str, device: str, opts: OpOptions) -> Backend:
-    if key not in REGISTRY:
-        raise _Skip(f"backend {key!r} is not registered in this rlnorm")
-    backend = load_backend(key)
-    ok, why = backend.available(device)
-    if not ok:
-        raise _Skip(f"{key}: {why}")
-    ok, why = backend.supports(opts)
-    if not ok:
-        raise _Skip(f"{key}: {why}")
+def _side(key: str, device: str, opts: OpOptions) -> Backend | str:
+    """The backend a key names, or why it cannot run here (a finding, not an error)."""
+    if key in MODEL_SIDES:
+        backend: Backend = ModelNorm(key, *MODEL_SIDES[key])
+    elif key in REGISTRY:
+        backend = load_backend(key)
+    else:
+        return f"backend {key!r} is not registered in this rlnorm"
+    for ok, why in (backend.available(device), backend.supports(opts)):
+        if not ok:
+            return f"{key}: {why}"
     return backend
-
-
-def _train(backend: Backend, x: Tensor, z: Tensor, w: Tensor, dy: Tensor, opts: OpOptions) -> Tensor:
-    """A training step: one packed batch, forward and backward (forward only where the backend has no backward)."""
-    if backend.has_backward:
-        return backend.forward_backward(x, z, w, dy, opts).y
-    return backend.forward(x, z, w, opts)
-
-
-def _sample(backend: Backend, x: Tensor, z: Tensor, w: Tensor, plan: list[int], opts: OpOptions) -> Tensor:
-    """Generation: a prefill, then decode steps, each call under inference mode as a model runner makes it."""
-    outs = []
-    for xs, zs in zip(x.split(plan), z.split(plan), strict=True):
-        with torch.inference_mode():
-            y = backend.forward(xs, zs, w, opts)
-        outs.append(y.clone())  # a normal tensor again, for comparing outside inference mode
-    return torch.cat(outs)
 
 
 def run_pair(
@@ -138,46 +213,37 @@ def run_pair(
     d: int = 128,
     seed: int = 3,
     device: str = "cpu",
-    dtype: torch.dtype = torch.bfloat16,
-    weight_dtype: str | torch.dtype | None = None,
+    weight_dtype: str | None = None,
     heads: int = 2,
     decode_tokens: int = 8,
     opts: OpOptions | None = None,
     backends: dict[str, Backend] | None = None,
 ) -> dict[str, Any]:
-    """One pair's row of the table (StackPair's JSON). `backends` stands in for keys (tests plant one there)."""
-    check_int("d", d, 1)
+    """One pair's row of the table (StackPair's JSON), on bf16 rows. `backends` stands in for keys (tests plant
+    one there)."""
     plan = sampler_plan(rows, heads, decode_tokens)
     opts = opts or OpOptions(**QWEN3_NEXT_OPTIONS)
     row: dict[str, Any] = {"name": spec.name, "stack": spec.stack, "model": spec.model, "trainer": spec.trainer}
     row |= {"sampler": spec.sampler, "trainer_where": spec.trainer_where, "sampler_where": spec.sampler_where}
     row |= {"trainer_calls": [rows], "sampler_calls": plan, "status": "skipped"}
-    other = {k: v for k, v in QWEN3_NEXT_OPTIONS.items() if getattr(opts, k) != v}
-    if other:
-        row["reason"] = f"{spec.model}'s norm is {QWEN3_NEXT_OPTIONS}; the run's options differ: " + ", ".join(
-            f"{k}={getattr(opts, k)!r}" for k in other
-        )
+    if other := [f"{k}={getattr(opts, k)!r}" for k, v in QWEN3_NEXT_OPTIONS.items() if getattr(opts, k) != v]:
+        row["reason"] = f"{spec.model}'s norm is {QWEN3_NEXT_OPTIONS}; the run's options differ: {', '.join(other)}"
         return row
-    planted = backends or {}
-    try:
-        trainer = planted.get(spec.trainer) or _backend(spec.trainer, device, opts)
-        sampler = planted.get(spec.sampler) or _backend(spec.sampler, device, opts)
-    except _Skip as why:
-        row["reason"] = str(why)
-        return row
-    row |= {"trainer_source": trainer.source, "sampler_source": sampler.source}
-    wdt = getattr(torch, weight_dtype) if isinstance(weight_dtype, str) else weight_dtype or dtype
-    case = make_case(rows, d, seed, dtype, wdt, device=device)
-    x = (case.x.float() * row_scales(rows).to(device)).to(dtype)
-    try:
-        y_trainer = _train(trainer, x, case.z, case.w, case.dy, opts)
-        y_sampler = _sample(sampler, x, case.z, case.w, plan, opts)
-        row |= compare_outputs(y_trainer, y_sampler)
+    trainer, sampler = ((backends or {}).get(k) or _side(k, device, opts) for k in (spec.trainer, spec.sampler))
+    if isinstance(trainer, str) or isinstance(sampler, str):
+        return row | {"reason": trainer if isinstance(trainer, str) else sampler}
+    case = make_case(rows, d, seed, torch.bfloat16, getattr(torch, weight_dtype or "bfloat16"), device=device)
+    x, z, w, dy = (case.x.float() * row_scales(rows).to(device)).to(torch.bfloat16), case.z, case.w, case.dy
+    try:  # the trainer: one packed batch, forward and backward (forward only where the backend has no backward)
+        y = trainer.forward_backward(x, z, w, dy, opts).y if trainer.has_backward else trainer.forward(x, z, w, opts)
+        sampled = []  # the sampler: a prefill, then decode steps, each under inference mode as a model runner calls
+        for xs, zs in zip(x.split(plan), z.split(plan), strict=True):
+            with torch.inference_mode():
+                sampled.append(sampler.forward(xs, zs, w, opts))
+        row |= compare_outputs(y, torch.cat([t.clone() for t in sampled])) | {"status": "ran"}  # clone: normal tensors
     except Exception as exc:
         row |= {"status": "error", "reason": describe_error(exc)}
-        return row
-    row["status"] = "ran"
-    return row
+    return row | {"trainer_source": trainer.source, "sampler_source": sampler.source}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -185,8 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     job_text, out = sys.argv[1:] if argv is None else argv
     job = json.loads(job_text)
     spec = pair_by_name(job.pop("pair"))
-    if job.get("opts") is not None:
-        job["opts"] = OpOptions(**job["opts"])
+    job["opts"] = OpOptions(**job["opts"]) if job.get("opts") else None
     try:
         row = run_pair(spec, **job)
     except Exception as exc:

@@ -24,10 +24,8 @@ def plot_stack_pairs(run: RunResult, folder: Path | None = None) -> Figure:
         set_title(fig, TITLE, run)
         return save(fig, folder, "stack_pairs")
     n = table.rows * table.d
-    labels, shares = [], []
-    for p in pairs:
-        labels.append(f"{p.name}\n{p.trainer} → {p.sampler}")
-        shares.append(100.0 * (p.elements_differ or 0) / n if p.status == "ran" and n else 0.0)
+    labels = [f"{p.name}\n{p.trainer} → {p.sampler}" for p in pairs]
+    shares = [100.0 * (p.elements_differ or 0) / n if p.status == "ran" and n else 0.0 for p in pairs]
     top = max([*shares, 1.0]) * 1.9  # room right of the longest bar for its words
     for i, (p, share) in enumerate(zip(pairs, shares, strict=True)):
         if p.status != "ran":
