@@ -303,7 +303,9 @@ def _launch_verdict(result: BackendResult, check: str, error: str | None) -> Che
         return CheckVerdict(check, State.NOT_RUN)
     pairs = differing_pairs(result)
     if pairs:
-        return CheckVerdict(check, State.FAILED, detail=f"{len(pairs)} of {len(node_c.pairs)} pairs differ: {pairs[0]}")
+        keys = sorted({p.split(": ", 1)[0] for p in pairs})
+        return CheckVerdict(check, State.FAILED, detail=f"{len(pairs)} of {len(node_c.pairs)} configuration pairs "
+                            f"differ, in {', '.join(keys)}; e.g. {pairs[0].split(': ', 1)[1]}")  # fmt: skip
     return CheckVerdict(check, State.PASSED, detail=f"{len(node_c.pairs)} pairs, none differs")
 
 
@@ -352,8 +354,7 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
         for c in found:
             counts = checks[c].counts
             said = counts.sentence() if counts is not None else "the same batch gives another dweight when run again"
-            parts.append(f"{c}: {said}" if c != "configurations" else "configurations: " + "; ".join(
-                differing_pairs(result)))  # fmt: skip
+            parts.append(f"{c}: {said}" if c != "configurations" else f"configurations: {checks[c].detail}")
         return BackendVerdict(key, result.status, checks, State.FAILED, "; ".join(parts))
     if ended is not None:
         return BackendVerdict(key, result.status, checks, ended, crash_words(result).partition(": ")[2])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,10 +13,11 @@ import triton.language as tl
 
 from rlnorm.kit.backends import load_backend
 from rlnorm.kit.backends.pins import autotuner, autotuner_settings, pin_autotuner
+from rlnorm.kit.checks import common
 from rlnorm.kit.checks.configurations import configurations
 from rlnorm.kit.checks.rows import all_rows, full_vs_sub_batches
 from rlnorm.kit.params import ParamsError, load_params
-from rlnorm.kit.results import Configurations
+from rlnorm.kit.results import Configurations, load_run
 from tests.faults import RowCountOrder
 
 SMALL = {"configurations_rows": 8, "configurations_sizes": [1, 3], "configurations_seed": 3}
@@ -82,9 +85,14 @@ def test_rlnorm_backward_partition_is_cleared() -> None:
                          configurations_rows=8, configurations_sizes=[3], configurations_seed=3, **OP)  # fmt: skip
     assert out.error is None
     kernel = "rlnorm.kernel._bwd._rms_norm_gated_bwd_kernel"
+    finalize = "rlnorm.kernel._dweight._dweight_finalize_kernel.STRIPES"  # the same launcher value
     assert out.summary.values[f"{kernel}.TILES"] == ["1", "2", "4", "8", "16", "31"]
-    assert out.summary.values[f"{kernel}.STRIPES"] == ["1", "2", "4", "8"]
-    assert set(out.summary.cleared) == {f"{kernel}.{p}" for p in ("TILES", "HOT_WIDTH", "STRIPES")}
+    assert out.summary.values[f"{kernel}.STRIPES"] == out.summary.values[finalize] == ["1", "2", "4", "8"]
+    assert set(out.summary.cleared) == {f"{kernel}.{p}" for p in ("TILES", "HOT_WIDTH", "STRIPES")} | {finalize}
+    # every parameter an H100 saw change with the row count (the published run's launches) is cleared here
+    h100 = load_run(Path(__file__).parents[2] / "outputs/h100-full/kernels").results["rlnorm"]
+    assert len(h100.launches.kernels) == 3 and common.uncleared(h100)  # that run credited only the first kernel
+    assert common.uncleared(dataclasses.replace(h100, configurations=out.summary)) == {}
     crossed = [p for p in out.summary.pairs if p.full != p.alone]
     assert len(crossed) == 6 * 5 + 4 * 3 and all(p.dweight_equal for p in crossed)
 

@@ -418,12 +418,17 @@ class RlnormBackend(Backend):
         tiles = sorted({min(cap, 1 << k) for k in range(cap.bit_length() + 1)})
         stripes = [1 << k for k in range(_dweight.STRIPES.bit_length()) if 1 << k <= _dweight.STRIPES]
         kernel = kernel_name(_bwd._rms_norm_gated_bwd_kernel)
+        finalize = kernel_name(_dweight._dweight_finalize_kernel)  # sums the backward's stripes: the same STRIPES
         out = [
             Setting(kernel, "TILES", str(t), lambda t=t: plant(bwd={"TILES": t}),
-                    implies={"HOT_WIDTH": str(_dweight.hot_width(t))})
+                    implies={f"{kernel}.HOT_WIDTH": str(_dweight.hot_width(t))})
             for t in tiles
         ]  # fmt: skip
-        out += [Setting(kernel, "STRIPES", str(n), lambda n=n: plant(bwd={"STRIPES": n})) for n in stripes]
+        out += [
+            Setting(kernel, "STRIPES", str(n), lambda n=n: plant(bwd={"STRIPES": n}),
+                    implies={f"{finalize}.STRIPES": str(n)})
+            for n in stripes
+        ]  # fmt: skip
         return out
 
 

@@ -27,7 +27,8 @@ class Setting:
     value: str  # the value in words ("BT=16, num_warps=4")
     pin: Pin | None = None
     why: str | None = None  # why it cannot be forced here
-    # other parameters this value fixes at the same time (rlnorm: TILES fixes HOT_WIDTH): name -> value
+    # parameters this value fixes at the same time, in this kernel or another one the same launcher starts (rlnorm:
+    # TILES fixes HOT_WIDTH; STRIPES is also the finalize kernel's): "kernel.parameter" -> value
     implies: dict[str, str] = field(default_factory=dict)
 
     @property

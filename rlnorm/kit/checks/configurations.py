@@ -121,7 +121,7 @@ def configurations(
             if s.pin is not None:
                 summary.values.setdefault(s.key, []).append(s.value)
             for name, value in s.implies.items():
-                implied = summary.values.setdefault(f"{s.kernel}.{name}", [])
+                implied = summary.values.setdefault(name, [])
                 if value not in implied:
                     implied.append(value)
         for key, group in groups.items():
@@ -144,7 +144,7 @@ def configurations(
             summary.pairs += pairs
             clean = all(p.fwd_differ == 0 and not p.rowgrad_differ and p.dweight_equal is not False for p in pairs)
             if clean and key not in summary.unexercised:
-                implied = {f"{s.kernel}.{n}" for s in group for n in s.implies}
+                implied = {n for s in group for n in s.implies}
                 summary.cleared += [key, *sorted(implied - set(summary.cleared))]
     except Exception as exc:
         summary.error = describe_error(exc)
