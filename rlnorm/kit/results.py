@@ -469,7 +469,8 @@ _TRAINER_SAMPLER_PAIRS = {
 
 
 def _upgrade_trainer_sampler(doc: dict[str, Any]) -> None:
-    """An older artifact's `trainer_sampler` summary as its two pairs of `stack_pairs` (added to any there)."""
+    """An older artifact's `trainer_sampler` summary as its two pairs of `stack_pairs` (in place of any of their
+    names there)."""
     old = doc.pop("trainer_sampler", None)
     if not isinstance(old, dict):
         return  # null or absent: the check did not run
@@ -482,6 +483,7 @@ def _upgrade_trainer_sampler(doc: dict[str, Any]) -> None:
         why = one.pop("error", None) or old.get("error")
         status = "ran" if one.get("bitwise_equal") is not None else "error" if why else "skipped"
         why = None if status == "ran" else why or one.pop("skip_reason", None) or old.get("skip_reason") or "not run"
+        pairs = [q for q in pairs if q.get("name") != name]  # that run's own pair of the name measured less
         pairs.append({**one, "name": name, "status": status, "stack": stack, "model": "Qwen3-Next", "trainer": trainer,
                       "sampler": sampler, "trainer_source": one.get("trainer"), "sampler_source": one.get("sampler"),
                       "trainer_calls": old.get("trainer_calls"), "sampler_calls": old.get("sampler_calls"),

@@ -20,7 +20,7 @@ from rlnorm.kit import artifact as art
 from rlnorm.kit import steps
 from rlnorm.kit.backends import ExactReferenceBackend
 from rlnorm.kit.params import load_params
-from rlnorm.kit.results import StackPair, from_json, run_from_doc, to_json
+from rlnorm.kit.results import StackPair, from_json, load_run, run_from_doc, to_json
 from rlnorm.options import OpOptions
 
 require("transformers")
@@ -150,6 +150,9 @@ def test_an_older_trainer_sampler_summary_reads_as_its_two_pairs(tmp_path: Path)
     assert run_from_doc({**doc, "trainer_sampler": None}).stack_pairs is None  # the check did not run
     published = art.load_artifact(Path(__file__).parents[2] / "outputs/h200-full/rms_norm_gated_reuse_check.json")
     assert [p.status for p in published.stack_pairs.pairs] == ["error", "error"]  # its check raised
+    both = load_run(Path(__file__).parents[2] / "outputs/h100-full/kernels").stack_pairs.pairs  # pairs and the old
+    names = [p.name for p in both]
+    assert len(names) == len(set(names)) == 11 and {"rlnorm_patched", "stock_unpatched"} <= set(names)
 
 
 @pytest.mark.gpu
