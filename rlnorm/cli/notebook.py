@@ -9,7 +9,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,28 +42,23 @@ def _cell_label(cell: Any, index: int) -> str:
 def _echo_progress(path: Path, enabled: bool) -> Iterator[None]:
     """Copy what the kernel writes to `path` (the run's progress lines) to our stderr while the notebook runs."""
     stop = threading.Event()
-    path.touch()
 
     def pump() -> None:
         with open(path, encoding="utf-8", errors="replace") as f:
-            while True:
-                chunk = f.read()
-                if chunk:
-                    sys.stderr.write(chunk)
-                    sys.stderr.flush()
-                elif stop.is_set():
-                    return
-                else:
-                    time.sleep(0.2)
+            done = False
+            while not done:  # after the stop, one last read: everything the kernel wrote is in the file by then
+                done = stop.wait(0.2)
+                sys.stderr.write(f.read())
+                sys.stderr.flush()
 
-    thread = threading.Thread(target=pump, daemon=True) if enabled else None
-    if thread:
+    thread = threading.Thread(target=pump, daemon=True)
+    if enabled:
         thread.start()
     try:
         yield
     finally:
         stop.set()
-        if thread:
+        if enabled:
             thread.join(timeout=5)
 
 
@@ -122,13 +116,8 @@ def render_html(executed: Path, html: Path, title: str) -> Path:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(executed, as_version=4)
-    exporter = HTMLExporter(
-        extra_template_basedirs=[str(TEMPLATES)],
-        template_name=PAGE_TEMPLATE,
-        exclude_input=True,
-        exclude_input_prompt=True,
-        exclude_output_prompt=True,
-    )
+    exporter = HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name=PAGE_TEMPLATE, exclude_input=True,
+                            exclude_input_prompt=True, exclude_output_prompt=True)  # fmt: skip
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     return write_atomic(html, body)
 
@@ -158,39 +147,34 @@ def execute(
         source.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         input_nb = workdir / f".{notebook}.input.ipynb"
         nbformat.write(source, input_nb)
-        # the kernel must be this interpreter, whatever `python` a system kernelspec names
-        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        os.environ["RLNORM_PROGRESS_FILE"] = str(progress_file)
-        if not sys.stderr.isatty():  # a log file or a pipe: lines, not bars redrawn with cursor codes
-            os.environ[PLAIN_ENV] = "1"
-        # inline, so display(fig) puts PNGs in the notebook whatever MPLBACKEND the shell has
-        os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-        os.environ.update(env or {})
+        os.environ.update({
+            # the kernel must be this interpreter, whatever `python` a system kernelspec names
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            "RLNORM_PROGRESS_FILE": str(progress_file),
+            # inline, so display(fig) puts PNGs in the notebook whatever MPLBACKEND the shell has
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            # a log file or a pipe: lines, not bars redrawn with cursor codes
+            **({} if sys.stderr.isatty() else {PLAIN_ENV: "1"}),
+            **(env or {}),
+        })  # fmt: skip
         # a dead kernel or a failing cell comes back as an exception, said once below: not also as log lines
-        quiet = {n: logging.getLogger(n) for n in ("papermill", "traitlets")}
-        levels = {n: lg.level for n, lg in quiet.items()}
-        for lg in quiet.values():
+        quiet = [logging.getLogger(n) for n in ("papermill", "traitlets")]
+        levels = [lg.level for lg in quiet]
+        for lg in quiet:
             lg.setLevel(logging.CRITICAL)
         try:
             with _echo_progress(progress_file, progress):
-                pm.execute_notebook(
-                    str(input_nb),
-                    str(executed),
-                    parameters=params,
-                    kernel_name="python3",
-                    engine_name=_engine(started),
-                    progress_bar=False,
-                    log_output=False,
-                    cwd=os.getcwd(),
-                )
+                pm.execute_notebook(str(input_nb), str(executed), parameters=params, kernel_name="python3",
+                                    engine_name=_engine(started), progress_bar=False, log_output=False,
+                                    cwd=os.getcwd())  # fmt: skip
         except pm.PapermillExecutionError as exc:  # papermill stops at the failing cell: the last one started
             failure = f"{started[-1] if started else 'an unknown cell'} failed: {exc.ename}: {exc.evalue}"
         except Exception as exc:  # the kernel died (out of memory, a crash in native code) or would not start
             where = started[-1] if started else "the kernel start"
             failure = f"{where} did not finish: {type(exc).__name__}: {str(exc).strip()[:500]}"
         finally:
-            for n, lg in quiet.items():
-                lg.setLevel(levels[n])
+            for lg, level in zip(quiet, levels, strict=True):
+                lg.setLevel(level)
         input_nb.unlink(missing_ok=True)
         if executed.exists():
             render_html(executed, workdir / f"{notebook}.html", title)

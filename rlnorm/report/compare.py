@@ -14,9 +14,8 @@ from rlnorm.kit.checks.digests import same_bits
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import RunResult
 from rlnorm.report.runs import open_run, param, run_label
-from rlnorm.report.verdict import CHECKS, STATE_COLORS, State, run_verdicts
+from rlnorm.report.verdict import CHECKS, COLUMNS, STATE_COLORS, State, run_verdicts
 
-COLUMNS = (*CHECKS, "batch_invariant")
 OP_KEYS = ("d", "eps", "group_size", "norm_before_gate", "activation", "weight_dtype")  # what defines the op
 ABSENT = "absent"
 LATENCY = ("fwd_us", "fwd_bwd_us")
@@ -62,14 +61,11 @@ def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
 def digest_table(a: RunResult, b: RunResult) -> pd.DataFrame:
     """Per backend: whether A and B computed the same bits on the standard case (digests of y, dx, dz, dweight);
     `same bits` is None where they cannot tell (no digest, different cases)."""
-    keys, same, why = _keys(a, b), [], []
-    for key in keys:
-        da, db = (r.results[key].digests if key in r.results else None for r in (a, b))
-        s, w = same_bits(da, db)
-        same.append(s)
-        why.append(w)
+    keys = _keys(a, b)
+    said = [same_bits(*(r.results[k].digests if k in r.results else None for r in (a, b))) for k in keys]
     index = pd.Index(keys, name="backend")  # object columns: None stays None (never NaN) where they cannot tell
-    return pd.DataFrame({"same bits": pd.Series(same, index=index, dtype=object), "why": why}, index=index)
+    same = pd.Series([same for same, _ in said], index=index, dtype=object)
+    return pd.DataFrame({"same bits": same, "why": [why for _, why in said]}, index=index)
 
 
 def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
@@ -205,19 +201,9 @@ def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_m
     la, lb = (f"{side}: {r.device_name}" + (f" ({param(r, 'name')})" if param(r, "name") else "")
               for side, r in (("A", ra), ("B", rb)))  # fmt: skip
     lb += " (2)" if la == lb else ""
-    return Comparison(
-        label_a=la,
-        label_b=lb,
-        environment=environment_table(ra, rb, la, lb),
-        verdicts=verdict_table(ra, rb, la, lb),
-        latency=latency_table(ra, rb),
-        accuracy=accuracy_table(ra, rb),
-        changes=what_changed(ra, rb, la, lb, latency_move, accuracy_move),
-        different_ops=op_differences(ra, rb, la, lb),
-        source_a=run_label(ra),
-        source_b=run_label(rb),
-        runs=(ra, rb),
-    )
+    return Comparison(la, lb, environment_table(ra, rb, la, lb), verdict_table(ra, rb, la, lb), latency_table(ra, rb),
+                      accuracy_table(ra, rb), what_changed(ra, rb, la, lb, latency_move, accuracy_move),
+                      op_differences(ra, rb, la, lb), run_label(ra), run_label(rb), (ra, rb))  # fmt: skip
 
 
 def plot_comparison(cmp: Comparison) -> Any:

@@ -22,6 +22,9 @@ from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.report.verdict import COMPARES, ROW_CHECKS, backend_verdict, records_line
 
 ROW_TENSORS = ("y", "dx", "dz")
+# ulp distances per column: the two sides the check compared, the batch vs alone, and each vs correctly rounded
+ULP_COLUMNS = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr",
+               "ulp_compared_vs_cr")  # fmt: skip
 
 
 def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None,
@@ -40,9 +43,8 @@ def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str
     row_level = sel[sel["tensor"].isin(ROW_TENSORS)]  # prefer a record that names a row over a dweight one
     first = (row_level if not row_level.empty else sel).iloc[0]
     b, c = str(first["backend"]), str(first["check"])
-    sel = records[(records["backend"] == b) & (records["check"] == c)].copy()
-    sel["_dw"] = ~sel["tensor"].isin(ROW_TENSORS)
-    sel = sel.sort_values("_dw", kind="stable").drop(columns="_dw").reset_index(drop=True)
+    sel = records[(records["backend"] == b) & (records["check"] == c)]
+    sel = sel.sort_values("tensor", key=lambda t: ~t.isin(ROW_TENSORS), kind="stable").reset_index(drop=True)
     sel.attrs.update(backend=b, check=c, counts=counts_sentence(run, b, c, len(sel)))
     return sel
 
@@ -216,31 +218,26 @@ def explain_row(
     exact = correctly_rounded(alone, opts, tensor)[0]
     d = exact.shape[0]
     columns = pd.DataFrame({"x": _values(alone.x[0]), "z": float("nan") if alone.z is None else _values(alone.z[0])})
-    ulp_names = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr",
-                 "ulp_compared_vs_cr")  # fmt: skip
     if ok:
         in_batch, compared, by_itself = row_of(backend)
-        ulp_bc = ulp_distance(in_batch, compared)
-        ulp_a, ulp_b, ulp_c = (ulp_distance(t, exact) for t in (by_itself, in_batch, compared))
-        columns = columns.assign(in_batch=_values(in_batch), compared=_values(compared), alone=_values(by_itself),
-                                 correctly_rounded=_values(exact))  # fmt: skip
-        ulps = (ulp_bc, ulp_distance(in_batch, by_itself), ulp_a, ulp_b, ulp_c)
-        columns = columns.assign(**{name: u.tolist() for name, u in zip(ulp_names, ulps, strict=True)})
-    else:
-        columns = columns.assign(**dict.fromkeys(("in_batch", "compared", "alone"), float("nan")),
-                                 correctly_rounded=_values(exact))  # fmt: skip
-        columns = columns.assign(**{name: pd.array([pd.NA] * d, dtype="Int64") for name in ulp_names})
+        sides = ((in_batch, compared), (in_batch, by_itself), (by_itself, exact), (in_batch, exact), (compared, exact))
+        ulp = {name: ulp_distance(*pair) for name, pair in zip(ULP_COLUMNS, sides, strict=True)}
+        mine = {"in_batch": _values(in_batch), "compared": _values(compared), "alone": _values(by_itself)}
+        ulps = {k: v.tolist() for k, v in ulp.items()}
+    else:  # the row, its correctly rounded value and the other backends still show
+        mine = dict.fromkeys(("in_batch", "compared", "alone"), float("nan"))
+        ulps = {k: pd.array([pd.NA] * d, dtype="Int64") for k in ULP_COLUMNS}
+    columns = columns.assign(**mine, correctly_rounded=_values(exact), **ulps)
     columns.index.name = "col"
 
     # rstd: the per-row statistic the op divides by, both ways, and the backend's own if it has one
     r32, r64 = rstd_from_x(alone, opts, torch.float32)[0], rstd_from_x(alone, opts, torch.float64)[0]
     rstd = pd.DataFrame({"fp32_from_x": r32.to(torch.float64).tolist(), "fp64_from_x": r64.tolist()})
     rstd["fp32_rel_err"] = (rstd["fp32_from_x"] - rstd["fp64_from_x"]).abs() / rstd["fp64_from_x"]
+    own_alone = own_batch = None
     try:
-        own_alone = _backend_rstd(backend, alone, opts) if ok else None
-        own_batch = _backend_rstd(backend, batch, opts) if ok else None
+        own_alone, own_batch = (_backend_rstd(backend, c, opts) for c in (alone, batch)) if ok else (None, None)
     except Exception as exc:  # a backend's optional rstd hook failing is a note, not a failure
-        own_alone = own_batch = None
         notes.append(f"{rec['backend']}.rstd failed: {describe_error(exc)}")
     if own_alone is not None and own_batch is not None:
         rstd["backend_alone"] = own_alone[0].tolist()
@@ -288,16 +285,16 @@ def explain_row(
         "max_ulp": None, "reproduced": None,
     }  # fmt: skip
     if ok:
-        diff_cols = ulp_bc != 0
+        diff_cols = ulp["ulp_batch_vs_compared"] != 0
         summary.update(
             cols_differ=int(diff_cols.sum()),
-            max_ulp=int(ulp_bc.max()),
+            max_ulp=int(ulp["ulp_batch_vs_compared"].max()),
             reproduced=bool(diff_cols.any()),
             # of the differing columns, how many are larger in magnitude inside the batch
             cols_larger_in_batch=int((in_batch.abs() > compared.abs())[diff_cols].sum()),
-            alone_correctly_rounded_cols=int((ulp_a == 0).sum()),
-            in_batch_correctly_rounded_cols=int((ulp_b == 0).sum()),
-            compared_correctly_rounded_cols=int((ulp_c == 0).sum()),
+            alone_correctly_rounded_cols=int((ulp["ulp_alone_vs_cr"] == 0).sum()),
+            in_batch_correctly_rounded_cols=int((ulp["ulp_batch_vs_cr"] == 0).sum()),
+            compared_correctly_rounded_cols=int((ulp["ulp_compared_vs_cr"] == 0).sum()),
         )
         if summary["reproduced"]:  # probe the larger side of the comparison: which property of the batch matters
             larger = batch.x.shape[0] >= other.x.shape[0]
