@@ -181,14 +181,9 @@ def _backend_rstd(backend: Any, case: Case, opts: OpOptions) -> torch.Tensor | N
     return None if out is None else out.detach().cpu().to(torch.float64).reshape(case.x.shape[0], -1)
 
 
-def explain_row(
-    record: Mapping[str, Any] | pd.Series,
-    opts: OpOptions | None = None,
-    others: Iterable[str] | None = None,
-    device: str | None = None,
-    others_in_batch: bool | None = None,
-    others_batch_max_rows: int = 1024,
-) -> RowExplanation:
+def explain_row(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None,
+                others: Iterable[str] | None = None, device: str | None = None, others_in_batch: bool | None = None,
+                others_batch_max_rows: int = 1024) -> RowExplanation:  # fmt: skip
     """Recompute one differing row on both sides of its comparison (its batch, and the row alone or the full batch)
     and alone, and explain the difference. `others`: backend keys to compute the same row with (default: every
     registered one); `others_in_batch`: also on both batches (default: on a GPU, or when they hold at most
@@ -380,21 +375,13 @@ def explain_dweight(
         "first_equal_fp64_cols": int((u1r == 0).sum()), "second_equal_fp64_cols": int((u2r == 0).sum()),
     }  # fmt: skip
     head = f"{name}'s dweight over the same batch of {_n(rows, 'row')} (seed {rec.get('seed')})"
-    if n_diff:
-        text = (
-            f"{head} differs between two identical runs in {n_diff} of {d} columns by at most "
-            f"{summary['max_ulp']} ulp (recorded: {_n(rec.get('cols_differ'), 'column')}, {rec.get('max_ulp')} "
-            "ulp): the weight gradient is not repeatable, so two training runs on the same data drift apart."
-        )
-    else:
-        text = (
-            f"Recomputed on {device}, {head} is bitwise the same in two runs: the recorded difference does not "
-            "reproduce here (it depends on the device, timing or launch configuration of the run)."
-        )
-    text += (
-        f" Columns equal to the fp64 dweight rounded once: {summary['first_equal_fp64_cols']}/{d} in the first "
-        f"run, {summary['second_equal_fp64_cols']}/{d} in the second."
-    )
+    text = (f"{head} differs between two identical runs in {n_diff} of {d} columns by at most {summary['max_ulp']} "
+            f"ulp (recorded: {_n(rec.get('cols_differ'), 'column')}, {rec.get('max_ulp')} ulp): the weight gradient "
+            "is not repeatable, so two training runs on the same data drift apart." if n_diff else f"Recomputed on "
+            f"{device}, {head} is bitwise the same in two runs: the recorded difference does not reproduce here (it "
+            "depends on the device, timing or launch configuration of the run).")  # fmt: skip
+    text += (f" Columns equal to the fp64 dweight rounded once: {summary['first_equal_fp64_cols']}/{d} in the first "
+             f"run, {summary['second_equal_fp64_cols']}/{d} in the second.")  # fmt: skip
     notes = ["dweight has no row: no rstd, no per-row peers"]
     return RowExplanation(summary, columns, pd.DataFrame(), pd.DataFrame(), text, notes, "ulp_first_vs_second")
 
@@ -412,27 +399,20 @@ def _n(k: Any, word: str) -> str:
 
 def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame) -> str:
     """The paragraph a reader sees above the tables: what differs, by how much, and what follows."""
-    where = (
-        f"row {s['row']} ({s['check']}, case {s['case']}, seed {s['seed']}) at position {s['position']} "
-        f"of a batch of {_n(s['batch_rows'], 'row')}"
-    )
+    where = (f"row {s['row']} ({s['check']}, case {s['case']}, seed {s['seed']}) at position {s['position']} of a "
+             f"batch of {_n(s['batch_rows'], 'row')}")  # fmt: skip
     vs = "alone"
     if s["compared_with"] != "alone":
         vs = f"inside the {s['compared_with']} of {_n(s['compared_rows'], 'row')} at position {s['compared_position']}"
     recorded = f"{_n(s['recorded_cols_differ'], 'column')}, {s['recorded_max_ulp']} ulp"
     if not s["recomputed"]:
-        text = (
-            f"{s['backend']} cannot run on {s['device']}, so its {s['tensor']} for {where} is not recomputed here; "
-            f"the run recorded that it differs from the same row computed {vs} in {recorded}. "
-            "The table still shows the row's inputs and its correctly rounded value."
-        )
-        return text + _others_text(others)
+        return (f"{s['backend']} cannot run on {s['device']}, so its {s['tensor']} for {where} is not recomputed "
+                f"here; the run recorded that it differs from the same row computed {vs} in {recorded}. The table "
+                "still shows the row's inputs and its correctly rounded value.") + _others_text(others)  # fmt: skip
     if not s["reproduced"]:
-        return (
-            f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same as "
-            f"{vs}: the recorded difference ({recorded}) does not reproduce here, so it depends on the "
-            "device or the launch configuration the run used."
-        ) + _others_text(others)
+        return (f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same as "
+                f"{vs}: the recorded difference ({recorded}) does not reproduce here, so it depends on the device or "
+                "the launch configuration the run used.") + _others_text(others)  # fmt: skip
     lines = [
         f"{s['backend']}'s {s['tensor']} for {where} differs in {s['cols_differ']} of {s['columns']} columns "
         f"by at most {s['max_ulp']} ulp from the same row computed {vs} (recorded: {recorded}).",
@@ -443,26 +423,20 @@ def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame
     if s.get("diagnosis"):
         lines.append(f"Why, probing the batch of {_n(s['probe_batch_rows'], 'row')}: {DIAGNOSES[s['diagnosis']]}.")
     if s["cols_differ"] > 1 and s["cols_larger_in_batch"] in (0, s["cols_differ"]):
-        way = "larger" if s["cols_larger_in_batch"] else "smaller"
-        lines.append(
-            f"Every differing column is {way} in magnitude in the batch: a shift of the whole row's scale "
-            "(its rstd or a final multiply), not independent rounding noise per column."
-        )
-    lines.append(
-        f"Correctly rounded (fp64, rounded once) columns: {s['alone_correctly_rounded_cols']}/{s['columns']} alone, "
-        f"{s['in_batch_correctly_rounded_cols']}/{s['columns']} in the batch of {_n(s['batch_rows'], 'row')}"
-        + (
-            "."
-            if s["compared_with"] == "alone"
-            else f", {s['compared_correctly_rounded_cols']}/{s['columns']} in the {s['compared_with']}."
-        )
+        lines.append(f"Every differing column is {'larger' if s['cols_larger_in_batch'] else 'smaller'} in magnitude "
+                     "in the batch: a shift of the whole row's scale (its rstd or a final multiply), not independent "
+                     "rounding noise per column.")  # fmt: skip
+    also = (
+        "" if vs == "alone" else f", {s['compared_correctly_rounded_cols']}/{s['columns']} in the {s['compared_with']}"
     )
+    lines.append(f"Correctly rounded (fp64, rounded once) columns: {s['alone_correctly_rounded_cols']}/{s['columns']} "
+                 f"alone, {s['in_batch_correctly_rounded_cols']}/{s['columns']} in the batch of "
+                 f"{_n(s['batch_rows'], 'row')}{also}.")  # fmt: skip
     if "backend_same_both_ways" in rstd:
         same = bool(rstd["backend_same_both_ways"].all())
-        lines.append(
-            f"The backend's own rstd is {'the same' if same else 'DIFFERENT'} alone and in the batch"
-            + (": the difference comes after the row statistic." if same else ": the row statistic itself moved.")
-        )
+        lines.append(f"The backend's own rstd is {'the same' if same else 'DIFFERENT'} alone and in the batch" +
+                     (": the difference comes after the row statistic." if same else ": the row statistic itself "
+                      "moved."))  # fmt: skip
     return " ".join(lines) + _others_text(others)
 
 
@@ -489,17 +463,11 @@ def crash_table(run: RunResult) -> pd.DataFrame:
     """One line per crashed or timed-out backend: the cause, the check and batch it was on, what it finished."""
     rows = []
     for key in crashed_backends(run):
-        r = run.results[key]
-        c = r.crash
-        rows.append({
-            "backend": key,
-            "status": r.status,
-            "cause": None if c is None else c.cause,
-            "check": None if c is None else c.check,
-            "batch_size": None if c is None else c.batch_size,
-            "finished": "" if c is None else ", ".join(c.finished_checks),
-            "seconds": None if c is None else c.seconds,
-        })  # fmt: skip
+        c = run.results[key].crash  # None only in an artifact that lost it: the table says nothing then
+        rows.append({"backend": key, "status": run.results[key].status,
+                     **{k: getattr(c, k, None) for k in ("cause", "check", "batch_size")},
+                     "finished": "" if c is None else ", ".join(c.finished_checks),
+                     "seconds": getattr(c, "seconds", None)})  # fmt: skip
     return pd.DataFrame(rows)
 
 
