@@ -63,12 +63,9 @@ def verdict_markdown(run: RunResult) -> str:
             if v.overall is not State.FAILED:
                 clean = f": {', '.join(passed)} passed before it" if passed else ""
                 parts.append(f"no batch-invariance verdict (it {v.overall.value} before its checks ended{clean})")
-        if v.overall is State.FAILED:
-            parts.append(f"**not invariant** ({v.why})")
-        elif v.overall is State.BY_CONSTRUCTION:
-            parts.append(f"**not invariant by construction** ({v.why})")
-        elif v.overall is State.PASSED:
-            parts.append(f"invariant ({v.why})")
+        if v.overall in (State.FAILED, State.BY_CONSTRUCTION, State.PASSED):
+            bold = "" if v.overall is State.PASSED else "**"
+            parts.append(f"{bold}{v.headline}{bold} ({v.why})")
         elif r.crash is None:
             parts.append(f"no batch-invariance verdict ({v.why})")
         for gate in ("forward_gate", "gradient_gate") if r.crash is None else ():  # a crash: its gates never ran

@@ -20,15 +20,13 @@ from rlnorm.report.plots.common import (
     THIS_COLOR,
     compact,
     cpu_note,
+    finish,
     fmt_ratio,
     fmt_us,
     message,
     missing_reason,
     own_add_us,
     roofline_ratio,
-    rows_measured,
-    save,
-    set_title,
 )
 from rlnorm.report.verdict import clip, crash_words
 
@@ -98,8 +96,7 @@ def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figu
                         transform=ax_abs.get_xaxis_transform())  # fmt: skip
         ax_abs.set_ylabel("outputs (count)")
         ax_abs.set_xlabel("|y - y_fp64| (absolute error, log scale)")
-    set_title(fig, "Forward error distributions per backend", run)
-    return save(fig, folder, "error_distributions")
+    return finish(fig, folder, "error_distributions", "Forward error distributions per backend", run)
 
 
 def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
@@ -157,7 +154,7 @@ def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
         ax.set_xlabel(f"time per call (us, median, {'log scale' if log else 'linear'}); whiskers p20-p80")
         ax.set_ylabel("backend")
         ax.grid(axis="x", alpha=0.3)
-    rows = rows_measured(run)
+    rows = next((a.rows for a in accs if a is not None and a.rows and a.rows > 0), None)
     notes = [
         f"{rows:,} rows" if rows else None,
         "ratio: the time over the add timed beside that backend" if any_add else "roofline not measured",
@@ -168,8 +165,7 @@ def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
         else None,
     ]
     what = "Latency per backend, against the torch.add timed beside it in the same run (lower is better)"
-    set_title(fig, what, run, " · ".join(n for n in notes if n) or None)
-    return save(fig, folder, "latency")
+    return finish(fig, folder, "latency", what, run, " · ".join(n for n in notes if n) or None)
 
 
 FLOOR = 1e-7  # agreement within 1e-7 of 1 takes the scale's last colour
@@ -191,9 +187,8 @@ def plot_agreement(run: RunResult, folder: Path | None = None) -> Figure:
         fig = Figure(figsize=(7, 3.2), layout="constrained")
         failed = [f for f in run.failed_steps or [] if f.step == "agreement"]
         text = f"agreement step failed: {clip(failed[0].error, 200)}" if failed else "no agreement matrix"
-        message(fig.subplots(), text, color=BAD_COLOR if failed else "#888888")
-        set_title(fig, title, run)
-        return save(fig, folder, "agreement")
+        message(fig.subplots(), text, color=BAD_COLOR if failed else MISSING_COLOR)
+        return finish(fig, folder, "agreement", title, run)
     k = len(a.backends)
     frac = np.array([[np.nan if v is None else v for v in row] for row in a.equal_fraction], dtype=float)
     norm = mcolors.FuncNorm(
@@ -226,5 +221,4 @@ def plot_agreement(run: RunResult, folder: Path | None = None) -> Figure:
         lines.append("not in the matrix: " + ", ".join(left_out))
     if a.errors:
         lines.append("n/a: " + "; ".join(f"{key}: {clip(v, 60)}" for key, v in a.errors.items()))
-    set_title(fig, title, run, "\n".join(lines))
-    return save(fig, folder, "agreement")
+    return finish(fig, folder, "agreement", title, run, "\n".join(lines))
