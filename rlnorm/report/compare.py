@@ -80,8 +80,7 @@ def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str =
 
 def _measure(run: RunResult, key: str, name: str) -> float | None:
     """One accuracy_latency field of a backend (grad_rel_err_x ... for the gradients); None where absent."""
-    r = run.results.get(key)
-    acc = None if r is None else r.accuracy_latency
+    acc = getattr(run.results.get(key), "accuracy_latency", None)
     if acc is None:
         return None
     return (acc.grad_rel_err or {}).get(name[-1]) if name.startswith("grad_rel_err_") else getattr(acc, name)
@@ -113,16 +112,12 @@ def protocol(run: RunResult) -> dict[str, Any]:
     sub = next((i.full_vs_sub_batches for i in invs if i.full_vs_sub_batches is not None), None)
     sweep = next((i.batch_size_sweep for i in invs if i.batch_size_sweep is not None), None)
     acc = next((r.accuracy_latency for r in run.results.values() if r.accuracy_latency is not None), None)
-    return {
-        "quick": run.quick,
-        "all_rows_sizes": None if rows is None else list(rows.sizes),
-        "sub_batches_full_batch": None if sub is None else sub.full_batch,
-        "sub_batch_sizes": None if sub is None else sub.sub_batch_sizes,
-        "sub_batches": None if sub is None else sub.sub_batches,
-        "sub_batches_coverage": None if sub is None else (sub.coverage or "sampled"),
-        "sweep_comparisons": None if sweep is None else sweep.comparisons,
-        "accuracy_rows": None if acc is None else acc.rows,
-    }
+    return {"quick": run.quick, "all_rows_sizes": None if rows is None else list(rows.sizes),
+            "sub_batches_full_batch": getattr(sub, "full_batch", None),
+            "sub_batch_sizes": getattr(sub, "sub_batch_sizes", None), "sub_batches": getattr(sub, "sub_batches", None),
+            "sub_batches_coverage": None if sub is None else (sub.coverage or "sampled"),
+            "sweep_comparisons": getattr(sweep, "comparisons", None),
+            "accuracy_rows": getattr(acc, "rows", None)}  # fmt: skip
 
 
 def environment_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
@@ -232,10 +227,9 @@ def plot_comparison(cmp: Comparison) -> Any:
         for p, v in zip(pos[ok] + off, miss[ok], strict=True):
             if v <= 0:
                 ax_acc.annotate("0", (p, floor), ha="center", va="bottom", fontsize=7)
-    for ax, what, title in (
-        (ax_lat, "latency ratio B / A (< 1: B faster)", "latency, where both runs timed it"),
-        (ax_acc, "share of outputs not correctly rounded", "forward accuracy (lower is better)"),
-    ):
+    for ax, what, title in ((ax_lat, "latency ratio B / A (< 1: B faster)", "latency, where both runs timed it"),
+                            (ax_acc, "share of outputs not correctly rounded",
+                             "forward accuracy (lower is better)")):  # fmt: skip
         ax.set(yscale="log", ylabel=what)
         ax.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
