@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnorm.kit.results import RunResult
-from rlnorm.report.plots.common import fmt_us, roofline_ratio
+from rlnorm.report.plots.common import cpu_note, fmt_us, roofline_ratio
 from rlnorm.report.runs import param
 from rlnorm.report.verdict import COMPARES, INVARIANCE, State, crash_words, fraction, launch_lines, run_verdicts
 
@@ -35,7 +35,7 @@ def header(run: RunResult) -> str:
 
 def device_notice(run: RunResult) -> str:
     """What a reader must know about numbers from this device (empty on a GPU)."""
-    if run.environment.get("gpu") not in (None, "cpu") or run.is_seed:
+    if cpu_note(run) is None:
         return ""
     return (
         "> **CPU run.** Triton kernels (rlnorm's, FLA's) run in Triton's interpreter here: the bitwise checks hold as "

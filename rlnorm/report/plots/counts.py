@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from rlnorm.kit.results import BackendResult, RunResult
-from rlnorm.report.plots.common import BAD_COLOR, OK_COLOR, finish, message, not_ran
+from rlnorm.report.plots.common import BAD_COLOR, MISSING_COLOR, OK_COLOR, finish, message, not_ran
 from rlnorm.report.verdict import (
     COLUMNS,
     COMPARES,
@@ -153,10 +153,10 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
             message(ax, "per-row records not available; " + said, fontsize=9)
             continue
         if not lanes[key]:
+            said = "no batch-invariance check ran" + (" before it stopped" if crashed else "")
             if counted:
-                message(ax, "nothing differs in " + ", ".join(counted) + " (bitwise identical)", color=OK_COLOR)
-            else:
-                message(ax, "no batch-invariance check ran" + (" before it stopped" if crashed else ""))
+                said = "nothing differs in " + ", ".join(counted) + " (bitwise identical)"
+            message(ax, said, color=OK_COLOR if counted else MISSING_COLOR)
             continue
         sub = records[records["backend"] == key]
         kept_total = not_kept_total = 0
@@ -166,8 +166,7 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
             in_check = sub[sub["check"].astype(str) == check]
             rows = pd.to_numeric(in_check["row"], errors="coerce")
             counts = v.checks[check].counts if check in v.checks else None
-            not_kept = None if counts is None else counts.not_kept
-            kept_total, not_kept_total = kept_total + len(in_check), not_kept_total + (not_kept or 0)
+            kept_total, not_kept_total = kept_total + len(in_check), not_kept_total + (counts.not_kept if counts else 0)
             if counts is not None:
                 labels.append(f"{check}\n{COMPARES[check]}\n{counts.short()} {counts.of()}")
             elif check == "dweight_repeatable":
