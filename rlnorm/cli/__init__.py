@@ -92,10 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _interrupted(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
@@ -103,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         return int(exc.code or 0)
     # SIGTERM (a CI timeout, a scheduler's kill) unwinds like Ctrl-C: staging folders and kernels are cleaned up
-    previous = signal.signal(signal.SIGTERM, _interrupted)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnorm.cli.notebook import execute
-from rlnorm.cli.plan import Plan, PlanError, expand
+from rlnorm.cli.plan import PlanError, expand
 from rlnorm.cli.runs import (
     EXIT_CELL_FAILED,
     EXIT_EXISTS,
@@ -42,18 +42,6 @@ def _err(text: str) -> None:
     _say(f"error: {text}")
 
 
-def _plan(args: argparse.Namespace) -> Plan:
-    return expand(
-        args.files,
-        args.yaml,
-        [tuple(p) for p in args.parameter],
-        outputs=args.outputs,
-        name=args.name,
-        device=args.device,
-        progress=False if args.no_progress else None,
-    )
-
-
 def _child_argv(args: argparse.Namespace) -> list[str]:
     """The arguments a combination's own process gets: the same plan, so `--only K` picks the same run."""
     out = [*args.files, "--outputs", args.outputs, *(x for key, value in args.parameter for x in ("-p", key, value))]
@@ -80,7 +68,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise PlanError("run: give a parameter file (params/quick.yaml) or parameters (-p KEY VALUE / -y YAML)")
         if args.jobs < 1:
             raise PlanError(f"--jobs: expected a positive number, got {args.jobs}")
-        require, plan = _required(args.require), _plan(args)
+        require = _required(args.require)
+        plan = expand(args.files, args.yaml, [tuple(p) for p in args.parameter], outputs=args.outputs, name=args.name,
+                      device=args.device, progress=False if args.no_progress else None)  # fmt: skip
         if args.list:
             for k, c in enumerate(plan.runs):
                 print(f"{k}\t{c.folder}\t{c.source}")

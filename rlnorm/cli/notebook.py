@@ -30,14 +30,6 @@ def notebook_source(name: str) -> Path:
     return path
 
 
-def _cell_label(cell: Any, index: int) -> str:
-    title = cell.get("metadata", {}).get("title")
-    if title:
-        return f"cell {index} {title!r}"
-    first = next((ln for ln in cell.get("source", "").splitlines() if ln.strip()), "")
-    return f"cell {index} ({first[:60]!r})"
-
-
 @contextlib.contextmanager
 def _echo_progress(path: Path, enabled: bool) -> Iterator[None]:
     """Copy what the kernel writes to `path` (the run's progress lines) to our stderr while the notebook runs."""
@@ -97,8 +89,11 @@ def _engine(started: list[str]) -> str:
             code_cells = [c for c in nb_man.nb.cells if c.cell_type == "code"]
 
             def cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
-                if cell.cell_type == "code" and cell in code_cells:
-                    started.append(_cell_label(cell, code_cells.index(cell) + 1))
+                if cell.cell_type == "code" and cell in code_cells:  # named by its title, else its first line
+                    title = cell.get("metadata", {}).get("title")
+                    first = next((ln for ln in cell.get("source", "").splitlines() if ln.strip()), "")
+                    said = repr(title) if title else f"({first[:60]!r})"
+                    started.append(f"cell {code_cells.index(cell) + 1} {said}")
                 return original(cell, cell_index, **kw)
 
             nb_man.cell_start = cell_start
