@@ -43,9 +43,8 @@ def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figu
     heights = [2.4 if accs[k] is not None and accs[k].fwd_ulp_hist else 0.9 for k in keys] or [1.0]
     fig = Figure(figsize=(12, 1.0 + sum(heights)), layout="constrained")
     axes = fig.subplots(len(heights), 2, squeeze=False, gridspec_kw={"height_ratios": heights})
-    if not keys:
-        message(axes[0, 0], "no backends in this artifact")
-        message(axes[0, 1], "no backends in this artifact")
+    for ax in axes[0] if not keys else ():
+        message(ax, "no backends in this artifact")
     for (ax_ulp, ax_abs), key in zip(axes, keys, strict=False):
         acc = accs[key]
         cr = None if acc is None else acc.fwd_correctly_rounded
@@ -129,10 +128,9 @@ def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
                         fontsize=9, style="italic", color=BAD_COLOR if crashed else MISSING_COLOR)  # fmt: skip
                 continue
             lo, hi = getattr(acc, f"{field}_p20"), getattr(acc, f"{field}_p80")
-            tip = v
+            tip = v if lo is None or hi is None else max(v, hi)
             if lo is not None and hi is not None:
                 ax.errorbar([v], [y], xerr=[[max(v - lo, 0)], [max(hi - v, 0)]], fmt="none", ecolor="#222", capsize=3)
-                tip = max(v, hi)
             star = "*" if acc.ran_host_bound(field) else ""
             starred |= bool(star)
             ratio = roofline_ratio(acc, field)
@@ -144,26 +142,20 @@ def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
             ax.plot([a, a], [y - 0.42, y + 0.42], color=BAD_COLOR, ls="--", lw=1.4, label=label_add)
         if any(a is not None for a in adds):
             ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
-        if log:
-            ax.set_xscale("log")
-            ax.set_xlim(min(span) / 2.5, max(span) * 60)
-        else:
-            ax.set_xlim(0, max(span) * 1.5)
+        ax.set_xscale("log" if log else "linear")
+        ax.set_xlim(*((min(span) / 2.5, max(span) * 60) if log else (0, max(span) * 1.5)))
         ax.set_yticks(ys, keys)
         ax.set_ylim(len(keys) - 0.4, -0.6)
         ax.set_xlabel(f"time per call (us, median, {'log scale' if log else 'linear'}); whiskers p20-p80")
         ax.set_ylabel("backend")
         ax.grid(axis="x", alpha=0.3)
     rows = next((a.rows for a in accs if a is not None and a.rows and a.rows > 0), None)
-    notes = [
-        f"{rows:,} rows" if rows else None,
-        "ratio: the time over the add timed beside that backend" if any_add else "roofline not measured",
-        cpu_note(run),
-        "* the GPU queue ran dry while timing: host overhead included" if starred else None,
-        "torch.add ran with the queue dry in some timing: the roofline may include host overhead"
-        if any(a is not None and a.ran_host_bound("add") for a in accs)
-        else None,
-    ]
+    add_dry = any(a is not None and a.ran_host_bound("add") for a in accs)
+    notes = [f"{rows:,} rows" if rows else None,
+             "ratio: the time over the add timed beside that backend" if any_add else "roofline not measured",
+             cpu_note(run), "* the GPU queue ran dry while timing: host overhead included" if starred else None,
+             "torch.add ran with the queue dry in some timing: the roofline may include host overhead" if add_dry
+             else None]  # fmt: skip
     what = "Latency per backend, against the torch.add timed beside it in the same run (lower is better)"
     return finish(fig, folder, "latency", what, run, " · ".join(n for n in notes if n) or None)
 
@@ -209,8 +201,7 @@ def plot_agreement(run: RunResult, folder: Path | None = None) -> Figure:
             ax.text(j, i, _cell(f), ha="center", va="center", fontsize=8.5, color="white" if dark else "black")
     ax.set_xticks(range(k), a.backends, rotation=35, ha="right")
     ax.set_yticks(range(k), a.backends)
-    ax.set_xlabel("backend")
-    ax.set_ylabel("backend")
+    ax.set(xlabel="backend", ylabel="backend")
     cbar = fig.colorbar(im, ax=ax, shrink=0.8)
     cbar.set_ticks(TICKS, labels=["0" if t == 0 else f"{t:.7f}".rstrip("0") for t in TICKS])
     cbar.set_label("fraction of outputs bitwise equal (as in the cells)\n(green: all equal; grey: n/a)")
