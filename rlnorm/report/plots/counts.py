@@ -78,11 +78,9 @@ def plot_verdict(run: RunResult, folder: Path | None = None) -> Figure:
     notes = [short_note(run.results[key]) for key in keys]
     for i, key in enumerate(keys):
         v = verdicts[key]
-        for j, col in enumerate(COLUMNS):
-            if col == "batch_invariant":
-                state, text = v.overall, textwrap.fill(v.headline, 14)
-            else:
-                state, text = v.checks[col].state, v.checks[col].cell()
+        for j, col in enumerate(COLUMNS):  # the checks, then the overall verdict
+            cv = v.checks.get(col)
+            state, text = (cv.state, cv.cell()) if cv is not None else (v.overall, textwrap.fill(v.headline, 14))
             grid[i, j] = states.index(state)
             ax.text(j, i, text, ha="center", va="center", fontsize=8, linespacing=1.1)
     cmap = mcolors.ListedColormap([STATE_COLORS[s] for s in states])
@@ -107,10 +105,8 @@ def plot_verdict(run: RunResult, folder: Path | None = None) -> Figure:
                   " summed over sizes and seeds")  # fmt: skip
     ax.set_ylabel("backend")
     used = [s for s in states if s.value in {states[int(g)].value for g in grid.flat}]
-    ax.legend(
-        handles=[Patch(facecolor=STATE_COLORS[s], edgecolor="#9e9e9e", label=s.value) for s in used],
-        loc="upper center", bbox_to_anchor=(0.5, -0.09), ncols=len(used), fontsize=9, frameon=False,
-    )  # fmt: skip
+    ax.legend(handles=[Patch(facecolor=STATE_COLORS[s], edgecolor="#9e9e9e", label=s.value) for s in used],
+              loc="upper center", bbox_to_anchor=(0.5, -0.09), ncols=len(used), fontsize=9, frameon=False)  # fmt: skip
     return finish(fig, folder, "verdict", title, run)
 
 
