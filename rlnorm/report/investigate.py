@@ -329,21 +329,10 @@ def diagnose(backend: Any, side: Case, position: int, opts: OpOptions, tensor: s
     fresh = Case(fresh.x, None if side.z is None else fresh.z, side.w, fresh.dy, fresh.seed)
     other_rows = compute_tensor(backend, fresh, opts, tensor)[position].detach().cpu()
     repeat_eq, moved_eq, fresh_eq = (bool(torch.equal(t, value)) for t in (again, moved, other_rows))
-    if not repeat_eq:
-        verdict = "nondeterministic"
-    elif not moved_eq:
-        verdict = "position"
-    elif fresh_eq:
-        verdict = "batch size"
-    else:
-        verdict = "other rows"
-    return {
-        "probe_batch_rows": m,
-        "probe_same_batch_again_equal": repeat_eq,
-        "probe_moved_one_place_equal": moved_eq,
-        "probe_other_rows_same_size_equal": fresh_eq,
-        "diagnosis": verdict,
-    }
+    verdict = ("nondeterministic" if not repeat_eq else "position" if not moved_eq
+               else "batch size" if fresh_eq else "other rows")  # fmt: skip
+    return {"probe_batch_rows": m, "probe_same_batch_again_equal": repeat_eq, "probe_moved_one_place_equal": moved_eq,
+            "probe_other_rows_same_size_equal": fresh_eq, "diagnosis": verdict}  # fmt: skip
 
 
 def explain_dweight(

@@ -280,16 +280,12 @@ def _launch_verdict(result: BackendResult, check: str, error: str | None) -> Che
 
 def launch_lines(result: BackendResult) -> list[str]:
     """The launch evidence behind a verdict: each kernel whose launch changes with the row count, and why."""
-    node = result.launches
-    if node is None:
-        return []
     cleared = set(result.configurations.cleared) if result.configurations else set()
     out = []
-    for k in node.kernels:
-        if k.varying:
-            done = [p for p in k.varying if f"{k.kernel}.{p}" in cleared]
-            tail = f" (cleared by the configurations check: {', '.join(done)})" if done else ""
-            out.append(f"{k.kernel} ({'+'.join(k.passes)}): {k.evidence}{tail}")
+    for k in (k for k in (result.launches.kernels if result.launches else []) if k.varying):
+        done = [p for p in k.varying if f"{k.kernel}.{p}" in cleared]
+        tail = f" (cleared by the configurations check: {', '.join(done)})" if done else ""
+        out.append(f"{k.kernel} ({'+'.join(k.passes)}): {k.evidence}{tail}")
     return out
 
 
