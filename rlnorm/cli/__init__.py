@@ -93,9 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(argv)  # None: sys.argv[1:]
     except SystemExit as exc:
         return int(exc.code or 0)
     # SIGTERM (a CI timeout, a scheduler's kill) unwinds like Ctrl-C: staging folders and kernels are cleaned up

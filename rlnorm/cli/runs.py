@@ -51,24 +51,20 @@ class Outcome:
 
 def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[str, str] | None = None) -> Outcome:
     """One run in this process: the notebook executed into a staging folder, placed with its page beside it."""
-    t0 = time.time()
-    run_dir = combo.folder
-    try:
-        staging = artifact.staging_for(run_dir, force)
-    except artifact.RunExists as exc:
-        return Outcome(combo, EXIT_EXISTS, str(exc))
-    params = {**combo.notebook_parameters(), "output_dir": str(run_dir), "staging_dir": str(staging)}
+    t0, run_dir, staging = time.time(), combo.folder, None
     # Triton runs on CPU tensors only interpreted, GPU or not
     env = {"TRITON_INTERPRET": "1"} if combo.params.resolved_device() == "cpu" else None
     try:
-        executed, failure = execute(
-            NOTEBOOK, params, staging, progress=progress, title=f"rlnorm reuse check: {run_dir.name}", env=env
-        )
+        staging = artifact.staging_for(run_dir, force)
+        params = {**combo.notebook_parameters(), "output_dir": str(run_dir), "staging_dir": str(staging)}
+        executed, failure = execute(NOTEBOOK, params, staging, progress=progress,
+                                    title=f"rlnorm reuse check: {run_dir.name}", env=env)  # fmt: skip
         artifact.place(staging, run_dir, overwrite=force)
-    except artifact.RunExists as exc:
+    except artifact.RunExists as exc:  # there before the run, or placed by another meanwhile: nothing replaced
         return Outcome(combo, EXIT_EXISTS, str(exc))
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     seconds = time.time() - t0
     artifact_path = run_dir / ARTIFACT_FILE
@@ -86,9 +82,8 @@ def verdict_status(run: RunResult | None, require: dict[str, str]) -> tuple[int,
     """A complete run's exit status and its summary: EXIT_REQUIRED when a required backend is not what is
     required; EXIT_BACKEND when a backend could not be loaded, died or raised in a check; else 0."""
     results = run.results if run else {}
-    problems = [
-        f"  {k}: {r.status}: {r.skip_reason}" for k, r in results.items() if r.status in ("failed", *ENDED_EARLY)
-    ]
+    problems = [f"  {k}: {r.status}: {r.skip_reason}" for k, r in results.items()
+                if r.status in ("failed", *ENDED_EARLY)]  # fmt: skip
     # a check that raised is no clean exit either: its backend has no verdict from that check
     problems += [f"  {k}: raised in {', '.join(r.errors)}" for k, r in results.items()
                  if r.status == "ran" and r.errors]  # fmt: skip
