@@ -204,7 +204,6 @@ def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdi
         return CheckVerdict(check, State.RAISED, detail=error)
     if gate is None:
         return CheckVerdict(check, State.NOT_RUN)
-    lines = gate.lines or []
     if gate.timed_out:
         return CheckVerdict(check, State.TIMED_OUT, detail="gate child timed out")
     if gate.returncode == 3:  # the child says the backend cannot take this gate (no backward, unavailable)
@@ -213,7 +212,7 @@ def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdi
     if gate.returncode not in (0, None):
         return CheckVerdict(check, State.CRASHED, detail=f"gate child {describe_exit(gate.returncode)[0]}")
     if gate.failed_lines:
-        total = f" of {len(lines)}" if lines else ""
+        total = f" of {len(gate.lines)}" if gate.lines else ""
         return CheckVerdict(check, State.FAILED, detail=f"{len(gate.failed_lines)}{total} lines failed")
     if gate.passed:
         return CheckVerdict(check, State.PASSED)
