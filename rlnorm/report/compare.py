@@ -250,8 +250,7 @@ def plot_comparison(cmp: Comparison) -> Any:
             if any(counts):  # the differing row comparisons, A over B
                 text = "\n".join("–" if c is None else (c.short() if c.differs else "0") for c in counts)
                 ax_grid.text(j, i, text, ha="center", va="center", fontsize=6.5)
-    ax_grid.set_xlim(-0.5, len(COLUMNS) - 0.5)
-    ax_grid.set_ylim(len(backends) - 0.5, -0.5)
+    ax_grid.set(xlim=(-0.5, len(COLUMNS) - 0.5), ylim=(len(backends) - 0.5, -0.5))
     ax_grid.set_xticks(range(len(COLUMNS)), COLUMNS, rotation=35, ha="right", fontsize=8)
     ax_grid.set_yticks(range(len(backends)), backends, fontsize=8)
     ax_grid.set_title(f"verdicts: left half {cmp.label_a}, right half {cmp.label_b} (framed: changed)", fontsize=9)

@@ -61,14 +61,12 @@ def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figu
             colors = [OK_COLOR if k == "0" else (BAD_COLOR if k == "nan" or k.endswith("+") else "#ef6c00") for k in ks]
             ax_ulp.bar(xs, counts, color=colors, width=0.8)
             ax_ulp.set_xticks(xs, ks, fontsize=7)
-            if any(counts):
-                ax_ulp.set_yscale("log")
-                ax_ulp.set_ylim(0.5, max(counts) * 40)  # headroom for the count labels
+            if any(counts):  # headroom for the count labels
+                ax_ulp.set(yscale="log", ylim=(0.5, max(counts) * 40))
             for x, c in zip(xs, counts, strict=True):
                 if c > 0:
                     ax_ulp.text(x, c * 1.3, compact(c), ha="center", va="bottom", fontsize=7)
-            ax_ulp.set_ylabel("outputs (count)")
-            ax_ulp.set_xlabel("ulp distance to the correctly rounded value (bf16 ulps)")
+            ax_ulp.set(ylabel="outputs (count)", xlabel="ulp distance to the correctly rounded value (bf16 ulps)")
         hist = None if acc is None else acc.fwd_abs_err_hist
         if not hist or not hist.get("edges") or not hist.get("counts"):
             max_err = None if acc is None else acc.fwd_max_abs_err
@@ -83,8 +81,7 @@ def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figu
         if np.all(edges > 0):
             ax_abs.set_xscale("log")
         if counts_a.max(initial=0) > 0:
-            ax_abs.set_yscale("log")
-            ax_abs.set_ylim(bottom=0.5)
+            ax_abs.set(yscale="log", ylim=(0.5, None))
         zero = int(hist.get("zero") or 0)
         share = 100 * zero / max(zero + int(counts_a.sum()), 1)
         ax_abs.text(0.02, 0.95, f"exact (error 0): {zero:,} ({share:.2f}%)", transform=ax_abs.transAxes, va="top",
@@ -93,8 +90,7 @@ def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figu
             ax_abs.axvline(acc.fwd_max_abs_err, color=BAD_COLOR, ls="--", lw=1)
             ax_abs.text(acc.fwd_max_abs_err, 0.5, f" max {acc.fwd_max_abs_err:.3g}", color=BAD_COLOR, fontsize=7,
                         transform=ax_abs.get_xaxis_transform())  # fmt: skip
-        ax_abs.set_ylabel("outputs (count)")
-        ax_abs.set_xlabel("|y - y_fp64| (absolute error, log scale)")
+        ax_abs.set(ylabel="outputs (count)", xlabel="|y - y_fp64| (absolute error, log scale)")
     return finish(fig, folder, "error_distributions", "Forward error distributions per backend", run)
 
 
@@ -146,8 +142,9 @@ def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
         ax.set_xlim(*((min(span) / 2.5, max(span) * 60) if log else (0, max(span) * 1.5)))
         ax.set_yticks(ys, keys)
         ax.set_ylim(len(keys) - 0.4, -0.6)
-        ax.set_xlabel(f"time per call (us, median, {'log scale' if log else 'linear'}); whiskers p20-p80")
-        ax.set_ylabel("backend")
+        ax.set(
+            xlabel=f"time per call (us, median, {'log scale' if log else 'linear'}); whiskers p20-p80", ylabel="backend"
+        )
         ax.grid(axis="x", alpha=0.3)
     rows = next((a.rows for a in accs if a is not None and a.rows and a.rows > 0), None)
     add_dry = any(a is not None and a.ran_host_bound("add") for a in accs)
