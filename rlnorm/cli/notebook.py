@@ -97,9 +97,8 @@ def _engine(started: list[str]) -> str:
                 return original(cell, cell_index, **kw)
 
             nb_man.cell_start = cell_start
-            return super().execute_managed_notebook(
-                nb_man, kernel_name, kernel_manager_class=IpcKernelManager, **kwargs
-            )
+            return super().execute_managed_notebook(nb_man, kernel_name, kernel_manager_class=IpcKernelManager,
+                                                    **kwargs)  # fmt: skip
 
     papermill_engines.register("rlnorm", RlnormEngine)
     return "rlnorm"
@@ -117,15 +116,8 @@ def render_html(executed: Path, html: Path, title: str) -> Path:
     return write_atomic(html, body)
 
 
-def execute(
-    notebook: str,
-    params: dict[str, Any],
-    workdir: Path,
-    *,
-    progress: bool = True,
-    title: str,
-    env: dict[str, str] | None = None,
-) -> tuple[Path, str | None]:
+def execute(notebook: str, params: dict[str, Any], workdir: Path, *, progress: bool = True, title: str,
+            env: dict[str, str] | None = None) -> tuple[Path, str | None]:  # fmt: skip
     """Execute `notebooks/<notebook>.py` with `params` into `workdir` (`<notebook>.ipynb` and `.html` there):
     (executed notebook, None or why it failed); raises only for what is not the notebook's doing (an interrupt)."""
     import jupytext
