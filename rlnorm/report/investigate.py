@@ -335,9 +335,8 @@ def diagnose(backend: Any, side: Case, position: int, opts: OpOptions, tensor: s
             "probe_other_rows_same_size_equal": fresh_eq, "diagnosis": verdict}  # fmt: skip
 
 
-def explain_dweight(
-    record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None, device: str | None = None
-) -> RowExplanation:
+def explain_dweight(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None,
+                    device: str | None = None) -> RowExplanation:  # fmt: skip
     """A dweight record (dweight_repeatable): the same batch run twice, column by column, against the fp64
     dweight rounded once. There is no row, so rstd and the other backends stay empty."""
     rec, rb, backend, device = _setup(record, device)
@@ -472,9 +471,8 @@ def crash_batch(run: RunResult, backend: str, device: str = "cpu") -> RebuiltCas
     return rebuild_case(r.crash.rebuild, device=device)
 
 
-def reproduce_crash(
-    run: RunResult, backend: str, device: str | None = None, timeout_s: float = 600.0
-) -> dict[str, Any]:
+def reproduce_crash(run: RunResult, backend: str, device: str | None = None,
+                    timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
     """Give the crashed backend the batch it died on again, in a process of its own (so a crash costs nothing
     here), and say how that process ended: `survived` False with the same cause reproduces the crash."""
     crash_batch(run, backend)  # the same clear errors before any process starts
