@@ -414,11 +414,10 @@ def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame
         lines.append(f"Every differing column is {'larger' if s['cols_larger_in_batch'] else 'smaller'} in magnitude "
                      "in the batch: a shift of the whole row's scale (its rstd or a final multiply), not independent "
                      "rounding noise per column.")  # fmt: skip
-    also = (
-        "" if vs == "alone" else f", {s['compared_correctly_rounded_cols']}/{s['columns']} in the {s['compared_with']}"
-    )
-    lines.append(f"Correctly rounded (fp64, rounded once) columns: {s['alone_correctly_rounded_cols']}/{s['columns']} "
-                 f"alone, {s['in_batch_correctly_rounded_cols']}/{s['columns']} in the batch of "
+    n = s["columns"]
+    also = "" if vs == "alone" else f", {s['compared_correctly_rounded_cols']}/{n} in the {s['compared_with']}"
+    lines.append(f"Correctly rounded (fp64, rounded once) columns: {s['alone_correctly_rounded_cols']}/{n} alone, "
+                 f"{s['in_batch_correctly_rounded_cols']}/{n} in the batch of "
                  f"{_n(s['batch_rows'], 'row')}{also}.")  # fmt: skip
     if "backend_same_both_ways" in rstd:
         same = bool(rstd["backend_same_both_ways"].all())
@@ -433,9 +432,8 @@ def _others_text(others: pd.DataFrame) -> str:
     if ran.empty:
         return ""
     cr = ran[ran["alone_max_ulp_vs_cr"] == 0]["backend"].tolist()
-    out = f" Of the other backends that ran, {len(cr)}/{len(ran)} give the correctly rounded row alone" + (
-        f" ({', '.join(cr)})." if cr else "."
-    )
+    out = (f" Of the other backends that ran, {len(cr)}/{len(ran)} give the correctly rounded row alone"
+           + (f" ({', '.join(cr)})." if cr else "."))  # fmt: skip
     if "batch_equal_compared" in ran:
         inv = ran[ran["batch_equal_compared"] == True]["backend"].tolist()  # noqa: E712 (NaN-safe)
         out += f" {len(inv)}/{len(ran)} compute this row bitwise the same in both batches."

@@ -263,9 +263,8 @@ def _launch_verdict(result: BackendResult, check: str, error: str | None) -> Che
     if check == "configurations":
         pairs = differing_pairs(result)
         if pairs:
-            return CheckVerdict(
-                check, State.FAILED, detail=f"{len(pairs)} of {len(node.pairs)} pairs differ: {pairs[0]}"
-            )
+            said = f"{len(pairs)} of {len(node.pairs)} pairs differ: {pairs[0]}"
+            return CheckVerdict(check, State.FAILED, detail=said)
         return CheckVerdict(check, State.PASSED, detail=f"{len(node.pairs)} pairs, none differs")
     left = uncleared(result)
     if left:  # the parameters, then where: launch_lines
