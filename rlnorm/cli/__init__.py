@@ -31,6 +31,9 @@ __all__ = ["build_parser", "main"]
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(allow_abbrev=False, **kwargs)
+
     def error(self, message: str) -> Any:  # argparse exits 2 on usage errors, which is ours too
         self.print_usage(sys.stderr)
         print(f"error: {message}", file=sys.stderr)
@@ -38,89 +41,64 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(
-        prog="python -m rlnorm",
-        description="Check gated-RMSNorm implementations for reuse in RL, and time the rlnorm kernel.",
-        allow_abbrev=False,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 2)[2],
-    )
+    parser = _Parser(prog="python -m rlnorm", formatter_class=argparse.RawDescriptionHelpFormatter,
+                     description="Check gated-RMSNorm implementations for reuse in RL, and time the rlnorm kernel.",
+                     epilog=__doc__.split("\n\n", 2)[2])  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    devices = ["auto", "cpu", "cuda"]
 
-    run = sub.add_parser(
-        "run",
-        allow_abbrev=False,
-        help="run the reuse check into outputs/NAME/ (a list value makes a matrix: one run per combination)",
-        description="Run the reuse-check notebook. Parameters come from each FILE, then -y, then -p (papermill's "
-        "order); a key that takes one value may be given a list, making one run per combination in "
-        "outputs/NAME/<combination>/ with an index page.",
-    )
+    run = sub.add_parser("run", help="run the reuse check into outputs/NAME/ (a list value makes a matrix: one run per "
+                         "combination)", description="Run the reuse-check notebook. Parameters come from each FILE, "
+                         "then -y, then -p (papermill's order); a key that takes one value may be given a list, making "
+                         "one run per combination in outputs/NAME/<combination>/ with an index page.")  # fmt: skip
     run.add_argument("files", nargs="*", metavar="FILE", help="parameter files (params/quick.yaml, ...)")
-    run.add_argument(
-        "-p",
-        "--parameter",
-        nargs=2,
-        action="append",
-        default=[],
-        metavar=("KEY", "VALUE"),
-        help="one parameter, its value read as YAML (-p d 256, -p activation '[silu, sigmoid]')",
-    )
+    run.add_argument("-p", "--parameter", nargs=2, action="append", default=[], metavar=("KEY", "VALUE"), help="one "
+                     "parameter, its value read as YAML (-p d 256, -p activation '[silu, sigmoid]')")  # fmt: skip
     run.add_argument("-y", "--yaml", metavar="YAML", help="parameters as a YAML mapping ('{d: 256, eps: 1e-5}')")
     run.add_argument("--name", help="run folder name under --outputs (default: the file's `name`, else its stem)")
     run.add_argument("--outputs", default="outputs", help="folder holding run folders (default: outputs)")
     run.add_argument("--force", action="store_true", help="replace existing run folders (each in one rename)")
-    run.add_argument("--device", choices=["auto", "cpu", "cuda"], help="override the parameters' device")
+    run.add_argument("--device", choices=devices, help="override the parameters' device")
     run.add_argument("--jobs", type=int, default=1, help="combinations run at once, as separate processes")
     run.add_argument("--gpus", help="comma-separated GPU ids: one combination per GPU at a time (sets --jobs)")
     run.add_argument("--only", type=int, metavar="K", help="run only combination K (0-based; see --list)")
     run.add_argument("--list", action="store_true", help="list the combinations with their K and exit")
     run.add_argument("--no-progress", action="store_true", help="no progress lines")
-    run.add_argument(
-        "--require",
-        action="append",
-        default=[],
-        metavar="BACKEND=invariant",
-        help="exit 5 (naming it and why) unless BACKEND's verdict is invariant; repeatable, any backend",
-    )
+    run.add_argument("--require", action="append", default=[], metavar="BACKEND=invariant", help="exit 5 (naming "
+                     "it and why) unless BACKEND's verdict is invariant; repeatable, any backend")  # fmt: skip
     run.set_defaults(func=commands.cmd_run)
 
-    idx = sub.add_parser("index", allow_abbrev=False, help="index page and summary.csv across run folders")
+    idx = sub.add_parser("index", help="index page and summary.csv across run folders")
     idx.add_argument("runs", nargs="+", metavar="RUN", help="run folders (outputs/NAME/...)")
     idx.add_argument("--out", help="where index.html and summary.csv go (default: the runs' common parent)")
     idx.set_defaults(func=commands.cmd_index)
 
-    inv = sub.add_parser("investigate", allow_abbrev=False, help="explain differing rows: RUN/investigate.html")
+    inv = sub.add_parser("investigate", help="explain differing rows: RUN/investigate.html")
     inv.add_argument("run", metavar="RUN", help="run folder or artifact JSON")
     inv.add_argument("--backend", help="backend to look at (default: the first with differing rows, or a crashed one)")
     inv.add_argument("--check", help="check to look at (default: the first with differing rows)")
     inv.add_argument("--row", type=int, help="the case row to explain (default: the first differing one)")
-    inv.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="where to recompute")
+    inv.add_argument("--device", choices=devices, default="auto", help="where to recompute")
     inv.set_defaults(func=commands.cmd_investigate)
 
-    cmp = sub.add_parser("compare", allow_abbrev=False, help="two runs side by side: RUN_B/compare-<A>.html")
+    cmp = sub.add_parser("compare", help="two runs side by side: RUN_B/compare-<A>.html")
     cmp.add_argument("run_a", metavar="RUN_A", help="run folder or artifact; 'seed' for the reference B200 report")
     cmp.add_argument("run_b", metavar="RUN_B", help="run folder or artifact; the page goes beside it")
     cmp.set_defaults(func=commands.cmd_compare)
 
-    val = sub.add_parser("validate", allow_abbrev=False, help="check a run folder, an artifact or a parameter file")
+    val = sub.add_parser("validate", help="check a run folder, an artifact or a parameter file")
     val.add_argument("path")
     val.set_defaults(func=commands.cmd_validate)
-
     return parser
 
 
-def _interrupted(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(argv)  # None: sys.argv[1:]
     except SystemExit as exc:
         return int(exc.code or 0)
     # SIGTERM (a CI timeout, a scheduler's kill) unwinds like Ctrl-C: staging folders and kernels are cleaned up
-    previous = signal.signal(signal.SIGTERM, _interrupted)
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnorm.cli.notebook import execute
-from rlnorm.cli.plan import Plan, PlanError, expand
+from rlnorm.cli.plan import PlanError, expand
 from rlnorm.cli.runs import (
     EXIT_CELL_FAILED,
     EXIT_EXISTS,
@@ -34,20 +34,12 @@ from rlnorm.report.verdict import summary_lines
 __all__ = ["cmd_compare", "cmd_index", "cmd_investigate", "cmd_run", "cmd_validate"]
 
 
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
 def _err(text: str) -> None:
-    print(f"error: {text}", file=sys.stderr)
-
-
-def _plan(args: argparse.Namespace) -> Plan:
-    return expand(
-        args.files,
-        args.yaml,
-        [tuple(p) for p in args.parameter],
-        outputs=args.outputs,
-        name=args.name,
-        device=args.device,
-        progress=False if args.no_progress else None,
-    )
+    _say(f"error: {text}")
 
 
 def _child_argv(args: argparse.Namespace) -> list[str]:
@@ -60,81 +52,71 @@ def _child_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _required(specs: list[str]) -> dict[str, str]:
-    """--require BACKEND=STATE, each checked: {backend: state}; ValueError naming the bad one."""
+    """--require BACKEND=STATE, each checked: {backend: state}."""
     out = {}
     for spec in specs:
         key, eq, state = spec.partition("=")
         if not eq or not key or state not in REQUIRABLE:
-            raise ValueError(f"--require: expected BACKEND=STATE with STATE one of {list(REQUIRABLE)}, got {spec!r}")
+            raise PlanError(f"--require: expected BACKEND=STATE with STATE one of {list(REQUIRABLE)}, got {spec!r}")
         out[key] = state
     return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if not args.files and not args.parameter and not args.yaml:
-        _err("run: give a parameter file (params/quick.yaml) or parameters (-p KEY VALUE / -y YAML)")
-        return EXIT_USAGE
-    if args.jobs < 1:
-        _err(f"--jobs: expected a positive number, got {args.jobs}")
-        return EXIT_USAGE
-    gpus = [g.strip() for g in args.gpus.split(",") if g.strip()] if args.gpus else []
     try:
+        if not args.files and not args.parameter and not args.yaml:
+            raise PlanError("run: give a parameter file (params/quick.yaml) or parameters (-p KEY VALUE / -y YAML)")
+        if args.jobs < 1:
+            raise PlanError(f"--jobs: expected a positive number, got {args.jobs}")
         require = _required(args.require)
-    except ValueError as exc:
-        _err(str(exc))
-        return EXIT_USAGE
-    try:
-        plan = _plan(args)
+        plan = expand(args.files, args.yaml, [tuple(p) for p in args.parameter], outputs=args.outputs, name=args.name,
+                      device=args.device, progress=False if args.no_progress else None)  # fmt: skip
+        if args.list:
+            for k, c in enumerate(plan.runs):
+                print(f"{k}\t{c.folder}\t{c.source}")
+            return 0
+        if args.only is not None and not 0 <= args.only < len(plan.runs):
+            raise PlanError(f"--only: expected 0..{len(plan.runs) - 1} (see --list), got {args.only}")
     except PlanError as exc:
         _err(str(exc))
         return EXIT_USAGE
-    runs = plan.runs
-    if args.list:
-        for k, c in enumerate(runs):
-            print(f"{k}\t{c.folder}\t{c.source}")
-        return 0
-    if args.only is not None:
-        if not 0 <= args.only < len(runs):
-            _err(f"--only: expected 0..{len(runs) - 1} (see --list), got {args.only}")
-            return EXIT_USAGE
-        runs = [runs[args.only]]
+    gpus = [g.strip() for g in (args.gpus or "").split(",") if g.strip()]
+    runs = plan.runs if args.only is None else [plan.runs[args.only]]
     exists = [c for c in runs if c.folder.exists() and not args.force]
+    for c in exists:
+        _err(f"{c.folder} already exists: pass --force to replace it, or --name NAME")
     if exists:
-        for c in exists:
-            _err(f"{c.folder} already exists: pass --force to replace it, or --name NAME")
         return EXIT_EXISTS
-    progress = not args.no_progress
-    t0 = time.time()
+    progress, t0 = not args.no_progress, time.time()
     if len(runs) == 1:
         combo = runs[0]
         if gpus:  # one run in this process: the notebook's kernel inherits the GPU it is given
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
-        print(f"rlnorm: running {combo.source} into {combo.folder}/", file=sys.stderr)
+        _say(f"rlnorm: running {combo.source} into {combo.folder}/")
         outcome = run_one(combo, force=args.force, progress=progress, require=require)
-        print(f"rlnorm: {combo.folder}/ {'written' if outcome.code != EXIT_EXISTS else 'not written'} "
-              f"in {time.time() - t0:.0f} s", file=sys.stderr)  # fmt: skip
+        written = "written" if outcome.code != EXIT_EXISTS else "not written"
+        _say(f"rlnorm: {combo.folder}/ {written} in {time.time() - t0:.0f} s")
         if outcome.message:
             print(outcome.message, file=sys.stderr if outcome.code else sys.stdout)
         code = outcome.code
     else:
-        print(f"rlnorm: {len(runs)} runs, {workers(args.jobs, gpus, len(runs))} at a time", file=sys.stderr)
+        _say(f"rlnorm: {len(runs)} runs, {workers(args.jobs, gpus, len(runs))} at a time")
         indices = [plan.runs.index(c) for c in runs]
         outcomes = run_many(runs, indices, _child_argv(args), jobs=args.jobs, gpus=gpus, progress=progress)
         failed = [o for o in outcomes if o.code]
         for o in failed:
             _err(f"{o.combination.label}: exit {o.code} (see its folder {o.combination.folder})")
         code = exit_status(outcomes)
-        print(f"rlnorm: {len(runs) - len(failed)} of {len(runs)} runs clean in {time.time() - t0:.0f} s",
-              file=sys.stderr)  # fmt: skip
+        _say(f"rlnorm: {len(runs) - len(failed)} of {len(runs)} runs clean in {time.time() - t0:.0f} s")
     if args.only is None:
         for base, combos in plan.matrices.items():
             placed = [c.folder for c in combos if c.folder.is_dir() and any(c.folder.glob("*.json"))]
             if placed:
                 index, _ = write_index(placed, base, title=f"{base.name}: {len(placed)} runs")
-                print(f"rlnorm: index of {len(placed)} runs: {index}", file=sys.stderr)
+                _say(f"rlnorm: index of {len(placed)} runs: {index}")
     elif plan.matrices and not os.environ.get(MATRIX_CHILD_ENV):
-        print("rlnorm: one combination ran; when all have, build the index with "
-              f"`python -m rlnorm index {next(iter(plan.matrices))}/*/`", file=sys.stderr)  # fmt: skip
+        _say(f"rlnorm: one combination ran; when all have, build the index with `python -m rlnorm index "
+             f"{next(iter(plan.matrices))}/*/`")  # fmt: skip
     return code
 
 
@@ -180,10 +162,9 @@ def cmd_investigate(args: argparse.Namespace) -> int:
     run = _open(args.run)
     if run is None or run.folder is None:
         return EXIT_USAGE
+    given = {"backend": args.backend, "check": args.check, "row": args.row}
     params = {"run": str(run.folder.resolve()), "device": args.device}
-    params.update({k: v for k, v in (("backend", args.backend), ("check", args.check)) if v})
-    if args.row is not None:
-        params["row"] = args.row
+    params |= {k: v for k, v in given.items() if v not in (None, "")}
     stem = "investigate" + "".join(f"-{v}" for v in (args.backend, args.check, args.row) if v is not None)
     stem = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in stem)
     return _page_beside("investigate_rows", params, run.folder, stem, f"rlnorm: rows of {run.folder.name}")
@@ -204,11 +185,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def _folder_problems(run: RunResult) -> list[str]:
     """What a run folder holds that does not agree with its artifact."""
-    problems = []
-    for rel in [run.records, *(run.plots or {}).values()]:
-        target = run.resolve(rel)
-        if rel and (target is None or not target.exists()):
-            problems.append(f"{rel}: named by the artifact, missing")
+    named = [(rel, run.resolve(rel)) for rel in [run.records, *(run.plots or {}).values()] if rel]
+    problems = [f"{rel}: named by the artifact, missing" for rel, at in named if at is None or not at.exists()]
     records = run.resolve(run.records)
     if records is not None and records.is_file():
         try:
@@ -222,11 +200,10 @@ def _folder_problems(run: RunResult) -> list[str]:
             strangers = sorted(set(df.get("backend", [])) - set(run.results))
             if strangers:
                 problems.append(f"{run.records}: rows of backends the artifact does not have: {strangers}")
-    for page in ("reuse_check.html", "reuse_check.ipynb"):
-        p = run.folder / page if run.folder is not None else None
-        if run.created_at and p is not None and p.is_file():
-            if run.created_at not in p.read_text(encoding="utf-8", errors="replace"):
-                problems.append(f"{page}: written by another run than this artifact ({run.created_at})")
+    for page in ("reuse_check.html", "reuse_check.ipynb") if run.created_at and run.folder is not None else ():
+        p = run.folder / page
+        if p.is_file() and run.created_at not in p.read_text(encoding="utf-8", errors="replace"):
+            problems.append(f"{page}: written by another run than this artifact ({run.created_at})")
     return problems
 
 

@@ -9,7 +9,6 @@ import shutil
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,40 +30,27 @@ def notebook_source(name: str) -> Path:
     return path
 
 
-def _cell_label(cell: Any, index: int) -> str:
-    title = cell.get("metadata", {}).get("title")
-    if title:
-        return f"cell {index} {title!r}"
-    first = next((ln for ln in cell.get("source", "").splitlines() if ln.strip()), "")
-    return f"cell {index} ({first[:60]!r})"
-
-
 @contextlib.contextmanager
 def _echo_progress(path: Path, enabled: bool) -> Iterator[None]:
     """Copy what the kernel writes to `path` (the run's progress lines) to our stderr while the notebook runs."""
     stop = threading.Event()
-    path.touch()
 
     def pump() -> None:
         with open(path, encoding="utf-8", errors="replace") as f:
-            while True:
-                chunk = f.read()
-                if chunk:
-                    sys.stderr.write(chunk)
-                    sys.stderr.flush()
-                elif stop.is_set():
-                    return
-                else:
-                    time.sleep(0.2)
+            done = False
+            while not done:  # after the stop, one last read: everything the kernel wrote is in the file by then
+                done = stop.wait(0.2)
+                sys.stderr.write(f.read())
+                sys.stderr.flush()
 
-    thread = threading.Thread(target=pump, daemon=True) if enabled else None
-    if thread:
+    thread = threading.Thread(target=pump, daemon=True)
+    if enabled:
         thread.start()
     try:
         yield
     finally:
         stop.set()
-        if thread:
+        if enabled:
             thread.join(timeout=5)
 
 
@@ -103,14 +89,16 @@ def _engine(started: list[str]) -> str:
             code_cells = [c for c in nb_man.nb.cells if c.cell_type == "code"]
 
             def cell_start(cell: Any, cell_index: int | None = None, **kw: Any) -> Any:
-                if cell.cell_type == "code" and cell in code_cells:
-                    started.append(_cell_label(cell, code_cells.index(cell) + 1))
+                if cell.cell_type == "code" and cell in code_cells:  # named by its title, else its first line
+                    title = cell.get("metadata", {}).get("title")
+                    first = next((ln for ln in cell.get("source", "").splitlines() if ln.strip()), "")
+                    said = repr(title) if title else f"({first[:60]!r})"
+                    started.append(f"cell {code_cells.index(cell) + 1} {said}")
                 return original(cell, cell_index, **kw)
 
             nb_man.cell_start = cell_start
-            return super().execute_managed_notebook(
-                nb_man, kernel_name, kernel_manager_class=IpcKernelManager, **kwargs
-            )
+            return super().execute_managed_notebook(nb_man, kernel_name, kernel_manager_class=IpcKernelManager,
+                                                    **kwargs)  # fmt: skip
 
     papermill_engines.register("rlnorm", RlnormEngine)
     return "rlnorm"
@@ -122,26 +110,14 @@ def render_html(executed: Path, html: Path, title: str) -> Path:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(executed, as_version=4)
-    exporter = HTMLExporter(
-        extra_template_basedirs=[str(TEMPLATES)],
-        template_name=PAGE_TEMPLATE,
-        exclude_input=True,
-        exclude_input_prompt=True,
-        exclude_output_prompt=True,
-    )
+    exporter = HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name=PAGE_TEMPLATE, exclude_input=True,
+                            exclude_input_prompt=True, exclude_output_prompt=True)  # fmt: skip
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     return write_atomic(html, body)
 
 
-def execute(
-    notebook: str,
-    params: dict[str, Any],
-    workdir: Path,
-    *,
-    progress: bool = True,
-    title: str,
-    env: dict[str, str] | None = None,
-) -> tuple[Path, str | None]:
+def execute(notebook: str, params: dict[str, Any], workdir: Path, *, progress: bool = True, title: str,
+            env: dict[str, str] | None = None) -> tuple[Path, str | None]:  # fmt: skip
     """Execute `notebooks/<notebook>.py` with `params` into `workdir` (`<notebook>.ipynb` and `.html` there):
     (executed notebook, None or why it failed); raises only for what is not the notebook's doing (an interrupt)."""
     import jupytext
@@ -158,39 +134,34 @@ def execute(
         source.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
         input_nb = workdir / f".{notebook}.input.ipynb"
         nbformat.write(source, input_nb)
-        # the kernel must be this interpreter, whatever `python` a system kernelspec names
-        os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-        os.environ["RLNORM_PROGRESS_FILE"] = str(progress_file)
-        if not sys.stderr.isatty():  # a log file or a pipe: lines, not bars redrawn with cursor codes
-            os.environ[PLAIN_ENV] = "1"
-        # inline, so display(fig) puts PNGs in the notebook whatever MPLBACKEND the shell has
-        os.environ["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
-        os.environ.update(env or {})
+        os.environ.update({
+            # the kernel must be this interpreter, whatever `python` a system kernelspec names
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+            "RLNORM_PROGRESS_FILE": str(progress_file),
+            # inline, so display(fig) puts PNGs in the notebook whatever MPLBACKEND the shell has
+            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+            # a log file or a pipe: lines, not bars redrawn with cursor codes
+            **({} if sys.stderr.isatty() else {PLAIN_ENV: "1"}),
+            **(env or {}),
+        })  # fmt: skip
         # a dead kernel or a failing cell comes back as an exception, said once below: not also as log lines
-        quiet = {n: logging.getLogger(n) for n in ("papermill", "traitlets")}
-        levels = {n: lg.level for n, lg in quiet.items()}
-        for lg in quiet.values():
+        quiet = [logging.getLogger(n) for n in ("papermill", "traitlets")]
+        levels = [lg.level for lg in quiet]
+        for lg in quiet:
             lg.setLevel(logging.CRITICAL)
         try:
             with _echo_progress(progress_file, progress):
-                pm.execute_notebook(
-                    str(input_nb),
-                    str(executed),
-                    parameters=params,
-                    kernel_name="python3",
-                    engine_name=_engine(started),
-                    progress_bar=False,
-                    log_output=False,
-                    cwd=os.getcwd(),
-                )
+                pm.execute_notebook(str(input_nb), str(executed), parameters=params, kernel_name="python3",
+                                    engine_name=_engine(started), progress_bar=False, log_output=False,
+                                    cwd=os.getcwd())  # fmt: skip
         except pm.PapermillExecutionError as exc:  # papermill stops at the failing cell: the last one started
             failure = f"{started[-1] if started else 'an unknown cell'} failed: {exc.ename}: {exc.evalue}"
         except Exception as exc:  # the kernel died (out of memory, a crash in native code) or would not start
             where = started[-1] if started else "the kernel start"
             failure = f"{where} did not finish: {type(exc).__name__}: {str(exc).strip()[:500]}"
         finally:
-            for n, lg in quiet.items():
-                lg.setLevel(levels[n])
+            for lg, level in zip(quiet, levels, strict=True):
+                lg.setLevel(level)
         input_nb.unlink(missing_ok=True)
         if executed.exists():
             render_html(executed, workdir / f"{notebook}.html", title)

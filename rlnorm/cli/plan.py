@@ -91,14 +91,12 @@ def _merge(files: Sequence[str], yaml_text: str | None, overrides: Sequence[tupl
     extra: dict[str, Any] = {}
     if yaml_text:
         try:
-            loaded = yaml.safe_load(yaml_text)
+            extra = yaml.safe_load(yaml_text)
         except yaml.YAMLError as exc:
             raise PlanError(f"-y: not YAML ({exc})") from exc
-        if not isinstance(loaded, Mapping):
-            raise PlanError(f"-y: expected a YAML mapping of parameters, got {type(loaded).__name__}")
-        extra.update(loaded)
-    for key, value in overrides:
-        extra[key] = parse_value(value)
+        if not isinstance(extra, Mapping):
+            raise PlanError(f"-y: expected a YAML mapping of parameters, got {type(extra).__name__}")
+    extra = {**extra, **{key: parse_value(value) for key, value in overrides}}
     bad = sorted(k for k in extra if k in CLI_KEYS)
     if bad:
         raise PlanError(f"{', '.join(bad)}: set by the command line (--name, --outputs, --force), not a parameter")
@@ -114,16 +112,9 @@ def _merge(files: Sequence[str], yaml_text: str | None, overrides: Sequence[tupl
     return out
 
 
-def expand(
-    files: Sequence[str],
-    yaml_text: str | None = None,
-    overrides: Sequence[tuple[str, str]] = (),
-    *,
-    outputs: str | Path = "outputs",
-    name: str | None = None,
-    device: str | None = None,
-    progress: bool | None = None,
-) -> Plan:
+def expand(files: Sequence[str], yaml_text: str | None = None, overrides: Sequence[tuple[str, str]] = (), *,
+           outputs: str | Path = "outputs", name: str | None = None, device: str | None = None,
+           progress: bool | None = None) -> Plan:  # fmt: skip
     """Every run the arguments ask for; every problem of every run reported at once, before any work."""
     runs: list[Combination] = []
     matrices: dict[Path, list[Combination]] = {}
@@ -140,15 +131,13 @@ def expand(
         combos = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
         made = []
         for values in combos:
-            folder = base / combination_name(values) if axes else base
-            params = {**raw, **values}
-            if axes:
-                params["name"] = combination_name(values)
+            label = combination_name(values)  # a matrix's combination: its name and folder
+            folder = base / label if axes else base
             try:
-                p = load_params({**params, "output_dir": str(folder)})
+                p = load_params({**raw, **values, **({"name": label} if axes else {}), "output_dir": str(folder)})
                 p.resolved_device()
             except ParamsError as exc:
-                where = f" ({combination_name(values)})" if axes else ""
+                where = f" ({label})" if axes else ""
                 lines = [ln.strip() for ln in str(exc).splitlines()[1:]] or [str(exc)]  # past the header line
                 errors.extend(f"{source}{where}: {line}" for line in lines if line)
                 continue

@@ -49,47 +49,22 @@ class Outcome:
     seconds: float = 0.0
 
 
-def unmet(run: RunResult | None, require: dict[str, str]) -> list[str]:
-    """'  KEY: required invariant, is <the verdict and why>' for each required backend that is not."""
-    out = []
-    for key, want in require.items():
-        r = None if run is None else run.results.get(key)
-        if r is None:
-            out.append(f"  {key}: required {want}, but it is not in this run")
-            continue
-        v = backend_verdict(key, r)
-        if v.overall is not State.PASSED:
-            out.append(f"  {key}: required {want}, is {v.sentence()}")
-    return out
-
-
-def run_one(
-    combo: Combination,
-    *,
-    force: bool,
-    progress: bool,
-    env: dict[str, str] | None = None,
-    require: dict[str, str] | None = None,
-) -> Outcome:
+def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[str, str] | None = None) -> Outcome:
     """One run in this process: the notebook executed into a staging folder, placed with its page beside it."""
-    t0 = time.time()
-    run_dir = combo.folder
+    t0, run_dir, staging = time.time(), combo.folder, None
+    # Triton runs on CPU tensors only interpreted, GPU or not
+    env = {"TRITON_INTERPRET": "1"} if combo.params.resolved_device() == "cpu" else None
     try:
         staging = artifact.staging_for(run_dir, force)
-    except artifact.RunExists as exc:
-        return Outcome(combo, EXIT_EXISTS, str(exc))
-    params = {**combo.notebook_parameters(), "output_dir": str(run_dir), "staging_dir": str(staging)}
-    if combo.params.resolved_device() == "cpu":  # Triton runs on CPU tensors only interpreted, GPU or not
-        env = {**(env or {}), "TRITON_INTERPRET": "1"}
-    try:
-        executed, failure = execute(
-            NOTEBOOK, params, staging, progress=progress, title=f"rlnorm reuse check: {run_dir.name}", env=env
-        )
+        params = {**combo.notebook_parameters(), "output_dir": str(run_dir), "staging_dir": str(staging)}
+        executed, failure = execute(NOTEBOOK, params, staging, progress=progress,
+                                    title=f"rlnorm reuse check: {run_dir.name}", env=env)  # fmt: skip
         artifact.place(staging, run_dir, overwrite=force)
-    except artifact.RunExists as exc:
+    except artifact.RunExists as exc:  # there before the run, or placed by another meanwhile: nothing replaced
         return Outcome(combo, EXIT_EXISTS, str(exc))
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         raise
     seconds = time.time() - t0
     artifact_path = run_dir / ARTIFACT_FILE
@@ -107,13 +82,15 @@ def verdict_status(run: RunResult | None, require: dict[str, str]) -> tuple[int,
     """A complete run's exit status and its summary: EXIT_REQUIRED when a required backend is not what is
     required; EXIT_BACKEND when a backend could not be loaded, died or raised in a check; else 0."""
     results = run.results if run else {}
-    problems = [
-        f"  {k}: {r.status}: {r.skip_reason}" for k, r in results.items() if r.status in ("failed", *ENDED_EARLY)
-    ]
+    problems = [f"  {k}: {r.status}: {r.skip_reason}" for k, r in results.items()
+                if r.status in ("failed", *ENDED_EARLY)]  # fmt: skip
     # a check that raised is no clean exit either: its backend has no verdict from that check
     problems += [f"  {k}: raised in {', '.join(r.errors)}" for k, r in results.items()
                  if r.status == "ran" and r.errors]  # fmt: skip
-    missing = unmet(run, require)
+    verdicts = {k: backend_verdict(k, results[k]) for k in require if k in results}
+    missing = [f"  {k}: required {want}, " + (f"is {verdicts[k].sentence()}" if k in verdicts else
+               "but it is not in this run") for k, want in require.items()
+               if k not in verdicts or verdicts[k].overall is not State.PASSED]  # fmt: skip
     lines = ["verdicts (the page says why):", *(summary_lines(run) if run else [])]
     if missing:
         lines += ["required backends that are not what --require asks:", *missing]
@@ -130,15 +107,8 @@ def _child_command(index: int, argv: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "rlnorm", "run", *argv, "--only", str(index)]
 
 
-def run_many(
-    combos: Sequence[Combination],
-    indices: Sequence[int],
-    argv: Sequence[str],
-    *,
-    jobs: int,
-    gpus: Sequence[str],
-    progress: bool,
-) -> list[Outcome]:
+def run_many(combos: Sequence[Combination], indices: Sequence[int], argv: Sequence[str], *, jobs: int,
+             gpus: Sequence[str], progress: bool) -> list[Outcome]:  # fmt: skip
     """Each combination as its own `python -m rlnorm run ... --only K` process, at most `jobs` at a time; with
     `gpus`, each process sees one of them (CUDA_VISIBLE_DEVICES). Lines it prints are prefixed with its label."""
     free: queue.Queue[str] = queue.Queue()
@@ -159,9 +129,8 @@ def run_many(
         say(f"rlnorm: [{combo.label}] starting" + (f" on GPU {gpu}" if gpu is not None else ""))
         t0 = time.time()
         with lock:
-            command = _child_command(index, argv)
-            proc = subprocess.Popen(command, stdout=PIPE, stderr=STDOUT, text=True, errors="replace", env=env)
-            running.append(proc)
+            running.append(proc := subprocess.Popen(_child_command(index, argv), stdout=PIPE, stderr=STDOUT, text=True,
+                                                    errors="replace", env=env))  # fmt: skip
         assert proc.stdout is not None
         for line in proc.stdout:
             if progress or not line.startswith("  "):
@@ -183,9 +152,8 @@ def run_many(
         for grace, sig in ((5, None), (60, signal.SIGTERM)):
             with lock:
                 alive = [proc for proc in running if proc.poll() is None]
-            for proc in alive:
-                if sig is not None:
-                    proc.send_signal(sig)
+            for proc in alive if sig is not None else ():
+                proc.send_signal(sig)
             for proc in alive:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=grace)

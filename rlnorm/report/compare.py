@@ -14,9 +14,8 @@ from rlnorm.kit.checks.digests import same_bits
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import RunResult
 from rlnorm.report.runs import open_run, param, run_label
-from rlnorm.report.verdict import CHECKS, STATE_COLORS, State, run_verdicts
+from rlnorm.report.verdict import CHECKS, COLUMNS, STATE_COLORS, State, run_verdicts
 
-COLUMNS = (*CHECKS, "batch_invariant")
 OP_KEYS = ("d", "eps", "group_size", "norm_before_gate", "activation", "weight_dtype")  # what defines the op
 ABSENT = "absent"
 LATENCY = ("fwd_us", "fwd_bwd_us")
@@ -62,14 +61,11 @@ def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
 def digest_table(a: RunResult, b: RunResult) -> pd.DataFrame:
     """Per backend: whether A and B computed the same bits on the standard case (digests of y, dx, dz, dweight);
     `same bits` is None where they cannot tell (no digest, different cases)."""
-    keys, same, why = _keys(a, b), [], []
-    for key in keys:
-        da, db = (r.results[key].digests if key in r.results else None for r in (a, b))
-        s, w = same_bits(da, db)
-        same.append(s)
-        why.append(w)
+    keys = _keys(a, b)
+    said = [same_bits(*(r.results[k].digests if k in r.results else None for r in (a, b))) for k in keys]
     index = pd.Index(keys, name="backend")  # object columns: None stays None (never NaN) where they cannot tell
-    return pd.DataFrame({"same bits": pd.Series(same, index=index, dtype=object), "why": why}, index=index)
+    same = pd.Series([same for same, _ in said], index=index, dtype=object)
+    return pd.DataFrame({"same bits": same, "why": [why for _, why in said]}, index=index)
 
 
 def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
@@ -84,8 +80,7 @@ def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str =
 
 def _measure(run: RunResult, key: str, name: str) -> float | None:
     """One accuracy_latency field of a backend (grad_rel_err_x ... for the gradients); None where absent."""
-    r = run.results.get(key)
-    acc = None if r is None else r.accuracy_latency
+    acc = getattr(run.results.get(key), "accuracy_latency", None)
     if acc is None:
         return None
     return (acc.grad_rel_err or {}).get(name[-1]) if name.startswith("grad_rel_err_") else getattr(acc, name)
@@ -117,16 +112,12 @@ def protocol(run: RunResult) -> dict[str, Any]:
     sub = next((i.full_vs_sub_batches for i in invs if i.full_vs_sub_batches is not None), None)
     sweep = next((i.batch_size_sweep for i in invs if i.batch_size_sweep is not None), None)
     acc = next((r.accuracy_latency for r in run.results.values() if r.accuracy_latency is not None), None)
-    return {
-        "quick": run.quick,
-        "all_rows_sizes": None if rows is None else list(rows.sizes),
-        "sub_batches_full_batch": None if sub is None else sub.full_batch,
-        "sub_batch_sizes": None if sub is None else sub.sub_batch_sizes,
-        "sub_batches": None if sub is None else sub.sub_batches,
-        "sub_batches_coverage": None if sub is None else (sub.coverage or "sampled"),
-        "sweep_comparisons": None if sweep is None else sweep.comparisons,
-        "accuracy_rows": None if acc is None else acc.rows,
-    }
+    return {"quick": run.quick, "all_rows_sizes": None if rows is None else list(rows.sizes),
+            "sub_batches_full_batch": getattr(sub, "full_batch", None),
+            "sub_batch_sizes": getattr(sub, "sub_batch_sizes", None), "sub_batches": getattr(sub, "sub_batches", None),
+            "sub_batches_coverage": None if sub is None else (sub.coverage or "sampled"),
+            "sweep_comparisons": getattr(sweep, "comparisons", None),
+            "accuracy_rows": getattr(acc, "rows", None)}  # fmt: skip
 
 
 def environment_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
@@ -205,19 +196,9 @@ def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_m
     la, lb = (f"{side}: {r.device_name}" + (f" ({param(r, 'name')})" if param(r, "name") else "")
               for side, r in (("A", ra), ("B", rb)))  # fmt: skip
     lb += " (2)" if la == lb else ""
-    return Comparison(
-        label_a=la,
-        label_b=lb,
-        environment=environment_table(ra, rb, la, lb),
-        verdicts=verdict_table(ra, rb, la, lb),
-        latency=latency_table(ra, rb),
-        accuracy=accuracy_table(ra, rb),
-        changes=what_changed(ra, rb, la, lb, latency_move, accuracy_move),
-        different_ops=op_differences(ra, rb, la, lb),
-        source_a=run_label(ra),
-        source_b=run_label(rb),
-        runs=(ra, rb),
-    )
+    return Comparison(la, lb, environment_table(ra, rb, la, lb), verdict_table(ra, rb, la, lb), latency_table(ra, rb),
+                      accuracy_table(ra, rb), what_changed(ra, rb, la, lb, latency_move, accuracy_move),
+                      op_differences(ra, rb, la, lb), run_label(ra), run_label(rb), (ra, rb))  # fmt: skip
 
 
 def plot_comparison(cmp: Comparison) -> Any:
@@ -246,10 +227,9 @@ def plot_comparison(cmp: Comparison) -> Any:
         for p, v in zip(pos[ok] + off, miss[ok], strict=True):
             if v <= 0:
                 ax_acc.annotate("0", (p, floor), ha="center", va="bottom", fontsize=7)
-    for ax, what, title in (
-        (ax_lat, "latency ratio B / A (< 1: B faster)", "latency, where both runs timed it"),
-        (ax_acc, "share of outputs not correctly rounded", "forward accuracy (lower is better)"),
-    ):
+    for ax, what, title in ((ax_lat, "latency ratio B / A (< 1: B faster)", "latency, where both runs timed it"),
+                            (ax_acc, "share of outputs not correctly rounded",
+                             "forward accuracy (lower is better)")):  # fmt: skip
         ax.set(yscale="log", ylabel=what)
         ax.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
@@ -270,8 +250,7 @@ def plot_comparison(cmp: Comparison) -> Any:
             if any(counts):  # the differing row comparisons, A over B
                 text = "\n".join("–" if c is None else (c.short() if c.differs else "0") for c in counts)
                 ax_grid.text(j, i, text, ha="center", va="center", fontsize=6.5)
-    ax_grid.set_xlim(-0.5, len(COLUMNS) - 0.5)
-    ax_grid.set_ylim(len(backends) - 0.5, -0.5)
+    ax_grid.set(xlim=(-0.5, len(COLUMNS) - 0.5), ylim=(len(backends) - 0.5, -0.5))
     ax_grid.set_xticks(range(len(COLUMNS)), COLUMNS, rotation=35, ha="right", fontsize=8)
     ax_grid.set_yticks(range(len(backends)), backends, fontsize=8)
     ax_grid.set_title(f"verdicts: left half {cmp.label_a}, right half {cmp.label_b} (framed: changed)", fontsize=9)

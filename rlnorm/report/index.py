@@ -19,6 +19,9 @@ from rlnorm.report.verdict import STATE_COLORS, State, run_verdicts
 INDEX_FILE = "index.html"
 SUMMARY_FILE = "summary.csv"
 OP_KEYS = (*OP, "device")  # the parameters that define the op a run computed: what a matrix varies
+# summary.csv's column -> the accuracy_latency field it shows
+MEASURED = {"correctly_rounded": "fwd_correctly_rounded", "fwd_us": "fwd_us", "fwd_x_add": "fwd_roofline_ratio",
+            "fwd_bwd_us": "fwd_bwd_us"}  # fmt: skip
 
 
 def summary_table(runs: Sequence[str | Path | RunResult]) -> pd.DataFrame:
@@ -27,30 +30,14 @@ def summary_table(runs: Sequence[str | Path | RunResult]) -> pd.DataFrame:
     for source in runs:
         run = open_run(source)
         folder = run.folder or Path(".")
-        base = {
-            "run": folder.name,
-            "folder": str(folder),
-            "gpu": run.device_name,
-            "commit": (run.commit or "")[:9],
-            **{k: param(run, k) for k in OP_KEYS},
-        }
+        base = {"run": folder.name, "folder": str(folder), "gpu": run.device_name, "commit": (run.commit or "")[:9],
+                **{k: param(run, k) for k in OP_KEYS}}  # fmt: skip
         for key, v in run_verdicts(run).items():
-            r = run.results[key]
-            acc = r.accuracy_latency
-            gate = v.checks["gradient_gate"].state
-            rows.append({
-                **base,
-                "backend": key,
-                "status": r.status,
-                "state": v.overall.value,
-                "verdict": v.headline,
-                "why": v.why,
-                "correctly_rounded": None if acc is None else acc.fwd_correctly_rounded,
-                "fwd_us": None if acc is None else acc.fwd_us,
-                "fwd_x_add": None if acc is None else acc.fwd_roofline_ratio,
-                "fwd_bwd_us": None if acc is None else acc.fwd_bwd_us,
-                "gradient_gate": None if gate is State.NOT_RUN else gate is State.PASSED,
-            })  # fmt: skip
+            r, gate = run.results[key], v.checks["gradient_gate"].state
+            measured = {name: getattr(r.accuracy_latency, field, None) for name, field in MEASURED.items()}
+            rows.append({**base, "backend": key, "status": r.status, "state": v.overall.value, "verdict": v.headline,
+                         "why": v.why, **measured,
+                         "gradient_gate": None if gate is State.NOT_RUN else gate is State.PASSED})  # fmt: skip
     return pd.DataFrame(rows)
 
 

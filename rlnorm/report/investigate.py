@@ -22,6 +22,9 @@ from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.report.verdict import COMPARES, ROW_CHECKS, backend_verdict, records_line
 
 ROW_TENSORS = ("y", "dx", "dz")
+# ulp distances per column: the two sides the check compared, the batch vs alone, and each vs correctly rounded
+ULP_COLUMNS = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr",
+               "ulp_compared_vs_cr")  # fmt: skip
 
 
 def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None,
@@ -40,9 +43,8 @@ def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str
     row_level = sel[sel["tensor"].isin(ROW_TENSORS)]  # prefer a record that names a row over a dweight one
     first = (row_level if not row_level.empty else sel).iloc[0]
     b, c = str(first["backend"]), str(first["check"])
-    sel = records[(records["backend"] == b) & (records["check"] == c)].copy()
-    sel["_dw"] = ~sel["tensor"].isin(ROW_TENSORS)
-    sel = sel.sort_values("_dw", kind="stable").drop(columns="_dw").reset_index(drop=True)
+    sel = records[(records["backend"] == b) & (records["check"] == c)]
+    sel = sel.sort_values("tensor", key=lambda t: ~t.isin(ROW_TENSORS), kind="stable").reset_index(drop=True)
     sel.attrs.update(backend=b, check=c, counts=counts_sentence(run, b, c, len(sel)))
     return sel
 
@@ -179,14 +181,9 @@ def _backend_rstd(backend: Any, case: Case, opts: OpOptions) -> torch.Tensor | N
     return None if out is None else out.detach().cpu().to(torch.float64).reshape(case.x.shape[0], -1)
 
 
-def explain_row(
-    record: Mapping[str, Any] | pd.Series,
-    opts: OpOptions | None = None,
-    others: Iterable[str] | None = None,
-    device: str | None = None,
-    others_in_batch: bool | None = None,
-    others_batch_max_rows: int = 1024,
-) -> RowExplanation:
+def explain_row(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None,
+                others: Iterable[str] | None = None, device: str | None = None, others_in_batch: bool | None = None,
+                others_batch_max_rows: int = 1024) -> RowExplanation:  # fmt: skip
     """Recompute one differing row on both sides of its comparison (its batch, and the row alone or the full batch)
     and alone, and explain the difference. `others`: backend keys to compute the same row with (default: every
     registered one); `others_in_batch`: also on both batches (default: on a GPU, or when they hold at most
@@ -216,31 +213,26 @@ def explain_row(
     exact = correctly_rounded(alone, opts, tensor)[0]
     d = exact.shape[0]
     columns = pd.DataFrame({"x": _values(alone.x[0]), "z": float("nan") if alone.z is None else _values(alone.z[0])})
-    ulp_names = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr",
-                 "ulp_compared_vs_cr")  # fmt: skip
     if ok:
         in_batch, compared, by_itself = row_of(backend)
-        ulp_bc = ulp_distance(in_batch, compared)
-        ulp_a, ulp_b, ulp_c = (ulp_distance(t, exact) for t in (by_itself, in_batch, compared))
-        columns = columns.assign(in_batch=_values(in_batch), compared=_values(compared), alone=_values(by_itself),
-                                 correctly_rounded=_values(exact))  # fmt: skip
-        ulps = (ulp_bc, ulp_distance(in_batch, by_itself), ulp_a, ulp_b, ulp_c)
-        columns = columns.assign(**{name: u.tolist() for name, u in zip(ulp_names, ulps, strict=True)})
-    else:
-        columns = columns.assign(**dict.fromkeys(("in_batch", "compared", "alone"), float("nan")),
-                                 correctly_rounded=_values(exact))  # fmt: skip
-        columns = columns.assign(**{name: pd.array([pd.NA] * d, dtype="Int64") for name in ulp_names})
+        sides = ((in_batch, compared), (in_batch, by_itself), (by_itself, exact), (in_batch, exact), (compared, exact))
+        ulp = {name: ulp_distance(*pair) for name, pair in zip(ULP_COLUMNS, sides, strict=True)}
+        mine = {"in_batch": _values(in_batch), "compared": _values(compared), "alone": _values(by_itself)}
+        ulps = {k: v.tolist() for k, v in ulp.items()}
+    else:  # the row, its correctly rounded value and the other backends still show
+        mine = dict.fromkeys(("in_batch", "compared", "alone"), float("nan"))
+        ulps = {k: pd.array([pd.NA] * d, dtype="Int64") for k in ULP_COLUMNS}
+    columns = columns.assign(**mine, correctly_rounded=_values(exact), **ulps)
     columns.index.name = "col"
 
     # rstd: the per-row statistic the op divides by, both ways, and the backend's own if it has one
     r32, r64 = rstd_from_x(alone, opts, torch.float32)[0], rstd_from_x(alone, opts, torch.float64)[0]
     rstd = pd.DataFrame({"fp32_from_x": r32.to(torch.float64).tolist(), "fp64_from_x": r64.tolist()})
     rstd["fp32_rel_err"] = (rstd["fp32_from_x"] - rstd["fp64_from_x"]).abs() / rstd["fp64_from_x"]
+    own_alone = own_batch = None
     try:
-        own_alone = _backend_rstd(backend, alone, opts) if ok else None
-        own_batch = _backend_rstd(backend, batch, opts) if ok else None
+        own_alone, own_batch = (_backend_rstd(backend, c, opts) for c in (alone, batch)) if ok else (None, None)
     except Exception as exc:  # a backend's optional rstd hook failing is a note, not a failure
-        own_alone = own_batch = None
         notes.append(f"{rec['backend']}.rstd failed: {describe_error(exc)}")
     if own_alone is not None and own_batch is not None:
         rstd["backend_alone"] = own_alone[0].tolist()
@@ -288,16 +280,16 @@ def explain_row(
         "max_ulp": None, "reproduced": None,
     }  # fmt: skip
     if ok:
-        diff_cols = ulp_bc != 0
+        diff_cols = ulp["ulp_batch_vs_compared"] != 0
         summary.update(
             cols_differ=int(diff_cols.sum()),
-            max_ulp=int(ulp_bc.max()),
+            max_ulp=int(ulp["ulp_batch_vs_compared"].max()),
             reproduced=bool(diff_cols.any()),
             # of the differing columns, how many are larger in magnitude inside the batch
             cols_larger_in_batch=int((in_batch.abs() > compared.abs())[diff_cols].sum()),
-            alone_correctly_rounded_cols=int((ulp_a == 0).sum()),
-            in_batch_correctly_rounded_cols=int((ulp_b == 0).sum()),
-            compared_correctly_rounded_cols=int((ulp_c == 0).sum()),
+            alone_correctly_rounded_cols=int((ulp["ulp_alone_vs_cr"] == 0).sum()),
+            in_batch_correctly_rounded_cols=int((ulp["ulp_batch_vs_cr"] == 0).sum()),
+            compared_correctly_rounded_cols=int((ulp["ulp_compared_vs_cr"] == 0).sum()),
         )
         if summary["reproduced"]:  # probe the larger side of the comparison: which property of the batch matters
             larger = batch.x.shape[0] >= other.x.shape[0]
@@ -337,26 +329,14 @@ def diagnose(backend: Any, side: Case, position: int, opts: OpOptions, tensor: s
     fresh = Case(fresh.x, None if side.z is None else fresh.z, side.w, fresh.dy, fresh.seed)
     other_rows = compute_tensor(backend, fresh, opts, tensor)[position].detach().cpu()
     repeat_eq, moved_eq, fresh_eq = (bool(torch.equal(t, value)) for t in (again, moved, other_rows))
-    if not repeat_eq:
-        verdict = "nondeterministic"
-    elif not moved_eq:
-        verdict = "position"
-    elif fresh_eq:
-        verdict = "batch size"
-    else:
-        verdict = "other rows"
-    return {
-        "probe_batch_rows": m,
-        "probe_same_batch_again_equal": repeat_eq,
-        "probe_moved_one_place_equal": moved_eq,
-        "probe_other_rows_same_size_equal": fresh_eq,
-        "diagnosis": verdict,
-    }
+    verdict = ("nondeterministic" if not repeat_eq else "position" if not moved_eq
+               else "batch size" if fresh_eq else "other rows")  # fmt: skip
+    return {"probe_batch_rows": m, "probe_same_batch_again_equal": repeat_eq, "probe_moved_one_place_equal": moved_eq,
+            "probe_other_rows_same_size_equal": fresh_eq, "diagnosis": verdict}  # fmt: skip
 
 
-def explain_dweight(
-    record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None, device: str | None = None
-) -> RowExplanation:
+def explain_dweight(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None,
+                    device: str | None = None) -> RowExplanation:  # fmt: skip
     """A dweight record (dweight_repeatable): the same batch run twice, column by column, against the fp64
     dweight rounded once. There is no row, so rstd and the other backends stay empty."""
     rec, rb, backend, device = _setup(record, device)
@@ -383,21 +363,13 @@ def explain_dweight(
         "first_equal_fp64_cols": int((u1r == 0).sum()), "second_equal_fp64_cols": int((u2r == 0).sum()),
     }  # fmt: skip
     head = f"{name}'s dweight over the same batch of {_n(rows, 'row')} (seed {rec.get('seed')})"
-    if n_diff:
-        text = (
-            f"{head} differs between two identical runs in {n_diff} of {d} columns by at most "
-            f"{summary['max_ulp']} ulp (recorded: {_n(rec.get('cols_differ'), 'column')}, {rec.get('max_ulp')} "
-            "ulp): the weight gradient is not repeatable, so two training runs on the same data drift apart."
-        )
-    else:
-        text = (
-            f"Recomputed on {device}, {head} is bitwise the same in two runs: the recorded difference does not "
-            "reproduce here (it depends on the device, timing or launch configuration of the run)."
-        )
-    text += (
-        f" Columns equal to the fp64 dweight rounded once: {summary['first_equal_fp64_cols']}/{d} in the first "
-        f"run, {summary['second_equal_fp64_cols']}/{d} in the second."
-    )
+    text = (f"{head} differs between two identical runs in {n_diff} of {d} columns by at most {summary['max_ulp']} "
+            f"ulp (recorded: {_n(rec.get('cols_differ'), 'column')}, {rec.get('max_ulp')} ulp): the weight gradient "
+            "is not repeatable, so two training runs on the same data drift apart." if n_diff else f"Recomputed on "
+            f"{device}, {head} is bitwise the same in two runs: the recorded difference does not reproduce here (it "
+            "depends on the device, timing or launch configuration of the run).")  # fmt: skip
+    text += (f" Columns equal to the fp64 dweight rounded once: {summary['first_equal_fp64_cols']}/{d} in the first "
+             f"run, {summary['second_equal_fp64_cols']}/{d} in the second.")  # fmt: skip
     notes = ["dweight has no row: no rstd, no per-row peers"]
     return RowExplanation(summary, columns, pd.DataFrame(), pd.DataFrame(), text, notes, "ulp_first_vs_second")
 
@@ -415,27 +387,20 @@ def _n(k: Any, word: str) -> str:
 
 def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame) -> str:
     """The paragraph a reader sees above the tables: what differs, by how much, and what follows."""
-    where = (
-        f"row {s['row']} ({s['check']}, case {s['case']}, seed {s['seed']}) at position {s['position']} "
-        f"of a batch of {_n(s['batch_rows'], 'row')}"
-    )
+    where = (f"row {s['row']} ({s['check']}, case {s['case']}, seed {s['seed']}) at position {s['position']} of a "
+             f"batch of {_n(s['batch_rows'], 'row')}")  # fmt: skip
     vs = "alone"
     if s["compared_with"] != "alone":
         vs = f"inside the {s['compared_with']} of {_n(s['compared_rows'], 'row')} at position {s['compared_position']}"
     recorded = f"{_n(s['recorded_cols_differ'], 'column')}, {s['recorded_max_ulp']} ulp"
     if not s["recomputed"]:
-        text = (
-            f"{s['backend']} cannot run on {s['device']}, so its {s['tensor']} for {where} is not recomputed here; "
-            f"the run recorded that it differs from the same row computed {vs} in {recorded}. "
-            "The table still shows the row's inputs and its correctly rounded value."
-        )
-        return text + _others_text(others)
+        return (f"{s['backend']} cannot run on {s['device']}, so its {s['tensor']} for {where} is not recomputed "
+                f"here; the run recorded that it differs from the same row computed {vs} in {recorded}. The table "
+                "still shows the row's inputs and its correctly rounded value.") + _others_text(others)  # fmt: skip
     if not s["reproduced"]:
-        return (
-            f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same as "
-            f"{vs}: the recorded difference ({recorded}) does not reproduce here, so it depends on the "
-            "device or the launch configuration the run used."
-        ) + _others_text(others)
+        return (f"Recomputed on {s['device']}, {s['backend']}'s {s['tensor']} for {where} is bitwise the same as "
+                f"{vs}: the recorded difference ({recorded}) does not reproduce here, so it depends on the device or "
+                "the launch configuration the run used.") + _others_text(others)  # fmt: skip
     lines = [
         f"{s['backend']}'s {s['tensor']} for {where} differs in {s['cols_differ']} of {s['columns']} columns "
         f"by at most {s['max_ulp']} ulp from the same row computed {vs} (recorded: {recorded}).",
@@ -446,26 +411,19 @@ def _explain_text(s: Mapping[str, Any], rstd: pd.DataFrame, others: pd.DataFrame
     if s.get("diagnosis"):
         lines.append(f"Why, probing the batch of {_n(s['probe_batch_rows'], 'row')}: {DIAGNOSES[s['diagnosis']]}.")
     if s["cols_differ"] > 1 and s["cols_larger_in_batch"] in (0, s["cols_differ"]):
-        way = "larger" if s["cols_larger_in_batch"] else "smaller"
-        lines.append(
-            f"Every differing column is {way} in magnitude in the batch: a shift of the whole row's scale "
-            "(its rstd or a final multiply), not independent rounding noise per column."
-        )
-    lines.append(
-        f"Correctly rounded (fp64, rounded once) columns: {s['alone_correctly_rounded_cols']}/{s['columns']} alone, "
-        f"{s['in_batch_correctly_rounded_cols']}/{s['columns']} in the batch of {_n(s['batch_rows'], 'row')}"
-        + (
-            "."
-            if s["compared_with"] == "alone"
-            else f", {s['compared_correctly_rounded_cols']}/{s['columns']} in the {s['compared_with']}."
-        )
-    )
+        lines.append(f"Every differing column is {'larger' if s['cols_larger_in_batch'] else 'smaller'} in magnitude "
+                     "in the batch: a shift of the whole row's scale (its rstd or a final multiply), not independent "
+                     "rounding noise per column.")  # fmt: skip
+    n = s["columns"]
+    also = "" if vs == "alone" else f", {s['compared_correctly_rounded_cols']}/{n} in the {s['compared_with']}"
+    lines.append(f"Correctly rounded (fp64, rounded once) columns: {s['alone_correctly_rounded_cols']}/{n} alone, "
+                 f"{s['in_batch_correctly_rounded_cols']}/{n} in the batch of "
+                 f"{_n(s['batch_rows'], 'row')}{also}.")  # fmt: skip
     if "backend_same_both_ways" in rstd:
         same = bool(rstd["backend_same_both_ways"].all())
-        lines.append(
-            f"The backend's own rstd is {'the same' if same else 'DIFFERENT'} alone and in the batch"
-            + (": the difference comes after the row statistic." if same else ": the row statistic itself moved.")
-        )
+        lines.append(f"The backend's own rstd is {'the same' if same else 'DIFFERENT'} alone and in the batch" +
+                     (": the difference comes after the row statistic." if same else ": the row statistic itself "
+                      "moved."))  # fmt: skip
     return " ".join(lines) + _others_text(others)
 
 
@@ -474,9 +432,8 @@ def _others_text(others: pd.DataFrame) -> str:
     if ran.empty:
         return ""
     cr = ran[ran["alone_max_ulp_vs_cr"] == 0]["backend"].tolist()
-    out = f" Of the other backends that ran, {len(cr)}/{len(ran)} give the correctly rounded row alone" + (
-        f" ({', '.join(cr)})." if cr else "."
-    )
+    out = (f" Of the other backends that ran, {len(cr)}/{len(ran)} give the correctly rounded row alone"
+           + (f" ({', '.join(cr)})." if cr else "."))  # fmt: skip
     if "batch_equal_compared" in ran:
         inv = ran[ran["batch_equal_compared"] == True]["backend"].tolist()  # noqa: E712 (NaN-safe)
         out += f" {len(inv)}/{len(ran)} compute this row bitwise the same in both batches."
@@ -492,17 +449,11 @@ def crash_table(run: RunResult) -> pd.DataFrame:
     """One line per crashed or timed-out backend: the cause, the check and batch it was on, what it finished."""
     rows = []
     for key in crashed_backends(run):
-        r = run.results[key]
-        c = r.crash
-        rows.append({
-            "backend": key,
-            "status": r.status,
-            "cause": None if c is None else c.cause,
-            "check": None if c is None else c.check,
-            "batch_size": None if c is None else c.batch_size,
-            "finished": "" if c is None else ", ".join(c.finished_checks),
-            "seconds": None if c is None else c.seconds,
-        })  # fmt: skip
+        c = run.results[key].crash  # None only in an artifact that lost it: the table says nothing then
+        rows.append({"backend": key, "status": run.results[key].status,
+                     **{k: getattr(c, k, None) for k in ("cause", "check", "batch_size")},
+                     "finished": "" if c is None else ", ".join(c.finished_checks),
+                     "seconds": getattr(c, "seconds", None)})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -518,9 +469,8 @@ def crash_batch(run: RunResult, backend: str, device: str = "cpu") -> RebuiltCas
     return rebuild_case(r.crash.rebuild, device=device)
 
 
-def reproduce_crash(
-    run: RunResult, backend: str, device: str | None = None, timeout_s: float = 600.0
-) -> dict[str, Any]:
+def reproduce_crash(run: RunResult, backend: str, device: str | None = None,
+                    timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
     """Give the crashed backend the batch it died on again, in a process of its own (so a crash costs nothing
     here), and say how that process ended: `survived` False with the same cause reproduces the crash."""
     crash_batch(run, backend)  # the same clear errors before any process starts

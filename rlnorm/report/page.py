@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from rlnorm.kit.results import RunResult
-from rlnorm.report.plots.common import fmt_us, roofline_ratio
+from rlnorm.report.plots.common import cpu_note, fmt_us, roofline_ratio
 from rlnorm.report.runs import param
 from rlnorm.report.verdict import COMPARES, INVARIANCE, State, crash_words, fraction, launch_lines, run_verdicts
 
@@ -35,7 +35,7 @@ def header(run: RunResult) -> str:
 
 def device_notice(run: RunResult) -> str:
     """What a reader must know about numbers from this device (empty on a GPU)."""
-    if run.environment.get("gpu") not in (None, "cpu") or run.is_seed:
+    if cpu_note(run) is None:
         return ""
     return (
         "> **CPU run.** Triton kernels (rlnorm's, FLA's) run in Triton's interpreter here: the bitwise checks hold as "
@@ -63,12 +63,9 @@ def verdict_markdown(run: RunResult) -> str:
             if v.overall is not State.FAILED:
                 clean = f": {', '.join(passed)} passed before it" if passed else ""
                 parts.append(f"no batch-invariance verdict (it {v.overall.value} before its checks ended{clean})")
-        if v.overall is State.FAILED:
-            parts.append(f"**not invariant** ({v.why})")
-        elif v.overall is State.BY_CONSTRUCTION:
-            parts.append(f"**not invariant by construction** ({v.why})")
-        elif v.overall is State.PASSED:
-            parts.append(f"invariant ({v.why})")
+        if v.overall in (State.FAILED, State.BY_CONSTRUCTION, State.PASSED):
+            bold = "" if v.overall is State.PASSED else "**"
+            parts.append(f"{bold}{v.headline}{bold} ({v.why})")
         elif r.crash is None:
             parts.append(f"no batch-invariance verdict ({v.why})")
         for gate in ("forward_gate", "gradient_gate") if r.crash is None else ():  # a crash: its gates never ran

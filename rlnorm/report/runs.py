@@ -40,12 +40,10 @@ def open_run(source: str | Path | RunResult) -> RunResult:
     return load_run(path)
 
 
-def latest_run(root: str | Path | None = None) -> Path:
+def latest_run() -> Path:
     """The most recently written run folder holding an artifact: ./outputs, ../outputs (a notebook run from
-    notebooks/), then the checkout's outputs/; or under `root`."""
-    roots = [Path("outputs"), Path("..") / "outputs"] if root is None else [Path(root)]
-    if root is None and CHECKOUT is not None:
-        roots.append(CHECKOUT / "outputs")
+    notebooks/), then the checkout's outputs/."""
+    roots = [Path("outputs"), Path("..") / "outputs", *([CHECKOUT / "outputs"] if CHECKOUT is not None else [])]
     for r in roots:
         folders = [p for p in r.glob("*") if p.is_dir() and any(p.glob("*.json"))]
         if folders:

@@ -38,19 +38,14 @@ def accuracy_table(run: RunResult) -> pd.DataFrame:
         acc = r.accuracy_latency
         if acc is None:
             continue
-        g = acc.grad_rel_err or {}
-        ratios = {f: roofline_ratio(acc, f) for f in ("fwd_us", "fwd_bwd_us")}
-        rows.append({
-            "backend": key,
-            "rows": acc.rows,
-            "correctly rounded": "" if acc.fwd_correctly_rounded is None else fraction(acc.fwd_correctly_rounded),
-            "max abs err": "" if acc.fwd_max_abs_err is None else f"{acc.fwd_max_abs_err:.6f}",
-            "grad rel err x / z / w": " / ".join("-" if g.get(t) is None else f"{g[t]:.5f}" for t in "xzw"),
-            "fwd us (p20-p80)": _span(acc, "fwd_us"),
-            "fwd+bwd us (p20-p80)": _span(acc, "fwd_bwd_us"),
-            "fwd / its add": "" if ratios["fwd_us"] is None else fmt_ratio(ratios["fwd_us"]),
-            "fwd+bwd / its add (8/3)": "" if ratios["fwd_bwd_us"] is None else fmt_ratio(ratios["fwd_bwd_us"]),
-        })  # fmt: skip
+        g, cr = acc.grad_rel_err or {}, acc.fwd_correctly_rounded
+        ratios = [roofline_ratio(acc, f) for f in ("fwd_us", "fwd_bwd_us")]
+        rows.append({"backend": key, "rows": acc.rows, "correctly rounded": "" if cr is None else fraction(cr),
+                     "max abs err": "" if acc.fwd_max_abs_err is None else f"{acc.fwd_max_abs_err:.6f}",
+                     "grad rel err x / z / w": " / ".join("-" if g.get(t) is None else f"{g[t]:.5f}" for t in "xzw"),
+                     "fwd us (p20-p80)": _span(acc, "fwd_us"), "fwd+bwd us (p20-p80)": _span(acc, "fwd_bwd_us"),
+                     **{name: "" if r is None else fmt_ratio(r) for name, r in
+                        zip(("fwd / its add", "fwd+bwd / its add (8/3)"), ratios, strict=True)}})  # fmt: skip
     return pd.DataFrame(rows).set_index("backend") if rows else pd.DataFrame()
 
 

@@ -16,6 +16,7 @@ from enum import Enum
 
 import pandas as pd
 
+from rlnorm.kit.artifact import ENDED_EARLY
 from rlnorm.kit.checks.common import BY_CONSTRUCTION, INVARIANT, differing_pairs, uncleared
 from rlnorm.kit.process import describe_exit
 from rlnorm.kit.results import BackendResult, Gate, RunResult
@@ -34,21 +35,14 @@ class State(Enum):
     TIMED_OUT = "timed out"  # ... or outlived its time limit
 
 
-STATE_COLORS = {
-    State.PASSED: "#a5d6a7",
-    State.FAILED: "#ef9a9a",
-    State.BY_CONSTRUCTION: "#f48fb1",
-    State.RAISED: "#fff59d",
-    State.NOT_RUN: "#e0e0e0",
-    State.SKIPPED: "#eeeeee",
-    State.NOT_LOADED: "#ffe0b2",
-    State.CRASHED: "#ce93d8",
-    State.TIMED_OUT: "#ffcc80",
-}
+# in State's order
+_COLORS = ("#a5d6a7", "#ef9a9a", "#f48fb1", "#fff59d", "#e0e0e0", "#eeeeee", "#ffe0b2", "#ce93d8", "#ffcc80")
+STATE_COLORS = dict(zip(State, _COLORS, strict=True))
 ROW_CHECKS = ("all_rows", "full_vs_sub_batches", "batch_size_sweep")
 INVARIANCE = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
 LAUNCH = ("launch", "configurations")  # what the launches were, and every configuration run against the others
 CHECKS = (*INVARIANCE, *LAUNCH, "forward_gate", "gradient_gate", "correctly_rounded")
+COLUMNS = (*CHECKS, "batch_invariant")  # the checks, then the overall verdict
 # the worker's check behind each verdict column (what `crash.finished_checks` names)
 _RAN_BY = {**{c: c for c in (*INVARIANCE, *LAUNCH)}, "correctly_rounded": "accuracy_latency"}
 COMPARES = {
@@ -104,32 +98,20 @@ class Counts:
 
 def counts_of(result: BackendResult, check: str) -> Counts | None:
     """The counts of one row check (None when it left no summary)."""
-    inv = result.batch_invariance
-    grad = result.has_backward
-    if inv is None:
+    node, grad = getattr(result.batch_invariance, check, None), result.has_backward
+    if node is None or (check == "all_rows" and not node.sizes):
         return None
-    if check == "all_rows":
-        if inv.all_rows is None or not inv.all_rows.sizes:
-            return None
-        sizes = list(inv.all_rows.sizes.values())
+    if check != "all_rows":  # a sweep counts comparisons and any difference; full_vs_sub_batches rows
+        compared, any_ = (node.comparisons, node.differ) if check == "batch_size_sweep" else (node.rows_compared, None)
+        return Counts(compared, node.fwd_differ, node.rowgrad_differ if grad else None, any_, node.records_dropped or 0)
+    sizes = list(node.sizes.values())
 
-        def total(values: list[int | None]) -> int | None:
-            return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+    def total(field: str) -> int | None:
+        values = [getattr(s, field) for s in sizes]
+        return None if None in values else sum(values)
 
-        return Counts(
-            compared=total([s.rows for s in sizes]),
-            y=total([s.fwd_differ for s in sizes]),
-            grad=total([s.rowgrad_differ for s in sizes]) if grad else None,
-            any=None,
-            not_kept=sum(s.records_dropped or 0 for s in sizes),
-        )
-    if check == "full_vs_sub_batches" and inv.full_vs_sub_batches is not None:
-        s = inv.full_vs_sub_batches
-        return Counts(s.rows_compared, s.fwd_differ, s.rowgrad_differ if grad else None, None, s.records_dropped or 0)
-    if check == "batch_size_sweep" and inv.batch_size_sweep is not None:
-        w = inv.batch_size_sweep
-        return Counts(w.comparisons, w.fwd_differ, w.rowgrad_differ if grad else None, w.differ, w.records_dropped or 0)
-    return None
+    not_kept = sum(s.records_dropped or 0 for s in sizes)
+    return Counts(total("rows"), total("fwd_differ"), total("rowgrad_differ") if grad else None, None, not_kept)
 
 
 @dataclass(frozen=True)
@@ -169,16 +151,11 @@ class BackendVerdict:
 
     @property
     def headline(self) -> str:
-        """'invariant', 'not invariant', 'not invariant by construction', 'skipped', 'crashed', 'no verdict'."""
-        return {
-            State.PASSED: "invariant",
-            State.FAILED: "not invariant",
-            State.BY_CONSTRUCTION: "not invariant by construction",
-            State.SKIPPED: "skipped",
-            State.NOT_LOADED: "not loaded",
-            State.CRASHED: "crashed",
-            State.TIMED_OUT: "timed out",
-        }.get(self.overall, "no verdict")
+        """'invariant', 'not invariant', 'not invariant by construction'; else the state ('crashed') or 'no verdict'."""
+        if self.overall in (State.RAISED, State.NOT_RUN):
+            return "no verdict"
+        not_invariant = {State.FAILED: "not invariant", State.BY_CONSTRUCTION: "not invariant by construction"}
+        return "invariant" if self.overall is State.PASSED else not_invariant.get(self.overall, self.overall.value)
 
     def sentence(self) -> str:
         """'not batch invariant (all_rows: y differs in 3 ... ; dweight_repeatable: ...)'."""
@@ -204,12 +181,11 @@ def crash_words(result: BackendResult, brief: bool = False) -> str:
     state = result.status.replace("_", " ")
     c = result.crash
     where = "" if c is None or not c.check else f" in {c.check}"
+    if where and c is not None and c.batch_size:
+        where += f" at {'' if brief else 'a batch of '}{count(c.batch_size)} rows"
     if brief:
-        where += f" at {count(c.batch_size)} rows" if where and c is not None and c.batch_size else ""
         return f"{state}{where} ({_short_cause(result)})"
-    where += f" at a batch of {count(c.batch_size)} rows" if where and c is not None and c.batch_size else ""
-    cause = c.cause if c is not None else (result.skip_reason or "no cause recorded")
-    return f"{state}: {cause}{where}"
+    return f"{state}: {c.cause if c is not None else (result.skip_reason or 'no cause recorded')}{where}"
 
 
 def _short_cause(result: BackendResult) -> str:
@@ -228,7 +204,6 @@ def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdi
         return CheckVerdict(check, State.RAISED, detail=error)
     if gate is None:
         return CheckVerdict(check, State.NOT_RUN)
-    lines = gate.lines or []
     if gate.timed_out:
         return CheckVerdict(check, State.TIMED_OUT, detail="gate child timed out")
     if gate.returncode == 3:  # the child says the backend cannot take this gate (no backward, unavailable)
@@ -237,7 +212,7 @@ def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdi
     if gate.returncode not in (0, None):
         return CheckVerdict(check, State.CRASHED, detail=f"gate child {describe_exit(gate.returncode)[0]}")
     if gate.failed_lines:
-        total = f" of {len(lines)}" if lines else ""
+        total = f" of {len(gate.lines)}" if gate.lines else ""
         return CheckVerdict(check, State.FAILED, detail=f"{len(gate.failed_lines)}{total} lines failed")
     if gate.passed:
         return CheckVerdict(check, State.PASSED)
@@ -245,82 +220,72 @@ def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdi
 
 
 def _check_verdict(result: BackendResult, check: str) -> CheckVerdict:
-    errors = result.errors or {}
+    error = (result.errors or {}).get(_RAN_BY.get(check, "contract_gates"))
     inv = result.batch_invariance
-    if check in ROW_CHECKS:
-        c = counts_of(result, check)
-        node = None if inv is None else getattr(inv, check)
-        error = errors.get(check) or (node.error if node is not None else None)
-        if error:
-            return CheckVerdict(check, State.RAISED, c, error)
-        if c is None:
+    if check in ("forward_gate", "gradient_gate"):
+        return gate_verdict(check, (result.contract_gates or {}).get(check.split("_")[0]), error)
+    if check in LAUNCH:
+        return _launch_verdict(result, check, error)
+    if check == "correctly_rounded":
+        acc = result.accuracy_latency
+        if acc is not None and (acc.error or error):
+            return CheckVerdict(check, State.RAISED, detail=acc.error or error or "")
+        if acc is None or acc.fwd_correctly_rounded is None:
             return CheckVerdict(check, State.NOT_RUN)
-        return CheckVerdict(check, State.FAILED if c.differs else State.PASSED, c)
+        cr = acc.fwd_correctly_rounded
+        return CheckVerdict(check, State.PASSED if cr >= 1.0 else State.FAILED, detail=fraction(cr) +
+                            (" (every output)" if cr >= 1.0 else ""))  # fmt: skip
     if check == "dweight_repeatable":
-        if errors.get(check):
-            return CheckVerdict(check, State.RAISED, detail=errors[check])
         value = None if inv is None else inv.dweight_repeatable
+        if error:
+            return CheckVerdict(check, State.RAISED, detail=error)
         if value is None:
             return CheckVerdict(check, State.NOT_RUN, detail="" if result.has_backward else "no backward")
-        if value:
-            return CheckVerdict(check, State.PASSED)
-        return CheckVerdict(check, State.FAILED, detail="differs run to run")
-    if check in LAUNCH:
-        return _launch_verdict(result, check, errors.get(check))
-    if check in ("forward_gate", "gradient_gate"):
-        gates = result.contract_gates or {}
-        return gate_verdict(check, gates.get(check.split("_")[0]), errors.get("contract_gates"))
-    acc = result.accuracy_latency
-    if acc is not None and (acc.error or errors.get("accuracy_latency")):
-        return CheckVerdict(check, State.RAISED, detail=acc.error or errors["accuracy_latency"])
-    if acc is None or acc.fwd_correctly_rounded is None:
+        return CheckVerdict(
+            check, State.PASSED if value else State.FAILED, detail="" if value else "differs run to run"
+        )
+    c, node = counts_of(result, check), getattr(inv, check, None)
+    error = error or (node.error if node is not None else None)
+    if error:
+        return CheckVerdict(check, State.RAISED, c, error)
+    if c is None:
         return CheckVerdict(check, State.NOT_RUN)
-    cr = acc.fwd_correctly_rounded
-    if cr >= 1.0:
-        return CheckVerdict(check, State.PASSED, detail="1.0 (every output)")
-    return CheckVerdict(check, State.FAILED, detail=fraction(cr))
+    return CheckVerdict(check, State.FAILED if c.differs else State.PASSED, c)
 
 
 def _launch_verdict(result: BackendResult, check: str, error: str | None) -> CheckVerdict:
-    if check == "launch":
-        node = result.launches
-        if error or (node is not None and node.error):
-            return CheckVerdict(check, State.RAISED, detail=error or node.error or "")
-        if node is None:
-            return CheckVerdict(check, State.NOT_RUN)
-        left = uncleared(result)
-        varying = [f"{k.kernel.rsplit('.', 1)[-1]}.{p}" for k in node.kernels for p in k.varying]
-        if left:
-            params = dict.fromkeys(k.rsplit(".", 1)[-1] for k in left)  # the parameters, then where: launch_lines
-            return CheckVerdict(check, State.BY_CONSTRUCTION, detail=", ".join(params))
-        said = f"varying, each value cleared: {', '.join(varying)}" if varying else "one configuration per kernel"
-        seen = f"{len(node.kernels)} kernels seen" + (" here; see launches.unseen" if node.unseen else "")
-        return CheckVerdict(check, State.PASSED, detail=f"{said} ({seen}, {len(node.rows)} row counts)")
-    node_c = result.configurations
-    if error or (node_c is not None and node_c.error):
-        return CheckVerdict(check, State.RAISED, detail=error or (node_c.error if node_c else "") or "")
-    if node_c is None:
+    node = result.launches if check == "launch" else result.configurations
+    error = error or (node.error if node is not None else None)
+    if error:
+        return CheckVerdict(check, State.RAISED, detail=error)
+    if node is None:
         return CheckVerdict(check, State.NOT_RUN)
-    pairs = differing_pairs(result)
-    if pairs:
-        keys = sorted({p.split(": ", 1)[0] for p in pairs})
-        return CheckVerdict(check, State.FAILED, detail=f"{len(pairs)} of {len(node_c.pairs)} configuration pairs "
-                            f"differ, in {', '.join(keys)}; e.g. {pairs[0].split(': ', 1)[1]}")  # fmt: skip
-    return CheckVerdict(check, State.PASSED, detail=f"{len(node_c.pairs)} pairs, none differs")
+    if check == "configurations":
+        pairs = differing_pairs(result)
+        if pairs:
+            keys = ", ".join(sorted({p.split(": ", 1)[0] for p in pairs}))
+            first = pairs[0].split(": ", 1)[1]
+            said = f"{len(pairs)} of {len(node.pairs)} configuration pairs differ, in {keys}; e.g. {first}"
+            return CheckVerdict(check, State.FAILED, detail=said)
+        return CheckVerdict(check, State.PASSED, detail=f"{len(node.pairs)} pairs, none differs")
+    left = uncleared(result)
+    if left:  # the parameters, then where: launch_lines
+        params = dict.fromkeys(k.rsplit(".", 1)[-1] for k in left)
+        return CheckVerdict(check, State.BY_CONSTRUCTION, detail=", ".join(params))
+    varying = [f"{k.kernel.rsplit('.', 1)[-1]}.{p}" for k in node.kernels for p in k.varying]
+    said = f"varying, each value cleared: {', '.join(varying)}" if varying else "one configuration per kernel"
+    seen = f"{len(node.kernels)} kernels seen" + (" here; see launches.unseen" if node.unseen else "")
+    return CheckVerdict(check, State.PASSED, detail=f"{said} ({seen}, {len(node.rows)} row counts)")
 
 
 def launch_lines(result: BackendResult) -> list[str]:
     """The launch evidence behind a verdict: each kernel whose launch changes with the row count, and why."""
-    node = result.launches
-    if node is None:
-        return []
     cleared = set(result.configurations.cleared) if result.configurations else set()
     out = []
-    for k in node.kernels:
-        if k.varying:
-            done = [p for p in k.varying if f"{k.kernel}.{p}" in cleared]
-            tail = f" (cleared by the configurations check: {', '.join(done)})" if done else ""
-            out.append(f"{k.kernel} ({'+'.join(k.passes)}): {k.evidence}{tail}")
+    for k in (k for k in (result.launches.kernels if result.launches else []) if k.varying):
+        done = [p for p in k.varying if f"{k.kernel}.{p}" in cleared]
+        tail = f" (cleared by the configurations check: {', '.join(done)})" if done else ""
+        out.append(f"{k.kernel} ({'+'.join(k.passes)}): {k.evidence}{tail}")
     return out
 
 
@@ -336,45 +301,45 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
         state = State.SKIPPED if result.status == "skipped" else State.NOT_LOADED
         why = result.skip_reason or "no reason recorded"
         return BackendVerdict(key, result.status, {c: CheckVerdict(c, state, detail=why) for c in CHECKS}, state, why)
-    ended = {"crashed": State.CRASHED, "timed_out": State.TIMED_OUT}.get(result.status)
+    ended = State(result.status.replace("_", " ")) if result.status in ENDED_EARLY else None
     crash = result.crash
     done = set(crash.finished_checks) if crash is not None else set()
     checks = {}
     for c in CHECKS:
-        if ended is not None and _RAN_BY.get(c) not in done:  # the gates never run for a backend that died
-            here = crash is not None and crash.check is not None and crash.check == _RAN_BY.get(c)
+        ran_by = _RAN_BY.get(c)
+        if ended is not None and ran_by not in done:  # the gates never run for a backend that died
+            here = crash is not None and ran_by is not None and crash.check == ran_by
             where = _short_cause(result) + (f" at {count(crash.batch_size)} rows" if here and crash.batch_size else "")
             checks[c] = CheckVerdict(c, ended, detail=where if here else f"not reached ({ended.value} earlier)")
         else:
             checks[c] = _check_verdict(result, c)
+    return BackendVerdict(key, result.status, checks, *_overall(result, checks, ended))
+
+
+def _overall(result: BackendResult, checks: dict[str, CheckVerdict], ended: State | None) -> tuple[State, str]:
     found = [c for c in (*INVARIANCE, "configurations") if checks[c].state is State.FAILED]
-    inv = result.batch_invariance
     if found:
-        parts = []
-        for c in found:
-            counts = checks[c].counts
-            said = counts.sentence() if counts is not None else "the same batch gives another dweight when run again"
-            parts.append(f"{c}: {said}" if c != "configurations" else f"configurations: {checks[c].detail}")
-        return BackendVerdict(key, result.status, checks, State.FAILED, "; ".join(parts))
+        other = {"dweight_repeatable": "the same batch gives another dweight when run again",
+                 "configurations": checks["configurations"].detail}  # fmt: skip
+        return State.FAILED, "; ".join(f"{c}: {checks[c].counts.sentence() if checks[c].counts else other[c]}"
+                                       for c in found)  # fmt: skip
     if ended is not None:
-        return BackendVerdict(key, result.status, checks, ended, crash_words(result).partition(": ")[2])
+        return ended, crash_words(result).partition(": ")[2]
+    inv = result.batch_invariance
     if inv is not None and inv.verdict == BY_CONSTRUCTION:
         why = "no row differs, but the launch changes with the row count and was not run at each value: "
-        return BackendVerdict(key, result.status, checks, State.BY_CONSTRUCTION, why + "; ".join(launch_lines(result)))
+        return State.BY_CONSTRUCTION, why + "; ".join(launch_lines(result))
     # an artifact without the three-state verdict (the reference report) keeps its bool: rows only
     if inv is not None and (inv.verdict == INVARIANT or (inv.verdict is None and inv.batch_invariant)):
         compared = sum((checks[c].counts.compared or 0) for c in ROW_CHECKS if checks[c].counts is not None)
         dweight = {State.PASSED: "dweight repeatable", State.NOT_RUN: "no dweight: forward only"}.get(
-            checks["dweight_repeatable"].state, "dweight not checked"
-        )
+            checks["dweight_repeatable"].state, "dweight not checked")  # fmt: skip
         launches = "no launch evidence in this artifact" if inv.verdict is None else checks["launch"].detail
-        return BackendVerdict(key, result.status, checks, State.PASSED, f"0 of {count(compared)} row comparisons "
-                              f"differ; {dweight}; {launches}")  # fmt: skip
+        return State.PASSED, f"0 of {count(compared)} row comparisons differ; {dweight}; {launches}"
     raised = [c for c in (*INVARIANCE, *LAUNCH) if checks[c].state is State.RAISED]
     if raised:
-        why = "; ".join(f"{c} raised {clip(checks[c].detail, 120)}" for c in raised)
-        return BackendVerdict(key, result.status, checks, State.RAISED, why)
-    return BackendVerdict(key, result.status, checks, State.NOT_RUN, "checks missing")
+        return State.RAISED, "; ".join(f"{c} raised {clip(checks[c].detail, 120)}" for c in raised)
+    return State.NOT_RUN, "checks missing"
 
 
 def run_verdicts(run: RunResult) -> dict[str, BackendVerdict]:
@@ -384,17 +349,15 @@ def run_verdicts(run: RunResult) -> dict[str, BackendVerdict]:
 def verdict_frame(run: RunResult) -> pd.DataFrame:
     """A backend per line, a check per column (and the overall verdict last), each cell the verdict's words."""
     rows = {k: {c: words for c, (_, words) in v.columns().items()} for k, v in run_verdicts(run).items()}
-    return pd.DataFrame.from_dict(rows, orient="index", columns=[*CHECKS, "batch_invariant"]).rename_axis("backend")
+    return pd.DataFrame.from_dict(rows, orient="index", columns=list(COLUMNS)).rename_axis("backend")
 
 
 def summary_lines(run: RunResult) -> list[str]:
     """The command line's summary: a line per backend, then a line per step that failed after the backends."""
     verdicts = run_verdicts(run)
     width = max((len(k) for k in verdicts), default=0)
-    lines = [f"  {k:<{width}} {v.sentence()}" for k, v in verdicts.items()]
-    for f in run.failed_steps or []:
-        lines.append(f"  step {f.step} failed: {clip(f.error, 160)}")
-    return lines
+    return [f"  {k:<{width}} {v.sentence()}" for k, v in verdicts.items()] + [
+        f"  step {f.step} failed: {clip(f.error, 160)}" for f in run.failed_steps or []]  # fmt: skip
 
 
 def records_line(kept: int, not_kept: int | None) -> str:
@@ -408,6 +371,7 @@ def records_line(kept: int, not_kept: int | None) -> str:
 
 _TENSOR_ORDER = ["y", "dx", "dz", "dweight"]
 _COUNT_COLUMNS = ["row comparisons", "y differs", "dx or dz differs", "y, dx or dz differs"]
+_COUNTED = [*_COUNT_COLUMNS, "records kept", "records not kept (max_records)", "max_ulp"]
 
 
 def differing_table(run: RunResult | None, records: pd.DataFrame | None) -> pd.DataFrame:
@@ -418,26 +382,20 @@ def differing_table(run: RunResult | None, records: pd.DataFrame | None) -> pd.D
     pairs = [(key, c) for key, v in verdicts.items() for c in INVARIANCE if v.checks[c].state is State.FAILED]
     if records is None or not len(records):
         records = pd.DataFrame(columns=["backend", "check", "tensor"])
-    for pair in records[["backend", "check"]].astype(str).drop_duplicates().itertuples(index=False, name=None):
-        pairs += [pair] if pair not in pairs else []
+    recorded = records[["backend", "check"]].astype(str)
+    pairs += [p for p in recorded.drop_duplicates().itertuples(index=False, name=None) if p not in pairs]
     rows = []
     for key, check in pairs:
-        sel = records[(records["backend"].astype(str) == key) & (records["check"].astype(str) == check)]
+        sel = records[(recorded["backend"] == key) & (recorded["check"] == check)]
         c = verdicts[key].checks[check].counts if key in verdicts and check in CHECKS else None
         tensors = sel["tensor"].astype(str).value_counts().to_dict()
         ranked = sorted(tensors, key=lambda t: _TENSOR_ORDER.index(t) if t in _TENSOR_ORDER else len(_TENSOR_ORDER))
         ulps = pd.to_numeric(sel["max_ulp"], errors="coerce").dropna() if "max_ulp" in sel else pd.Series([])
-        rows.append({
-            "backend": key,
-            "check": check,
-            "compares": COMPARES.get(check, ""),
-            **dict(zip(_COUNT_COLUMNS, [None] * 4 if c is None else [c.compared, c.y, c.grad, c.any], strict=True)),
-            "records kept": len(sel),
-            "records not kept (max_records)": c.not_kept if c else (0 if key in verdicts else None),
-            "records kept per tensor": ", ".join(f"{t} {tensors[t]:,}" for t in ranked),
-            "max_ulp": None if ulps.empty else int(ulps.max()),
-        })  # fmt: skip
-    columns = ["backend", "check", "compares", *_COUNT_COLUMNS, "records kept", "records not kept (max_records)",
-               "records kept per tensor", "max_ulp"]  # fmt: skip
-    counted = [*_COUNT_COLUMNS, "records kept", "records not kept (max_records)", "max_ulp"]
-    return pd.DataFrame(rows, columns=columns).astype(dict.fromkeys(counted, "Int64"))
+        counts = [None] * 4 if c is None else [c.compared, c.y, c.grad, c.any]
+        rows.append({"backend": key, "check": check, "compares": COMPARES.get(check, ""),
+                     **dict(zip(_COUNT_COLUMNS, counts, strict=True)), "records kept": len(sel),
+                     "records not kept (max_records)": c.not_kept if c else (0 if key in verdicts else None),
+                     "records kept per tensor": ", ".join(f"{t} {tensors[t]:,}" for t in ranked),
+                     "max_ulp": None if ulps.empty else int(ulps.max())})  # fmt: skip
+    columns = ["backend", "check", "compares", *_COUNTED[:-1], "records kept per tensor", "max_ulp"]
+    return pd.DataFrame(rows, columns=columns).astype(dict.fromkeys(_COUNTED, "Int64"))

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.results import RunResult, load_run
 from rlnorm.report.compare import compare_runs, plot_comparison
-from rlnorm.report.plots.common import BAD_COLOR, cpu_note, message, save, set_title
+from rlnorm.report.plots.common import BAD_COLOR, cpu_note, finish, message, save
 from rlnorm.report.plots.counts import plot_differing_rows, plot_verdict
 from rlnorm.report.plots.measures import plot_agreement, plot_error_distributions, plot_latency
 from rlnorm.report.plots.pairs import plot_stack_pairs
@@ -62,7 +62,6 @@ def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None
             fig = Figure(figsize=(8, 3), layout="constrained")
             message(fig.subplots(), f"plot '{name}' failed:\n{type(exc).__name__}: {clip(str(exc), 200)}",
                     color=BAD_COLOR)  # fmt: skip
-            set_title(fig, name, run)
-            save(fig, folder, name)
+            finish(fig, folder, name, name, run)
         paths[name] = folder / f"{name}.png"
     return paths

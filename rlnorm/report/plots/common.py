@@ -32,6 +32,12 @@ def save(fig: Figure, folder: Path | None, name: str) -> Figure:
     return fig
 
 
+def finish(fig: Figure, folder: Path | None, name: str, what: str, run: RunResult, extra: str | None = None) -> Figure:
+    """Title the figure (set_title) and save it as `<name>.png` in `folder` (if given)."""
+    set_title(fig, what, run, extra)
+    return save(fig, folder, name)
+
+
 def message(ax: Any, text: str, color: str = MISSING_COLOR, fontsize: float = 11) -> None:
     """Fill a panel with a message instead of data."""
     wrapped = "\n".join(textwrap.fill(line, 70) for line in text.split("\n"))
@@ -74,11 +80,6 @@ def cpu_note(run: RunResult) -> str | None:
         return None
     interp = " (Triton interpreted)" if run.environment.get("triton_interpret") == "1" else ""
     return f"CPU run{interp}: times say nothing about GPU speed"
-
-
-def rows_measured(run: RunResult) -> int | None:
-    rows = [r.accuracy_latency.rows for r in run.results.values() if r.accuracy_latency is not None]
-    return next((n for n in rows if n and n > 0), None)
 
 
 ADD_TENSORS = {"fwd_us": 1.0, "fwd_bwd_us": 8 / 3}  # the add moves 3 tensors; forward+backward must move 8

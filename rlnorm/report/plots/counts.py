@@ -14,10 +14,10 @@ from matplotlib import transforms as mtransforms
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from rlnorm.kit.results import RunResult
-from rlnorm.report.plots.common import BAD_COLOR, OK_COLOR, message, not_ran, save, set_title
+from rlnorm.kit.results import BackendResult, RunResult
+from rlnorm.report.plots.common import BAD_COLOR, MISSING_COLOR, OK_COLOR, finish, message, not_ran
 from rlnorm.report.verdict import (
-    CHECKS,
+    COLUMNS,
     COMPARES,
     INVARIANCE,
     STATE_COLORS,
@@ -28,7 +28,6 @@ from rlnorm.report.verdict import (
     run_verdicts,
 )
 
-COLUMNS = (*CHECKS, "batch_invariant")
 NOTES = {  # what each column compares, under its name
     "all_rows": "row in batch\nvs alone",
     "full_vs_sub_batches": "sub-batch\nvs full batch",
@@ -46,10 +45,16 @@ NOTES = {  # what each column compares, under its name
 NOTE_CHARS = 52  # one line of 7.5 pt fits the status column (2.5 cells of a 17-inch figure)
 
 
-def short_note(text: str) -> str:
-    """A skip or crash reason as one short line: its first clause (up to ';' or a newline) and, where it quotes an
-    exception, only the exception's message (`skipped: No module named 'vllm'`), clipped."""
-    first = str(text).split("\n")[0].split("; ")[0]
+def short_note(result: BackendResult) -> str:
+    """Why a backend's row looks as it does, in one short line ('' when it ran through): a skip's or crash's first
+    clause and, where it quotes an exception, only the exception's message (`skipped: No module named 'vllm'`)."""
+    if result.status in ("skipped", "failed"):
+        text = f"{result.status}: {result.skip_reason or 'no reason recorded'}"
+    else:
+        done = ", ".join(result.crash.finished_checks) if result.crash is not None else ""
+        text = crash_words(result, brief=True)
+        text += (f"; finished: {done}" if done else "; no check finished") if text else ""
+    first = text.split("\n")[0].split("; ")[0]
     status, _, why = first.partition(": ")
     quoted = re.split(r"\b[A-Z]\w*(?:Error|Exception): ", why)
     if len(quoted) > 1 and quoted[-1]:
@@ -67,27 +72,17 @@ def plot_verdict(run: RunResult, folder: Path | None = None) -> Figure:
     title = "Verdict per backend and check (bitwise: RL trainer and sampler must compute the same bits)"
     if not keys:
         message(ax, "no backends in this artifact")
-        set_title(fig, title, run)
-        return save(fig, folder, "verdict")
+        return finish(fig, folder, "verdict", title, run)
     states = list(State)
     grid = np.zeros((len(keys), len(COLUMNS)))
-    notes = []
+    notes = [short_note(run.results[key]) for key in keys]
     for i, key in enumerate(keys):
         v = verdicts[key]
-        for j, col in enumerate(COLUMNS):
-            if col == "batch_invariant":
-                state, text = v.overall, textwrap.fill(v.headline, 14)
-            else:
-                state, text = v.checks[col].state, v.checks[col].cell()
+        for j, col in enumerate(COLUMNS):  # the checks, then the overall verdict
+            cv = v.checks.get(col)
+            state, text = (cv.state, cv.cell()) if cv is not None else (v.overall, textwrap.fill(v.headline, 14))
             grid[i, j] = states.index(state)
             ax.text(j, i, text, ha="center", va="center", fontsize=8, linespacing=1.1)
-        result = run.results[key]
-        done = result.crash.finished_checks if result.crash is not None else []
-        crashed = crash_words(result, brief=True)
-        notes.append(crashed + (f"; finished: {', '.join(done)}" if done else "; no check finished") if crashed else "")
-        if result.status in ("skipped", "failed"):
-            notes[-1] = f"{result.status}: {result.skip_reason or 'no reason recorded'}"
-        notes[-1] = short_note(notes[-1])
     cmap = mcolors.ListedColormap([STATE_COLORS[s] for s in states])
     ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(states) - 0.5, aspect="auto")
     labels = [f"{c}\n{NOTES[c]}" for c in COLUMNS]
@@ -110,12 +105,9 @@ def plot_verdict(run: RunResult, folder: Path | None = None) -> Figure:
                   " summed over sizes and seeds")  # fmt: skip
     ax.set_ylabel("backend")
     used = [s for s in states if s.value in {states[int(g)].value for g in grid.flat}]
-    ax.legend(
-        handles=[Patch(facecolor=STATE_COLORS[s], edgecolor="#9e9e9e", label=s.value) for s in used],
-        loc="upper center", bbox_to_anchor=(0.5, -0.09), ncols=len(used), fontsize=9, frameon=False,
-    )  # fmt: skip
-    set_title(fig, title, run)
-    return save(fig, folder, "verdict")
+    ax.legend(handles=[Patch(facecolor=STATE_COLORS[s], edgecolor="#9e9e9e", label=s.value) for s in used],
+              loc="upper center", bbox_to_anchor=(0.5, -0.09), ncols=len(used), fontsize=9, frameon=False)  # fmt: skip
+    return finish(fig, folder, "verdict", title, run)
 
 
 TENSOR_STYLE = {  # marker, colour, vertical offset within a check's lane
@@ -133,12 +125,11 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
     if records is not None and {"backend", "check", "row", "tensor"} - set(records.columns):
         raise ValueError(f"records: expected the records table's columns, got {list(records.columns)}")
     verdicts = run_verdicts(run)
-    lanes: dict[str, list[str]] = {}
+    lanes: dict[str, list[str]] = {}  # per backend, the checks that found a difference, then those with records
     for key, v in verdicts.items():
-        sub = records[records["backend"] == key] if records is not None else None
-        checks = [c for c in INVARIANCE if v.checks[c].state is State.FAILED]
-        checks += [c for c in (sub["check"].astype(str).unique() if sub is not None else []) if c not in checks]
-        lanes[key] = checks
+        found = [c for c in INVARIANCE if v.checks[c].state is State.FAILED]
+        recorded = [] if records is None else records.loc[records["backend"] == key, "check"].astype(str).unique()
+        lanes[key] = list(dict.fromkeys([*found, *recorded]))
     heights = [0.9 + 0.62 * len(lanes[k]) if lanes[k] and records is not None else 0.75 for k in verdicts] or [1.0]
     fig = Figure(figsize=(12, 1.4 + sum(heights)), layout="constrained")
     axes = fig.subplots(len(heights), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
@@ -158,10 +149,10 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
             message(ax, "per-row records not available; " + said, fontsize=9)
             continue
         if not lanes[key]:
+            said = "no batch-invariance check ran" + (" before it stopped" if crashed else "")
             if counted:
-                message(ax, "nothing differs in " + ", ".join(counted) + " (bitwise identical)", color=OK_COLOR)
-            else:
-                message(ax, "no batch-invariance check ran" + (" before it stopped" if crashed else ""))
+                said = "nothing differs in " + ", ".join(counted) + " (bitwise identical)"
+            message(ax, said, color=OK_COLOR if counted else MISSING_COLOR)
             continue
         sub = records[records["backend"] == key]
         kept_total = not_kept_total = 0
@@ -171,8 +162,7 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
             in_check = sub[sub["check"].astype(str) == check]
             rows = pd.to_numeric(in_check["row"], errors="coerce")
             counts = v.checks[check].counts if check in v.checks else None
-            not_kept = None if counts is None else counts.not_kept
-            kept_total, not_kept_total = kept_total + len(in_check), not_kept_total + (not_kept or 0)
+            kept_total, not_kept_total = kept_total + len(in_check), not_kept_total + (counts.not_kept if counts else 0)
             if counts is not None:
                 labels.append(f"{check}\n{COMPARES[check]}\n{counts.short()} {counts.of()}")
             elif check == "dweight_repeatable":
@@ -196,14 +186,10 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
         ax.set_xlabel("row index in the generated case (one point per kept record)")
         ax.grid(axis="x", alpha=0.3)
         shown = set(sub.loc[pd.to_numeric(sub["row"], errors="coerce").notna(), "tensor"].astype(str))
-        handles = [
-            ax.scatter([], [], marker=TENSOR_STYLE[t][0], color=TENSOR_STYLE[t][1], label=t)
-            for t in TENSOR_STYLE
-            if t in shown
-        ]
+        handles = [ax.scatter([], [], marker=TENSOR_STYLE[t][0], color=TENSOR_STYLE[t][1], label=t)
+                   for t in TENSOR_STYLE if t in shown]  # fmt: skip
         if handles:
             ax.legend(handles=handles, title="tensor", fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
     what = ("Row comparisons that differ bitwise, per backend and check (a count is row comparisons: once per size "
             "and seed; a record is one differing row comparison and tensor)")  # fmt: skip
-    set_title(fig, what, run)
-    return save(fig, folder, "differing_rows")
+    return finish(fig, folder, "differing_rows", what, run)

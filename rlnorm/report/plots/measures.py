@@ -20,15 +20,13 @@ from rlnorm.report.plots.common import (
     THIS_COLOR,
     compact,
     cpu_note,
+    finish,
     fmt_ratio,
     fmt_us,
     message,
     missing_reason,
     own_add_us,
     roofline_ratio,
-    rows_measured,
-    save,
-    set_title,
 )
 from rlnorm.report.verdict import clip, crash_words
 
@@ -45,9 +43,8 @@ def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figu
     heights = [2.4 if accs[k] is not None and accs[k].fwd_ulp_hist else 0.9 for k in keys] or [1.0]
     fig = Figure(figsize=(12, 1.0 + sum(heights)), layout="constrained")
     axes = fig.subplots(len(heights), 2, squeeze=False, gridspec_kw={"height_ratios": heights})
-    if not keys:
-        message(axes[0, 0], "no backends in this artifact")
-        message(axes[0, 1], "no backends in this artifact")
+    for ax in axes[0] if not keys else ():
+        message(ax, "no backends in this artifact")
     for (ax_ulp, ax_abs), key in zip(axes, keys, strict=False):
         acc = accs[key]
         cr = None if acc is None else acc.fwd_correctly_rounded
@@ -64,14 +61,12 @@ def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figu
             colors = [OK_COLOR if k == "0" else (BAD_COLOR if k == "nan" or k.endswith("+") else "#ef6c00") for k in ks]
             ax_ulp.bar(xs, counts, color=colors, width=0.8)
             ax_ulp.set_xticks(xs, ks, fontsize=7)
-            if any(counts):
-                ax_ulp.set_yscale("log")
-                ax_ulp.set_ylim(0.5, max(counts) * 40)  # headroom for the count labels
+            if any(counts):  # headroom for the count labels
+                ax_ulp.set(yscale="log", ylim=(0.5, max(counts) * 40))
             for x, c in zip(xs, counts, strict=True):
                 if c > 0:
                     ax_ulp.text(x, c * 1.3, compact(c), ha="center", va="bottom", fontsize=7)
-            ax_ulp.set_ylabel("outputs (count)")
-            ax_ulp.set_xlabel("ulp distance to the correctly rounded value (bf16 ulps)")
+            ax_ulp.set(ylabel="outputs (count)", xlabel="ulp distance to the correctly rounded value (bf16 ulps)")
         hist = None if acc is None else acc.fwd_abs_err_hist
         if not hist or not hist.get("edges") or not hist.get("counts"):
             max_err = None if acc is None else acc.fwd_max_abs_err
@@ -86,8 +81,7 @@ def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figu
         if np.all(edges > 0):
             ax_abs.set_xscale("log")
         if counts_a.max(initial=0) > 0:
-            ax_abs.set_yscale("log")
-            ax_abs.set_ylim(bottom=0.5)
+            ax_abs.set(yscale="log", ylim=(0.5, None))
         zero = int(hist.get("zero") or 0)
         share = 100 * zero / max(zero + int(counts_a.sum()), 1)
         ax_abs.text(0.02, 0.95, f"exact (error 0): {zero:,} ({share:.2f}%)", transform=ax_abs.transAxes, va="top",
@@ -96,10 +90,8 @@ def plot_error_distributions(run: RunResult, folder: Path | None = None) -> Figu
             ax_abs.axvline(acc.fwd_max_abs_err, color=BAD_COLOR, ls="--", lw=1)
             ax_abs.text(acc.fwd_max_abs_err, 0.5, f" max {acc.fwd_max_abs_err:.3g}", color=BAD_COLOR, fontsize=7,
                         transform=ax_abs.get_xaxis_transform())  # fmt: skip
-        ax_abs.set_ylabel("outputs (count)")
-        ax_abs.set_xlabel("|y - y_fp64| (absolute error, log scale)")
-    set_title(fig, "Forward error distributions per backend", run)
-    return save(fig, folder, "error_distributions")
+        ax_abs.set(ylabel="outputs (count)", xlabel="|y - y_fp64| (absolute error, log scale)")
+    return finish(fig, folder, "error_distributions", "Forward error distributions per backend", run)
 
 
 def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
@@ -132,10 +124,9 @@ def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
                         fontsize=9, style="italic", color=BAD_COLOR if crashed else MISSING_COLOR)  # fmt: skip
                 continue
             lo, hi = getattr(acc, f"{field}_p20"), getattr(acc, f"{field}_p80")
-            tip = v
+            tip = v if lo is None or hi is None else max(v, hi)
             if lo is not None and hi is not None:
                 ax.errorbar([v], [y], xerr=[[max(v - lo, 0)], [max(hi - v, 0)]], fmt="none", ecolor="#222", capsize=3)
-                tip = max(v, hi)
             star = "*" if acc.ran_host_bound(field) else ""
             starred |= bool(star)
             ratio = roofline_ratio(acc, field)
@@ -147,29 +138,22 @@ def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
             ax.plot([a, a], [y - 0.42, y + 0.42], color=BAD_COLOR, ls="--", lw=1.4, label=label_add)
         if any(a is not None for a in adds):
             ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
-        if log:
-            ax.set_xscale("log")
-            ax.set_xlim(min(span) / 2.5, max(span) * 60)
-        else:
-            ax.set_xlim(0, max(span) * 1.5)
+        ax.set_xscale("log" if log else "linear")
+        ax.set_xlim(*((min(span) / 2.5, max(span) * 60) if log else (0, max(span) * 1.5)))
         ax.set_yticks(ys, keys)
         ax.set_ylim(len(keys) - 0.4, -0.6)
         ax.set_xlabel(f"time per call (us, median, {'log scale' if log else 'linear'}); whiskers p20-p80")
         ax.set_ylabel("backend")
         ax.grid(axis="x", alpha=0.3)
-    rows = rows_measured(run)
-    notes = [
-        f"{rows:,} rows" if rows else None,
-        "ratio: the time over the add timed beside that backend" if any_add else "roofline not measured",
-        cpu_note(run),
-        "* the GPU queue ran dry while timing: host overhead included" if starred else None,
-        "torch.add ran with the queue dry in some timing: the roofline may include host overhead"
-        if any(a is not None and a.ran_host_bound("add") for a in accs)
-        else None,
-    ]
+    rows = next((a.rows for a in accs if a is not None and a.rows and a.rows > 0), None)
+    add_dry = any(a is not None and a.ran_host_bound("add") for a in accs)
+    notes = [f"{rows:,} rows" if rows else None,
+             "ratio: the time over the add timed beside that backend" if any_add else "roofline not measured",
+             cpu_note(run), "* the GPU queue ran dry while timing: host overhead included" if starred else None,
+             "torch.add ran with the queue dry in some timing: the roofline may include host overhead" if add_dry
+             else None]  # fmt: skip
     what = "Latency per backend, against the torch.add timed beside it in the same run (lower is better)"
-    set_title(fig, what, run, " · ".join(n for n in notes if n) or None)
-    return save(fig, folder, "latency")
+    return finish(fig, folder, "latency", what, run, " · ".join(n for n in notes if n) or None)
 
 
 FLOOR = 1e-7  # agreement within 1e-7 of 1 takes the scale's last colour
@@ -191,9 +175,8 @@ def plot_agreement(run: RunResult, folder: Path | None = None) -> Figure:
         fig = Figure(figsize=(7, 3.2), layout="constrained")
         failed = [f for f in run.failed_steps or [] if f.step == "agreement"]
         text = f"agreement step failed: {clip(failed[0].error, 200)}" if failed else "no agreement matrix"
-        message(fig.subplots(), text, color=BAD_COLOR if failed else "#888888")
-        set_title(fig, title, run)
-        return save(fig, folder, "agreement")
+        message(fig.subplots(), text, color=BAD_COLOR if failed else MISSING_COLOR)
+        return finish(fig, folder, "agreement", title, run)
     k = len(a.backends)
     frac = np.array([[np.nan if v is None else v for v in row] for row in a.equal_fraction], dtype=float)
     norm = mcolors.FuncNorm(
@@ -214,8 +197,7 @@ def plot_agreement(run: RunResult, folder: Path | None = None) -> Figure:
             ax.text(j, i, _cell(f), ha="center", va="center", fontsize=8.5, color="white" if dark else "black")
     ax.set_xticks(range(k), a.backends, rotation=35, ha="right")
     ax.set_yticks(range(k), a.backends)
-    ax.set_xlabel("backend")
-    ax.set_ylabel("backend")
+    ax.set(xlabel="backend", ylabel="backend")
     cbar = fig.colorbar(im, ax=ax, shrink=0.8)
     cbar.set_ticks(TICKS, labels=["0" if t == 0 else f"{t:.7f}".rstrip("0") for t in TICKS])
     cbar.set_label("fraction of outputs bitwise equal (as in the cells)\n(green: all equal; grey: n/a)")
@@ -226,5 +208,4 @@ def plot_agreement(run: RunResult, folder: Path | None = None) -> Figure:
         lines.append("not in the matrix: " + ", ".join(left_out))
     if a.errors:
         lines.append("n/a: " + "; ".join(f"{key}: {clip(v, 60)}" for key, v in a.errors.items()))
-    set_title(fig, title, run, "\n".join(lines))
-    return save(fig, folder, "agreement")
+    return finish(fig, folder, "agreement", title, run, "\n".join(lines))

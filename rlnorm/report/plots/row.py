@@ -18,8 +18,7 @@ def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None, run: Run
     the correctly rounded value (bottom). Where the backend cannot run here (a GPU run read on a CPU), what the
     records hold instead: per recorded row, the columns that differed and the largest ulp distance. With the run's
     `run`, the title says where the run's numbers come from (GPU, commit, parameters)."""
-    c = expl.columns
-    s = expl.summary
+    c, s = expl.columns, expl.summary
     cols = np.asarray(c.index)
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.8), sharex=True)
     if run is not None:
@@ -34,11 +33,8 @@ def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None, run: Run
     diff = c[expl.diff_column].to_numpy()
     ax1.bar(cols, diff, color=np.where(diff != 0, "#e53935", "#9e9e9e"), width=0.9)
     what = f"row {s['row']} ({s['check']} {s['case']})" if "row" in s else f"{s['check']} {s['case']}"
-    ax1.set_title(
-        f"{s['backend']} {s['tensor']}, {what}: {s['cols_differ']}/{s['columns']} columns differ, "
-        f"max {s['max_ulp']} ulp",
-        fontsize=10,
-    )
+    ax1.set_title(f"{s['backend']} {s['tensor']}, {what}: {s['cols_differ']}/{s['columns']} columns differ, max "
+                  f"{s['max_ulp']} ulp", fontsize=10)  # fmt: skip
     if s["tensor"] == "dweight":
         ax1.set_ylabel("ulp, run 1 vs run 2", fontsize=8)
         sides = [("first run", "ulp_first_vs_fp64", "#1e88e5"), ("second run", "ulp_second_vs_fp64", "#fb8c00")]
@@ -69,11 +65,8 @@ def _plot_records(fig, axes, s, records: pd.DataFrame):
     rows = rec["row"].to_numpy()
     ax1.bar(np.arange(len(rec)), rec["cols_differ"].to_numpy(), color="#e53935", width=0.9)
     ax1.set_ylabel("columns that differ", fontsize=8)
-    ax1.set_title(
-        f"{s['backend']} cannot run on {s['device']}: the run's own records of {s['check']} "
-        f"({len(rec)} {s.get('tensor', '')} records)",
-        fontsize=10,
-    )
+    ax1.set_title(f"{s['backend']} cannot run on {s['device']}: the run's own records of {s['check']} ({len(rec)} "
+                  f"{s.get('tensor', '')} records)", fontsize=10)  # fmt: skip
     ax2.bar(np.arange(len(rec)), rec["max_ulp"].to_numpy(), color="#fb8c00", width=0.9)
     ax2.set_ylabel("largest ulp difference", fontsize=8)
     ax2.set_xlabel("recorded row (its index in the seeded case below each bar)")
