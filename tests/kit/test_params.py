@@ -16,16 +16,6 @@ PARAMS_DIR = REPO_ROOT / "params"
 FIELDS = [f.name for f in dataclasses.fields(RunParams)]
 
 
-def test_defaults_are_the_spec_protocol() -> None:
-    p = RunParams()
-    assert p.all_rows_sizes == [64, 257, 4097] and p.all_rows_seeds == [3, 4, 5]
-    assert p.sub_batches_rows == 262144 and p.sub_batch_sizes == [1, 7, 4097, 65536, 131072]
-    assert p.coverage == "all"
-    assert len(p.sweep_sizes) == 36 and p.sweep_sizes[:9] == list(range(1, 10)) and p.sweep_sizes[-1] == 4097
-    assert p.sweep_probe_rows == [0, 515, 1027, 1539, 2051, 2563, 3075, 4096]
-    assert p.accuracy_rows == 262144 and p.accuracy_seed == 11
-
-
 def test_parameter_files_differ_from_the_protocol_only_where_they_say() -> None:
     full, seed, kernel, quick = (load_params(PARAMS_DIR / f"{n}.yaml") for n in ("full", "seed", "kernel", "quick"))
     protocol = RunParams().as_dict()

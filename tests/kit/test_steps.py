@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY_SIZES
+from conftest import KIT_CHECKS, TINY_SIZES
 
 from rlnorm.kit import steps
 from rlnorm.kit.artifact import load_artifact, validate_artifact
@@ -39,8 +39,7 @@ class ExplodingSweep(Backend):
 
 
 TINY = {"name": "unit", "device": "cpu", "progress": False, **TINY_SIZES, "accuracy_rows": 31}
-TINY["checks"] = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "launch",
-                  "accuracy_latency", "agreement"]  # fmt: skip
+TINY["checks"] = [*KIT_CHECKS, "agreement"]
 
 
 @pytest.fixture(scope="module")
