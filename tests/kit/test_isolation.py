@@ -203,8 +203,8 @@ def test_run_child_says_how_its_child_ended() -> None:
     code = "import sys; print('out'); print('first', file=sys.stderr); print('last', file=sys.stderr); sys.exit(3)"
     end = run_child([sys.executable, "-c", code], 120, stdout=True)
     assert (end.returncode, end.exit_code, end.stdout, end.stderr_tail) == (3, 3, "out\n", "first\nlast")
-    end = run_child([sys.executable, "-c", "import time; time.sleep(600)"], 2)
-    assert end.timed_out and end.returncode == -signal.SIGKILL and end.cause == "timed out after 2 s"
+    end = run_child([sys.executable, "-c", "import time; time.sleep(600)"], 1)
+    assert end.timed_out and end.returncode == -signal.SIGKILL and end.cause == "timed out after 1 s"
 
 
 def test_a_child_and_what_it_started_end_when_the_parent_is_interrupted(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -39,11 +39,13 @@ class ExplodingSweep(Backend):
 
 
 TINY = {"name": "unit", "device": "cpu", "progress": False, **TINY_SIZES, "accuracy_rows": 31}
-TINY["checks"] = [*KIT_CHECKS, "agreement"]
+TINY["checks"] = [*KIT_CHECKS, "agreement", "trainer_sampler"]  # trainer_sampler: only where a test runs its step
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
+def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[steps.Run, steps.Run]:
+    """One run of fast backends: a copy as its backends left it (every step-failure test starts there), and the
+    run finished."""
     out = tmp_path_factory.mktemp("run") / "unit"
     params = load_params(
         {
@@ -55,9 +57,20 @@ def finished_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
     )
     run = steps.start_run(params)
     steps.run_backends(run)
+    done = copy.deepcopy(run)
     steps.run_agreement(run)
     steps.finish(run)
-    return run
+    return done, run
+
+
+@pytest.fixture(scope="module")
+def finished_run(ran: tuple[steps.Run, steps.Run]) -> steps.Run:
+    return ran[1]
+
+
+@pytest.fixture(scope="module")
+def backends_done(ran: tuple[steps.Run, steps.Run]) -> steps.Run:
+    return ran[0]
 
 
 def test_a_check_that_raises_is_recorded_and_the_run_goes_on(finished_run: steps.Run) -> None:
@@ -94,16 +107,6 @@ def test_artifact_and_records_are_written(finished_run: steps.Run) -> None:
 
 
 # -- a step after the backends that raises ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def backends_done(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
-    """One backend run, the state every step-failure test starts from."""
-    out = tmp_path_factory.mktemp("steps") / "done"
-    checks = ["all_rows", "agreement", "trainer_sampler"]
-    run = steps.start_run(load_params({**TINY, "backends": ["reference"], "checks": checks, "output_dir": str(out)}))
-    steps.run_backends(run)
-    return run
-
-
 def _resume(done: steps.Run, tmp_path: Path) -> steps.Run:
     """A copy of the run after its backends, staged in a folder of the test's own."""
     place_at = tmp_path / "run"
@@ -151,7 +154,7 @@ def _fail_trainer_sampler(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(steps, "run_child", _planted)
     steps.run_agreement(run)  # a step that works, before one that fails: its result stands too
     steps.run_trainer_sampler(run)
-    assert run.result.trainer_sampler is None and run.result.agreement.equal_fraction == [[1.0]]
+    assert run.result.trainer_sampler is None and run.result.agreement.equal_fraction[0][0] == 1.0
 
 
 def _fail_plots(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
