@@ -40,10 +40,6 @@ def test_cells_cover_every_token_once_and_pad_with_zeros():
     assert n == 59
     cells = build_cells(0)
     assert cells[0].name == "BN/full"
-    assert {c.name for c in cells} == {
-        "BN/full", "BN/chunked", "B1/full", "B1/chunked", "BN/padded-left", "BN/padded-right", "BN/permuted",
-        "BN/packed",
-    }  # fmt: skip
     for cell in cells:
         tokens = [t for call in cell.calls for t in call if t >= 0]
         assert sorted(tokens) == list(range(n)), cell.name
