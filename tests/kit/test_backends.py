@@ -190,7 +190,6 @@ def test_transformers_adapter_matches_the_module_own_autograd():
 
     b = load_backend("transformers")
     assert b.available("cpu") == (True, "")
-    assert b.source.startswith("transformers 5.") and "Qwen3NextRMSNormGated" in b.source
     case = make_case(7, 128, seed=3, weight_dtype=torch.float32)
     g = b.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
     mod = Qwen3NextRMSNormGated(128, eps=1e-6)
@@ -236,7 +235,6 @@ def test_fla_layernorm_gated_runs_and_is_close_to_the_reference(opts):
         # (3.7's squeezes it); our kernels avoid the construct, FLA's does not: the kit reports it as here
         pytest.skip(f"FLA's kernel cannot run in Triton {triton.__version__}'s interpreter: {why}")
     assert ok, why
-    assert b.source.startswith("FLA 0.5.2 layernorm_gated.rmsnorm_fn")
     case = make_case(7, 128, seed=3, weight_dtype=torch.float32)
     g = b.forward_backward(case.x, case.z, case.w, case.dy, opts)
     r = load_backend("reference").forward_backward(case.x, case.z, case.w, case.dy, opts)
@@ -265,7 +263,6 @@ def test_torch_compile_backend_compiles_and_is_close() -> None:
     if not ok:  # e.g. no C compiler: reported, not raised; CI has one, so there it must compile
         assert "probe" in why
         (pytest.fail if IN_CI else pytest.skip)(why)
-    assert "torch.compile" in b.source
     case = make_case(7, 128, seed=3)
     g = b.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
     r = load_backend("reference").forward_backward(case.x, case.z, case.w, case.dy, OPTS)
