@@ -55,16 +55,8 @@ class DeviceErrorOnTheCpu(DeviceErrorPastRows):
 
 def _params(tmp_path: Path, custom: list[str], **kw: object):
     raw = {"name": "iso", "device": "cpu", "progress": False, "backends": ["reference"], "custom_backends": custom}
-    return load_params(
-        {
-            **raw,
-            "checks": [*KIT_CHECKS, "agreement"],
-            **TINY_SIZES,
-            "launch_rows": 15,
-            "output_dir": str(tmp_path / "run"),
-            **kw,
-        }
-    )
+    raw |= {"checks": [*KIT_CHECKS, "agreement"], **TINY_SIZES, "launch_rows": 15, "output_dir": str(tmp_path / "run")}
+    return load_params({**raw, **kw})
 
 
 @pytest.fixture(scope="module")
