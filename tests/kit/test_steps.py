@@ -47,15 +47,11 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[steps.Run, steps.Run]
     """One run of fast backends: a copy as its backends left it (every step-failure test starts there), and the
     run finished."""
     out = tmp_path_factory.mktemp("run") / "unit"
-    params = load_params(
-        {
-            **TINY,
-            "output_dir": str(out),
-            "backends": ["reference"],  # skipped and unloadable backends: test_backends_vllm.py, test_isolation.py
-            "custom_backends": [FAULT, "test_steps:ExplodingSweep", NO_BACKWARD],
-        }
+    # skipped and unloadable backends: test_backends_vllm.py, test_isolation.py
+    custom = [FAULT, "test_steps:ExplodingSweep", NO_BACKWARD]
+    run = steps.start_run(
+        load_params({**TINY, "output_dir": str(out), "backends": ["reference"], "custom_backends": custom})
     )
-    run = steps.start_run(params)
     steps.run_backends(run)
     done = copy.deepcopy(run)
     steps.run_agreement(run)
@@ -109,16 +105,8 @@ def test_artifact_and_records_are_written(finished_run: steps.Run) -> None:
 # -- a step after the backends that raises ----------------------------------------------------------------------------
 def _resume(done: steps.Run, tmp_path: Path) -> steps.Run:
     """A copy of the run after its backends, staged in a folder of the test's own."""
-    place_at = tmp_path / "run"
-    run = steps.Run(
-        params=done.params,
-        device=done.device,
-        result=copy.deepcopy(done.result),
-        out=tmp_path / ".staging",
-        place_at=place_at,
-        records=list(done.records),
-        agreement_outputs=dict(done.agreement_outputs),
-    )
+    run = copy.deepcopy(done)  # its result, records and agreement outputs, staged afresh
+    run.out, run.place_at = tmp_path / ".staging", tmp_path / "run"
     run.out.mkdir()
     steps.write(run)
     return run
