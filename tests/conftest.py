@@ -195,26 +195,35 @@ TINY_SIZES: dict = {
 }
 
 
+# the checks a verdict needs (docs/spec.md §5.11), and the per-backend checks the suite's kit runs give: all but
+# configurations, which only its own tests (test_configurations.py) need
+ROW_CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "launch"]
+KIT_CHECKS = [*ROW_CHECKS, "accuracy_latency"]
+
 BATCH_FAULT = "tests.faults:BatchSizeDependentOutput"
 POSITION_FAULT = "tests.faults:PositionDependentOutput"
 DWEIGHT_FAULT = "tests.faults:NondeterministicDweight"
 UNLOADABLE = "no_such_package.anywhere:fn"
+SEGFAULT = "tests.faults:SegfaultPastRows"  # dies on its first batch of more than 50 rows
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real run (`python -m rlnorm run`, the notebook through papermill) at tiny sizes with every check, of
-    `reference`, three planted faulty backends and one that cannot be loaded, made once per pytest run and read
-    by the notebook tests (a couple of minutes of CPU)."""
+    """One real run (`python -m rlnorm run`, the notebook through papermill) at tiny sizes, of `reference`, three
+    planted faulty backends, one that segfaults and one that cannot be loaded, made once per pytest run and read by
+    the notebook and command line tests; the command's stderr is beside it, in stderr.txt."""
     base = tmp_path_factory.mktemp("tiny_runs")
     params = {"name": "tiny", "device": "cpu", "progress": False, "backends": ["reference"], **TINY_SIZES}
-    params["custom_backends"] = [BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT, UNLOADABLE]
+    params["custom_backends"] = [BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT, SEGFAULT, UNLOADABLE]
+    # stack_pairs starts processes of its own, proven by its own tests
+    params["checks"] = [*KIT_CHECKS, "contract_gates", "agreement", "digests"]
     (base / "tiny.yaml").write_text(json.dumps(params))  # JSON is YAML
     proc = subprocess.run(
         [sys.executable, "-m", "rlnorm", "run", str(base / "tiny.yaml"), "--outputs", str(base)],
         cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
-    # 4 (EXIT_BACKEND): complete, but a custom backend could not be loaded (a script must hear about it)
+    (base / "stderr.txt").write_text(proc.stderr)
+    # 4 (EXIT_BACKEND): complete, but a custom backend could not be loaded or crashed (a script must hear about it)
     assert proc.returncode == 4, f"tiny run: exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return base / "tiny"
 

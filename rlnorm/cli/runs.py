@@ -34,6 +34,9 @@ EXIT_EXISTS = 3  # the run folder exists and --force was not given: nothing ran
 EXIT_BACKEND = 4  # the run is complete, but a backend could not be loaded, crashed, timed out or a check raised
 EXIT_REQUIRED = 5  # the run is complete, but a backend `--require` names is not what it requires
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: nothing was written
+# seconds an interrupted matrix waits for each running combination to end on its own (a terminal's Ctrl-C reached
+# it), then after SIGTERM
+INTERRUPT_GRACE_S = (5.0, 60.0)
 # the worst first, for a batch's own exit status
 SEVERITY = (EXIT_INTERRUPTED, EXIT_CELL_FAILED, EXIT_EXISTS, EXIT_REQUIRED, EXIT_BACKEND)
 REQUIRABLE = ("invariant",)  # what `--require BACKEND=STATE` may ask for
@@ -149,7 +152,7 @@ def run_many(combos: Sequence[Combination], indices: Sequence[int], argv: Sequen
         # interrupted: a terminal's Ctrl-C reached every process of the group already; a SIGTERM sent to this one
         # alone did not, so those still running are told, and each unwinds its own staging folder
         pool.shutdown(wait=False, cancel_futures=True)
-        for grace, sig in ((5, None), (60, signal.SIGTERM)):
+        for grace, sig in zip(INTERRUPT_GRACE_S, (None, signal.SIGTERM), strict=True):
             with lock:
                 alive = [proc for proc in running if proc.poll() is None]
             for proc in alive if sig is not None else ():

@@ -5,6 +5,7 @@ guarantees."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,16 +14,15 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO_ROOT, RING_AND_HOLD, TINY_SIZES, Doorbell
+from conftest import KIT_CHECKS, REPO_ROOT, RING_AND_HOLD, ROW_CHECKS, SEGFAULT, TINY_SIZES, UNLOADABLE, Doorbell
 
 from rlnorm import cli
-from rlnorm.cli.runs import EXIT_BACKEND, EXIT_INTERRUPTED
+from rlnorm.cli.runs import EXIT_INTERRUPTED
 from rlnorm.report.index import INDEX_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.slow
 
-CHECKS = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "launch", "accuracy_latency"]
-FAST = {**TINY_SIZES, "device": "cpu", "backends": ["reference"], "checks": CHECKS}  # no gates: seconds a run
+FAST = {**TINY_SIZES, "device": "cpu", "backends": ["reference"], "checks": KIT_CHECKS}  # no gates: seconds a run
 
 
 def rlnorm(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:
@@ -40,7 +40,7 @@ def params_file(tmp_path: Path, stem: str, **values: object) -> str:
 @pytest.fixture(scope="module")
 def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     tmp = tmp_path_factory.mktemp("matrix")
-    f = params_file(tmp, "grid", checks=CHECKS[:5])  # the five a verdict needs; accuracy_latency only times
+    f = params_file(tmp, "grid", checks=ROW_CHECKS)  # accuracy_latency only times
     out = rlnorm("run", f, "-p", "activation", "[silu, sigmoid]", "--outputs", str(tmp / "o"), "--jobs", "2")
     return out, tmp / "o" / "grid"
 
@@ -65,23 +65,22 @@ def test_the_index_command_rebuilds_it_from_gathered_folders(matrix, tmp_path: P
     """As after a cluster's array tasks: the run folders gathered, the index built from them."""
     _, grid = matrix
     runs = sorted(str(p) for p in grid.iterdir() if p.is_dir())
-    proc = rlnorm("index", *runs, "--out", str(tmp_path / "idx"))
-    assert proc.returncode == 0, proc.stderr
+    assert cli.main(["index", *runs, "--out", str(tmp_path / "idx")]) == 0
     assert len(pd.read_csv(tmp_path / "idx" / SUMMARY_FILE)) == 2
     assert (tmp_path / "idx" / INDEX_FILE).read_text().count("<tr>") == 1 + 2, "a header and a line per run"
 
 
-def test_a_backend_that_fails_or_crashes_gives_a_nonzero_exit_and_a_complete_folder(tmp_path: Path, capsys) -> None:
-    faulty = ["no_such_module_xyz:norm", "tests.faults:SegfaultPastRows"]
-    f = params_file(tmp_path, "bad", backends=[], custom_backends=faulty)
-    proc = rlnorm("run", f, "--outputs", str(tmp_path / "o"), "--no-progress")
-    assert proc.returncode == EXIT_BACKEND, proc.stderr[-3000:]
-    assert "no_such_module_xyz:norm: failed: cannot load" in proc.stderr
-    assert "tests.faults:SegfaultPastRows: crashed: killed by SIGSEGV" in proc.stderr
-    folder = tmp_path / "o" / "bad"
+def test_a_backend_that_fails_or_crashes_gives_a_nonzero_exit_and_a_complete_folder(
+    tiny_run: Path, tmp_path: Path, capsys
+) -> None:
+    """conftest's tiny run holds a backend that cannot be loaded and one that segfaults: its fixture sees the run end
+    with EXIT_BACKEND; here, what the command said and that the folder it placed reads whole."""
+    said = (tiny_run.parent / "stderr.txt").read_text()
+    assert f"{UNLOADABLE}: failed: cannot load" in said and f"{SEGFAULT}: crashed: killed by SIGSEGV" in said
+    folder = Path(shutil.copytree(tiny_run, tmp_path / "tiny"))  # the pages below go beside the copy
     capsys.readouterr()
     assert cli.main(["validate", str(folder)]) == 0, "the run folder is complete"
-    assert cli.main(["investigate", str(folder), "--backend", "tests.faults:SegfaultPastRows"]) == 0
+    assert cli.main(["investigate", str(folder), "--backend", SEGFAULT]) == 0
     page = Path(capsys.readouterr().out.strip().splitlines()[-1])
     assert page.parent == folder and "died on a batch of 63 rows" in page.read_text()
     assert cli.main(["compare", "seed", str(folder)]) == 0 and (folder / "compare-seed.html").is_file()

@@ -43,6 +43,7 @@ def test_an_interrupt_reaches_every_running_combination(tmp_path: Path, monkeypa
     marks = [tmp_path / f"mark{k}" for k in range(2)]
     child = [sys.executable, "-c", CHILD, str(bell.port)]
     monkeypatch.setattr(runs, "_child_command", lambda index, argv: [*child, str(marks[index])])
+    monkeypatch.setattr(runs, "INTERRUPT_GRACE_S", (0.1, 60.0))  # the children here wait to be told: no Ctrl-C came
     combos = [Combination(params=None, folder=tmp_path / f"run{k}", values={}, source="t") for k in range(2)]  # type: ignore[arg-type]
     rang: list[int | AssertionError] = []
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -191,7 +190,6 @@ def test_transformers_adapter_matches_the_module_own_autograd():
 
     b = load_backend("transformers")
     assert b.available("cpu") == (True, "")
-    assert b.source.startswith("transformers 5.") and "Qwen3NextRMSNormGated" in b.source
     case = make_case(7, 128, seed=3, weight_dtype=torch.float32)
     g = b.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
     mod = Qwen3NextRMSNormGated(128, eps=1e-6)
@@ -221,6 +219,9 @@ def test_peers_refuse_what_their_sources_do_not_have():
         b.forward(case.x, None, case.w, OPTS)
     ok, why = load_backend("fla_layernorm_gated").supports(OpOptions(activation="sigmoid"))
     assert not ok and "silu" in why
+    fused = load_backend("fla_fused_norm_gate")  # its autotuner pinned to one config on a CPU: it runs here
+    assert fused.available("cpu") == (True, "") and fused.supports(OpOptions(activation="sigmoid")) == (True, "")
+    assert not fused.supports(OpOptions(group_size=64))[0] and not fused.supports(OpOptions(norm_before_gate=False))[0]
 
 
 @pytest.mark.parametrize(
@@ -234,7 +235,6 @@ def test_fla_layernorm_gated_runs_and_is_close_to_the_reference(opts):
         # (3.7's squeezes it); our kernels avoid the construct, FLA's does not: the kit reports it as here
         pytest.skip(f"FLA's kernel cannot run in Triton {triton.__version__}'s interpreter: {why}")
     assert ok, why
-    assert b.source.startswith("FLA 0.5.2 layernorm_gated.rmsnorm_fn")
     case = make_case(7, 128, seed=3, weight_dtype=torch.float32)
     g = b.forward_backward(case.x, case.z, case.w, case.dy, opts)
     r = load_backend("reference").forward_backward(case.x, case.z, case.w, case.dy, opts)
@@ -244,16 +244,6 @@ def test_fla_layernorm_gated_runs_and_is_close_to_the_reference(opts):
     torch.testing.assert_close(g.dx.float(), r.dx.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(g.dz.float(), r.dz.float(), rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(g.dw, r.dw, rtol=1e-3, atol=1e-3)
-
-
-def test_fla_fused_norm_gate_availability_and_options():
-    b = load_backend("fla_fused_norm_gate")
-    assert b.source.startswith("FLA 0.5.2 fused_norm_gate.rms_norm_gated")
-    ok, why = b.available("cpu")
-    assert (ok, why) == (True, "")  # on a CPU its autotuner is pinned to one config: the interpreter cannot time
-    assert b.supports(OpOptions(activation="sigmoid")) == (True, "")
-    assert not b.supports(OpOptions(group_size=64))[0]
-    assert not b.supports(OpOptions(norm_before_gate=False))[0]
 
 
 def test_rlnorm_backend_runs_on_the_cpu_and_matches_the_reference() -> None:
@@ -273,33 +263,8 @@ def test_torch_compile_backend_compiles_and_is_close() -> None:
     if not ok:  # e.g. no C compiler: reported, not raised; CI has one, so there it must compile
         assert "probe" in why
         (pytest.fail if IN_CI else pytest.skip)(why)
-    assert "torch.compile" in b.source
     case = make_case(7, 128, seed=3)
     g = b.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
     r = load_backend("reference").forward_backward(case.x, case.z, case.w, case.dy, OPTS)
     assert int(ulp_distance(g.y, r.y).max()) <= 1
     torch.testing.assert_close(g.dw.float(), r.dw.float(), rtol=2e-2, atol=2e-2)
-
-
-def test_custom_backend_file_by_import_path(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
-) -> None:
-    request.addfinalizer(lambda: sys.modules.pop("my_candidate_op", None))
-    (tmp_path / "my_candidate_op.py").write_text(
-        textwrap.dedent(
-            """
-            from rlnorm.kit.backends import Backend
-            from rlnorm.reference import rms_norm_gated_reference
-
-            class Candidate(Backend):
-                source = "my candidate"
-
-                def _fn(self, x, z, w, opts):
-                    return rms_norm_gated_reference(x, z, w, opts)
-            """
-        )
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    b = load_backend("my_candidate_op:Candidate")
-    assert b.key == "my_candidate_op:Candidate" and b.source == "my candidate"
-    assert b.available("cpu") == (True, "")

@@ -153,15 +153,8 @@ def test_reference_passes_every_invariance_check(backend: Backend) -> None:
     dw = J.dweight_repeatable(backend, OPTS, dweight_rows=257)
     assert dw.summary["dweight_repeatable"] is True
     for coverage in ("all", "sampled"):
-        fvs = J.full_vs_sub_batches(
-            backend,
-            OPTS,
-            sub_batches_rows=300,
-            sub_batch_sizes=(1, 7, 64),
-            sub_batches_seeds=(3,),
-            coverage=coverage,
-            sample_stride=50,
-        )
+        kw = {"sub_batches_rows": 300, "sub_batch_sizes": (1, 7, 64), "sub_batches_seeds": (3,), "sample_stride": 50}
+        fvs = J.full_vs_sub_batches(backend, OPTS, coverage=coverage, **kw)
         assert (fvs.summary["fwd_differ"], fvs.summary["rowgrad_differ"]) == (0, 0), fvs.summary
         assert "error" not in fvs.summary
     sw = J.batch_size_sweep(backend, OPTS, sweep_n=33, sweep_seeds=(3,))
@@ -263,10 +256,7 @@ def test_nondeterministic_dweight_is_caught_only_by_dweight_repeatable() -> None
     assert ar.summary["7"]["fwd_differ"] == ar.summary["7"]["rowgrad_differ"] == 0
     assert sw.summary["differ"] == fvs.summary["fwd_differ"] == fvs.summary["rowgrad_differ"] == 0
     assert invariant(ar, dw, fvs, sw) is False
-
-
-def test_order_dependent_dweight_is_repeatable() -> None:
-    """A serial fold is deterministic: dweight_repeatable must NOT flag it (the gates do)."""
+    # a serial fold is deterministic: dweight_repeatable must NOT flag it (the gates do)
     dw = J.dweight_repeatable(OrderDependentDweight(), OPTS, dweight_rows=257)
     assert dw.summary["dweight_repeatable"] is True and dw.records == []
 
@@ -320,7 +310,7 @@ def test_the_full_protocol_compares_2188_sampled_sub_batches_and_2520_sweep_rows
 
 
 def test_correctly_rounded_measure_can_fail() -> None:
-    rows = 8192
+    rows = 4096  # 5 double roundings at this seed
     exact = J.accuracy_latency(ExactOnce(), OPTS, accuracy_rows=rows, timing=False).summary
     dbl = J.accuracy_latency(DoubleRounding(), OPTS, accuracy_rows=rows, timing=False).summary
     trunc = J.accuracy_latency(Truncating(), OPTS, accuracy_rows=rows, timing=False).summary
@@ -442,19 +432,16 @@ def test_bad_parameters_name_themselves(call, error, match) -> None:  # type: ig
 
 
 def test_max_records_caps_records_not_counts() -> None:
-    fvs = J.full_vs_sub_batches(
-        PositionDependentOutput(),
-        OPTS,
-        sub_batches_rows=60,
-        sub_batch_sizes=(7,),
-        sub_batches_seeds=(3,),
-        max_records=5,
-    )
+    kw = {"sub_batches_rows": 60, "sub_batch_sizes": (7,), "sub_batches_seeds": (3,), "max_records": 5}
+    fvs = J.full_vs_sub_batches(PositionDependentOutput(), OPTS, **kw)
     assert len(fvs.records) == 5 and fvs.summary["fwd_differ"] > 5
     assert fvs.summary["records_dropped"] == fvs.summary["fwd_differ"] - 5
     ar = J.all_rows(PositionDependentOutput(), OPTS, all_rows_sizes=(7, 63), all_rows_seeds=(3,), max_records=1)
     assert len(ar.records) == 1
     assert (ar.summary["7"]["records_dropped"], ar.summary["63"]["records_dropped"]) == (1, 21)
+    dw = J.dweight_repeatable(NondeterministicDweight(), OPTS, dweight_rows=63, repeats=3, max_records=0)
+    assert dw.summary["dweight_repeatable"] is False and dw.records == []
+    assert dw.summary["records_dropped"] == 2  # each repeat that differed from the first
 
 
 # -- the CUDA-graph path (GPU only: run on the H200) ------------------------------------------------
@@ -541,36 +528,17 @@ class SlowHostAfterWarmup(ReferenceBackend):
 def test_accuracy_latency_flags_a_host_bound_forward_on_the_gpu() -> None:
     warmup = 1
     quick = 1 + warmup + 1  # the accuracy pass's forward, the warm-up, the clock's probe of the host time
-    s = J.accuracy_latency(
-        SlowHostAfterWarmup(quick),
-        OPTS,
-        accuracy_rows=4096,
-        timing_warmup=warmup,
-        timing_iters=20,
-        device="cuda",
-        progress=False,
-    ).summary
+    kw = {"accuracy_rows": 4096, "timing_warmup": warmup, "timing_iters": 20, "device": "cuda"}
+    s = J.accuracy_latency(SlowHostAfterWarmup(quick), OPTS, **kw).summary
     assert s["host_bound"] == {"add": False, "fwd": True}
     assert s["fwd_us"] > 1000  # the 3 ms host gaps are inside the events: the flag says so
-
-
-def test_dweight_repeatable_says_how_many_records_the_cap_dropped() -> None:
-    dw = J.dweight_repeatable(NondeterministicDweight(), OPTS, dweight_rows=257, repeats=3, max_records=0)
-    assert dw.summary["dweight_repeatable"] is False and dw.records == []
-    assert dw.summary["records_dropped"] == 2  # each repeat that differed from the first
 
 
 def test_the_trail_names_each_batch_before_the_backend_gets_it() -> None:
     """The breadcrumb a crashed backend leaves: the last batch named is the one it was given, rebuilt exactly."""
     seen: list[dict[str, Any]] = []
-    J.full_vs_sub_batches(
-        ReferenceBackend(),
-        OPTS,
-        sub_batches_rows=10,
-        sub_batch_sizes=(4,),
-        sub_batches_seeds=(5,),
-        trail=Trail(seen.append),
-    )
+    kw = {"sub_batches_rows": 10, "sub_batch_sizes": (4,), "sub_batches_seeds": (5,), "trail": Trail(seen.append)}
+    J.full_vs_sub_batches(ReferenceBackend(), OPTS, **kw)
     assert [s["batch"] for s in seen] == [
         {"kind": "slice", "start": s, "size": m} for s, m in ((0, 10), (0, 4), (8, 2))
     ]

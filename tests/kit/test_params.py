@@ -4,40 +4,11 @@ stops the run with a message naming it."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
-from conftest import REPO_ROOT
 
 from rlnorm.kit.params import CLI_KEYS, ParamsError, RunParams, load_params, params_from_namespace
-
-PARAMS_DIR = REPO_ROOT / "params"
-FIELDS = [f.name for f in dataclasses.fields(RunParams)]
-
-
-def test_defaults_are_the_spec_protocol() -> None:
-    p = RunParams()
-    assert p.all_rows_sizes == [64, 257, 4097] and p.all_rows_seeds == [3, 4, 5]
-    assert p.sub_batches_rows == 262144 and p.sub_batch_sizes == [1, 7, 4097, 65536, 131072]
-    assert p.coverage == "all"
-    assert len(p.sweep_sizes) == 36 and p.sweep_sizes[:9] == list(range(1, 10)) and p.sweep_sizes[-1] == 4097
-    assert p.sweep_probe_rows == [0, 515, 1027, 1539, 2051, 2563, 3075, 4096]
-    assert p.accuracy_rows == 262144 and p.accuracy_seed == 11
-
-
-def test_parameter_files_differ_from_the_protocol_only_where_they_say() -> None:
-    full, seed, kernel, quick = (load_params(PARAMS_DIR / f"{n}.yaml") for n in ("full", "seed", "kernel", "quick"))
-    protocol = RunParams().as_dict()
-
-    def diff(p: RunParams) -> set[str]:
-        return {k for k in FIELDS if getattr(p, k) != protocol[k]} - {"name", "params_file"}
-
-    assert diff(full) == {"backends"} and (full.name, full.params_file) == ("full", "params/full.yaml")
-    assert set(protocol["backends"]) - set(full.backends) == {"vllm_native_033", "vllm_native_batch_invariant_033"}
-    assert diff(seed) == {"coverage"} and seed.coverage == "sampled"
-    assert diff(kernel) == {"backends"} and kernel.backends == ["rlnorm", "fla_fused_norm_gate"]
-    assert quick.sub_batches_rows == 65 and quick.name == "quick" and "checks" not in diff(quick)
 
 
 def test_the_notebook_cell_gives_a_file_overrides_and_injected_names(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]

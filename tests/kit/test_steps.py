@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from conftest import TINY_SIZES
+from conftest import KIT_CHECKS, TINY_SIZES
 
 from rlnorm.kit import steps
 from rlnorm.kit.artifact import load_artifact, validate_artifact
@@ -39,26 +39,34 @@ class ExplodingSweep(Backend):
 
 
 TINY = {"name": "unit", "device": "cpu", "progress": False, **TINY_SIZES, "accuracy_rows": 31}
-TINY["checks"] = ["all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep", "launch",
-                  "accuracy_latency", "agreement"]  # fmt: skip
+TINY["checks"] = [*KIT_CHECKS, "agreement", "stack_pairs"]  # stack_pairs: only where a test runs its step
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
+def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[steps.Run, steps.Run]:
+    """One run of fast backends: a copy as its backends left it (every step-failure test starts there), and the
+    run finished."""
     out = tmp_path_factory.mktemp("run") / "unit"
-    params = load_params(
-        {
-            **TINY,
-            "output_dir": str(out),
-            "backends": ["reference"],  # skipped and unloadable backends: test_backends_vllm.py, test_isolation.py
-            "custom_backends": [FAULT, "test_steps:ExplodingSweep", NO_BACKWARD],
-        }
+    # skipped and unloadable backends: test_backends_vllm.py, test_isolation.py
+    custom = [FAULT, "test_steps:ExplodingSweep", NO_BACKWARD]
+    run = steps.start_run(
+        load_params({**TINY, "output_dir": str(out), "backends": ["reference"], "custom_backends": custom})
     )
-    run = steps.start_run(params)
     steps.run_backends(run)
+    done = copy.deepcopy(run)
     steps.run_agreement(run)
     steps.finish(run)
-    return run
+    return done, run
+
+
+@pytest.fixture(scope="module")
+def finished_run(ran: tuple[steps.Run, steps.Run]) -> steps.Run:
+    return ran[1]
+
+
+@pytest.fixture(scope="module")
+def backends_done(ran: tuple[steps.Run, steps.Run]) -> steps.Run:
+    return ran[0]
 
 
 def test_a_check_that_raises_is_recorded_and_the_run_goes_on(finished_run: steps.Run) -> None:
@@ -95,28 +103,10 @@ def test_artifact_and_records_are_written(finished_run: steps.Run) -> None:
 
 
 # -- a step after the backends that raises ----------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def backends_done(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
-    """One backend run, the state every step-failure test starts from."""
-    out = tmp_path_factory.mktemp("steps") / "done"
-    checks = ["all_rows", "agreement", "stack_pairs"]
-    run = steps.start_run(load_params({**TINY, "backends": ["reference"], "checks": checks, "output_dir": str(out)}))
-    steps.run_backends(run)
-    return run
-
-
 def _resume(done: steps.Run, tmp_path: Path) -> steps.Run:
     """A copy of the run after its backends, staged in a folder of the test's own."""
-    place_at = tmp_path / "run"
-    run = steps.Run(
-        params=done.params,
-        device=done.device,
-        result=copy.deepcopy(done.result),
-        out=tmp_path / ".staging",
-        place_at=place_at,
-        records=list(done.records),
-        agreement_outputs=dict(done.agreement_outputs),
-    )
+    run = copy.deepcopy(done)  # its result, records and agreement outputs, staged afresh
+    run.out, run.place_at = tmp_path / ".staging", tmp_path / "run"
     run.out.mkdir()
     steps.write(run)
     return run
@@ -152,7 +142,7 @@ def _fail_stack_pairs(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steps, "run_child", _planted)
     steps.run_agreement(run)  # a step that works, before one that fails: its result stands too
     steps.run_stack_pairs(run)
-    assert run.result.stack_pairs is None and run.result.agreement.equal_fraction == [[1.0]]
+    assert run.result.stack_pairs is None and run.result.agreement.equal_fraction[0][0] == 1.0
 
 
 def _fail_plots(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:

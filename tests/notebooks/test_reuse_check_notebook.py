@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import BATCH_FAULT, DWEIGHT_FAULT, POSITION_FAULT, UNLOADABLE
+from conftest import BATCH_FAULT, DWEIGHT_FAULT, POSITION_FAULT, SEGFAULT, UNLOADABLE
 
 from rlnorm.kit.artifact import load_artifact
 from rlnorm.kit.results import to_json
@@ -59,12 +59,13 @@ def test_artifact_is_schema_valid_with_every_backend_and_its_status(tiny_run: Pa
     assert art["quick"] is True and art["params"]["name"] == "tiny" and art["param_set"] == "tiny"
     assert art["environment"]["gpu"] == "cpu" and art["environment"]["libraries"]["torch"]
     results = art["results"]
-    assert set(results) == {"reference", UNLOADABLE, *FAULTS}
+    assert set(results) == {"reference", UNLOADABLE, SEGFAULT, *FAULTS}
     for key, r in results.items():
         assert r["status"] in ("ran", "skipped", "failed", "crashed", "timed_out"), key
         if r["status"] != "ran":
             assert r["skip_reason"], f"{key} was not run and says why"
     assert results[UNLOADABLE]["status"] == "failed" and "no_such_package" in results[UNLOADABLE]["skip_reason"]
+    assert results[SEGFAULT]["status"] == "crashed" and results[SEGFAULT]["crash"]["signal"] == "SIGSEGV"
 
     ref = results["reference"]
     assert ref["status"] == "ran" and not ref["errors"]
@@ -123,7 +124,6 @@ def test_html_reads_without_code_and_leads_with_its_verdict(tiny_run: Path) -> N
     assert verdict < backend_line < first_png < body.index("Backends, each in a process of its own") < params
     assert body.index(art["created_at"]) < first_png, "the run's identity is on the first screen"
     assert "appears here when the run has finished" not in body, "every placeholder was filled"
-    assert "Reading the gradient gate" in body
 
 
 def test_the_notebook_itself_refuses_unknown_parameters(outputs_dir: Path) -> None:
