@@ -12,7 +12,9 @@ from conftest import REPO_ROOT
 TOOLS = REPO_ROOT / "tools"
 
 
-@pytest.mark.parametrize("name", ["compile_sm90.py", "ncu_fwd.py", "kernel_gpu_check.py", "dweight_gpu_check.py"])
+@pytest.mark.parametrize(
+    "name", ["compile_sm90.py", "ncu_fwd.py", "kernel_gpu_check.py", "dweight_gpu_check.py", "lab_check.py"]
+)
 def test_a_tool_prints_its_help_on_the_cpu(name, monkeypatch, capsys):
     monkeypatch.setattr(sys, "path", list(sys.path))  # the tool puts the checkout first; undone after
     monkeypatch.setattr(sys, "argv", [str(TOOLS / name), "--help"])
