@@ -27,10 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
-
 from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error
-from rlnorm.options import OpOptions
 
 __all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "Pin", "StackFiles", "StackRow", "find", "installed", "load"]
 __all__ += ["load_file", "read_function", "unpack"]
@@ -312,7 +309,6 @@ class StackRow(Backend):
     files missing or failing to load are the reason it cannot run."""
 
     pin: Pin
-    needs_gate = False
 
     def __init__(self, files: str | Path | None = None) -> None:
         super().__init__()
@@ -346,10 +342,3 @@ class StackRow(Backend):
             pinned = f"{self.pin.dist} {self.pin.version}"
             return f"{pinned}'s files under {self.files.root} do not load: {describe_error(exc)}"
         return None
-
-    def _check(self, x: Tensor, z: Tensor | None, opts: OpOptions) -> None:
-        ok, why = self.supports(opts)
-        if not ok:
-            raise BackendUnavailable(f"{self.key}: {why}")
-        if self.needs_gate and z is None:
-            raise BackendUnavailable(f"{self.key}: needs a gate z (the stack's layer always passes one)")

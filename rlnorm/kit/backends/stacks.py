@@ -19,14 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlnorm.kit.backends import check_inputs, describe_error
+from rlnorm.kit.backends import check_inputs, describe_error, only_qwen_options
 from rlnorm.kit.backends import stack_files as sf
+from rlnorm.kit.backends import vllm_native as vn
 from rlnorm.kit.backends.vllm import VllmBackend
-from rlnorm.kit.backends.vllm_native import (
-    VllmNativeBackend,
-    VllmNativeBatchInvariantBackend,
-    VllmNativeCompiledBackend,
-)
 from rlnorm.options import OpOptions
 
 __all__ = ["MegatronGdnBackend", "MegatronGdnBatchInvariantBackend", "SglangFusedNormGateBackend"]
@@ -37,16 +33,6 @@ __all__ += ["VllmNativeCompiled033Backend", "sglang_modules"]
 
 def _interp() -> str:
     return "" if torch.cuda.is_available() else ", under the Triton interpreter"
-
-
-def _only_qwen_options(opts: OpOptions, who: str, activations: tuple[str, ...] = ("silu",)) -> tuple[bool, str]:
-    if opts.group_size is not None:
-        return False, f"{who} has no group_size (it normalises the whole row)"
-    if not opts.norm_before_gate:
-        return False, f"{who} only norms before the gate (norm_before_gate=True)"
-    if opts.activation not in activations:
-        return False, f"{who} has no activation {opts.activation} (only {', '.join(activations)})"
-    return True, ""
 
 
 # -- SGLang 0.5.23 -----------------------------------------------------------------------------------------------
@@ -111,7 +97,7 @@ class _SglangRow(sf.StackRow):
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         if not check_inputs(x, z, w, opts):
             return torch.empty_like(x)
-        self._check(x, z, opts)
+        self._check(z, opts)
         mod = self._module(x.shape[-1], w, opts)
         mod.weight = nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         with torch.no_grad():
@@ -135,7 +121,7 @@ class SglangFusedNormGateBackend(_SglangRow):
         )
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return _only_qwen_options(opts, "FusedRMSNormGated", ("silu", "sigmoid"))
+        return only_qwen_options(opts, "FusedRMSNormGated", ("silu", "sigmoid"))
 
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
         cls = self.loaded()["fused_norm_gate"].FusedRMSNormGated
@@ -196,10 +182,10 @@ class TorchtitanBackend(sf.StackRow):
         return sf.read_function(path, "RMSNormGated.forward", {"torch": torch, "F": F})
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return _only_qwen_options(opts, "TorchTitan's RMSNormGated")
+        return only_qwen_options(opts, "TorchTitan's RMSNormGated")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._check(x, z, opts)
+        self._check(z, opts)
         return self.loaded()(types.SimpleNamespace(eps=opts.eps, weight=w), x, z)
 
 
@@ -226,13 +212,13 @@ class _MegatronRow(sf.StackRow):
         return sf.read_function(path, "_GDNBase._apply_gated_norm", {"jit_fuser": self.jit_fuser})
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return _only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
+        return only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
 
     def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
         raise NotImplementedError
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._check(x, z, opts)
+        self._check(z, opts)
         layer = types.SimpleNamespace(out_norm=self.out_norm(w, opts), act_fn=F.silu)
         y = self.loaded()(layer, x, z)
         return y.reshape(x.shape)
@@ -316,13 +302,13 @@ class Vllm033Backend(VllmBackend):
     key, pin, imports = "vllm_033", _VLLM_033, False
 
 
-class VllmNative033Backend(VllmNativeBackend):
+class VllmNative033Backend(vn.VllmNativeBackend):
     key, pin = "vllm_native_033", _VLLM_033
 
 
-class VllmNativeCompiled033Backend(VllmNativeCompiledBackend):
+class VllmNativeCompiled033Backend(vn.VllmNativeCompiledBackend):
     key, pin = "vllm_native_compiled_033", _VLLM_033
 
 
-class VllmNativeBatchInvariant033Backend(VllmNativeBatchInvariantBackend):
+class VllmNativeBatchInvariant033Backend(vn.VllmNativeBatchInvariantBackend):
     key, pin = "vllm_native_batch_invariant_033", _VLLM_033

@@ -15,9 +15,7 @@ that they give forward_native's bits.
 
 from __future__ import annotations
 
-import itertools
 import os
-import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlnorm.kit.backends import BackendUnavailable, check_inputs
+from rlnorm.kit.backends import BackendUnavailable, check_inputs, fresh_function
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.options import OpOptions
 
@@ -38,7 +36,6 @@ __all__ += ["native_call", "vllm_inductor_options"]
 # The rows vLLM's profile run traces the graph at: offline max_num_batched_tokens on an H200 (16384) x
 # Qwen3-Next-80B's 32 value heads over tensor parallel 2 (the norm sees one row per token and head).
 COMPILE_ROWS = 16384 * 16
-_CODE_IDS = itertools.count()
 
 
 def native_call(
@@ -138,20 +135,16 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
         def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
             return native_call(forward_static, x, z, w, opts)
 
-        # Dynamo keeps compiled graphs per code object, and with every guard dropped the first graph of a code
-        # object would serve every later closure (other options, dtypes): each key gets a code object of its own
-        code = op.__code__.replace(co_name=f"vllm_native_compiled_{next(_CODE_IDS)}")
-        fresh = types.FunctionType(code, op.__globals__, code.co_name, op.__defaults__, op.__closure__)
+        # every guard dropped: the first graph of a code object would serve every later closure (other options)
         options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": _skip_all_guards()}
-        fn = torch.compile(fresh, fullgraph=True, dynamic=False, backend="inductor", options=options)
+        fn = torch.compile(fresh_function(op), fullgraph=True, dynamic=False, backend="inductor", options=options)
         # the one compile, at the profile run's size, with the row dimension dynamic (backed), as vLLM marks it
         gen = torch.Generator().manual_seed(0)
         shape = (self.compile_rows, x.shape[-1])
-        xh = torch.randn(shape, generator=gen).to(device=x.device, dtype=x.dtype)
-        zh = None if z is None else torch.randn(shape, generator=gen).to(device=z.device, dtype=z.dtype)
-        torch._dynamo.mark_dynamic(xh, 0)
-        if zh is not None:
-            torch._dynamo.mark_dynamic(zh, 0)
+        xh, zh = (None if t is None else torch.randn(shape, generator=gen).to(t) for t in (x, z))
+        for t in (xh, zh):
+            if t is not None:
+                torch._dynamo.mark_dynamic(t, 0)
         fn(xh, zh, w.contiguous())
         return fn
 
