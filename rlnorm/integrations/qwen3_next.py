@@ -65,6 +65,13 @@ def torch_delta_rule() -> Iterator[None]:
             setattr(mq, name, fn)
 
 
+def _holding(norm: nn.Module, weight: torch.Tensor | None) -> nn.Module:
+    if weight is not None:
+        with torch.no_grad():
+            norm.weight.copy_(weight)
+    return norm
+
+
 def _first_linear_layer(config: Any) -> int:
     for i, kind in enumerate(config.layer_types):
         if kind == "linear_attention":
@@ -85,9 +92,7 @@ def transformers_norm(
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
     layer = Qwen3NextGatedDeltaNet(config, _first_linear_layer(config)).to(device=device, dtype=dtype)
-    if weight is not None:
-        with torch.no_grad():
-            layer.norm.weight.copy_(weight)
+    _holding(layer.norm, weight)
     if patched:
         apply_rlnorm_to_qwen3_next(layer)
     return layer.norm
@@ -124,18 +129,10 @@ def vllm_norm(
     try:
         plugin.register() if patched else plugin.unregister()
         with set_current_vllm_config(vllm_config):
+            gate = {"group_size": None, "norm_before_gate": True, "activation": sampler_activation(config)}
             layer = RMSNormGated(
-                config.linear_value_head_dim,
-                eps=config.rms_norm_eps,
-                group_size=None,
-                norm_before_gate=True,
-                activation=sampler_activation(config),
-                device=device,
-                dtype=dtype,
+                config.linear_value_head_dim, eps=config.rms_norm_eps, **gate, device=device, dtype=dtype
             )
     finally:
         plugin.register() if was else plugin.unregister()
-    if weight is not None:
-        with torch.no_grad():
-            layer.weight.copy_(weight)
-    return layer
+    return _holding(layer, weight)

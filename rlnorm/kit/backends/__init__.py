@@ -463,11 +463,7 @@ class TorchCompileBackend(Backend):
     GRAPH = "torch.compile(rlnorm.reference.rms_norm_gated_reference)"  # the `configurations` check's kernel
     # torch.compile's arguments per graph: "default" as a user calls it (static shapes, then a dynamic graph once
     # the row count changes); "dynamic" / "static" forced by the `configurations` check
-    MODES: ClassVar[dict[str, dict[str, bool]]] = {
-        "default": {},
-        "dynamic": {"dynamic": True},
-        "static": {"dynamic": False},
-    }
+    MODES: ClassVar[dict[str, dict]] = {"default": {}, "dynamic": {"dynamic": True}, "static": {"dynamic": False}}
 
     def __init__(self) -> None:
         super().__init__()

@@ -13,15 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, Grads, dist_version, only_qwen_options
-from rlnorm.kit.backends.pins import (
-    Setting,
-    autotuner,
-    autotuner_settings,
-    config_words,
-    kernel_name,
-    pin_first_configs,
-)
+from rlnorm.kit.backends import Backend, Grads, dist_version, only_qwen_options, pins
 from rlnorm.options import OpOptions
 
 
@@ -106,10 +98,10 @@ class FlaFusedNormGateBackend(Backend):
         wide = [fng.layer_norm_gated_fwd_kernel1, fng.layer_norm_gated_bwd_kernel1]
         # the launchers' split: one row per program past 512 columns (layer_norm_gated_fwd / _bwd)
         kernels = narrow + wide if d is None else narrow if d <= 512 else wide
-        return [autotuner(k) for k in kernels]
+        return [pins.autotuner(k) for k in kernels]
 
     def _untimed(self, x: Tensor) -> AbstractContextManager[Any]:
-        return pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
+        return pins.pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         with self._untimed(x):
@@ -119,14 +111,14 @@ class FlaFusedNormGateBackend(Backend):
         with self._untimed(x):
             return super().forward_backward(x, z, w, dy, opts)
 
-    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[pins.Setting]:
         """Every config of the forward's and the backward's autotuner (any of them may win the timing at a row
         count); under the interpreter, which ignores num_warps and num_stages, one per set of constexprs."""
         tuners = self._autotuners(d)
         interp = torch.device(device).type == "cpu"
-        out = autotuner_settings(tuners, distinct_kwargs_only=interp)
+        out = pins.autotuner_settings(tuners, distinct_kwargs_only=interp)
         if interp:
             why = "the Triton interpreter ignores num_warps and num_stages: only a GPU runs them"
-            out += [Setting(kernel_name(at), "config", config_words(c), why=why)
+            out += [pins.Setting(pins.kernel_name(at), "config", pins.config_words(c), why=why)
                     for at in tuners for c in at.configs if c.num_warps != at.configs[0].num_warps]  # fmt: skip
         return out

@@ -43,6 +43,10 @@ def _capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
 
 
+def _no_server_config() -> Any:
+    raise ValueError("no server config is published here")
+
+
 def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, types.ModuleType]:
     """SGLang's fused_norm_gate and layernorm_gated modules, executed from its files with `pin.stood_in` standing
     in; `batch_invariant` is what is_batch_invariant_mode_enabled() answers (--enable-deterministic-inference)."""
@@ -54,9 +58,7 @@ def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, typ
         cdiv=sf.read_function(common, "cdiv", {}),
         next_power_of_2=sf.read_function(common, "next_power_of_2", {}),
         device_context=sf.read_function(common, "device_context", ctx_scope),
-        is_cpu=lambda: False,
-        is_npu=lambda: False,
-        cpu_has_amx_support=lambda: False,
+        **dict.fromkeys(("is_cpu", "is_npu", "cpu_has_amx_support"), lambda: False),
     )
     jit = types.ModuleType("sglang.kernels.jit.utils")
     jit.__dict__.update(
@@ -66,17 +68,9 @@ def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, typ
     bio = types.ModuleType("sglang.srt.batch_invariant_ops")
     bio.__dict__.update(is_batch_invariant_mode_enabled=lambda: batch_invariant)
     runtime = types.ModuleType("sglang.srt.runtime_context")
-
-    def get_exec() -> Any:
-        raise ValueError("no server config is published here")
-
-    runtime.__dict__.update(get_exec=get_exec)
-    modules = [
-        "sglang/srt/model_executor/cuda_graph_config.py",
-        "sglang/kernels/ops/attention/fla/fused_norm_gate.py",
-        "sglang/kernels/ops/attention/fla/layernorm_gated.py",
-    ]
-    loaded = sf.load(files, modules, [utils, jit, bio, runtime])
+    runtime.get_exec = _no_server_config  # type: ignore[attr-defined]
+    norms = [_SGL.replace(".", "/") + f"{m}.py" for m in ("fused_norm_gate", "layernorm_gated")]
+    loaded = sf.load(files, ["sglang/srt/model_executor/cuda_graph_config.py", *norms], [utils, jit, bio, runtime])
     lg = loaded[_SGL + "layernorm_gated"]
     if _capability() is None:  # its torch.cuda query has no answer on a CPU: torch's threads, as vLLM's CPU platform
         lg._get_sm_count = functools.cache(lambda device: torch.get_num_threads())
@@ -90,9 +84,6 @@ class _SglangRow(sf.StackRow):
 
     def _load(self) -> Any:
         return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
-
-    def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
-        raise NotImplementedError
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         if not check_inputs(x, z, w, opts):
@@ -148,16 +139,7 @@ class SglangLayernormGatedBackend(_SglangRow):
         return f"{built}, {mode}{_interp()}"
 
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
-        cls = self.loaded()["layernorm_gated"].RMSNorm
-        return cls(
-            d,
-            eps=opts.eps,
-            group_size=opts.group_size,
-            norm_before_gate=opts.norm_before_gate,
-            device=w.device,
-            dtype=w.dtype,
-            activation=opts.activation,
-        )
+        return self.loaded()["layernorm_gated"].RMSNorm(d, **opts.as_dict(), device=w.device, dtype=w.dtype)
 
 
 class SglangLayernormGatedDeterministicBackend(SglangLayernormGatedBackend):
@@ -214,14 +196,10 @@ class _MegatronRow(sf.StackRow):
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
         return only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
 
-    def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
-        raise NotImplementedError
-
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         self._check(z, opts)
         layer = types.SimpleNamespace(out_norm=self.out_norm(w, opts), act_fn=F.silu)
-        y = self.loaded()(layer, x, z)
-        return y.reshape(x.shape)
+        return self.loaded()(layer, x, z).reshape(x.shape)
 
 
 class MegatronGdnBackend(_MegatronRow):
@@ -238,7 +216,7 @@ class MegatronGdnBackend(_MegatronRow):
         try:
             import transformer_engine.pytorch  # noqa: F401
         except Exception as exc:
-            return f"needs Transformer Engine: {describe_error(exc)}".splitlines()[0][:160]
+            return f"needs Transformer Engine: {describe_error(exc)}"[:160]
         return super()._import_reason()
 
     def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:

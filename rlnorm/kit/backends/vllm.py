@@ -1,13 +1,10 @@
 """The `vllm` backend: vLLM's `RMSNormGated.forward_cuda`, forward only (docs/spec.md §6, docs/vllm.md).
 
 forward_cuda is one call, `layernorm_guard.rmsnorm_fn(x, weight, None, z=z, **options)`, a Triton kernel (no
-autograd), what `enforce_eager=True` runs. What runs is decided once (`plan`) and said in `source`: where vllm
-imports, the real module under a vLLM config with our weight (without a GPU: CUDA_VISIBLE_DEVICES="" so vLLM keeps
-Triton, and the interpreter); where it cannot import, `rmsnorm_fn` from vLLM's own files (`stack_files`, the pin
-`PINS["vllm"]`); else nothing, with the reason (stacks.py's `vllm_033`: this row on 0.33.0's pin, files only). The
-first import happens in a CHILD process (`--probe DEVICE`) that also runs forward_cuda on a tiny input, so a failing,
-crashing or hanging import is reported with vLLM's own error and vLLM's import-time patches of torch stay out of the
-kit's process.
+autograd). What runs is decided once (`plan`) and said in `source`: the imported module where vllm imports, else
+`rmsnorm_fn` from vLLM's own files (`stack_files`), else nothing, with the reason. vllm is first imported in a CHILD
+process (`--probe DEVICE`), so a failing or hanging import is reported with vLLM's own error and its import-time
+patches of torch stay out of the kit's process.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs, describe_error, dist_version
+from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error, dist_version
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.process import run_child
@@ -42,9 +39,8 @@ _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang mus
 
 
 def vllm_version() -> str | None:
-    """The installed vllm distribution's version, or None when it is not installed."""
-    version = dist_version(DIST)
-    return None if version == "?" else version
+    """The installed vllm's version, or None."""
+    return None if (version := dist_version(DIST)) == "?" else version
 
 
 def _device_type(device: str) -> str:
@@ -199,7 +195,7 @@ class VllmBackend(Backend):
     key = "vllm"
     pin = sf.PINS["vllm"]
     imports = True  # False: the pin's files only, never the installed vllm (another release)
-    has_backward = False
+    has_backward = False  # forward_cuda calls its Triton kernel without an autograd.Function: inference only
 
     def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
         """files: run `rmsnorm_fn` from these vLLM files (a folder or archive) even where vllm imports."""
@@ -208,7 +204,7 @@ class VllmBackend(Backend):
         self.files_given = files
         self.probe_timeout_s = probe_timeout_s
         self.probe_env: dict[str, str] | None = None  # extra environment for the probe child (tests)
-        self.last_probe: dict[str, Any] | None = None  # what the child reported, for the record
+        self.last_probe: dict[str, Any] | None = None
         self._probes: dict[str, dict[str, Any]] = {}
         self._plan: Plan | None = None
         self._modules: dict[tuple, Any] = {}
@@ -257,7 +253,7 @@ class VllmBackend(Backend):
     def _probe_child(self, device: str) -> dict[str, Any]:
         if device not in self._probes:
             self._probes[device] = run_probe(device, timeout_s=self.probe_timeout_s, env=self.probe_env)
-        self.last_probe = self._probes[device]
+        self.last_probe = self._probes[device]  # for the record
         return self.last_probe
 
     # -- Backend ----------------------------------------------------------------------------------------------------
@@ -324,12 +320,6 @@ class VllmBackend(Backend):
             return patched(guard, "calc_rows_per_block", lambda rows, device, n=n: n)
 
         return [Setting(kernel, "ROWS_PER_BLOCK", str(n), lambda n=n: pin(n)) for n in (1, 2, 4)]
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        raise BackendUnavailable(
-            f"{self.key}: no backward: vLLM's RMSNormGated.forward_cuda calls its Triton kernel directly, "
-            "without an autograd.Function (vLLM is inference-only)"
-        )
 
     def __repr__(self) -> str:  # never decides: reading `source` may start the probe child
         decided = self._plan.source if self._plan is not None else "(not decided yet)"
