@@ -185,25 +185,20 @@ def _known_base(mod: nn.Module, names: Collection[str] | None) -> type | None:
     return None
 
 
-def _hooked(mod: nn.Module) -> str | None:
-    """Why swapping `mod` would silently drop something attached to it, or None."""
-    if "forward" in vars(mod):
-        return "its forward was replaced on the instance (accelerate's hooks, another kernel library)"
-    hooks = [f"_{k}_hooks" for k in ("forward", "forward_pre", "backward", "backward_pre")]
-    hooks = [n for n in hooks if getattr(mod, n, None)]
-    if hooks:
-        return f"it has {', '.join(h.strip('_') for h in hooks)} (FSDP, DDP or a user's): apply rlnorm before them"
-    return None
-
-
 def _build(mod: nn.Module, base: type, where: str) -> _Replacement:
     kind = KNOWN[(base.__module__, base.__qualname__)]
     source = kind.source.format(base.__qualname__)
     if type(mod).forward is not base.forward:
         option = f"{type(mod).__qualname__}.forward"
         raise _refuse(where, source, option, "it overrides the forward rlnorm stands in for")
-    why = _hooked(mod)
-    if why:
+    # what swapping would silently drop: a forward replaced on the instance, hooks
+    kinds = ("forward", "forward_pre", "backward", "backward_pre")
+    hooks = [f"{k}_hooks" for k in kinds if getattr(mod, f"_{k}_hooks", None)]
+    if "forward" in vars(mod):
+        why = "its forward was replaced on the instance (accelerate's hooks, another kernel library)"
+        raise _refuse(where, source, "the module itself", why)
+    if hooks:
+        why = f"it has {', '.join(hooks)} (FSDP, DDP or a user's): apply rlnorm before them"
         raise _refuse(where, source, "the module itself", why)
     o = kind.read(mod, where, source)
     try:

@@ -116,9 +116,6 @@ class Backend:
     has_backward: bool = True
     requires: str = ""  # the module the backend's code lives in: a failed import makes it unavailable, with why
     needs_gate = False  # no ungated path: a call without z is refused (`_check`)
-    # rows / width of the availability probe: small, so an interpreted Triton kernel answers fast
-    probe_rows: int = 3
-    probe_width: int = 128
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         """The op, differentiable with respect to x, z and w (override this, or forward/forward_backward)."""
@@ -176,7 +173,7 @@ class Backend:
 
     def _tiny_run(self, device: str, run: Callable[..., Tensor], what: str) -> tuple[bool, str]:
         """Whether run(x, z, w, dy) on a tiny case on `device` gives x's shape, and if not, why."""
-        case = make_case(self.probe_rows, self.probe_width, seed=0, device=device)
+        case = make_case(3, 128, seed=0, device=device)  # small: an interpreted Triton kernel answers fast
         try:
             y = run(case.x, case.z, case.w, case.dy)
             if device.startswith("cuda"):
@@ -346,16 +343,6 @@ def _resolve_path(spec: str) -> object:
     return obj
 
 
-def _load_builtin(key: str) -> Backend:
-    """A registered backend; import or construction failure becomes an UnavailableBackend with the reason."""
-    try:
-        inst = _adapt(_resolve_path(REGISTRY[key]), key)
-    except ValueError as exc:
-        return UnavailableBackend(key, str(exc))
-    inst.key = key
-    return inst
-
-
 def load_backend(spec: str | Backend) -> Backend:
     """A registered key (docs/spec.md §6) or `package.module:attr` -> Backend; ValueError naming spec if unfit."""
     if isinstance(spec, Backend):
@@ -365,8 +352,13 @@ def load_backend(spec: str | Backend) -> Backend:
             f"backend: expected a registered key {sorted(REGISTRY)} or 'package.module:attr', got {spec!r}"
         )
     spec = spec.strip()
-    if spec in REGISTRY:
-        return _load_builtin(spec)
+    if spec in REGISTRY:  # a built-in that fails to import or construct is unavailable, with the reason
+        try:
+            inst = _adapt(_resolve_path(REGISTRY[spec]), spec)
+        except ValueError as exc:
+            return UnavailableBackend(spec, str(exc))
+        inst.key = spec
+        return inst
     if ":" not in spec:
         raise ValueError(f"backend {spec!r}: not a registered key {sorted(REGISTRY)} and not 'package.module:attr'")
     return _adapt(_resolve_path(spec), spec)

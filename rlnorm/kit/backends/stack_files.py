@@ -206,10 +206,11 @@ def find(pin: Pin, given: str | Path | None = None) -> tuple[StackFiles | None, 
     )
 
 
-def load(files: StackFiles, rels: tuple[str, ...] | list[str], stand_ins: list[types.ModuleType]) -> dict[str, Any]:
-    """Execute the files `rels` (in import order) as the modules they are, with `stand_ins` and an empty module for
-    each of the pin's `empty` under their names. Returns the modules by name; none of them stays in sys.modules, and
-    whatever was there under the stack's names before comes back after (one lock for every stack's files)."""
+def load(files: StackFiles, rels: tuple[str, ...] | list[str], stand_ins: Mapping[str, dict[str, Any]]) -> dict:
+    """Execute the files `rels` (in import order) as the modules they are, beside a module per name in `stand_ins`
+    holding its attributes and an empty module for each of the pin's `empty`. Returns the modules by name; none of
+    them stays in sys.modules, and whatever was there under the stack's names before comes back after (one lock for
+    every stack's files)."""
     missing = [rel for rel in rels if not files.path(rel).is_file()]
     if missing:
         raise FileNotFoundError(f"{files.pin.dist} files under {files.root} lack {missing}")
@@ -231,8 +232,9 @@ def load(files: StackFiles, rels: tuple[str, ...] | list[str], stand_ins: list[t
         for k in saved:
             del sys.modules[k]
         try:
-            for module in [*stand_ins, *(types.ModuleType(name) for name in files.pin.empty)]:
-                install(module.__name__, module)
+            for name, attrs in {**{name: {} for name in files.pin.empty}, **stand_ins}.items():
+                install(name, types.ModuleType(name))
+                ours[name].__dict__.update(attrs)
             for rel in rels:
                 spec = importlib.util.spec_from_file_location(rel[:-3].replace("/", "."), files.path(rel))
                 assert spec is not None and spec.loader is not None

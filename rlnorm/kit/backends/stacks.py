@@ -51,26 +51,22 @@ def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, typ
     """SGLang's fused_norm_gate and layernorm_gated modules, executed from its files with `pin.stood_in` standing
     in; `batch_invariant` is what is_batch_invariant_mode_enabled() answers (--enable-deterministic-inference)."""
     common = files.path("sglang/srt/utils/common.py")
-    utils = types.ModuleType("sglang.srt.utils")
     # device_context's own lines: on a host without a GPU it answers as SGLang's CPU engine (torch.device("cpu"))
     ctx_scope = {"torch": torch, "contextmanager": contextlib.contextmanager, "is_cpu": lambda: _capability() is None}
-    utils.__dict__.update(
-        cdiv=sf.read_function(common, "cdiv", {}),
-        next_power_of_2=sf.read_function(common, "next_power_of_2", {}),
-        device_context=sf.read_function(common, "device_context", ctx_scope),
-        **dict.fromkeys(("is_cpu", "is_npu", "cpu_has_amx_support"), lambda: False),
-    )
-    jit = types.ModuleType("sglang.kernels.jit.utils")
-    jit.__dict__.update(
-        is_arch_support_pdl=lambda: (_capability() or (0, 0))[0] >= 9 and torch.version.hip is None,
-        get_jit_cuda_arch=lambda: types.SimpleNamespace(major=_capability()[0], minor=_capability()[1]),  # type: ignore[index]
-    )
-    bio = types.ModuleType("sglang.srt.batch_invariant_ops")
-    bio.__dict__.update(is_batch_invariant_mode_enabled=lambda: batch_invariant)
-    runtime = types.ModuleType("sglang.srt.runtime_context")
-    runtime.get_exec = _no_server_config  # type: ignore[attr-defined]
+    utils = {name: sf.read_function(common, name, {}) for name in ("cdiv", "next_power_of_2")}
+    utils["device_context"] = sf.read_function(common, "device_context", ctx_scope)
+    arch = {
+        "is_arch_support_pdl": lambda: (_capability() or (0, 0))[0] >= 9 and torch.version.hip is None,
+        "get_jit_cuda_arch": lambda: types.SimpleNamespace(major=_capability()[0], minor=_capability()[1]),  # type: ignore[index]
+    }
+    stand_ins = {
+        "sglang.srt.utils": {**utils, **dict.fromkeys(("is_cpu", "is_npu", "cpu_has_amx_support"), lambda: False)},
+        "sglang.kernels.jit.utils": arch,
+        "sglang.srt.batch_invariant_ops": {"is_batch_invariant_mode_enabled": lambda: batch_invariant},
+        "sglang.srt.runtime_context": {"get_exec": _no_server_config},
+    }
     norms = [_SGL.replace(".", "/") + f"{m}.py" for m in ("fused_norm_gate", "layernorm_gated")]
-    loaded = sf.load(files, ["sglang/srt/model_executor/cuda_graph_config.py", *norms], [utils, jit, bio, runtime])
+    loaded = sf.load(files, ["sglang/srt/model_executor/cuda_graph_config.py", *norms], stand_ins)
     lg = loaded[_SGL + "layernorm_gated"]
     if _capability() is None:  # its torch.cuda query has no answer on a CPU: torch's threads, as vLLM's CPU platform
         lg._get_sm_count = functools.cache(lambda device: torch.get_num_threads())
@@ -81,6 +77,7 @@ class _SglangRow(sf.StackRow):
     pin = sf.PINS["sglang"]
     has_backward = False  # SGLang's autograd Functions define no backward: it samples, never trains
     batch_invariant = False
+    writes_input = False
 
     def _load(self) -> Any:
         return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
@@ -92,10 +89,7 @@ class _SglangRow(sf.StackRow):
         mod = self._module(x.shape[-1], w, opts)
         mod.weight = nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         with torch.no_grad():
-            return self._call(mod, x, z)
-
-    def _call(self, mod: nn.Module, x: Tensor, z: Tensor | None) -> Tensor:
-        return mod(x, z)
+            return mod(x.clone() if self.writes_input else x, z)
 
 
 class SglangFusedNormGateBackend(_SglangRow):
@@ -104,6 +98,7 @@ class SglangFusedNormGateBackend(_SglangRow):
 
     key = "sglang_fused_norm_gate"
     needs_gate = True
+    writes_input = True  # y = x: layer_norm_gated_fwd stores the output over its input
 
     def what(self) -> str:
         return (
@@ -117,9 +112,6 @@ class SglangFusedNormGateBackend(_SglangRow):
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
         cls = self.loaded()["fused_norm_gate"].FusedRMSNormGated
         return cls(d, eps=opts.eps, activation=opts.activation, device=w.device, dtype=w.dtype)
-
-    def _call(self, mod: nn.Module, x: Tensor, z: Tensor | None) -> Tensor:
-        return mod(x.clone(), z)  # y = x: layer_norm_gated_fwd stores the output over its input
 
 
 class SglangLayernormGatedBackend(_SglangRow):
@@ -219,7 +211,7 @@ class MegatronGdnBackend(_MegatronRow):
             return f"needs Transformer Engine: {describe_error(exc)}"[:160]
         return super()._import_reason()
 
-    def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
+    def out_norm(self, w: Tensor, opts: OpOptions) -> Callable[[Tensor], Tensor]:
         import transformer_engine.pytorch as te
 
         norm = te.RMSNorm(w.shape[0], eps=opts.eps, zero_centered_gamma=True, params_dtype=w.dtype, device=w.device)
@@ -237,18 +229,6 @@ class _Holding(nn.Module):
         return torch.func.functional_call(self.norm, {"weight": self.held}, (x,))
 
 
-class _PatchedTERMSNorm(nn.Module):
-    """TE's RMSNorm as Megatron's batch-invariant mode leaves it: its forward is `_te_rmsnorm_forward_patched`."""
-
-    def __init__(self, forward: Callable[..., Tensor], weight: Tensor, eps: float) -> None:
-        super().__init__()
-        self._forward, self.eps, self.zero_centered_gamma = forward, eps, True
-        self.weight = weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._forward(self, x)
-
-
 class MegatronGdnBatchInvariantBackend(_MegatronRow):
     key = "megatron_gdn_batch_invariant"
 
@@ -264,9 +244,10 @@ class MegatronGdnBatchInvariantBackend(_MegatronRow):
         self.bik = sf.load_file(self.files, _BIK)  # type: ignore[arg-type]
         return super()._load()
 
-    def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
-        self.loaded()
-        return _PatchedTERMSNorm(self.bik._te_rmsnorm_forward_patched, zero_centred(w), opts.eps)
+    def out_norm(self, w: Tensor, opts: OpOptions) -> Callable[[Tensor], Tensor]:
+        self.loaded()  # TE's RMSNorm as batch-invariant mode leaves it: its forward is _te_rmsnorm_forward_patched
+        te_norm = types.SimpleNamespace(weight=zero_centred(w), eps=opts.eps, zero_centered_gamma=True)
+        return functools.partial(self.bik._te_rmsnorm_forward_patched, te_norm)
 
 
 # -- vLLM 0.33.0, beside the installed 0.30.0: the vLLM rows on its pin ------------------------------------------

@@ -85,17 +85,17 @@ def load_layernorm_guard(files: sf.StackFiles) -> types.ModuleType:
     import triton
     import triton.language as tl
 
-    triton_utils = types.ModuleType("vllm.triton_utils")
-    triton_utils.__dict__.update(HAS_TRITON=True, triton=triton, tl=tl)
-    platforms = types.ModuleType("vllm.platforms")
-    platforms.current_platform = types.SimpleNamespace(  # the part of current_platform the files use
+    platform = types.SimpleNamespace(  # the part of current_platform the files use
         device_type="cuda" if torch.cuda.is_available() else "cpu",
         is_cuda_alike=torch.cuda.is_available,
         num_compute_units=lambda device_id=0: compute_units(device_id),
     )
-    platform_utils = types.ModuleType("vllm.utils.platform_utils")
-    platform_utils.num_compute_units = functools.cache(compute_units)
-    return sf.load(files, sf.VLLM_GUARD, [triton_utils, platforms, platform_utils])[GUARD]
+    stand_ins = {
+        "vllm.triton_utils": {"HAS_TRITON": True, "triton": triton, "tl": tl},
+        "vllm.platforms": {"current_platform": platform},
+        "vllm.utils.platform_utils": {"num_compute_units": functools.cache(compute_units)},
+    }
+    return sf.load(files, sf.VLLM_GUARD, stand_ins)[GUARD]
 
 
 def rmsnorm_call(rmsnorm_fn: Any, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
@@ -117,8 +117,7 @@ def probe(device: str) -> dict[str, Any]:
     Returns the stage reached, vLLM's Triton decision and the error's last line, for `reason_from_probe`."""
     prepare_import(device)
     out: dict[str, Any] = {"device": device, "stage": "import", "error": None}
-    out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
-    out["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    out |= {k.lower(): os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")}
     try:
         import vllm
         from vllm.platforms import current_platform

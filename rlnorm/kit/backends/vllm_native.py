@@ -63,12 +63,6 @@ def vllm_inductor_options(device_type: str) -> dict[str, Any]:
     return opts
 
 
-def _skip_all_guards() -> Callable[[list[Any]], list[bool]]:
-    """What vLLM passes as guard_filter_fn (compilation/wrapper.py): drop every guard."""
-    skip = getattr(torch.compiler, "skip_all_guards_unsafe", None)
-    return skip if skip is not None else (lambda entries: [False for _ in entries])
-
-
 class _FromVllmFiles(sf.StackRow):
     """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only)."""
 
@@ -135,8 +129,10 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
         def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
             return native_call(forward_static, x, z, w, opts)
 
-        # every guard dropped: the first graph of a code object would serve every later closure (other options)
-        options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": _skip_all_guards()}
+        # every guard dropped, as vLLM's guard_filter_fn does (compilation/wrapper.py): the first graph of a code
+        # object would serve every later closure (other options)
+        skip = getattr(torch.compiler, "skip_all_guards_unsafe", None) or (lambda entries: [False] * len(entries))
+        options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": skip}
         fn = torch.compile(fresh_function(op), fullgraph=True, dynamic=False, backend="inductor", options=options)
         # the one compile, at the profile run's size, with the row dimension dynamic (backed), as vLLM marks it
         gen = torch.Generator().manual_seed(0)
