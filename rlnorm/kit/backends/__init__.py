@@ -251,37 +251,31 @@ class FunctionBackend(Backend):
         return self.fn(x, z, w, **opts.as_dict())
 
 
-# key -> "module:attr" of the built-in backends; resolved on first use
+# key -> "module:attr" of the built-in backends; resolved on first use. The RL stacks' rows (`stacks`) run each stack's
+# own files at a pinned version (docs/stacks.md)
+_K, _S = "rlnorm.kit.backends", "rlnorm.kit.backends.stacks:"
 REGISTRY: dict[str, str] = {
-    "rlnorm": "rlnorm.kit.backends:RlnormBackend",
-    "reference": "rlnorm.kit.backends:ReferenceBackend",
-    "transformers": "rlnorm.kit.backends.peers:TransformersBackend",
-    "fla_layernorm_gated": "rlnorm.kit.backends.peers:FlaLayernormGatedBackend",
-    "fla_fused_norm_gate": "rlnorm.kit.backends.peers:FlaFusedNormGateBackend",
-    "vllm": "rlnorm.kit.backends.vllm:VllmBackend",
-    "vllm_native": "rlnorm.kit.backends.vllm_native:VllmNativeBackend",
-    "vllm_native_compiled": "rlnorm.kit.backends.vllm_native:VllmNativeCompiledBackend",
-    "vllm_native_batch_invariant": "rlnorm.kit.backends.vllm_native:VllmNativeBatchInvariantBackend",
-    "torch_compile": "rlnorm.kit.backends:TorchCompileBackend",
+    "rlnorm": f"{_K}:RlnormBackend",
+    "reference": f"{_K}:ReferenceBackend",
+    "transformers": f"{_K}.peers:TransformersBackend",
+    "fla_layernorm_gated": f"{_K}.peers:FlaLayernormGatedBackend",
+    "fla_fused_norm_gate": f"{_K}.peers:FlaFusedNormGateBackend",
+    "vllm": f"{_K}.vllm:VllmBackend",
+    "vllm_native": f"{_K}.vllm_native:VllmNativeBackend",
+    "vllm_native_compiled": f"{_K}.vllm_native:VllmNativeCompiledBackend",
+    "vllm_native_batch_invariant": f"{_K}.vllm_native:VllmNativeBatchInvariantBackend",
+    "torch_compile": f"{_K}:TorchCompileBackend",
+    "sglang_fused_norm_gate": _S + "SglangFusedNormGateBackend",
+    "sglang_layernorm_gated": _S + "SglangLayernormGatedBackend",
+    "sglang_layernorm_gated_deterministic": _S + "SglangLayernormGatedDeterministicBackend",
+    "torchtitan": _S + "TorchtitanBackend",
+    "megatron_gdn": _S + "MegatronGdnBackend",
+    "megatron_gdn_batch_invariant": _S + "MegatronGdnBatchInvariantBackend",
+    "vllm_033": _S + "Vllm033Backend",
+    "vllm_native_033": _S + "VllmNative033Backend",
+    "vllm_native_compiled_033": _S + "VllmNativeCompiled033Backend",
+    "vllm_native_batch_invariant_033": _S + "VllmNativeBatchInvariant033Backend",
 }
-# the RL stacks' paths, from their own files at pinned versions (docs/stacks.md)
-REGISTRY.update(
-    {
-        k: f"rlnorm.kit.backends.stacks:{cls}"
-        for k, cls in (
-            ("sglang_fused_norm_gate", "SglangFusedNormGateBackend"),
-            ("sglang_layernorm_gated", "SglangLayernormGatedBackend"),
-            ("sglang_layernorm_gated_deterministic", "SglangLayernormGatedDeterministicBackend"),
-            ("torchtitan", "TorchtitanBackend"),
-            ("megatron_gdn", "MegatronGdnBackend"),
-            ("megatron_gdn_batch_invariant", "MegatronGdnBatchInvariantBackend"),
-            ("vllm_033", "Vllm033Backend"),
-            ("vllm_native_033", "VllmNative033Backend"),
-            ("vllm_native_compiled_033", "VllmNativeCompiled033Backend"),
-            ("vllm_native_batch_invariant_033", "VllmNativeBatchInvariant033Backend"),
-        )
-    }
-)
 
 
 def _check_function_signature(fn: Callable, spec: str) -> None:

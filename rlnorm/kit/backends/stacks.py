@@ -251,23 +251,16 @@ class MegatronGdnBatchInvariantBackend(_MegatronRow):
 
 
 # -- vLLM 0.33.0, beside the installed 0.30.0: the vLLM rows on its pin ------------------------------------------
-_VLLM_033 = sf.PINS["vllm-0.33.0"]
+def _at_033(base: type, key: str, **attrs: Any) -> type:
+    """`base`'s row on vLLM 0.33.0's pin."""
+    name = base.__name__.replace("Backend", "033Backend")
+    pin = sf.PINS["vllm-0.33.0"]
+    return type(name, (base,), {"__module__": __name__, "__qualname__": name, "key": key, "pin": pin, **attrs})
 
 
-class Vllm033Backend(VllmBackend):
-    """The `vllm` row at vLLM 0.33.0: forward_cuda -> torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated ->
-    layernorm_guard.rmsnorm_fn with forward_cuda's arguments (layernorm.py:413-455), from 0.33.0's files only."""
-
-    key, pin, imports = "vllm_033", _VLLM_033, False
-
-
-class VllmNative033Backend(vn.VllmNativeBackend):
-    key, pin = "vllm_native_033", _VLLM_033
-
-
-class VllmNativeCompiled033Backend(vn.VllmNativeCompiledBackend):
-    key, pin = "vllm_native_compiled_033", _VLLM_033
-
-
-class VllmNativeBatchInvariant033Backend(vn.VllmNativeBatchInvariantBackend):
-    key, pin = "vllm_native_batch_invariant_033", _VLLM_033
+# `vllm_033`: forward_cuda -> torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated -> layernorm_guard.rmsnorm_fn
+# with forward_cuda's arguments (layernorm.py:413-455), from 0.33.0's files only
+Vllm033Backend = _at_033(VllmBackend, "vllm_033", imports=False)
+VllmNative033Backend = _at_033(vn.VllmNativeBackend, "vllm_native_033")
+VllmNativeCompiled033Backend = _at_033(vn.VllmNativeCompiledBackend, "vllm_native_compiled_033")
+VllmNativeBatchInvariant033Backend = _at_033(vn.VllmNativeBatchInvariantBackend, "vllm_native_batch_invariant_033")
