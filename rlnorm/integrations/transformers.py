@@ -83,9 +83,6 @@ class RlnormFlaRMSNormGated(_Replacement):
     group_size = _option("group_size")
     norm_before_gate = _option("norm_before_gate")
 
-    def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-        return super().forward(x, z)
-
 
 class RlnormFlaFusedRMSNormGated(_Replacement):
     """Stands in for FLA's fused_norm_gate.FusedRMSNormGated: forward(x, g), the norm before the gate. Its
@@ -123,9 +120,7 @@ def _weight(mod: nn.Module, where: str, source: str, required: bool = False) -> 
     w = getattr(mod, "weight", None)
     if w is None and required:
         raise _refuse(where, source, "weight=None", f"{source}'s gated norm always multiplies by its weight")
-    if w is None:
-        return None
-    if not isinstance(w, nn.Parameter) or w.dim() != 1:
+    if w is not None and (not isinstance(w, nn.Parameter) or w.dim() != 1):
         raise _refuse(where, source, "weight", f"expected a 1-d nn.Parameter, got {type(w).__name__} {tuple(w.shape)}")
     return w
 
@@ -136,11 +131,6 @@ def _activation(name: object, where: str, source: str) -> str:
     return ACTIVATIONS[name]
 
 
-def _no_bias(mod: nn.Module, where: str, source: str) -> None:
-    if getattr(mod, "bias", None) is not None:
-        raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
-
-
 # GatedNormOptions(hidden_size, eps, group_size, norm_before_gate, activation, weight) of each known class
 def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
     w = _weight(mod, where, source, required=True)  # its forward normalises, scales, then gates
@@ -148,13 +138,15 @@ def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOpti
 
 
 def _read_fla_rmsnorm_gated(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    _no_bias(mod, where, source)
+    if getattr(mod, "bias", None) is not None:
+        raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
     w = _weight(mod, where, source, required=True)  # layernorm_gated gates with silu only
     return GatedNormOptions(w.shape[0], mod.eps, mod.group_size, mod.norm_before_gate, "silu", w)
 
 
 def _read_fla_fused(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    _no_bias(mod, where, source)  # fused_norm_gate normalises, scales, then gates
+    if getattr(mod, "bias", None) is not None:  # fused_norm_gate normalises, scales, then gates
+        raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
     activation = _activation(mod.activation, where, source)
     return GatedNormOptions(mod.hidden_size, mod.eps, None, True, activation, _weight(mod, where, source))
 

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from rlnorm import __version__
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends.pins import Setting, kernel_name
+from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math, rms_norm_gated_reference
@@ -226,8 +226,8 @@ class UnavailableBackend(Backend):
 
     has_backward = False
 
-    def __init__(self, key: str, reason: str, source: str = "") -> None:
-        self.key, self.reason, self.source = key, reason, source or key
+    def __init__(self, key: str, reason: str) -> None:
+        self.key, self.reason, self.source = key, reason, key
 
     def available(self, device: str) -> tuple[bool, str]:
         return False, self.reason
@@ -243,8 +243,7 @@ class FunctionBackend(Backend):
     """A user's plain differentiable function f(x, z, w, *, eps, group_size, norm_before_gate, activation)."""
 
     def __init__(self, fn: Callable[..., Tensor], key: str, source: str | None = None) -> None:
-        self.fn = fn
-        self.key = key
+        self.fn, self.key = fn, key
         self.source = source or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
@@ -375,11 +374,9 @@ class ReferenceBackend(Backend):
 
 
 class ExactReferenceBackend(Backend):
-    """The reference with the docs/spec.md §2 dweight: exact sum of per-row fp32 contributions, rounded once.
-
-    Not a registered key: the positive control that shows the order-free gate lines can pass (eager autograd's
-    fp32 sum, `reference`, fails them), and the base the planted faults build on to break one guarantee each.
-    """
+    """The reference with the docs/spec.md §2 dweight: exact sum of per-row fp32 contributions, rounded once. Not a
+    registered key: the positive control that shows the order-free gate lines can pass (eager autograd's fp32 sum,
+    `reference`, fails them), and the base the planted faults build on to break one guarantee each."""
 
     key = "rlnorm.kit.backends:ExactReferenceBackend"
     source = "rlnorm.reference (fp32 math, one rounding) + exact dweight (rlnorm.numerics.exact_sum)"
@@ -458,13 +455,9 @@ class TorchCompileBackend(Backend):
 
     @contextlib.contextmanager
     def _forced(self, graph: str) -> Iterator[None]:
-        saved, self._graph = self._graph, graph
         # one static graph per row count: past the default recompile limit it would fall back to eager
-        try:
-            with torch._dynamo.config.patch(recompile_limit=64):
-                yield
-        finally:
-            self._graph = saved
+        with patched(self, "_graph", graph), torch._dynamo.config.patch(recompile_limit=64):
+            yield
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         """The graph a trainer gets (dynamic rows) and the graphs a CUDA-graph sampler gets (one static row
@@ -476,12 +469,11 @@ class TorchCompileBackend(Backend):
         ]
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        fn = self._compiled.get((opts, self._graph))
-        if fn is None:
+        key = (opts, self._graph)
+        if key not in self._compiled:
             # options are closed over, so each option set is its own graph (no guard on a dataclass)
             def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
                 return rms_norm_gated_reference(x, z, w, opts)
 
-            fn = torch.compile(fresh_function(op), **self.MODES[self._graph])
-            self._compiled[(opts, self._graph)] = fn
-        return fn(x, z, w)
+            self._compiled[key] = torch.compile(fresh_function(op), **self.MODES[self._graph])
+        return self._compiled[key](x, z, w)

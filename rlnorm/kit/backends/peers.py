@@ -18,11 +18,9 @@ from rlnorm.options import OpOptions
 
 
 class TransformersBackend(Backend):
-    """`Qwen3NextRMSNormGated(D, eps)`, weight swapped in by `torch.func.functional_call`.
-
-    Its forward rounds the normalised x to the input dtype before the weight multiply (the reason
-    it is correctly rounded on only ~65% of elements), norms before the gate, and hard-codes silu.
-    """
+    """`Qwen3NextRMSNormGated(D, eps)`, weight swapped in by `torch.func.functional_call`. Its forward rounds the
+    normalised x to the input dtype before the weight multiply (why it is correctly rounded on only ~65% of
+    elements), norms before the gate, and hard-codes silu."""
 
     key = "transformers"
     requires = "transformers.models.qwen3_next.modeling_qwen3_next"
@@ -68,11 +66,9 @@ class FlaLayernormGatedBackend(Backend):
 
 
 class FlaFusedNormGateBackend(Backend):
-    """FLA `fused_norm_gate.rms_norm_gated`: autotuned rows-per-program; norm before gate, no groups.
-
-    Its autotuners time every config on first use, which needs an active Triton driver: under the interpreter
-    (a CPU) there is none ("0 active drivers"), so there each runs its first config, and the `configurations`
-    check runs the others."""
+    """FLA `fused_norm_gate.rms_norm_gated`: autotuned rows-per-program; norm before gate, no groups. Its autotuners
+    time every config on first use, which needs an active Triton driver: under the interpreter (a CPU) there is none,
+    so there each runs its first config, and the `configurations` check runs the others."""
 
     key = "fla_fused_norm_gate"
     requires = "fla.modules.fused_norm_gate"

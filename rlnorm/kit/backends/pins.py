@@ -1,9 +1,7 @@
 """Forcing a kernel's launch configuration for a call: what the `configurations` check runs a backend under.
 
-A backend lists, in `Backend.configurations(opts)`, one `Setting` per value of each launch parameter its kernels
-may pick (an autotuner's configs, a value chosen from the row count); entering a setting's `pin()` makes every
-call inside the block launch with that value. Nothing here is used by a backend's ordinary calls (except
-`pin_first_configs` where no autotuner can time: a CPU under the Triton interpreter).
+Entering a `Setting`'s `pin()` makes every call inside the block launch with that value. A backend's ordinary calls
+use nothing here, except `pin_first_configs` where no autotuner can time (a CPU under the Triton interpreter).
 """
 
 from __future__ import annotations
@@ -114,10 +112,9 @@ def autotuner_settings(autotuners: list[Any], distinct_kwargs_only: bool = False
         seen: set[tuple] = set()
         for cfg in at.configs:
             sig = tuple(sorted(cfg.kwargs.items()))
-            if distinct_kwargs_only:
-                if sig in seen:
-                    continue
-                seen.add(sig)
+            if distinct_kwargs_only and sig in seen:
+                continue
+            seen.add(sig)
 
             words = ", ".join(f"{k}={v}" for k, v in sig) if distinct_kwargs_only else config_words(cfg)
             out.append(Setting(kernel_name(at), "config", words, functools.partial(_pinned, at, cfg, others)))

@@ -162,13 +162,11 @@ def unpack(archive: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
     try:
         with tarfile.open(archive, "r:gz") as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(tmp, filter="data")
-            else:  # Python without extraction filters: refuse members that would land outside tmp
-                for member in tar.getmembers():
-                    if member.name.startswith("/") or ".." in Path(member.name).parts:
-                        raise ValueError(f"{archive}: member {member.name!r} points outside the archive")
-                tar.extractall(tmp)
+            # refused before extraction even where Python has no extraction filters
+            outside = [m.name for m in tar.getmembers() if m.name.startswith("/") or ".." in Path(m.name).parts]
+            if outside:
+                raise ValueError(f"{archive}: members {outside} point outside the archive")
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         os.replace(tmp, dest)
     except OSError:
         if not dest.is_dir():  # another process unpacked the same archive first: use its copy
@@ -307,7 +305,7 @@ def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Calla
 
 
 class StackRow(Backend):
-    """A row from a pinned stack's files (`files`: a folder or archive in their place): `_load` reads them once;
+    """A row from a pinned stack's files (`files`: a folder or archive in their place): its `_load` reads them once;
     files missing or failing to load are the reason it cannot run."""
 
     pin: Pin
@@ -323,9 +321,6 @@ class StackRow(Backend):
         return f"{self.pin.dist} {self.pin.version} {self.what()} ({where}; stood in: {stood})"
 
     def what(self) -> str:
-        raise NotImplementedError
-
-    def _load(self) -> Any:
         raise NotImplementedError
 
     def loaded(self) -> Any:

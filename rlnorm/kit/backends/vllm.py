@@ -32,7 +32,6 @@ from rlnorm.options import OpOptions
 __all__ = ["VllmBackend", "answer_compute_units", "compute_units", "load_layernorm_guard"]
 __all__ += ["prepare_import", "probe", "reason_from_probe", "rmsnorm_call", "run_probe", "vllm_version"]
 
-DIST = "vllm"
 GUARD = sf.VLLM_GUARD[-1].removesuffix(".py").replace("/", ".")  # layernorm_guard's module name
 _PROBE_MARK = "RLNORM_VLLM_PROBE "
 _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang must still end
@@ -40,7 +39,7 @@ _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang mus
 
 def vllm_version() -> str | None:
     """The installed vllm's version, or None."""
-    return None if (version := dist_version(DIST)) == "?" else version
+    return None if (version := dist_version("vllm")) == "?" else version
 
 
 def _device_type(device: str) -> str:
@@ -281,13 +280,12 @@ class VllmBackend(Backend):
 
     def _run_imported(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         key = (x.shape[-1], w.dtype, str(w.device), opts)
-        mod = self._modules.get(key)
-        if mod is None:
+        if key not in self._modules:
             prepare_import(str(x.device))
             if x.device.type == "cpu":
                 answer_compute_units()
-            mod = build_module(x.shape[-1], w, opts)
-            self._modules[key] = mod
+            self._modules[key] = build_module(x.shape[-1], w, opts)
+        mod = self._modules[key]
         mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         with torch.no_grad():
             return mod.forward_cuda(x, z)

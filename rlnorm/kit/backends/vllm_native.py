@@ -115,13 +115,11 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
         d = x.shape[-1]
         # every guard is dropped, so nothing but this key may tell two graphs apart
         key = (opts, d, x.dtype, w.dtype, z is None, str(x.device))
-        fn = self._compiled.get(key)
-        if fn is None:
-            fn = self._compile(x, z, w, opts)
-            self._compiled[key] = fn
+        if key not in self._compiled:
+            self._compiled[key] = self._compile(x, z, w, opts)
         x2 = x.reshape(-1, d).contiguous()
         z2 = None if z is None else z.reshape(-1, d).contiguous()
-        return fn(x2, z2, w.contiguous()).reshape(x.shape)
+        return self._compiled[key](x2, z2, w.contiguous()).reshape(x.shape)
 
     def _compile(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Callable[..., Tensor]:
         forward_static = self.loaded()
