@@ -37,14 +37,6 @@ def rms_norm_gated_op(
 
 
 @rms_norm_gated_op.register_fake
-def _rms_norm_gated_fake(
-    x: torch.Tensor,
-    z: torch.Tensor | None,
-    weight: torch.Tensor | None,
-    eps: float,
-    group_size: int | None,
-    norm_before_gate: bool,
-    activation: str,
-) -> torch.Tensor:
+def _rms_norm_gated_fake(x: torch.Tensor, *options: object) -> torch.Tensor:
     # the kernel writes a fresh contiguous tensor of x's shape and dtype, whatever x's strides
     return torch.empty(x.shape, dtype=x.dtype, device=x.device)

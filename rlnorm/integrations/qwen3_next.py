@@ -29,25 +29,12 @@ def tiny_config(*, d: int = 32, eps: float = 1e-6, heads: int = 2, **overrides: 
     MLPs are dense: the MoE's expert matmuls change shape with the batch, which no norm makes batch invariant."""
     from transformers import Qwen3NextConfig
 
-    values: dict[str, Any] = {
-        "vocab_size": 97,
-        "hidden_size": 64,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 2,
-        "num_key_value_heads": 1,
-        "head_dim": 16,
-        "linear_num_key_heads": heads,
-        "linear_num_value_heads": heads,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": d,
-        "layer_types": ["linear_attention", "full_attention"],
-        "mlp_only_layers": [0, 1],
-        "max_position_embeddings": 64,
-        "rms_norm_eps": eps,
-    }
-    values.update(overrides)
-    return Qwen3NextConfig(**values)
+    sizes = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 64, "max_position_embeddings": 64}
+    full = {"num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16}
+    linear = {"linear_num_key_heads": heads, "linear_num_value_heads": heads, "linear_key_head_dim": 16}
+    layers = {"layer_types": ["linear_attention", "full_attention"], "mlp_only_layers": [0, 1]}
+    values = {**sizes, **full, **linear, **layers, "linear_value_head_dim": d, "rms_norm_eps": eps}
+    return Qwen3NextConfig(**{**values, **overrides})
 
 
 @contextlib.contextmanager
@@ -65,11 +52,11 @@ def torch_delta_rule() -> Iterator[None]:
             setattr(mq, name, fn)
 
 
-def _first_linear_layer(config: Any) -> int:
-    for i, kind in enumerate(config.layer_types):
-        if kind == "linear_attention":
-            return i
-    raise ValueError(f"config: layer_types {config.layer_types} has no linear_attention layer (no gated norm)")
+def _holding(norm: nn.Module, weight: torch.Tensor | None) -> nn.Module:
+    if weight is not None:
+        with torch.no_grad():
+            norm.weight.copy_(weight)
+    return norm
 
 
 def transformers_norm(
@@ -84,10 +71,11 @@ def transformers_norm(
     `weight`, swapped for rlnorm's by `apply_rlnorm_to_qwen3_next` when patched."""
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
-    layer = Qwen3NextGatedDeltaNet(config, _first_linear_layer(config)).to(device=device, dtype=dtype)
-    if weight is not None:
-        with torch.no_grad():
-            layer.norm.weight.copy_(weight)
+    if "linear_attention" not in config.layer_types:
+        raise ValueError(f"config: layer_types {config.layer_types} has no linear_attention layer (no gated norm)")
+    layer = Qwen3NextGatedDeltaNet(config, list(config.layer_types).index("linear_attention"))
+    layer = layer.to(device=device, dtype=dtype)
+    _holding(layer.norm, weight)
     if patched:
         apply_rlnorm_to_qwen3_next(layer)
     return layer.norm
@@ -124,18 +112,10 @@ def vllm_norm(
     try:
         plugin.register() if patched else plugin.unregister()
         with set_current_vllm_config(vllm_config):
+            gate = {"group_size": None, "norm_before_gate": True, "activation": sampler_activation(config)}
             layer = RMSNormGated(
-                config.linear_value_head_dim,
-                eps=config.rms_norm_eps,
-                group_size=None,
-                norm_before_gate=True,
-                activation=sampler_activation(config),
-                device=device,
-                dtype=dtype,
+                config.linear_value_head_dim, eps=config.rms_norm_eps, **gate, device=device, dtype=dtype
             )
     finally:
         plugin.register() if was else plugin.unregister()
-    if weight is not None:
-        with torch.no_grad():
-            layer.weight.copy_(weight)
-    return layer
+    return _holding(layer, weight)

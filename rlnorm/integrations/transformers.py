@@ -48,15 +48,9 @@ class _Replacement(RMSNormGated):
     source = ""  # the class it replaces, for messages
 
     def __init__(self, o: GatedNormOptions, where: str = "") -> None:
+        opts = {"eps": o.eps, "group_size": o.group_size, "norm_before_gate": o.norm_before_gate}
         affine = {} if o.weight is not None else {"elementwise_affine": False}
-        super().__init__(
-            o.hidden_size,
-            eps=o.eps,
-            group_size=o.group_size,
-            norm_before_gate=o.norm_before_gate,
-            activation=o.activation,
-            **affine,
-        )
+        super().__init__(o.hidden_size, **opts, activation=o.activation, **affine)
         if o.weight is not None:
             self.weight = o.weight
         self.where = where  # its name in the model it was put into, for messages
@@ -88,9 +82,6 @@ class RlnormFlaRMSNormGated(_Replacement):
     eps = _option("eps")
     group_size = _option("group_size")
     norm_before_gate = _option("norm_before_gate")
-
-    def forward(self, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-        return super().forward(x, z)
 
 
 class RlnormFlaFusedRMSNormGated(_Replacement):
@@ -129,9 +120,7 @@ def _weight(mod: nn.Module, where: str, source: str, required: bool = False) -> 
     w = getattr(mod, "weight", None)
     if w is None and required:
         raise _refuse(where, source, "weight=None", f"{source}'s gated norm always multiplies by its weight")
-    if w is None:
-        return None
-    if not isinstance(w, nn.Parameter) or w.dim() != 1:
+    if w is not None and (not isinstance(w, nn.Parameter) or w.dim() != 1):
         raise _refuse(where, source, "weight", f"expected a 1-d nn.Parameter, got {type(w).__name__} {tuple(w.shape)}")
     return w
 
@@ -142,46 +131,24 @@ def _activation(name: object, where: str, source: str) -> str:
     return ACTIVATIONS[name]
 
 
-def _no_bias(mod: nn.Module, where: str, source: str) -> None:
-    if getattr(mod, "bias", None) is not None:
-        raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
-
-
+# GatedNormOptions(hidden_size, eps, group_size, norm_before_gate, activation, weight) of each known class
 def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    w = _weight(mod, where, source, required=True)
-    return GatedNormOptions(
-        hidden_size=w.shape[0],
-        eps=mod.variance_epsilon,
-        group_size=None,
-        norm_before_gate=True,  # its forward normalises, multiplies by the weight, then gates
-        activation=_activation(mod.activation, where, source),
-        weight=w,
-    )
+    w = _weight(mod, where, source, required=True)  # its forward normalises, scales, then gates
+    return GatedNormOptions(w.shape[0], mod.variance_epsilon, None, True, _activation(mod.activation, where, source), w)
 
 
 def _read_fla_rmsnorm_gated(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    _no_bias(mod, where, source)
-    w = _weight(mod, where, source, required=True)
-    return GatedNormOptions(
-        hidden_size=w.shape[0],
-        eps=mod.eps,
-        group_size=mod.group_size,
-        norm_before_gate=mod.norm_before_gate,
-        activation="silu",  # layernorm_gated gates with silu only
-        weight=w,
-    )
+    if getattr(mod, "bias", None) is not None:
+        raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
+    w = _weight(mod, where, source, required=True)  # layernorm_gated gates with silu only
+    return GatedNormOptions(w.shape[0], mod.eps, mod.group_size, mod.norm_before_gate, "silu", w)
 
 
 def _read_fla_fused(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    _no_bias(mod, where, source)
-    return GatedNormOptions(
-        hidden_size=mod.hidden_size,
-        eps=mod.eps,
-        group_size=None,
-        norm_before_gate=True,  # fused_norm_gate normalises, scales, then gates
-        activation=_activation(mod.activation, where, source),
-        weight=_weight(mod, where, source),
-    )
+    if getattr(mod, "bias", None) is not None:  # fused_norm_gate normalises, scales, then gates
+        raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
+    activation = _activation(mod.activation, where, source)
+    return GatedNormOptions(mod.hidden_size, mod.eps, None, True, activation, _weight(mod, where, source))
 
 
 @dataclass(frozen=True)
@@ -210,28 +177,20 @@ def _known_base(mod: nn.Module, names: Collection[str] | None) -> type | None:
     return None
 
 
-def _hooked(mod: nn.Module) -> str | None:
-    """Why swapping `mod` would silently drop something attached to it, or None."""
-    if "forward" in vars(mod):
-        return "its forward was replaced on the instance (accelerate's hooks, another kernel library)"
-    hooks = [
-        n
-        for n in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-        if getattr(mod, n, None)
-    ]
-    if hooks:
-        return f"it has {', '.join(h.strip('_') for h in hooks)} (FSDP, DDP or a user's): apply rlnorm before them"
-    return None
-
-
 def _build(mod: nn.Module, base: type, where: str) -> _Replacement:
     kind = KNOWN[(base.__module__, base.__qualname__)]
     source = kind.source.format(base.__qualname__)
     if type(mod).forward is not base.forward:
         option = f"{type(mod).__qualname__}.forward"
         raise _refuse(where, source, option, "it overrides the forward rlnorm stands in for")
-    why = _hooked(mod)
-    if why:
+    # what swapping would silently drop: a forward replaced on the instance, hooks
+    kinds = ("forward", "forward_pre", "backward", "backward_pre")
+    hooks = [f"{k}_hooks" for k in kinds if getattr(mod, f"_{k}_hooks", None)]
+    if "forward" in vars(mod):
+        why = "its forward was replaced on the instance (accelerate's hooks, another kernel library)"
+        raise _refuse(where, source, "the module itself", why)
+    if hooks:
+        why = f"it has {', '.join(hooks)} (FSDP, DDP or a user's): apply rlnorm before them"
         raise _refuse(where, source, "the module itself", why)
     o = kind.read(mod, where, source)
     try:
@@ -315,8 +274,8 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
     if _known_base(model, only) is not None:
         raise ValueError(f"model: is itself a {type(model).__qualname__}; pass the model that holds it")
-    built: dict[int, _Replacement] = {}  # one replacement per module, so a module shared by two parents stays shared
-    refused: dict[int, str] = {}
+    # one replacement per module (a module shared by two parents stays shared), or why it was refused
+    built: dict[int, _Replacement | str] = {}
     items: list[Replaced] = []
     skipped: list[tuple[str, str]] = []
     for parent_name, parent in model.named_modules(remove_duplicate=False):
@@ -325,20 +284,18 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
             if base is None:
                 continue
             where = f"{parent_name}.{attr}" if parent_name else attr
-            if id(child) in refused:
-                skipped.append((where, refused[id(child)]))
-                continue
             if id(child) not in built:
                 try:
                     built[id(child)] = _build(child, base, where)
                 except UnsupportedGatedNorm as exc:
                     if strict:
                         raise
-                    refused[id(child)] = str(exc)
-                    skipped.append((where, str(exc)))
-                    continue
+                    built[id(child)] = str(exc)
             rep = built[id(child)]
-            items.append(Replaced(where, rep.source, child, rep))
+            if isinstance(rep, str):
+                skipped.append((where, rep))
+            else:
+                items.append(Replaced(where, rep.source, child, rep))
     for item in items:  # every module was accepted: now swap, so a refusal never leaves a half-patched model
         parent_name, _, attr = item.name.rpartition(".")
         setattr(model.get_submodule(parent_name), attr, item.replacement)

@@ -20,10 +20,8 @@ def enabled_by_env(environ: dict[str, str] | None = None) -> bool:
     """Whether `RLNORM_VLLM` asks for rlnorm's layer: "1" yes, unset, "" or "0" no, anything else is an error
     (a typo must not leave an engine silently unpatched)."""
     value = (os.environ if environ is None else environ).get(ENV, "").strip()
-    if value in ("", "0"):
-        return False
-    if value == "1":
-        return True
+    if value in ("", "0", "1"):
+        return value == "1"
     raise ValueError(f"{ENV}: expected 1 (use rlnorm's kernel in vLLM) or 0/unset, got {value!r}")
 
 

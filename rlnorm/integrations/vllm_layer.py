@@ -23,12 +23,9 @@ class RlnormRMSNormGated(RMSNormGated):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         try:  # refuse at model construction what the kernel would refuse at the first forward
-            OpOptions(
-                eps=self.eps,
-                group_size=self.group_size,
-                norm_before_gate=self.norm_before_gate,
-                activation=self.activation,
-            ).check_width(self.weight.shape[0])
+            OpOptions(self.eps, self.group_size, self.norm_before_gate, self.activation).check_width(
+                self.weight.shape[0]
+            )
         except (ValueError, TypeError) as exc:
             raise ValueError(f"vLLM RMSNormGated with rlnorm's kernel (RLNORM_VLLM=1): {exc}") from exc
 

@@ -11,22 +11,27 @@ import contextlib
 import importlib
 import importlib.metadata
 import inspect
+import itertools
+import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from rlnorm import __version__
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends.pins import Setting, kernel_name
+from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math, rms_norm_gated_reference
 from rlnorm.timing import describe_error
 
 __all__ = ["REGISTRY", "Backend", "BackendUnavailable", "FunctionBackend", "Grads", "UnavailableBackend"]
-__all__ += ["check_inputs", "describe_error", "device_lost", "dist_version", "load_backend", "load_backends"]
+__all__ += ["check_inputs", "describe_error", "device_lost", "dist_version", "fresh_function", "load_backend"]
+__all__ += ["load_backends", "only_qwen_options"]
+_CODE_IDS = itertools.count()
 
 
 class BackendUnavailable(RuntimeError):
@@ -75,8 +80,25 @@ def check_inputs(x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> boo
     return x.numel() > 0
 
 
+def only_qwen_options(opts: OpOptions, who: str, activations: tuple[str, ...] = ("silu",)) -> tuple[bool, str]:
+    """`supports` of an implementation with Qwen3-Next's options only: whole rows, the norm first, these gates."""
+    if opts.group_size is not None:
+        return False, f"{who} has no group_size (it normalises the whole row)"
+    if not opts.norm_before_gate:
+        return False, f"{who} only norms before the gate (norm_before_gate=True)"
+    if opts.activation not in activations:
+        return False, f"{who} has no activation {opts.activation} (only {', '.join(activations)})"
+    return True, ""
+
+
+def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` with a code object of its own: dynamo keeps compiled graphs per code object, so graphs compiled for one
+    closure (options, mode) never serve another's calls, even where every guard is dropped."""
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{next(_CODE_IDS)}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
 def _device_reason(device: str) -> str | None:
-    """Why a device string cannot be used at all here, or None."""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -93,16 +115,13 @@ class Backend:
     source: str = ""
     has_backward: bool = True
     requires: str = ""  # the module the backend's code lives in: a failed import makes it unavailable, with why
-    # rows / width of the availability probe: small, so an interpreted Triton kernel answers fast
-    probe_rows: int = 3
-    probe_width: int = 128
+    needs_gate = False  # no ungated path: a call without z is refused (`_check`)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         """The op, differentiable with respect to x, z and w (override this, or forward/forward_backward)."""
         raise NotImplementedError(f"{type(self).__name__} defines neither _fn nor forward")
 
     def _import_reason(self) -> str | None:
-        """Why the backend's code cannot be imported here, or None."""
         if self.requires:
             try:
                 importlib.import_module(self.requires)
@@ -113,6 +132,14 @@ class Backend:
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
         """Whether the implementation has this option combination; (False, reason) if not."""
         return True, ""
+
+    def _check(self, z: Tensor | None, opts: OpOptions) -> None:
+        """Refuse, with the reason, options the implementation lacks and a missing gate where it needs one."""
+        ok, why = self.supports(opts)
+        if not ok:
+            raise BackendUnavailable(f"{self.key}: {why}")
+        if self.needs_gate and z is None:
+            raise BackendUnavailable(f"{self.key}: needs a gate z (the implementation has no ungated path)")
 
     def available(self, device: str) -> tuple[bool, str]:
         """(True, "") if a tiny run works on `device`, else (False, reason). Never raises; cached."""
@@ -146,7 +173,7 @@ class Backend:
 
     def _tiny_run(self, device: str, run: Callable[..., Tensor], what: str) -> tuple[bool, str]:
         """Whether run(x, z, w, dy) on a tiny case on `device` gives x's shape, and if not, why."""
-        case = make_case(self.probe_rows, self.probe_width, seed=0, device=device)
+        case = make_case(3, 128, seed=0, device=device)  # small: an interpreted Triton kernel answers fast
         try:
             y = run(case.x, case.z, case.w, case.dy)
             if device.startswith("cuda"):
@@ -199,8 +226,8 @@ class UnavailableBackend(Backend):
 
     has_backward = False
 
-    def __init__(self, key: str, reason: str, source: str = "") -> None:
-        self.key, self.reason, self.source = key, reason, source or key
+    def __init__(self, key: str, reason: str) -> None:
+        self.key, self.reason, self.source = key, reason, key
 
     def available(self, device: str) -> tuple[bool, str]:
         return False, self.reason
@@ -216,45 +243,38 @@ class FunctionBackend(Backend):
     """A user's plain differentiable function f(x, z, w, *, eps, group_size, norm_before_gate, activation)."""
 
     def __init__(self, fn: Callable[..., Tensor], key: str, source: str | None = None) -> None:
-        self.fn = fn
-        self.key = key
+        self.fn, self.key = fn, key
         self.source = source or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         return self.fn(x, z, w, **opts.as_dict())
 
 
-# key -> "module:attr" of the built-in backends; resolved on first use
+# key -> "module:attr" of the built-in backends; resolved on first use. The RL stacks' rows (`stacks`) run each stack's
+# own files at a pinned version (docs/stacks.md)
+_K, _S = "rlnorm.kit.backends", "rlnorm.kit.backends.stacks:"
 REGISTRY: dict[str, str] = {
-    "rlnorm": "rlnorm.kit.backends:RlnormBackend",
-    "reference": "rlnorm.kit.backends:ReferenceBackend",
-    "transformers": "rlnorm.kit.backends.peers:TransformersBackend",
-    "fla_layernorm_gated": "rlnorm.kit.backends.peers:FlaLayernormGatedBackend",
-    "fla_fused_norm_gate": "rlnorm.kit.backends.peers:FlaFusedNormGateBackend",
-    "vllm": "rlnorm.kit.backends.vllm:VllmBackend",
-    "vllm_native": "rlnorm.kit.backends.vllm_native:VllmNativeBackend",
-    "vllm_native_compiled": "rlnorm.kit.backends.vllm_native:VllmNativeCompiledBackend",
-    "vllm_native_batch_invariant": "rlnorm.kit.backends.vllm_native:VllmNativeBatchInvariantBackend",
-    "torch_compile": "rlnorm.kit.backends:TorchCompileBackend",
+    "rlnorm": f"{_K}:RlnormBackend",
+    "reference": f"{_K}:ReferenceBackend",
+    "transformers": f"{_K}.peers:TransformersBackend",
+    "fla_layernorm_gated": f"{_K}.peers:FlaLayernormGatedBackend",
+    "fla_fused_norm_gate": f"{_K}.peers:FlaFusedNormGateBackend",
+    "vllm": f"{_K}.vllm:VllmBackend",
+    "vllm_native": f"{_K}.vllm_native:VllmNativeBackend",
+    "vllm_native_compiled": f"{_K}.vllm_native:VllmNativeCompiledBackend",
+    "vllm_native_batch_invariant": f"{_K}.vllm_native:VllmNativeBatchInvariantBackend",
+    "torch_compile": f"{_K}:TorchCompileBackend",
+    "sglang_fused_norm_gate": _S + "SglangFusedNormGateBackend",
+    "sglang_layernorm_gated": _S + "SglangLayernormGatedBackend",
+    "sglang_layernorm_gated_deterministic": _S + "SglangLayernormGatedDeterministicBackend",
+    "torchtitan": _S + "TorchtitanBackend",
+    "megatron_gdn": _S + "MegatronGdnBackend",
+    "megatron_gdn_batch_invariant": _S + "MegatronGdnBatchInvariantBackend",
+    "vllm_033": _S + "Vllm033Backend",
+    "vllm_native_033": _S + "VllmNative033Backend",
+    "vllm_native_compiled_033": _S + "VllmNativeCompiled033Backend",
+    "vllm_native_batch_invariant_033": _S + "VllmNativeBatchInvariant033Backend",
 }
-# the RL stacks' paths, from their own files at pinned versions (docs/stacks.md)
-REGISTRY.update(
-    {
-        k: f"rlnorm.kit.backends.stacks:{cls}"
-        for k, cls in (
-            ("sglang_fused_norm_gate", "SglangFusedNormGateBackend"),
-            ("sglang_layernorm_gated", "SglangLayernormGatedBackend"),
-            ("sglang_layernorm_gated_deterministic", "SglangLayernormGatedDeterministicBackend"),
-            ("torchtitan", "TorchtitanBackend"),
-            ("megatron_gdn", "MegatronGdnBackend"),
-            ("megatron_gdn_batch_invariant", "MegatronGdnBatchInvariantBackend"),
-            ("vllm_033", "Vllm033Backend"),
-            ("vllm_native_033", "VllmNative033Backend"),
-            ("vllm_native_compiled_033", "VllmNativeCompiled033Backend"),
-            ("vllm_native_batch_invariant_033", "VllmNativeBatchInvariant033Backend"),
-        )
-    }
-)
 
 
 def _check_function_signature(fn: Callable, spec: str) -> None:
@@ -316,16 +336,6 @@ def _resolve_path(spec: str) -> object:
     return obj
 
 
-def _load_builtin(key: str) -> Backend:
-    """A registered backend; import or construction failure becomes an UnavailableBackend with the reason."""
-    try:
-        inst = _adapt(_resolve_path(REGISTRY[key]), key)
-    except ValueError as exc:
-        return UnavailableBackend(key, str(exc))
-    inst.key = key
-    return inst
-
-
 def load_backend(spec: str | Backend) -> Backend:
     """A registered key (docs/spec.md §6) or `package.module:attr` -> Backend; ValueError naming spec if unfit."""
     if isinstance(spec, Backend):
@@ -335,8 +345,13 @@ def load_backend(spec: str | Backend) -> Backend:
             f"backend: expected a registered key {sorted(REGISTRY)} or 'package.module:attr', got {spec!r}"
         )
     spec = spec.strip()
-    if spec in REGISTRY:
-        return _load_builtin(spec)
+    if spec in REGISTRY:  # a built-in that fails to import or construct is unavailable, with the reason
+        try:
+            inst = _adapt(_resolve_path(REGISTRY[spec]), spec)
+        except ValueError as exc:
+            return UnavailableBackend(spec, str(exc))
+        inst.key = spec
+        return inst
     if ":" not in spec:
         raise ValueError(f"backend {spec!r}: not a registered key {sorted(REGISTRY)} and not 'package.module:attr'")
     return _adapt(_resolve_path(spec), spec)
@@ -358,25 +373,10 @@ class ReferenceBackend(Backend):
         return rms_norm_gated_reference(x, z, w, opts)
 
 
-def per_row_grads(x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-    """The reference's y, dx, dz, and in `Grads.dw` each row's fp32 weight contribution [rows, D], unsummed
-    (the weight is expanded to one fp32 leaf per row)."""
-    xl = x.detach().requires_grad_(True)
-    zl = None if z is None else z.detach().requires_grad_(True)
-    w_rows = w.detach().to(torch.float32).expand(x.shape[0], -1).clone().requires_grad_(True)
-    with torch.enable_grad():
-        y = gated_rmsnorm_math(xl, zl, w_rows, opts, torch.float32).to(x.dtype)
-        leaves = [t for t in (xl, zl, w_rows) if t is not None]
-        grads = torch.autograd.grad(y, leaves, grad_outputs=dy)
-    return Grads(y=y.detach(), dx=grads[0], dz=grads[1] if zl is not None else None, dw=grads[-1])
-
-
 class ExactReferenceBackend(Backend):
-    """The reference with the docs/spec.md §2 dweight: exact sum of per-row fp32 contributions, rounded once.
-
-    Not a registered key: the positive control that shows the order-free gate lines can pass (eager autograd's
-    fp32 sum, `reference`, fails them), and the base the planted faults build on to break one guarantee each.
-    """
+    """The reference with the docs/spec.md §2 dweight: exact sum of per-row fp32 contributions, rounded once. Not a
+    registered key: the positive control that shows the order-free gate lines can pass (eager autograd's fp32 sum,
+    `reference`, fails them), and the base the planted faults build on to break one guarantee each."""
 
     key = "rlnorm.kit.backends:ExactReferenceBackend"
     source = "rlnorm.reference (fp32 math, one rounding) + exact dweight (rlnorm.numerics.exact_sum)"
@@ -385,9 +385,15 @@ class ExactReferenceBackend(Backend):
         return rms_norm_gated_reference(x, z, w, opts)
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        g = per_row_grads(x, z, w, dy, opts)
-        g.dw = self._reduce_dweight(g.dw, w.dtype).to(w.device)
-        return g
+        # the weight expanded to one fp32 leaf per row: autograd gives each row's contribution [rows, D], unsummed
+        xl = x.detach().requires_grad_(True)
+        zl = None if z is None else z.detach().requires_grad_(True)
+        w_rows = w.detach().to(torch.float32).expand(x.shape[0], -1).clone().requires_grad_(True)
+        with torch.enable_grad():
+            y = gated_rmsnorm_math(xl, zl, w_rows, opts, torch.float32).to(x.dtype)
+            grads = torch.autograd.grad(y, [t for t in (xl, zl, w_rows) if t is not None], grad_outputs=dy)
+        dw = self._reduce_dweight(grads[-1], w.dtype).to(w.device)
+        return Grads(y=y.detach(), dx=grads[0], dz=grads[1] if zl is not None else None, dw=dw)
 
     def _reduce_dweight(self, contributions: Tensor, dtype: torch.dtype) -> Tensor:
         """Per-row contributions [rows, D] fp32 -> dweight [D] in `dtype`. Exact here; faults override."""
@@ -438,63 +444,36 @@ class TorchCompileBackend(Backend):
     key = "torch_compile"
     source = f"torch {torch.__version__} torch.compile(rlnorm.reference.rms_norm_gated_reference)"
     GRAPH = "torch.compile(rlnorm.reference.rms_norm_gated_reference)"  # the `configurations` check's kernel
+    # torch.compile's arguments per graph: "default" as a user calls it (static shapes, then a dynamic graph once
+    # the row count changes); "dynamic" / "static" forced by the `configurations` check
+    MODES: ClassVar[dict[str, dict]] = {"default": {}, "dynamic": {"dynamic": True}, "static": {"dynamic": False}}
 
     def __init__(self) -> None:
         super().__init__()
-        self._compiled: dict[tuple[OpOptions, str], object] = {}
-        self._graph = "default"  # "dynamic" / "static": forced by the `configurations` check
+        self._compiled: dict[tuple[OpOptions, str], Callable[..., Tensor]] = {}
+        self._graph = "default"
 
     @contextlib.contextmanager
     def _forced(self, graph: str) -> Iterator[None]:
-        saved, self._graph = self._graph, graph
         # one static graph per row count: past the default recompile limit it would fall back to eager
-        try:
-            with torch._dynamo.config.patch(recompile_limit=64):
-                yield
-        finally:
-            self._graph = saved
+        with patched(self, "_graph", graph), torch._dynamo.config.patch(recompile_limit=64):
+            yield
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         """The graph a trainer gets (dynamic rows) and the graphs a CUDA-graph sampler gets (one static row
         count each): dynamic=True against dynamic=False."""
+        static = "dynamic=False (one static graph per row count)"
         return [
             Setting(self.GRAPH, "graph", "dynamic=True", lambda: self._forced("dynamic")),
-            Setting(
-                self.GRAPH, "graph", "dynamic=False (one static graph per row count)", lambda: self._forced("static")
-            ),
+            Setting(self.GRAPH, "graph", static, lambda: self._forced("static")),
         ]
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if self._graph != "default":
-            return self._fn_forced(x, z, w, opts)
-        fn = self._compiled.get((opts, "default"))
-        if fn is None:
+        key = (opts, self._graph)
+        if key not in self._compiled:
             # options are closed over, so each option set is its own graph (no guard on a dataclass)
             def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
                 return rms_norm_gated_reference(x, z, w, opts)
 
-            # torch.compile's defaults, as a user calls it: static shapes, then a dynamic graph once the row count
-            # changes (dynamic=False would hit the recompile limit across the sweep and fall back to eager)
-            fn = torch.compile(op)
-            self._compiled[(opts, "default")] = fn
-        return fn(x, z, w)
-
-    def _fn_forced(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        fn = self._compiled.get((opts, self._graph))
-        if fn is None:
-            # a function of its own per mode: dynamo keeps its graphs per code object, so one mode's graphs are
-            # never picked up by the other's calls
-            if self._graph == "dynamic":
-
-                def op_dynamic(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
-                    return rms_norm_gated_reference(x, z, w, opts)
-
-                fn = torch.compile(op_dynamic, dynamic=True)
-            else:
-
-                def op_static(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
-                    return rms_norm_gated_reference(x, z, w, opts)
-
-                fn = torch.compile(op_static, dynamic=False)
-            self._compiled[(opts, self._graph)] = fn
-        return fn(x, z, w)
+            self._compiled[key] = torch.compile(fresh_function(op), **self.MODES[self._graph])
+        return self._compiled[key](x, z, w)

@@ -13,78 +13,38 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, dist_version
-from rlnorm.kit.backends.pins import (
-    Setting,
-    autotuner,
-    autotuner_settings,
-    config_words,
-    kernel_name,
-    pin_first_configs,
-)
+from rlnorm.kit.backends import Backend, Grads, dist_version, only_qwen_options, pins
 from rlnorm.options import OpOptions
 
 
-class _Peer(Backend):
-    """A peer's call, refused with the reason when it lacks the options (or an ungated path, `needs_gate`)."""
-
-    needs_gate = False
-
-    def _call(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        raise NotImplementedError
-
-    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        ok, why = self.supports(opts)
-        if not ok:
-            raise BackendUnavailable(f"{self.key}: {why}")
-        if self.needs_gate and z is None:
-            raise BackendUnavailable(f"{self.key}: needs a gate z (the peer has no ungated path)")
-        return self._call(x, z, w, opts)
-
-
-class TransformersBackend(_Peer):
-    """`Qwen3NextRMSNormGated(D, eps)`, weight swapped in by `torch.func.functional_call`.
-
-    Its forward rounds the normalised x to the input dtype before the weight multiply (the reason
-    it is correctly rounded on only ~65% of elements), norms before the gate, and hard-codes silu.
-    """
+class TransformersBackend(Backend):
+    """`Qwen3NextRMSNormGated(D, eps)`, weight swapped in by `torch.func.functional_call`. Its forward rounds the
+    normalised x to the input dtype before the weight multiply (why it is correctly rounded on only ~65% of
+    elements), norms before the gate, and hard-codes silu."""
 
     key = "transformers"
     requires = "transformers.models.qwen3_next.modeling_qwen3_next"
     needs_gate = True
+    source = f"transformers {dist_version('transformers')} Qwen3NextRMSNormGated"
 
     def __init__(self) -> None:
         super().__init__()
-        self.source = f"transformers {dist_version('transformers')} Qwen3NextRMSNormGated"
-        self._modules: dict[tuple[int, float, str], object] = {}
+        self._modules: dict[tuple[int, float, str], torch.nn.Module] = {}
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        if opts.group_size is not None:
-            return False, "Qwen3NextRMSNormGated has no group_size (it normalises the whole row)"
-        if not opts.norm_before_gate:
-            return False, "Qwen3NextRMSNormGated only norms before the gate (norm_before_gate=True)"
-        if opts.activation != "silu":
-            return False, f"Qwen3NextRMSNormGated hard-codes silu, not {opts.activation}"
-        return True, ""
+        return only_qwen_options(opts, "Qwen3NextRMSNormGated")
 
-    def _module(self, d: int, eps: float, device: str) -> object:
-        key = (d, eps, device)
-        mod = self._modules.get(key)
-        if mod is None:
-            from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
 
-            mod = Qwen3NextRMSNormGated(d, eps=eps).to(device)
-            self._modules[key] = mod
-        return mod
-
-    def _call(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        from torch.func import functional_call
-
-        mod = self._module(x.shape[-1], opts.eps, str(x.device))
-        return functional_call(mod, {"weight": w}, (x, z))
+        self._check(z, opts)
+        key = (x.shape[-1], opts.eps, str(x.device))
+        if key not in self._modules:
+            self._modules[key] = Qwen3NextRMSNormGated(key[0], eps=opts.eps).to(key[2])
+        return torch.func.functional_call(self._modules[key], {"weight": w}, (x, z))
 
 
-class FlaLayernormGatedBackend(_Peer):
+class FlaLayernormGatedBackend(Backend):
     """FLA `layernorm_gated.rmsnorm_fn`: one program per (row, group); silu only."""
 
     key = "fla_layernorm_gated"
@@ -96,20 +56,19 @@ class FlaLayernormGatedBackend(_Peer):
             return False, f"layernorm_gated hard-codes silu (z * sigmoid(z)), not {opts.activation}"
         return True, ""
 
-    def _call(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from fla.modules.layernorm_gated import rmsnorm_fn
 
+        self._check(z, opts)
         return rmsnorm_fn(
             x, w, None, z=z, eps=opts.eps, group_size=opts.group_size, norm_before_gate=opts.norm_before_gate
         )
 
 
-class FlaFusedNormGateBackend(_Peer):
-    """FLA `fused_norm_gate.rms_norm_gated`: autotuned rows-per-program; norm before gate, no groups.
-
-    Its autotuners time every config on first use, which needs an active Triton driver: under the interpreter
-    (a CPU) there is none ("0 active drivers"), so there each runs its first config, and the `configurations`
-    check runs the others."""
+class FlaFusedNormGateBackend(Backend):
+    """FLA `fused_norm_gate.rms_norm_gated`: autotuned rows-per-program; norm before gate, no groups. Its autotuners
+    time every config on first use, which needs an active Triton driver: under the interpreter (a CPU) there is none,
+    so there each runs its first config, and the `configurations` check runs the others."""
 
     key = "fla_fused_norm_gate"
     requires = "fla.modules.fused_norm_gate"
@@ -118,17 +77,12 @@ class FlaFusedNormGateBackend(_Peer):
     _ACTIVATION: ClassVar[dict[str, str]] = {"silu": "swish", "sigmoid": "sigmoid"}
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        if opts.group_size is not None:
-            return False, "fused_norm_gate has no group_size"
-        if not opts.norm_before_gate:
-            return False, "fused_norm_gate only norms before the gate (norm_before_gate=True)"
-        if opts.activation not in self._ACTIVATION:
-            return False, f"fused_norm_gate has no activation {opts.activation}"
-        return True, ""
+        return only_qwen_options(opts, "fused_norm_gate", tuple(self._ACTIVATION))
 
-    def _call(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from fla.modules.fused_norm_gate import rms_norm_gated
 
+        self._check(z, opts)
         return rms_norm_gated(x, z, w, None, activation=self._ACTIVATION[opts.activation], eps=opts.eps)
 
     @staticmethod
@@ -140,10 +94,10 @@ class FlaFusedNormGateBackend(_Peer):
         wide = [fng.layer_norm_gated_fwd_kernel1, fng.layer_norm_gated_bwd_kernel1]
         # the launchers' split: one row per program past 512 columns (layer_norm_gated_fwd / _bwd)
         kernels = narrow + wide if d is None else narrow if d <= 512 else wide
-        return [autotuner(k) for k in kernels]
+        return [pins.autotuner(k) for k in kernels]
 
     def _untimed(self, x: Tensor) -> AbstractContextManager[Any]:
-        return pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
+        return pins.pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         with self._untimed(x):
@@ -153,14 +107,14 @@ class FlaFusedNormGateBackend(_Peer):
         with self._untimed(x):
             return super().forward_backward(x, z, w, dy, opts)
 
-    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[pins.Setting]:
         """Every config of the forward's and the backward's autotuner (any of them may win the timing at a row
         count); under the interpreter, which ignores num_warps and num_stages, one per set of constexprs."""
         tuners = self._autotuners(d)
         interp = torch.device(device).type == "cpu"
-        out = autotuner_settings(tuners, distinct_kwargs_only=interp)
+        out = pins.autotuner_settings(tuners, distinct_kwargs_only=interp)
         if interp:
             why = "the Triton interpreter ignores num_warps and num_stages: only a GPU runs them"
-            out += [Setting(kernel_name(at), "config", config_words(c), why=why)
+            out += [pins.Setting(pins.kernel_name(at), "config", pins.config_words(c), why=why)
                     for at in tuners for c in at.configs if c.num_warps != at.configs[0].num_warps]  # fmt: skip
         return out

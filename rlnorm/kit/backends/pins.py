@@ -1,14 +1,13 @@
 """Forcing a kernel's launch configuration for a call: what the `configurations` check runs a backend under.
 
-A backend lists, in `Backend.configurations(opts)`, one `Setting` per value of each launch parameter its kernels
-may pick (an autotuner's configs, a value chosen from the row count); entering a setting's `pin()` makes every
-call inside the block launch with that value. Nothing here is used by a backend's ordinary calls (except
-`pin_first_configs` where no autotuner can time: a CPU under the Triton interpreter).
+Entering a `Setting`'s `pin()` makes every call inside the block launch with that value. A backend's ordinary calls
+use nothing here, except `pin_first_configs` where no autotuner can time (a CPU under the Triton interpreter).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -36,11 +35,18 @@ class Setting:
         return f"{self.kernel}.{self.parameter}"
 
 
+def _unwrap(obj: Any, until: type) -> Any:
+    """Down a Triton kernel's `.fn` chain (Autotuner / Heuristics / JITFunction) to the first `until`, or its end."""
+    for _ in range(8):
+        if isinstance(obj, until) or not hasattr(obj, "fn"):
+            break
+        obj = obj.fn
+    return obj
+
+
 def kernel_name(obj: Any) -> str:
-    """`module.name` of the Python function under a Triton kernel (through Autotuner / Heuristics / JITFunction)."""
-    seen = 0
-    while not isinstance(obj, types.FunctionType) and hasattr(obj, "fn") and seen < 8:
-        obj, seen = obj.fn, seen + 1
+    """`module.name` of the Python function under a Triton kernel."""
+    obj = _unwrap(obj, types.FunctionType)
     return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', getattr(obj, '__name__', repr(obj)))}"
 
 
@@ -48,9 +54,7 @@ def autotuner(obj: Any) -> Any:
     """The triton Autotuner inside a kernel object (under @triton.heuristics, say); ValueError when there is none."""
     from triton.runtime.autotuner import Autotuner
 
-    found, seen = obj, 0
-    while not isinstance(found, Autotuner) and hasattr(found, "fn") and seen < 8:
-        found, seen = found.fn, seen + 1
+    found = _unwrap(obj, Autotuner)
     if not isinstance(found, Autotuner):
         raise ValueError(f"autotuner: {kernel_name(obj)} is not an autotuned Triton kernel")
     return found
@@ -63,18 +67,10 @@ def config_words(config: Any) -> str:
     return ", ".join(parts)
 
 
-@contextlib.contextmanager
-def pin_autotuner(autotuner: Any, config: Any) -> Iterator[None]:
-    """Every launch of `autotuner` (a triton.runtime.autotuner.Autotuner) inside the block runs `config`.
-
-    An Autotuner with a single config launches it without timing (Autotuner.run), so the list is swapped for
-    the block; its cache of earlier picks is left alone and used again after the block."""
-    saved = autotuner.configs
-    autotuner.configs = [config]
-    try:
-        yield
-    finally:
-        autotuner.configs = saved
+def pin_autotuner(autotuner: Any, config: Any) -> AbstractContextManager[None]:
+    """Every launch of `autotuner` (a triton.runtime.autotuner.Autotuner) inside the block runs `config`: with a
+    single config it launches it untimed (Autotuner.run); its cache of earlier picks is used again after."""
+    return patched(autotuner, "configs", [config])
 
 
 @contextlib.contextmanager
@@ -116,14 +112,10 @@ def autotuner_settings(autotuners: list[Any], distinct_kwargs_only: bool = False
         seen: set[tuple] = set()
         for cfg in at.configs:
             sig = tuple(sorted(cfg.kwargs.items()))
-            if distinct_kwargs_only:
-                if sig in seen:
-                    continue
-                seen.add(sig)
-
-            def pin(at: Any = at, cfg: Any = cfg, others: list[Any] = others) -> AbstractContextManager[Any]:
-                return _pinned(at, cfg, others)
+            if distinct_kwargs_only and sig in seen:
+                continue
+            seen.add(sig)
 
             words = ", ".join(f"{k}={v}" for k, v in sig) if distinct_kwargs_only else config_words(cfg)
-            out.append(Setting(kernel_name(at), "config", words, pin))
+            out.append(Setting(kernel_name(at), "config", words, functools.partial(_pinned, at, cfg, others)))
     return out

@@ -27,10 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
-
 from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error
-from rlnorm.options import OpOptions
 
 __all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "Pin", "StackFiles", "StackRow", "find", "installed", "load"]
 __all__ += ["load_file", "read_function", "unpack"]
@@ -165,13 +162,11 @@ def unpack(archive: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent))
     try:
         with tarfile.open(archive, "r:gz") as tar:
-            if hasattr(tarfile, "data_filter"):
-                tar.extractall(tmp, filter="data")
-            else:  # Python without extraction filters: refuse members that would land outside tmp
-                for member in tar.getmembers():
-                    if member.name.startswith("/") or ".." in Path(member.name).parts:
-                        raise ValueError(f"{archive}: member {member.name!r} points outside the archive")
-                tar.extractall(tmp)
+            # refused before extraction even where Python has no extraction filters
+            outside = [m.name for m in tar.getmembers() if m.name.startswith("/") or ".." in Path(m.name).parts]
+            if outside:
+                raise ValueError(f"{archive}: members {outside} point outside the archive")
+            tar.extractall(tmp, **({"filter": "data"} if hasattr(tarfile, "data_filter") else {}))
         os.replace(tmp, dest)
     except OSError:
         if not dest.is_dir():  # another process unpacked the same archive first: use its copy
@@ -209,10 +204,11 @@ def find(pin: Pin, given: str | Path | None = None) -> tuple[StackFiles | None, 
     )
 
 
-def load(files: StackFiles, rels: tuple[str, ...] | list[str], stand_ins: list[types.ModuleType]) -> dict[str, Any]:
-    """Execute the files `rels` (in import order) as the modules they are, with `stand_ins` and an empty module for
-    each of the pin's `empty` under their names. Returns the modules by name; none of them stays in sys.modules, and
-    whatever was there under the stack's names before comes back after (one lock for every stack's files)."""
+def load(files: StackFiles, rels: tuple[str, ...] | list[str], stand_ins: Mapping[str, dict[str, Any]]) -> dict:
+    """Execute the files `rels` (in import order) as the modules they are, beside a module per name in `stand_ins`
+    holding its attributes and an empty module for each of the pin's `empty`. Returns the modules by name; none of
+    them stays in sys.modules, and whatever was there under the stack's names before comes back after (one lock for
+    every stack's files)."""
     missing = [rel for rel in rels if not files.path(rel).is_file()]
     if missing:
         raise FileNotFoundError(f"{files.pin.dist} files under {files.root} lack {missing}")
@@ -234,8 +230,9 @@ def load(files: StackFiles, rels: tuple[str, ...] | list[str], stand_ins: list[t
         for k in saved:
             del sys.modules[k]
         try:
-            for module in [*stand_ins, *(types.ModuleType(name) for name in files.pin.empty)]:
-                install(module.__name__, module)
+            for name, attrs in {**{name: {} for name in files.pin.empty}, **stand_ins}.items():
+                install(name, types.ModuleType(name))
+                ours[name].__dict__.update(attrs)
             for rel in rels:
                 spec = importlib.util.spec_from_file_location(rel[:-3].replace("/", "."), files.path(rel))
                 assert spec is not None and spec.loader is not None
@@ -308,11 +305,10 @@ def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Calla
 
 
 class StackRow(Backend):
-    """A row from a pinned stack's files (`files`: a folder or archive in their place): `_load` reads them once;
+    """A row from a pinned stack's files (`files`: a folder or archive in their place): its `_load` reads them once;
     files missing or failing to load are the reason it cannot run."""
 
     pin: Pin
-    needs_gate = False
 
     def __init__(self, files: str | Path | None = None) -> None:
         super().__init__()
@@ -325,9 +321,6 @@ class StackRow(Backend):
         return f"{self.pin.dist} {self.pin.version} {self.what()} ({where}; stood in: {stood})"
 
     def what(self) -> str:
-        raise NotImplementedError
-
-    def _load(self) -> Any:
         raise NotImplementedError
 
     def loaded(self) -> Any:
@@ -346,10 +339,3 @@ class StackRow(Backend):
             pinned = f"{self.pin.dist} {self.pin.version}"
             return f"{pinned}'s files under {self.files.root} do not load: {describe_error(exc)}"
         return None
-
-    def _check(self, x: Tensor, z: Tensor | None, opts: OpOptions) -> None:
-        ok, why = self.supports(opts)
-        if not ok:
-            raise BackendUnavailable(f"{self.key}: {why}")
-        if self.needs_gate and z is None:
-            raise BackendUnavailable(f"{self.key}: needs a gate z (the stack's layer always passes one)")

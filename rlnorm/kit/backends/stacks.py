@@ -19,14 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlnorm.kit.backends import check_inputs, describe_error
+from rlnorm.kit.backends import check_inputs, describe_error, only_qwen_options
 from rlnorm.kit.backends import stack_files as sf
+from rlnorm.kit.backends import vllm_native as vn
 from rlnorm.kit.backends.vllm import VllmBackend
-from rlnorm.kit.backends.vllm_native import (
-    VllmNativeBackend,
-    VllmNativeBatchInvariantBackend,
-    VllmNativeCompiledBackend,
-)
 from rlnorm.options import OpOptions
 
 __all__ = ["MegatronGdnBackend", "MegatronGdnBatchInvariantBackend", "SglangFusedNormGateBackend"]
@@ -39,16 +35,6 @@ def _interp() -> str:
     return "" if torch.cuda.is_available() else ", under the Triton interpreter"
 
 
-def _only_qwen_options(opts: OpOptions, who: str, activations: tuple[str, ...] = ("silu",)) -> tuple[bool, str]:
-    if opts.group_size is not None:
-        return False, f"{who} has no group_size (it normalises the whole row)"
-    if not opts.norm_before_gate:
-        return False, f"{who} only norms before the gate (norm_before_gate=True)"
-    if opts.activation not in activations:
-        return False, f"{who} has no activation {opts.activation} (only {', '.join(activations)})"
-    return True, ""
-
-
 # -- SGLang 0.5.23 -----------------------------------------------------------------------------------------------
 _SGL = "sglang.kernels.ops.attention.fla."
 
@@ -57,40 +43,30 @@ def _capability() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if torch.cuda.is_available() else None
 
 
+def _no_server_config() -> Any:
+    raise ValueError("no server config is published here")
+
+
 def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, types.ModuleType]:
     """SGLang's fused_norm_gate and layernorm_gated modules, executed from its files with `pin.stood_in` standing
     in; `batch_invariant` is what is_batch_invariant_mode_enabled() answers (--enable-deterministic-inference)."""
     common = files.path("sglang/srt/utils/common.py")
-    utils = types.ModuleType("sglang.srt.utils")
     # device_context's own lines: on a host without a GPU it answers as SGLang's CPU engine (torch.device("cpu"))
     ctx_scope = {"torch": torch, "contextmanager": contextlib.contextmanager, "is_cpu": lambda: _capability() is None}
-    utils.__dict__.update(
-        cdiv=sf.read_function(common, "cdiv", {}),
-        next_power_of_2=sf.read_function(common, "next_power_of_2", {}),
-        device_context=sf.read_function(common, "device_context", ctx_scope),
-        is_cpu=lambda: False,
-        is_npu=lambda: False,
-        cpu_has_amx_support=lambda: False,
-    )
-    jit = types.ModuleType("sglang.kernels.jit.utils")
-    jit.__dict__.update(
-        is_arch_support_pdl=lambda: (_capability() or (0, 0))[0] >= 9 and torch.version.hip is None,
-        get_jit_cuda_arch=lambda: types.SimpleNamespace(major=_capability()[0], minor=_capability()[1]),  # type: ignore[index]
-    )
-    bio = types.ModuleType("sglang.srt.batch_invariant_ops")
-    bio.__dict__.update(is_batch_invariant_mode_enabled=lambda: batch_invariant)
-    runtime = types.ModuleType("sglang.srt.runtime_context")
-
-    def get_exec() -> Any:
-        raise ValueError("no server config is published here")
-
-    runtime.__dict__.update(get_exec=get_exec)
-    modules = [
-        "sglang/srt/model_executor/cuda_graph_config.py",
-        "sglang/kernels/ops/attention/fla/fused_norm_gate.py",
-        "sglang/kernels/ops/attention/fla/layernorm_gated.py",
-    ]
-    loaded = sf.load(files, modules, [utils, jit, bio, runtime])
+    utils = {name: sf.read_function(common, name, {}) for name in ("cdiv", "next_power_of_2")}
+    utils["device_context"] = sf.read_function(common, "device_context", ctx_scope)
+    arch = {
+        "is_arch_support_pdl": lambda: (_capability() or (0, 0))[0] >= 9 and torch.version.hip is None,
+        "get_jit_cuda_arch": lambda: types.SimpleNamespace(major=_capability()[0], minor=_capability()[1]),  # type: ignore[index]
+    }
+    stand_ins = {
+        "sglang.srt.utils": {**utils, **dict.fromkeys(("is_cpu", "is_npu", "cpu_has_amx_support"), lambda: False)},
+        "sglang.kernels.jit.utils": arch,
+        "sglang.srt.batch_invariant_ops": {"is_batch_invariant_mode_enabled": lambda: batch_invariant},
+        "sglang.srt.runtime_context": {"get_exec": _no_server_config},
+    }
+    norms = [_SGL.replace(".", "/") + f"{m}.py" for m in ("fused_norm_gate", "layernorm_gated")]
+    loaded = sf.load(files, ["sglang/srt/model_executor/cuda_graph_config.py", *norms], stand_ins)
     lg = loaded[_SGL + "layernorm_gated"]
     if _capability() is None:  # its torch.cuda query has no answer on a CPU: torch's threads, as vLLM's CPU platform
         lg._get_sm_count = functools.cache(lambda device: torch.get_num_threads())
@@ -101,24 +77,19 @@ class _SglangRow(sf.StackRow):
     pin = sf.PINS["sglang"]
     has_backward = False  # SGLang's autograd Functions define no backward: it samples, never trains
     batch_invariant = False
+    writes_input = False
 
     def _load(self) -> Any:
         return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
 
-    def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
-        raise NotImplementedError
-
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         if not check_inputs(x, z, w, opts):
             return torch.empty_like(x)
-        self._check(x, z, opts)
+        self._check(z, opts)
         mod = self._module(x.shape[-1], w, opts)
         mod.weight = nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         with torch.no_grad():
-            return self._call(mod, x, z)
-
-    def _call(self, mod: nn.Module, x: Tensor, z: Tensor | None) -> Tensor:
-        return mod(x, z)
+            return mod(x.clone() if self.writes_input else x, z)
 
 
 class SglangFusedNormGateBackend(_SglangRow):
@@ -127,6 +98,7 @@ class SglangFusedNormGateBackend(_SglangRow):
 
     key = "sglang_fused_norm_gate"
     needs_gate = True
+    writes_input = True  # y = x: layer_norm_gated_fwd stores the output over its input
 
     def what(self) -> str:
         return (
@@ -135,14 +107,11 @@ class SglangFusedNormGateBackend(_SglangRow):
         )
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return _only_qwen_options(opts, "FusedRMSNormGated", ("silu", "sigmoid"))
+        return only_qwen_options(opts, "FusedRMSNormGated", ("silu", "sigmoid"))
 
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
         cls = self.loaded()["fused_norm_gate"].FusedRMSNormGated
         return cls(d, eps=opts.eps, activation=opts.activation, device=w.device, dtype=w.dtype)
-
-    def _call(self, mod: nn.Module, x: Tensor, z: Tensor | None) -> Tensor:
-        return mod(x.clone(), z)  # y = x: layer_norm_gated_fwd stores the output over its input
 
 
 class SglangLayernormGatedBackend(_SglangRow):
@@ -162,16 +131,7 @@ class SglangLayernormGatedBackend(_SglangRow):
         return f"{built}, {mode}{_interp()}"
 
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
-        cls = self.loaded()["layernorm_gated"].RMSNorm
-        return cls(
-            d,
-            eps=opts.eps,
-            group_size=opts.group_size,
-            norm_before_gate=opts.norm_before_gate,
-            device=w.device,
-            dtype=w.dtype,
-            activation=opts.activation,
-        )
+        return self.loaded()["layernorm_gated"].RMSNorm(d, **opts.as_dict(), device=w.device, dtype=w.dtype)
 
 
 class SglangLayernormGatedDeterministicBackend(SglangLayernormGatedBackend):
@@ -196,10 +156,10 @@ class TorchtitanBackend(sf.StackRow):
         return sf.read_function(path, "RMSNormGated.forward", {"torch": torch, "F": F})
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return _only_qwen_options(opts, "TorchTitan's RMSNormGated")
+        return only_qwen_options(opts, "TorchTitan's RMSNormGated")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._check(x, z, opts)
+        self._check(z, opts)
         return self.loaded()(types.SimpleNamespace(eps=opts.eps, weight=w), x, z)
 
 
@@ -226,16 +186,12 @@ class _MegatronRow(sf.StackRow):
         return sf.read_function(path, "_GDNBase._apply_gated_norm", {"jit_fuser": self.jit_fuser})
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return _only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
-
-    def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
-        raise NotImplementedError
+        return only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._check(x, z, opts)
+        self._check(z, opts)
         layer = types.SimpleNamespace(out_norm=self.out_norm(w, opts), act_fn=F.silu)
-        y = self.loaded()(layer, x, z)
-        return y.reshape(x.shape)
+        return self.loaded()(layer, x, z).reshape(x.shape)
 
 
 class MegatronGdnBackend(_MegatronRow):
@@ -252,10 +208,10 @@ class MegatronGdnBackend(_MegatronRow):
         try:
             import transformer_engine.pytorch  # noqa: F401
         except Exception as exc:
-            return f"needs Transformer Engine: {describe_error(exc)}".splitlines()[0][:160]
+            return f"needs Transformer Engine: {describe_error(exc)}"[:160]
         return super()._import_reason()
 
-    def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
+    def out_norm(self, w: Tensor, opts: OpOptions) -> Callable[[Tensor], Tensor]:
         import transformer_engine.pytorch as te
 
         norm = te.RMSNorm(w.shape[0], eps=opts.eps, zero_centered_gamma=True, params_dtype=w.dtype, device=w.device)
@@ -273,18 +229,6 @@ class _Holding(nn.Module):
         return torch.func.functional_call(self.norm, {"weight": self.held}, (x,))
 
 
-class _PatchedTERMSNorm(nn.Module):
-    """TE's RMSNorm as Megatron's batch-invariant mode leaves it: its forward is `_te_rmsnorm_forward_patched`."""
-
-    def __init__(self, forward: Callable[..., Tensor], weight: Tensor, eps: float) -> None:
-        super().__init__()
-        self._forward, self.eps, self.zero_centered_gamma = forward, eps, True
-        self.weight = weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self._forward(self, x)
-
-
 class MegatronGdnBatchInvariantBackend(_MegatronRow):
     key = "megatron_gdn_batch_invariant"
 
@@ -300,29 +244,23 @@ class MegatronGdnBatchInvariantBackend(_MegatronRow):
         self.bik = sf.load_file(self.files, _BIK)  # type: ignore[arg-type]
         return super()._load()
 
-    def out_norm(self, w: Tensor, opts: OpOptions) -> nn.Module:
-        self.loaded()
-        return _PatchedTERMSNorm(self.bik._te_rmsnorm_forward_patched, zero_centred(w), opts.eps)
+    def out_norm(self, w: Tensor, opts: OpOptions) -> Callable[[Tensor], Tensor]:
+        self.loaded()  # TE's RMSNorm as batch-invariant mode leaves it: its forward is _te_rmsnorm_forward_patched
+        te_norm = types.SimpleNamespace(weight=zero_centred(w), eps=opts.eps, zero_centered_gamma=True)
+        return functools.partial(self.bik._te_rmsnorm_forward_patched, te_norm)
 
 
 # -- vLLM 0.33.0, beside the installed 0.30.0: the vLLM rows on its pin ------------------------------------------
-_VLLM_033 = sf.PINS["vllm-0.33.0"]
+def _at_033(base: type, key: str, **attrs: Any) -> type:
+    """`base`'s row on vLLM 0.33.0's pin."""
+    name = base.__name__.replace("Backend", "033Backend")
+    pin = sf.PINS["vllm-0.33.0"]
+    return type(name, (base,), {"__module__": __name__, "__qualname__": name, "key": key, "pin": pin, **attrs})
 
 
-class Vllm033Backend(VllmBackend):
-    """The `vllm` row at vLLM 0.33.0: forward_cuda -> torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated ->
-    layernorm_guard.rmsnorm_fn with forward_cuda's arguments (layernorm.py:413-455), from 0.33.0's files only."""
-
-    key, pin, imports = "vllm_033", _VLLM_033, False
-
-
-class VllmNative033Backend(VllmNativeBackend):
-    key, pin = "vllm_native_033", _VLLM_033
-
-
-class VllmNativeCompiled033Backend(VllmNativeCompiledBackend):
-    key, pin = "vllm_native_compiled_033", _VLLM_033
-
-
-class VllmNativeBatchInvariant033Backend(VllmNativeBatchInvariantBackend):
-    key, pin = "vllm_native_batch_invariant_033", _VLLM_033
+# `vllm_033`: forward_cuda -> torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated -> layernorm_guard.rmsnorm_fn
+# with forward_cuda's arguments (layernorm.py:413-455), from 0.33.0's files only
+Vllm033Backend = _at_033(VllmBackend, "vllm_033", imports=False)
+VllmNative033Backend = _at_033(vn.VllmNativeBackend, "vllm_native_033")
+VllmNativeCompiled033Backend = _at_033(vn.VllmNativeCompiledBackend, "vllm_native_compiled_033")
+VllmNativeBatchInvariant033Backend = _at_033(vn.VllmNativeBatchInvariantBackend, "vllm_native_batch_invariant_033")

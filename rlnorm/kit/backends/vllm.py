@@ -1,13 +1,10 @@
 """The `vllm` backend: vLLM's `RMSNormGated.forward_cuda`, forward only (docs/spec.md §6, docs/vllm.md).
 
 forward_cuda is one call, `layernorm_guard.rmsnorm_fn(x, weight, None, z=z, **options)`, a Triton kernel (no
-autograd), what `enforce_eager=True` runs. What runs is decided once (`plan`) and said in `source`: where vllm
-imports, the real module under a vLLM config with our weight (without a GPU: CUDA_VISIBLE_DEVICES="" so vLLM keeps
-Triton, and the interpreter); where it cannot import, `rmsnorm_fn` from vLLM's own files (`stack_files`, the pin
-`PINS["vllm"]`); else nothing, with the reason (stacks.py's `vllm_033`: this row on 0.33.0's pin, files only). The
-first import happens in a CHILD process (`--probe DEVICE`) that also runs forward_cuda on a tiny input, so a failing,
-crashing or hanging import is reported with vLLM's own error and vLLM's import-time patches of torch stay out of the
-kit's process.
+autograd). What runs is decided once (`plan`) and said in `source`: the imported module where vllm imports, else
+`rmsnorm_fn` from vLLM's own files (`stack_files`), else nothing, with the reason. vllm is first imported in a CHILD
+process (`--probe DEVICE`), so a failing or hanging import is reported with vLLM's own error and its import-time
+patches of torch stay out of the kit's process.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import Backend, BackendUnavailable, Grads, check_inputs, describe_error, dist_version
+from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error, dist_version
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.process import run_child
@@ -35,16 +32,14 @@ from rlnorm.options import OpOptions
 __all__ = ["VllmBackend", "answer_compute_units", "compute_units", "load_layernorm_guard"]
 __all__ += ["prepare_import", "probe", "reason_from_probe", "rmsnorm_call", "run_probe", "vllm_version"]
 
-DIST = "vllm"
 GUARD = sf.VLLM_GUARD[-1].removesuffix(".py").replace("/", ".")  # layernorm_guard's module name
 _PROBE_MARK = "RLNORM_VLLM_PROBE "
 _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang must still end
 
 
 def vllm_version() -> str | None:
-    """The installed vllm distribution's version, or None when it is not installed."""
-    version = dist_version(DIST)
-    return None if version == "?" else version
+    """The installed vllm's version, or None."""
+    return None if (version := dist_version("vllm")) == "?" else version
 
 
 def _device_type(device: str) -> str:
@@ -89,17 +84,17 @@ def load_layernorm_guard(files: sf.StackFiles) -> types.ModuleType:
     import triton
     import triton.language as tl
 
-    triton_utils = types.ModuleType("vllm.triton_utils")
-    triton_utils.__dict__.update(HAS_TRITON=True, triton=triton, tl=tl)
-    platforms = types.ModuleType("vllm.platforms")
-    platforms.current_platform = types.SimpleNamespace(  # the part of current_platform the files use
+    platform = types.SimpleNamespace(  # the part of current_platform the files use
         device_type="cuda" if torch.cuda.is_available() else "cpu",
         is_cuda_alike=torch.cuda.is_available,
         num_compute_units=lambda device_id=0: compute_units(device_id),
     )
-    platform_utils = types.ModuleType("vllm.utils.platform_utils")
-    platform_utils.num_compute_units = functools.cache(compute_units)
-    return sf.load(files, sf.VLLM_GUARD, [triton_utils, platforms, platform_utils])[GUARD]
+    stand_ins = {
+        "vllm.triton_utils": {"HAS_TRITON": True, "triton": triton, "tl": tl},
+        "vllm.platforms": {"current_platform": platform},
+        "vllm.utils.platform_utils": {"num_compute_units": functools.cache(compute_units)},
+    }
+    return sf.load(files, sf.VLLM_GUARD, stand_ins)[GUARD]
 
 
 def rmsnorm_call(rmsnorm_fn: Any, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
@@ -121,8 +116,7 @@ def probe(device: str) -> dict[str, Any]:
     Returns the stage reached, vLLM's Triton decision and the error's last line, for `reason_from_probe`."""
     prepare_import(device)
     out: dict[str, Any] = {"device": device, "stage": "import", "error": None}
-    out["cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
-    out["triton_interpret"] = os.environ.get("TRITON_INTERPRET")
+    out |= {k.lower(): os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")}
     try:
         import vllm
         from vllm.platforms import current_platform
@@ -199,7 +193,7 @@ class VllmBackend(Backend):
     key = "vllm"
     pin = sf.PINS["vllm"]
     imports = True  # False: the pin's files only, never the installed vllm (another release)
-    has_backward = False
+    has_backward = False  # forward_cuda calls its Triton kernel without an autograd.Function: inference only
 
     def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
         """files: run `rmsnorm_fn` from these vLLM files (a folder or archive) even where vllm imports."""
@@ -208,7 +202,7 @@ class VllmBackend(Backend):
         self.files_given = files
         self.probe_timeout_s = probe_timeout_s
         self.probe_env: dict[str, str] | None = None  # extra environment for the probe child (tests)
-        self.last_probe: dict[str, Any] | None = None  # what the child reported, for the record
+        self.last_probe: dict[str, Any] | None = None
         self._probes: dict[str, dict[str, Any]] = {}
         self._plan: Plan | None = None
         self._modules: dict[tuple, Any] = {}
@@ -257,7 +251,7 @@ class VllmBackend(Backend):
     def _probe_child(self, device: str) -> dict[str, Any]:
         if device not in self._probes:
             self._probes[device] = run_probe(device, timeout_s=self.probe_timeout_s, env=self.probe_env)
-        self.last_probe = self._probes[device]
+        self.last_probe = self._probes[device]  # for the record
         return self.last_probe
 
     # -- Backend ----------------------------------------------------------------------------------------------------
@@ -286,13 +280,12 @@ class VllmBackend(Backend):
 
     def _run_imported(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         key = (x.shape[-1], w.dtype, str(w.device), opts)
-        mod = self._modules.get(key)
-        if mod is None:
+        if key not in self._modules:
             prepare_import(str(x.device))
             if x.device.type == "cpu":
                 answer_compute_units()
-            mod = build_module(x.shape[-1], w, opts)
-            self._modules[key] = mod
+            self._modules[key] = build_module(x.shape[-1], w, opts)
+        mod = self._modules[key]
         mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         with torch.no_grad():
             return mod.forward_cuda(x, z)
@@ -324,12 +317,6 @@ class VllmBackend(Backend):
             return patched(guard, "calc_rows_per_block", lambda rows, device, n=n: n)
 
         return [Setting(kernel, "ROWS_PER_BLOCK", str(n), lambda n=n: pin(n)) for n in (1, 2, 4)]
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        raise BackendUnavailable(
-            f"{self.key}: no backward: vLLM's RMSNormGated.forward_cuda calls its Triton kernel directly, "
-            "without an autograd.Function (vLLM is inference-only)"
-        )
 
     def __repr__(self) -> str:  # never decides: reading `source` may start the probe child
         decided = self._plan.source if self._plan is not None else "(not decided yet)"

@@ -15,9 +15,7 @@ that they give forward_native's bits.
 
 from __future__ import annotations
 
-import itertools
 import os
-import types
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -28,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlnorm.kit.backends import BackendUnavailable, check_inputs
+from rlnorm.kit.backends import BackendUnavailable, check_inputs, fresh_function
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.options import OpOptions
 
@@ -38,7 +36,6 @@ __all__ += ["native_call", "vllm_inductor_options"]
 # The rows vLLM's profile run traces the graph at: offline max_num_batched_tokens on an H200 (16384) x
 # Qwen3-Next-80B's 32 value heads over tensor parallel 2 (the norm sees one row per token and head).
 COMPILE_ROWS = 16384 * 16
-_CODE_IDS = itertools.count()
 
 
 def native_call(
@@ -64,12 +61,6 @@ def vllm_inductor_options(device_type: str) -> dict[str, Any]:
     if _torch_at_least("2.9.0.dev") and device_type != "cpu":
         opts.update(combo_kernels=True, benchmark_combo_kernel=True)
     return opts
-
-
-def _skip_all_guards() -> Callable[[list[Any]], list[bool]]:
-    """What vLLM passes as guard_filter_fn (compilation/wrapper.py): drop every guard."""
-    skip = getattr(torch.compiler, "skip_all_guards_unsafe", None)
-    return skip if skip is not None else (lambda entries: [False for _ in entries])
 
 
 class _FromVllmFiles(sf.StackRow):
@@ -124,13 +115,11 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
         d = x.shape[-1]
         # every guard is dropped, so nothing but this key may tell two graphs apart
         key = (opts, d, x.dtype, w.dtype, z is None, str(x.device))
-        fn = self._compiled.get(key)
-        if fn is None:
-            fn = self._compile(x, z, w, opts)
-            self._compiled[key] = fn
+        if key not in self._compiled:
+            self._compiled[key] = self._compile(x, z, w, opts)
         x2 = x.reshape(-1, d).contiguous()
         z2 = None if z is None else z.reshape(-1, d).contiguous()
-        return fn(x2, z2, w.contiguous()).reshape(x.shape)
+        return self._compiled[key](x2, z2, w.contiguous()).reshape(x.shape)
 
     def _compile(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Callable[..., Tensor]:
         forward_static = self.loaded()
@@ -138,20 +127,18 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
         def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
             return native_call(forward_static, x, z, w, opts)
 
-        # Dynamo keeps compiled graphs per code object, and with every guard dropped the first graph of a code
-        # object would serve every later closure (other options, dtypes): each key gets a code object of its own
-        code = op.__code__.replace(co_name=f"vllm_native_compiled_{next(_CODE_IDS)}")
-        fresh = types.FunctionType(code, op.__globals__, code.co_name, op.__defaults__, op.__closure__)
-        options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": _skip_all_guards()}
-        fn = torch.compile(fresh, fullgraph=True, dynamic=False, backend="inductor", options=options)
+        # every guard dropped, as vLLM's guard_filter_fn does (compilation/wrapper.py): the first graph of a code
+        # object would serve every later closure (other options)
+        skip = getattr(torch.compiler, "skip_all_guards_unsafe", None) or (lambda entries: [False] * len(entries))
+        options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": skip}
+        fn = torch.compile(fresh_function(op), fullgraph=True, dynamic=False, backend="inductor", options=options)
         # the one compile, at the profile run's size, with the row dimension dynamic (backed), as vLLM marks it
         gen = torch.Generator().manual_seed(0)
         shape = (self.compile_rows, x.shape[-1])
-        xh = torch.randn(shape, generator=gen).to(device=x.device, dtype=x.dtype)
-        zh = None if z is None else torch.randn(shape, generator=gen).to(device=z.device, dtype=z.dtype)
-        torch._dynamo.mark_dynamic(xh, 0)
-        if zh is not None:
-            torch._dynamo.mark_dynamic(zh, 0)
+        xh, zh = (None if t is None else torch.randn(shape, generator=gen).to(t) for t in (x, z))
+        for t in (xh, zh):
+            if t is not None:
+                torch._dynamo.mark_dynamic(t, 0)
         fn(xh, zh, w.contiguous())
         return fn
 
