@@ -37,16 +37,15 @@ from typing import Any
 
 import torch
 
-from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
     CheckOutcome,
     Trail,
     call,
-    case_spec,
     check_common,
     check_ints,
     has_backward,
+    new_case,
 )
 from rlnorm.kit.results import KernelLaunches, Launches
 from rlnorm.options import OpOptions
@@ -379,9 +378,8 @@ def launch(
     try:
         with _installed(rec, interpreted):
             for rows in rows_ladder:
-                case = make_case(rows, d, seed=seed, device=device, weight_dtype=wdt)
+                case, _ = new_case(trail, "launch", rows, d, seed, wdt, device, opts, whole=False)
                 for name, grad in passes:
-                    trail.case("launch", case_spec(rows, d, seed, wdt), opts)
                     trail.batch({"kind": "slice", "start": 0, "size": rows})
                     rec.rows, rec.pass_ = rows, name
 
