@@ -143,13 +143,7 @@ def _bench(backend: Backend, opts: OpOptions, device: str, heads: int, d: int, s
 
 
 def forward_gate(
-    backend: Backend,
-    opts: OpOptions,
-    device: str,
-    heads: int = 2,
-    d: int = 128,
-    seed: int = 0,
-    trail: Trail = NO_TRAIL,
+    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
 ) -> list[str]:
     """Every token's forward output bitwise equal across cells."""
     b = _bench(backend, opts, device, heads, d, seed, trail)
@@ -167,13 +161,7 @@ def forward_gate(
 
 
 def gradient_gate(
-    backend: Backend,
-    opts: OpOptions,
-    device: str,
-    heads: int = 2,
-    d: int = 128,
-    seed: int = 0,
-    trail: Trail = NO_TRAIL,
+    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
 ) -> list[str]:
     """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
     b = _bench(backend, opts, device, heads, d, seed, trail)
