@@ -89,6 +89,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     """One backend's checks, agreement output and gates, as the job says; the worker's exit status."""
     spec, device, folder = job["backend"], job["device"], Path(job["folder"])
     params = load_params(job["params"])
+    opts = params.op_options()
     report = WorkerReport(BackendResult(source=spec, backward="none", status="failed", errors={}))
 
     def save() -> None:
@@ -118,30 +119,22 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         out = run_check(name, backend, bars, device, trail)
         if out.error:
             errors[name] = out.error
-        inv = result.batch_invariance
-        if name in ("accuracy_latency", "configurations"):
-            setattr(result, name, out.summary)
-        elif name == "launch":
-            result.launches = out.summary  # type: ignore[assignment]
-        elif name == "dweight_repeatable":
-            inv.dweight_repeatable = out.summary.dweight_repeatable  # type: ignore[union-attr]
-        else:
-            setattr(inv, name, out.summary)
+        owner = result.batch_invariance if name in common.INVARIANCE_CHECKS else result
+        value = out.summary.dweight_repeatable if name == "dweight_repeatable" else out.summary  # type: ignore[union-attr]
+        setattr(owner, {"launch": "launches"}.get(name, name), value)
         for r in out.records:  # the worker's own names win: a record naming another backend would be filed there
             r.backend, r.check = spec, name
         report.records.extend(out.records)
 
     def agreement() -> None:
-        y = agreement_output(
-            backend, params.op_options(), device, trail=trail, **check_kwargs(agreement_output, params)
-        )
+        y = agreement_output(backend, opts, device, trail=trail, **check_kwargs(agreement_output, params))
         write_atomic(folder / AGREEMENT_FILE, lambda fh: torch.save(y.cpu(), fh))
 
     def gate() -> None:
-        result.contract_gates = gates.run_gates(backend, params.op_options(), device, d=params.d, trail=trail)
+        result.contract_gates = gates.run_gates(backend, opts, device, d=params.d, trail=trail)
 
     def digests() -> None:
-        result.digests = output_digests(backend, params.op_options(), device, d=params.d)
+        result.digests = output_digests(backend, opts, device, d=params.d)
 
     steps: list[tuple[str, Callable[[], None]]] = [(name, lambda name=name: keep(name)) for name in selected]
     ends = (("agreement", agreement), ("digests", digests), ("contract_gates", gate))
@@ -287,14 +280,8 @@ def run_batch(spec: str, rebuild: dict[str, Any], device: str, timeout_s: float 
     """Give one backend one rebuilt batch in a process of its own; say how that process ended:
     {"survived", "cause" ("ran to the end" or how it died), "signal", "exit_code", "stderr_tail", "seconds"}."""
     ended = run_child(_argv({"backend": spec, "device": device, "rebuild": rebuild}, "--batch"), timeout_s)
-    return {
-        "survived": ended.ok,
-        "cause": "ran to the end" if ended.ok else ended.cause,
-        "signal": ended.signal,
-        "exit_code": ended.exit_code,
-        "stderr_tail": ended.stderr_tail,
-        "seconds": ended.seconds,
-    }
+    said = {k: getattr(ended, k) for k in ("signal", "exit_code", "stderr_tail", "seconds")}
+    return {"survived": ended.ok, "cause": "ran to the end" if ended.ok else ended.cause, **said}
 
 
 if __name__ == "__main__":
