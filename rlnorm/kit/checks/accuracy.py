@@ -16,6 +16,7 @@ from rlnorm.kit.checks.common import (
     CheckOutcome,
     Trail,
     backend_key,
+    caught,
     check_common,
     check_int,
     has_backward,
@@ -25,7 +26,7 @@ from rlnorm.kit.results import Accuracy
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
-from rlnorm.timing import CpuClock, CudaClock, describe_error
+from rlnorm.timing import CpuClock, CudaClock
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
@@ -92,8 +93,7 @@ def accuracy_latency(
     dev = torch.device(device)
     with_grad = has_backward(backend)
     s = Accuracy(rows=rows, device=str(dev), timed=False)
-    bar = tqdm(total=4, desc=f"{backend_key(backend)} accuracy_latency", disable=not progress)
-    try:
+    with caught(s), tqdm(total=4, desc=f"{backend_key(backend)} accuracy_latency", disable=not progress) as bar:
         case, _ = new_case(trail, "accuracy_latency", rows, d, seed, wdt, device, opts, whole=True)
         x, z, w, dy = case.x, case.z, case.w, case.dy
         # -- forward accuracy
@@ -146,8 +146,4 @@ def accuracy_latency(
             s.host_bound = host_bound  # True: the GPU queue ran dry, the time includes host overhead
             s.timed = True
         bar.update(bar.total - bar.n)
-    except Exception as exc:
-        s.error = describe_error(exc)
-    finally:
-        bar.close()
     return CheckOutcome(s, [], s.error)

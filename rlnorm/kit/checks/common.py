@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from rlnorm.kit import results as res
 from rlnorm.kit.results import REBUILD_VERSION, BackendResult, BatchInvariance, Record, dtype_name
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
+from rlnorm.timing import describe_error
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
@@ -68,6 +70,15 @@ class Trail:
 
 
 NO_TRAIL = Trail()  # marks nothing: the default of a check called on its own
+
+
+@contextlib.contextmanager
+def caught(summary: Any) -> Iterator[None]:
+    """A check's body: what it raises becomes `summary.error`, and what it got before stands."""
+    try:
+        yield
+    except Exception as exc:
+        summary.error = describe_error(exc)
 
 
 def check_int(name: str, value: Any, low: int = 0) -> int:

@@ -25,6 +25,7 @@ from rlnorm.kit.checks.common import (
     bits,
     call,
     call_rows,
+    caught,
     check_common,
     check_int,
     check_ints,
@@ -35,7 +36,6 @@ from rlnorm.kit.checks.common import (
 from rlnorm.kit.checks.rows import sub_batch_plan
 from rlnorm.kit.results import ConfigPair, Configurations
 from rlnorm.options import OpOptions
-from rlnorm.timing import describe_error
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
@@ -107,7 +107,7 @@ def configurations(
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
     with_grad = has_backward(backend)
     summary = Configurations()
-    try:
+    with caught(summary):
         groups: dict[str, list[Setting]] = {}
         for s in backend.configurations(opts, device, d):
             groups.setdefault(s.key, []).append(s)
@@ -138,6 +138,4 @@ def configurations(
             if clean and key not in summary.unexercised:
                 implied = {n for s in group for n in s.implies}
                 summary.cleared += [key, *sorted(implied - set(summary.cleared))]
-    except Exception as exc:
-        summary.error = describe_error(exc)
     return CheckOutcome(summary, [], summary.error)

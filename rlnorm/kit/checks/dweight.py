@@ -15,6 +15,7 @@ from rlnorm.kit.checks.common import (
     Recorder,
     Trail,
     backend_key,
+    caught,
     check_common,
     check_int,
     differ_rows,
@@ -22,7 +23,6 @@ from rlnorm.kit.checks.common import (
     new_case,
 )
 from rlnorm.options import OpOptions
-from rlnorm.timing import describe_error
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
@@ -53,7 +53,7 @@ def dweight_repeatable(
     if not has_backward(backend):
         summary.reason = "no backward"
         return CheckOutcome(summary, [])
-    try:
+    with caught(summary):
         case, spec = new_case(trail, "dweight_repeatable", rows, d, seed, wdt, device, opts, whole=True)
         dws = []
         for _ in tqdm(range(repeats), desc=f"{backend_key(backend)} dweight_repeatable", disable=not progress):
@@ -69,7 +69,5 @@ def dweight_repeatable(
         for r in rec.records:  # rebuild: the whole batch against itself
             r.rebuild = json.dumps({**json.loads(r.rebuild), "row": -1, "position": -1}, separators=(",", ":"))
         summary.dweight_repeatable = not differ
-    except Exception as exc:
-        summary.error = describe_error(exc)
     summary.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)

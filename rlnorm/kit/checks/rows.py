@@ -28,6 +28,7 @@ from rlnorm.kit.checks.common import (
     backend_key,
     call,
     call_rows,
+    caught,
     check_common,
     check_int,
     check_ints,
@@ -199,8 +200,7 @@ def all_rows(
     rec = Recorder(backend, "all_rows", opts, max_records)
     runner = AloneRunner(backend, opts, with_grad, use_graphs, graph_rows, progress, f"{key} all_rows", trail)
     summary = AllRows()
-    bar = tqdm(total=len(sizes) * len(seeds), desc=f"{key} all_rows", disable=not progress)
-    try:
+    with caught(summary), tqdm(total=len(sizes) * len(seeds), desc=f"{key} all_rows", disable=not progress) as bar:
         for n in sizes:
             entry = summary.sizes[n] = RowsAtSize(0, 0, 0 if with_grad else None, "eager")
             for seed in seeds:
@@ -219,10 +219,6 @@ def all_rows(
                     entry.rowgrad_differ += grad
                 bar.update()
             entry.records_dropped = rec.dropped_since()
-    except Exception as exc:
-        summary.error = describe_error(exc)
-    finally:
-        bar.close()
     return CheckOutcome(summary, rec.records, summary.error)
 
 
@@ -270,7 +266,7 @@ def full_vs_sub_batches(
     rec = Recorder(backend, "full_vs_sub_batches", opts, max_records)
     runner = AloneRunner(backend, opts, with_grad, use_graphs, graph_rows, progress, f"{key} sub-batches", trail)
     bar = tqdm(total=len(seeds) * len(sizes), desc=f"{key} full_vs_sub_batches", disable=not progress)
-    try:
+    with caught(summary), bar:
         for seed in seeds:
             case, spec = new_case(trail, "full_vs_sub_batches", full_rows, d, seed, wdt, device, opts, whole=True)
             full = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
@@ -305,9 +301,5 @@ def full_vs_sub_batches(
                         summary.rowgrad_differ += grad
                     summary.rows_compared += len(rows_idx)
                 bar.update()
-    except Exception as exc:
-        summary.error = describe_error(exc)
-    finally:
-        bar.close()
     summary.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)

@@ -17,6 +17,7 @@ from rlnorm.kit.checks.common import (
     backend_key,
     call,
     call_rows,
+    caught,
     check_common,
     check_int,
     check_ints,
@@ -27,7 +28,6 @@ from rlnorm.kit.checks.common import (
 from rlnorm.kit.records import sweep_batch_rows, sweep_perm_seed
 from rlnorm.kit.results import Sweep
 from rlnorm.options import OpOptions
-from rlnorm.timing import describe_error
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
@@ -69,8 +69,8 @@ def batch_size_sweep(
     plan = [(m, p, name, pos) for m in sizes for p in probes for name, pos in sweep_positions(m)]
     summary = Sweep(list(sizes), list(probes), len(plan) * len(seeds), 0, 0, 0 if with_grad else None)
     rec = Recorder(backend, "batch_size_sweep", opts, max_records)
-    bar = tqdm(total=len(plan) * len(seeds), desc=f"{backend_key(backend)} batch_size_sweep", disable=not progress)
-    try:
+    desc = f"{backend_key(backend)} batch_size_sweep"
+    with caught(summary), tqdm(total=len(plan) * len(seeds), desc=desc, disable=not progress) as bar:
         for seed in seeds:
             case, cs = new_case(trail, "batch_size_sweep", n, d, seed, wdt, device, opts, whole=False)
             alone = {}
@@ -122,9 +122,5 @@ def batch_size_sweep(
                 places = [(p, f"m={m}/pos={nm}/probe={p}", None, m, pos, specs[i])
                           for i in ci.tolist() for m, p, nm, pos in [plan[i]]]  # fmt: skip
                 rec.add_rows(seed, name, b.index_select(0, ci), a.index_select(0, ci), cs, places)
-    except Exception as exc:
-        summary.error = describe_error(exc)
-    finally:
-        bar.close()
     summary.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)
