@@ -117,9 +117,8 @@ class ArtifactValidationError(ValueError):
         self.problems = problems
         shown = "\n".join(f"  at {path}: {msg}" for path, msg in problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        hint = ""
-        if any("Additional properties" in msg for _, msg in problems):
-            hint = "\n(a misspelled key, or a NEW field that needs its line in the schema and in docs/design.md)"
+        hint = "\n(a misspelled key, or a NEW field that needs its line in the schema and in docs/design.md)"
+        hint = hint if any("Additional properties" in msg for _, msg in problems) else ""
         super().__init__(
             f"artifact does not match rlnorm/kit/schema/artifact.schema.json ({len(problems)} problem(s)):\n"
             f"{shown}{more}{hint}"

@@ -102,9 +102,8 @@ class Child:
             start_new_session=True,
         )
         # both pipes drained by threads: a child blocked on a full pipe would look hung
-        self._readers = [threading.Thread(target=self._pump_err, daemon=True)]
-        if stdout:
-            self._readers.append(threading.Thread(target=self._pump_out, daemon=True))
+        pumps = [self._pump_err, *([self._pump_out] if stdout else [])]
+        self._readers = [threading.Thread(target=pump, daemon=True) for pump in pumps]
         for t in self._readers:
             t.start()
 
@@ -160,14 +159,8 @@ class Child:
             self.kill()
         for t in self._readers:
             t.join(timeout=5)
-        return Ended(
-            returncode=self.proc.returncode,
-            timed_out=timed_out,
-            timeout_s=timeout_s,
-            seconds=round(time.monotonic() - t0, 2),
-            stderr_tail="\n".join(self.tail),
-            stdout="".join(self._out),
-        )
+        seconds = round(time.monotonic() - t0, 2)
+        return Ended(self.proc.returncode, timed_out, timeout_s, seconds, "\n".join(self.tail), "".join(self._out))
 
 
 def run_child(argv: list[str], timeout_s: float, *, env: dict[str, str] | None = None, stdout: bool = False) -> Ended:

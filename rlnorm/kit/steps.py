@@ -178,9 +178,7 @@ def run_step(run: Run, step: str, body: Callable[[], Any]) -> Any:
     """`body()` as step `step` of the run; its value, or None when it raised (or left a result the artifact
     refuses): then it is recorded in `failed_steps` with its traceback's tail, its changes to the result dropped
     and the artifact rewritten with every result that stands. Only an interrupt goes through."""
-    before = copy.deepcopy(run.result)
-    t0 = time.time()
-    value = None
+    before, t0 = copy.deepcopy(run.result), time.time()
     try:
         value = body()
         write(run)
@@ -256,10 +254,8 @@ def run_plots(run: Run, make_plots: Callable[[RunResult, Path], dict[str, Path]]
     """The figures, `make_plots(result, folder)` -> {name: PNG}, listed in the artifact; {} when it raised."""
 
     def body() -> dict[str, Path]:
-        paths = make_plots(run.result, run.out / PLOTS_DIR)
-        run.result.plots = {
-            name: Path(path).resolve().relative_to(run.out.resolve()).as_posix() for name, path in paths.items()
-        }
+        paths, out = make_plots(run.result, run.out / PLOTS_DIR), run.out.resolve()
+        run.result.plots = {name: Path(path).resolve().relative_to(out).as_posix() for name, path in paths.items()}
         return paths
 
     return run_step(run, "plots", body) or {}

@@ -159,11 +159,9 @@ class AloneRunner:
             t0 = min(c * k, n_tiles - k)  # the last chunk overlaps the one before: same values rewritten
             self.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
             sel = idx[t0 * size : (t0 + k) * size]
-            torch.index_select(x, 0, sel, out=g.x)
-            if g.z is not None and z is not None:
-                torch.index_select(z, 0, sel, out=g.z)
-            if g.dy is not None:
-                torch.index_select(dy, 0, sel, out=g.dy)
+            for src, static in ((x, g.x), (z, g.z), (dy, g.dy)):
+                if src is not None and static is not None:
+                    torch.index_select(src, 0, sel, out=static)
             g.replay()
             for i, out in enumerate(outs):
                 if out is not None:
