@@ -66,6 +66,14 @@ def write_atomic(
     return path
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file a child process left, or None where it left none or half a one."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def staging_for(run_dir: Path, overwrite: bool) -> Path:
     """A fresh staging folder beside `run_dir` (hidden, so a half-written run never looks like one)."""
     if run_dir.exists() and not overwrite:

@@ -227,11 +227,7 @@ def run_stack_pairs(run: Run, pairs: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="rlnorm-stack-pair-") as tmp:
             out_path = Path(tmp) / "pair.json"
             argv = [sys.executable, "-c", STACK_PAIR_CHILD, json.dumps({**job, "pair": name}), str(out_path)]
-            ended = run_child(argv, p.backend_timeout_s)
-            try:
-                row = json.loads(out_path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                row = None
+            ended, row = run_child(argv, p.backend_timeout_s), artifact.read_json(out_path)
         if not isinstance(row, dict) or ended.timed_out or not ended.ok:
             last = ended.stderr_tail.strip().splitlines()[-1:] or ["(no stderr)"]
             why = ended.cause if not ended.ok or ended.timed_out else "it left no readable result"

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from rlnorm.kit import checks, gates
-from rlnorm.kit.artifact import write_atomic
+from rlnorm.kit.artifact import read_json, write_atomic
 from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks import common
 from rlnorm.kit.checks.agreement import agreement_output
@@ -225,14 +225,8 @@ class BackendWorker:
         self.child.kill()
         self._tmp.cleanup()
 
-    def _read(self, name: str) -> Any:
-        try:
-            return json.loads((self.folder / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-
     def _read_back(self, ended: Ended) -> WorkerReport:
-        saved = self._read(RESULT_FILE)
+        saved = read_json(self.folder / RESULT_FILE)
         why = "its process exited without writing a result"
         failed = BackendResult(self.spec, "none", "failed", why, errors={})
         report = WorkerReport(failed) if saved is None else from_json(WorkerReport, saved)
@@ -244,7 +238,7 @@ class BackendWorker:
             except Exception as exc:  # one backend's bad file is its missing output, never the run's end
                 errors["agreement"] = f"its agreement output does not load: {describe_error(exc)}"
         if not ended.ok:
-            _ended_early(report, self._read(TRAIL_FILE), ended)
+            _ended_early(report, read_json(self.folder / TRAIL_FILE), ended)
         return report
 
 
