@@ -7,6 +7,7 @@ the end of its stderr is kept to say why it died.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -129,11 +130,9 @@ class Child:
             for line in held if self._relay is not None else ():
                 self._relay(line)
         if self.proc.stdin is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # it has ended already: wait() says how
                 self.proc.stdin.write("go\n")
                 self.proc.stdin.close()
-            except (BrokenPipeError, OSError, ValueError):
-                pass  # it has ended already: wait() says how
 
     def kill(self) -> None:
         """Kill whatever is left of the child's process group (itself, compile workers it started)."""

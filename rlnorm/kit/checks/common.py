@@ -219,9 +219,8 @@ class Recorder:
     ) -> None:
         """One record per row of the [k, D] tensors `in_batch` / `alone` (rows already known to differ), placed by
         `places[i]`; `other` is the rebuild spec of what the row was compared with, where that is not the row alone."""
-        room = (
-            len(places) if self.max_records is None else max(0, min(len(places), self.max_records - len(self.records)))
-        )
+        cap = len(places) if self.max_records is None else self.max_records - len(self.records)
+        room = max(0, min(len(places), cap))
         self.dropped += len(places) - room
         if room == 0:
             return
