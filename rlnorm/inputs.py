@@ -90,7 +90,5 @@ def make_underflow_case(
         x, w, z = 2.0**-64 * u(), 2.0**100 * u()[0].abs(), 2.0**-79 * u().abs()
         x[:, 0], w[0], z[:, 0], opts = 1.0, 1.0, 1.0, OpOptions(norm_before_gate=False)
 
-    def bf(t: torch.Tensor) -> torch.Tensor:
-        return t.to(torch.bfloat16).to(device)
-
-    return bf(x), None if z is None else bf(z), bf(w), opts
+    x, z, w = (None if t is None else t.to(torch.bfloat16).to(device) for t in (x, z, w))
+    return x, z, w, opts  # type: ignore[return-value]

@@ -125,16 +125,10 @@ def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     per_exp = np.zeros((255, v.shape[1]), dtype=np.int64)
     cols = np.broadcast_to(np.arange(v.shape[1]), v.shape)
     np.add.at(per_exp, (shift.ravel(), cols.ravel()), signed.ravel())
-    out = []
-    for j in range(v.shape[1]):
-        col = per_exp[:, j]
-        total = sum(int(col[k]) << int(k) for k in np.nonzero(col)[0])
-        if has_nan[j] or (has_pos[j] and has_neg[j]):
-            out.append(math.nan)
-        elif has_pos[j]:
-            out.append(math.inf)
-        elif has_neg[j]:
-            out.append(-math.inf)
-        else:
-            out.append(_round_scaled_int(total, -149, dtype))
+    special = np.where(has_nan | (has_pos & has_neg), np.nan, np.where(has_pos, np.inf, -np.inf))
+    out = [
+        float(special[j]) if has_nan[j] or has_pos[j] or has_neg[j]
+        else _round_scaled_int(sum(int(per_exp[k, j]) << int(k) for k in np.nonzero(per_exp[:, j])[0]), -149, dtype)
+        for j in range(v.shape[1])
+    ]  # fmt: skip
     return torch.tensor(out, dtype=torch.float64).to(dtype)

@@ -36,10 +36,7 @@ def gated_rmsnorm_math(
 
 
 def rms_norm_gated_reference(
-    x: torch.Tensor,
-    z: torch.Tensor | None,
-    w: torch.Tensor,
-    opts: OpOptions | None = None,
+    x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOptions | None = None
 ) -> torch.Tensor:
     """fp32 math, rounded once to x's dtype: the `reference` backend (autograd gives dx, dz, dw)."""
     return gated_rmsnorm_math(x, z, w, opts or OpOptions(), torch.float32).to(x.dtype)

@@ -66,6 +66,14 @@ def write_atomic(
     return path
 
 
+def read_json(path: Path) -> Any:
+    """A JSON file a child process left, or None where it left none or half a one."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def staging_for(run_dir: Path, overwrite: bool) -> Path:
     """A fresh staging folder beside `run_dir` (hidden, so a half-written run never looks like one)."""
     if run_dir.exists() and not overwrite:
@@ -117,9 +125,8 @@ class ArtifactValidationError(ValueError):
         self.problems = problems
         shown = "\n".join(f"  at {path}: {msg}" for path, msg in problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        hint = ""
-        if any("Additional properties" in msg for _, msg in problems):
-            hint = "\n(a misspelled key, or a NEW field that needs its line in the schema and in docs/design.md)"
+        hint = "\n(a misspelled key, or a NEW field that needs its line in the schema and in docs/design.md)"
+        hint = hint if any("Additional properties" in msg for _, msg in problems) else ""
         super().__init__(
             f"artifact does not match rlnorm/kit/schema/artifact.schema.json ({len(problems)} problem(s)):\n"
             f"{shown}{more}{hint}"

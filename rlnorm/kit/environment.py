@@ -53,26 +53,18 @@ def collect_environment(device: str | torch.device = "cpu") -> dict[str, Any]:
     """The artifact's `environment` block for a run on `device`: the seed report's keys, then ours."""
     if not isinstance(device, (str, torch.device)):
         raise TypeError(f"device: expected a str like 'cuda' or 'cpu' or a torch.device, got {type(device).__name__}")
-    dev_type = torch.device(device).type
-    if dev_type == "cuda":
+    gpu, capability, gpu_memory_gib = "cpu", None, None
+    if torch.device(device).type == "cuda":
         if not torch.cuda.is_available():
             raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA device")
-        index = torch.device(device).index
-        index = torch.cuda.current_device() if index is None else index
-        props = torch.cuda.get_device_properties(index)
-        gpu: str = props.name
-        capability: list[int] | None = [int(props.major), int(props.minor)]
-        gpu_memory_gib: float | None = round(props.total_memory / 2**30, 1)
-    else:
-        gpu, capability, gpu_memory_gib = "cpu", None, None
-
-    libraries = {name: library_version(name) for name in REPORT_LIBRARIES}
-    libraries.update({name: library_version(name) for name in EXTRA_LIBRARIES})
+        props = torch.cuda.get_device_properties(torch.device(device))  # no index: the current device
+        gpu, capability = props.name, [int(props.major), int(props.minor)]
+        gpu_memory_gib = round(props.total_memory / 2**30, 1)
     return {
         "gpu": gpu,
         "capability": capability,
         "cuda": torch.version.cuda,
-        "libraries": libraries,
+        "libraries": {name: library_version(name) for name in (*REPORT_LIBRARIES, *EXTRA_LIBRARIES)},
         "device": str(device),
         "gpu_count": torch.cuda.device_count() if torch.cuda.is_available() else 0,
         "gpu_memory_gib": gpu_memory_gib,

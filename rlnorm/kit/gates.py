@@ -86,21 +86,11 @@ def _scatter(dst: Tensor, rows: list[int], values: Tensor) -> None:
     dst[torch.tensor([rows[i] for i in keep], dtype=torch.long, device=dst.device)] = values[keep].to(dst.device)
 
 
-def _same_bits(a: Tensor, b: Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and torch.equal(bits(a), bits(b))
-
-
-def _max_abs(a: Tensor, b: Tensor) -> float:
-    if a.shape != b.shape:
-        return float("inf")
-    if a.numel() == 0:
-        return 0.0
-    return float((a.double() - b.double()).abs().max().item())
-
-
 def format_line(kind: str, a: str, b: str, tensor: str, x: Tensor, y: Tensor) -> str:
     """A report-format line comparing tensors x (cell a) and y (cell b) bitwise."""
-    return f"{kind} pair=('{a}', '{b}') tensor={tensor} max_abs={_max_abs(x, y):.8e} passed={_same_bits(x, y)}"
+    same = x.shape == y.shape and x.dtype == y.dtype and torch.equal(bits(x), bits(y))
+    max_abs = float("inf") if x.shape != y.shape else (x.double() - y.double()).abs().max().item() if x.numel() else 0.0
+    return f"{kind} pair=('{a}', '{b}') tensor={tensor} max_abs={max_abs:.8e} passed={same}"
 
 
 def parse_line(line: str) -> dict | None:
@@ -108,96 +98,62 @@ def parse_line(line: str) -> dict | None:
     m = LINE_RE.match(line.strip())
     if not m:
         return None
-    d = m.groupdict()
-    d["passed"] = d["passed"] == "True"
-    d["max_abs"] = float(d["max_abs"])
-    return d
+    return {**m.groupdict(), "passed": m["passed"] == "True", "max_abs": float(m["max_abs"])}
 
 
-@dataclass
-class _Bench:
-    """The workload, the options, and the trail marked before every call (a crash names the gate's cell)."""
-
-    backend: Backend
-    opts: OpOptions
-    case: Case
-    heads: int
-    trail: Trail
-
-    def mark(self, cell: str, rows: int) -> None:
-        self.trail.batch({"kind": "gate", "cell": cell, "size": rows})
-
-    def forward(self, cell: str, x: Tensor, z: Tensor) -> Tensor:
-        self.mark(cell, x.shape[0])
-        return self.backend.forward(x, z, self.case.w, self.opts)
-
-    def grads(self, cell: str, x: Tensor, z: Tensor, dy: Tensor) -> Any:
-        self.mark(cell, x.shape[0])
-        return self.backend.forward_backward(x, z, self.case.w, dy, self.opts)
-
-
-def _bench(backend: Backend, opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> _Bench:
+def _case(opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> Case:
     case = make_case(sum(SAMPLE_TOKENS) * heads, d, seed=seed, weight_dtype=torch.float32, device=device)
     trail.case("contract_gates", case_spec(case.x.shape[0], d, seed, torch.float32), opts)
-    return _Bench(backend, opts, case, heads, trail)
+    return case
+
+
+def _given(trail: Trail, cell: str, *tensors: Tensor) -> tuple[Tensor, ...]:
+    """Mark the call on the trail before the backend sees it (a crash names the gate's cell)."""
+    trail.batch({"kind": "gate", "cell": cell, "size": tensors[0].shape[0]})
+    return tensors
 
 
 def forward_gate(
-    backend: Backend,
-    opts: OpOptions,
-    device: str,
-    heads: int = 2,
-    d: int = 128,
-    seed: int = 0,
-    trail: Trail = NO_TRAIL,
+    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
 ) -> list[str]:
     """Every token's forward output bitwise equal across cells."""
-    b = _bench(backend, opts, device, heads, d, seed, trail)
-    lines: list[str] = []
+    case = _case(opts, device, heads, d, seed, trail)
     outs: dict[str, Tensor] = {}
     for cell in build_cells(seed):
-        y = torch.full_like(b.case.x, float("nan"))
+        y = outs[cell.name] = torch.full_like(case.x, float("nan"))
         for tokens in cell.calls:
             rows = _rows_of(tokens, heads)
-            _scatter(y, rows, b.forward(cell.name, _gather(b.case.x, rows), _gather(b.case.z, rows)))
-        outs[cell.name] = y
-        if cell.name != "BN/full":
-            lines.append(format_line("bitwise", "BN/full", cell.name, "y", outs["BN/full"], y))
-    return lines
+            x, z = _given(trail, cell.name, _gather(case.x, rows), _gather(case.z, rows))
+            _scatter(y, rows, backend.forward(x, z, case.w, opts))
+    return [format_line("bitwise", "BN/full", n, "y", outs["BN/full"], y) for n, y in outs.items() if n != "BN/full"]
 
 
 def gradient_gate(
-    backend: Backend,
-    opts: OpOptions,
-    device: str,
-    heads: int = 2,
-    d: int = 128,
-    seed: int = 0,
-    trail: Trail = NO_TRAIL,
+    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
 ) -> list[str]:
     """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
-    b = _bench(backend, opts, device, heads, d, seed, trail)
-    case = b.case
+    case = _case(opts, device, heads, d, seed, trail)
+
+    def grads(cell: str, x: Tensor, z: Tensor, dy: Tensor) -> Any:
+        return backend.forward_backward(*_given(trail, cell, x, z), case.w, dy, opts)
+
     lines: list[str] = []
-    grads: dict[str, dict[str, Tensor]] = {}
+    got: dict[str, dict[str, Tensor]] = {}
     dweights: dict[str, Tensor] = {}
     for cell in build_cells(seed):
-        dx = torch.full_like(case.x, float("nan"))
-        dz = torch.full_like(case.z, float("nan"))
+        mine = got[cell.name] = {t: torch.full_like(case.x, float("nan")) for t in ("dx", "dz")}
         for tokens in cell.calls:
             rows = _rows_of(tokens, heads)
-            g = b.grads(cell.name, _gather(case.x, rows), _gather(case.z, rows), _gather(case.dy, rows))
-            _scatter(dx, rows, g.dx)
+            g = grads(cell.name, _gather(case.x, rows), _gather(case.z, rows), _gather(case.dy, rows))
+            _scatter(mine["dx"], rows, g.dx)
             if g.dz is not None:
-                _scatter(dz, rows, g.dz)
+                _scatter(mine["dz"], rows, g.dz)
             if len(cell.calls) == 1:
                 if g.dw is None:
                     raise RuntimeError(f"{cell.name}: forward_backward returned no dweight")
                 dweights[cell.name] = g.dw.detach().to("cpu")
-        grads[cell.name] = {"dx": dx, "dz": dz}
         if cell.name != "BN/full":
-            lines.append(format_line("bitwise", "BN/full", cell.name, "dx", grads["BN/full"]["dx"], dx))
-            lines.append(format_line("bitwise", "BN/full", cell.name, "dz", grads["BN/full"]["dz"], dz))
+            lines += [format_line("bitwise", "BN/full", cell.name, t, got["BN/full"][t], mine[t]) for t in ("dx", "dz")]
 
     full_dw = dweights["BN/full"]
     # the backend's dweight against the exact sum of single-row dweights: each row a fresh contiguous tensor in
@@ -207,7 +163,7 @@ def gradient_gate(
     chunks = [[_gather(t, _rows_of(tokens, heads)) for t in (case.x, case.z, case.dy)] for tokens in b1_chunked.calls]
     views = [tuple(t[i : i + 1] for t in chunk) for chunk in chunks for i in range(chunk[0].shape[0])]
     for name, cell, singles in (("full", "B1-singleton", fresh), ("chunked", "B1-singleton/chunked", views)):
-        dws = [b.grads(cell, *one).dw.detach().to("cpu", torch.float32) for one in singles]
+        dws = [grads(cell, *one).dw.detach().to("cpu", torch.float32) for one in singles]
         agg = exact_sum(torch.stack(dws), case.w.dtype).to(full_dw.dtype)
         lines.append(
             format_line("singleton_aggregate", "BN/full", f"B1-singleton_aggregate/{name}", "dweight", full_dw, agg)
@@ -219,15 +175,8 @@ def gradient_gate(
 
 def _gate(lines: list[str], returncode: int, tail: list[str]) -> Gate:
     failed = [ln for ln in lines if not parse_line(ln)["passed"]]  # type: ignore[index]
-    return Gate(
-        returncode=returncode,
-        passed=returncode == RAN and bool(lines) and not failed,
-        failed_lines=failed,
-        singleton_aggregate=[ln for ln in lines if ln.startswith("singleton_aggregate ")],
-        stderr_tail=tail,
-        timed_out=False,
-        lines=lines,
-    )
+    singleton = [ln for ln in lines if ln.startswith("singleton_aggregate ")]
+    return Gate(returncode, returncode == RAN and bool(lines) and not failed, failed, singleton, tail, False, lines)
 
 
 def run_gates(

@@ -36,6 +36,7 @@ DEVICES = ("auto", "cpu", "cuda")
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 # what `python -m rlnorm run` sets: a parameter file that sets them would misstate where its run goes
 CLI_KEYS = ("output_dir", "staging_dir", "params_file", "overwrite")
+_CHOICES = {"device": DEVICES, "coverage": COVERAGES, "weight_dtype": WEIGHT_DTYPES, "activation": sorted(ACTIVATIONS)}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 
@@ -122,9 +123,7 @@ class RunParams:
             raise ParamsError(_format_errors(errors))
 
     def op_options(self) -> OpOptions:
-        return OpOptions(
-            eps=self.eps, group_size=self.group_size, norm_before_gate=self.norm_before_gate, activation=self.activation
-        )
+        return OpOptions(**{k: getattr(self, k) for k in ("eps", "group_size", "norm_before_gate", "activation")})
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -209,12 +208,7 @@ def _range_errors(p: Any) -> list[str]:
         if any(v not in known for v in getattr(p, name)):
             bad(name, f"names from {known}; unknown: {[v for v in getattr(p, name) if v not in known]}")
 
-    for name, choices in (
-        ("device", DEVICES),
-        ("coverage", COVERAGES),
-        ("weight_dtype", WEIGHT_DTYPES),
-        ("activation", sorted(ACTIVATIONS)),
-    ):
+    for name, choices in _CHOICES.items():
         if getattr(p, name) not in choices:
             bad(name, f"one of {list(choices)}")
     if not _NAME_RE.match(p.name):
@@ -286,22 +280,19 @@ def params_file_label(source: str | os.PathLike[str]) -> str:
 def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A parameter file's mapping, as written (no defaults); refuses the keys the command line sets."""
     path = _locate(path)
+    where = f"parameters file {str(path)!r}"
     try:
         data = yaml.safe_load(path.read_text())
     except OSError as exc:
-        raise ParamsError(f"parameters file {str(path)!r} cannot be read: {exc.strerror or exc}") from exc
+        raise ParamsError(f"{where} cannot be read: {exc.strerror or exc}") from exc
     except yaml.YAMLError as exc:
-        raise ParamsError(f"parameters file {str(path)!r} is not valid YAML: {exc}") from exc
+        raise ParamsError(f"{where} is not valid YAML: {exc}") from exc
     data = {} if data is None else data
     if not isinstance(data, dict):
-        raise ParamsError(
-            f"parameters file {str(path)!r}: expected a mapping of name: value, got {type(data).__name__}"
-        )
+        raise ParamsError(f"{where}: expected a mapping of name: value, got {type(data).__name__}")
     cli = [k for k in CLI_KEYS if k in data]
     if cli:
-        raise ParamsError(
-            f"parameters file {str(path)!r}: {', '.join(cli)}: set by `python -m rlnorm run`, not by a parameter file"
-        )
+        raise ParamsError(f"{where}: {', '.join(cli)}: set by `python -m rlnorm run`, not by a parameter file")
     return data
 
 

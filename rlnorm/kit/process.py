@@ -7,6 +7,7 @@ the end of its stderr is kept to say why it died.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -102,9 +103,8 @@ class Child:
             start_new_session=True,
         )
         # both pipes drained by threads: a child blocked on a full pipe would look hung
-        self._readers = [threading.Thread(target=self._pump_err, daemon=True)]
-        if stdout:
-            self._readers.append(threading.Thread(target=self._pump_out, daemon=True))
+        pumps = [self._pump_err, *([self._pump_out] if stdout else [])]
+        self._readers = [threading.Thread(target=pump, daemon=True) for pump in pumps]
         for t in self._readers:
             t.start()
 
@@ -130,11 +130,9 @@ class Child:
             for line in held if self._relay is not None else ():
                 self._relay(line)
         if self.proc.stdin is not None:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # it has ended already: wait() says how
                 self.proc.stdin.write("go\n")
                 self.proc.stdin.close()
-            except (BrokenPipeError, OSError, ValueError):
-                pass  # it has ended already: wait() says how
 
     def kill(self) -> None:
         """Kill whatever is left of the child's process group (itself, compile workers it started)."""
@@ -160,14 +158,8 @@ class Child:
             self.kill()
         for t in self._readers:
             t.join(timeout=5)
-        return Ended(
-            returncode=self.proc.returncode,
-            timed_out=timed_out,
-            timeout_s=timeout_s,
-            seconds=round(time.monotonic() - t0, 2),
-            stderr_tail="\n".join(self.tail),
-            stdout="".join(self._out),
-        )
+        seconds = round(time.monotonic() - t0, 2)
+        return Ended(self.proc.returncode, timed_out, timeout_s, seconds, "\n".join(self.tail), "".join(self._out))
 
 
 def run_child(argv: list[str], timeout_s: float, *, env: dict[str, str] | None = None, stdout: bool = False) -> Ended:

@@ -66,22 +66,19 @@ class RebuiltCase:
         (dweight records: "dweight" -> (first run, second run) of the same batch)."""
         if with_grad is None:
             with_grad = bool(getattr(backend, "has_backward", False))
-        if self.check == "dweight_repeatable":
-            a = backend.forward_backward(self.batch.x, self.batch.z, self.batch.w, self.batch.dy, self.opts)
-            b = backend.forward_backward(self.batch.x, self.batch.z, self.batch.w, self.batch.dy, self.opts)
+        p, q, opts = self.position, self.other_position, self.opts
+        if self.check == "dweight_repeatable":  # the same batch twice
+            a, b = (backend.forward_backward(c.x, c.z, c.w, c.dy, opts) for c in (self.batch, self.batch))
             if a.dw is None or b.dw is None:
                 raise ValueError("backend: gave no dweight, so a dweight record cannot be recomputed with it")
             return {"dweight": (a.dw.detach().cpu(), b.dw.detach().cpu())}
-        p, q = self.position, self.other_position
         if with_grad:
-            gb = backend.forward_backward(self.batch.x, self.batch.z, self.batch.w, self.batch.dy, self.opts)
-            go = backend.forward_backward(self.other.x, self.other.z, self.other.w, self.other.dy, self.opts)
+            gb, go = (backend.forward_backward(c.x, c.z, c.w, c.dy, opts) for c in (self.batch, self.other))
             out = {"y": (gb.y[p].detach().cpu(), go.y[q].detach().cpu()), "dx": (gb.dx[p].cpu(), go.dx[q].cpu())}
             if gb.dz is not None and go.dz is not None:
                 out["dz"] = (gb.dz[p].cpu(), go.dz[q].cpu())
             return out
-        yb = backend.forward(self.batch.x, self.batch.z, self.batch.w, self.opts)
-        yo = backend.forward(self.other.x, self.other.z, self.other.w, self.opts)
+        yb, yo = (backend.forward(c.x, c.z, c.w, opts) for c in (self.batch, self.other))
         return {"y": (yb[p].detach().cpu(), yo[q].detach().cpu())}
 
 
@@ -110,23 +107,13 @@ def rebuild_case(record: Mapping[str, Any] | pd.Series | str, device: str | torc
     compared and the row alone."""
     spec = _spec_of(record)
     try:
-        c = spec["case"]
-        batch_spec = spec["batch"]
-        opts = OpOptions(**spec["opts"])
-        check = spec["check"]
+        c, batch_spec, opts, check = spec["case"], spec["batch"], OpOptions(**spec["opts"]), spec["check"]
     except (KeyError, TypeError) as exc:
         raise ValueError(f"record: rebuild spec lacks a field ({exc}): {spec}") from exc
-    case = make_case(
-        int(c["rows"]),
-        int(c["d"]),
-        int(c["seed"]),
-        dtype_from_name(c["dtype"]),
-        dtype_from_name(c["weight_dtype"]),
-        device="cpu",
-    )
+    dtypes = dtype_from_name(c["dtype"]), dtype_from_name(c["weight_dtype"])
+    case = make_case(int(c["rows"]), int(c["d"]), int(c["seed"]), *dtypes, device="cpu")
     rows = _batch_rows(case, batch_spec)
-    row = int(spec.get("row", -1))
-    position = int(spec.get("position", -1))
+    row, position = int(spec.get("row", -1)), int(spec.get("position", -1))
     batch = case.rows(rows).to(device)
     if row >= 0:
         if not 0 <= position < len(rows) or int(rows[position]) != row:

@@ -384,27 +384,15 @@ def _jsonable(value: Any) -> Any:
 def to_json(obj: Any) -> Any:
     """A dataclass (recursively) as the artifact's JSON value."""
     if isinstance(obj, AllRows):
-        out: dict[str, Any] = {str(n): to_json(s) for n, s in obj.sizes.items()}
-        if obj.error is not None:
-            out["error"] = obj.error
-        return out
+        return {str(n): to_json(s) for n, s in obj.sizes.items()} | ({} if obj.error is None else {"error": obj.error})
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return _fields_json(obj)
+        values = {f: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.metadata.get("json", True)}
+        return {f.name: to_json(v) for f, v in values.items() if v is not None or not f.metadata.get("omit_none")}
     if isinstance(obj, dict):
         return {str(k): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_json(v) for v in obj]
     return _jsonable(obj)
-
-
-def _fields_json(obj: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if f.metadata.get("json", True) is False or (value is None and f.metadata.get("omit_none")):
-            continue
-        out[f.name] = to_json(value)
-    return out
 
 
 def from_json(hint: Any, data: Any, where: str = "$") -> Any:

@@ -178,9 +178,7 @@ def run_step(run: Run, step: str, body: Callable[[], Any]) -> Any:
     """`body()` as step `step` of the run; its value, or None when it raised (or left a result the artifact
     refuses): then it is recorded in `failed_steps` with its traceback's tail, its changes to the result dropped
     and the artifact rewritten with every result that stands. Only an interrupt goes through."""
-    before = copy.deepcopy(run.result)
-    t0 = time.time()
-    value = None
+    before, t0 = copy.deepcopy(run.result), time.time()
     try:
         value = body()
         write(run)
@@ -229,11 +227,7 @@ def run_stack_pairs(run: Run, pairs: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory(prefix="rlnorm-stack-pair-") as tmp:
             out_path = Path(tmp) / "pair.json"
             argv = [sys.executable, "-c", STACK_PAIR_CHILD, json.dumps({**job, "pair": name}), str(out_path)]
-            ended = run_child(argv, p.backend_timeout_s)
-            try:
-                row = json.loads(out_path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                row = None
+            ended, row = run_child(argv, p.backend_timeout_s), artifact.read_json(out_path)
         if not isinstance(row, dict) or ended.timed_out or not ended.ok:
             last = ended.stderr_tail.strip().splitlines()[-1:] or ["(no stderr)"]
             why = ended.cause if not ended.ok or ended.timed_out else "it left no readable result"
@@ -256,10 +250,8 @@ def run_plots(run: Run, make_plots: Callable[[RunResult, Path], dict[str, Path]]
     """The figures, `make_plots(result, folder)` -> {name: PNG}, listed in the artifact; {} when it raised."""
 
     def body() -> dict[str, Path]:
-        paths = make_plots(run.result, run.out / PLOTS_DIR)
-        run.result.plots = {
-            name: Path(path).resolve().relative_to(run.out.resolve()).as_posix() for name, path in paths.items()
-        }
+        paths, out = make_plots(run.result, run.out / PLOTS_DIR), run.out.resolve()
+        run.result.plots = {name: Path(path).resolve().relative_to(out).as_posix() for name, path in paths.items()}
         return paths
 
     return run_step(run, "plots", body) or {}

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from rlnorm.kit import checks, gates
-from rlnorm.kit.artifact import write_atomic
+from rlnorm.kit.artifact import read_json, write_atomic
 from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks import common
 from rlnorm.kit.checks.agreement import agreement_output
@@ -89,6 +89,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     """One backend's checks, agreement output and gates, as the job says; the worker's exit status."""
     spec, device, folder = job["backend"], job["device"], Path(job["folder"])
     params = load_params(job["params"])
+    opts = params.op_options()
     report = WorkerReport(BackendResult(source=spec, backward="none", status="failed", errors={}))
 
     def save() -> None:
@@ -118,30 +119,22 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         out = run_check(name, backend, bars, device, trail)
         if out.error:
             errors[name] = out.error
-        inv = result.batch_invariance
-        if name in ("accuracy_latency", "configurations"):
-            setattr(result, name, out.summary)
-        elif name == "launch":
-            result.launches = out.summary  # type: ignore[assignment]
-        elif name == "dweight_repeatable":
-            inv.dweight_repeatable = out.summary.dweight_repeatable  # type: ignore[union-attr]
-        else:
-            setattr(inv, name, out.summary)
+        owner = result.batch_invariance if name in common.INVARIANCE_CHECKS else result
+        value = out.summary.dweight_repeatable if name == "dweight_repeatable" else out.summary  # type: ignore[union-attr]
+        setattr(owner, {"launch": "launches"}.get(name, name), value)
         for r in out.records:  # the worker's own names win: a record naming another backend would be filed there
             r.backend, r.check = spec, name
         report.records.extend(out.records)
 
     def agreement() -> None:
-        y = agreement_output(
-            backend, params.op_options(), device, trail=trail, **check_kwargs(agreement_output, params)
-        )
+        y = agreement_output(backend, opts, device, trail=trail, **check_kwargs(agreement_output, params))
         write_atomic(folder / AGREEMENT_FILE, lambda fh: torch.save(y.cpu(), fh))
 
     def gate() -> None:
-        result.contract_gates = gates.run_gates(backend, params.op_options(), device, d=params.d, trail=trail)
+        result.contract_gates = gates.run_gates(backend, opts, device, d=params.d, trail=trail)
 
     def digests() -> None:
-        result.digests = output_digests(backend, params.op_options(), device, d=params.d)
+        result.digests = output_digests(backend, opts, device, d=params.d)
 
     steps: list[tuple[str, Callable[[], None]]] = [(name, lambda name=name: keep(name)) for name in selected]
     ends = (("agreement", agreement), ("digests", digests), ("contract_gates", gate))
@@ -232,14 +225,8 @@ class BackendWorker:
         self.child.kill()
         self._tmp.cleanup()
 
-    def _read(self, name: str) -> Any:
-        try:
-            return json.loads((self.folder / name).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-
     def _read_back(self, ended: Ended) -> WorkerReport:
-        saved = self._read(RESULT_FILE)
+        saved = read_json(self.folder / RESULT_FILE)
         why = "its process exited without writing a result"
         failed = BackendResult(self.spec, "none", "failed", why, errors={})
         report = WorkerReport(failed) if saved is None else from_json(WorkerReport, saved)
@@ -251,7 +238,7 @@ class BackendWorker:
             except Exception as exc:  # one backend's bad file is its missing output, never the run's end
                 errors["agreement"] = f"its agreement output does not load: {describe_error(exc)}"
         if not ended.ok:
-            _ended_early(report, self._read(TRAIL_FILE), ended)
+            _ended_early(report, read_json(self.folder / TRAIL_FILE), ended)
         return report
 
 
@@ -287,14 +274,8 @@ def run_batch(spec: str, rebuild: dict[str, Any], device: str, timeout_s: float 
     """Give one backend one rebuilt batch in a process of its own; say how that process ended:
     {"survived", "cause" ("ran to the end" or how it died), "signal", "exit_code", "stderr_tail", "seconds"}."""
     ended = run_child(_argv({"backend": spec, "device": device, "rebuild": rebuild}, "--batch"), timeout_s)
-    return {
-        "survived": ended.ok,
-        "cause": "ran to the end" if ended.ok else ended.cause,
-        "signal": ended.signal,
-        "exit_code": ended.exit_code,
-        "stderr_tail": ended.stderr_tail,
-        "seconds": ended.seconds,
-    }
+    said = {k: getattr(ended, k) for k in ("signal", "exit_code", "stderr_tail", "seconds")}
+    return {"survived": ended.ok, "cause": "ran to the end" if ended.ok else ended.cause, **said}
 
 
 if __name__ == "__main__":

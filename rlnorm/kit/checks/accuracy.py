@@ -11,23 +11,22 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
-    X_DTYPE,
     CheckOutcome,
     Trail,
     backend_key,
-    case_spec,
+    caught,
     check_common,
     check_int,
     has_backward,
+    new_case,
 )
 from rlnorm.kit.results import Accuracy
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
-from rlnorm.timing import CpuClock, CudaClock, describe_error
+from rlnorm.timing import CpuClock, CudaClock
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
@@ -37,8 +36,7 @@ ABS_ERR_EDGES = [10.0 ** (k / 4) for k in range(-48, 9)]  # 1e-12 .. 1e2, four p
 
 
 def _clock(device: torch.device) -> CpuClock:
-    """The bench's clocks: CUDA events with the queue primed (flagging where the host outran it, so the time
-    includes host overhead), or perf_counter around each call on a CPU."""
+    """CUDA events with the queue primed (flagging where the host outran it), or perf_counter on a CPU."""
     return CudaClock(str(device)) if device.type == "cuda" else CpuClock()
 
 
@@ -48,35 +46,24 @@ def _finite_or_none(v: float) -> float | None:
 
 def _ulp_hist(ulp: Tensor) -> dict[str, int]:
     nan = ulp == torch.iinfo(torch.int64).max
-    finite = ulp[~nan]
-    counts = torch.bincount(finite.clamp(max=ULP_HIST_MAX), minlength=ULP_HIST_MAX + 1).tolist()
+    counts = torch.bincount(ulp[~nan].clamp(max=ULP_HIST_MAX), minlength=ULP_HIST_MAX + 1).tolist()
     hist = {str(i): int(counts[i]) for i in range(ULP_HIST_MAX)}
-    hist[f"{ULP_HIST_MAX}+"] = int(counts[ULP_HIST_MAX])
-    hist["nan"] = int(nan.sum())
-    return hist
+    return {**hist, f"{ULP_HIST_MAX}+": int(counts[ULP_HIST_MAX]), "nan": int(nan.sum())}
 
 
 def _abs_err_hist(err: Tensor) -> dict[str, Any]:
     """Log-spaced histogram of |y - y64|; exact zeros, values below/above the edges and NaN counted apart."""
     edges = torch.tensor(ABS_ERR_EDGES, dtype=torch.float64, device=err.device)
     nan = err.isnan()
-    e = err[~nan]
-    zero = e == 0
-    pos = e[~zero]
-    under = pos < edges[0]
-    over = pos > edges[-1]
+    zero = err[~nan] == 0
+    pos = err[~nan][~zero]
+    under, over = pos < edges[0], pos > edges[-1]
     inside = pos[~under & ~over]
     # bucket i holds edges[i] <= e < edges[i+1] (the top edge closes the last bucket)
     b = (torch.bucketize(inside, edges, right=True) - 1).clamp(0, len(ABS_ERR_EDGES) - 2)
     counts = torch.bincount(b, minlength=len(ABS_ERR_EDGES) - 1).tolist()
-    return {
-        "edges": ABS_ERR_EDGES,
-        "counts": [int(c) for c in counts],
-        "zero": int(zero.sum()),
-        "under": int(under.sum()),
-        "over": int(over.sum()),
-        "nan": int(nan.sum()),
-    }
+    sums = {"zero": zero, "under": under, "over": over, "nan": nan}
+    return {"edges": ABS_ERR_EDGES, "counts": [int(c) for c in counts], **{k: int(v.sum()) for k, v in sums.items()}}
 
 
 def accuracy_latency(
@@ -106,12 +93,9 @@ def accuracy_latency(
     dev = torch.device(device)
     with_grad = has_backward(backend)
     s = Accuracy(rows=rows, device=str(dev), timed=False)
-    bar = tqdm(total=4, desc=f"{backend_key(backend)} accuracy_latency", disable=not progress)
-    try:
-        case = make_case(rows, d, seed, X_DTYPE, wdt, device)
+    with caught(s), tqdm(total=4, desc=f"{backend_key(backend)} accuracy_latency", disable=not progress) as bar:
+        case, _ = new_case(trail, "accuracy_latency", rows, d, seed, wdt, device, opts, whole=True)
         x, z, w, dy = case.x, case.z, case.w, case.dy
-        trail.case("accuracy_latency", case_spec(rows, d, seed, wdt), opts)
-        trail.batch({"kind": "slice", "start": 0, "size": rows})
         # -- forward accuracy
         y = backend.forward(x, z, w, opts).detach()
         with torch.no_grad():
@@ -148,12 +132,10 @@ def accuracy_latency(
             out = torch.empty_like(x)
             clock = _clock(dev)
             add_t = clock.events(lambda: torch.add(x, z, out=out), iters, warmup)
-            s.roofline_add_us = add_t.us
-            host_bound = {"add": add_t.host_bound}
             t = clock.events(lambda: backend.forward(x, z, w, opts), iters, warmup)
-            s.fwd_us, s.fwd_us_p20, s.fwd_us_p80, s.fwd_gbps = t.us, t.p20, t.p80, 3 * moved / (t.us * 1e3)
-            s.fwd_roofline_ratio = t.us / add_t.us
-            host_bound["fwd"] = t.host_bound
+            s.roofline_add_us, s.fwd_us, s.fwd_us_p20, s.fwd_us_p80 = add_t.us, t.us, t.p20, t.p80
+            s.fwd_gbps, s.fwd_roofline_ratio = 3 * moved / (t.us * 1e3), t.us / add_t.us
+            host_bound = {"add": add_t.host_bound, "fwd": t.host_bound}
             bar.update()
             if with_grad:
                 t = clock.events(lambda: backend.forward_backward(x, z, w, dy, opts), iters, warmup)
@@ -164,8 +146,4 @@ def accuracy_latency(
             s.host_bound = host_bound  # True: the GPU queue ran dry, the time includes host overhead
             s.timed = True
         bar.update(bar.total - bar.n)
-    except Exception as exc:
-        s.error = describe_error(exc)
-    finally:
-        bar.close()
     return CheckOutcome(s, [], s.error)

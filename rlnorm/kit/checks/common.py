@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from rlnorm.kit.results import (
-    REBUILD_VERSION,
-    Accuracy,
-    AllRows,
-    BackendResult,
-    BatchInvariance,
-    Configurations,
-    Launches,
-    Record,
-    SubBatches,
-    Sweep,
-    dtype_name,
-)
+from rlnorm.inputs import Case, make_case
+from rlnorm.kit import results as res
+from rlnorm.kit.results import REBUILD_VERSION, BackendResult, BatchInvariance, Record, dtype_name
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
+from rlnorm.timing import describe_error
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
@@ -54,7 +46,7 @@ class CheckOutcome:
     """What a check returns: its summary, the records of differing (row, tensor), and why it raised (if it did:
     the check caught it, and the summary holds what it got before)."""
 
-    summary: AllRows | SubBatches | Sweep | Accuracy | Dweight | Configurations | Launches
+    summary: res.AllRows | res.SubBatches | res.Sweep | res.Accuracy | Dweight | res.Configurations | res.Launches
     records: list[Record]
     error: str | None = None
 
@@ -78,6 +70,15 @@ class Trail:
 
 
 NO_TRAIL = Trail()  # marks nothing: the default of a check called on its own
+
+
+@contextlib.contextmanager
+def caught(summary: Any) -> Iterator[None]:
+    """A check's body: what it raises becomes `summary.error`, and what it got before stands."""
+    try:
+        yield
+    except Exception as exc:
+        summary.error = describe_error(exc)
 
 
 def check_int(name: str, value: Any, low: int = 0) -> int:
@@ -135,7 +136,7 @@ def call(
     return backend.forward(x, z, w, opts), None, None
 
 
-def call_rows(backend: Backend, case: Any, s: int, m: int, opts: OpOptions, with_grad: bool) -> tuple:
+def call_rows(backend: Backend, case: Case, s: int, m: int, opts: OpOptions, with_grad: bool) -> tuple:
     """The backend on rows s..s+m of a case, as a batch of its own."""
     z = None if case.z is None else case.z[s : s + m]
     return call(backend, case.x[s : s + m], z, case.w, case.dy[s : s + m] if with_grad else None, opts, with_grad)
@@ -170,6 +171,31 @@ def case_spec(rows: int, d: int, seed: int, weight_dtype: torch.dtype) -> dict[s
     return {"rows": rows, "d": d, "seed": seed, "dtype": dtype_name(X_DTYPE), "weight_dtype": dtype_name(weight_dtype)}
 
 
+def new_case(
+    trail: Trail, check: str, rows: int, d: int, seed: int, wdt: torch.dtype, device: str, opts: OpOptions, whole: bool
+) -> tuple[Case, dict[str, Any]]:
+    """A check's seeded case and its spec, named on the trail (`whole`: the full batch marked as given next)."""
+    case, spec = make_case(rows, d, seed, X_DTYPE, wdt, device), case_spec(rows, d, seed, wdt)
+    trail.case(check, spec, opts)
+    if whole:
+        trail.batch({"kind": "slice", "start": 0, "size": rows})
+    return case, spec
+
+
+def differ_masks(batch: Sequence[Tensor | None], alone: Sequence[Tensor | None]) -> tuple[dict[str, Tensor], Tensor]:
+    """bool[rows] per tensor ("y", "dx", "dz") both sides have: the row is not bitwise equal; and the rows whose dx
+    or dz differs."""
+    masks = {
+        name: differ_rows(b, a)
+        for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True)
+        if b is not None and a is not None
+    }
+    grad = torch.zeros_like(masks["y"])
+    for name in ("dx", "dz"):
+        grad |= masks.get(name, grad)
+    return masks, grad
+
+
 class Recorder:
     """Collects records (optionally capped) for one check of one backend."""
 
@@ -179,8 +205,7 @@ class Recorder:
         self.opts = opts.as_dict()
         self.max_records = max_records
         self.records: list[Record] = []
-        self.dropped = 0
-        self._noted = 0
+        self.dropped = self._noted = 0
 
     def add_rows(
         self,
@@ -194,9 +219,8 @@ class Recorder:
     ) -> None:
         """One record per row of the [k, D] tensors `in_batch` / `alone` (rows already known to differ), placed by
         `places[i]`; `other` is the rebuild spec of what the row was compared with, where that is not the row alone."""
-        room = (
-            len(places) if self.max_records is None else max(0, min(len(places), self.max_records - len(self.records)))
-        )
+        cap = len(places) if self.max_records is None else self.max_records - len(self.records)
+        room = max(0, min(len(places), cap))
         self.dropped += len(places) - room
         if room == 0:
             return
@@ -210,10 +234,10 @@ class Recorder:
                        max_ulp[i], rebuild)
             )  # fmt: skip
 
-    def dropped_since(self, before: int | None) -> int | None:
-        """`before` plus the differing (row, tensor) pairs `max_records` left unrecorded since the last call."""
+    def dropped_since(self) -> int | None:
+        """The differing (row, tensor) pairs `max_records` left unrecorded since the last call (None: none)."""
         new, self._noted = self.dropped - self._noted, self.dropped
-        return (before or 0) + new if new else before
+        return new or None
 
 
 def compare_rows(
@@ -230,14 +254,7 @@ def compare_rows(
 ) -> tuple[int, int]:
     """Compare `batch` tensors gathered at `rows` (case-row indices) with `alone`, recording each differing (row,
     tensor); (rows whose y differs, rows whose dx or dz differs). `where(row)`: (batch_start, batch_size, position)."""
-    masks = {
-        name: differ_rows(b.index_select(0, rows), a)
-        for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True)
-        if b is not None and a is not None
-    }
-    grads = [masks[n] for n in ("dx", "dz") if n in masks]
-    fwd = int(masks["y"].sum())
-    grad = int(torch.stack(grads).any(dim=0).sum()) if grads else 0
+    masks, grad_mask = differ_masks([None if b is None else b.index_select(0, rows) for b in batch], alone)
     for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True):
         if name not in masks or not bool(masks[name].any()):
             continue
@@ -247,7 +264,7 @@ def compare_rows(
                   for r in case_rows]  # fmt: skip
         in_batch, alone_rows = b.index_select(0, rows.index_select(0, pos_idx)), a.index_select(0, pos_idx)
         rec.add_rows(seed, name, in_batch, alone_rows, case_spec, places, other)
-    return fwd, grad
+    return int(masks["y"].sum()), int(grad_mask.sum())
 
 
 # the checks whose verdicts make `batch_invariant`, in the report's order

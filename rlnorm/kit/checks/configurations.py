@@ -16,41 +16,32 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from rlnorm.inputs import Case, make_case
+from rlnorm.inputs import Case
 from rlnorm.kit.backends.pins import Setting
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
-    X_DTYPE,
     CheckOutcome,
     Trail,
     bits,
+    call,
     call_rows,
-    case_spec,
+    caught,
     check_common,
     check_int,
     check_ints,
-    differ_rows,
+    differ_masks,
     has_backward,
+    new_case,
 )
 from rlnorm.kit.checks.rows import sub_batch_plan
 from rlnorm.kit.results import ConfigPair, Configurations
 from rlnorm.options import OpOptions
-from rlnorm.timing import describe_error
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 
 # what one setting gave: the full batch's (y, dx, dz), its dweight, and per sub-batch size the rows' (y, dx, dz)
 _Run = tuple[tuple[Tensor | None, ...], Tensor | None, dict[int, tuple[Tensor | None, ...]]]
-
-
-def _full(
-    backend: Backend, case: Case, opts: OpOptions, with_grad: bool
-) -> tuple[tuple[Tensor | None, ...], Tensor | None]:
-    if with_grad:
-        g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
-        return (g.y, g.dx, g.dz), g.dw
-    return (backend.forward(case.x, case.z, case.w, opts), None, None), None
 
 
 def _pieces(
@@ -69,7 +60,11 @@ def _run(setting: Setting, backend: Backend, case: Case, opts: OpOptions, with_g
     assert setting.pin is not None
     with setting.pin():
         trail.batch({"kind": "slice", "start": 0, "size": case.x.shape[0]})
-        full, dw = _full(backend, case, opts, with_grad)
+        if with_grad:
+            g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
+            full, dw = (g.y, g.dx, g.dz), g.dw
+        else:
+            full, dw = call(backend, case.x, case.z, case.w, None, opts, False), None
         parts = {size: _pieces(backend, case, opts, with_grad, size, trail) for size in sizes}
     return tuple(None if t is None else t.detach() for t in full), dw, parts
 
@@ -79,10 +74,8 @@ def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Ru
     (full, dw_a, _), (_, dw_b, parts) = ra, rb
     fwd = grad = 0
     for piece in parts.values():
-        masks = [differ_rows(f, p) for f, p in zip(full, piece, strict=True) if f is not None and p is not None]
-        fwd += int(masks[0].sum())
-        if len(masks) > 1:
-            grad += int(torch.stack(masks[1:]).any(dim=0).sum())
+        masks, grad_mask = differ_masks(full, piece)
+        fwd, grad = fwd + int(masks["y"].sum()), grad + int(grad_mask.sum())
     with_grad = full[1] is not None
     dweight = None
     if a is not b and dw_a is not None and dw_b is not None:
@@ -114,7 +107,7 @@ def configurations(
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
     with_grad = has_backward(backend)
     summary = Configurations()
-    try:
+    with caught(summary):
         groups: dict[str, list[Setting]] = {}
         for s in backend.configurations(opts, device, d):
             groups.setdefault(s.key, []).append(s)
@@ -131,8 +124,7 @@ def configurations(
                 summary.unexercised[key] = f"{whys} ({len(unrun)} of its {len(group)} values not run)"
         if not groups:
             return CheckOutcome(summary, [])
-        case = make_case(rows, d, seed, X_DTYPE, wdt, device)
-        trail.case("configurations", case_spec(rows, d, seed, wdt), opts)
+        case, _ = new_case(trail, "configurations", rows, d, seed, wdt, device, opts, whole=False)
         for key, group in groups.items():
             pinned = [s for s in group if s.pin is not None]
             if not pinned:
@@ -146,6 +138,4 @@ def configurations(
             if clean and key not in summary.unexercised:
                 implied = {n for s in group for n in s.implies}
                 summary.cleared += [key, *sorted(implied - set(summary.cleared))]
-    except Exception as exc:
-        summary.error = describe_error(exc)
     return CheckOutcome(summary, [], summary.error)

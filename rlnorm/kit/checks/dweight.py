@@ -8,23 +8,21 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
-from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
-    X_DTYPE,
     CheckOutcome,
     Dweight,
     Recorder,
     Trail,
     backend_key,
-    case_spec,
+    caught,
     check_common,
     check_int,
     differ_rows,
     has_backward,
+    new_case,
 )
 from rlnorm.options import OpOptions
-from rlnorm.timing import describe_error
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
@@ -55,11 +53,8 @@ def dweight_repeatable(
     if not has_backward(backend):
         summary.reason = "no backward"
         return CheckOutcome(summary, [])
-    try:
-        case = make_case(rows, d, seed, X_DTYPE, wdt, device)
-        spec = case_spec(rows, d, seed, wdt)
-        trail.case("dweight_repeatable", spec, opts)
-        trail.batch({"kind": "slice", "start": 0, "size": rows})
+    with caught(summary):
+        case, spec = new_case(trail, "dweight_repeatable", rows, d, seed, wdt, device, opts, whole=True)
         dws = []
         for _ in tqdm(range(repeats), desc=f"{backend_key(backend)} dweight_repeatable", disable=not progress):
             g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
@@ -74,7 +69,5 @@ def dweight_repeatable(
         for r in rec.records:  # rebuild: the whole batch against itself
             r.rebuild = json.dumps({**json.loads(r.rebuild), "row": -1, "position": -1}, separators=(",", ":"))
         summary.dweight_repeatable = not differ
-    except Exception as exc:
-        summary.error = describe_error(exc)
-    summary.records_dropped = rec.dropped_since(None)
+    summary.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)

@@ -37,16 +37,15 @@ from typing import Any
 
 import torch
 
-from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
     CheckOutcome,
     Trail,
     call,
-    case_spec,
     check_common,
     check_ints,
     has_backward,
+    new_case,
 )
 from rlnorm.kit.results import KernelLaunches, Launches
 from rlnorm.options import OpOptions
@@ -68,12 +67,8 @@ UNSEEN_CPU = (
 
 def ladder(sizes: list[int], top: int) -> list[int]:
     """1..9, 2^k-1, 2^k, 2^k+1 and every size in `sizes`, those <= top (and top itself)."""
-    out = {m for m in range(1, 10) if m <= top} | {top} | {s for s in sizes if s <= top}
-    k = 4
-    while 2**k - 1 <= top:
-        out |= {m for m in (2**k - 1, 2**k, 2**k + 1) if m <= top}
-        k += 1
-    return sorted(out)
+    powers = {m for k in range(4, top.bit_length() + 1) for m in (2**k - 1, 2**k, 2**k + 1)}
+    return sorted(m for m in {*range(1, 10), *powers, *sizes, top} if m <= top)
 
 
 @dataclass
@@ -154,7 +149,10 @@ def _grid_rest(grid: Any, args: dict[str, Any]) -> dict[str, Any]:
             grid = grid(args)
         except Exception:
             return {}
-    grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
+    return _grid_axes(tuple(grid) if isinstance(grid, (tuple, list)) else (grid,))
+
+
+def _grid_axes(grid: Any) -> dict[str, Any]:
     return {f"grid[{i}]": g for i, g in enumerate(grid) if i > 0 and g != 1}
 
 
@@ -283,9 +281,8 @@ def _profiled(rec: _Recorder, fn: Any) -> None:
             continue
         a = e.get("args", {})
         grid, block = list(a.get("grid") or [1]), a.get("block")
-        params: dict[str, Any] = {f"grid[{i}]": g for i, g in enumerate(grid) if i > 0 and g != 1}
-        params["block"] = tuple(block) if block else None
-        params["shared"] = a.get("shared memory", a.get("dynamic shared memory"))
+        shared = a.get("shared memory", a.get("dynamic shared memory"))
+        params = {**_grid_axes(grid), "block": tuple(block) if block else None, "shared": shared}
         name = " ".join(str(e.get("name", "?")).split())
         rec.add(name if len(name) <= 160 else name[:159] + "…", "profiler", params, [])
 
@@ -379,9 +376,8 @@ def launch(
     try:
         with _installed(rec, interpreted):
             for rows in rows_ladder:
-                case = make_case(rows, d, seed=seed, device=device, weight_dtype=wdt)
+                case, _ = new_case(trail, "launch", rows, d, seed, wdt, device, opts, whole=False)
                 for name, grad in passes:
-                    trail.case("launch", case_spec(rows, d, seed, wdt), opts)
                     trail.batch({"kind": "slice", "start": 0, "size": rows})
                     rec.rows, rec.pass_ = rows, name
 

@@ -9,6 +9,7 @@ device in preallocated buffers; on CUDA many calls are captured into one CUDA gr
 from __future__ import annotations
 
 import bisect
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -18,22 +19,22 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from rlnorm.inputs import Case, make_case
+from rlnorm.inputs import Case
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
-    X_DTYPE,
     CheckOutcome,
     Recorder,
     Trail,
     backend_key,
     call,
     call_rows,
-    case_spec,
+    caught,
     check_common,
     check_int,
     check_ints,
     compare_rows,
     has_backward,
+    new_case,
 )
 from rlnorm.kit.results import AllRows, RowsAtSize, SubBatches
 from rlnorm.options import OpOptions
@@ -103,10 +104,8 @@ class AloneRunner:
             except Exception as exc:
                 self._no_graph[size] = f"eager (graph capture failed: {describe_error(exc)})"
             self._graphs.pop(size, None)
-            try:
+            with contextlib.suppress(Exception):
                 torch.cuda.synchronize(x.device)
-            except Exception:
-                pass
         self._run_eager(case, starts, size, outs)
         self.paths[size] = self._no_graph.get(size, "eager")
         return outs
@@ -160,11 +159,9 @@ class AloneRunner:
             t0 = min(c * k, n_tiles - k)  # the last chunk overlaps the one before: same values rewritten
             self.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
             sel = idx[t0 * size : (t0 + k) * size]
-            torch.index_select(x, 0, sel, out=g.x)
-            if g.z is not None and z is not None:
-                torch.index_select(z, 0, sel, out=g.z)
-            if g.dy is not None:
-                torch.index_select(dy, 0, sel, out=g.dy)
+            for src, static in ((x, g.x), (z, g.z), (dy, g.dy)):
+                if src is not None and static is not None:
+                    torch.index_select(src, 0, sel, out=static)
             g.replay()
             for i, out in enumerate(outs):
                 if out is not None:
@@ -201,15 +198,11 @@ def all_rows(
     rec = Recorder(backend, "all_rows", opts, max_records)
     runner = AloneRunner(backend, opts, with_grad, use_graphs, graph_rows, progress, f"{key} all_rows", trail)
     summary = AllRows()
-    bar = tqdm(total=len(sizes) * len(seeds), desc=f"{key} all_rows", disable=not progress)
-    try:
+    with caught(summary), tqdm(total=len(sizes) * len(seeds), desc=f"{key} all_rows", disable=not progress) as bar:
         for n in sizes:
             entry = summary.sizes[n] = RowsAtSize(0, 0, 0 if with_grad else None, "eager")
             for seed in seeds:
-                case = make_case(n, d, seed, X_DTYPE, wdt, device)
-                spec = case_spec(n, d, seed, wdt)
-                trail.case("all_rows", spec, opts)
-                trail.batch({"kind": "slice", "start": 0, "size": n})
+                case, spec = new_case(trail, "all_rows", n, d, seed, wdt, device, opts, whole=True)
                 batch = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
                 alone = runner.run(case, torch.arange(n), 1)
                 entry.alone_path = runner.paths.get(1, "eager")
@@ -223,11 +216,7 @@ def all_rows(
                 if with_grad:
                     entry.rowgrad_differ += grad
                 bar.update()
-            entry.records_dropped = rec.dropped_since(None)
-    except Exception as exc:
-        summary.error = describe_error(exc)
-    finally:
-        bar.close()
+            entry.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)
 
 
@@ -270,25 +259,14 @@ def full_vs_sub_batches(
     opts, wdt = check_common(backend, opts, device, d, weight_dtype)
     with_grad = has_backward(backend)
     key = backend_key(backend)
-    summary = SubBatches(
-        full_batch=full_rows,
-        sub_batch_sizes=list(sizes),
-        sub_batches=sum(len(p) for p in plans.values()) * len(seeds),
-        fwd_differ=0,
-        rowgrad_differ=0 if with_grad else None,
-        coverage=coverage,
-        rows_compared=0,
-        alone_path={},
-    )
+    n_subs = sum(len(p) for p in plans.values()) * len(seeds)
+    summary = SubBatches(full_rows, list(sizes), n_subs, 0, 0 if with_grad else None, coverage, 0, alone_path={})
     rec = Recorder(backend, "full_vs_sub_batches", opts, max_records)
     runner = AloneRunner(backend, opts, with_grad, use_graphs, graph_rows, progress, f"{key} sub-batches", trail)
     bar = tqdm(total=len(seeds) * len(sizes), desc=f"{key} full_vs_sub_batches", disable=not progress)
-    try:
+    with caught(summary), bar:
         for seed in seeds:
-            case = make_case(full_rows, d, seed, X_DTYPE, wdt, device)
-            spec = case_spec(full_rows, d, seed, wdt)
-            trail.case("full_vs_sub_batches", spec, opts)
-            trail.batch({"kind": "slice", "start": 0, "size": full_rows})
+            case, spec = new_case(trail, "full_vs_sub_batches", full_rows, d, seed, wdt, device, opts, whole=True)
             full = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
             for size in sizes:
                 plan = plans[size]
@@ -321,9 +299,5 @@ def full_vs_sub_batches(
                         summary.rowgrad_differ += grad
                     summary.rows_compared += len(rows_idx)
                 bar.update()
-    except Exception as exc:
-        summary.error = describe_error(exc)
-    finally:
-        bar.close()
-    summary.records_dropped = rec.dropped_since(None)
+    summary.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)

@@ -9,27 +9,25 @@ from typing import TYPE_CHECKING
 import torch
 from tqdm import tqdm
 
-from rlnorm.inputs import make_case
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
-    X_DTYPE,
     CheckOutcome,
     Recorder,
     Trail,
     backend_key,
     call,
     call_rows,
-    case_spec,
+    caught,
     check_common,
     check_int,
     check_ints,
-    differ_rows,
+    differ_masks,
     has_backward,
+    new_case,
 )
 from rlnorm.kit.records import sweep_batch_rows, sweep_perm_seed
 from rlnorm.kit.results import Sweep
 from rlnorm.options import OpOptions
-from rlnorm.timing import describe_error
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
@@ -37,11 +35,8 @@ if TYPE_CHECKING:
 
 def sweep_positions(m: int) -> list[tuple[str, int]]:
     """The distinct probe positions {0, (m-1)//2, m-1} in a batch of m, named first/mid/last."""
-    out: list[tuple[str, int]] = []
-    for name, p in (("first", 0), ("mid", (m - 1) // 2), ("last", m - 1)):
-        if p not in [q for _, q in out]:
-            out.append((name, p))
-    return out
+    named = {p: name for name, p in reversed((("first", 0), ("mid", (m - 1) // 2), ("last", m - 1)))}
+    return sorted(((name, p) for p, name in named.items()), key=lambda np: np[1])
 
 
 def batch_size_sweep(
@@ -74,12 +69,10 @@ def batch_size_sweep(
     plan = [(m, p, name, pos) for m in sizes for p in probes for name, pos in sweep_positions(m)]
     summary = Sweep(list(sizes), list(probes), len(plan) * len(seeds), 0, 0, 0 if with_grad else None)
     rec = Recorder(backend, "batch_size_sweep", opts, max_records)
-    bar = tqdm(total=len(plan) * len(seeds), desc=f"{backend_key(backend)} batch_size_sweep", disable=not progress)
-    try:
+    desc = f"{backend_key(backend)} batch_size_sweep"
+    with caught(summary), tqdm(total=len(plan) * len(seeds), desc=desc, disable=not progress) as bar:
         for seed in seeds:
-            case = make_case(n, d, seed, X_DTYPE, wdt, device)
-            cs = case_spec(n, d, seed, wdt)
-            trail.case("batch_size_sweep", cs, opts)
+            case, cs = new_case(trail, "batch_size_sweep", n, d, seed, wdt, device, opts, whole=False)
             alone = {}
             for p in probes:
                 trail.batch({"kind": "slice", "start": p, "size": 1})
@@ -117,14 +110,7 @@ def batch_size_sweep(
                 for i in range(3)
             )
             # compare comparison-by-comparison: "row" i of these tensors is comparison i of the plan
-            masks = {
-                name: differ_rows(b, a)
-                for name, b, a in zip(("y", "dx", "dz"), in_batch, ref, strict=True)
-                if b is not None and a is not None
-            }
-            grad_mask = torch.zeros_like(masks["y"])
-            for name in ("dx", "dz"):
-                grad_mask |= masks.get(name, grad_mask)
+            masks, grad_mask = differ_masks(in_batch, ref)
             summary.differ += int((masks["y"] | grad_mask).sum())
             summary.fwd_differ += int(masks["y"].sum())
             if with_grad:
@@ -136,9 +122,5 @@ def batch_size_sweep(
                 places = [(p, f"m={m}/pos={nm}/probe={p}", None, m, pos, specs[i])
                           for i in ci.tolist() for m, p, nm, pos in [plan[i]]]  # fmt: skip
                 rec.add_rows(seed, name, b.index_select(0, ci), a.index_select(0, ci), cs, places)
-    except Exception as exc:
-        summary.error = describe_error(exc)
-    finally:
-        bar.close()
-    summary.records_dropped = rec.dropped_since(None)
+    summary.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)
