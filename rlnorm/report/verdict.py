@@ -279,14 +279,16 @@ def _launch_verdict(result: BackendResult, check: str, error: str | None) -> Che
 
 
 def launch_lines(result: BackendResult) -> list[str]:
-    """The launch evidence behind a verdict: each kernel whose launch changes with the row count, and why."""
+    """The launch evidence behind a verdict: each kernel whose launch changes with the row count, and each parameter
+    its kernels may pick that could not be run at each value here."""
     cleared = set(result.configurations.cleared) if result.configurations else set()
     out = []
     for k in (k for k in (result.launches.kernels if result.launches else []) if k.varying):
         done = [p for p in k.varying if f"{k.kernel}.{p}" in cleared]
         tail = f" (cleared by the configurations check: {', '.join(done)})" if done else ""
         out.append(f"{k.kernel} ({'+'.join(k.passes)}): {k.evidence}{tail}")
-    return out
+    unexercised = result.configurations.unexercised.items() if result.configurations else ()
+    return out + [f"{key}: not run at each value here: {why}" for key, why in unexercised if key not in cleared]
 
 
 def fraction(f: float) -> str:
@@ -327,7 +329,7 @@ def _overall(result: BackendResult, checks: dict[str, CheckVerdict], ended: Stat
         return ended, crash_words(result).partition(": ")[2]
     inv = result.batch_invariance
     if inv is not None and inv.verdict == BY_CONSTRUCTION:
-        why = "no row differs, but the launch changes with the row count and was not run at each value: "
+        why = "no row differs, but a launch parameter that may change with the row count was not run at each value: "
         return State.BY_CONSTRUCTION, why + "; ".join(launch_lines(result))
     # an artifact without the three-state verdict (the reference report) keeps its bool: rows only
     if inv is not None and (inv.verdict == INVARIANT or (inv.verdict is None and inv.batch_invariant)):

@@ -73,6 +73,8 @@ def test_three_verdicts_from_the_checks_typed_results(tmp_path: Path) -> None:
     untimed = dataclasses.replace(cleared, configurations=Configurations(
         cleared=[f"{KERNEL}.ROWS"], unexercised={f"{KERNEL}.config": "the interpreter ignores num_warps"}))  # fmt: skip
     assert common.verdict(untimed, {}) == common.BY_CONSTRUCTION
+    assert f"{KERNEL}.config: not run at each value here: the interpreter ignores num_warps" in backend_verdict(
+        "planted", untimed).why  # fmt: skip
     # a pair of configurations under which rows differ: not invariant, and the pair is named
     pair = ConfigPair(KERNEL, "ROWS", "ROWS=4", "ROWS=1", fwd_differ=3)
     differs = dataclasses.replace(planted, configurations=Configurations(pairs=[pair], cleared=[f"{KERNEL}.ROWS"]))
