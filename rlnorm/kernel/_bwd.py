@@ -369,7 +369,7 @@ def rms_norm_gated_bwd(
         raise ValueError(f"activation: expected 'silu' or 'sigmoid', got {activation!r}")
     if d > MAX_D:  # the forward's limit: one program holds a whole row
         raise ValueError(f"x: last dimension {d} exceeds the kernel's limit of {MAX_D}")
-    if d % group:
+    if group <= 0 or d % group:
         raise ValueError(f"group_size: {group} does not divide the last dimension {d}")
     if rows >= _dweight.MAX_ROWS:
         raise ValueError(f"x: at most {_dweight.MAX_ROWS - 1} rows keep the exact dweight counters exact, got {rows}")

@@ -86,7 +86,7 @@ def test_width_limit_and_the_launchers_limits_are_named():
         RMSNormGated(128, group_size=100)
     # the launchers refuse what their kernels cannot take, before any launch
     c = make_case(2, 12, seed=1)
-    for launch, groups in ((rms_norm_gated_fwd, (5, -4)), (lambda *a: rms_norm_gated_bwd(c.dy, *a), (5,))):
+    for launch, groups in ((rms_norm_gated_fwd, (5, -4)), (lambda *a: rms_norm_gated_bwd(c.dy, *a), (5, -4))):
         with pytest.raises(ValueError, match="activation: expected 'silu' or 'sigmoid', got 'swish'"):
             launch(c.x, c.z, c.w, 1e-6, None, True, "swish")  # the launchers take the normalised name only
         for group in groups:
