@@ -27,6 +27,7 @@ from rlnorm.kit.backends import REGISTRY, Backend
 from rlnorm.kit.checks import CHECK_ORDER, CHECKS
 from rlnorm.kit.checks.common import CheckOutcome, Trail
 from rlnorm.kit.checks.rows import COVERAGES
+from rlnorm.kit.results import from_json
 from rlnorm.options import ACTIVATIONS, OpOptions
 
 # the docs/spec.md §6 backends, in the registry's order: one list for the kit, not a second copy here
@@ -170,16 +171,13 @@ def _default(name: str) -> Any:
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
-    """Strict check of a parameter against its annotation (bool is not an int; int is accepted as float)."""
-    if get_origin(hint) is list:
-        (item,) = get_args(hint)
-        return isinstance(value, list) and all(_type_ok(v, item) for v in value)
-    args = get_args(hint)
-    if args and type(None) in args:  # X | None
-        return value is None or any(_type_ok(value, a) for a in args if a is not type(None))
-    if hint in (int, float) and isinstance(value, bool):
+    """Strict check of a parameter against its annotation: the artifact reader's (bool is no int, an int is a
+    float, None only where the annotation says so)."""
+    try:
+        from_json(hint, value)
+    except ValueError:
         return False
-    return isinstance(value, (int, float) if hint is float else hint)
+    return True
 
 
 def _type_name(hint: Any) -> str:

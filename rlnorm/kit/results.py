@@ -34,8 +34,7 @@ _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torc
 
 def dtype_name(dtype: torch.dtype) -> str:
     """torch.bfloat16 -> "bfloat16" (the spelling records and parameters use)."""
-    name = str(dtype).removeprefix("torch.")
-    if name not in _DTYPES:
+    if (name := str(dtype).removeprefix("torch.")) not in _DTYPES:
         raise TypeError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype}")
     return name
 
@@ -364,26 +363,16 @@ class RunResult:
 
     def resolve(self, relative: str | None) -> Path | None:
         """A path the artifact stores relative to its own folder, as a path a reader can open."""
-        if relative is None or self.folder is None:
-            return None
-        return self.folder / relative
+        return None if relative is None or self.folder is None else self.folder / relative
 
 
-# the one place where JSON and the dataclasses meet
-
-
-def _jsonable(value: Any) -> Any:
-    """Numbers JSON can hold (NaN and inf have no JSON form: None), numpy scalars as Python ones."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if hasattr(value, "item") and callable(value.item) and not isinstance(value, (str, bytes)):
-        return _jsonable(value.item())
-    return value
+# the one place where JSON and the dataclasses meet: both ways driven by the fields and their type hints
 
 
 def to_json(obj: Any) -> Any:
-    """A dataclass (recursively) as the artifact's JSON value."""
-    if isinstance(obj, AllRows):
+    """A dataclass (recursively) as the artifact's JSON value: NaN and inf (no JSON form) as None, numpy and torch
+    scalars as Python ones."""
+    if isinstance(obj, AllRows):  # the batch sizes are the object's keys, beside `error`
         return {str(n): to_json(s) for n, s in obj.sizes.items()} | ({} if obj.error is None else {"error": obj.error})
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         values = {f: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.metadata.get("json", True)}
@@ -392,61 +381,59 @@ def to_json(obj: Any) -> Any:
         return {str(k): to_json(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_json(v) for v in obj]
-    return _jsonable(obj)
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if hasattr(obj, "item") and callable(obj.item) and not isinstance(obj, (str, bytes)):
+        return to_json(obj.item())
+    return obj
 
 
 def from_json(hint: Any, data: Any, where: str = "$") -> Any:
     """`data` (the artifact's JSON value) as `hint` (a dataclass, a list or dict of them...); a value of the wrong
     shape raises naming its key path."""
-    origin = typing.get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if data is None:
-            return None
-        return from_json(args[0], data, where) if len(args) == 1 else data
-    if hint is Any:
-        return data
-    if hint is AllRows:
-        return _all_rows(data, where)
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):  # X | None as X; a union of several values is kept as read
+        args = [a for a in args if a is not type(None)]
+        return data if data is None or len(args) > 1 else from_json(args[0], data, where)
+    if hint is AllRows:  # the batch sizes are the object's keys (strings in JSON), beside `error`
+        sizes = {k: v for k, v in _of(dict, data, where, "an object of batch sizes").items() if k != "error"}
+        error = from_json(str | None, data.get("error"), f"{where}.error")
+        return AllRows(sizes=dict(sorted(from_json(dict[int, RowsAtSize], sizes, where).items())), error=error)
     if dataclasses.is_dataclass(hint):
-        return _dataclass(hint, data, where)
+        hints, kwargs = typing.get_type_hints(hint), {}
+        _of(dict, data, where, f"an object for {hint.__name__}")
+        for f in [f for f in dataclasses.fields(hint) if f.metadata.get("json", True)]:
+            if f.name in data:
+                kwargs[f.name] = from_json(hints[f.name], data[f.name], f"{where}.{f.name}")
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{where}: {hint.__name__} needs {f.name!r}")
+        return hint(**kwargs)
     if origin is list:
-        if not isinstance(data, list):
-            raise ValueError(f"{where}: expected a list, got {type(data).__name__}")
-        (item,) = typing.get_args(hint)
-        return [from_json(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
+        return [from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(_of(list, data, where, "a list"))]
     if origin is dict:
-        if not isinstance(data, dict):
-            raise ValueError(f"{where}: expected an object, got {type(data).__name__}")
-        key_t, val_t = typing.get_args(hint)
-        return {key_t(k): from_json(val_t, v, f"{where}.{k}") for k, v in data.items()}
+        return {
+            _key(args[0], k, where): from_json(args[1], v, f"{where}.{k}") for k, v in _of(dict, data, where).items()
+        }
     if hint is float and isinstance(data, int) and not isinstance(data, bool):
         return float(data)
-    if hint in (int, float, str, bool) and data is not None and not isinstance(data, hint):
+    # as the schema: None only under `X | None`, and a bool is no count (to Python, it is an int)
+    if hint in (int, float, str, bool) and (not isinstance(data, hint) or (hint is int and isinstance(data, bool))):
         raise ValueError(f"{where}: expected {hint.__name__}, got {data!r}")
     return data
 
 
-def _dataclass(cls: Any, data: Any, where: str) -> Any:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected an object for {cls.__name__}, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("json", True) is False:
-            continue
-        if f.name in data:
-            kwargs[f.name] = from_json(hints[f.name], data[f.name], f"{where}.{f.name}")
-        elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ValueError(f"{where}: {cls.__name__} needs {f.name!r}")
-    return cls(**kwargs)
+def _of(kind: type, data: Any, where: str, expected: str = "an object") -> Any:
+    if not isinstance(data, kind):
+        raise ValueError(f"{where}: expected {expected}, got {type(data).__name__}")
+    return data
 
 
-def _all_rows(data: Any, where: str) -> AllRows:
-    if not isinstance(data, dict):
-        raise ValueError(f"{where}: expected an object of batch sizes, got {type(data).__name__}")
-    sizes = {int(k): _dataclass(RowsAtSize, v, f"{where}.{k}") for k, v in data.items() if k != "error"}
-    return AllRows(sizes=dict(sorted(sizes.items())), error=data.get("error"))
+def _key(kind: type, key: str, where: str) -> Any:
+    """A JSON object's key (always a string) as the dict's key type."""
+    try:
+        return kind(key)
+    except ValueError:
+        raise ValueError(f"{where}: expected {kind.__name__} keys, got {key!r}") from None
 
 
 # an older artifact's `trainer_sampler` field: its pair -> that pair of `stack_pairs` (name, stack, trainer, sampler)
@@ -486,8 +473,7 @@ def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
     doc = dict(doc)
     version = doc.get("schema_version")
     if version is None:  # the reference report: it lists only backends that ran, and predates the kit's fields
-        missing = [k for k in ("kind", "results") if k not in doc]
-        if missing:
+        if missing := [k for k in ("kind", "results") if k not in doc]:
             raise ValueError(
                 "doc: neither an rlnorm artifact (no schema_version) nor the reference report "
                 f"(no {', '.join(missing)})"
@@ -501,9 +487,7 @@ def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
             f"{SEED_SCHEMA_VERSION!r}); upgrade rlnorm"
         )
     _upgrade_trainer_sampler(doc)
-    run = from_json(RunResult, doc)
-    run.path = path
-    return run
+    return dataclasses.replace(from_json(RunResult, doc), path=path)
 
 
 def load_run(path: str | os.PathLike[str]) -> RunResult:
