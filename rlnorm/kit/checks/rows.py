@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -60,27 +60,22 @@ class _Graph:
     outs: list[tuple[Tensor | None, ...]]
 
 
+@dataclass
 class AloneRunner:
     """Runs equal-size contiguous sub-batches of one case, each as its own backend call: `run(case, starts, size)`
     gives (y, dx, dz) in tile order; on CUDA `graph_rows // size` calls are captured into one graph per size."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        opts: OpOptions,
-        with_grad: bool,
-        use_graphs: bool,
-        graph_rows: int,
-        progress: bool,
-        desc: str,
-        trail: Trail = NO_TRAIL,
-    ) -> None:
-        self.backend, self.opts, self.with_grad = backend, opts, with_grad
-        self.use_graphs, self.graph_rows, self.progress, self.desc = use_graphs, graph_rows, progress, desc
-        self.trail = trail
-        self.paths: dict[int, str] = {}
-        self._graphs: dict[int, _Graph] = {}
-        self._no_graph: dict[int, str] = {}  # size -> why the graph path is not used
+    backend: Backend
+    opts: OpOptions
+    with_grad: bool
+    use_graphs: bool
+    graph_rows: int
+    progress: bool
+    desc: str
+    trail: Trail = NO_TRAIL
+    paths: dict[int, str] = field(default_factory=dict, init=False)  # size -> the path its last run took
+    _graphs: dict[int, _Graph] = field(default_factory=dict, init=False)
+    _no_graph: dict[int, str] = field(default_factory=dict, init=False)  # size -> why the graph path is not used
 
     def run(self, case: Case, starts: Tensor, size: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
         x = case.x
@@ -277,12 +272,9 @@ def full_vs_sub_batches(
             case, spec = new_case(trail, "full_vs_sub_batches", full_rows, d, seed, wdt, device, opts, whole=True)
             full = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
             for size in sizes:
-                # (tile starts, tile size, their rows' outputs): the whole tiles in one go, each partial tile alone
+                # (tile starts, tile rows, their outputs): the whole tiles in one go, then each partial one alone
                 whole = [s for s, m in plans[size] if m == size]
-                pieces = []
-                if whole:
-                    pieces.append((whole, size, runner.run(case, torch.tensor(whole, dtype=torch.int64), size)))
-                    summary.alone_path[str(size)] = runner.paths.get(size, "eager")
+                pieces = [(whole, size, runner.run(case, torch.tensor(whole), size))] if whole else []
                 pieces += [([s], m, run_pieces(backend, case, [(s, m)], opts, with_grad, trail))
                            for s, m in plans[size] if m != size]  # fmt: skip
                 for starts, m, out in pieces:
@@ -291,5 +283,6 @@ def full_vs_sub_batches(
                     record_differing(rec, seed, in_full, out, spec, _sub_place(starts, m), summary, other=full_batch)
                     summary.rows_compared += len(rows)
                 bar.update()
+    summary.alone_path = {str(size): path for size, path in runner.paths.items()}
     summary.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)
