@@ -103,7 +103,8 @@ def batch_size_sweep(
                             buf[i].copy_(t.detach()[pos])
                 bar.update()
             # each comparison's probe alone (a probe named twice: its last run, as each is run in turn)
-            pick = torch.tensor([{p: i for i, p in enumerate(probes)}[p] for _, p, _, _ in plan], device=case.x.device)
+            last = {p: i for i, p in enumerate(probes)}
+            pick = torch.tensor([last[p] for _, p, _, _ in plan], device=case.x.device)
             ref = tuple(None if t is None else t.index_select(0, pick) for t in alone)
             # "row" i of these tensors is comparison i of the plan
             summary.differ += record_differing(rec, seed, in_batch, ref, cs, places.__getitem__, summary)
