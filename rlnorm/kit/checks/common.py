@@ -142,6 +142,18 @@ def call_rows(backend: Backend, case: Case, s: int, m: int, opts: OpOptions, wit
     return call(backend, case.x[s : s + m], z, case.w, case.dy[s : s + m] if with_grad else None, opts, with_grad)
 
 
+def run_pieces(
+    backend: Backend, case: Case, plan: Sequence[tuple[int, int]], opts: OpOptions, with_grad: bool, trail: Trail
+) -> tuple[Tensor | None, ...]:
+    """Rows s..s+m of the case for each (s, m) of `plan`, each a batch of its own marked on the trail before the
+    backend sees it: (y, dx, dz) detached, in plan order."""
+    got = []
+    for s, m in plan:
+        trail.batch({"kind": "slice", "start": s, "size": m})
+        got.append(call_rows(backend, case, s, m, opts, with_grad))
+    return tuple(None if got[0][i] is None else torch.cat([g[i].detach() for g in got]) for i in range(3))
+
+
 def bits(t: Tensor) -> Tensor:
     """Integer view for bitwise comparison (NaN payloads and signed zeros count as different)."""
     t = t.detach().contiguous()
@@ -240,31 +252,29 @@ class Recorder:
         return new or None
 
 
-def compare_rows(
+def record_differing(
     rec: Recorder,
     seed: int,
-    batch: tuple[Tensor, Tensor | None, Tensor | None],
-    alone: tuple[Tensor | None, ...],
-    rows: Tensor,
-    *,
-    case_label: Callable[[int], str],
-    where: Callable[[int], tuple[int, int, int]],
+    batch: Sequence[Tensor | None],
+    alone: Sequence[Tensor | None],
     case_spec: dict[str, Any],
+    place: Callable[[int], Place],
+    into: Any,
     other: dict[str, Any] | None = None,
-) -> tuple[int, int]:
-    """Compare `batch` tensors gathered at `rows` (case-row indices) with `alone`, recording each differing (row,
-    tensor); (rows whose y differs, rows whose dx or dz differs). `where(row)`: (batch_start, batch_size, position)."""
-    masks, grad_mask = differ_masks([None if b is None else b.index_select(0, rows) for b in batch], alone)
+) -> int:
+    """Row i of `batch` against row i of `alone`, bitwise: each differing (row, tensor) recorded where `place(i)`
+    says; the rows whose y differs added to `into.fwd_differ`, those whose dx or dz differs to
+    `into.rowgrad_differ` (None: no gradient compared). Gives the rows where anything differs."""
+    masks, grad = differ_masks(batch, alone)
     for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True):
-        if name not in masks or not bool(masks[name].any()):
-            continue
-        pos_idx = masks[name].nonzero().flatten()
-        case_rows = rows.index_select(0, pos_idx).tolist()
-        places = [(r, case_label(r), *where(r), {"kind": "slice", "start": where(r)[0], "size": where(r)[1]})
-                  for r in case_rows]  # fmt: skip
-        in_batch, alone_rows = b.index_select(0, rows.index_select(0, pos_idx)), a.index_select(0, pos_idx)
-        rec.add_rows(seed, name, in_batch, alone_rows, case_spec, places, other)
-    return int(masks["y"].sum()), int(grad_mask.sum())
+        if name in masks and bool(masks[name].any()):
+            idx = masks[name].nonzero().flatten()
+            places = [place(i) for i in idx.tolist()]
+            rec.add_rows(seed, name, b.index_select(0, idx), a.index_select(0, idx), case_spec, places, other)
+    into.fwd_differ += int(masks["y"].sum())
+    if into.rowgrad_differ is not None:
+        into.rowgrad_differ += int(grad.sum())
+    return int((masks["y"] | grad).sum())
 
 
 # the checks whose verdicts make `batch_invariant`, in the report's order

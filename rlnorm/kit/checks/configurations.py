@@ -24,7 +24,6 @@ from rlnorm.kit.checks.common import (
     Trail,
     bits,
     call,
-    call_rows,
     caught,
     check_common,
     check_int,
@@ -32,6 +31,7 @@ from rlnorm.kit.checks.common import (
     differ_masks,
     has_backward,
     new_case,
+    run_pieces,
 )
 from rlnorm.kit.checks.rows import sub_batch_plan
 from rlnorm.kit.results import ConfigPair, Configurations
@@ -44,29 +44,16 @@ if TYPE_CHECKING:
 _Run = tuple[tuple[Tensor | None, ...], Tensor | None, dict[int, tuple[Tensor | None, ...]]]
 
 
-def _pieces(
-    backend: Backend, case: Case, opts: OpOptions, with_grad: bool, size: int, trail: Trail
-) -> tuple[Tensor | None, ...]:
-    """The case's rows computed in contiguous sub-batches of `size` (the last one partial), in row order."""
-    got = []
-    for start, m in sub_batch_plan(case.x.shape[0], size):
-        trail.batch({"kind": "slice", "start": start, "size": m})
-        got.append(call_rows(backend, case, start, m, opts, with_grad))
-    return tuple(None if got[0][i] is None else torch.cat([g[i].detach() for g in got]) for i in range(3))
-
-
 def _run(setting: Setting, backend: Backend, case: Case, opts: OpOptions, with_grad: bool, sizes: list[int],
          trail: Trail) -> _Run:  # fmt: skip
     assert setting.pin is not None
+    rows = case.x.shape[0]
     with setting.pin():
-        trail.batch({"kind": "slice", "start": 0, "size": case.x.shape[0]})
-        if with_grad:
-            g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
-            full, dw = (g.y, g.dx, g.dz), g.dw
-        else:
-            full, dw = call(backend, case.x, case.z, case.w, None, opts, False), None
-        parts = {size: _pieces(backend, case, opts, with_grad, size, trail) for size in sizes}
-    return tuple(None if t is None else t.detach() for t in full), dw, parts
+        trail.batch({"kind": "slice", "start": 0, "size": rows})
+        g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts) if with_grad else None
+        full = call(backend, case.x, case.z, case.w, None, opts, False) if g is None else (g.y, g.dx, g.dz)
+        parts = {size: run_pieces(backend, case, sub_batch_plan(rows, size), opts, with_grad, trail) for size in sizes}
+    return tuple(None if t is None else t.detach() for t in full), None if g is None else g.dw, parts
 
 
 def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Run) -> ConfigPair:

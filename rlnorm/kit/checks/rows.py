@@ -8,11 +8,10 @@ device in preallocated buffers; on CUDA many calls are captured into one CUDA gr
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,6 +22,7 @@ from rlnorm.inputs import Case
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
     CheckOutcome,
+    Place,
     Recorder,
     Trail,
     backend_key,
@@ -32,9 +32,10 @@ from rlnorm.kit.checks.common import (
     check_common,
     check_int,
     check_ints,
-    compare_rows,
     has_backward,
     new_case,
+    record_differing,
+    run_pieces,
 )
 from rlnorm.kit.results import AllRows, RowsAtSize, SubBatches
 from rlnorm.options import OpOptions
@@ -59,27 +60,22 @@ class _Graph:
     outs: list[tuple[Tensor | None, ...]]
 
 
+@dataclass
 class AloneRunner:
     """Runs equal-size contiguous sub-batches of one case, each as its own backend call: `run(case, starts, size)`
     gives (y, dx, dz) in tile order; on CUDA `graph_rows // size` calls are captured into one graph per size."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        opts: OpOptions,
-        with_grad: bool,
-        use_graphs: bool,
-        graph_rows: int,
-        progress: bool,
-        desc: str,
-        trail: Trail = NO_TRAIL,
-    ) -> None:
-        self.backend, self.opts, self.with_grad = backend, opts, with_grad
-        self.use_graphs, self.graph_rows, self.progress, self.desc = use_graphs, graph_rows, progress, desc
-        self.trail = trail
-        self.paths: dict[int, str] = {}
-        self._graphs: dict[int, _Graph] = {}
-        self._no_graph: dict[int, str] = {}  # size -> why the graph path is not used
+    backend: Backend
+    opts: OpOptions
+    with_grad: bool
+    use_graphs: bool
+    graph_rows: int
+    progress: bool
+    desc: str
+    trail: Trail = NO_TRAIL
+    paths: dict[int, str] = field(default_factory=dict, init=False)  # size -> the path its last run took
+    _graphs: dict[int, _Graph] = field(default_factory=dict, init=False)
+    _no_graph: dict[int, str] = field(default_factory=dict, init=False)  # size -> why the graph path is not used
 
     def run(self, case: Case, starts: Tensor, size: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
         x = case.x
@@ -206,15 +202,11 @@ def all_rows(
                 batch = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
                 alone = runner.run(case, torch.arange(n), 1)
                 entry.alone_path = runner.paths.get(1, "eager")
-                rows = torch.arange(n, device=case.x.device)
-                fwd, grad = compare_rows(
-                    rec, seed, batch, alone, rows, case_label=lambda r, n=n: f"n={n}", where=lambda r, n=n: (0, n, r),
-                    case_spec=spec,
-                )  # fmt: skip
+                whole = {"kind": "slice", "start": 0, "size": n}
+                record_differing(
+                    rec, seed, batch, alone, spec, lambda r, n=n, w=whole: (r, f"n={n}", 0, n, r, w), entry
+                )
                 entry.rows += n
-                entry.fwd_differ += fwd
-                if with_grad:
-                    entry.rowgrad_differ += grad
                 bar.update()
             entry.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)
@@ -230,6 +222,16 @@ def sub_batch_plan(full_rows: int, size: int, coverage: str = "all", sample_stri
         raise ValueError(f"coverage: expected one of {COVERAGES}, got {coverage!r}")
     step = sample_stride if coverage == "sampled" and size < sample_stride else size
     return [(s, min(size, full_rows - s)) for s in range(0, full_rows, step)]
+
+
+def _sub_place(starts: list[int], m: int) -> Callable[[int], Place]:
+    """Where row i of tiles of m rows starting at `starts` (in order) sat: its tile and position."""
+
+    def place(i: int) -> Place:
+        s, pos = starts[i // m], i % m
+        return s + pos, f"sub={m}@{s}", s, m, pos, {"kind": "slice", "start": s, "size": m}
+
+    return place
 
 
 def full_vs_sub_batches(
@@ -264,40 +266,23 @@ def full_vs_sub_batches(
     rec = Recorder(backend, "full_vs_sub_batches", opts, max_records)
     runner = AloneRunner(backend, opts, with_grad, use_graphs, graph_rows, progress, f"{key} sub-batches", trail)
     bar = tqdm(total=len(seeds) * len(sizes), desc=f"{key} full_vs_sub_batches", disable=not progress)
+    full_batch = {"kind": "slice", "start": 0, "size": full_rows, "label": "full batch"}
     with caught(summary), bar:
         for seed in seeds:
             case, spec = new_case(trail, "full_vs_sub_batches", full_rows, d, seed, wdt, device, opts, whole=True)
             full = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
             for size in sizes:
-                plan = plans[size]
-                whole = [s for s, m in plan if m == size]
-                pieces: list[tuple[Tensor, tuple[Tensor | None, ...]]] = []
-                if whole:
-                    starts = torch.tensor(whole, dtype=torch.int64)
-                    out = runner.run(case, starts, size)
-                    summary.alone_path[str(size)] = runner.paths.get(size, "eager")
-                    pieces.append(((starts.view(-1, 1) + torch.arange(size)).reshape(-1), out))
-                for s, m in plan:  # a partial tile: one more call of its own size
-                    if m != size:
-                        trail.batch({"kind": "slice", "start": s, "size": m})
-                        pieces.append((torch.arange(s, s + m), call_rows(backend, case, s, m, opts, with_grad)))
-                # tiles never overlap, so a row's tile is the last one starting at or before it
-                tile_starts = [s for s, _ in plan]
-
-                def where(r: int, ts: list[int] = tile_starts, plan: list = plan) -> tuple[int, int, int]:
-                    start, m = plan[bisect.bisect_right(ts, r) - 1]
-                    return start, m, r - start
-
-                for rows_idx, out in pieces:
-                    fwd, grad = compare_rows(
-                        rec, seed, full, out, rows_idx.to(case.x.device),
-                        case_label=lambda r, w=where: "sub={1}@{0}".format(*w(r)), where=where, case_spec=spec,
-                        other={"kind": "slice", "start": 0, "size": full_rows, "label": "full batch"},
-                    )  # fmt: skip
-                    summary.fwd_differ += fwd
-                    if with_grad:
-                        summary.rowgrad_differ += grad
-                    summary.rows_compared += len(rows_idx)
+                # (tile starts, tile rows, their outputs): the whole tiles in one go, then each partial one alone
+                whole = [s for s, m in plans[size] if m == size]
+                pieces = [(whole, size, runner.run(case, torch.tensor(whole), size))] if whole else []
+                pieces += [([s], m, run_pieces(backend, case, [(s, m)], opts, with_grad, trail))
+                           for s, m in plans[size] if m != size]  # fmt: skip
+                for starts, m, out in pieces:
+                    rows = (torch.tensor(starts).view(-1, 1) + torch.arange(m)).reshape(-1).to(case.x.device)
+                    in_full = tuple(None if t is None else t.index_select(0, rows) for t in full)
+                    record_differing(rec, seed, in_full, out, spec, _sub_place(starts, m), summary, other=full_batch)
+                    summary.rows_compared += len(rows)
                 bar.update()
+    summary.alone_path = {str(size): path for size, path in runner.paths.items()}
     summary.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)

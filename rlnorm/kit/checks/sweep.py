@@ -12,18 +12,19 @@ from tqdm import tqdm
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
     CheckOutcome,
+    Place,
     Recorder,
     Trail,
     backend_key,
     call,
-    call_rows,
     caught,
     check_common,
     check_int,
     check_ints,
-    differ_masks,
     has_backward,
     new_case,
+    record_differing,
+    run_pieces,
 )
 from rlnorm.kit.records import sweep_batch_rows, sweep_perm_seed
 from rlnorm.kit.results import Sweep
@@ -73,17 +74,13 @@ def batch_size_sweep(
     with caught(summary), tqdm(total=len(plan) * len(seeds), desc=desc, disable=not progress) as bar:
         for seed in seeds:
             case, cs = new_case(trail, "batch_size_sweep", n, d, seed, wdt, device, opts, whole=False)
-            alone = {}
-            for p in probes:
-                trail.batch({"kind": "slice", "start": p, "size": 1})
-                alone[p] = tuple(
-                    None if t is None else t.detach() for t in call_rows(backend, case, p, 1, opts, with_grad)
-                )
+            alone = run_pieces(backend, case, [(p, 1) for p in probes], opts, with_grad, trail)
             perms = {(m, p): sweep_perm_seed(seed, m, p) for m, p, _, _ in plan}
-            specs = [
-                {"kind": "sweep", "m": m, "probe": p, "position": pos, "perm_seed": perms[(m, p)]}
-                for m, p, _, pos in plan
-            ]
+            places: list[Place] = [
+                (p, f"m={m}/pos={nm}/probe={p}", None, m, pos,
+                 {"kind": "sweep", "m": m, "probe": p, "position": pos, "perm_seed": perms[(m, p)]})
+                for m, p, nm, pos in plan
+            ]  # fmt: skip
             # every batch's row indices built on the host first and moved once (no copy/sync per call)
             batch_idx = [sweep_batch_rows(n, m, p, pos, perms[(m, p)]) for m, p, _, pos in plan]
             offsets = [0, *itertools.accumulate(len(t) for t in batch_idx)]
@@ -95,7 +92,7 @@ def batch_size_sweep(
                 torch.empty(len(plan), d, dtype=case.x.dtype, device=case.x.device) if k else None for k in kinds
             )
             for i, (_m, _p, _name, pos) in enumerate(plan):
-                trail.batch(specs[i])
+                trail.batch(places[i][5])
                 idx = idx_all[offsets[i] : offsets[i + 1]]
                 bz = None if case.z is None else case.z.index_select(0, idx)
                 bdy = case.dy.index_select(0, idx) if with_grad else None
@@ -105,22 +102,11 @@ def batch_size_sweep(
                         if buf is not None and t is not None:
                             buf[i].copy_(t.detach()[pos])
                 bar.update()
-            ref = tuple(
-                torch.cat([alone[p][i] for _, p, _, _ in plan]) if alone[probes[0]][i] is not None else None
-                for i in range(3)
-            )
-            # compare comparison-by-comparison: "row" i of these tensors is comparison i of the plan
-            masks, grad_mask = differ_masks(in_batch, ref)
-            summary.differ += int((masks["y"] | grad_mask).sum())
-            summary.fwd_differ += int(masks["y"].sum())
-            if with_grad:
-                summary.rowgrad_differ += int(grad_mask.sum())
-            for name, b, a in zip(("y", "dx", "dz"), in_batch, ref, strict=True):
-                if name not in masks or not bool(masks[name].any()):
-                    continue
-                ci = masks[name].nonzero().flatten()
-                places = [(p, f"m={m}/pos={nm}/probe={p}", None, m, pos, specs[i])
-                          for i in ci.tolist() for m, p, nm, pos in [plan[i]]]  # fmt: skip
-                rec.add_rows(seed, name, b.index_select(0, ci), a.index_select(0, ci), cs, places)
+            # each comparison's probe alone (a probe named twice: its last run, as each is run in turn)
+            last = {p: i for i, p in enumerate(probes)}
+            pick = torch.tensor([last[p] for _, p, _, _ in plan], device=case.x.device)
+            ref = tuple(None if t is None else t.index_select(0, pick) for t in alone)
+            # "row" i of these tensors is comparison i of the plan
+            summary.differ += record_differing(rec, seed, in_batch, ref, cs, places.__getitem__, summary)
     summary.records_dropped = rec.dropped_since()
     return CheckOutcome(summary, rec.records, summary.error)
