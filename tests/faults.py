@@ -1,11 +1,9 @@
 """Planted faulty backends: each is a correct gated RMSNorm except for ONE broken guarantee.
 
-They exist so that every check and gate can be shown to fail when it should (COMMON quality bar:
-a check that passes by construction is a defect). Each builds on `ExactReferenceBackend` (the
-fp32 reference with the exact, order-independent dweight), which passes every check and gate,
-so the only thing wrong with a fault is the one planted. Load one by import path, e.g.
-`tests.faults:BatchSizeDependentOutput`, with the checkout's root on the import path (`python -m pytest` and
-`python -m rlnorm` run from there have it; the kit's child processes inherit it).
+Every check and gate is shown to fail on its fault. Most build on `ExactReferenceBackend` (the fp32 reference with
+the exact, order-independent dweight), which passes every check and gate, so the only thing wrong is the one
+planted. Load one by import path (`tests.faults:BatchSizeDependentOutput`) with the checkout's root on the import
+path, as `python -m pytest` and `python -m rlnorm` run from there have it (the kit's child processes inherit it).
 
 | class | broken guarantee | caught by |
 |---|---|---|
@@ -40,25 +38,6 @@ from torch import Tensor
 from rlnorm.kit.backends import Backend, ExactReferenceBackend, Grads
 from rlnorm.kit.backends.pins import Setting, patched
 from rlnorm.options import OpOptions
-
-__all__ = [
-    "BatchSizeDependentOutput",
-    "DeviceErrorPastRows",
-    "ExitPastRows",
-    "ForwardOnlyBatchSize",
-    "HangPastRows",
-    "NondeterministicDweight",
-    "OneRowPerProgram",
-    "OrderDependentDweight",
-    "PositionDependentOutput",
-    "RowCountOrder",
-    "RowsPerProgramByRowCount",
-    "SegfaultPastRows",
-    "batch_size_fault_mask",
-    "bump_one_ulp",
-    "position_fault_mask",
-]
-
 
 _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
