@@ -55,6 +55,12 @@ def module(w: torch.Tensor, opts: OpOptions) -> Any:
     return mod
 
 
+def compiled_row() -> Any:
+    row = vn.VllmNativeCompiledBackend()
+    row.compile_rows = 64
+    return row
+
+
 def describe(v: Any) -> Any:
     """A call's arguments as JSON: tensors by shape, strides and dtype (where they live is compared apart)."""
     if isinstance(v, torch.Tensor):
@@ -86,9 +92,8 @@ def bits(archive: str) -> dict[str, Any]:
         ys = [vb.rmsnorm_call(fn, c.x, c.z, c.w, opts) for fn in fns] + [backend.forward(c.x, c.z, c.w, opts)]
         out["cases"].append({"rows": rows, "equal": [bool(torch.equal(ys[0], y)) for y in ys[1:]]})
     x3 = make_case(12, 128, seed=5).x.reshape(3, 4, 128)  # rmsnorm_fn flattens leading dimensions
-    ys = [
-        vb.rmsnorm_call(fn, x3, None, torch.ones(128), OpOptions()) for fn in (lg.rmsnorm_fn, from_archive.rmsnorm_fn)
-    ]
+    fns = (lg.rmsnorm_fn, from_archive.rmsnorm_fn)
+    ys = [vb.rmsnorm_call(fn, x3, None, torch.ones(128), OpOptions()) for fn in fns]
     return out | {"3d": bool(torch.equal(*ys))}
 
 
@@ -164,8 +169,7 @@ def mapping(archive: str) -> list[dict[str, Any]]:
 # -- vLLM's forward_native rows (tests/kit/test_vllm_native.py) ------------------------------------------------------
 @section
 def native_bits(archive: str) -> list[dict[str, Any]]:
-    eager, compiled = vn.VllmNativeBackend(), vn.VllmNativeCompiledBackend()
-    compiled.compile_rows = 64
+    eager, compiled = vn.VllmNativeBackend(), compiled_row()
     out = []
     for opts, wdt, gated in itertools.product(OPTIONS, DTYPES, (True, False)):
         c = make_case(9, 128, seed=4, weight_dtype=wdt)
@@ -359,9 +363,8 @@ def layer_options_not_defaults(archive: str) -> dict[str, Any]:
     plugin.register()
     x, z, w = rows()
     out: dict[str, Any] = {}
-    for i, options in enumerate(
-        [{}, {"eps": 1e-6, "norm_before_gate": True, "activation": "silu"}, {"eps": 1e-3, "group_size": 8}]
-    ):
+    choices = [{}, {"eps": 1e-6, "norm_before_gate": True, "activation": "silu"}, {"eps": 1e-3, "group_size": 8}]
+    for i, options in enumerate(choices):
         layer = build(None, w, **options)
         with torch.no_grad():
             y = layer.forward_native(x, z)
@@ -427,10 +430,7 @@ def batch_invariant(archive: str) -> dict[str, Any]:
 
     c = make_case(9, 128, seed=6)
     mod = module(c.w, OpOptions())
-    before = {"cuda": mod.forward_cuda(c.x, c.z), "native": mod.forward_native(c.x, c.z)}
-    compiled = vn.VllmNativeCompiledBackend()
-    compiled.compile_rows = 64
-    before["compiled"] = compiled.forward(c.x, c.z, c.w, OpOptions())
+    before = {"cuda": mod.forward_cuda(c.x, c.z), "compiled": compiled_row().forward(c.x, c.z, c.w, OpOptions())}
     row = vn.VllmNativeBatchInvariantBackend().forward(c.x, c.z, c.w, OpOptions())  # our override only, then removed
     x32 = make_case(9, 128, seed=6, dtype=torch.float32).x
     mean_before = x32.pow(2).mean(-1, keepdim=True)
@@ -443,8 +443,7 @@ def batch_invariant(archive: str) -> dict[str, Any]:
 
     bi.mean_batch_invariant = counting
     bi.enable_batch_invariant_mode()  # vLLM's own: registers its overrides on this platform's key (CPU here)
-    fresh = vn.VllmNativeCompiledBackend()
-    fresh.compile_rows = 64
+    fresh = compiled_row()
     out: dict[str, Any] = {}
     for name, call, ref in (
         ("native", lambda: mod.forward_native(c.x, c.z), row),

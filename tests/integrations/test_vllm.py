@@ -81,8 +81,7 @@ def test_the_layer_s_own_options_reach_the_kernel_and_a_planted_default_eps_is_c
     assert f["0"]["options"] == [1e-5, None, False, "swish"]  # vLLM's defaults, as vLLM's constructor sets them
     assert f["1"]["options"] == [1e-6, None, True, "silu"]
     assert f["2"]["options"] == [1e-3, 8, False, "swish"]
-    for case in ("0", "1", "2"):
-        assert f[case]["differing"] == 0
+    assert [f[case]["differing"] for case in "012"] == [0, 0, 0]
     assert f["0"]["differing_from_rlnorm_defaults"] > 0 and f["2"]["differing_from_rlnorm_defaults"] > 0
     assert f["planted_differing"] > 0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -125,10 +126,6 @@ class Rounding(ReferenceBackend):
         return bits.view(torch.float32).to(x.dtype) + 0 * y.to(x.dtype)
 
 
-def _record_rows(result: Ran, tensor: str = "y") -> set[tuple[int, int, int]]:
-    return {(r["seed"], r["position"], r["row"]) for r in result.records if r["tensor"] == tensor}
-
-
 @pytest.mark.parametrize("backend", [ReferenceBackend(), ExactReferenceBackend()], ids=lambda b: b.key)
 def test_reference_passes_every_invariance_check(backend: Backend) -> None:
     ar = J.all_rows(backend, OPTS, all_rows_sizes=(1, 7, 63), all_rows_seeds=(3, 4))
@@ -165,7 +162,7 @@ def test_an_output_fault_is_caught_on_exactly_the_rows_its_mask_moves(b: BatchSi
             per_n += len(rows)
             expected |= {(seed, r, r) for r in rows}
         assert ar.summary[str(n)]["fwd_differ"] == per_n
-    assert _record_rows(ar) == expected and len(expected) > 0
+    assert {(r["seed"], r["position"], r["row"]) for r in ar.records} == expected and len(expected) > 0
     assert all(v["rowgrad_differ"] == 0 for v in ar.summary.values())
     assert {r["tensor"] for r in ar.records} == {"y"}
     rec = ar.records[0]
@@ -214,19 +211,18 @@ def test_nondeterministic_dweight_is_caught_only_by_dweight_repeatable() -> None
 
 
 def test_forward_only_backend() -> None:
-    ar = J.all_rows(ForwardOnly(), OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
+    fo = ForwardOnly()
+    ar = J.all_rows(fo, OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
     assert ar.summary["7"]["rowgrad_differ"] is None  # no gradients compared: not "none differ"
-    assert J.dweight_repeatable(ForwardOnly(), OPTS, dweight_rows=7).summary["dweight_repeatable"] is None
+    assert J.dweight_repeatable(fo, OPTS, dweight_rows=7).summary["dweight_repeatable"] is None
     bad = J.all_rows(ForwardOnlyBatchSize(), OPTS, all_rows_sizes=(63,), all_rows_seeds=(3,))
     assert bad.summary["63"]["fwd_differ"] > 0 and bad.summary["63"]["rowgrad_differ"] is None
     assert {r["tensor"] for r in bad.records} == {"y"}
-    acc = J.accuracy_latency(ForwardOnly(), OPTS, accuracy_rows=63, timing_warmup=0, timing_iters=2)
+    acc = J.accuracy_latency(fo, OPTS, accuracy_rows=63, timing_warmup=0, timing_iters=2)
     assert acc.summary["grad_rel_err"] is None and acc.summary["fwd_bwd_us"] is None
     assert acc.summary["fwd_us"] > 0
-    fvs = J.full_vs_sub_batches(ForwardOnly(), OPTS, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
-    sw = J.batch_size_sweep(
-        ForwardOnly(), OPTS, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3]
-    )
+    fvs = J.full_vs_sub_batches(fo, OPTS, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
+    sw = J.batch_size_sweep(fo, OPTS, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3])
     # the sweep's JSON leaves a None rowgrad_differ out (the reference report has no such key)
     assert fvs.summary["rowgrad_differ"] is None and sw.summary.get("rowgrad_differ") is None
     assert (fvs.summary["fwd_differ"], sw.summary["fwd_differ"], sw.summary["differ"]) == (0, 0, 0)
@@ -250,9 +246,6 @@ def test_the_full_protocol_compares_2188_sampled_sub_batches_and_2520_sweep_rows
     sw = run_check("batch_size_sweep", ForwardOnly(), params, "cpu", Trail()).summary
     assert sw.comparisons == 2520 and sw.differ == 0 and sw.error is None
     assert sw.batch_sizes == default_sweep_sizes(4097)
-
-
-# -- accuracy ---------------------------------------------------------------------------------------
 
 
 def test_correctly_rounded_measure_can_fail() -> None:
@@ -303,8 +296,7 @@ def star_clock(device: str) -> Any:
 
 
 def test_accuracy_latency_records_which_timings_ran_host_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A time with host overhead in it is flagged, per timing, never silently reported as GPU time (the CPU clock's
-    never is: test_accuracy_summary_fields_and_histograms)."""
+    """A time with host overhead in it is flagged, per timing, never silently reported as GPU time."""
     monkeypatch.setattr(accuracy, "_clock", star_clock)
     s = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert s["host_bound"] == {"add": False, "fwd": True, "fwd_bwd": True}
@@ -404,10 +396,8 @@ class ForwardOnlyPosition(PositionDependentOutput):
 @pytest.mark.parametrize("backend", [ReferenceBackend(), ForwardOnly()], ids=lambda b: b.key)
 def test_graph_path_gives_what_eager_gives(backend: Backend) -> None:
     case = make_case(3000, 128, 3, device="cuda")
-    wg = _alone(backend, case, use_graphs=True, graph_rows=512)
-    assert wg[3] == "cuda_graph"
-    we = _alone(backend, case, use_graphs=False, graph_rows=512)
-    assert we[3] == "eager"
+    wg, we = (_alone(backend, case, use_graphs=g, graph_rows=512) for g in (True, False))
+    assert (wg[3], we[3]) == ("cuda_graph", "eager")
     for g, e in zip(wg[:3], we[:3], strict=True):
         assert (g is None) == (e is None)
         if g is not None:
@@ -440,9 +430,8 @@ def test_uncapturable_backend_falls_back_to_eager_and_says_so() -> None:
 
 
 class SlowHostAfterWarmup(ReferenceBackend):
-    """A forward whose host path takes 3 ms once timing starts: the first calls (the accuracy pass, the
-    warm-up and the clock's probe of the host time) are quick, so the queue's prime is sized for them and
-    runs out."""
+    """A forward whose host path takes 3 ms once timing starts: the first calls (the accuracy pass, the warm-up and
+    the clock's probe of the host time) are quick, so the queue's prime is sized for them and runs out."""
 
     key = "test:SlowHostAfterWarmup"
     has_backward = False
@@ -452,8 +441,6 @@ class SlowHostAfterWarmup(ReferenceBackend):
         self.quick_calls = quick_calls
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        import time
-
         self.quick_calls -= 1
         if self.quick_calls < 0:
             time.sleep(0.003)

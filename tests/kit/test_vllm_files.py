@@ -1,13 +1,10 @@
 """vLLM's own files, run without importing vllm: the `vllm` row where vllm cannot import measures what vLLM runs.
 
-Proven against the installed vLLM in the suite's one vLLM child (tests/vllm_child.py):
-- the constructor gets our options and no bias, what forward_cuda hands `rmsnorm_fn` (that its call is exactly
-  `rmsnorm_call`'s: tests/kit/test_stacks.py, from each release's own lines); compute units answered: a step of the
-  set-up that is needed;
-- `rmsnorm_fn` loaded from vLLM's files (installed, and packed by tools/stack_sources.py) gives the installed
-  module's bits, and a real `import vllm` in the same process is left as it was;
-- the GDN layer's fused path (`_rms_norm_gated_cuda`: `layer_norm_fwd(..., out=...)`, in place) launches the same
-  kernel with the same arguments as forward_cuda, and gives the same bits.
+Proven against the installed vLLM in the suite's one vLLM child (tests/vllm_child.py): the constructor gets our
+options and no bias (forward_cuda's call is exactly `rmsnorm_call`'s: tests/kit/test_stacks.py); answering the
+compute units is a needed step of the set-up; `rmsnorm_fn` from vLLM's files (installed, and packed by
+tools/stack_sources.py) gives the installed module's bits, leaving a real `import vllm` as it was; the GDN layer's
+fused path (`_rms_norm_gated_cuda`, in place) launches the same kernel with the same arguments as forward_cuda.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """vLLM's forward_native rows (eager, compiled, VLLM_BATCH_INVARIANT=1): they run what vLLM runs.
 
-Proven against the installed vLLM in the suite's one vLLM child (tests/vllm_child.py):
-- the rows give forward_native's bits (that it calls `native_call(forward_static, x, z, w, opts)`:
-  tests/kit/test_stacks.py);
-- a default (compiled) vLLM config disables the op, so its forward is forward_native; the mode enforce_eager sets
-  keeps it enabled, so its forward is forward_cuda; the compiled row's Inductor options are the config's;
-- vLLM's own `enable_batch_invariant_mode()` reroutes the eager forward_native's mean (and the row gives those bits),
-  and leaves forward_cuda and the compiled forward_native as they were.
+Proven against the installed vLLM in the suite's one vLLM child (tests/vllm_child.py): the rows give
+forward_native's bits (its call: tests/kit/test_stacks.py); a default (compiled) vLLM config runs forward_native
+and enforce_eager forward_cuda, and the compiled row's Inductor options are the config's; vLLM's own
+`enable_batch_invariant_mode()` reroutes only the eager forward_native's mean, and the row gives those bits.
 """
 
 from __future__ import annotations
