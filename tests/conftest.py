@@ -120,18 +120,22 @@ def vllm_archive(installed_vllm: Any, tmp_path_factory: pytest.TempPathFactory) 
     return out / "vllm-src.tar.gz"
 
 
-# For child scripts that compare calls: a call's arguments named by value, tensors by storage, shape, strides and
-# dtype, dtypes by name (so the result is JSON).
-CHILD_DESCRIBE = r"""
-def describe(v):
-    if isinstance(v, torch.Tensor):
-        return ["tensor", v.data_ptr(), list(v.shape), list(v.stride()), str(v.dtype)]
-    if isinstance(v, (list, tuple)):
-        return [describe(e) for e in v]
-    if isinstance(v, dict):
-        return {k: describe(e) for k, e in sorted(v.items())}
-    return str(v) if isinstance(v, torch.dtype) else v
-"""
+@pytest.fixture(scope="session")
+def vllm_facts(vllm_archive: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Any]:
+    """What each section of the suite's one vLLM child (tests/vllm_child.py) found: vllm never enters this process."""
+    from rlnorm.kit.process import child_env
+
+    out = tmp_path_factory.mktemp("vllm-facts") / "facts.json"
+    run = [sys.executable, str(REPO_ROOT / "tests" / "vllm_child.py"), str(vllm_archive), str(out)]
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=900, env=child_env(), check=False)
+    assert out.is_file(), f"the vLLM child exited {proc.returncode} without its facts:\n{proc.stderr[-3000:]}"
+    found = json.loads(out.read_text())
+
+    def facts(name: str) -> Any:
+        assert "error" not in found[name], found[name]["error"]
+        return found[name]["facts"]
+
+    return facts
 
 
 def require(module: str) -> ModuleType:

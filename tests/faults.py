@@ -1,11 +1,9 @@
 """Planted faulty backends: each is a correct gated RMSNorm except for ONE broken guarantee.
 
-They exist so that every check and gate can be shown to fail when it should (COMMON quality bar:
-a check that passes by construction is a defect). Each builds on `ExactReferenceBackend` (the
-fp32 reference with the exact, order-independent dweight), which passes every check and gate,
-so the only thing wrong with a fault is the one planted. Load one by import path, e.g.
-`tests.faults:BatchSizeDependentOutput`, with the checkout's root on the import path (`python -m pytest` and
-`python -m rlnorm` run from there have it; the kit's child processes inherit it).
+Every check and gate is shown to fail on its fault. Most build on `ExactReferenceBackend` (the fp32 reference with
+the exact, order-independent dweight), which passes every check and gate, so the only thing wrong is the one
+planted. Load one by import path (`tests.faults:BatchSizeDependentOutput`) with the checkout's root on the import
+path, as `python -m pytest` and `python -m rlnorm` run from there have it (the kit's child processes inherit it).
 
 | class | broken guarantee | caught by |
 |---|---|---|
@@ -21,8 +19,8 @@ so the only thing wrong with a fault is the one planted. Load one by import path
 | `DeviceErrorPastRows` | an illegal memory access on the GPU past `limit` rows | run: crashed, device error |
 | `RowsPerProgramByRowCount` | a Triton constexpr (ROWS) set from the row count; no row differs | launch |
 
-The output faults move outputs by exactly one ulp and leave dx, dz untouched (the perturbation is
-added outside the autograd graph), so they show up as `fwd_differ` and never as `rowgrad_differ`.
+The output faults move outputs by exactly one ulp and leave dx, dz untouched (the perturbation is added outside the
+autograd graph), so they show up as `fwd_differ` and never as `rowgrad_differ`.
 """
 
 from __future__ import annotations
@@ -41,25 +39,6 @@ from rlnorm.kit.backends import Backend, ExactReferenceBackend, Grads
 from rlnorm.kit.backends.pins import Setting, patched
 from rlnorm.options import OpOptions
 
-__all__ = [
-    "BatchSizeDependentOutput",
-    "DeviceErrorPastRows",
-    "ExitPastRows",
-    "ForwardOnlyBatchSize",
-    "HangPastRows",
-    "NondeterministicDweight",
-    "OneRowPerProgram",
-    "OrderDependentDweight",
-    "PositionDependentOutput",
-    "RowCountOrder",
-    "RowsPerProgramByRowCount",
-    "SegfaultPastRows",
-    "batch_size_fault_mask",
-    "bump_one_ulp",
-    "position_fault_mask",
-]
-
-
 _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
 
@@ -70,22 +49,17 @@ def bump_one_ulp(t: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, bits + 1, bits).view(t.dtype)
 
 
-def _row_tag(x: Tensor) -> Tensor:
-    """Two bits of each row's own content (x[r, 0]): which rows a size-dependent fault touches."""
-    return (x[:, 0].detach().contiguous().view(_INT_VIEW[x.dtype]).to(torch.int64)) & 3
-
-
 def batch_size_fault_mask(x: Tensor) -> Tensor:
     """Rows [rows] that `BatchSizeDependentOutput` moves by one ulp when called on this whole batch.
 
-    Like a kernel that picks its tile from the row count: a single row is regime 0, any larger
-    batch regime 1 + bit_length(rows) % 3, and a row is perturbed when its content tag (0..3)
-    equals the regime. Two batch sizes in different regimes disagree on about half the rows
-    (a row alone always differs from a batch); sizes in one regime agree.
+    Like a kernel that picks its tile from the row count: a single row is regime 0, any larger batch regime
+    1 + bit_length(rows) % 3, and a row is perturbed when its content tag (0..3) equals the regime. Two batch sizes
+    in different regimes disagree on about half the rows (a row alone always differs from a batch).
     """
     rows = int(x.shape[0])
     regime = 0 if rows <= 1 else 1 + rows.bit_length() % 3
-    return _row_tag(x) == regime
+    tag = x[:, 0].detach().contiguous().view(_INT_VIEW[x.dtype]).to(torch.int64) & 3  # two bits of x[r, 0]
+    return tag == regime
 
 
 def position_fault_mask(rows: int, device: torch.device | str = "cpu") -> Tensor:
@@ -145,8 +119,8 @@ class PositionDependentOutput(_OutputFault):
 class NondeterministicDweight(ExactReferenceBackend):
     """dweight differs from one call to the next: call k moves column k % D by one ulp.
 
-    Deterministic in its nondeterminism (a per-instance call counter, not a clock or RNG), so a
-    test knows it will show; a real kernel's atomics give the same symptom without the guarantee.
+    Deterministic in its nondeterminism (a per-instance call counter, not a clock or RNG), so a test knows it will
+    show; a real kernel's atomics give the same symptom without the guarantee.
     """
 
     key = "tests.faults:NondeterministicDweight"
@@ -167,8 +141,8 @@ class NondeterministicDweight(ExactReferenceBackend):
 class OrderDependentDweight(ExactReferenceBackend):
     """dweight is a plain fp32 left fold over rows: repeatable, close, but permuting rows moves bits.
 
-    This is what a serial one-thread-per-column kernel does (the reference report's own op).
-    Zero-gradient padding rows add exact zeros, so the padded lines still pass.
+    What a serial one-thread-per-column kernel does (the reference report's own op); zero-gradient padding rows add
+    exact zeros, so the padded lines still pass.
     """
 
     key = "tests.faults:OrderDependentDweight"
@@ -184,9 +158,8 @@ class OrderDependentDweight(ExactReferenceBackend):
 
 
 class _PastRows(ExactReferenceBackend):
-    """The exact reference until a batch (every forward and forward+backward) has more than `limit` rows; then
-    the planted failure, as a kernel bug that shows only at some sizes does. Every check before that size
-    completes; the crash and hang faults differ only in what `_fail` does."""
+    """The exact reference until a batch (every forward and forward+backward) has more than `limit` rows; then the
+    planted failure, as a kernel bug that shows only at some sizes does: the faults differ only in `_fail`."""
 
     limit = 50
 

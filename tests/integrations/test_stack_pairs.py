@@ -1,6 +1,6 @@
 """Trainer against sampler (`rlnorm.kit.checks.stack_pairs`): a planted sampler difference is reported with exactly
 its count, a pair that cannot run says why, each pair runs in its own process, an older artifact's `trainer_sampler`
-reads as its two pairs; with vLLM (the vLLM scenarios' child process), Qwen3-Next's layers patched with rlnorm agree
+reads as its two pairs; with vLLM (the suite's vLLM child), Qwen3-Next's layers patched with rlnorm agree
 bitwise, the stock ones do not, and a patched sampler that keeps rlnorm's default eps is caught."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from conftest import require
 from faults import PositionDependentOutput, position_fault_mask
-from vllm_scenarios import facts
 
 import rlnorm.kit.checks.stack_pairs as sp
 from rlnorm.kit import artifact as art
@@ -77,10 +77,10 @@ def test_a_pair_that_cannot_run_here_is_skipped_with_the_reason_and_rlnorm_s_fal
     assert row["sampler_source"].startswith("torch.ops.rlnorm.rms_norm_gated as rlnorm's vLLM layer calls it")
 
 
-# -- with vLLM, on the CPU (the scenarios' child process) ----------------------------------------------------------
+# -- with vLLM, on the CPU (the suite's vLLM child) ----------------------------------------------------------
 @pytest.mark.slow
-def test_rlnorm_s_layers_agree_and_the_stock_layers_do_not() -> None:
-    f = facts("stack_pairs_check")
+def test_rlnorm_s_layers_agree_and_the_stock_layers_do_not(vllm_facts: Any) -> None:
+    f = vllm_facts("stack_pairs_check")
     for eps in ("1e-06", "1e-05"):
         patched, stock = f[f"rlnorm_patched@{eps}"], f[f"stock_unpatched@{eps}"]
         assert patched["trainer_source"].endswith("RlnormQwen3NextRMSNormGated")
@@ -96,8 +96,8 @@ def test_rlnorm_s_layers_agree_and_the_stock_layers_do_not() -> None:
 
 
 @pytest.mark.slow
-def test_a_sampler_replacement_that_keeps_rlnorm_s_default_eps_is_caught() -> None:
-    row = facts("stack_pairs_check")["planted"]
+def test_a_sampler_replacement_that_keeps_rlnorm_s_default_eps_is_caught(vllm_facts: Any) -> None:
+    row = vllm_facts("stack_pairs_check")["planted"]
     assert row["bitwise_equal"] is False and row["rows_differ"] > 10 and row["max_ulp"] > 2
     assert 0 not in row["differing_rows"]  # the unscaled row: eps is negligible beside its mean square
 

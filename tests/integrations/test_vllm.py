@@ -1,14 +1,15 @@
 """rlnorm's vLLM plugin against the installed vLLM, on the CPU (vLLM's own kernel cannot run here; rlnorm's runs in
 Triton's interpreter): the class vLLM instantiates, both dispatch paths eager and compiled, the layer's own
-options, and the entry point vLLM's plugin loader reads. The vLLM side runs in a child (`vllm_scenarios.py`)."""
+options, and the entry point vLLM's plugin loader reads. The vLLM side runs in the suite's vLLM child
+(tests/vllm_child.py)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
-from vllm_scenarios import facts
 
 from rlnorm.integrations import vllm as plugin
 from rlnorm.kit.process import child_env
@@ -38,11 +39,11 @@ def test_importing_the_plugin_imports_no_vllm() -> None:
 
 # -- inside vLLM (child process) --------------------------------------------------------------------------------
 @slow
-def test_installing_is_not_switching_on_and_vllms_plugin_loader_switches_it_on() -> None:
-    f = facts("off_unless_asked")
-    assert f["unset"] == f["zero"] == "RMSNormGated" and not f["registered"]
+def test_installing_is_not_switching_on_and_vllms_plugin_loader_switches_it_on(vllm_facts: Any) -> None:
+    f = vllm_facts("switched")
+    assert f["unset"] == f["zero"] == "RMSNormGated" and not f["registered_before"]
     assert f["typo"].startswith("RLNORM_VLLM: expected 1")
-    f = facts("through_the_entry_point")  # the entry point pyproject declares, as vLLM's loader finds it
+    # the entry point pyproject declares, as vLLM's loader finds it
     assert ENTRY in f["found"]
     assert f["class"] == "rlnorm.integrations.vllm_layer.RlnormRMSNormGated" and f["registered"]
 
@@ -52,8 +53,10 @@ def test_installing_is_not_switching_on_and_vllms_plugin_loader_switches_it_on()
     ("custom_ops", "dispatched"),
     [("all", "forward_cuda"), ("none", "forward_native"), ("none++rms_norm_gated", "forward_cuda")],
 )
-def test_vllm_instantiates_it_and_both_dispatch_paths_equal_rlnorm_bitwise(custom_ops: str, dispatched: str) -> None:
-    f = facts("instantiated_and_dispatched")[custom_ops]
+def test_vllm_instantiates_it_and_both_dispatch_paths_equal_rlnorm_bitwise(
+    custom_ops: str, dispatched: str, vllm_facts: Any
+) -> None:
+    f = vllm_facts("instantiated_and_dispatched")[custom_ops]
     assert f["class"] == "RlnormRMSNormGated"
     assert f["name"] == "rms_norm_gated"  # vLLM's custom_ops switches keep their in-tree meaning
     assert f["dispatched"] == dispatched  # this machine's vLLM platform is not the CPU one: enabled means forward_cuda
@@ -63,8 +66,8 @@ def test_vllm_instantiates_it_and_both_dispatch_paths_equal_rlnorm_bitwise(custo
 
 
 @slow
-def test_compiled_forward_native_keeps_rlnorm_opaque_and_equal() -> None:
-    f = facts("compiled")
+def test_compiled_forward_native_keeps_rlnorm_opaque_and_equal(vllm_facts: Any) -> None:
+    f = vllm_facts("compiled")
     assert f["is_compiled"]
     assert f["differing_by_rows"] == {"37": 0, "5": 0, "1": 0}  # dynamic shapes, one compiled graph
     assert f["traced_differing"] == 0
@@ -73,21 +76,19 @@ def test_compiled_forward_native_keeps_rlnorm_opaque_and_equal() -> None:
 
 
 @slow
-def test_the_layer_s_own_options_reach_the_kernel_and_a_planted_default_eps_is_caught() -> None:
-    f = facts("layer_options_not_defaults")
+def test_the_layer_s_own_options_reach_the_kernel_and_a_planted_default_eps_is_caught(vllm_facts: Any) -> None:
+    f = vllm_facts("layer_options_not_defaults")
     assert f["0"]["options"] == [1e-5, None, False, "swish"]  # vLLM's defaults, as vLLM's constructor sets them
     assert f["1"]["options"] == [1e-6, None, True, "silu"]
     assert f["2"]["options"] == [1e-3, 8, False, "swish"]
-    for case in f.values():
-        assert case["differing"] == 0
+    assert [f[case]["differing"] for case in "012"] == [0, 0, 0]
     assert f["0"]["differing_from_rlnorm_defaults"] > 0 and f["2"]["differing_from_rlnorm_defaults"] > 0
-    assert facts("planted_default_eps")["differing"] > 0
+    assert f["planted_differing"] > 0
 
 
 @slow
-def test_what_cannot_be_honoured_is_refused_when_the_model_is_built() -> None:
-    f = facts("refused_at_construction")
+def test_what_cannot_be_honoured_is_refused_when_the_model_is_built(vllm_facts: Any) -> None:
+    f = vllm_facts("refused")
     assert f["group_size"].startswith("vLLM RMSNormGated with rlnorm's kernel (RLNORM_VLLM=1): group_size: 5")
     assert "activation: expected one of" in f["activation"]
-    message = facts("another_replacement_registered")["message"]  # another out-of-tree RMSNormGated is named
-    assert "already replaced by" in message and "Theirs" in message
+    assert "already replaced by" in f["another"] and "Theirs" in f["another"]  # another out-of-tree one is named

@@ -9,8 +9,10 @@ from __future__ import annotations
 import inspect
 import itertools
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -38,7 +40,6 @@ from tests.faults import (
     NondeterministicDweight,
     OrderDependentDweight,
     PositionDependentOutput,
-    batch_size_fault_mask,
 )
 
 OPTS = OpOptions()
@@ -107,41 +108,22 @@ class Raises(ReferenceBackend):
         raise RuntimeError("planted crash in forward_backward")
 
 
-class DoubleRounding(ReferenceBackend):
-    """fp64 math cast straight to bf16: torch goes through fp32, so it rounds twice."""
+class Rounding(ReferenceBackend):
+    """The gated norm rounded to bf16 by `how`: "once" from fp64 (the measure's ceiling, must score exactly 1),
+    "twice" (fp64 cast straight to bf16: torch goes through fp32), "truncated" (fp32, low 16 bits dropped)."""
 
-    key = "test:DoubleRounding"
-
-    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        return gated_rmsnorm_math(x, z, w, opts, torch.float64).to(x.dtype)
-
-
-class ExactOnce(ReferenceBackend):
-    """fp64 math rounded ONCE: the measure's ceiling, must score exactly 1."""
-
-    key = "test:ExactOnce"
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.how, self.key = how, f"test:{how}"
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        y64 = gated_rmsnorm_math(x, z, w, opts, torch.float64)
-        return round_once(y64.detach(), x.dtype) + 0 * y64.to(x.dtype)  # keep autograd for the gradients
-
-
-class Truncating(ReferenceBackend):
-    """fp32 math, then bf16 by dropping the low 16 bits (round toward zero)."""
-
-    key = "test:Truncating"
-
-    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        y32 = gated_rmsnorm_math(x, z, w, opts, torch.float32)
-        bits = y32.detach().contiguous().view(torch.int32) & ~0xFFFF
-        return bits.view(torch.float32).to(x.dtype) + 0 * y32.to(x.dtype)
-
-
-def _record_rows(result: Ran, tensor: str = "y") -> set[tuple[int, int, int]]:
-    return {(r["seed"], r["position"], r["row"]) for r in result.records if r["tensor"] == tensor}
-
-
-# -- the reference: nothing differs ---------------------------------------------------------------
+        y = gated_rmsnorm_math(x, z, w, opts, torch.float32 if self.how == "truncated" else torch.float64)
+        if self.how == "twice":
+            return y.to(x.dtype)
+        if self.how == "once":
+            return round_once(y.detach(), x.dtype) + 0 * y.to(x.dtype)  # keep autograd for the gradients
+        bits = y.detach().contiguous().view(torch.int32) & ~0xFFFF
+        return bits.view(torch.float32).to(x.dtype) + 0 * y.to(x.dtype)
 
 
 @pytest.mark.parametrize("backend", [ReferenceBackend(), ExactReferenceBackend()], ids=lambda b: b.key)
@@ -161,35 +143,27 @@ def test_reference_passes_every_invariance_check(backend: Backend) -> None:
     assert (sw.summary["differ"], sw.summary["fwd_differ"], sw.summary["rowgrad_differ"]) == (0, 0, 0)
     assert ar.records == dw.records == sw.records == []
     assert invariant(ar, dw, fvs, sw) is True
+    opts = OpOptions(group_size=32, norm_before_gate=False, activation="sigmoid")  # options reach the backend
+    assert J.all_rows(backend, opts, all_rows_sizes=(7,), all_rows_seeds=(3,)).summary["7"]["fwd_differ"] == 0
 
 
-def test_options_reach_the_backend() -> None:
-    opts = OpOptions(group_size=32, norm_before_gate=False, activation="sigmoid")
-    ar = J.all_rows(ReferenceBackend(), opts, all_rows_sizes=(7,), all_rows_seeds=(3,))
-    assert ar.summary["7"]["fwd_differ"] == 0
-    with pytest.raises(ValueError, match="group_size"):
-        J.all_rows(ReferenceBackend(), OpOptions(group_size=48), all_rows_sizes=(7,))
-
-
-# -- batch-size-dependent output --------------------------------------------------------------------
-
-
-def test_batch_size_fault_is_caught_row_by_row() -> None:
-    b = BatchSizeDependentOutput()
+@pytest.mark.parametrize("b", [BatchSizeDependentOutput(), PositionDependentOutput()], ids=lambda b: b.key)
+def test_an_output_fault_is_caught_on_exactly_the_rows_its_mask_moves(b: BatchSizeDependentOutput) -> None:
+    """Row counts and positions where the fault's own mask differs between the batch and the row alone (or its
+    sub-batch); the fault leaves dx, dz and dweight alone."""
     ar = J.all_rows(b, OPTS, all_rows_sizes=(7, 63), all_rows_seeds=(3, 4))
     expected = set()
     for n in (7, 63):
         per_n = 0
         for seed in (3, 4):
             x = make_case(n, 128, seed).x
-            in_batch = batch_size_fault_mask(x)
-            alone = torch.stack([batch_size_fault_mask(x[r : r + 1])[0] for r in range(n)])
-            rows = (in_batch != alone).nonzero().flatten().tolist()
+            alone = torch.stack([b._mask(x[r : r + 1])[0] for r in range(n)])
+            rows = (b._mask(x) != alone).nonzero().flatten().tolist()
             per_n += len(rows)
             expected |= {(seed, r, r) for r in rows}
         assert ar.summary[str(n)]["fwd_differ"] == per_n
-    assert _record_rows(ar) == expected and len(expected) > 0
-    assert all(v["rowgrad_differ"] == 0 for v in ar.summary.values())  # the fault leaves dx, dz alone
+    assert {(r["seed"], r["position"], r["row"]) for r in ar.records} == expected and len(expected) > 0
+    assert all(v["rowgrad_differ"] == 0 for v in ar.summary.values())
     assert {r["tensor"] for r in ar.records} == {"y"}
     rec = ar.records[0]
     assert rec["cols_differ"] == 1 and rec["max_ulp"] == 1 and rec["max_abs"] > 0
@@ -197,51 +171,26 @@ def test_batch_size_fault_is_caught_row_by_row() -> None:
 
     fvs = J.full_vs_sub_batches(b, OPTS, sub_batches_rows=300, sub_batch_sizes=(1, 7, 100), sub_batches_seeds=(3,))
     x = make_case(300, 128, 3).x
-    full_mask = batch_size_fault_mask(x)
+    full_mask = b._mask(x)
     want = set()
     for size in (1, 7, 100):
         for s, m in sub_batch_plan(300, size):
-            sub = batch_size_fault_mask(x[s : s + m])
+            sub = b._mask(x[s : s + m])
             want |= {(s, m, r) for r in range(s, s + m) if bool(full_mask[r]) != bool(sub[r - s])}
     got = {(r["batch_start"], r["batch_size"], r["row"]) for r in fvs.records}
     assert got == want and fvs.summary["fwd_differ"] == len(want) and fvs.summary["rowgrad_differ"] == 0
-
-    sw = J.batch_size_sweep(b, OPTS, sweep_n=65, sweep_seeds=(3,))
-    assert sw.summary["differ"] == sw.summary["fwd_differ"] == len(sw.records) > 0
-    assert sw.summary["rowgrad_differ"] == 0
-    # dweight is exact in this fault: only the forward checks see it
-    assert J.dweight_repeatable(b, OPTS, dweight_rows=63).summary["dweight_repeatable"] is True
-
-
-# -- position-dependent output ----------------------------------------------------------------------
-
-
-def test_position_fault_is_caught_with_exact_positions() -> None:
-    b = PositionDependentOutput()
-    ar = J.all_rows(b, OPTS, all_rows_sizes=(7, 64), all_rows_seeds=(5,))
-    assert _record_rows(ar) == {(5, r, r) for n in (7, 64) for r in range(n) if r % 3 == 1}
-    assert ar.summary["64"]["fwd_differ"] == sum(1 for r in range(64) if r % 3 == 1)
-
-    fvs = J.full_vs_sub_batches(b, OPTS, sub_batches_rows=100, sub_batch_sizes=(7, 30), sub_batches_seeds=(3,))
-    want = {
-        (s, r)
-        for size in (7, 30)
-        for s, m in sub_batch_plan(100, size)
-        for r in range(s, s + m)
-        if (r % 3 == 1) != ((r - s) % 3 == 1)
-    }
-    assert {(r["batch_start"], r["row"]) for r in fvs.records} == want
     assert all(r["position"] == r["row"] - r["batch_start"] for r in fvs.records)
 
     sw = J.batch_size_sweep(b, OPTS, sweep_n=65, sweep_seeds=(3, 4))
-    sizes, probes = default_sweep_sizes(65), default_probe_rows(65)
-    expect = 2 * sum(1 for m in sizes for _ in probes for _, pos in sweep_positions(m) if pos % 3 == 1)
-    assert sw.summary["differ"] == expect > 0
-    assert all(r["position"] % 3 == 1 and r["case"].startswith(f"m={r['batch_size']}/") for r in sw.records)
+    assert sw.summary["differ"] == sw.summary["fwd_differ"] == len(sw.records) > 0
+    assert sw.summary["rowgrad_differ"] == 0
+    assert all(r["case"].startswith(f"m={r['batch_size']}/") for r in sw.records)
+    if isinstance(b, PositionDependentOutput):  # its count follows from the positions alone
+        sizes, probes = default_sweep_sizes(65), default_probe_rows(65)
+        expect = 2 * sum(1 for m in sizes for _ in probes for _, pos in sweep_positions(m) if pos % 3 == 1)
+        assert sw.summary["differ"] == expect and all(r["position"] % 3 == 1 for r in sw.records)
+    # dweight is exact in these faults: only the forward checks see them
     assert J.dweight_repeatable(b, OPTS, dweight_rows=63).summary["dweight_repeatable"] is True
-
-
-# -- dweight faults -----------------------------------------------------------------------------
 
 
 def test_nondeterministic_dweight_is_caught_only_by_dweight_repeatable() -> None:
@@ -261,30 +210,23 @@ def test_nondeterministic_dweight_is_caught_only_by_dweight_repeatable() -> None
     assert dw.summary["dweight_repeatable"] is True and dw.records == []
 
 
-# -- forward-only backends --------------------------------------------------------------------------
-
-
 def test_forward_only_backend() -> None:
-    ar = J.all_rows(ForwardOnly(), OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
+    fo = ForwardOnly()
+    ar = J.all_rows(fo, OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
     assert ar.summary["7"]["rowgrad_differ"] is None  # no gradients compared: not "none differ"
-    assert J.dweight_repeatable(ForwardOnly(), OPTS, dweight_rows=7).summary["dweight_repeatable"] is None
+    assert J.dweight_repeatable(fo, OPTS, dweight_rows=7).summary["dweight_repeatable"] is None
     bad = J.all_rows(ForwardOnlyBatchSize(), OPTS, all_rows_sizes=(63,), all_rows_seeds=(3,))
     assert bad.summary["63"]["fwd_differ"] > 0 and bad.summary["63"]["rowgrad_differ"] is None
     assert {r["tensor"] for r in bad.records} == {"y"}
-    acc = J.accuracy_latency(ForwardOnly(), OPTS, accuracy_rows=63, timing_warmup=0, timing_iters=2)
+    acc = J.accuracy_latency(fo, OPTS, accuracy_rows=63, timing_warmup=0, timing_iters=2)
     assert acc.summary["grad_rel_err"] is None and acc.summary["fwd_bwd_us"] is None
     assert acc.summary["fwd_us"] > 0
-    fvs = J.full_vs_sub_batches(ForwardOnly(), OPTS, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
-    sw = J.batch_size_sweep(
-        ForwardOnly(), OPTS, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3]
-    )
+    fvs = J.full_vs_sub_batches(fo, OPTS, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
+    sw = J.batch_size_sweep(fo, OPTS, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3])
     # the sweep's JSON leaves a None rowgrad_differ out (the reference report has no such key)
     assert fvs.summary["rowgrad_differ"] is None and sw.summary.get("rowgrad_differ") is None
     assert (fvs.summary["fwd_differ"], sw.summary["fwd_differ"], sw.summary["differ"]) == (0, 0, 0)
     assert invariant(ar, Ran({"dweight_repeatable": None}, [], None), fvs, sw) is True
-
-
-# -- sub-batch plans ---------------------------------------------------------------------------------
 
 
 def test_the_full_protocol_compares_2188_sampled_sub_batches_and_2520_sweep_rows() -> None:
@@ -306,15 +248,12 @@ def test_the_full_protocol_compares_2188_sampled_sub_batches_and_2520_sweep_rows
     assert sw.batch_sizes == default_sweep_sizes(4097)
 
 
-# -- accuracy ---------------------------------------------------------------------------------------
-
-
 def test_correctly_rounded_measure_can_fail() -> None:
     rows = 4096  # 5 double roundings at this seed
-    exact = J.accuracy_latency(ExactOnce(), OPTS, accuracy_rows=rows, timing=False).summary
-    dbl = J.accuracy_latency(DoubleRounding(), OPTS, accuracy_rows=rows, timing=False).summary
-    trunc = J.accuracy_latency(Truncating(), OPTS, accuracy_rows=rows, timing=False).summary
-    ref = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=rows, timing=False).summary
+    exact, dbl, trunc, ref = (
+        J.accuracy_latency(b, OPTS, accuracy_rows=rows, timing=False).summary
+        for b in (Rounding("once"), Rounding("twice"), Rounding("truncated"), ReferenceBackend())
+    )
     assert exact["fwd_correctly_rounded"] == 1.0
     assert exact["fwd_ulp_hist"]["0"] == rows * 128
     assert 0.999 < dbl["fwd_correctly_rounded"] < 1.0  # double rounding: rare, and caught
@@ -328,6 +267,7 @@ def test_correctly_rounded_measure_can_fail() -> None:
 def test_accuracy_summary_fields_and_histograms() -> None:
     s = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=257, timing_warmup=1, timing_iters=3).summary
     assert s["rows"] == 257 and s["timed"] is True and s["device"] == "cpu"
+    assert s["host_bound"] == {"add": False, "fwd": False, "fwd_bwd": False}  # the CPU clock never is
     assert s["fwd_us_p20"] <= s["fwd_us"] <= s["fwd_us_p80"]
     assert s["fwd_bwd_us_p20"] <= s["fwd_bwd_us"] <= s["fwd_bwd_us_p80"]
     assert s["fwd_roofline_ratio"] == pytest.approx(s["fwd_us"] / s["roofline_add_us"])
@@ -343,31 +283,26 @@ def test_accuracy_summary_fields_and_histograms() -> None:
     assert untimed["timed"] is False and untimed["fwd_us"] is None and untimed["fwd_correctly_rounded"] is not None
 
 
-class _StarClock:
+def star_clock(device: str) -> Any:
     """A clock that says the GPU queue ran dry on every timing but the add's (the first)."""
+    calls = itertools.count(1)
 
-    def __init__(self) -> None:
-        self.calls = 0
-
-    def events(self, fn, reps: int, warmup: int) -> Timing:  # type: ignore[no-untyped-def]
+    def events(fn: Callable[[], Any], reps: int, warmup: int) -> Timing:
         fn()
-        self.calls += 1
-        return Timing(10.0 * self.calls, 9.0 * self.calls, 11.0 * self.calls, host_bound=self.calls > 1)
+        k = next(calls)
+        return Timing(10.0 * k, 9.0 * k, 11.0 * k, host_bound=k > 1)
+
+    return SimpleNamespace(events=events)
 
 
 def test_accuracy_latency_records_which_timings_ran_host_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """A time with host overhead in it is flagged, per timing, never silently reported as GPU time."""
-    real = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
-    assert real["host_bound"] == {"add": False, "fwd": False, "fwd_bwd": False}  # the CPU clock never is
-    monkeypatch.setattr(accuracy, "_clock", lambda device: _StarClock())
+    monkeypatch.setattr(accuracy, "_clock", star_clock)
     s = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert s["host_bound"] == {"add": False, "fwd": True, "fwd_bwd": True}
     assert (s["roofline_add_us"], s["fwd_us"], s["fwd_us_p20"], s["fwd_bwd_us"]) == (10.0, 20.0, 18.0, 30.0)
     fwd_only = J.accuracy_latency(ForwardOnly(), OPTS, accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert fwd_only["host_bound"] == {"add": False, "fwd": True}  # no backward: no fwd_bwd timing to flag
-
-
-# -- agreement matrix ---------------------------------------------------------------------------------
 
 
 def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
@@ -414,6 +349,7 @@ R = ReferenceBackend()
     ("call", "error", "match"),
     [
         (lambda: J.all_rows(R, OPTS, all_rows_sizes=()), ValueError, "all_rows_sizes"),
+        (lambda: J.all_rows(R, OpOptions(group_size=48), all_rows_sizes=(7,)), ValueError, "group_size"),
         (lambda: J.all_rows(R, OPTS, all_rows_sizes=(0,)), ValueError, r"all_rows_sizes\[0\]"),
         (lambda: J.full_vs_sub_batches(R, OPTS, coverage="some"), ValueError, "coverage"),
         (lambda: J.batch_size_sweep(R, OPTS, sweep_n=9, sweep_sizes=(10,)), ValueError, "sweep_sizes"),
@@ -460,10 +396,8 @@ class ForwardOnlyPosition(PositionDependentOutput):
 @pytest.mark.parametrize("backend", [ReferenceBackend(), ForwardOnly()], ids=lambda b: b.key)
 def test_graph_path_gives_what_eager_gives(backend: Backend) -> None:
     case = make_case(3000, 128, 3, device="cuda")
-    wg = _alone(backend, case, use_graphs=True, graph_rows=512)
-    assert wg[3] == "cuda_graph"
-    we = _alone(backend, case, use_graphs=False, graph_rows=512)
-    assert we[3] == "eager"
+    wg, we = (_alone(backend, case, use_graphs=g, graph_rows=512) for g in (True, False))
+    assert (wg[3], we[3]) == ("cuda_graph", "eager")
     for g, e in zip(wg[:3], we[:3], strict=True):
         assert (g is None) == (e is None)
         if g is not None:
@@ -479,13 +413,7 @@ def _alone(backend: Backend, case, use_graphs: bool, graph_rows: int):  # type: 
 @cuda_only
 def test_graph_path_still_catches_a_planted_fault() -> None:
     b = ForwardOnlyPosition()
-    kw = {
-        "sub_batches_rows": 20000,
-        "sub_batch_sizes": (1, 7),
-        "sub_batches_seeds": (3,),
-        "device": "cuda",
-        "progress": False,
-    }
+    kw = {"sub_batches_rows": 20000, "sub_batch_sizes": (1, 7), "sub_batches_seeds": (3,), "device": "cuda"}
     g = J.full_vs_sub_batches(b, OPTS, **kw)
     e = J.full_vs_sub_batches(b, OPTS, use_graphs=False, **kw)
     assert g.summary["alone_path"] == {"1": "cuda_graph", "7": "cuda_graph"}
@@ -496,17 +424,14 @@ def test_graph_path_still_catches_a_planted_fault() -> None:
 @cuda_only
 def test_uncapturable_backend_falls_back_to_eager_and_says_so() -> None:
     """ExactReferenceBackend sums dweight on the CPU (a sync): capture fails, eager runs, the result stands."""
-    res = J.all_rows(
-        ExactReferenceBackend(), OPTS, all_rows_sizes=(4097,), all_rows_seeds=(3,), device="cuda", progress=False
-    )
+    res = J.all_rows(ExactReferenceBackend(), OPTS, all_rows_sizes=(4097,), all_rows_seeds=(3,), device="cuda")
     assert res.summary["4097"]["alone_path"].startswith("eager (")
     assert res.summary["4097"]["fwd_differ"] == res.summary["4097"]["rowgrad_differ"] == 0
 
 
 class SlowHostAfterWarmup(ReferenceBackend):
-    """A forward whose host path takes 3 ms once timing starts: the first calls (the accuracy pass, the
-    warm-up and the clock's probe of the host time) are quick, so the queue's prime is sized for them and
-    runs out."""
+    """A forward whose host path takes 3 ms once timing starts: the first calls (the accuracy pass, the warm-up and
+    the clock's probe of the host time) are quick, so the queue's prime is sized for them and runs out."""
 
     key = "test:SlowHostAfterWarmup"
     has_backward = False
@@ -516,8 +441,6 @@ class SlowHostAfterWarmup(ReferenceBackend):
         self.quick_calls = quick_calls
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        import time
-
         self.quick_calls -= 1
         if self.quick_calls < 0:
             time.sleep(0.003)

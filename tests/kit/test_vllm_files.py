@@ -1,14 +1,10 @@
 """vLLM's own files, run without importing vllm: the `vllm` row where vllm cannot import measures what vLLM runs.
 
-Proven against the installed vLLM in the suite's one vLLM child (tests/kit/vllm_child.py; vllm never enters
-this process):
-- the constructor gets our options and no bias, what forward_cuda hands `rmsnorm_fn` (that its call is exactly
-  `rmsnorm_call`'s: tests/kit/test_stacks.py, from each release's own lines); compute units answered: a step of the
-  set-up that is needed;
-- `rmsnorm_fn` loaded from vLLM's files (installed, and packed by tools/stack_sources.py) gives the installed
-  module's bits, and a real `import vllm` in the same process is left as it was;
-- the GDN layer's fused path (`_rms_norm_gated_cuda`: `layer_norm_fwd(..., out=...)`, in place) launches the same
-  kernel with the same arguments as forward_cuda, and gives the same bits.
+Proven against the installed vLLM in the suite's one vLLM child (tests/vllm_child.py): the constructor gets our
+options and no bias (forward_cuda's call is exactly `rmsnorm_call`'s: tests/kit/test_stacks.py); answering the
+compute units is a needed step of the set-up; `rmsnorm_fn` from vLLM's files (installed, and packed by
+tools/stack_sources.py) gives the installed module's bits, leaving a real `import vllm` as it was; the GDN layer's
+fused path (`_rms_norm_gated_cuda`, in place) launches the same kernel with the same arguments as forward_cuda.
 """
 
 from __future__ import annotations
@@ -17,10 +13,10 @@ import subprocess
 import sys
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from vllm_child import facts
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import load_backend
@@ -33,15 +29,9 @@ GUARD = sf.VLLM_GUARD[-1]
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "stack_sources.py"
 
 
-@pytest.fixture(scope="module")
-def vllm_child(installed_vllm: sf.StackFiles, vllm_archive: Path) -> dict:
-    """The real vllm's findings, from the suite's one child (tests/kit/vllm_child.py)."""
-    return facts(vllm_archive)
-
-
 @pytest.mark.slow
-def test_vllms_files_give_the_installed_modules_bits(installed_vllm: sf.StackFiles, vllm_child: dict) -> None:
-    r = vllm_child["bits"]
+def test_vllms_files_give_the_installed_modules_bits(installed_vllm: sf.StackFiles, vllm_facts: Any) -> None:
+    r = vllm_facts("bits")
     assert r["restored"] == []  # the real vllm modules are back, and none of ours is left
     assert r["distinct"]
     assert r["files"][0] == str(installed_vllm.path(GUARD))
@@ -53,11 +43,11 @@ def test_vllms_files_give_the_installed_modules_bits(installed_vllm: sf.StackFil
 
 
 @pytest.mark.slow
-def test_gdn_fused_path_is_forward_cudas_kernel_with_the_same_arguments(vllm_child: dict) -> None:
+def test_gdn_fused_path_is_forward_cudas_kernel_with_the_same_arguments(vllm_facts: Any) -> None:
     """The GDN layer's fused path (vLLM's own `_rms_norm_gated_cuda`) and forward_cuda launch
     `layer_norm_fwd_kernel` with the same grid, scalars, constexprs and tensor shapes, strides and dtypes; only the
     output differs in where it lives (the fused path writes over its input), and the bits are the same."""
-    results = vllm_child["gdn"]
+    results = vllm_facts("gdn")
     for r in results:
         assert r["launches"] == [1], r
         assert r["same_launch"], r
@@ -70,19 +60,20 @@ def test_gdn_fused_path_is_forward_cudas_kernel_with_the_same_arguments(vllm_chi
 
 
 @pytest.mark.slow
-def test_the_set_up_needs_the_compute_units_and_the_module_gets_our_options(vllm_child: dict) -> None:
+def test_the_set_up_needs_the_compute_units_and_the_module_gets_our_options(vllm_facts: Any) -> None:
     """Without the compute units answered vLLM's platform here raises (without CUDA_VISIBLE_DEVICES="" it swaps
     Triton for its placeholder: tests/kit/test_backends_vllm.py). The constructor mapping is checked on the real
     class: forward_native reads what forward_cuda hands its kernel, so it must match the reference."""
-    assert vllm_child["unanswered"].startswith("NotImplementedError: num_compute_units is not implemented")
-    assert len(vllm_child["mapping"]) == 16
-    for r in vllm_child["mapping"]:
+    assert vllm_facts("unanswered").startswith("NotImplementedError: num_compute_units is not implemented")
+    mapping = vllm_facts("mapping")
+    assert len(mapping) == 16
+    for r in mapping:
         gs, nbg, act, wdt = r["opts"]
         assert r["attrs"] == [1e-5, gs, nbg, act, wdt, None] and r["same_weight"], r  # no bias: rmsnorm_call's None
         # both are fp32 math rounded once; a wrong mapping (gate order, activation, groups, eps) moves outputs by
         # far more than one bf16 ulp (2^-8 relative)
         assert r["max_rel"] <= 2**-7, r
-    assert any(r["bitwise"] for r in vllm_child["mapping"])  # the comparison is not vacuous
+    assert any(r["bitwise"] for r in mapping)  # the comparison is not vacuous
 
 
 # -- the loader, here in this process ----------------------------------------------------------------------------

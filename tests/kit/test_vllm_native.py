@@ -1,23 +1,17 @@
 """vLLM's forward_native rows (eager, compiled, VLLM_BATCH_INVARIANT=1): they run what vLLM runs.
 
-Proven against the installed vLLM in the suite's one vLLM child (tests/kit/vllm_child.py; vllm never enters
-this process):
-- the rows give forward_native's bits (that it calls `native_call(forward_static, x, z, w, opts)`:
-  tests/kit/test_stacks.py);
-- a default (compiled) vLLM config disables the op, so its forward is forward_native; the mode enforce_eager sets
-  keeps it enabled, so its forward is forward_cuda; the compiled row's Inductor options are the config's;
-- vLLM's own `enable_batch_invariant_mode()` reroutes the eager forward_native's mean (and the row gives those bits),
-  and leaves forward_cuda and the compiled forward_native as they were.
+Proven against the installed vLLM in the suite's one vLLM child (tests/vllm_child.py): the rows give
+forward_native's bits (its call: tests/kit/test_stacks.py); a default (compiled) vLLM config runs forward_native
+and enforce_eager forward_cuda, and the compiled row's Inductor options are the config's; vLLM's own
+`enable_batch_invariant_mode()` reroutes only the eager forward_native's mean, and the row gives those bits.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from vllm_child import facts
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import BackendUnavailable, load_backend
@@ -34,17 +28,11 @@ ROWS = ("vllm_native", "vllm_native_compiled", "vllm_native_batch_invariant")
 OPTIONS = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid"))
 
 
-@pytest.fixture(scope="module")
-def vllm_child(installed_vllm: sf.StackFiles, vllm_archive: Path) -> dict:
-    """The real vllm's findings, from the suite's one child (tests/kit/vllm_child.py)."""
-    return facts(vllm_archive)
-
-
 @pytest.mark.slow
-def test_the_rows_give_vllms_forward_native_bits(vllm_child: dict) -> None:
+def test_the_rows_give_vllms_forward_native_bits(vllm_facts: Any) -> None:
     """The eager row is the installed forward_native bit for bit (options, weight dtypes, with and without a gate);
     the compiled row is Inductor's code for the same function, within a bf16 ulp of it."""
-    results = vllm_child["native_bits"]
+    results = vllm_facts("native_bits")
     assert len(results) == 8
     for r in results:
         assert r["eager"], r
@@ -52,8 +40,8 @@ def test_the_rows_give_vllms_forward_native_bits(vllm_child: dict) -> None:
 
 
 @pytest.mark.slow
-def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(vllm_child: dict) -> None:
-    r = vllm_child["dispatch"]
+def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(vllm_facts: Any) -> None:
+    r = vllm_facts("dispatch")
     # a default config compiles with Inductor: every custom op disabled, RMSNormGated's forward is forward_native
     assert r["default"]["mode"] == 3 and r["default"]["backend"] == "inductor"
     assert r["default"]["custom_ops"] == ["none"] and r["default"]["forward"] == "forward_native"
@@ -67,15 +55,13 @@ def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(vllm_ch
 
 
 @pytest.mark.slow
-def test_batch_invariant_mode_changes_only_the_eager_native_path(vllm_child: dict) -> None:
+def test_batch_invariant_mode_changes_only_the_eager_native_path(vllm_facts: Any) -> None:
     """Under vLLM's own enable_batch_invariant_mode(): the eager forward_native's mean goes to vLLM's Triton kernel
     (its bits are the row's, and fp32 means change), while forward_cuda and the compiled forward_native never call
     it and keep their bits. Neither RMSNormGated nor layernorm_guard reads VLLM_BATCH_INVARIANT (RMSNorm does)."""
-    r = vllm_child["batch_invariant"]
-    assert r["native_calls"] >= 1 and r["native_is_the_row"], r
-    assert r["mean_differs_in_fp32"], r
-    assert r["cuda_calls"] == 0 and r["cuda_unchanged"], r
-    assert r["compiled_calls"] == 0 and r["compiled_unchanged"], r
+    r = vllm_facts("batch_invariant")
+    assert r["native"]["calls"] >= 1 and r["native"]["equal"] and r["mean_differs_in_fp32"], r
+    assert r["cuda"] == r["compiled"] == {"equal": True, "calls": 0}, r
     assert r["reads_flag"] == {"RMSNormGated": False, "layernorm_guard": False, "RMSNorm.forward_cuda": True}
 
 
