@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import require
+from conftest import REPO_ROOT, require
 from faults import PositionDependentOutput, position_fault_mask
 
 import rlnorm.kit.checks.stack_pairs as sp
@@ -118,6 +118,7 @@ def test_the_step_writes_each_pair_from_its_own_process_into_a_valid_artifact(tm
 
 
 def test_a_pair_s_process_that_hangs_or_leaves_half_a_result_is_its_error(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(steps, "STACK_PAIR_CHILD", "import time; time.sleep(600)")  # hangs, whatever the machine
     run = _run(tmp_path / "a", backend_timeout_s=0.2)
     steps.run_stack_pairs(run, pairs=["rlnorm_patched"])
     assert run.result.stack_pairs.pairs[0].reason.startswith("its process: timed out after 0.2 s")  # its error
@@ -148,9 +149,9 @@ def test_an_older_trainer_sampler_summary_reads_as_its_two_pairs(tmp_path: Path)
     art.validate_artifact(upgraded)  # and it writes as this schema's artifact
     assert [(p.status, p.reason) for p in upgraded.stack_pairs.pairs] == [("error", "timed out after 1 s")] * 2
     assert run_from_doc({**doc, "trainer_sampler": None}).stack_pairs is None  # the check did not run
-    published = art.load_artifact(Path(__file__).parents[2] / "outputs/h200-full/rms_norm_gated_reuse_check.json")
+    published = art.load_artifact(REPO_ROOT / "outputs/h200-full/rms_norm_gated_reuse_check.json")
     assert [p.status for p in published.stack_pairs.pairs] == ["error", "error"]  # its check raised
-    both = load_run(Path(__file__).parents[2] / "outputs/h100-full/kernels").stack_pairs.pairs  # pairs and the old
+    both = load_run(REPO_ROOT / "outputs/h100-full/kernels").stack_pairs.pairs  # pairs and the old
     names = [p.name for p in both]
     assert len(names) == len(set(names)) == 11 and {"rlnorm_patched", "stock_unpatched"} <= set(names)
 

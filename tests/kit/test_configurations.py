@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 import triton
 import triton.language as tl
+from conftest import REPO_ROOT
 
 from rlnorm.kit.backends import load_backend
 from rlnorm.kit.backends.pins import autotuner, autotuner_settings, pin_autotuner
@@ -90,7 +90,7 @@ def test_rlnorm_backward_partition_is_cleared() -> None:
     assert out.summary.values[f"{kernel}.STRIPES"] == out.summary.values[finalize] == ["1", "2", "4", "8"]
     assert set(out.summary.cleared) == {f"{kernel}.{p}" for p in ("TILES", "HOT_WIDTH", "STRIPES")} | {finalize}
     # every parameter an H100 saw change with the row count (the published run's launches) is cleared here
-    h100 = load_run(Path(__file__).parents[2] / "outputs/h100-full/kernels").results["rlnorm"]
+    h100 = load_run(REPO_ROOT / "outputs/h100-full/kernels").results["rlnorm"]
     assert len(h100.launches.kernels) == 3 and common.uncleared(h100)  # that run credited only the first kernel
     assert common.uncleared(dataclasses.replace(h100, configurations=out.summary)) == {}
     crossed = [p for p in out.summary.pairs if p.full != p.alone]

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import REPO_ROOT
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import load_backend
@@ -26,7 +27,7 @@ from rlnorm.kit.backends.vllm import rmsnorm_call
 from rlnorm.options import OpOptions
 
 GUARD = sf.VLLM_GUARD[-1]
-TOOL = Path(__file__).resolve().parents[2] / "tools" / "stack_sources.py"
+TOOL = REPO_ROOT / "tools" / "stack_sources.py"
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from rlnorm.report.plots.pairs import plot_stack_pairs
 LONG = (
     "cannot import vllm.model_executor.layers.layernorm: ModuleNotFoundError: No module named 'vllm'; "
     "`bash .ci/install-vllm.sh` installs vllm==0.30.0 beside the installed torch where a package index is "
-    "reachable; `python tools/vllm_sources.py` packs an installed vLLM's Python files for a machine without one"
+    "reachable; `python tools/stack_sources.py` packs an installed vLLM's Python files for a machine without one"
 )
 
 

@@ -103,8 +103,8 @@ class _Recorder:
             k.special[s].add(self.rows)
 
     def add_triton(self, fn: Any, arg_names: list[str], args: dict[str, Any], grid: Any, extra: dict[str, Any],
-                   seen_by: str) -> None:  # fmt: skip
-        name = _qualname(fn)
+                   seen_by: str, name: str | None = None) -> None:  # fmt: skip
+        name = name or _qualname(fn)
         self.triton_names.add(getattr(fn, "__name__", name))
         constexpr, nospec = _kinds(fn, arg_names)
         params = {n: args[n] for n in arg_names if n in constexpr and n in args}
@@ -236,10 +236,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
             constexpr, _ = _kinds(fn, names)
             bound.update({n: v for n, v in consts.items() if n in constexpr})
             rec.triton_names.add(getattr(md, "name", ""))
-            before = rec.kernels.get(fn_name)
-            rec.add_triton(fn, names, bound, grid, extra, "launch_hook")
-            if before is None and fn_name != _qualname(fn):
-                rec.kernels[fn_name] = rec.kernels.pop(_qualname(fn))
+            rec.add_triton(fn, names, bound, grid, extra, "launch_hook", name=fn_name)
 
         patch(CompiledKernel, "launch_metadata", launch_metadata)
         chain = knobs.runtime.launch_enter_hook
