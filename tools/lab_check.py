@@ -30,7 +30,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # a closed network: without these Chromium keeps dialling update and sync services
 CHROMIUM_ARGS = [
-    "--headless",
     "--no-sandbox",
     "--disable-gpu",
     "--disable-quic",

@@ -137,16 +137,19 @@ def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOpti
     return GatedNormOptions(w.shape[0], mod.variance_epsilon, None, True, _activation(mod.activation, where, source), w)
 
 
-def _read_fla_rmsnorm_gated(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
+def _no_bias(mod: nn.Module, where: str, source: str) -> None:
     if getattr(mod, "bias", None) is not None:
         raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
-    w = _weight(mod, where, source, required=True)  # layernorm_gated gates with silu only
+
+
+def _read_fla_rmsnorm_gated(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
+    _no_bias(mod, where, source)  # layernorm_gated gates with silu only
+    w = _weight(mod, where, source, required=True)
     return GatedNormOptions(w.shape[0], mod.eps, mod.group_size, mod.norm_before_gate, "silu", w)
 
 
 def _read_fla_fused(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    if getattr(mod, "bias", None) is not None:  # fused_norm_gate normalises, scales, then gates
-        raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
+    _no_bias(mod, where, source)  # fused_norm_gate normalises, scales, then gates
     activation = _activation(mod.activation, where, source)
     return GatedNormOptions(mod.hidden_size, mod.eps, None, True, activation, _weight(mod, where, source))
 

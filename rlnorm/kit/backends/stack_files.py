@@ -13,7 +13,6 @@ import ast
 import builtins
 import dis
 import hashlib
-import importlib.metadata
 import importlib.util
 import os
 import shutil
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error
+from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error, dist_version
 
 __all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "Pin", "StackFiles", "StackRow", "find", "installed", "load"]
 __all__ += ["load_file", "read_function", "unpack"]
@@ -141,10 +140,7 @@ class StackFiles:
 
 def installed(pin: Pin) -> Path | None:
     """The folder holding the installed package when it is the pinned version, found without importing it."""
-    try:
-        if importlib.metadata.version(pin.dist) != pin.version:
-            return None
-    except importlib.metadata.PackageNotFoundError:
+    if dist_version(pin.dist) != pin.version:
         return None
     module = sys.modules.get(pin.package)
     spec = module.__spec__ if module is not None else importlib.util.find_spec(pin.package)

@@ -196,7 +196,6 @@ class _MegatronRow(sf.StackRow):
 
 class MegatronGdnBackend(_MegatronRow):
     key = "megatron_gdn"
-    requires = "transformer_engine.pytorch"
 
     def what(self) -> str:
         return (
