@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlnorm.inputs import Case, make_case
+from rlnorm.inputs import Case
 from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import NO_TRAIL, Trail, bits, case_spec
+from rlnorm.kit.checks.common import NO_TRAIL, Trail, bits, new_case
 from rlnorm.kit.results import Gate
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
@@ -102,9 +102,8 @@ def parse_line(line: str) -> dict | None:
 
 
 def _case(opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> Case:
-    case = make_case(sum(SAMPLE_TOKENS) * heads, d, seed=seed, weight_dtype=torch.float32, device=device)
-    trail.case("contract_gates", case_spec(case.x.shape[0], d, seed, torch.float32), opts)
-    return case
+    rows = sum(SAMPLE_TOKENS) * heads
+    return new_case(trail, "contract_gates", rows, d, seed, torch.float32, device, opts, whole=False)[0]
 
 
 def _given(trail: Trail, cell: str, *tensors: Tensor) -> tuple[Tensor, ...]:
