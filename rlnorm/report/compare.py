@@ -1,9 +1,8 @@
-"""Two runs side by side (typically the reference B200 report and a run of ours): verdicts, latency ratios,
-accuracy and what changed, from their `RunResult`s. Nothing is recomputed."""
+"""Two runs side by side (typically the reference B200 report and a run of ours), from their `RunResult`s alone."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +31,9 @@ class Comparison:
     verdicts: pd.DataFrame
     latency: pd.DataFrame
     accuracy: pd.DataFrame
-    changes: list[str] = field(default_factory=list)
-    different_ops: list[str] = field(default_factory=list)
-    source_a: str = ""  # GPU, commit and parameter set of each run, for the figure's title
-    source_b: str = ""
-    runs: tuple[RunResult, RunResult] | None = None  # A and B, for the counts in the figure's verdict grid
+    changes: list[str]
+    different_ops: list[str]
+    runs: tuple[RunResult, RunResult]  # A and B
 
     def changes_markdown(self) -> str:
         """What changed: first whether the runs computed the same op, then each change."""
@@ -59,8 +56,7 @@ def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
 
 
 def digest_table(a: RunResult, b: RunResult) -> pd.DataFrame:
-    """Per backend: whether A and B computed the same bits on the standard case (digests of y, dx, dz, dweight);
-    `same bits` is None where they cannot tell (no digest, different cases)."""
+    """Per backend: whether A and B computed the same bits on the standard case (None where they cannot tell)."""
     keys = _keys(a, b)
     said = [same_bits(*(r.results[k].digests if k in r.results else None for r in (a, b))) for k in keys]
     index = pd.Index(keys, name="backend")  # object columns: None stays None (never NaN) where they cannot tell
@@ -135,8 +131,7 @@ def environment_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: s
 
 
 def op_differences(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> list[str]:
-    """The op parameters two runs differ in: when there are any, their numbers measure different ops (the
-    reference report names none: it computed the defaults)."""
+    """The op parameters two runs differ in (the reference report names none: it computed the defaults)."""
     default = RunParams()
     oa, ob = ({k: str(param(r, k, getattr(default, k))).replace("swish", "silu") for k in OP_KEYS} for r in (a, b))
     return [f"{k}: {oa[k]} in {label_a}, {ob[k]} in {label_b}" for k in OP_KEYS if oa[k] != ob[k]]
@@ -144,8 +139,7 @@ def op_differences(a: RunResult, b: RunResult, label_a: str = "a", label_b: str 
 
 def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b", latency_move: float = 0.10,
                  accuracy_move: float = 1e-4) -> list[str]:  # fmt: skip
-    """Plain sentences, the one that matters most first: different ops, devices, protocol, backends in one run
-    only, verdict flips, latency and accuracy moves."""
+    """Plain sentences, the one that matters most first."""
     out: list[str] = []
     ops = op_differences(a, b, label_a, label_b)
     if ops:
@@ -198,13 +192,11 @@ def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_m
     lb += " (2)" if la == lb else ""
     return Comparison(la, lb, environment_table(ra, rb, la, lb), verdict_table(ra, rb, la, lb), latency_table(ra, rb),
                       accuracy_table(ra, rb), what_changed(ra, rb, la, lb, latency_move, accuracy_move),
-                      op_differences(ra, rb, la, lb), run_label(ra), run_label(rb), (ra, rb))  # fmt: skip
+                      op_differences(ra, rb, la, lb), (ra, rb))  # fmt: skip
 
 
 def plot_comparison(cmp: Comparison) -> Any:
-    """Left: latency ratio B/A per backend (log scale; 1 = unchanged). Middle: share of outputs NOT correctly
-    rounded, A and B (log scale). Right: the verdict grid, each cell split: A's state left, B's right, and the
-    row comparisons that differ, A's over B's."""
+    """Latency ratios B/A, the share of outputs not correctly rounded, and the verdict grid with A and B per cell."""
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch, Rectangle
 
@@ -237,7 +229,7 @@ def plot_comparison(cmp: Comparison) -> Any:
     ax_acc.set_ylim(floor / 2, 1.0)
     v = cmp.verdicts
     backends = list(dict.fromkeys(v.index.get_level_values(0)))
-    counted = [{} if cmp.runs is None else run_verdicts(r) for r in cmp.runs or (None, None)]
+    counted = [run_verdicts(r) for r in cmp.runs]
     colors = {s.value: STATE_COLORS[s] for s in State} | {ABSENT: "#ffffff"}
     for i, key in enumerate(backends):
         for j, check in enumerate(COLUMNS):
@@ -257,5 +249,5 @@ def plot_comparison(cmp: Comparison) -> Any:
     used = sorted({*v["state_a"], *v["state_b"]})
     ax_grid.legend(handles=[Patch(color=colors[s], label=s) for s in used], fontsize=7, loc="upper left",
                    bbox_to_anchor=(1.01, 1.0))  # fmt: skip
-    fig.suptitle(f"A: {cmp.source_a}   against   B: {cmp.source_b}", fontsize=10)
+    fig.suptitle(f"A: {run_label(cmp.runs[0])}   against   B: {run_label(cmp.runs[1])}", fontsize=10)
     return fig

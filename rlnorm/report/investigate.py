@@ -1,6 +1,5 @@
-"""Drill into the rows a check found differing, and say why one of them differs. A record carries what
-`rlnorm.kit.records.rebuild_case` needs to rebuild the exact batches compared, so a row is re-examined by
-recomputing those batches and the row alone against the correctly rounded value, never by rerunning the check."""
+"""Drill into the rows a check found differing, and say why one differs: a row is re-examined by recomputing the
+batches its record names (`rlnorm.kit.records.rebuild_case`), never by rerunning the check."""
 
 from __future__ import annotations
 
@@ -29,8 +28,8 @@ ULP_COLUMNS = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr",
 
 def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None,
                    run: RunResult | None = None) -> pd.DataFrame:  # fmt: skip
-    """The kept records of one backend and check (defaults: the first with a differing row), row-level first;
-    `attrs` name the backend and check, and `counts` says how many row comparisons differ and how many were kept."""
+    """The kept records of one backend and check (defaults: the first with a differing row), row-level first; `attrs`
+    name the backend, the check and the `counts` sentence."""
     if records.empty:
         raise ValueError("records: this run recorded no differing rows (every check passed, or none ran)")
     sel = records
@@ -81,8 +80,7 @@ def pick_row(table: pd.DataFrame, row: int | None, row_index: int = 0) -> int:
 
 
 def counts_sentence(run: RunResult | None, backend: str, check: str, kept: int) -> str:
-    """'full_vs_sub_batches (row in a sub-batch vs the full batch): y differs in 736 and dx or dz in 3,128 of
-    2,621,440 row comparisons; 2,000 of 3,888 records kept (1,888 not kept: max_records)'."""
+    """'all_rows (row in its batch vs the row alone): y differs in 3 ...; 5 of 6 records kept'."""
     what = f"{check} ({COMPARES[check]})" if check in COMPARES else check
     result = None if run is None else run.results.get(backend)
     counted = backend_verdict(backend, result).checks[check].counts if result and check in ROW_CHECKS else None
@@ -136,7 +134,7 @@ def rstd_from_x(case: Case, opts: OpOptions, compute_dtype: torch.dtype) -> torc
 
 @dataclass
 class RowExplanation:
-    """What `explain_record` found; every part is a table or dict a notebook displays as is."""
+    """What `explain_record` found: tables and a dict a notebook displays as they are."""
 
     summary: dict[str, Any]
     columns: pd.DataFrame  # one row per column j of the row
@@ -161,8 +159,8 @@ def _setup(record: Mapping[str, Any] | pd.Series, device: str | None) -> tuple[d
     missing = [c for c in ("backend", "check", "row", "tensor") if c not in record]
     if missing:
         raise ValueError(f"record: missing columns {missing}; expected a row of the per-row records table")
-    rec = dict(record)
-    return rec, rebuild_case(rec), load_backend(str(rec["backend"])), device or default_device()
+    rec, device = dict(record), device or default_device()
+    return rec, rebuild_case(rec, device), load_backend(str(rec["backend"])), device
 
 
 def _recorded(rec: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,10 +182,9 @@ def _backend_rstd(backend: Any, case: Case, opts: OpOptions) -> torch.Tensor | N
 def explain_row(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None,
                 others: Iterable[str] | None = None, device: str | None = None, others_in_batch: bool | None = None,
                 others_batch_max_rows: int = 1024) -> RowExplanation:  # fmt: skip
-    """Recompute one differing row on both sides of its comparison (its batch, and the row alone or the full batch)
-    and alone, and explain the difference. `others`: backend keys to compute the same row with (default: every
-    registered one); `others_in_batch`: also on both batches (default: on a GPU, or when they hold at most
-    `others_batch_max_rows` rows: interpreted Triton is slow)."""
+    """Recompute one differing row on both sides of its comparison and alone, and explain the difference. `others`
+    (default: every registered backend) run the row too; on both batches when `others_in_batch` (default: on a GPU,
+    or up to `others_batch_max_rows` rows: interpreted Triton is slow)."""
     rec, rb, backend, device = _setup(record, device)
     tensor = str(rec["tensor"])
     if tensor not in ROW_TENSORS:
@@ -195,7 +192,7 @@ def explain_row(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = 
     if isinstance(others, str):  # `papermill -p others x` passes a string: a string is never a list of keys
         raise TypeError(f"others: expected a list of backend keys or None, got the string {others!r} (papermill: -y)")
     opts = opts or rb.opts
-    batch, other, alone = rb.batch.to(device), rb.other.to(device), rb.alone.to(device)
+    batch, other, alone = rb.batch, rb.other, rb.alone
     pos, opos = rb.position, rb.other_position
     ok, why = backend.available(device)
     notes: list[str] = []
@@ -203,7 +200,6 @@ def explain_row(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = 
         notes.append(f"{rec['backend']} cannot run on {device} ({why}): its own values are not recomputed")
 
     def row_of(b: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(in batch, in the compared batch, alone) for one backend, on the CPU."""
         in_b = compute_tensor(b, batch, opts, tensor)[pos].detach().cpu()
         by_itself = compute_tensor(b, alone, opts, tensor)[0].detach().cpu()
         if rb.other_label == "alone":
@@ -313,9 +309,8 @@ DIAGNOSES = {
 
 
 def diagnose(backend: Any, side: Case, position: int, opts: OpOptions, tensor: str, value: torch.Tensor) -> dict:
-    """Three cheap probes of one batch that says why `value` (the row inside it) is what it is:
-    the same batch again (repeatable?), rolled by one row (position?), and the same size with the
-    other rows redrawn (row count or row values?). One probe each: a hint, not a proof."""
+    """Why the row at `position` is `value`: the same batch again, rolled by one row, and with the other rows redrawn
+    at the same size. One probe each: a hint, not a proof."""
     m = int(side.x.shape[0])
     if m < 2:
         return {}
@@ -337,12 +332,11 @@ def diagnose(backend: Any, side: Case, position: int, opts: OpOptions, tensor: s
 
 def explain_dweight(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None,
                     device: str | None = None) -> RowExplanation:  # fmt: skip
-    """A dweight record (dweight_repeatable): the same batch run twice, column by column, against the fp64
-    dweight rounded once. There is no row, so rstd and the other backends stay empty."""
+    """A dweight record: the same batch run twice, column by column, against the fp64 dweight rounded once."""
     rec, rb, backend, device = _setup(record, device)
     if str(rec["tensor"]) != "dweight":
         raise ValueError(f"record: tensor {rec['tensor']!r} is per row; use explain_row")
-    opts, batch, name = opts or rb.opts, rb.batch.to(device), rec["backend"]
+    opts, batch, name = opts or rb.opts, rb.batch, rec["backend"]
     ok, why = backend.available(device)
     if not ok:
         raise ValueError(f"record: backend {name!r} cannot run on {device}: {why}")
@@ -471,7 +465,6 @@ def crash_batch(run: RunResult, backend: str, device: str = "cpu") -> RebuiltCas
 
 def reproduce_crash(run: RunResult, backend: str, device: str | None = None,
                     timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
-    """Give the crashed backend the batch it died on again, in a process of its own (so a crash costs nothing
-    here), and say how that process ended: `survived` False with the same cause reproduces the crash."""
+    """Give the crashed backend the batch it died on again, in a process of its own, and say how that process ended."""
     crash_batch(run, backend)  # the same clear errors before any process starts
     return run_batch(backend, run.results[backend].crash.rebuild, device or default_device(), timeout_s)  # type: ignore[union-attr]

@@ -1,6 +1,5 @@
-"""The reuse-check page's words, from a `RunResult`: who ran what where (often read as a lone attachment, so its
-first lines name the GPU, the code and the run), the verdict line per backend, the steps that failed after the
-backends, and how to read a gate."""
+"""The reuse-check page's words from a `RunResult`; its first lines name the GPU, the code and the run, since a page is
+often read as a lone attachment."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from typing import Any
 from rlnorm.kit.results import RunResult
 from rlnorm.report.plots.common import cpu_note, fmt_us, roofline_ratio
 from rlnorm.report.runs import param
-from rlnorm.report.verdict import COMPARES, INVARIANCE, State, crash_words, fraction, launch_lines, run_verdicts
+from rlnorm.report.verdict import COMPARES, INVARIANCE, State, crash_words, launch_lines, run_verdicts
 
 GATE_EXPLANATION = (
     "**Reading the gradient gate.** It compares the backend's *own* dweight (the weight's gradient) with the "
@@ -46,8 +45,7 @@ def device_notice(run: RunResult) -> str:
 
 
 def verdict_markdown(run: RunResult) -> str:
-    """A line per backend (the verdict and why, the gates, correctly rounded, forward time over the same-run add),
-    then the steps that failed after the backends."""
+    """A line per backend, then the steps that failed after the backends."""
     lines = []
     for key, v in run_verdicts(run).items():
         r = run.results[key]
@@ -73,10 +71,9 @@ def verdict_markdown(run: RunResult) -> str:
             if g.state is not State.NOT_RUN and (g.state is not State.PASSED or gate == "gradient_gate"):
                 said = f"**{g.words()}**" if g.state is not State.PASSED else f"passed ({COMPARES[gate]})"
                 parts.append(f"{gate.replace('_', ' ')} {said}")
-        acc = r.accuracy_latency
-        if acc is not None and acc.fwd_correctly_rounded is not None:
-            cr = acc.fwd_correctly_rounded
-            parts.append(f"correctly rounded {fraction(cr)}" + (" (every output)" if cr >= 1 else ""))
+        cr, acc = v.checks["correctly_rounded"], r.accuracy_latency
+        if cr.state in (State.PASSED, State.FAILED):
+            parts.append(f"correctly rounded {cr.detail}")
         if acc is not None and acc.fwd_us:
             ratio = roofline_ratio(acc, "fwd_us")
             star = "*" if acc.ran_host_bound("fwd_us") else ""

@@ -1,12 +1,7 @@
-"""The one verdict model: per backend and check a state, the counts behind it, and the words for both.
-
-A **row comparison** is one row of a seeded case computed two ways and compared bitwise (`all_rows`: in its batch
-of n vs alone; `full_vs_sub_batches`: in a sub-batch vs in the full batch; `batch_size_sweep`: a probe row in a
-batch of m vs alone). The artifact's counts are row comparisons summed over sizes and seeds, always complete:
-`fwd_differ` (y), `rowgrad_differ` (dx or dz), the sweep's `differ` (any). A **record** is one differing (row
-comparison, tensor), capped at `max_records` per backend and check; `records_dropped` counts those left out.
-Every reader (page, figures, compare, index, the command line) takes its states, counts and words from here.
-"""
+"""The one verdict model: per backend and check a state, the counts behind it, and the words for both. Every reader
+(page, figures, compare, index, the command line) takes its states, counts and words from here. A row comparison is
+one row computed two ways and compared bitwise; the counts are complete, the records (one per differing row
+comparison and tensor) capped at `max_records`."""
 
 from __future__ import annotations
 
@@ -144,7 +139,6 @@ class CheckVerdict:
 @dataclass(frozen=True)
 class BackendVerdict:
     backend: str
-    status: str
     checks: dict[str, CheckVerdict]  # CHECKS order
     overall: State  # invariant: PASSED; not invariant: FAILED or BY_CONSTRUCTION; else why there is no verdict
     why: str  # the overall verdict's reason, in words
@@ -174,8 +168,7 @@ def clip(text: str, width: int) -> str:
 
 
 def crash_words(result: BackendResult, brief: bool = False) -> str:
-    """'crashed: killed by SIGSEGV (signal 11) in full_vs_sub_batches at a batch of 65 rows' ('' if it did not);
-    brief: 'crashed in full_vs_sub_batches at 65 rows (SIGSEGV)'."""
+    """'crashed: killed by SIGSEGV (signal 11) in full_vs_sub_batches at a batch of 65 rows' ('' if it did not)."""
     if result.status not in ("crashed", "timed_out"):
         return ""
     state = result.status.replace("_", " ")
@@ -279,8 +272,7 @@ def _launch_verdict(result: BackendResult, check: str, error: str | None) -> Che
 
 
 def launch_lines(result: BackendResult) -> list[str]:
-    """The launch evidence behind a verdict: each kernel whose launch changes with the row count, and each parameter
-    its kernels may pick that could not be run at each value here."""
+    """Each kernel whose launch changes with the row count, and each parameter not run at each value here."""
     cleared = set(result.configurations.cleared) if result.configurations else set()
     out = []
     for k in (k for k in (result.launches.kernels if result.launches else []) if k.varying):
@@ -297,12 +289,11 @@ def fraction(f: float) -> str:
 
 
 def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
-    """Every check's verdict for one backend, and its overall one. A backend whose process died keeps the checks it
-    finished; the one it died in and those after it take its state, never "not run" or "passed"."""
+    """A backend whose process died keeps the checks it finished; the rest take its state, never "not run"."""
     if result.status in ("skipped", "failed"):
         state = State.SKIPPED if result.status == "skipped" else State.NOT_LOADED
         why = result.skip_reason or "no reason recorded"
-        return BackendVerdict(key, result.status, {c: CheckVerdict(c, state, detail=why) for c in CHECKS}, state, why)
+        return BackendVerdict(key, {c: CheckVerdict(c, state, detail=why) for c in CHECKS}, state, why)
     ended = State(result.status.replace("_", " ")) if result.status in ENDED_EARLY else None
     crash = result.crash
     done = set(crash.finished_checks) if crash is not None else set()
@@ -315,7 +306,7 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
             checks[c] = CheckVerdict(c, ended, detail=where if here else f"not reached ({ended.value} earlier)")
         else:
             checks[c] = _check_verdict(result, c)
-    return BackendVerdict(key, result.status, checks, *_overall(result, checks, ended))
+    return BackendVerdict(key, checks, *_overall(result, checks, ended))
 
 
 def _overall(result: BackendResult, checks: dict[str, CheckVerdict], ended: State | None) -> tuple[State, str]:
@@ -377,9 +368,8 @@ _COUNTED = [*_COUNT_COLUMNS, "records kept", "records not kept (max_records)", "
 
 
 def differing_table(run: RunResult | None, records: pd.DataFrame | None) -> pd.DataFrame:
-    """One line per (backend, check) that differs or has records: the complete counts, the records kept (per
-    tensor) and those `max_records` left out, and the largest recorded difference (bf16 ulps). Without the run
-    only the records are known, and they cannot give the counts: those columns stay empty rather than undercount."""
+    """One line per (backend, check) that differs or has records. Without the run the count columns stay empty:
+    the records alone would undercount."""
     verdicts = {} if run is None else run_verdicts(run)
     pairs = [(key, c) for key, v in verdicts.items() for c in INVARIANCE if v.checks[c].state is State.FAILED]
     if records is None or not len(records):

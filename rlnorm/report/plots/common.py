@@ -18,13 +18,6 @@ BAD_COLOR = "#c62828"
 THIS_COLOR = "#1f77b4"
 
 
-def set_title(fig: Figure, what: str, run: RunResult, extra: str | None = None) -> None:
-    """The figure's title, then the GPU, commit and parameter set: a PNG pasted alone still says its source."""
-    lines = [what, run_label(run), *(extra.split("\n") if extra else [])]
-    width = max(int(fig.get_figwidth() * 8.5), 40)  # ~characters of 12pt bold per inch: no clipped titles
-    fig.suptitle("\n".join(textwrap.fill(line, width) for line in lines), fontsize=12, fontweight="bold")
-
-
 def save(fig: Figure, folder: Path | None, name: str) -> Figure:
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
@@ -33,8 +26,11 @@ def save(fig: Figure, folder: Path | None, name: str) -> Figure:
 
 
 def finish(fig: Figure, folder: Path | None, name: str, what: str, run: RunResult, extra: str | None = None) -> Figure:
-    """Title the figure (set_title) and save it as `<name>.png` in `folder` (if given)."""
-    set_title(fig, what, run, extra)
+    """Title the figure, then the GPU, commit and parameter set (a PNG pasted alone still says its source), and save
+    it as `<name>.png` in `folder` (if given)."""
+    lines = [what, run_label(run), *(extra.split("\n") if extra else [])]
+    width = max(int(fig.get_figwidth() * 8.5), 40)  # ~characters of 12pt bold per inch: no clipped titles
+    fig.suptitle("\n".join(textwrap.fill(line, width) for line in lines), fontsize=12, fontweight="bold")
     return save(fig, folder, name)
 
 
@@ -49,8 +45,7 @@ def message(ax: Any, text: str, color: str = MISSING_COLOR, fontsize: float = 11
 
 
 def not_ran(result: BackendResult) -> str | None:
-    """Why a backend has no data ('skipped: reason'); None when it ran, even in part (a backend whose process died
-    keeps the checks it finished)."""
+    """Why a backend has no data ('skipped: reason'); None when it ran, even in part."""
     if result.status in ("skipped", "failed"):
         return f"{result.status}: {clip(result.skip_reason or 'no reason recorded', 90)}"
     return None
@@ -92,8 +87,7 @@ def own_add_us(acc: Accuracy, field: str) -> float | None:
 
 
 def roofline_ratio(acc: Accuracy, field: str) -> float | None:
-    """`field`'s time over this backend's own same-run add: the artifact's `fwd_roofline_ratio` /
-    `fwd_bwd_roofline_ratio`, or the same quotient from its parts."""
+    """`field`'s time over this backend's own same-run add: the artifact's ratio, or the quotient of its parts."""
     ratio = acc.fwd_roofline_ratio if field == "fwd_us" else acc.fwd_bwd_roofline_ratio
     if ratio is not None:
         return ratio

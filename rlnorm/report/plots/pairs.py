@@ -8,7 +8,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from rlnorm.kit.results import RunResult
-from rlnorm.report.plots.common import BAD_COLOR, MISSING_COLOR, OK_COLOR, message, save, set_title
+from rlnorm.report.plots.common import BAD_COLOR, MISSING_COLOR, OK_COLOR, finish, message
 from rlnorm.report.verdict import clip
 
 TITLE = "Trainer vs sampler as RL stacks deploy them: output elements whose bits differ"
@@ -21,8 +21,7 @@ def plot_stack_pairs(run: RunResult, folder: Path | None = None) -> Figure:
     ax = fig.subplots()
     if table is None or not pairs:
         message(ax, "the stack pairs did not run in this artifact")
-        set_title(fig, TITLE, run)
-        return save(fig, folder, "stack_pairs")
+        return finish(fig, folder, "stack_pairs", TITLE, run)
     n = table.rows * table.d
     labels = [f"{p.name}\n{p.trainer} → {p.sampler}" for p in pairs]
     shares = [100.0 * (p.elements_differ or 0) / n if p.status == "ran" and n else 0.0 for p in pairs]
@@ -43,5 +42,4 @@ def plot_stack_pairs(run: RunResult, folder: Path | None = None) -> Figure:
     ax.set_ylabel("pair (trainer backend → sampler backend)")
     ax.grid(axis="x", alpha=0.3)
     calls = "trainer: one packed batch, forward + backward; sampler: a prefill, then decode steps, inference mode"
-    set_title(fig, TITLE, run, extra=calls)
-    return save(fig, folder, "stack_pairs")
+    return finish(fig, folder, "stack_pairs", TITLE, run, calls)
