@@ -42,18 +42,11 @@ def execute(name: str, workdir: Path, parameters: dict) -> nbformat.NotebookNode
     return nbformat.read(out, as_version=4)
 
 
-def texts(nb: nbformat.NotebookNode) -> list[str]:
+def texts(nb: nbformat.NotebookNode) -> str:
     """Every text a reader sees in the outputs: stream text, plain-text and markdown renderings."""
-    out = []
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            if o.get("output_type") == "stream":
-                out.append(o["text"])
-            data = o.get("data", {})
-            for mime in ("text/markdown", "text/plain"):
-                if mime in data:
-                    out.append(data[mime])
-    return out
+    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+    shown = [o.get("data", {}).get(mime) for o in outputs for mime in ("text/markdown", "text/plain")]
+    return "\n".join([o["text"] for o in outputs if o.get("output_type") == "stream"] + [t for t in shown if t])
 
 
 def images(nb: nbformat.NotebookNode) -> int:
@@ -74,7 +67,7 @@ def test_investigate_rows_notebook_explains_a_chosen_planted_row(tiny_run: Path,
         "device": "cpu",
     }
     nb = execute("investigate_rows", tmp_path, params)
-    shown = "\n".join(texts(nb))
+    shown = texts(nb)
     assert f"**{POSITION_FAULT}**: batch_size_sweep" in shown and "row comparisons" in shown
     assert f"'s y for row {row} (batch_size_sweep, case {case}, seed 3)" in shown
     # the explanation: columns differ by a nonzero number of ulps, reproduced here, and the planted cause named
@@ -100,7 +93,7 @@ def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:
     write_artifact(b, tmp_path / "h200" / "rms_norm_gated_reuse_check.json")
     # artifact_a left at its default: the seed report shipped with rlnorm
     nb = execute("compare_runs", tmp_path, {"artifact_b": str(tmp_path / "h200")})
-    shown = "\n".join(texts(nb))
+    shown = texts(nb)
     assert "- fla_fused_norm_gate full_vs_sub_batches: failed (95 y / 152 dx,dz) -> passed" in shown
     assert "- fla_fused_norm_gate batch_invariant: not invariant (full_vs_sub_batches" in shown
     assert "- vllm fwd_us: 87.1 -> 58.6 us (0.67x, faster)" in shown

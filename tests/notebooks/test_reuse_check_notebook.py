@@ -14,40 +14,23 @@ from conftest import BATCH_FAULT, DWEIGHT_FAULT, POSITION_FAULT, SEGFAULT, UNLOA
 
 from rlnorm.kit.artifact import load_artifact
 from rlnorm.kit.results import to_json
+from rlnorm.report.plots import PLOT_NAMES
 
 pytestmark = pytest.mark.slow
 
 FAULTS = {BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT}
-PLOTS = [
-    "agreement",
-    "differing_rows",
-    "error_distributions",
-    "latency",
-    "stack_pairs",
-    "verdict",
-    "vs_reference_report",
-]
+PLOTS = sorted(PLOT_NAMES)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def read_artifact(path: Path) -> dict:
-    """The artifact as its JSON, validated against the schema as it is read."""
-    return to_json(load_artifact(path))
-
-
-def _errors(executed: Path) -> list[str]:
+def _outputs(executed: Path) -> list:
     nb = nbformat.read(executed, as_version=4)
-    return [
-        f"{o.ename}: {o.evalue}"
-        for c in nb.cells
-        if c.cell_type == "code"
-        for o in c.outputs
-        if o.output_type == "error"
-    ]
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
 
 
 def test_run_folder_holds_every_file_and_the_notebook_ran_without_errors(tiny_run: Path) -> None:
-    assert _errors(tiny_run / "reuse_check.ipynb") == []
+    errors = [f"{o.ename}: {o.evalue}" for o in _outputs(tiny_run / "reuse_check.ipynb") if o.output_type == "error"]
+    assert errors == []
     names = {str(p.relative_to(tiny_run)) for p in tiny_run.rglob("*") if p.is_file()}
     assert {"reuse_check.ipynb", "reuse_check.html", "rms_norm_gated_reuse_check.json", "records.csv"} <= names
     assert {f"plots/{p}.png" for p in PLOTS} <= names
@@ -55,7 +38,7 @@ def test_run_folder_holds_every_file_and_the_notebook_ran_without_errors(tiny_ru
 
 
 def test_artifact_is_schema_valid_with_every_backend_and_its_status(tiny_run: Path) -> None:
-    art = read_artifact(tiny_run / "rms_norm_gated_reuse_check.json")  # validates against the schema
+    art = to_json(load_artifact(tiny_run / "rms_norm_gated_reuse_check.json"))  # validated against the schema
     assert art["quick"] is True and art["params"]["name"] == "tiny" and art["param_set"] == "tiny"
     assert art["environment"]["gpu"] == "cpu" and art["environment"]["libraries"]["torch"]
     results = art["results"]
@@ -103,8 +86,7 @@ def test_plots_are_pngs_and_inline(tiny_run: Path) -> None:
     for name in PLOTS:
         data = (tiny_run / "plots" / f"{name}.png").read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5_000, name
-    nb = nbformat.read(tiny_run / "reuse_check.ipynb", as_version=4)
-    inline = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})]
+    inline = [o for o in _outputs(tiny_run / "reuse_check.ipynb") if "image/png" in o.get("data", {})]
     assert len(inline) == len(PLOTS), "each plot once: the headline figure at the top, the others below"
     assert base64.b64decode(inline[0]["data"]["image/png"]).startswith(PNG_MAGIC)
 
@@ -113,7 +95,7 @@ def test_html_reads_without_code_and_leads_with_its_verdict(tiny_run: Path) -> N
     html = (tiny_run / "reuse_check.html").read_text()
     assert "steps.run_backends" not in html and "params_from_namespace" not in html
     assert html.count("data:image/png;base64") >= len(PLOTS)
-    art = read_artifact(tiny_run / "rms_norm_gated_reuse_check.json")
+    art = to_json(load_artifact(tiny_run / "rms_norm_gated_reuse_check.json"))
     body = html[html.index("<body") :]
     verdict = body.index(">Verdict<")
     first_png = body.index("data:image/png;base64")

@@ -75,24 +75,16 @@ class ScaledPerCall(ScaledInBatch):
         return (gated_rmsnorm_math(x, z, w, opts) * scale).to(x.dtype)
 
 
-def _rebuild_spec(rows: int, seed: int, row: int, opts: OpOptions, tensor: str) -> str:
-    return json.dumps(
-        {
-            "v": 1,
-            "check": "all_rows",
-            "case": {"rows": rows, "d": 128, "seed": seed, "dtype": "bfloat16", "weight_dtype": "bfloat16"},
-            "batch": {"kind": "slice", "start": 0, "size": rows},
-            "opts": opts.as_dict(),
-            "row": row,
-            "position": row,
-            "tensor": tensor,
-        }
-    )
+def _rebuild_spec(rows: int, row: int, tensor: str) -> dict:
+    """all_rows of a seed-3 case: `row` in the batch of all `rows` rows vs alone."""
+    case = {"rows": rows, "d": 128, "seed": 3, "dtype": "bfloat16", "weight_dtype": "bfloat16"}
+    where = {"batch": {"kind": "slice", "start": 0, "size": rows}, "row": row, "position": row}
+    return {"v": 1, "check": "all_rows", "case": case, **where, "opts": OpOptions().as_dict(), "tensor": tensor}
 
 
 def _fault_record(tensor: str, spec: str = FAULTY_SPEC, row: int = 2) -> dict:
     """A hand-made record of a planted fault: all_rows of 7 rows, seed 3."""
-    rebuild = _rebuild_spec(7, 3, row, OpOptions(), tensor)
+    rebuild = json.dumps(_rebuild_spec(7, row, tensor))
     return {"backend": spec, "check": "all_rows", "seed": 3, "case": "n=7", "row": row, "tensor": tensor,
             "rebuild": rebuild}  # fmt: skip
 
@@ -115,7 +107,7 @@ def test_explain_row_reproduces_the_planted_batch_size_fault() -> None:
 
 
 def test_explain_row_compares_a_sub_batch_with_the_full_batch() -> None:
-    spec = json.loads(_rebuild_spec(15, 3, 4, OpOptions(), "y"))
+    spec = _rebuild_spec(15, 4, "y")
     spec.update(check="full_vs_sub_batches", batch={"kind": "slice", "start": 4, "size": 1}, position=0)
     spec["other"] = {"kind": "slice", "start": 0, "size": 15}
     record = {**_fault_record("y"), "check": "full_vs_sub_batches", "row": 4, "rebuild": json.dumps(spec)}
@@ -180,17 +172,7 @@ def test_explain_row_for_a_gradient_record_and_the_backends_own_rstd() -> None:
 
 def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> None:
     # a GPU run's record of Megatron's batch-invariant norm read on a CPU, where it cannot run
-    record = {
-        "backend": "megatron_gdn_batch_invariant",
-        "check": "all_rows",
-        "seed": 3,
-        "case": "n=7",
-        "row": 4,
-        "tensor": "y",
-        "cols_differ": 2,
-        "max_ulp": 1,
-        "rebuild": _rebuild_spec(7, 3, 4, OpOptions(), "y"),
-    }
+    record = {**_fault_record("y", "megatron_gdn_batch_invariant", 4), "cols_differ": 2, "max_ulp": 1}
     expl = explain_row(record, others=["reference"], device="cpu")
     assert not expl.summary["recomputed"] and expl.summary["reproduced"] is None
     assert "megatron_gdn_batch_invariant cannot run on cpu" in expl.text and "2 columns, 1 ulp" in expl.text
@@ -209,7 +191,6 @@ def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> 
 @pytest.mark.parametrize(
     ("spec", "diagnosis"),
     [
-        (ScaledInBatch.key, "batch size"),
         (ScaledByOtherRows.key, "other rows"),
         (ScaledPerCall.key, "nondeterministic"),
         (POSITION_FAULT, "position"),

@@ -46,14 +46,11 @@ NOTE_CHARS = 52  # one line of 7.5 pt fits the status column (2.5 cells of a 17-
 
 
 def short_note(result: BackendResult) -> str:
-    """Why a backend's row looks as it does, in one short line ('' when it ran through): a skip's or crash's first
-    clause and, where it quotes an exception, only the exception's message (`skipped: No module named 'vllm'`)."""
+    """Why a backend's row looks as it does, in one short line ('' when it ran through): the first clause, and of a
+    quoted exception only its message (`skipped: No module named 'vllm'`)."""
+    text = crash_words(result, brief=True)
     if result.status in ("skipped", "failed"):
         text = f"{result.status}: {result.skip_reason or 'no reason recorded'}"
-    else:
-        done = ", ".join(result.crash.finished_checks) if result.crash is not None else ""
-        text = crash_words(result, brief=True)
-        text += (f"; finished: {done}" if done else "; no check finished") if text else ""
     first = text.split("\n")[0].split("; ")[0]
     status, _, why = first.partition(": ")
     quoted = re.split(r"\b[A-Z]\w*(?:Error|Exception): ", why)
