@@ -50,7 +50,7 @@ _check_parameters(
     ["run", "backend", "check", "row_index", "row", "reproduce", "others", "device", "others_in_batch"],
 )
 
-import matplotlib.pyplot as plt
+# %matplotlib inline
 import pandas as pd
 from IPython.display import Markdown, display
 
@@ -203,6 +203,4 @@ if explanation is not None and not explanation.others.empty:
 
 # %%
 if explanation is not None:
-    fig = plot_row(explanation, table, the_run)
-    display(fig)
-    plt.close(fig)
+    display(plot_row(explanation, table, the_run))

@@ -38,11 +38,6 @@ def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None
     figure never costs the others. Nothing else is written: the kit records the paths in the artifact."""
     folder = Path(folder)
     records = records if records is not None else records_of(run)
-    try:
-        seed: RunResult | None = load_run(seed_report_path())
-    except Exception as exc:
-        warnings.warn(f"the reference report is not shown beside this run: {exc}", RuntimeWarning, stacklevel=2)
-        seed = None
     jobs = {
         "verdict": lambda: plot_verdict(run, folder),
         "differing_rows": lambda: plot_differing_rows(run, records, folder),
@@ -50,10 +45,8 @@ def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None
         "latency": lambda: plot_latency(run, folder),
         "agreement": lambda: plot_agreement(run, folder),
         "stack_pairs": lambda: plot_stack_pairs(run, folder),
+        "vs_reference_report": lambda: plot_vs_reference_report(run, load_run(seed_report_path()), folder),
     }
-    if seed is not None:
-        jobs["vs_reference_report"] = lambda: plot_vs_reference_report(run, seed, folder)
-    paths = {}
     for name, draw in jobs.items():
         try:
             draw()
@@ -63,5 +56,4 @@ def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None
             message(fig.subplots(), f"plot '{name}' failed:\n{type(exc).__name__}: {clip(str(exc), 200)}",
                     color=BAD_COLOR)  # fmt: skip
             finish(fig, folder, name, name, run)
-        paths[name] = folder / f"{name}.png"
-    return paths
+    return {name: folder / f"{name}.png" for name in jobs}

@@ -3,9 +3,9 @@ from the correctly rounded value."""
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from rlnorm.kit.results import RunResult
@@ -13,14 +13,14 @@ from rlnorm.report.investigate import RowExplanation
 from rlnorm.report.runs import run_label
 
 
-def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None, run: RunResult | None = None):
-    """Per column: ulp distance between the two compared sides (top) and each side's distance to
-    the correctly rounded value (bottom). Where the backend cannot run here (a GPU run read on a CPU), what the
-    records hold instead: per recorded row, the columns that differed and the largest ulp distance. With the run's
-    `run`, the title says where the run's numbers come from (GPU, commit, parameters)."""
+def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None, run: RunResult | None = None) -> Figure:
+    """Per column: ulp distance between the two compared sides (top) and each side's distance to the correctly
+    rounded value (bottom). Where the backend cannot run here (a GPU run read on a CPU): per recorded row, the
+    columns that differed and the largest ulp distance. Given the run, the title names its GPU and commit."""
     c, s = expl.columns, expl.summary
     cols = np.asarray(c.index)
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 4.8), sharex=True)
+    fig = Figure(figsize=(10, 4.8), layout="constrained")
+    ax1, ax2 = fig.subplots(2, 1, sharex=True)
     if run is not None:
         fig.suptitle(f"{run_label(run)}; recomputed on {s['device']}", fontsize=9)
     if not s.get("recomputed", True):
@@ -53,11 +53,10 @@ def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None, run: Run
         top = max(1, int(np.nanmax(ax.get_ylim())))
         ax.set_ylim(0, top + 0.5)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
     return fig
 
 
-def _plot_records(fig, axes, s, records: pd.DataFrame):
+def _plot_records(fig: Figure, axes: tuple, s: dict, records: pd.DataFrame) -> Figure:
     """The recorded differences of the row's backend and check, one bar per record, as the run measured them."""
     ax1, ax2 = axes
     rec = records[(records["backend"] == s["backend"]) & (records["check"] == s["check"])]
@@ -74,5 +73,4 @@ def _plot_records(fig, axes, s, records: pd.DataFrame):
     ax2.set_xticks(np.arange(len(rec))[::step], [str(int(r)) if r == r else "-" for r in rows[::step]], fontsize=7)
     for ax in axes:
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
     return fig
