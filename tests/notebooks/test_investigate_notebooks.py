@@ -1,8 +1,5 @@
-"""Both investigation notebooks executed end to end by papermill, asserting on what a reader sees.
-
-investigate_rows runs on a tiny run holding a planted batch-size-dependent backend, so there are
-real differing rows; compare_runs lays the seed B200 report beside an artifact with planted flips.
-"""
+"""Both investigation notebooks executed end to end, asserting on what a reader sees: investigate_rows on the tiny
+run's planted faulty backends, compare_runs on the seed B200 report beside an artifact with planted flips."""
 
 from __future__ import annotations
 
@@ -10,15 +7,12 @@ import copy
 import re
 from pathlib import Path
 
-import jupytext
 import nbformat
-import papermill
 import pytest
-
-# the tiny run with planted faulty backends, shared with the unit tests (one real run per pytest run)
-from conftest import BATCH_FAULT, POSITION_FAULT, REPO_ROOT
+from conftest import BATCH_FAULT, POSITION_FAULT
 
 from rlnorm.checkout import seed_report_path
+from rlnorm.cli import notebook
 from rlnorm.kit.artifact import write_artifact
 from rlnorm.kit.results import load_run
 from rlnorm.report.investigate import differing_rows
@@ -26,20 +20,14 @@ from rlnorm.report.runs import records_of
 
 pytestmark = pytest.mark.slow
 
-NOTEBOOKS = REPO_ROOT / "notebooks"
 SEED = seed_report_path()
 
 
 def execute(name: str, workdir: Path, parameters: dict) -> nbformat.NotebookNode:
-    """jupytext the percent source into an .ipynb in workdir, run it with papermill, return the result."""
-    nb = jupytext.read(NOTEBOOKS / f"{name}.py")
-    src = workdir / f"{name}.ipynb"
-    out = workdir / f"{name}.out.ipynb"
-    jupytext.write(nb, src)
-    papermill.execute_notebook(
-        str(src), str(out), parameters=parameters, kernel_name="python3", cwd=str(workdir), progress_bar=False
-    )
-    return nbformat.read(out, as_version=4)
+    """The notebook run as the command line runs it; the executed notebook."""
+    executed, failure = notebook.execute(name, parameters, workdir, progress=False, title=name)
+    assert failure is None, failure
+    return nbformat.read(executed, as_version=4)
 
 
 def texts(nb: nbformat.NotebookNode) -> str:

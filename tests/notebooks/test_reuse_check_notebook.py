@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from conftest import BATCH_FAULT, DWEIGHT_FAULT, POSITION_FAULT, SEGFAULT, UNLOADABLE
 
-from rlnorm.kit.artifact import load_artifact
+from rlnorm.kit.artifact import load_artifact, read_records
 from rlnorm.kit.results import to_json
 from rlnorm.report.plots import PLOT_NAMES
 
@@ -74,8 +74,6 @@ def test_artifact_is_schema_valid_with_every_backend_and_its_status(tiny_run: Pa
 
 
 def test_records_name_the_faults_rows(tiny_run: Path) -> None:
-    from rlnorm.kit.artifact import read_records
-
     df = read_records(tiny_run / "records.csv")
     assert not df.empty and set(df["backend"]) == FAULTS, "only the planted faults have differing rows"
     assert {"all_rows", "full_vs_sub_batches", "batch_size_sweep"} & set(df["check"])

@@ -29,6 +29,7 @@ from rlnorm.report.investigate import (
 )
 from rlnorm.report.plots.row import plot_row
 from rlnorm.report.runs import check_parameters, records_of
+from tests.faults import batch_size_fault_mask
 
 
 class ScaledInBatch(Backend):
@@ -201,8 +202,6 @@ def test_diagnosis_names_the_planted_cause(spec: str, diagnosis: str) -> None:
     # position faults bump rows at positions 1, 4; the batch-size fault rows whose tag matches the regime
     row = 1 if spec == POSITION_FAULT else 2
     if spec == BATCH_FAULT:
-        from tests.faults import batch_size_fault_mask
-
         row = int(batch_size_fault_mask(make_case(7, 128, 3).x).nonzero()[0])
     expl = explain_row(_fault_record("y", spec, row), others=[], device="cpu")
     assert expl.summary["reproduced"], expl.text

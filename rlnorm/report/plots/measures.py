@@ -138,12 +138,10 @@ def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
             ax.plot([a, a], [y - 0.42, y + 0.42], color=BAD_COLOR, ls="--", lw=1.4, label=label_add)
         if any(a is not None for a in adds):
             ax.legend(loc="lower right", fontsize=8, framealpha=0.9)
-        ax.set_xscale("log" if log else "linear")
+        xlabel = f"time per call (us, median, {'log scale' if log else 'linear'}); whiskers p20-p80"
+        ax.set(xscale="log" if log else "linear", xlabel=xlabel, ylabel="backend", ylim=(len(keys) - 0.4, -0.6))
         ax.set_xlim(*((min(span) / 2.5, max(span) * 60) if log else (0, max(span) * 1.5)))
         ax.set_yticks(ys, keys)
-        ax.set_ylim(len(keys) - 0.4, -0.6)
-        ax.set_xlabel(f"time per call (us, median, {'log scale' if log else 'linear'}); whiskers p20-p80")
-        ax.set_ylabel("backend")
         ax.grid(axis="x", alpha=0.3)
     rows = next((a.rows for a in accs if a is not None and a.rows and a.rows > 0), None)
     add_dry = any(a is not None and a.ran_host_bound("add") for a in accs)

@@ -36,10 +36,8 @@ def plot_stack_pairs(run: RunResult, folder: Path | None = None) -> Figure:
         ax.barh(i, share, color=color, height=0.6)
         ax.text(share + top * 0.01, i, text, va="center", ha="left", fontsize=8.5, color=color)
     ax.set_yticks(range(len(pairs)), labels, fontsize=8.5)
-    ax.set_ylim(len(pairs) - 0.5, -0.5)
-    ax.set_xlim(0, top)
+    ax.set(xlim=(0, top), ylim=(len(pairs) - 0.5, -0.5), ylabel="pair (trainer backend → sampler backend)")
     ax.set_xlabel(f"output elements whose bits differ, sampler vs trainer (% of {table.rows} rows x {table.d})")
-    ax.set_ylabel("pair (trainer backend → sampler backend)")
     ax.grid(axis="x", alpha=0.3)
     calls = "trainer: one packed batch, forward + backward; sampler: a prefill, then decode steps, inference mode"
     return finish(fig, folder, "stack_pairs", TITLE, run, calls)
