@@ -38,12 +38,7 @@ def test_double_click_opens_a_notebook_only_with_the_shipped_config(config, stat
         pytest.skip(why)
     shot = tmp_path / "lab.png"
     cmd = [PYTHON, str(REPO_ROOT / "tools" / "lab_check.py"), "--chromium", CHROMIUM, "--screenshot", str(shot)]
-    done = subprocess.run(
-        [*cmd, "--config-path", config if config == "none" else str(REPO_ROOT / config)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    cmd += ["--config-path", config if config == "none" else str(REPO_ROOT / config)]
+    done = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == status, done.stdout + done.stderr[-3000:]
     assert shot.read_bytes().startswith(b"\x89PNG")

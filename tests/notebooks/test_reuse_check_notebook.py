@@ -12,6 +12,7 @@ import nbformat
 import pytest
 from conftest import BATCH_FAULT, DWEIGHT_FAULT, POSITION_FAULT, SEGFAULT, UNLOADABLE
 
+from rlnorm.cli.notebook import execute
 from rlnorm.kit.artifact import load_artifact, read_records
 from rlnorm.kit.results import to_json
 from rlnorm.report.plots import PLOT_NAMES
@@ -19,7 +20,6 @@ from rlnorm.report.plots import PLOT_NAMES
 pytestmark = pytest.mark.slow
 
 FAULTS = {BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT}
-PLOTS = sorted(PLOT_NAMES)
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -33,7 +33,7 @@ def test_run_folder_holds_every_file_and_the_notebook_ran_without_errors(tiny_ru
     assert errors == []
     names = {str(p.relative_to(tiny_run)) for p in tiny_run.rglob("*") if p.is_file()}
     assert {"reuse_check.ipynb", "reuse_check.html", "rms_norm_gated_reuse_check.json", "records.csv"} <= names
-    assert {f"plots/{p}.png" for p in PLOTS} <= names
+    assert {f"plots/{p}.png" for p in PLOT_NAMES} <= names
     assert not [n for n in names if n.endswith(".tmp") or n.startswith(".")], "no temp files left"
 
 
@@ -70,7 +70,7 @@ def test_artifact_is_schema_valid_with_every_backend_and_its_status(tiny_run: Pa
     assert agreement["equal_fraction"][0][0] == 1.0
 
     assert art["records"] == "records.csv"
-    assert sorted(art["plots"]) == PLOTS and all((tiny_run / p).is_file() for p in art["plots"].values())
+    assert sorted(art["plots"]) == sorted(PLOT_NAMES) and all((tiny_run / p).is_file() for p in art["plots"].values())
 
 
 def test_records_name_the_faults_rows(tiny_run: Path) -> None:
@@ -81,18 +81,18 @@ def test_records_name_the_faults_rows(tiny_run: Path) -> None:
 
 
 def test_plots_are_pngs_and_inline(tiny_run: Path) -> None:
-    for name in PLOTS:
+    for name in PLOT_NAMES:
         data = (tiny_run / "plots" / f"{name}.png").read_bytes()
         assert data.startswith(PNG_MAGIC) and len(data) > 5_000, name
     inline = [o for o in _outputs(tiny_run / "reuse_check.ipynb") if "image/png" in o.get("data", {})]
-    assert len(inline) == len(PLOTS), "each plot once: the headline figure at the top, the others below"
+    assert len(inline) == len(PLOT_NAMES), "each plot once: the headline figure at the top, the others below"
     assert base64.b64decode(inline[0]["data"]["image/png"]).startswith(PNG_MAGIC)
 
 
 def test_html_reads_without_code_and_leads_with_its_verdict(tiny_run: Path) -> None:
     html = (tiny_run / "reuse_check.html").read_text()
     assert "steps.run_backends" not in html and "params_from_namespace" not in html
-    assert html.count("data:image/png;base64") >= len(PLOTS)
+    assert html.count("data:image/png;base64") >= len(PLOT_NAMES)
     art = to_json(load_artifact(tiny_run / "rms_norm_gated_reuse_check.json"))
     body = html[html.index("<body") :]
     verdict = body.index(">Verdict<")
@@ -108,8 +108,6 @@ def test_html_reads_without_code_and_leads_with_its_verdict(tiny_run: Path) -> N
 
 def test_the_notebook_itself_refuses_unknown_parameters(outputs_dir: Path) -> None:
     """Under plain papermill nothing validates before the kernel: the notebook's own cell must."""
-    from rlnorm.cli.notebook import execute
-
     executed, failure = execute(
         "reuse_check", {"name": "bad", "device": "cpu", "bogus_param": 1, "sweep_n": "9"}, outputs_dir, title="bad",
         progress=False,

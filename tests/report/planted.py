@@ -65,8 +65,7 @@ def _gates(failed: int) -> dict[str, Gate]:
 
 
 def planted_run() -> tuple[RunResult, list[dict]]:
-    """Six backends: clean, the planted faulty one, one whose sweep raised, one that crashed in
-    full_vs_sub_batches, one skipped, one that could not be loaded; and a step that failed after them."""
+    """Six backends (clean, faulty, raising, crashed, skipped, unloadable) and a step that failed after them."""
     clean = BackendResult("clean", "full", "ran", None, _invariance(False), _accuracy(1.0), _gates(0), {})
     faulty = BackendResult(FAULTY, "full", "ran", None, _invariance(True), _accuracy(0.99), _gates(6), {})
     raising_inv = _invariance(False)

@@ -33,8 +33,7 @@ from tests.faults import batch_size_fault_mask
 
 
 class ScaledInBatch(Backend):
-    """A planted fault that exposes its own rstd: in a batch of more than one row, rstd (and so the
-    whole row) is scaled by (1 + 2^-10), so some bf16 outputs and gradients round one ulp apart."""
+    """A planted fault with its own rstd: scaled by (1 + 2^-10) in a batch of more than one row (one-ulp moves)."""
 
     key = f"{__name__}:ScaledInBatch"
     source = "planted fault: rstd scaled by (1 + 2^-10) in batches of more than one row"
@@ -50,12 +49,8 @@ class ScaledInBatch(Backend):
         return torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + opts.eps) * self._scale(x.shape[0])
 
 
-FAULTY_SPEC = ScaledInBatch.key
-
-
 class ScaledByOtherRows(ScaledInBatch):
-    """A planted fault whose rows are scaled by the batch's mean |x| (computed in fp64, so rolling
-    the rows changes nothing): each row depends on the values of the others."""
+    """Rows scaled by the batch's mean |x| (fp64, so rolling the rows changes nothing): each depends on the others."""
 
     key = f"{__name__}:ScaledByOtherRows"
 
@@ -83,7 +78,7 @@ def _rebuild_spec(rows: int, row: int, tensor: str) -> dict:
     return {"v": 1, "check": "all_rows", "case": case, **where, "opts": OpOptions().as_dict(), "tensor": tensor}
 
 
-def _fault_record(tensor: str, spec: str = FAULTY_SPEC, row: int = 2) -> dict:
+def _fault_record(tensor: str, spec: str = ScaledInBatch.key, row: int = 2) -> dict:
     """A hand-made record of a planted fault: all_rows of 7 rows, seed 3."""
     rebuild = json.dumps(_rebuild_spec(7, row, tensor))
     return {"backend": spec, "check": "all_rows", "seed": 3, "case": "n=7", "row": row, "tensor": tensor,
