@@ -64,7 +64,7 @@ from rlnorm.report.investigate import (
     rows_or_reason,
 )
 from rlnorm.report.plots.row import plot_row
-from rlnorm.report.runs import latest_run, open_run, records_of, run_options
+from rlnorm.report.runs import latest_run, open_run, records_of
 from rlnorm.report.tables import backend_table
 from rlnorm.report.verdict import differing_table, verdict_frame
 
@@ -154,7 +154,6 @@ if table is not None:
     record = table.iloc[pick_row(table, row, row_index)]
     explanation = explain_record(
         record,
-        opts=run_options(the_run),
         others=[k for k, r in the_run.results.items() if r.status == "ran"] if others is None else others,
         device=None if device == "auto" else device,
         others_in_batch=others_in_batch,

@@ -21,6 +21,7 @@ from rlnorm.reference import gated_rmsnorm_math
 from rlnorm.report.verdict import COMPARES, ROW_CHECKS, backend_verdict, records_line
 
 ROW_TENSORS = ("y", "dx", "dz")
+OTHERS_IN_BATCH_ROWS = 1024
 # ulp distances per column: the two sides the check compared, the batch vs alone, and each vs correctly rounded
 ULP_COLUMNS = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr", "ulp_batch_vs_cr",
                "ulp_compared_vs_cr")  # fmt: skip
@@ -179,20 +180,18 @@ def _backend_rstd(backend: Any, case: Case, opts: OpOptions) -> torch.Tensor | N
     return None if out is None else out.detach().cpu().to(torch.float64).reshape(case.x.shape[0], -1)
 
 
-def explain_row(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None,
-                others: Iterable[str] | None = None, device: str | None = None, others_in_batch: bool | None = None,
-                others_batch_max_rows: int = 1024) -> RowExplanation:  # fmt: skip
-    """Recompute one differing row on both sides of its comparison and alone, and explain the difference. `others`
-    (default: every registered backend) run the row too; on both batches when `others_in_batch` (default: on a GPU,
-    or up to `others_batch_max_rows` rows: interpreted Triton is slow)."""
+def explain_row(record: Mapping[str, Any] | pd.Series, others: Iterable[str] | None = None, device: str | None = None,
+                others_in_batch: bool | None = None) -> RowExplanation:  # fmt: skip
+    """Recompute one differing row, with the options its check used, on both sides of its comparison and alone, and
+    explain the difference. `others` (default: every registered backend) run the row too; on both batches when
+    `others_in_batch` (default: on a GPU, or up to OTHERS_IN_BATCH_ROWS rows: interpreted Triton is slow)."""
     rec, rb, backend, device = _setup(record, device)
     tensor = str(rec["tensor"])
     if tensor not in ROW_TENSORS:
         raise ValueError(f"record: tensor {tensor!r} is not per row (dweight has no row); pick a y/dx/dz record")
     if isinstance(others, str):  # `papermill -p others x` passes a string: a string is never a list of keys
         raise TypeError(f"others: expected a list of backend keys or None, got the string {others!r} (papermill: -y)")
-    opts = opts or rb.opts
-    batch, other, alone = rb.batch, rb.other, rb.alone
+    opts, batch, other, alone = rb.opts, rb.batch, rb.other, rb.alone
     pos, opos = rb.position, rb.other_position
     ok, why = backend.available(device)
     notes: list[str] = []
@@ -241,7 +240,7 @@ def explain_row(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = 
     # how every other backend computes this row
     biggest = max(batch.x.shape[0], other.x.shape[0])
     if others_in_batch is None:
-        others_in_batch = device.startswith("cuda") or biggest <= others_batch_max_rows
+        others_in_batch = device.startswith("cuda") or biggest <= OTHERS_IN_BATCH_ROWS
     other_rows = []
     for key in [k for k in (list(REGISTRY) if others is None else list(others)) if k != rec["backend"]]:
         row: dict[str, Any] = {"backend": key}
@@ -330,21 +329,17 @@ def diagnose(backend: Any, side: Case, position: int, opts: OpOptions, tensor: s
             "probe_other_rows_same_size_equal": fresh_eq, "diagnosis": verdict}  # fmt: skip
 
 
-def explain_dweight(record: Mapping[str, Any] | pd.Series, opts: OpOptions | None = None,
-                    device: str | None = None) -> RowExplanation:  # fmt: skip
+def explain_dweight(record: Mapping[str, Any] | pd.Series, device: str | None = None) -> RowExplanation:
     """A dweight record: the same batch run twice, column by column, against the fp64 dweight rounded once."""
     rec, rb, backend, device = _setup(record, device)
     if str(rec["tensor"]) != "dweight":
         raise ValueError(f"record: tensor {rec['tensor']!r} is per row; use explain_row")
-    opts, batch, name = opts or rb.opts, rb.batch, rec["backend"]
+    batch, name = rb.batch, rec["backend"]
     ok, why = backend.available(device)
     if not ok:
         raise ValueError(f"record: backend {name!r} cannot run on {device}: {why}")
-    runs = [backend.forward_backward(batch.x, batch.z, batch.w, batch.dy, opts).dw for _ in range(2)]
-    if runs[0] is None or runs[1] is None:
-        raise ValueError(f"record: backend {name!r} gives no dweight")
-    first, second = (r.detach().cpu() for r in runs)
-    ref = correctly_rounded(batch, opts, "dweight")
+    first, second = rb.run(backend)["dweight"]
+    ref = correctly_rounded(batch, rb.opts, "dweight")
     u12, u1r, u2r = ulp_distance(first, second), ulp_distance(first, ref), ulp_distance(second, ref)
     columns = pd.DataFrame({"first_run": _values(first), "second_run": _values(second),
                             "fp64_rounded_once": _values(ref), "ulp_first_vs_second": u12.tolist(),
@@ -371,7 +366,7 @@ def explain_dweight(record: Mapping[str, Any] | pd.Series, opts: OpOptions | Non
 def explain_record(record: Mapping[str, Any] | pd.Series, **kwargs: Any) -> RowExplanation:
     """explain_row for a y/dx/dz record, explain_dweight for a dweight one (kwargs it lacks are dropped)."""
     if isinstance(record, (Mapping, pd.Series)) and record.get("tensor") == "dweight":
-        return explain_dweight(record, opts=kwargs.get("opts"), device=kwargs.get("device"))
+        return explain_dweight(record, device=kwargs.get("device"))
     return explain_row(record, **kwargs)
 
 

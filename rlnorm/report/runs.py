@@ -12,7 +12,6 @@ import pandas as pd
 from rlnorm.checkout import CHECKOUT, seed_report_path
 from rlnorm.kit.artifact import read_records
 from rlnorm.kit.results import RunResult, load_run
-from rlnorm.options import OpOptions
 
 
 def resolve(source: str | Path) -> Path:
@@ -61,13 +60,6 @@ def records_of(run: RunResult) -> pd.DataFrame | None:
 def param(run: RunResult, name: str, default: Any = None) -> Any:
     """A parameter the run used; `default` where it names none (the reference report names no parameters)."""
     return (run.params or {}).get(name, default)
-
-
-def run_options(run: RunResult) -> OpOptions:
-    """The op options a run used, defaults where it names none (the reference report)."""
-    defaults = OpOptions()
-    keys = ("eps", "group_size", "norm_before_gate", "activation")
-    return OpOptions(**{k: param(run, k, getattr(defaults, k)) for k in keys})
 
 
 def run_label(run: RunResult) -> str:
