@@ -54,15 +54,12 @@ def rows_or_reason(records: pd.DataFrame | None, run: RunResult, backend: str | 
     """The chosen backend's differing rows and the sentence that counts them, or None and why there are none."""
     if records is None:
         return None, "**This artifact has no per-row records** (the reference report, for one, kept only counts)."
-    with_rows = sorted(set(records["backend"])) if len(records) else []
-    if backend is not None and backend not in with_rows:
-        if backend in crashed_backends(run):
-            return None, f"**{backend}** recorded no differing row before its process died: see its trail above."
-        others = f"backends with some: {', '.join(with_rows)}" if with_rows else "no backend has any"
-        return None, f"**{backend}** has no differing rows in this run; {others}."
-    if not with_rows:
-        return None, "**No differing rows in this run:** no check recorded one, so there is nothing to drill into."
-    table = differing_rows(records, backend, check, run)
+    if backend in crashed_backends(run) and backend not in set(records["backend"]):
+        return None, f"**{backend}** recorded no differing row before its process died: see its trail above."
+    try:
+        table = differing_rows(records, backend, check, run)
+    except ValueError as exc:  # none at all, or none for the backend or check asked for: which have some
+        return None, f"**Nothing to drill into:** {exc}."
     return table, f"**{table.attrs['backend']}**: {table.attrs['counts']}"
 
 
