@@ -443,7 +443,7 @@ def crash_table(run: RunResult) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def crash_batch(run: RunResult, backend: str, device: str = "cpu") -> RebuiltCase:
+def crash_batch(run: RunResult, backend: str) -> RebuiltCase:
     """The batch a crashed backend was given when its process died, rebuilt from its trail."""
     if backend not in run.results:
         raise ValueError(f"backend: {backend!r} is not in this run; it has {list(run.results)}")
@@ -452,7 +452,7 @@ def crash_batch(run: RunResult, backend: str, device: str = "cpu") -> RebuiltCas
         raise ValueError(f"backend: {backend!r} did not crash or time out in this run (status {r.status})")
     if not r.crash.rebuild:
         raise ValueError(f"backend: {backend!r} died before it was given a batch ({r.crash.cause})")
-    return rebuild_case(r.crash.rebuild, device=device)
+    return rebuild_case(r.crash.rebuild)
 
 
 def reproduce_crash(run: RunResult, backend: str, device: str | None = None,

@@ -111,10 +111,10 @@ def environment_table(run: RunResult) -> pd.DataFrame:
     return pd.DataFrame(rows).set_index("what")
 
 
-def time_table(timings: dict[str, float], top: int = 10) -> pd.DataFrame:
-    """The slowest steps (backend: check, gates, ...), so a reader knows what a rerun will cost."""
+def time_table(timings: dict[str, float]) -> pd.DataFrame:
+    """The ten slowest steps (backend: check, gates, ...), so a reader knows what a rerun will cost."""
     steps = sorted(((k, v) for k, v in timings.items() if k not in ("total", "checks")), key=lambda kv: -kv[1])
-    return pd.DataFrame([{"step": k, "seconds": round(v, 1)} for k, v in steps[:top]]).set_index("step")
+    return pd.DataFrame([{"step": k, "seconds": round(v, 1)} for k, v in steps[:10]]).set_index("step")
 
 
 def stack_pairs_table(run: RunResult) -> pd.DataFrame | str:
