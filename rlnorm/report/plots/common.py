@@ -10,7 +10,7 @@ from matplotlib.figure import Figure
 
 from rlnorm.kit.results import Accuracy, BackendResult, RunResult
 from rlnorm.report.runs import run_label
-from rlnorm.report.verdict import clip, crash_words
+from rlnorm.report.verdict import crash_words
 
 MISSING_COLOR = "#888888"
 OK_COLOR = "#2e7d32"
@@ -42,13 +42,6 @@ def message(ax: Any, text: str, color: str = MISSING_COLOR, fontsize: float = 11
     ax.set_yticks([])
     for spine in ax.spines.values():
         spine.set_color("#dddddd")
-
-
-def not_ran(result: BackendResult) -> str | None:
-    """Why a backend has no data ('skipped: reason'); None when it ran, even in part."""
-    if result.status in ("skipped", "failed"):
-        return f"{result.status}: {clip(result.skip_reason or 'no reason recorded', 90)}"
-    return None
 
 
 def compact(n: int) -> str:
@@ -97,9 +90,8 @@ def roofline_ratio(acc: Accuracy, field: str) -> float | None:
 
 def missing_reason(result: BackendResult, field: str) -> str:
     """Why a backend has no `field` (a time, or the correctly rounded fraction)."""
-    why = not_ran(result)
-    if why is not None:
-        return why.split(":")[0]
+    if result.status in ("skipped", "failed"):
+        return result.status
     acc = result.accuracy_latency
     if acc is None:
         return crash_words(result, brief=True) or "accuracy_latency not run"

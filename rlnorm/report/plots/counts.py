@@ -15,7 +15,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from rlnorm.kit.results import BackendResult, RunResult
-from rlnorm.report.plots.common import BAD_COLOR, MISSING_COLOR, OK_COLOR, finish, message, not_ran
+from rlnorm.report.plots.common import BAD_COLOR, MISSING_COLOR, OK_COLOR, finish, message
 from rlnorm.report.verdict import (
     COLUMNS,
     COMPARES,
@@ -138,8 +138,8 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
         title = key + (f"  ({clip(crashed, 110)})" if crashed else "")
         ax.set_title(title, loc="left", fontsize=10, fontweight="bold", color=BAD_COLOR if crashed else "black")
         counted = {c: v.checks[c] for c in INVARIANCE if v.checks[c].state in (State.PASSED, State.FAILED)}
-        if not_ran(result) is not None:
-            message(ax, f"no data ({not_ran(result)})")
+        if v.overall in (State.SKIPPED, State.NOT_LOADED):
+            message(ax, f"no data ({result.status}: {clip(v.why, 90)})")
             continue
         if records is None:
             said = "; ".join(f"{c}: {cv.words()}" for c, cv in counted.items()) or "no batch-invariance summary"
