@@ -20,7 +20,6 @@ import torch
 from conftest import REPO_ROOT
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import load_backend
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends import vllm as vb
 from rlnorm.kit.backends.vllm import rmsnorm_call
@@ -125,25 +124,3 @@ def test_the_archive_is_reproducible_and_holds_what_is_read(vllm_archive: Path, 
     assert sf.unpack(vllm_archive) == sf.unpack(vllm_archive)
     proc = subprocess.run([*run, "sglang-9"], capture_output=True, text=True, check=False)
     assert proc.returncode == 2 and sorted(p.name for p in tmp_path.iterdir()) == ["vllm-src.tar.gz"]
-
-
-VLLM_ROWS = ["vllm", "vllm_native", "vllm_native_compiled", "vllm_native_batch_invariant"]
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("key", VLLM_ROWS + [f"{k}_033" for k in VLLM_ROWS])
-def test_the_vllm_rows_on_the_gpu(key: str) -> None:
-    """On the GPU machine (vllm not importable there): each vLLM row runs from the carried files (the kernel with the
-    GPU's SM count as vLLM's CUDA platform answers it), one bf16 ulp of the reference at most."""
-    from rlnorm.numerics import ulp_distance
-    from rlnorm.reference import rms_norm_gated_reference
-
-    b = load_backend(key)
-    ok, why = b.available("cuda")
-    if not ok and "files were not found" in why:
-        pytest.skip(why)
-    assert (ok, why) == (True, "")
-    assert vb.compute_units(0) == torch.cuda.get_device_properties(0).multi_processor_count
-    c = make_case(1000, 128, seed=3, device="cuda")
-    y = b.forward(c.x, c.z, c.w, OpOptions())
-    assert int(ulp_distance(y, rms_norm_gated_reference(c.x, c.z, c.w, OpOptions())).max()) <= 1
