@@ -45,12 +45,6 @@ def section(fn: Callable[[str], Any]) -> Callable[[str], Any]:
     return fn
 
 
-def module(w: torch.Tensor, opts: OpOptions) -> Any:  # vLLM's RMSNormGated at width 128 holding `w` itself
-    mod = vb.build_module(128, w, opts)
-    mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)
-    return mod
-
-
 def compiled_row() -> Any:
     row = vn.VllmNativeCompiledBackend()
     row.compile_rows = 64
@@ -119,7 +113,7 @@ def gdn(archive: str) -> list[dict[str, Any]]:
             # the gate as _forward_core_fused_norm_packed makes it: the projection's z columns, split off and viewed
             mixed = torch.randn(tokens, 3 * heads * d, generator=g).to(torch.bfloat16)
             gate = mixed[:, 2 * heads * d :].reshape(tokens, -1, d)
-            mod = module((1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16), OpOptions(activation=act))
+            mod = vb.build_module((1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16), OpOptions(activation=act))
             launches.clear()
             y = mod.forward_cuda(core.reshape(-1, d), gate.reshape(-1, d))  # _output_projection's call
             in_place, cuda = core.clone(), launches[-1]
@@ -148,7 +142,7 @@ def mapping(archive: str) -> list[dict[str, Any]]:
     for gs, nbg, act, wdt in itertools.product((None, 32), (True, False), ("silu", "sigmoid"), DTYPES):
         opts = OpOptions(eps=1e-5, group_size=gs, norm_before_gate=nbg, activation=act)
         c = make_case(7, 128, seed=3, weight_dtype=wdt)
-        mod = module(c.w, opts)
+        mod = vb.build_module(c.w, opts)
         y, ref = mod.forward_native(c.x, c.z).float(), rms_norm_gated_reference(c.x, c.z, c.w, opts).float()
         out.append({
             "opts": [gs, nbg, act, str(wdt)],
@@ -168,7 +162,7 @@ def native_bits(archive: str) -> list[dict[str, Any]]:
     for opts, wdt, gated in itertools.product(OPTIONS, DTYPES, (True, False)):
         c = make_case(9, 128, seed=4, weight_dtype=wdt)
         z = c.z if gated else None
-        y = module(c.w, opts).forward_native(c.x, z)
+        y = vb.build_module(c.w, opts).forward_native(c.x, z)
         e, k = eager.forward(c.x, z, c.w, opts), compiled.forward(c.x, z, c.w, opts)
         out.append({"eager": bool(torch.equal(y, e)), "compiled_ulps": int(ulp_distance(y, k).max())})
     return out
@@ -414,7 +408,7 @@ def batch_invariant(archive: str) -> dict[str, Any]:
     from vllm.third_party.flash_linear_attention.ops import layernorm_guard
 
     c = make_case(9, 128, seed=6)
-    mod = module(c.w, OpOptions())
+    mod = vb.build_module(c.w, OpOptions())
     before = {"cuda": mod.forward_cuda(c.x, c.z), "compiled": compiled_row().forward(c.x, c.z, c.w, OpOptions())}
     row = vn.VllmNativeBatchInvariantBackend().forward(c.x, c.z, c.w, OpOptions())  # our override only, then removed
     x32 = make_case(9, 128, seed=6, dtype=torch.float32).x
@@ -452,7 +446,7 @@ def main(archive: str, out_path: str) -> int:
     found: dict[str, Any] = {}
     c = make_case(3, 128, seed=0)
     try:  # before the compute units are answered forward_cuda must fail: that step of the set-up is needed
-        found["unanswered"] = {"facts": list(module(c.w, OpOptions()).forward_cuda(c.x, c.z).shape)}
+        found["unanswered"] = {"facts": list(vb.build_module(c.w, OpOptions()).forward_cuda(c.x, c.z).shape)}
     except Exception as exc:
         found["unanswered"] = {"facts": f"{type(exc).__name__}: {exc}"}
     vb.answer_compute_units()

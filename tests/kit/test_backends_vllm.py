@@ -207,7 +207,7 @@ from rlnorm.options import OpOptions
 
 c = make_case(3, 128, seed=0)
 try:
-    out = {"ran": list(build_module(128, c.w, OpOptions()).forward_cuda(c.x, c.z).shape)}
+    out = {"ran": list(build_module(c.w, OpOptions()).forward_cuda(c.x, c.z).shape)}
 except Exception as exc:
     out = {"error": f"{type(exc).__name__}: {exc}"}
 print("RESULT " + json.dumps(out))

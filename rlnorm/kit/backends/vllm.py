@@ -95,13 +95,15 @@ def rmsnorm_call(rmsnorm_fn: Any, x: Tensor, z: Tensor | None, w: Tensor, opts: 
     return rmsnorm_fn(x, w, None, z=z, **opts.as_dict())
 
 
-def build_module(d: int, w: Tensor, opts: OpOptions) -> Any:
-    """vLLM's RMSNormGated under a vLLM config (its CustomOp.__init__ reads one)."""
+def build_module(w: Tensor, opts: OpOptions) -> Any:
+    """vLLM's RMSNormGated holding `w` itself, built under a vLLM config (its CustomOp.__init__ reads one)."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.layernorm import RMSNormGated
 
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=w.device.type))):
-        return RMSNormGated(d, **opts.as_dict(), device=w.device, dtype=w.dtype)
+        mod = RMSNormGated(w.shape[0], **opts.as_dict(), device=w.device, dtype=w.dtype)
+    mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
+    return mod
 
 
 def probe(device: str) -> dict[str, Any]:
@@ -121,10 +123,9 @@ def probe(device: str) -> dict[str, Any]:
             out["compute_units_answered"] = answer_compute_units()
         out["stage"] = "construct"
         case = make_case(3, 128, seed=0, device=device)
-        mod = build_module(128, case.w, OpOptions())
+        mod = build_module(case.w, OpOptions())
         out["module"] = f"{type(mod).__module__}.{type(mod).__qualname__}"
         out["stage"] = "forward_cuda"
-        mod.weight = torch.nn.Parameter(case.w, requires_grad=False)
         with torch.no_grad():
             y = mod.forward_cuda(case.x, case.z)
         if _device_type(device) == "cuda":
@@ -269,7 +270,7 @@ class VllmBackend(Backend):
             prepare_import(str(x.device))
             if x.device.type == "cpu":
                 answer_compute_units()
-            self._modules[key] = build_module(x.shape[-1], w, opts)
+            self._modules[key] = build_module(w, opts)
         mod = self._modules[key]
         mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         with torch.no_grad():
