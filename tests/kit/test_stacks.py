@@ -9,6 +9,7 @@ the comparison fail.
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import sys
 import types
@@ -91,30 +92,23 @@ def fused_mismatches(call: dict, x: torch.Tensor, w: torch.Tensor, opts: OpOptio
     return bad
 
 
-@pytest.mark.parametrize("rows", [5, 40])
-def test_sglang_fused_norm_gate_launches_as_qwen3_nexts_layer(rows: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    pinned("sglang")
+@pytest.mark.parametrize("planted", [False, True])
+def test_sglang_fused_norm_gate_launches_as_qwen3_nexts_layer(
+    planted: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = pinned("sglang")
+    if planted:  # SGLang's file with BT = 16 in place of 32: the row runs it, and the comparison names the difference
+        monkeypatch.setenv(files.pin.env, str(planted_copy(files, _FNG, "BT = 32", "BT = 16", tmp_path)))
     row = stacks.SglangFusedNormGateBackend()
     rec = record(monkeypatch, row.loaded()["fused_norm_gate"], "layer_norm_gated_fwd_kernel")
-    for opts in (OpOptions(), OpOptions(eps=1e-5, activation="sigmoid")):
+    for rows, opts in itertools.product((5, 40), (OpOptions(), OpOptions(eps=1e-5, activation="sigmoid"))):
         c = make_case(rows, 128, seed=rows)
         x0 = c.x.clone()
         rec.calls.clear()
         y = row.forward(c.x, c.z, c.w, opts)
-        assert len(rec.calls) == 1
-        assert fused_mismatches(rec.calls[0], c.x, c.w, opts) == []
-        assert torch.equal(c.x, x0) and y.shape == c.x.shape
-
-
-def test_sglang_fused_norm_gate_a_planted_tile_is_caught(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """SGLang's file with BT = 16 in place of 32: the row runs it, and the comparison names the difference."""
-    files = pinned("sglang")
-    monkeypatch.setenv(files.pin.env, str(planted_copy(files, _FNG, "BT = 32", "BT = 16", tmp_path)))
-    row = stacks.SglangFusedNormGateBackend()
-    rec = record(monkeypatch, row.loaded()["fused_norm_gate"], "layer_norm_gated_fwd_kernel")
-    c = make_case(40, 128, seed=1)
-    row.forward(c.x, c.z, c.w, OpOptions())
-    assert fused_mismatches(rec.calls[0], c.x, c.w, OpOptions()) == ["grid: (3,) != (2,)", "BT: 16 != 32"]
+        assert len(rec.calls) == 1 and torch.equal(c.x, x0) and y.shape == c.x.shape
+        want = {5: ["BT: 16 != 32"], 40: ["grid: (3,) != (2,)", "BT: 16 != 32"]}[rows] if planted else []
+        assert fused_mismatches(rec.calls[0], c.x, c.w, opts) == want
 
 
 def rows_per_block_mismatches(
@@ -145,20 +139,23 @@ def run_layernorm_gated(row: Any, monkeypatch: pytest.MonkeyPatch, rows: int) ->
     return rows_per_block_mismatches(row, asked, rec.calls[0], c.x)
 
 
-@pytest.mark.parametrize("key", ["sglang_layernorm_gated", "sglang_layernorm_gated_deterministic"])
-def test_sglang_layernorm_gated_picks_rows_per_program_as_sglang(key: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("key", "planted"),
+    [
+        ("sglang_layernorm_gated", False),
+        ("sglang_layernorm_gated_deterministic", False),
+        ("sglang_layernorm_gated", True),
+    ],
+)
+def test_sglang_layernorm_gated_picks_rows_per_program_as_sglang(
+    key: str, planted: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pinned("sglang")
     row = load_backend(key)
-    for rows in (1, 3, 9):  # with 2 threads: 1, 1 and 4 rows per program
-        assert run_layernorm_gated(row, monkeypatch, rows) == []
-
-
-def test_sglang_layernorm_gated_a_planted_mode_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The non-deterministic row's file answering deterministic mode: 4 rows per program for 3 rows is caught."""
-    pinned("sglang")
-    row = stacks.SglangLayernormGatedBackend()
-    monkeypatch.setattr(row.loaded()["layernorm_gated"], "is_batch_invariant_mode_enabled", lambda: True)
-    assert run_layernorm_gated(row, monkeypatch, 3) != []
+    if planted:  # the non-deterministic row's file answering deterministic mode: 4 rows per program for 3 rows
+        monkeypatch.setattr(row.loaded()["layernorm_gated"], "is_batch_invariant_mode_enabled", lambda: True)
+    found = [run_layernorm_gated(row, monkeypatch, rows) for rows in (1, 3, 9)]  # 2 threads: 1, 1, 4 rows a program
+    assert found[1] != [] if planted else found == [[], [], []]
 
 
 # -- TorchTitan ----------------------------------------------------------------------------------------------------
