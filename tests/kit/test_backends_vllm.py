@@ -103,19 +103,17 @@ def test_reason_from_probe_quotes_vllms_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("body", "timeout_s", "expected"),
+    ("body", "timeout_s", "errors"),
     [
         ("import os, sys\nsys.stderr.write('planted crash\\n')\nos.abort()\n", 120,
-         {"stage": "child", "error": "killed by SIGABRT (signal 6)"}),
-        ("import time\ntime.sleep(3600)\n", 3, {"stage": "child", "error": "the probe child did not finish in 3 s"}),
+         ("killed by SIGABRT (signal 6)", "planted crash")),
+        ("import time\ntime.sleep(3600)\n", 3, ("the probe child did not finish in 3 s",)),
     ],
     ids=["crash", "hang"],
 )  # fmt: skip
-def test_the_probe_reports_how_vllm_failed(tmp_path: Path, body: str, timeout_s: int, expected: dict) -> None:
+def test_the_probe_reports_how_vllm_failed(tmp_path: Path, body: str, timeout_s: int, errors: tuple) -> None:
     p = run_probe("cpu", timeout_s=timeout_s, env=_plant_vllm(tmp_path, body))
-    assert p["stage"] == expected["stage"] and expected["error"] in p["error"], p
-    if "crash" in body:
-        assert "planted crash" in p["error"]
+    assert p["stage"] == "child" and all(e in p["error"] for e in errors), p
 
 
 def test_loading_does_not_decide_and_there_is_no_backward() -> None:
