@@ -86,10 +86,7 @@ def test_load_backend_function_and_class_and_instance():
     assert isinstance(fb, FunctionBackend) and fb.key == f"{__name__}:good_fn"
     case = make_case(7, 128, seed=3)
     ref = load_backend("reference")
-    g, r = (
-        fb.forward_backward(case.x, case.z, case.w, case.dy, OPTS),
-        ref.forward_backward(case.x, case.z, case.w, case.dy, OPTS),
-    )
+    g, r = (b.forward_backward(case.x, case.z, case.w, case.dy, OPTS) for b in (fb, ref))
     for name in ("y", "dx", "dz", "dw"):
         assert torch.equal(getattr(g, name), getattr(r, name)), name
     cls = load_backend("tests.faults:OrderDependentDweight")
@@ -166,12 +163,8 @@ def test_exact_reference_dweight_is_the_exact_aggregate_and_order_free():
     r = ref.forward_backward(case.x, case.z, case.w, case.dy, OPTS)
     for name in ("y", "dx", "dz"):
         assert torch.equal(getattr(g, name), getattr(r, name)), name
-    singles = torch.stack(
-        [
-            ref.forward_backward(case.x[i : i + 1], case.z[i : i + 1], case.w, case.dy[i : i + 1], OPTS).dw
-            for i in range(257)
-        ]
-    )
+    rows = [(case.x[i : i + 1], case.z[i : i + 1], case.w, case.dy[i : i + 1]) for i in range(257)]
+    singles = torch.stack([ref.forward_backward(*row, OPTS).dw for row in rows])
     assert torch.equal(g.dw, exact_sum(singles, torch.float32))
     perm = torch.randperm(257, generator=torch.Generator().manual_seed(0))
     gp = ex.forward_backward(case.x[perm], case.z[perm], case.w, case.dy[perm], OPTS)
