@@ -1,12 +1,9 @@
-"""The suite's one process that imports the real vllm: `python vllm_child.py ARCHIVE OUT.json` runs every section
-below once per pytest run (conftest's `vllm_facts`) and writes what each found, or its error.
+"""The suite's one process that imports the real vllm (~20 s; it patches torch's compiler for the rest of a process):
+`python vllm_child.py ARCHIVE OUT.json` runs each section once per pytest run (conftest's `vllm_facts`).
 
-Importing vLLM takes ~20 s and patches torch's compiler for the rest of a process, so the test process never does.
-vllm is imported as the backend does on this CPU machine (CUDA_VISIBLE_DEVICES="" first: `prepare_import`), with
-torch's thread count fixed at 2 before anything asks: vLLM's CPU platform answers it for the compute units its
-rows-per-program choice reads (and caches), so the grids and tile sizes asserted are the same on every machine.
-Sections run in order, each starting with the plugin unregistered and RLNORM_VLLM unset; vLLM's batch-invariant
-mode, which stays on, goes last.
+vllm is imported as the backend does on a CPU, with 2 threads fixed first: vLLM's CPU platform answers them for the
+compute units its rows-per-program choice reads, so the grids asserted are the same on every machine. Each section
+starts with the plugin unregistered and RLNORM_VLLM unset; vLLM's batch-invariant mode, which stays on, goes last.
 """
 
 from __future__ import annotations
@@ -48,21 +45,13 @@ def section(fn: Callable[[str], Any]) -> Callable[[str], Any]:
     return fn
 
 
-def module(w: torch.Tensor, opts: OpOptions) -> Any:
-    """vLLM's RMSNormGated at width 128 with our options and `w` itself as its weight."""
-    mod = vb.build_module(128, w, opts)
-    mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)
-    return mod
-
-
 def compiled_row() -> Any:
     row = vn.VllmNativeCompiledBackend()
     row.compile_rows = 64
     return row
 
 
-def describe(v: Any) -> Any:
-    """A call's arguments as JSON: tensors by shape, strides and dtype (where they live is compared apart)."""
+def describe(v: Any) -> Any:  # a call's arguments as JSON; where tensors live is compared apart
     if isinstance(v, torch.Tensor):
         return ["tensor", list(v.shape), list(v.stride()), str(v.dtype)]
     if isinstance(v, (list, tuple)):
@@ -85,7 +74,6 @@ def bits(archive: str) -> dict[str, Any]:
     backend = vb.VllmBackend(files=archive)
     out: dict[str, Any] = {"restored": sorted(restored), "files": [from_installed.__file__, from_archive.__file__]}
     out |= {"distinct": from_installed is not lg and from_archive is not lg, "cases": []}
-    # with 2 compute units: 1, 2 and 4 rows per program
     for rows, opts, wdt in itertools.product((1, 3, 6, 9, 64), OPTIONS, DTYPES):
         c = make_case(rows, 128, seed=rows, weight_dtype=wdt)
         fns = (lg.rmsnorm_fn, from_installed.rmsnorm_fn, from_archive.rmsnorm_fn)
@@ -102,7 +90,7 @@ def gdn(archive: str) -> list[dict[str, Any]]:
     from vllm.third_party.flash_linear_attention.ops import layernorm_guard as lg
 
     gdn_file = sf.find(PIN, sf.installed(PIN))[0].path("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py")
-    # the GDN module needs packages the CPU install leaves out; its method is read from its own lines instead
+    # the GDN module needs packages the CPU install leaves out: its method is read from its own lines
     fused = sf.read_function(gdn_file, "QwenGatedDeltaNetAttention._rms_norm_gated_cuda", {})
     launches: list[dict[str, Any]] = []
     real_kernel = lg.LayerNormFwdKernel.kernel
@@ -125,7 +113,7 @@ def gdn(archive: str) -> list[dict[str, Any]]:
             # the gate as _forward_core_fused_norm_packed makes it: the projection's z columns, split off and viewed
             mixed = torch.randn(tokens, 3 * heads * d, generator=g).to(torch.bfloat16)
             gate = mixed[:, 2 * heads * d :].reshape(tokens, -1, d)
-            mod = module((1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16), OpOptions(activation=act))
+            mod = vb.build_module((1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16), OpOptions(activation=act))
             launches.clear()
             y = mod.forward_cuda(core.reshape(-1, d), gate.reshape(-1, d))  # _output_projection's call
             in_place, cuda = core.clone(), launches[-1]
@@ -154,7 +142,7 @@ def mapping(archive: str) -> list[dict[str, Any]]:
     for gs, nbg, act, wdt in itertools.product((None, 32), (True, False), ("silu", "sigmoid"), DTYPES):
         opts = OpOptions(eps=1e-5, group_size=gs, norm_before_gate=nbg, activation=act)
         c = make_case(7, 128, seed=3, weight_dtype=wdt)
-        mod = module(c.w, opts)
+        mod = vb.build_module(c.w, opts)
         y, ref = mod.forward_native(c.x, c.z).float(), rms_norm_gated_reference(c.x, c.z, c.w, opts).float()
         out.append({
             "opts": [gs, nbg, act, str(wdt)],
@@ -174,7 +162,7 @@ def native_bits(archive: str) -> list[dict[str, Any]]:
     for opts, wdt, gated in itertools.product(OPTIONS, DTYPES, (True, False)):
         c = make_case(9, 128, seed=4, weight_dtype=wdt)
         z = c.z if gated else None
-        y = module(c.w, opts).forward_native(c.x, z)
+        y = vb.build_module(c.w, opts).forward_native(c.x, z)
         e, k = eager.forward(c.x, z, c.w, opts), compiled.forward(c.x, z, c.w, opts)
         out.append({"eager": bool(torch.equal(y, e)), "compiled_ulps": int(ulp_distance(y, k).max())})
     return out
@@ -211,7 +199,7 @@ def dispatch(archive: str) -> dict[str, Any]:
 
 # -- rlnorm's vLLM plugin (tests/integrations/test_vllm.py, test_stack_pairs.py) -------------------------------------
 def rows(n: int = 37, seed: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """bf16 x (rows scaled by 2^-(r mod 16): mean squares from far above eps to far below), z, and a weight."""
+    """x with mean squares from far above eps to far below, z, and a weight."""
     g = torch.Generator().manual_seed(seed)
     scale = torch.pow(2.0, -(torch.arange(n) % 16).float())[:, None]
     x = (2 * torch.randn(n, D, generator=g) * scale).to(torch.bfloat16)
@@ -221,7 +209,7 @@ def rows(n: int = 37, seed: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def build(custom_ops: list[str] | None = None, w: torch.Tensor | None = None, **kwargs: Any) -> Any:
-    """`RMSNormGated(D, **kwargs)` as a model's code constructs it, under a vLLM config for the CPU, weight `w`."""
+    """`RMSNormGated(D, **kwargs)` as a model's code constructs it, holding `w`."""
     from vllm.config import CompilationConfig, DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.layernorm import RMSNormGated
 
@@ -235,7 +223,6 @@ def build(custom_ops: list[str] | None = None, w: torch.Tensor | None = None, **
 
 
 def differing(a: torch.Tensor, b: torch.Tensor) -> int:
-    """Elements whose bits differ (0: bitwise equal)."""
     return int((ulp_distance(a, b) != 0).sum()) + int(a.shape != b.shape)
 
 
@@ -245,7 +232,7 @@ def expected(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, layer: Any) -> t
 
 
 def wrong_eps(self: Any, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-    """A planted replacement that keeps rlnorm's default eps whatever the layer's."""
+    """Planted: keeps rlnorm's default eps whatever the layer's."""
     return rms_norm_gated_op(x, z, self.weight, 1e-6, self.group_size, self.norm_before_gate, self.activation)
 
 
@@ -259,8 +246,7 @@ def raised(fn: Callable[[], Any], kind: type[Exception]) -> str | None:
 
 @section
 def switched(archive: str) -> dict[str, Any]:
-    """Off unless RLNORM_VLLM=1 (a typo refused), and on through vLLM's own plugin loader, which finds the declared
-    entry point (a dist-info standing in for `pip install rlnorm`)."""
+    """Off unless RLNORM_VLLM=1, and on through vLLM's own plugin loader (a dist-info stands in for the install)."""
     from importlib.metadata import entry_points
 
     import vllm.plugins
@@ -296,7 +282,6 @@ def switched(archive: str) -> dict[str, Any]:
 
 @section
 def instantiated_and_dispatched(archive: str) -> dict[str, Any]:
-    """Under each custom_ops setting: the class built, the method dispatched, and its output against rlnorm's."""
     plugin.register()
     x, z, w = rows()
     out: dict[str, Any] = {}
@@ -320,8 +305,7 @@ def instantiated_and_dispatched(archive: str) -> dict[str, Any]:
 
 @section
 def compiled(archive: str) -> dict[str, Any]:
-    """forward_native compiled as vLLM compiles it (`maybe_compile`: Inductor, dynamic shapes), and the graph
-    Dynamo hands a backend: the norm is one opaque call there, not re-derived PyTorch ops."""
+    """forward_native compiled as vLLM compiles it, and the graph Dynamo hands a backend."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
 
     plugin.register()
@@ -356,8 +340,6 @@ def compiled(archive: str) -> dict[str, Any]:
 
 @section
 def layer_options_not_defaults(archive: str) -> dict[str, Any]:
-    """The layer's own options reach the kernel (vLLM's defaults: eps 1e-5, gate first, swish), and a replacement
-    that keeps rlnorm's default eps is seen by the comparison."""
     from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
 
     plugin.register()
@@ -385,7 +367,6 @@ def layer_options_not_defaults(archive: str) -> dict[str, Any]:
 
 @section
 def refused(archive: str) -> dict[str, Any]:
-    """Options rlnorm cannot honour, at construction; another out-of-tree RMSNormGated, at registration."""
     from vllm.model_executor.custom_op import op_registry_oot
     from vllm.model_executor.layers.layernorm import RMSNormGated
 
@@ -403,8 +384,6 @@ def refused(archive: str) -> dict[str, Any]:
 
 @section
 def stack_pairs_check(archive: str) -> dict[str, Any]:
-    """Qwen3-Next's layers through the stack pairs at width 32, rlnorm in both or in neither, and rlnorm's pair with
-    a planted replacement that keeps rlnorm's default eps in a model whose eps is 1e-5."""
     from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
     from rlnorm.kit.checks.stack_pairs import QWEN3_NEXT_OPTIONS, pair_by_name, run_pair
 
@@ -429,7 +408,7 @@ def batch_invariant(archive: str) -> dict[str, Any]:
     from vllm.third_party.flash_linear_attention.ops import layernorm_guard
 
     c = make_case(9, 128, seed=6)
-    mod = module(c.w, OpOptions())
+    mod = vb.build_module(c.w, OpOptions())
     before = {"cuda": mod.forward_cuda(c.x, c.z), "compiled": compiled_row().forward(c.x, c.z, c.w, OpOptions())}
     row = vn.VllmNativeBatchInvariantBackend().forward(c.x, c.z, c.w, OpOptions())  # our override only, then removed
     x32 = make_case(9, 128, seed=6, dtype=torch.float32).x
@@ -467,7 +446,7 @@ def main(archive: str, out_path: str) -> int:
     found: dict[str, Any] = {}
     c = make_case(3, 128, seed=0)
     try:  # before the compute units are answered forward_cuda must fail: that step of the set-up is needed
-        found["unanswered"] = {"facts": list(module(c.w, OpOptions()).forward_cuda(c.x, c.z).shape)}
+        found["unanswered"] = {"facts": list(vb.build_module(c.w, OpOptions()).forward_cuda(c.x, c.z).shape)}
     except Exception as exc:
         found["unanswered"] = {"facts": f"{type(exc).__name__}: {exc}"}
     vb.answer_compute_units()

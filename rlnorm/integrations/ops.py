@@ -1,8 +1,5 @@
-"""rlnorm's forward as an opaque PyTorch operator, `torch.ops.rlnorm.rms_norm_gated`.
-
-A compiler tracing a model (torch.compile, vLLM's Inductor pipeline) would decompose a layer's Python body into
-its own kernels and lose the batch-invariant, once-rounded result; registered through `torch.library`, the call
-stays one extern node, and a fake implementation gives its shape. Forward only: the sampler is inference-only.
+"""rlnorm's forward as an opaque operator, `torch.ops.rlnorm.rms_norm_gated`: a compiler tracing a model would
+decompose a Python body into its own kernels; the operator stays one extern node. Forward only (the sampler's).
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ def rms_norm_gated_op(
     norm_before_gate: bool,
     activation: str,
 ) -> torch.Tensor:
-    """`rlnorm.rms_norm_gated` with every option positional (the operator's schema); no autograd."""
-    with torch.no_grad():  # an inference op: the kernel's forward alone, never an autograd graph
+    with torch.no_grad():  # an inference op: never an autograd graph
         opts = {"eps": eps, "group_size": group_size, "norm_before_gate": norm_before_gate, "activation": activation}
         return rms_norm_gated(x, z, weight, **opts)
 

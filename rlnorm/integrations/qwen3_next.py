@@ -1,10 +1,5 @@
-"""The gated norm of a Qwen3-Next linear-attention layer as each side of RL builds it from one config.
-
-The trainer (transformers) holds `Qwen3NextGatedDeltaNet.norm`, a `Qwen3NextRMSNormGated(head_v_dim, eps)`; the
-sampler (vLLM) builds `RMSNormGated(head_v_dim, eps, group_size=None, norm_before_gate=True, activation=<output
-gate>)`. `transformers_norm` and `vllm_norm` build the two, patched with rlnorm or not, holding the same weight.
-`tiny_config` is a Qwen3-Next small enough for a CPU; `torch_delta_rule` makes transformers run its PyTorch delta
-rule where FLA is installed (FLA's kernels autotune, which needs a GPU).
+"""The gated norm of a Qwen3-Next linear-attention layer as each side of RL builds it from one config: the trainer's
+(`transformers_norm`) and the sampler's (`vllm_norm`), patched with rlnorm or not, holding the same weight.
 """
 
 from __future__ import annotations
@@ -18,15 +13,12 @@ from torch import nn
 
 from rlnorm.integrations.transformers import apply_rlnorm_to_qwen3_next
 
-__all__ = ["DELTA_RULES", "sampler_activation", "tiny_config", "torch_delta_rule", "transformers_norm", "vllm_norm"]
-
-# the functions transformers binds to FLA's kernels when FLA is installed (through functools.wraps)
-DELTA_RULES = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")
+__all__ = ["sampler_activation", "tiny_config", "torch_delta_rule", "transformers_norm", "vllm_norm"]
 
 
 def tiny_config(*, d: int = 32, eps: float = 1e-6, heads: int = 2, **overrides: Any) -> Any:
-    """A two-layer Qwen3-Next (linear attention, then full attention) of hidden size 64, gated norm width d. Its
-    MLPs are dense: the MoE's expert matmuls change shape with the batch, which no norm makes batch invariant."""
+    """A two-layer Qwen3-Next (linear, then full attention) small enough for a CPU. Its MLPs are dense: the MoE's
+    expert matmuls change shape with the batch, which no norm makes batch invariant."""
     from transformers import Qwen3NextConfig
 
     sizes = {"vocab_size": 97, "hidden_size": 64, "intermediate_size": 64, "max_position_embeddings": 64}
@@ -39,10 +31,11 @@ def tiny_config(*, d: int = 32, eps: float = 1e-6, heads: int = 2, **overrides: 
 
 @contextlib.contextmanager
 def torch_delta_rule() -> Iterator[None]:
-    """Within: transformers' Qwen3-Next runs its PyTorch gated delta rule, even where FLA's kernels are bound."""
+    """Within: transformers runs its PyTorch delta rule, even where FLA's kernels (which autotune) are bound."""
     from transformers.models.qwen3_next import modeling_qwen3_next as mq
 
-    saved = {name: getattr(mq, name) for name in DELTA_RULES}
+    names = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")  # bound through functools.wraps
+    saved = {name: getattr(mq, name) for name in names}
     try:
         for name, fn in saved.items():
             setattr(mq, name, getattr(fn, "__wrapped__", fn))
@@ -67,8 +60,7 @@ def transformers_norm(
     device: str | torch.device = "cpu",
     dtype: torch.dtype = torch.bfloat16,
 ) -> nn.Module:
-    """The trainer's norm: `norm` of the config's first Gated DeltaNet layer, in `dtype` on `device`, holding
-    `weight`, swapped for rlnorm's by `apply_rlnorm_to_qwen3_next` when patched."""
+    """The trainer's norm: `norm` of the config's first Gated DeltaNet layer, holding `weight`."""
     from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet
 
     if "linear_attention" not in config.layer_types:
@@ -82,7 +74,7 @@ def transformers_norm(
 
 
 def sampler_activation(config: Any) -> str:
-    """The gate vLLM's Qwen3-Next layer passes its norm (the config's `output_gate_type`, silu when absent)."""
+    """The gate vLLM's Qwen3-Next layer passes its norm (`output_gate_type`, silu when absent)."""
     gate = getattr(config, "output_gate_type", None) or "silu"
     return "silu" if gate == "swish" else gate
 
@@ -96,9 +88,8 @@ def vllm_norm(
     dtype: torch.dtype = torch.bfloat16,
     compilation: dict[str, Any] | None = None,
 ) -> nn.Module:
-    """The sampler's norm: vLLM's `RMSNormGated` as its Qwen3-Next layer constructs it, under a vLLM config for
-    `device` (and `compilation`, CompilationConfig's fields), holding `weight`. patched: rlnorm's layer registered
-    (as `RLNORM_VLLM=1` does), the process's registration restored after. Imports vLLM."""
+    """The sampler's norm: vLLM's `RMSNormGated` as its Qwen3-Next layer constructs it (`compilation`:
+    CompilationConfig's fields), holding `weight`; patched: rlnorm's layer registered only while it is built."""
     from vllm.config import CompilationConfig, DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.layernorm import RMSNormGated
 

@@ -1,12 +1,8 @@
 """rlnorm's kernel in a transformers (or FLA) model: `apply_rlnorm(model)` swaps every gated RMSNorm it knows.
 
-Each known module (recognised by class name and defining module: nothing is imported to look) is replaced in place
-by an rlnorm module holding the *same* weight Parameter and the module's own eps, group size, gate order and
-activation, never a library's default (docs/integrations.md). An option rlnorm cannot honour raises
-`UnsupportedGatedNorm` naming module and option before anything is swapped; `undo()` or leaving `with` restores.
-
-Numerics: rlnorm rounds once; transformers' Qwen3NextRMSNormGated rounds three times in bf16, so about a third of
-bf16 outputs move by 1-2 ulp when a model is patched: patch from the start for a reproducible run.
+Each known module (recognised by class and defining module, nothing imported) becomes an rlnorm module holding the
+*same* weight Parameter and the module's own options, never a library's default (docs/integrations.md). rlnorm rounds
+once where transformers rounds three times in bf16 (a third of outputs move 1-2 ulp): patch from the start.
 """
 
 from __future__ import annotations
@@ -26,13 +22,11 @@ __all__ += ["apply_rlnorm", "apply_rlnorm_to_qwen3_next"]
 
 
 class UnsupportedGatedNorm(ValueError):
-    """A gated norm that rlnorm cannot stand in for with the same meaning (the message names module and option)."""
+    """A gated norm rlnorm cannot stand in for with the same meaning (the message names module and option)."""
 
 
 @dataclass(frozen=True)
 class GatedNormOptions:
-    """What a replacement must carry over from the module it replaces."""
-
     hidden_size: int
     eps: float
     group_size: int | None
@@ -43,7 +37,7 @@ class GatedNormOptions:
 
 # -- the replacements ---------------------------------------------------------------------------------------------
 class _Replacement(RMSNormGated):
-    """rlnorm's module holding the replaced module's weight Parameter itself, not a copy."""
+    """rlnorm's module holding the replaced module's weight Parameter itself."""
 
     source = ""  # the class it replaces, for messages
 
@@ -56,14 +50,12 @@ class _Replacement(RMSNormGated):
         self.where = where  # its name in the model it was put into, for messages
 
 
-def _option(name: str) -> property:
-    """An attribute of the replaced class, read off the replacement's options."""
+def _option(name: str) -> property:  # an attribute of the replaced class, read off the options
     return property(lambda self: getattr(self.opts, name))
 
 
 class RlnormQwen3NextRMSNormGated(_Replacement):
-    """Stands in for transformers' Qwen3NextRMSNormGated (and its Qwen3.5 copies): forward(hidden_states, gate),
-    the norm before the gate; `variance_epsilon` and `activation` read as on the original."""
+    """Stands in for transformers' Qwen3NextRMSNormGated (and its Qwen3.5 copies)."""
 
     source = "Qwen3NextRMSNormGated"
     variance_epsilon = _option("eps")
@@ -74,8 +66,7 @@ class RlnormQwen3NextRMSNormGated(_Replacement):
 
 
 class RlnormFlaRMSNormGated(_Replacement):
-    """Stands in for FLA's layernorm_gated.RMSNormGated: forward(x, z=None); `eps`, `group_size` and
-    `norm_before_gate` read as on the original (FLA's own defaults are eps 1e-5 and the gate first)."""
+    """Stands in for FLA's layernorm_gated.RMSNormGated (whose defaults are eps 1e-5 and the gate first)."""
 
     source = "FLA RMSNormGated"
     bias = None
@@ -85,9 +76,7 @@ class RlnormFlaRMSNormGated(_Replacement):
 
 
 class RlnormFlaFusedRMSNormGated(_Replacement):
-    """Stands in for FLA's fused_norm_gate.FusedRMSNormGated: forward(x, g), the norm before the gate. Its
-    residual/prenorm form adds a residual in fp32 inside the kernel: rlnorm normalises x as given, so a call with
-    a residual or prenorm=True raises (add the residual before the call)."""
+    """Stands in for FLA's FusedRMSNormGated; its residual/prenorm form (a residual added inside the kernel) raises."""
 
     source = "FLA FusedRMSNormGated"
     bias = None
@@ -173,7 +162,6 @@ KNOWN: dict[tuple[str, str], _Kind] = {
 
 
 def _known_base(mod: nn.Module, names: Collection[str] | None) -> type | None:
-    """The known class `mod` is (or derives from), or None."""
     for cls in type(mod).__mro__:
         if (cls.__module__, cls.__qualname__) in KNOWN and (names is None or cls.__qualname__ in names):
             return cls
@@ -207,8 +195,6 @@ def _build(mod: nn.Module, base: type, where: str) -> _Replacement:
 # -- applying and undoing -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Replaced:
-    """One place in the model where a module was swapped."""
-
     name: str  # qualified name in the model, e.g. "model.layers.0.linear_attn.norm"
     source: str  # what was there, e.g. "transformers Qwen3NextRMSNormGated"
     original: nn.Module
@@ -216,8 +202,8 @@ class Replaced:
 
 
 class Replacements(tuple[Replaced, ...]):
-    """What `apply_rlnorm` swapped, in model order; `undo()` (or leaving a `with` block) swaps it back. `skipped`
-    lists (name, reason) for modules left in place under strict=False."""
+    """What `apply_rlnorm` swapped, in model order; `undo()` (or leaving `with`) swaps it back. `skipped`: (name,
+    reason) of modules left in place under strict=False."""
 
     model: nn.Module
     skipped: tuple[tuple[str, str], ...]
@@ -237,8 +223,7 @@ class Replacements(tuple[Replaced, ...]):
         return f"<Replacements: {len(self)} module(s){state}, {len(self.skipped)} skipped: {self.names}>"
 
     def undo(self) -> None:
-        """Put every original module back, with the weight trained meanwhile; RuntimeError, changing nothing, if
-        something else has since been put in one of those places."""
+        """Put every original back, with the weight trained since; changes nothing if another module took a place."""
         if self.undone:
             return
         places = []
@@ -267,11 +252,10 @@ class Replacements(tuple[Replaced, ...]):
 
 
 def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, strict: bool = True) -> Replacements:
-    """Swap every gated norm of `model` that rlnorm knows (`KNOWN`) for an rlnorm module, in place (see the module).
+    """Swap every gated norm of `model` that rlnorm knows (`KNOWN`) for an rlnorm module, in place.
 
-    only: class names to replace (default: every known class). strict (default): a module rlnorm cannot stand in
-    for raises UnsupportedGatedNorm and nothing is swapped; strict=False leaves it in place, listed in `skipped`.
-    Call it before wrapping the model (FSDP, DDP, torch.compile, accelerate): a module with hooks is refused.
+    only: class names to replace. strict: a module rlnorm cannot stand in for raises UnsupportedGatedNorm and nothing
+    is swapped; strict=False leaves it, listed in `skipped`. Call it before wrapping the model (a hook is refused).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, got {type(model).__name__}")
@@ -309,8 +293,7 @@ QWEN3_NEXT_CLASSES = ("Qwen3NextRMSNormGated",)
 
 
 def apply_rlnorm_to_qwen3_next(model: nn.Module, *, strict: bool = True) -> Replacements:
-    """`apply_rlnorm` for a transformers Qwen3-Next model (its Gated DeltaNet layers' `norm`); raises
-    ValueError if the model holds no Qwen3NextRMSNormGated."""
+    """`apply_rlnorm` for a transformers Qwen3-Next model (its Gated DeltaNet layers' `norm`)."""
     done = apply_rlnorm(model, only=QWEN3_NEXT_CLASSES, strict=strict)
     if not done and not done.skipped:
         raise ValueError(f"model: {type(model).__qualname__} holds no Qwen3NextRMSNormGated (not a Qwen3-Next model?)")

@@ -1,9 +1,7 @@
 """rlnorm's vLLM plugin: with `RLNORM_VLLM=1`, vLLM builds rlnorm's layer wherever a model asks for `RMSNormGated`.
 
-vLLM runs every `vllm.general_plugins` entry point in each of its processes before it builds a model; rlnorm
-declares `register_plugin` there (pyproject.toml), which acts only when the variable is 1. `register` puts
-`RlnormRMSNormGated` in vLLM's out-of-tree registry under the in-tree class's name, which `CustomOp.__new__` looks
-up at every construction, so model code is unchanged. Importing this module does not import vLLM.
+`register_plugin` is declared as a `vllm.general_plugins` entry point, which vLLM runs in each of its processes;
+`register` puts the layer in vLLM's out-of-tree registry, so model code is unchanged. Imports no vLLM itself.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ IN_TREE = "RMSNormGated"  # the key vLLM's registry uses: the in-tree class's __
 
 
 def enabled_by_env(environ: dict[str, str] | None = None) -> bool:
-    """Whether `RLNORM_VLLM` asks for rlnorm's layer: "1" yes, unset, "" or "0" no, anything else is an error
-    (a typo must not leave an engine silently unpatched)."""
+    """Whether `RLNORM_VLLM` is "1"; a value other than 1, 0 or unset raises (a typo must not leave vLLM unpatched)."""
     value = (os.environ if environ is None else environ).get(ENV, "").strip()
     if value in ("", "0", "1"):
         return value == "1"
@@ -26,7 +23,7 @@ def enabled_by_env(environ: dict[str, str] | None = None) -> bool:
 
 
 def register_plugin() -> None:
-    """vLLM's general-plugin entry point: registers rlnorm's layer when `RLNORM_VLLM=1` (idempotent)."""
+    """vLLM's general-plugin entry point (idempotent)."""
     if enabled_by_env():
         register()
 
@@ -38,17 +35,13 @@ def _registry() -> dict[str, type]:
 
 
 def is_registered() -> bool:
-    """Whether vLLM builds rlnorm's layer for RMSNormGated in this process."""
     from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
 
     return _registry().get(IN_TREE) is RlnormRMSNormGated
 
 
 def register() -> type:
-    """Make vLLM build `RlnormRMSNormGated` for every `RMSNormGated` constructed from now on in this process.
-
-    Idempotent. Raises RuntimeError if another out-of-tree layer already replaces RMSNormGated (vLLM keeps one).
-    """
+    """vLLM builds `RlnormRMSNormGated` for every `RMSNormGated` from now on in this process (idempotent)."""
     from vllm.model_executor.layers.layernorm import RMSNormGated
 
     from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
@@ -69,6 +62,6 @@ def register() -> type:
 
 
 def unregister() -> None:
-    """Undo `register` in this process (layers already built keep their class); no-op if it is not registered."""
+    """Undo `register` (layers already built keep their class)."""
     if is_registered():
         del _registry()[IN_TREE]

@@ -1,9 +1,7 @@
 """The layer vLLM instantiates for its `RMSNormGated` once rlnorm's plugin is on (importing this imports vLLM).
 
-vLLM picks `forward_cuda` when the op is enabled on a GPU and `forward_native` when it is disabled (its default under
-Inductor, which then re-derives the PyTorch body). Every method here calls the opaque operator
-`torch.ops.rlnorm.rms_norm_gated`, so each path, eager or compiled, runs rlnorm's kernel on the layer's own eps,
-group size, gate order and activation (vLLM's defaults differ from rlnorm's; a model passes its own).
+Every dispatch path calls the opaque operator, so eager or compiled (where vLLM re-derives forward_native's body)
+each runs rlnorm's kernel with the layer's own options.
 """
 
 from __future__ import annotations
@@ -18,7 +16,7 @@ __all__ = ["RlnormRMSNormGated"]
 
 
 class RlnormRMSNormGated(RMSNormGated):
-    """vLLM's RMSNormGated with rlnorm's kernel on every dispatch path; constructed exactly as vLLM's."""
+    """vLLM's RMSNormGated, constructed exactly as vLLM's, with rlnorm's kernel on every dispatch path."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]

@@ -1,7 +1,4 @@
-"""Trainer against sampler (`rlnorm.kit.checks.stack_pairs`): a planted sampler difference is reported with exactly
-its count, a pair that cannot run says why, each pair runs in its own process, an older artifact's `trainer_sampler`
-reads as its two pairs; with vLLM (the suite's vLLM child), Qwen3-Next's layers patched with rlnorm agree
-bitwise, the stock ones do not, and a patched sampler that keeps rlnorm's default eps is caught."""
+"""Trainer against sampler (`rlnorm.kit.checks.stack_pairs`), with vLLM's side in the suite's vLLM child."""
 
 from __future__ import annotations
 

@@ -1,7 +1,4 @@
-"""apply_rlnorm on a tiny Qwen3-Next built from its config (transformers' PyTorch delta rule) and on FLA's norms.
-
-The bitwise batch test runs on one thread, where the layers around the norm are batch invariant (checked first).
-"""
+"""apply_rlnorm on a tiny Qwen3-Next (transformers' PyTorch delta rule) and on FLA's norms."""
 
 from __future__ import annotations
 
@@ -35,7 +32,7 @@ from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormG
 
 @pytest.fixture
 def tiny_model() -> Iterator[nn.Module]:
-    """A two-layer fp32 Qwen3-Next (hidden 64, gated-norm width 32) with a trained-looking norm weight."""
+    """A two-layer fp32 Qwen3-Next with a trained-looking norm weight."""
     with torch_delta_rule():
         torch.manual_seed(0)
         model = Qwen3NextForCausalLM(tiny_config(d=32)).float()

@@ -1,7 +1,4 @@
-"""rlnorm's vLLM plugin against the installed vLLM, on the CPU (vLLM's own kernel cannot run here; rlnorm's runs in
-Triton's interpreter): the class vLLM instantiates, both dispatch paths eager and compiled, the layer's own
-options, and the entry point vLLM's plugin loader reads. The vLLM side runs in the suite's vLLM child
-(tests/vllm_child.py)."""
+"""rlnorm's vLLM plugin against the installed vLLM on the CPU, the vLLM side in the suite's vLLM child."""
 
 from __future__ import annotations
 
@@ -18,7 +15,6 @@ slow = pytest.mark.slow
 ENTRY = "rlnorm.integrations.vllm:register_plugin"
 
 
-# -- without vLLM ----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("value", "on"), [(None, False), ("", False), ("0", False), (" 1 ", True), ("1", True), ("yes", None), ("2", None)]
 )
@@ -37,7 +33,6 @@ def test_importing_the_plugin_imports_no_vllm() -> None:
     assert proc.stdout.strip() == "[]"
 
 
-# -- inside vLLM (child process) --------------------------------------------------------------------------------
 @slow
 def test_installing_is_not_switching_on_and_vllms_plugin_loader_switches_it_on(vllm_facts: Any) -> None:
     f = vllm_facts("switched")

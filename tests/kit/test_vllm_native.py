@@ -1,9 +1,5 @@
-"""vLLM's forward_native rows (eager, compiled, VLLM_BATCH_INVARIANT=1): they run what vLLM runs.
-
-Proven against the installed vLLM in the suite's one vLLM child (tests/vllm_child.py): the rows give
-forward_native's bits (its call: tests/kit/test_stacks.py); a default (compiled) vLLM config runs forward_native
-and enforce_eager forward_cuda, and the compiled row's Inductor options are the config's; vLLM's own
-`enable_batch_invariant_mode()` reroutes only the eager forward_native's mean, and the row gives those bits.
+"""vLLM's forward_native rows (eager, compiled, VLLM_BATCH_INVARIANT=1) run what vLLM runs: proven against the
+installed vLLM in the suite's one vLLM child (tests/vllm_child.py).
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ OPTIONS = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=Fals
 
 @pytest.mark.slow
 def test_the_rows_give_vllms_forward_native_bits(vllm_facts: Any) -> None:
-    """The eager row is the installed forward_native bit for bit (options, weight dtypes, with and without a gate);
-    the compiled row is Inductor's code for the same function, within a bf16 ulp of it."""
+    """The eager row is the installed forward_native bit for bit; the compiled row within a bf16 ulp of it."""
     results = vllm_facts("native_bits")
     assert len(results) == 8
     for r in results:
@@ -56,16 +51,12 @@ def test_default_vllm_runs_forward_native_and_enforce_eager_forward_cuda(vllm_fa
 
 @pytest.mark.slow
 def test_batch_invariant_mode_changes_only_the_eager_native_path(vllm_facts: Any) -> None:
-    """Under vLLM's own enable_batch_invariant_mode(): the eager forward_native's mean goes to vLLM's Triton kernel
-    (its bits are the row's, and fp32 means change), while forward_cuda and the compiled forward_native never call
-    it and keep their bits. Neither RMSNormGated nor layernorm_guard reads VLLM_BATCH_INVARIANT (RMSNorm does)."""
+    """Under vLLM's own enable_batch_invariant_mode() only the eager forward_native's mean goes to vLLM's kernel (with
+    the row's bits); neither RMSNormGated nor layernorm_guard reads VLLM_BATCH_INVARIANT (RMSNorm does)."""
     r = vllm_facts("batch_invariant")
     assert r["native"]["calls"] >= 1 and r["native"]["equal"] and r["mean_differs_in_fp32"], r
     assert r["cuda"] == r["compiled"] == {"equal": True, "calls": 0}, r
     assert r["reads_flag"] == {"RMSNormGated": False, "layernorm_guard": False, "RMSNorm.forward_cuda": True}
-
-
-# -- the rows, here in this process ---------------------------------------------------------------------------------
 
 
 def test_the_rows_are_forward_only_and_read_vllms_files(installed_vllm: sf.StackFiles) -> None:
@@ -77,8 +68,8 @@ def test_the_rows_are_forward_only_and_read_vllms_files(installed_vllm: sf.Stack
 
 
 def test_the_compiled_row_compiles_once_per_option_set_and_serves_every_size(installed_vllm: sf.StackFiles) -> None:
-    """One graph serves every row count, 1 included (vLLM drops the guards that would recompile for it); other
-    options get a graph of their own (with every guard dropped, sharing one would silently reuse the first)."""
+    """One graph serves every row count, 1 included (vLLM drops the guards); other options get a graph of their own
+    (with every guard dropped, sharing one would silently reuse the first)."""
     from torch._dynamo.utils import counters
 
     b = VllmNativeCompiledBackend()

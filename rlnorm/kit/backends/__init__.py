@@ -1,13 +1,12 @@
 """Backends: one small interface in front of every implementation the kit checks (docs/spec.md §6).
 
-A backend overrides `forward` / `forward_backward`, or gives one differentiable `_fn` from which both derive (dweight
-from the backend's OWN autograd). `available(device)` never raises: it runs a tiny probe through the real code path.
 Built-in keys resolve lazily, so a missing or broken peer makes only its own backend unavailable.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import importlib.metadata
 import inspect
@@ -35,17 +34,17 @@ _CODE_IDS = itertools.count()
 
 
 class BackendUnavailable(RuntimeError):
-    """Raised when a backend cannot do what was asked here (no backward, no device, unsupported option)."""
+    """A backend cannot do what was asked here (no backward, no device, unsupported option)."""
 
 
 @dataclass
 class Grads:
-    """Forward output and the gradients a backend's own autograd produced for one upstream dy."""
+    """Forward output and the gradients the backend's OWN autograd gives for one upstream dy (dw in w's dtype)."""
 
-    y: Tensor  # forward output, x's dtype
+    y: Tensor
     dx: Tensor
-    dz: Tensor | None  # None when z is None
-    dw: Tensor | None  # the backend's OWN autograd dweight, in w's dtype
+    dz: Tensor | None
+    dw: Tensor | None
 
 
 def device_lost(device: str) -> str | None:
@@ -63,7 +62,7 @@ def device_lost(device: str) -> str | None:
 
 
 def dist_version(dist: str) -> str:
-    """The installed version of distribution `dist`, read without importing it; "?" when not installed."""
+    """The installed version of `dist`, read without importing it; "?" when not installed."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -109,7 +108,8 @@ def _device_reason(device: str) -> str | None:
 
 
 class Backend:
-    """The interface every check talks to (docs/design.md, "Backend interface")."""
+    """The interface every check talks to (docs/design.md): override `_fn` (both calls derive from it, dweight from
+    the backend's own autograd) or `forward` / `forward_backward`."""
 
     key: str = ""
     source: str = ""
@@ -118,7 +118,6 @@ class Backend:
     needs_gate = False  # no ungated path: a call without z is refused (`_check`)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        """The op, differentiable with respect to x, z and w (override this, or forward/forward_backward)."""
         raise NotImplementedError(f"{type(self).__name__} defines neither _fn nor forward")
 
     def _import_reason(self) -> str | None:
@@ -130,11 +129,9 @@ class Backend:
         return None
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        """Whether the implementation has this option combination; (False, reason) if not."""
         return True, ""
 
     def _check(self, z: Tensor | None, opts: OpOptions) -> None:
-        """Refuse, with the reason, options the implementation lacks and a missing gate where it needs one."""
         ok, why = self.supports(opts)
         if not ok:
             raise BackendUnavailable(f"{self.key}: {why}")
@@ -145,16 +142,12 @@ class Backend:
         """(True, "") if a tiny run works on `device`, else (False, reason). Never raises; cached."""
         device = str(device)
         cache: dict[str, tuple[bool, str]] = self.__dict__.setdefault("_available_cache", {})
-        if device in cache:
-            return cache[device]
-        try:
-            result = self._probe(device)
-        except BaseException as exc:  # a probe must never take the run down
-            if isinstance(exc, KeyboardInterrupt):
-                raise
-            result = (False, f"probe failed: {describe_error(exc)}")
-        cache[device] = result
-        return result
+        if device not in cache:
+            try:
+                cache[device] = self._probe(device)
+            except (Exception, SystemExit) as exc:  # a probe must never take the run down
+                cache[device] = (False, f"probe failed: {describe_error(exc)}")
+        return cache[device]
 
     def _probe(self, device: str) -> tuple[bool, str]:
         reason = _device_reason(device) or self._import_reason()
@@ -172,7 +165,6 @@ class Backend:
         return self._tiny_run(device, run, "probe run")
 
     def _tiny_run(self, device: str, run: Callable[..., Tensor], what: str) -> tuple[bool, str]:
-        """Whether run(x, z, w, dy) on a tiny case on `device` gives x's shape, and if not, why."""
         case = make_case(3, 128, seed=0, device=device)  # small: an interpreted Triton kernel answers fast
         try:
             y = run(case.x, case.z, case.w, case.dy)
@@ -190,16 +182,13 @@ class Backend:
         return []
 
     def device_lost(self, device: str) -> str | None:
-        """Asked after each check: the device's error when its context no longer works (the process then ends)."""
         return device_lost(device)
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        """Output only; no autograd graph kept."""
         with torch.no_grad():
             return self._fn(x, z, w, opts)
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        """y and the backend's own autograd dx, dz, dw for upstream gradient dy."""
         if not self.has_backward:
             raise BackendUnavailable(f"{self.key}: no backward")
         # detach(): fresh leaves sharing storage (no copy inside a timed run), the caller's tensors untouched
@@ -222,7 +211,7 @@ class Backend:
 
 
 class UnavailableBackend(Backend):
-    """Stands in for a built-in backend whose module failed to import: reports why, runs nothing."""
+    """A built-in backend whose module failed to import: reports why, runs nothing."""
 
     has_backward = False
 
@@ -250,8 +239,7 @@ class FunctionBackend(Backend):
         return self.fn(x, z, w, **opts.as_dict())
 
 
-# key -> "module:attr" of the built-in backends; resolved on first use. The RL stacks' rows (`stacks`) run each stack's
-# own files at a pinned version (docs/stacks.md)
+# key -> "module:attr", resolved on first use. The stacks' rows run each stack's own files at a pin (docs/stacks.md)
 _K, _S = "rlnorm.kit.backends", "rlnorm.kit.backends.stacks:"
 REGISTRY: dict[str, str] = {
     "rlnorm": f"{_K}:RlnormBackend",
@@ -292,7 +280,6 @@ def _check_function_signature(fn: Callable, spec: str) -> None:
 
 
 def _adapt(obj: object, spec: str) -> Backend:
-    """Turn what an import path named into a Backend, or raise ValueError naming the spec."""
     if isinstance(obj, type):
         if not issubclass(obj, Backend):
             raise ValueError(f"backend {spec!r}: {obj.__qualname__} is a class but not a rlnorm Backend subclass")
@@ -328,12 +315,10 @@ def _resolve_path(spec: str) -> object:
         module = importlib.import_module(module_name)
     except Exception as exc:
         raise ValueError(f"backend {spec!r}: cannot import module {module_name!r}: {describe_error(exc)}") from exc
-    obj: object = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    return obj
+    try:
+        return functools.reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        raise ValueError(f"backend {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
 
 
 def load_backend(spec: str | Backend) -> Backend:
@@ -358,11 +343,11 @@ def load_backend(spec: str | Backend) -> Backend:
 
 
 def load_backends(keys: Iterable[str], custom: Iterable[str] = ()) -> list[Backend]:
-    """Registered keys then custom import paths, each once, in order. Raises ValueError on a bad spec."""
+    """Registered keys then custom import paths, each once, in order."""
     return [load_backend(spec) for spec in dict.fromkeys([*keys, *custom])]
 
 
-# -- the backends that live in this repository or in torch itself: rlnorm, reference, torch_compile ------------
+# -- the backends of this repository and of torch itself ---------------------------------------------------------
 class ReferenceBackend(Backend):
     """Eager PyTorch, fp32 math, one rounding at the end; dweight from torch autograd."""
 
@@ -396,7 +381,7 @@ class ExactReferenceBackend(Backend):
         return Grads(y=y.detach(), dx=grads[0], dz=grads[1] if zl is not None else None, dw=dw)
 
     def _reduce_dweight(self, contributions: Tensor, dtype: torch.dtype) -> Tensor:
-        """Per-row contributions [rows, D] fp32 -> dweight [D] in `dtype`. Exact here; faults override."""
+        """Per-row contributions [rows, D] fp32 -> dweight [D]: exact here; the planted faults override it."""
         return exact_sum(contributions.detach().cpu(), dtype)
 
 
@@ -413,9 +398,8 @@ class RlnormBackend(Backend):
         return rms_norm_gated(x, z, w, **opts.as_dict())
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
-        """The backward's row-count choices, each forced through `rlnorm.kernel.testing.plant`: TILES (which fixes
-        HOT_WIDTH) and STRIPES, at every value the launcher can pick at this width (the forward picks nothing
-        from the row count)."""
+        """The backward's row-count choices (the forward makes none), each forced through `plant`: TILES (which fixes
+        HOT_WIDTH) and STRIPES, at every value the launcher can pick at this width."""
         from rlnorm.kernel import _bwd, _dweight
         from rlnorm.kernel.testing import plant
 
@@ -460,8 +444,7 @@ class TorchCompileBackend(Backend):
             yield
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
-        """The graph a trainer gets (dynamic rows) and the graphs a CUDA-graph sampler gets (one static row
-        count each): dynamic=True against dynamic=False."""
+        # the graph a trainer gets (dynamic rows) against a CUDA-graph sampler's (one static row count each)
         static = "dynamic=False (one static graph per row count)"
         return [
             Setting(self.GRAPH, "graph", "dynamic=True", lambda: self._forced("dynamic")),

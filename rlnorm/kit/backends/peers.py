@@ -1,8 +1,5 @@
-"""Adapters for the peers the reference report checked: transformers and the two FLA kernels.
-
-Each calls the peer's real code, whose own autograd gives dx, dz and dweight. Option support is read off the
-peers' sources (transformers 5.17 `Qwen3NextRMSNormGated.forward`; FLA 0.5.2 `layernorm_gated`, `fused_norm_gate`).
-"""
+"""Adapters calling the peers' real code (transformers and the two FLA kernels), whose own autograd gives the grads.
+Option support is read off their sources (transformers 5.17, FLA 0.5.2)."""
 
 from __future__ import annotations
 
@@ -18,9 +15,8 @@ from rlnorm.options import OpOptions
 
 
 class TransformersBackend(Backend):
-    """`Qwen3NextRMSNormGated(D, eps)`, weight swapped in by `torch.func.functional_call`. Its forward rounds the
-    normalised x to the input dtype before the weight multiply (why it is correctly rounded on only ~65% of
-    elements), norms before the gate, and hard-codes silu."""
+    """`Qwen3NextRMSNormGated(D, eps)` holding w through `functional_call`. It rounds the normalised x before the
+    weight multiply (correctly rounded on only ~65% of elements) and hard-codes silu."""
 
     key = "transformers"
     requires = "transformers.models.qwen3_next.modeling_qwen3_next"
@@ -67,8 +63,7 @@ class FlaLayernormGatedBackend(Backend):
 
 class FlaFusedNormGateBackend(Backend):
     """FLA `fused_norm_gate.rms_norm_gated`: autotuned rows-per-program; norm before gate, no groups. Its autotuners
-    time every config on first use, which needs an active Triton driver: under the interpreter (a CPU) there is none,
-    so there each runs its first config, and the `configurations` check runs the others."""
+    need an active driver to time: on a CPU each runs its first config (the `configurations` check runs the others)."""
 
     key = "fla_fused_norm_gate"
     requires = "fla.modules.fused_norm_gate"
@@ -87,7 +82,7 @@ class FlaFusedNormGateBackend(Backend):
 
     @staticmethod
     def _autotuners(d: int | None = None) -> list[Any]:
-        """The autotuned kernels a call of width d launches (all four without d): forward, backward."""
+        """The autotuned kernels a call of width d launches (all four without d)."""
         from fla.modules import fused_norm_gate as fng
 
         narrow = [fng.layer_norm_gated_fwd_kernel, fng.layer_norm_gated_bwd_kernel]
@@ -108,8 +103,7 @@ class FlaFusedNormGateBackend(Backend):
             return super().forward_backward(x, z, w, dy, opts)
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[pins.Setting]:
-        """Every config of the forward's and the backward's autotuner (any of them may win the timing at a row
-        count); under the interpreter, which ignores num_warps and num_stages, one per set of constexprs."""
+        """Every config of the forward's and the backward's autotuner (any may win the timing at a row count)."""
         tuners = self._autotuners(d)
         interp = torch.device(device).type == "cpu"
         out = pins.autotuner_settings(tuners, distinct_kwargs_only=interp)

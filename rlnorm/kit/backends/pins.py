@@ -1,8 +1,5 @@
-"""Forcing a kernel's launch configuration for a call: what the `configurations` check runs a backend under.
-
-Entering a `Setting`'s `pin()` makes every call inside the block launch with that value. A backend's ordinary calls
-use nothing here, except `pin_first_configs` where no autotuner can time (a CPU under the Triton interpreter).
-"""
+"""Forcing a kernel's launch configuration: inside a `Setting`'s `pin()` every call launches with that value (the
+`configurations` check). Ordinary calls use only `pin_first_configs`, where no autotuner can time (a CPU)."""
 
 from __future__ import annotations
 
@@ -36,7 +33,7 @@ class Setting:
 
 
 def _unwrap(obj: Any, until: type) -> Any:
-    """Down a Triton kernel's `.fn` chain (Autotuner / Heuristics / JITFunction) to the first `until`, or its end."""
+    """Down a Triton kernel's `.fn` chain (Autotuner / Heuristics / JITFunction) to the first `until`."""
     for _ in range(8):
         if isinstance(obj, until) or not hasattr(obj, "fn"):
             break
@@ -51,7 +48,7 @@ def kernel_name(obj: Any) -> str:
 
 
 def autotuner(obj: Any) -> Any:
-    """The triton Autotuner inside a kernel object (under @triton.heuristics, say); ValueError when there is none."""
+    """The triton Autotuner inside a kernel object (under @triton.heuristics, say)."""
     from triton.runtime.autotuner import Autotuner
 
     found = _unwrap(obj, Autotuner)
@@ -63,20 +60,17 @@ def autotuner(obj: Any) -> Any:
 def config_words(config: Any) -> str:
     """A triton.Config in words: its constexprs, then num_warps and num_stages."""
     parts = [f"{k}={v}" for k, v in sorted(config.kwargs.items())]
-    parts += [f"num_warps={config.num_warps}", f"num_stages={config.num_stages}"]
-    return ", ".join(parts)
+    return ", ".join([*parts, f"num_warps={config.num_warps}", f"num_stages={config.num_stages}"])
 
 
 def pin_autotuner(autotuner: Any, config: Any) -> AbstractContextManager[None]:
-    """Every launch of `autotuner` (a triton.runtime.autotuner.Autotuner) inside the block runs `config`: with a
-    single config it launches it untimed (Autotuner.run); its cache of earlier picks is used again after."""
+    """With a single config an Autotuner launches it untimed; its cache of earlier picks is used again after."""
     return patched(autotuner, "configs", [config])
 
 
 @contextlib.contextmanager
 def pin_first_configs(autotuners: Iterable[Any]) -> Iterator[None]:
-    """Each autotuner not already pinned to one config runs its first: where none can time (no active driver,
-    as under the Triton interpreter), rather than failing in its benchmark."""
+    """Each autotuner not already pinned runs its first config: where none can time (no active driver)."""
     with contextlib.ExitStack() as stack:
         for at in autotuners:
             if len(at.configs) > 1:
@@ -86,7 +80,7 @@ def pin_first_configs(autotuners: Iterable[Any]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
-    """`owner.name` is `value` inside the block (a module global a launcher looks up at each call)."""
+    """`owner.name` is `value` inside the block."""
     saved = getattr(owner, name)
     setattr(owner, name, value)
     try:
@@ -102,10 +96,8 @@ def _pinned(autotuner: Any, config: Any, others: list[Any]) -> Iterator[None]:
 
 
 def autotuner_settings(autotuners: list[Any], distinct_kwargs_only: bool = False) -> list[Setting]:
-    """One Setting per config of each autotuner: that config pinned, the other autotuners pinned to their first.
-
-    `distinct_kwargs_only` (the Triton interpreter, which ignores num_warps and num_stages): one config per set
-    of constexprs."""
+    """One Setting per config of each autotuner, the others pinned to their first; `distinct_kwargs_only` (the Triton
+    interpreter ignores num_warps and num_stages): one per set of constexprs."""
     out: list[Setting] = []
     for i, at in enumerate(autotuners):
         others = [a for j, a in enumerate(autotuners) if j != i]
@@ -115,7 +107,6 @@ def autotuner_settings(autotuners: list[Any], distinct_kwargs_only: bool = False
             if distinct_kwargs_only and sig in seen:
                 continue
             seen.add(sig)
-
             words = ", ".join(f"{k}={v}" for k, v in sig) if distinct_kwargs_only else config_words(cfg)
             out.append(Setting(kernel_name(at), "config", words, functools.partial(_pinned, at, cfg, others)))
     return out

@@ -1,10 +1,8 @@
 """Pinned files of the stacks (vLLM 0.30.0 and 0.33.0, SGLang, Megatron-core, TorchTitan), run without importing them.
 
-One registry (`PINS`): for each stack the distribution and version pinned, the files taken from its wheel and the
-modules stood in. Where the files are (`find`): a path given, else $RLNORM_<KEY>_SOURCES (a folder or an archive),
-else the installed package when it is the pinned version (found without importing it), else `.whl/<key>-src.tar.gz`,
-which `tools/stack_sources.py` packs from the installed package or the downloaded wheel. `load` executes files as
-modules under the stack's own names, which exist only while they execute; `read_function` runs one function of a file.
+`PINS`: each stack's pinned version, the files taken from its wheel and the modules stood in. `find` looks in a path
+given, $RLNORM_<KEY>_SOURCES, the installed package at the pinned version, then `.whl/<key>-src.tar.gz` (packed by
+`tools/stack_sources.py`).
 """
 
 from __future__ import annotations
@@ -39,10 +37,10 @@ _LOCK = threading.Lock()
 class Pin:
     """A stack at one version: what is read from its wheel, and which of its modules are stood in."""
 
-    key: str  # names the archive (.whl/<key>-src.tar.gz) and the variable RLNORM_<KEY>_SOURCES
-    dist: str  # the distribution on the package index
+    key: str  # names the archive and the variable RLNORM_<KEY>_SOURCES
+    dist: str
     version: str
-    files: tuple[str, ...]  # paths inside the wheel, relative to its root; the first names the package
+    files: tuple[str, ...]  # paths inside the wheel; the first names the package
     stood_in: Mapping[str, str] = field(default_factory=dict)  # module -> what stands in, for `source`
     empty: tuple[str, ...] = ()  # modules the files import but never read: an empty module stands in
 
@@ -128,7 +126,7 @@ PINS: dict[str, Pin] = {
 
 @dataclass(frozen=True)
 class StackFiles:
-    """Where a pin's files are: `root` holds the package folder."""
+    """Where a pin's files are: `root` holds the package folder; `origin` says where that came from."""
 
     pin: Pin
     root: Path
@@ -139,7 +137,7 @@ class StackFiles:
 
 
 def installed(pin: Pin) -> Path | None:
-    """The folder holding the installed package when it is the pinned version, found without importing it."""
+    """The folder holding the installed package at the pinned version, found without importing it."""
     if dist_version(pin.dist) != pin.version:
         return None
     module = sys.modules.get(pin.package)
@@ -174,8 +172,7 @@ def unpack(archive: Path) -> Path:
 
 
 def find(pin: Pin, given: str | Path | None = None) -> tuple[StackFiles | None, str]:
-    """The pin's files (from `given`, a folder or archive, else as the module says) and where they came from, or
-    None and where they were looked for."""
+    """The pin's files (`given`: a folder or archive), or None and where they were looked for."""
     if given is None and os.environ.get(pin.env):
         given = os.environ[pin.env]
         named, origin = f"{pin.env}={given}", f"{given} ({pin.env})"
@@ -201,10 +198,8 @@ def find(pin: Pin, given: str | Path | None = None) -> tuple[StackFiles | None, 
 
 
 def load(files: StackFiles, rels: tuple[str, ...] | list[str], stand_ins: Mapping[str, dict[str, Any]]) -> dict:
-    """Execute the files `rels` (in import order) as the modules they are, beside a module per name in `stand_ins`
-    holding its attributes and an empty module for each of the pin's `empty`. Returns the modules by name; none of
-    them stays in sys.modules, and whatever was there under the stack's names before comes back after (one lock for
-    every stack's files)."""
+    """Execute the files `rels` (in import order) as the modules they are, beside a module per `stand_ins` name holding
+    its attributes and an empty one per `pin.empty`: the modules by name, none left in sys.modules (restored after)."""
     missing = [rel for rel in rels if not files.path(rel).is_file()]
     if missing:
         raise FileNotFoundError(f"{files.pin.dist} files under {files.root} lack {missing}")
@@ -243,8 +238,8 @@ def load(files: StackFiles, rels: tuple[str, ...] | list[str], stand_ins: Mappin
 
 
 def load_file(files: StackFiles, rel: str) -> types.ModuleType:
-    """One whole file of the pin, needing nothing of its package, executed as a module under a private name that
-    stays importable (torch.compile looks a traced function's module up in sys.modules)."""
+    """One self-contained file of the pin as a module under a private name that stays importable (torch.compile
+    looks a traced function's module up in sys.modules)."""
     name = f"{__name__}.{files.pin.key.replace('-', '_').replace('.', '_')}.{Path(rel).stem}"
     if name in sys.modules:
         return sys.modules[name]
@@ -261,7 +256,6 @@ def load_file(files: StackFiles, rel: str) -> types.ModuleType:
 
 
 def _global_reads(code: types.CodeType) -> set[str]:
-    """Names a code object (and the code nested in it) reads as globals: what its namespace must define."""
     names = {ins.argval for ins in dis.get_instructions(code) if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME")}
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
@@ -270,9 +264,8 @@ def _global_reads(code: types.CodeType) -> set[str]:
 
 
 def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Callable[..., Any]:
-    """`qualname` ("f" or "Class.method") from the file at `path`, executed from its own lines in `namespace`
-    (file name and line numbers kept: Triton's JIT reads the source). A method's @staticmethod is dropped; NameError
-    names any global the function reads that `namespace` lacks."""
+    """`qualname` ("f" or "Class.method") executed from its own lines in `namespace` (file and line numbers kept:
+    Triton's JIT reads the source), @staticmethod dropped; NameError names any global `namespace` lacks."""
     body: list[ast.stmt] = ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body
     *outer, name = qualname.split(".")
     for cls in outer:
@@ -289,8 +282,7 @@ def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Calla
     unknown = sorted(_global_reads(code) - set(namespace) - set(vars(builtins)))
     if unknown:
         raise NameError(f"{path.name}:{qualname} reads {unknown}, which the namespace given does not define")
-    # the function's globals are a module of its own, importable by name: torch.compile looks a traced function's
-    # module up in sys.modules to guard its globals
+    # its globals are a module of its own, importable by name, for torch.compile's guards
     tag = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:10]
     module_name = f"{__name__}.{path.stem}_{tag}"
     module = sys.modules.get(module_name) or types.ModuleType(module_name)
@@ -301,10 +293,10 @@ def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Calla
 
 
 class StackRow(Backend):
-    """A row from a pinned stack's files (`files`: a folder or archive in their place): its `_load` reads them once;
-    files missing or failing to load are the reason it cannot run."""
+    """A row from a pinned stack's files (`files`: a folder or archive in their place), read once by `_load`."""
 
     pin: Pin
+    what: str  # what runs, for `source`
 
     def __init__(self, files: str | Path | None = None) -> None:
         super().__init__()
@@ -314,10 +306,7 @@ class StackRow(Backend):
 
     def describe(self, where: str) -> str:
         stood = "; ".join(f"{k}: {v}" for k, v in self.pin.stood_in.items()) or "nothing"
-        return f"{self.pin.dist} {self.pin.version} {self.what()} ({where}; stood in: {stood})"
-
-    def what(self) -> str:
-        raise NotImplementedError
+        return f"{self.pin.dist} {self.pin.version} {self.what} ({where}; stood in: {stood})"
 
     def loaded(self) -> Any:
         if self._loaded is None:

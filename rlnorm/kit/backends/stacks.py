@@ -1,10 +1,7 @@
 """The gated norm as the RL stacks run it, from each stack's own files at a pinned version (docs/stacks.md).
 
-SGLang (the sampler of slime and AReaL), Megatron-core (their trainer) and TorchTitan cannot be installed beside the
-kit's torch, so each row executes the stack's files (`stack_files`: installed at the pinned version, or carried in
-.whl/) with only the helpers named in `source` stood in, and calls the stack's module as the model's layer calls it.
-tests/kit/test_stacks.py proves the calls and their arguments against the real files. vLLM 0.33.0's rows are the
-vLLM rows (`vllm.py`, `vllm_native.py`) on its pin, beside the installed 0.30.0.
+SGLang, Megatron-core and TorchTitan cannot be installed beside the kit's torch, so each row executes the stack's files
+with only the helpers named in `source` stood in, and calls them as the model's layer does (tests/kit/test_stacks.py).
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ def _no_server_config() -> Any:
 
 
 def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, types.ModuleType]:
-    """SGLang's fused_norm_gate and layernorm_gated modules, executed from its files with `pin.stood_in` standing
-    in; `batch_invariant` is what is_batch_invariant_mode_enabled() answers (--enable-deterministic-inference)."""
+    """SGLang's norm modules from its files; `batch_invariant`: --enable-deterministic-inference."""
     common = files.path("sglang/srt/utils/common.py")
     # device_context's own lines: on a host without a GPU it answers as SGLang's CPU engine (torch.device("cpu"))
     ctx_scope = {"torch": torch, "contextmanager": contextlib.contextmanager, "is_cpu": lambda: _capability() is None}
@@ -93,14 +89,14 @@ class _SglangRow(sf.StackRow):
 
 
 class SglangFusedNormGateBackend(_SglangRow):
-    """`FusedRMSNormGated`, Qwen3-Next's gated norm in SGLang (qwen3_next.py builds it unless the removed
-    tc_piecewise prefill graph is configured): FLA's fused kernel with BT=32, num_warps=4 for D <= 512."""
+    """Qwen3-Next's gated norm in SGLang: FLA's fused kernel with BT=32, num_warps=4 for D <= 512."""
 
     key = "sglang_fused_norm_gate"
     needs_gate = True
     writes_input = True  # y = x: layer_norm_gated_fwd stores the output over its input
 
-    def what(self) -> str:
+    @property
+    def what(self) -> str:  # type: ignore[override]
         return (
             "fused_norm_gate.py FusedRMSNormGated(D, eps, activation) as qwen3_next.py builds it, called as its GDN "
             f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{_interp()}"
@@ -115,12 +111,12 @@ class SglangFusedNormGateBackend(_SglangRow):
 
 
 class SglangLayernormGatedBackend(_SglangRow):
-    """`layernorm_gated.RMSNorm`, Qwen3.5's gated norm in SGLang (qwen3_5.py): rows per program from
-    calc_rows_per_block(M, device), i.e. from the row count and the SM count."""
+    """Qwen3.5's gated norm in SGLang: rows per program from the row count and the SM count."""
 
     key = "sglang_layernorm_gated"
 
-    def what(self) -> str:
+    @property
+    def what(self) -> str:  # type: ignore[override]
         mode = (
             "under --enable-deterministic-inference (is_batch_invariant_mode_enabled(): 4 rows per program)"
             if self.batch_invariant
@@ -141,15 +137,12 @@ class SglangLayernormGatedDeterministicBackend(SglangLayernormGatedBackend):
 
 # -- TorchTitan 0.3.0 --------------------------------------------------------------------------------------------
 class TorchtitanBackend(sf.StackRow):
-    """TorchTitan's `RMSNormGated.forward` (models/qwen3_5/model.py), used by its trainer and its generator:
-    PyTorch, normalised x rounded to x's dtype before the gate (two roundings); its own autograd gives the grads."""
+    """TorchTitan's trainer's and generator's norm: PyTorch, rounded to x's dtype before the gate (two roundings)."""
 
     key = "torchtitan"
     pin = sf.PINS["torchtitan"]
     needs_gate = True
-
-    def what(self) -> str:
-        return "models/qwen3_5/model.py RMSNormGated.forward(x, gate), eager, with its weight and Config.eps"
+    what = "models/qwen3_5/model.py RMSNormGated.forward(x, gate), eager, with its weight and Config.eps"
 
     def _load(self) -> Callable[..., Tensor]:
         path = self.files.path("torchtitan/models/qwen3_5/model.py")  # type: ignore[union-attr]
@@ -169,13 +162,12 @@ _BIK = "megatron/core/transformer/custom_layers/batch_invariant_kernels.py"
 
 
 def zero_centred(w: Tensor) -> Tensor:
-    """The weight Megatron holds with layernorm_zero_centered_gamma: Megatron-Bridge loads the norm weight minus one."""
+    """The weight Megatron holds with layernorm_zero_centered_gamma: Megatron-Bridge loads it minus one."""
     return (w.float() - 1.0).to(w.dtype)
 
 
 class _MegatronRow(sf.StackRow):
-    """Megatron's GDN `_apply_gated_norm(self, x, gate)`: out_norm(x), then y * silu(gate.float()), then to x's dtype,
-    under @jit_fuser (torch.compile). `out_norm` holds the zero-centred weight."""
+    """Megatron's GDN `_apply_gated_norm`: out_norm(x) (the zero-centred weight) * silu(gate.float()), jit-fused."""
 
     pin = sf.PINS["megatron-core"]
     needs_gate = True
@@ -196,12 +188,10 @@ class _MegatronRow(sf.StackRow):
 
 class MegatronGdnBackend(_MegatronRow):
     key = "megatron_gdn"
-
-    def what(self) -> str:
-        return (
-            "ssm/gated_delta_net/common.py _GDNBase._apply_gated_norm under jit_fuser (torch.compile), "
-            "out_norm = Transformer Engine's RMSNorm(zero_centered_gamma=True) holding the weight minus one"
-        )
+    what = (
+        "ssm/gated_delta_net/common.py _GDNBase._apply_gated_norm under jit_fuser (torch.compile), "
+        "out_norm = Transformer Engine's RMSNorm(zero_centered_gamma=True) holding the weight minus one"
+    )
 
     def _import_reason(self) -> str | None:
         try:
@@ -218,7 +208,7 @@ class MegatronGdnBackend(_MegatronRow):
 
 
 class _Holding(nn.Module):
-    """`norm` with `weight` as its parameter, kept in the graph so that dweight reaches the row's w."""
+    """`norm` with `weight` as its parameter, in the graph so that dweight reaches the row's w."""
 
     def __init__(self, norm: nn.Module, weight: Tensor) -> None:
         super().__init__()
@@ -230,14 +220,12 @@ class _Holding(nn.Module):
 
 class MegatronGdnBatchInvariantBackend(_MegatronRow):
     key = "megatron_gdn_batch_invariant"
-
-    def what(self) -> str:
-        return (
-            "ssm/gated_delta_net/common.py _GDNBase._apply_gated_norm under jit_fuser (torch.compile), with TE's "
-            "RMSNorm.forward patched by batch-invariant mode (batch_invariant_kernels.py _te_rmsnorm_forward_patched "
-            "-> BatchInvariantRMSNormFn, whose forward uses the stored weight, not weight + 1: zero_centered_gamma "
-            "is ignored); needs no TE"
-        )
+    what = (
+        "ssm/gated_delta_net/common.py _GDNBase._apply_gated_norm under jit_fuser (torch.compile), with TE's "
+        "RMSNorm.forward patched by batch-invariant mode (batch_invariant_kernels.py _te_rmsnorm_forward_patched "
+        "-> BatchInvariantRMSNormFn, whose forward uses the stored weight, not weight + 1: zero_centered_gamma "
+        "is ignored); needs no TE"
+    )
 
     def _load(self) -> Any:
         self.bik = sf.load_file(self.files, _BIK)  # type: ignore[arg-type]
@@ -257,8 +245,7 @@ def _at_033(base: type, key: str, **attrs: Any) -> type:
     return type(name, (base,), {"__module__": __name__, "__qualname__": name, "key": key, "pin": pin, **attrs})
 
 
-# `vllm_033`: forward_cuda -> torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated -> layernorm_guard.rmsnorm_fn
-# with forward_cuda's arguments (layernorm.py:413-455), from 0.33.0's files only
+# `vllm_033`: forward_cuda -> torch.ops.vllm.fla_rms_norm_gated -> layernorm_guard.rmsnorm_fn (layernorm.py:413-455)
 Vllm033Backend = _at_033(VllmBackend, "vllm_033", imports=False)
 VllmNative033Backend = _at_033(vn.VllmNativeBackend, "vllm_native_033")
 VllmNativeCompiled033Backend = _at_033(vn.VllmNativeCompiledBackend, "vllm_native_compiled_033")

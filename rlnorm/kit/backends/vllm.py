@@ -1,10 +1,8 @@
-"""The `vllm` backend: vLLM's `RMSNormGated.forward_cuda`, forward only (docs/spec.md §6, docs/vllm.md).
+"""The `vllm` backend: vLLM's `RMSNormGated.forward_cuda`, one Triton call, forward only (docs/vllm.md).
 
-forward_cuda is one call, `layernorm_guard.rmsnorm_fn(x, weight, None, z=z, **options)`, a Triton kernel (no
-autograd). What runs is decided once (`plan`) and said in `source`: the imported module where vllm imports, else
-`rmsnorm_fn` from vLLM's own files (`stack_files`), else nothing, with the reason. vllm is first imported in a CHILD
-process (`--probe DEVICE`), so a failing or hanging import is reported with vLLM's own error and its import-time
-patches of torch stay out of the kit's process.
+What runs is decided once (`plan`): vLLM imported, else `rmsnorm_fn` from vLLM's own files, else nothing, with the
+reason. vllm is first imported in a CHILD process, so a failing or hanging import is reported with vLLM's own error
+and its import-time patches of torch stay out of the kit's process.
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang mus
 
 
 def vllm_version() -> str | None:
-    """The installed vllm's version, or None."""
     return None if (version := dist_version("vllm")) == "?" else version
 
 
@@ -49,17 +46,15 @@ def _device_type(device: str) -> str:
         return str(device)
 
 
-# -- getting vLLM's own forward_cuda to run ---------------------------------------------------------------------
 def prepare_import(device: str) -> None:
-    """Before the first `import vllm`, with no GPU and a CPU device: CUDA_VISIBLE_DEVICES="" (vLLM then keeps
-    Triton although no driver is active, triton_utils/importing.py); there is no GPU for it to hide."""
+    """Without a GPU, CUDA_VISIBLE_DEVICES="" before the first `import vllm`: vLLM then keeps Triton although no
+    driver is active (triton_utils/importing.py)."""
     if "vllm" not in sys.modules and _device_type(device) == "cpu" and not torch.cuda.is_available():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def answer_compute_units() -> int | None:
-    """Where vLLM's platform cannot count the device's compute units (NotImplementedError without a GPU), answer as
-    its CPU platform does (torch's thread count). Returns the answer given, or None where vLLM answers itself."""
+    """Where vLLM's platform cannot count compute units (no GPU), answer as its CPU platform does; None where it can."""
     from vllm.platforms import current_platform
 
     try:
@@ -71,16 +66,14 @@ def answer_compute_units() -> int | None:
 
 
 def compute_units(device_id: int | None = None) -> int:
-    """What vLLM's platform answers for num_compute_units: the GPU's SM count (platforms/cuda.py), or, with no GPU,
-    torch's thread count (platforms/cpu.py)."""
+    """vLLM's num_compute_units: the GPU's SM count, or, with no GPU, torch's thread count (platforms/cpu.py)."""
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(device_id).multi_processor_count
     return torch.get_num_threads()
 
 
 def load_layernorm_guard(files: sf.StackFiles) -> types.ModuleType:
-    """vLLM's layernorm_guard module, executed from `files` with only the pin's `stood_in` standing in: Triton itself
-    for vllm.triton_utils, and vLLM's platform answer for num_compute_units."""
+    """vLLM's layernorm_guard module from `files`, with only the pin's `stood_in` standing in."""
     import triton
     import triton.language as tl
 
@@ -102,18 +95,19 @@ def rmsnorm_call(rmsnorm_fn: Any, x: Tensor, z: Tensor | None, w: Tensor, opts: 
     return rmsnorm_fn(x, w, None, z=z, **opts.as_dict())
 
 
-def build_module(d: int, w: Tensor, opts: OpOptions) -> Any:
-    """vLLM's RMSNormGated for width d and these options, under a vLLM config (its CustomOp.__init__ reads one)."""
+def build_module(w: Tensor, opts: OpOptions) -> Any:
+    """vLLM's RMSNormGated holding `w` itself, built under a vLLM config (its CustomOp.__init__ reads one)."""
     from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
     from vllm.model_executor.layers.layernorm import RMSNormGated
 
     with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device=w.device.type))):
-        return RMSNormGated(d, **opts.as_dict(), device=w.device, dtype=w.dtype)
+        mod = RMSNormGated(w.shape[0], **opts.as_dict(), device=w.device, dtype=w.dtype)
+    mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
+    return mod
 
 
 def probe(device: str) -> dict[str, Any]:
-    """In the child: import vllm as the backend does, build RMSNormGated, call forward_cuda on a tiny input.
-    Returns the stage reached, vLLM's Triton decision and the error's last line, for `reason_from_probe`."""
+    """In the child: import vllm as the backend does and call forward_cuda on a tiny input; the stage reached."""
     prepare_import(device)
     out: dict[str, Any] = {"device": device, "stage": "import", "error": None}
     out |= {k.lower(): os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")}
@@ -129,10 +123,9 @@ def probe(device: str) -> dict[str, Any]:
             out["compute_units_answered"] = answer_compute_units()
         out["stage"] = "construct"
         case = make_case(3, 128, seed=0, device=device)
-        mod = build_module(128, case.w, OpOptions())
+        mod = build_module(case.w, OpOptions())
         out["module"] = f"{type(mod).__module__}.{type(mod).__qualname__}"
         out["stage"] = "forward_cuda"
-        mod.weight = torch.nn.Parameter(case.w, requires_grad=False)
         with torch.no_grad():
             y = mod.forward_cuda(case.x, case.z)
         if _device_type(device) == "cuda":
@@ -145,8 +138,7 @@ def probe(device: str) -> dict[str, Any]:
 
 
 def run_probe(device: str, timeout_s: float = _PROBE_TIMEOUT_S, env: dict[str, str] | None = None) -> dict[str, Any]:
-    """`probe(device)` in a child process; a crash, hang or unreadable answer is described, never raised.
-    `env` is laid over the child's environment (tests plant a vllm on its PYTHONPATH)."""
+    """`probe(device)` in a child process (`env` laid over its environment); a crash or hang is described."""
     ended = run_child(
         [sys.executable, "-m", "rlnorm.kit.backends.vllm", "--probe", device], timeout_s, env=env, stdout=True
     )
@@ -161,7 +153,7 @@ def run_probe(device: str, timeout_s: float = _PROBE_TIMEOUT_S, env: dict[str, s
 
 
 def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
-    """Why the probe shows vLLM's forward_cuda cannot run on p["device"], quoting vLLM's error; None if it ran."""
+    """Why vLLM's forward_cuda cannot run on p["device"], quoting vLLM's error; None if it ran."""
     stage, err, device = p.get("stage"), p.get("error"), p.get("device")
     if stage == "ok":
         return None
@@ -179,24 +171,22 @@ def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
 
 @dataclass
 class Plan:
-    """What the backend runs on this machine: `mode` "imported", "files" or "none", and what its source says."""
-
-    mode: str
+    mode: str  # "imported", "files" or "none"
     source: str
     reason: str = ""  # mode "none": why nothing can run
     files: sf.StackFiles | None = None
 
 
 class VllmBackend(Backend):
-    """vLLM's `RMSNormGated.forward_cuda`, or its `rmsnorm_fn` from vLLM's files where vllm cannot import."""
+    """vLLM's `RMSNormGated.forward_cuda`, or its `rmsnorm_fn` from vLLM's files (`files`, or where vllm cannot
+    import)."""
 
     key = "vllm"
     pin = sf.PINS["vllm"]
     imports = True  # False: the pin's files only, never the installed vllm (another release)
-    has_backward = False  # forward_cuda calls its Triton kernel without an autograd.Function: inference only
+    has_backward = False  # forward_cuda calls its Triton kernel without an autograd.Function
 
     def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
-        """files: run `rmsnorm_fn` from these vLLM files (a folder or archive) even where vllm imports."""
         super().__init__()
         self.version = vllm_version() if self.imports else self.pin.version
         self.files_given = files
@@ -208,10 +198,8 @@ class VllmBackend(Backend):
         self._modules: dict[tuple, Any] = {}
         self._guard: Any = None
 
-    # -- what runs here ---------------------------------------------------------------------------------------------
     @property
     def source(self) -> str:  # type: ignore[override]
-        """Exactly what runs: decided on first read (it needs to know whether vllm imports here)."""
         return self.plan().source
 
     def plan(self) -> Plan:
@@ -254,7 +242,6 @@ class VllmBackend(Backend):
         self.last_probe = self._probes[device]  # for the record
         return self.last_probe
 
-    # -- Backend ----------------------------------------------------------------------------------------------------
     def _probe(self, device: str) -> tuple[bool, str]:
         plan = self.plan()
         if plan.mode == "none":
@@ -267,7 +254,6 @@ class VllmBackend(Backend):
         return self._tiny_run(device, lambda x, z, w, dy: self._run_files(x, z, w, OpOptions()), what)
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        """vLLM's forward_cuda on our x, z and weight. Raises BackendUnavailable where it cannot run."""
         # "cuda" and "cuda:0" are one device: one probe child, not two
         ok, why = self.available("cuda" if x.device.type == "cuda" and x.device.index in (None, 0) else str(x.device))
         if not ok:
@@ -284,7 +270,7 @@ class VllmBackend(Backend):
             prepare_import(str(x.device))
             if x.device.type == "cpu":
                 answer_compute_units()
-            self._modules[key] = build_module(x.shape[-1], w, opts)
+            self._modules[key] = build_module(w, opts)
         mod = self._modules[key]
         mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         with torch.no_grad():
@@ -295,7 +281,6 @@ class VllmBackend(Backend):
             return rmsnorm_call(self._layernorm_guard(str(x.device)).rmsnorm_fn, x, z, w.detach(), opts)
 
     def _layernorm_guard(self, device: str) -> Any:
-        """The layernorm_guard module the calls run: vLLM's own, or the one loaded from its files."""
         plan = self.plan()
         if plan.mode == "imported":
             prepare_import(device)
@@ -306,8 +291,7 @@ class VllmBackend(Backend):
         return self._guard
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
-        """ROWS_PER_BLOCK, which `calc_rows_per_block` picks from the row count and the compute units
-        (min(next_power_of_2(cdiv(rows, 2 * units)), 4)): each of 1, 2, 4, forced through that function."""
+        """ROWS_PER_BLOCK, which `calc_rows_per_block` picks from the row count and the compute units: 1, 2, 4."""
         if self.plan().mode == "none":
             return []
         guard = self._layernorm_guard(device)

@@ -1,16 +1,8 @@
 """vLLM's `RMSNormGated.forward_native` as vLLM runs it: eager, compiled by Inductor, and under VLLM_BATCH_INVARIANT=1.
 
-forward_native is one call, `forward_static(x, z, weight, eps, x.dtype, **options)` (fp32 PyTorch). These rows run
-it from vLLM's own file (`stack_files.read_function`, the pin `PINS["vllm"]`; stacks.py's `*_033` rows 0.33.0's) without
-importing vllm, the same way wherever vllm imports; tests/kit/test_vllm_native.py proves against the installed vLLM
-that they give forward_native's bits.
-- `vllm_native`: the eager call (the op disabled and no compilation).
-- `vllm_native_compiled`: a default deployment. With Inductor vLLM disables custom ops, so forward_native is traced
-  into the model's graph: `torch.compile(fullgraph=True, dynamic=False)` once at the profile run's size, the token
-  dimension dynamic, every guard dropped (compilation/wrapper.py), Inductor options `vllm_inductor_options`.
-- `vllm_native_batch_invariant`: the eager call with vLLM's Triton `mean_batch_invariant` registered as
-  `aten::mean.dim` (determinism/batch_invariant.py) around each call: the one change VLLM_BATCH_INVARIANT=1 makes
-  to this op (forward_cuda's kernel makes no aten call, Inductor generates its own reduction).
+forward_native is one call, `forward_static(x, z, weight, eps, x.dtype, **options)` (fp32 PyTorch), run here from
+vLLM's own file without importing vllm. With Inductor (a default deployment) vLLM disables custom ops, so
+forward_native is traced into the model's graph; VLLM_BATCH_INVARIANT=1 changes only its aten::mean.dim.
 """
 
 from __future__ import annotations
@@ -64,13 +56,13 @@ def vllm_inductor_options(device_type: str) -> dict[str, Any]:
 
 
 class _FromVllmFiles(sf.StackRow):
-    """A row that runs vLLM's forward_static from vLLM's own file: forward only (vLLM is inference-only)."""
+    """vLLM's forward_static from its own file: forward only (vLLM is inference-only)."""
 
     pin = sf.PINS["vllm"]
     has_backward = False
 
     def describe(self, where: str) -> str:
-        return f"vLLM {self.pin.version} {self.what()}; forward_static read from {where}, vllm not imported"
+        return f"vLLM {self.pin.version} {self.what}; forward_static read from {where}, vllm not imported"
 
     def _load(self) -> Callable[..., Tensor]:
         path = self.files.path(sf.LAYERNORM)  # type: ignore[union-attr]
@@ -87,29 +79,24 @@ class _FromVllmFiles(sf.StackRow):
 
 
 class VllmNativeBackend(_FromVllmFiles):
-    """`RMSNormGated.forward_native`, eager."""
-
     key = "vllm_native"
-
-    def what(self) -> str:
-        return "RMSNormGated.forward_native, eager (fp32 PyTorch, one rounding)"
+    what = "RMSNormGated.forward_native, eager (fp32 PyTorch, one rounding)"
 
 
 class VllmNativeCompiledBackend(_FromVllmFiles):
-    """`RMSNormGated.forward_native` compiled by Inductor as a default vLLM deployment compiles it."""
+    """Compiled as vLLM compiles it: fullgraph, dynamic=False, once at the profile run's size with the rows dynamic,
+    every guard dropped (compilation/wrapper.py), Inductor options `vllm_inductor_options`."""
 
     key = "vllm_native_compiled"
     compile_rows = COMPILE_ROWS
+    what = (
+        "RMSNormGated.forward_native compiled by Inductor as a default vLLM deployment runs it: fullgraph, rows "
+        f"dynamic, compiled once at {compile_rows} rows, every guard dropped; alone, not fused with neighbours"
+    )
 
     def __init__(self, files: str | Path | None = None) -> None:
         super().__init__(files)
         self._compiled: dict[tuple, Callable[..., Tensor]] = {}
-
-    def what(self) -> str:
-        return (
-            "RMSNormGated.forward_native compiled by Inductor as a default vLLM deployment runs it: fullgraph, rows "
-            f"dynamic, compiled once at {self.compile_rows} rows, every guard dropped; alone, not fused with neighbours"
-        )
 
     def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         d = x.shape[-1]
@@ -127,8 +114,7 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
         def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
             return native_call(forward_static, x, z, w, opts)
 
-        # every guard dropped, as vLLM's guard_filter_fn does (compilation/wrapper.py): the first graph of a code
-        # object would serve every later closure (other options)
+        # every guard dropped, as vLLM's guard_filter_fn does: hence a fresh code object per closure (options)
         skip = getattr(torch.compiler, "skip_all_guards_unsafe", None) or (lambda entries: [False] * len(entries))
         options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": skip}
         fn = torch.compile(fresh_function(op), fullgraph=True, dynamic=False, backend="inductor", options=options)
@@ -145,7 +131,7 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
 
 @contextmanager
 def _mean_override(mean: Callable[..., Tensor], dispatch_key: str) -> Iterator[None]:
-    """aten::mean.dim -> `mean` on `dispatch_key` for the duration, as enable_batch_invariant_mode() registers it."""
+    """aten::mean.dim -> `mean` on `dispatch_key` inside the block, as enable_batch_invariant_mode() registers it."""
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():
@@ -164,11 +150,12 @@ GDN_REFUSED = (
 
 
 class VllmNativeBatchInvariantBackend(_FromVllmFiles):
-    """`RMSNormGated.forward_native`, eager, with VLLM_BATCH_INVARIANT=1's aten::mean.dim override."""
+    """Eager, with VLLM_BATCH_INVARIANT=1's aten::mean.dim override (forward_cuda's kernel makes no aten call)."""
 
     key = "vllm_native_batch_invariant"
 
-    def what(self) -> str:
+    @property
+    def what(self) -> str:  # type: ignore[override]
         key = "CUDA" if torch.cuda.is_available() else "CPU (vLLM registers it on CUDA only)"
         return (
             "RMSNormGated.forward_native, eager, under VLLM_BATCH_INVARIANT=1: aten::mean.dim -> vLLM's Triton "
