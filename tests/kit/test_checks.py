@@ -24,7 +24,7 @@ from rlnorm.kit import checks
 from rlnorm.kit.backends import Backend, ExactReferenceBackend, ReferenceBackend
 from rlnorm.kit.checks import accuracy, common
 from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
-from rlnorm.kit.checks.common import CheckOutcome, Trail
+from rlnorm.kit.checks.common import Check, CheckOutcome, Trail
 from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan
 from rlnorm.kit.checks.sweep import sweep_positions
 from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes, run_check
@@ -405,7 +405,7 @@ def test_graph_path_gives_what_eager_gives(backend: Backend) -> None:
 
 
 def _alone(backend: Backend, case, use_graphs: bool, graph_rows: int):  # type: ignore[no-untyped-def]
-    runner = AloneRunner(backend, OPTS, backend.has_backward, use_graphs, graph_rows, progress=False, desc="test")
+    runner = AloneRunner(Check("test", backend, OPTS, "cuda", 128, "bfloat16"), use_graphs, graph_rows)
     out = runner.run(case, torch.arange(0, 2995, 5), 5)
     return (*out, runner.paths[5])
 

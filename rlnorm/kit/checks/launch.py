@@ -26,6 +26,7 @@ covered by the row checks.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -37,16 +38,7 @@ from typing import Any
 
 import torch
 
-from rlnorm.kit.checks.common import (
-    NO_TRAIL,
-    CheckOutcome,
-    Trail,
-    call,
-    check_common,
-    check_ints,
-    has_backward,
-    new_case,
-)
+from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Trail, check_ints
 from rlnorm.kit.results import KernelLaunches, Launches
 from rlnorm.options import OpOptions
 from rlnorm.timing import describe_error
@@ -358,7 +350,7 @@ def launch(
     progress: bool = False,
 ) -> CheckOutcome:
     """The backend's forward (and forward+backward) at each row count of the ladder, every launch recorded."""
-    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
+    c = Check("launch", backend, opts, device, d, weight_dtype, trail)
     used = [*all_rows_sizes, *sub_batch_sizes, *sweep_sizes, sub_batches_rows, dweight_rows, accuracy_rows,
             agreement_rows]  # fmt: skip
     used = check_ints("sizes", used, 1)
@@ -369,18 +361,15 @@ def launch(
     out = Launches(rows=rows_ladder, unseen=None if cuda else UNSEEN_CPU)
     rec = _Recorder()
     done: list[int] = []  # the row counts whose passes all ran
-    passes = [("forward", False)] + ([("backward", True)] if has_backward(backend) else [])
+    passes = [("forward", False)] + ([("backward", True)] if c.with_grad else [])
     try:
         with _installed(rec, interpreted):
             for rows in rows_ladder:
-                case, _ = new_case(trail, "launch", rows, d, seed, wdt, device, opts, whole=False)
+                case, _ = c.case(rows, seed, whole=False)
                 for name, grad in passes:
                     trail.batch({"kind": "slice", "start": 0, "size": rows})
                     rec.rows, rec.pass_ = rows, name
-
-                    def once(grad: bool = grad, case: Any = case) -> None:
-                        call(backend, case.x, case.z, case.w, case.dy if grad else None, opts, grad)
-
+                    once = functools.partial(c.call, case, grad)
                     _profiled(rec, once) if cuda else once()
                 done.append(rows)
                 rec.rows = 0
