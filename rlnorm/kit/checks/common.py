@@ -276,16 +276,12 @@ INVARIANT, NOT_INVARIANT, BY_CONSTRUCTION = "invariant", "not_invariant", "not_i
 def batch_invariant(inv: BatchInvariance, errors: Mapping[str, str] | None = None) -> bool | None:
     """False on any difference (or a non-repeatable dweight); None if a row check is missing or raised (its
     summary's error, or `errors[check]`); else True. A dweight_repeatable of None (no backward) is no verdict."""
-    counts: list[int] = []
-    if inv.all_rows is not None:
-        # rowgrad_differ is None where gradients were not compared (a forward-only backend)
-        counts += [(s.fwd_differ or 0) + (s.rowgrad_differ or 0) for s in inv.all_rows.sizes.values()]
-    for s in (inv.full_vs_sub_batches, inv.batch_size_sweep):
-        if s is not None:
-            counts += [s.fwd_differ or 0, s.rowgrad_differ or 0, getattr(s, "differ", 0) or 0]
-    if any(c > 0 for c in counts) or inv.dweight_repeatable is False:
-        return False
     parts = (inv.all_rows, inv.full_vs_sub_batches, inv.batch_size_sweep)
+    # per size of all_rows, then the other two; a None count (no gradient compared) is no difference
+    counted = [*(inv.all_rows.sizes.values() if inv.all_rows else ()), *(p for p in parts[1:] if p is not None)]
+    differs = any(s.fwd_differ or s.rowgrad_differ or getattr(s, "differ", 0) for s in counted)
+    if differs or inv.dweight_repeatable is False:
+        return False
     if any(p is None or p.error for p in parts) or any(c in (errors or {}) for c in INVARIANCE_CHECKS):
         return None
     return True
@@ -306,12 +302,8 @@ def uncleared(result: BackendResult) -> dict[str, str]:
     cleared = set(c.cleared) if c else set()
     kernels = result.launches.kernels if result.launches else []
     out = {f"{k.kernel}.{p}": k.evidence or "" for k in kernels for p in k.varying if f"{k.kernel}.{p}" not in cleared}
-    out |= {
-        key: f"not run at each value here: {why}"
-        for key, why in (c.unexercised.items() if c else ())
-        if key not in cleared
-    }
-    return out
+    unrun = c.unexercised.items() if c else ()
+    return out | {key: f"not run at each value here: {why}" for key, why in unrun if key not in cleared}
 
 
 def verdict(result: BackendResult, errors: Mapping[str, str] | None = None) -> str | None:

@@ -1,26 +1,13 @@
-"""launch: every kernel a backend launches, at a dense ladder of row counts, and which of its launch parameters
-change with the row count.
+"""launch: every kernel a backend launches at a dense ladder of row counts, and which launch parameters change
+with the row count. A row check sees only the configurations this process happened to take (an autotuner that
+picked the same one for the batch and the row alone hides the other); this puts each on the record.
 
-A row check sees only the configurations the launches of this process happened to take: an autotuner that picked
-the same configuration for the full batch and for the row alone hides the other one. This check records each
-launch (the forward, then forward and backward) at every row count of the ladder, so a parameter that depends on
-the row count is on the record, with the row counts at each value, whatever the row checks found.
-
-- Triton kernels on a GPU: `triton.knobs.runtime.launch_enter_hook` fires for every compiled launch (Inductor's
-  too, with its static CUDA launcher off: `LAUNCH_ENV`), and `CompiledKernel.launch_metadata` is wrapped to hand
-  the hook the kernel, its grid and its arguments: name, grid, num_warps, num_stages, shared memory, constexprs.
-- Other CUDA kernels (torch's own): `torch.profiler`'s kernel events (grid, block, shared memory).
-- Triton's interpreter (a CPU): no launch hook fires and nothing is compiled. `InterpretedFunction.run` is wrapped
-  (what its pre-run hooks would see: the arguments and constexprs) and the launch is recorded, not executed (its
-  outputs are not read here; the ladder reaches the full batch at no cost). num_warps and num_stages are seen
-  where an autotuner's config or the caller passes them.
-- Autotuned kernels, both: `Autotuner.run` is wrapped for the key and the configuration it picked; the launches
-  of its benchmarking are not counted.
-
-The grid's first axis is the row extent (every row kernel here maps programs to rows on it) and is left out of a
-configuration; other axes are kept. Triton's integer specialisations (an int argument equal to 1, or divisible by
-16, compiles a binary of its own) are recorded where they change with the row count: docs/kit.md says why they are
-covered by the row checks.
+Seen by: Triton's `launch_enter_hook` on a GPU (Inductor's too, its static launcher off: `LAUNCH_ENV`), with
+`CompiledKernel.launch_metadata` wrapped to hand it the kernel, grid and arguments; `torch.profiler` for other
+CUDA kernels; under Triton's interpreter, a wrapped `InterpretedFunction.run` that records the launch and does
+not execute it; `Autotuner.run` for the key and pick (its benchmarking launches not counted). The grid's first
+axis is the row extent and is left out of a configuration. Integer specialisations that change with the row
+count are recorded; docs/kit.md says why the row checks cover them.
 """
 
 from __future__ import annotations
