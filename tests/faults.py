@@ -1,26 +1,9 @@
-"""Planted faulty backends: each is a correct gated RMSNorm except for ONE broken guarantee.
+"""Planted faulty backends: each is a correct gated RMSNorm except for ONE broken guarantee, so that every check
+and gate is shown to fail on its fault (each class says which catches it). Most build on `ExactReferenceBackend`,
+which passes every check and gate. Load one by import path (`tests.faults:BatchSizeDependentOutput`) from the
+checkout's root, as pytest and `python -m rlnorm` run there (the kit's child processes inherit the path).
 
-Every check and gate is shown to fail on its fault. Most build on `ExactReferenceBackend` (the fp32 reference with
-the exact, order-independent dweight), which passes every check and gate, so the only thing wrong is the one
-planted. Load one by import path (`tests.faults:BatchSizeDependentOutput`) with the checkout's root on the import
-path, as `python -m pytest` and `python -m rlnorm` run from there have it (the kit's child processes inherit it).
-
-| class | broken guarantee | caught by |
-|---|---|---|
-| `BatchSizeDependentOutput` | y depends on the row count | all_rows, full_vs_sub, batch_size_sweep, fwd gate |
-| `ForwardOnlyBatchSize` | the same, in a backend without a backward | the forward checks |
-| `PositionDependentOutput` | y depends on position | all_rows, full_vs_sub, batch_size_sweep, fwd gate |
-| `NondeterministicDweight` | dweight differs run to run | dweight_repeatable, gradient gate |
-| `OrderDependentDweight` | dweight is a plain fp32 fold | gradient gate (singleton_aggregate, permuted) |
-| `SegfaultPastRows` | the process segfaults on a batch of more than `limit` rows | run: status crashed, SIGSEGV |
-| `HangPastRows` | the process sleeps on a batch of more than `limit` rows | run: status timed_out |
-| `ExitPastRows` | the process exits with code 3 on a batch of more than `limit` rows | run: status crashed, code 3 |
-| `RowCountOrder` | a Triton kernel sums a row's squares in halves from `halves_from` rows on | configurations |
-| `DeviceErrorPastRows` | an illegal memory access on the GPU past `limit` rows | run: crashed, device error |
-| `RowsPerProgramByRowCount` | a Triton constexpr (ROWS) set from the row count; no row differs | launch |
-
-The output faults move outputs by exactly one ulp and leave dx, dz untouched (the perturbation is added outside the
-autograd graph), so they show up as `fwd_differ` and never as `rowgrad_differ`.
+The output faults move outputs by one ulp outside the autograd graph: `fwd_differ`, never `rowgrad_differ`.
 """
 
 from __future__ import annotations
@@ -37,29 +20,22 @@ from torch import Tensor
 
 from rlnorm.kit.backends import Backend, ExactReferenceBackend, Grads
 from rlnorm.kit.backends.pins import Setting, patched
+from rlnorm.kit.checks.common import bits
 from rlnorm.options import OpOptions
-
-_INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
 
 def bump_one_ulp(t: Tensor, mask: Tensor) -> Tensor:
     """Copy of `t` with the elements under `mask` moved one ulp away from zero (bit pattern + 1)."""
-    it = _INT_VIEW[t.dtype]
-    bits = t.detach().contiguous().view(it)
-    return torch.where(mask, bits + 1, bits).view(t.dtype)
+    return torch.where(mask, bits(t) + 1, bits(t)).view(t.dtype)
 
 
 def batch_size_fault_mask(x: Tensor) -> Tensor:
-    """Rows [rows] that `BatchSizeDependentOutput` moves by one ulp when called on this whole batch.
-
-    Like a kernel that picks its tile from the row count: a single row is regime 0, any larger batch regime
-    1 + bit_length(rows) % 3, and a row is perturbed when its content tag (0..3) equals the regime. Two batch sizes
-    in different regimes disagree on about half the rows (a row alone always differs from a batch).
-    """
+    """Rows [rows] that `BatchSizeDependentOutput` moves by one ulp when called on this whole batch: as a kernel
+    picking its tile from the row count, a single row is regime 0, a larger batch 1 + bit_length(rows) % 3, and a
+    row whose content tag (two bits of x[r, 0]) equals the regime is perturbed."""
     rows = int(x.shape[0])
     regime = 0 if rows <= 1 else 1 + rows.bit_length() % 3
-    tag = x[:, 0].detach().contiguous().view(_INT_VIEW[x.dtype]).to(torch.int64) & 3  # two bits of x[r, 0]
-    return tag == regime
+    return (bits(x[:, 0]).to(torch.int64) & 3) == regime
 
 
 def position_fault_mask(rows: int, device: torch.device | str = "cpu") -> Tensor:
@@ -89,7 +65,8 @@ class _OutputFault(ExactReferenceBackend):
 
 
 class BatchSizeDependentOutput(_OutputFault):
-    """Output of some rows is one ulp off depending on how many rows are in the launch."""
+    """Output of some rows is one ulp off depending on the launch's row count: caught by all_rows,
+    full_vs_sub_batches, batch_size_sweep and the forward gate."""
 
     key = "tests.faults:BatchSizeDependentOutput"
     source = "planted fault: output depends on batch size (row-count regimes)"
@@ -99,7 +76,7 @@ class BatchSizeDependentOutput(_OutputFault):
 
 
 class ForwardOnlyBatchSize(BatchSizeDependentOutput):
-    """BatchSizeDependentOutput without a backward (like vLLM's forward_cuda): a run must still judge its forward."""
+    """BatchSizeDependentOutput without a backward (as vLLM's forward_cuda): the forward checks still judge it."""
 
     key = "tests.faults:ForwardOnlyBatchSize"
     source = "planted fault: forward only, output depends on batch size"
@@ -107,7 +84,7 @@ class ForwardOnlyBatchSize(BatchSizeDependentOutput):
 
 
 class PositionDependentOutput(_OutputFault):
-    """Output is one ulp off for rows at positions r % 3 == 1 in the launch."""
+    """Output is one ulp off at positions r % 3 == 1 in the launch: caught as BatchSizeDependentOutput is."""
 
     key = "tests.faults:PositionDependentOutput"
     source = "planted fault: output depends on position in the batch (r % 3 == 1)"
@@ -117,11 +94,8 @@ class PositionDependentOutput(_OutputFault):
 
 
 class NondeterministicDweight(ExactReferenceBackend):
-    """dweight differs from one call to the next: call k moves column k % D by one ulp.
-
-    Deterministic in its nondeterminism (a per-instance call counter, not a clock or RNG), so a test knows it will
-    show; a real kernel's atomics give the same symptom without the guarantee.
-    """
+    """dweight differs from one call to the next (call k moves column k % D by one ulp, a counter so that it always
+    shows): caught by dweight_repeatable and the gradient gate."""
 
     key = "tests.faults:NondeterministicDweight"
     source = "planted fault: dweight differs run to run (call counter)"
@@ -139,11 +113,8 @@ class NondeterministicDweight(ExactReferenceBackend):
 
 
 class OrderDependentDweight(ExactReferenceBackend):
-    """dweight is a plain fp32 left fold over rows: repeatable, close, but permuting rows moves bits.
-
-    What a serial one-thread-per-column kernel does (the reference report's own op); zero-gradient padding rows add
-    exact zeros, so the padded lines still pass.
-    """
+    """dweight is a plain fp32 left fold over rows, as a serial kernel's: repeatable, but permuting rows moves bits
+    (caught by the gradient gate's singleton_aggregate and permuted lines only; zero padding rows add exact zeros)."""
 
     key = "tests.faults:OrderDependentDweight"
     source = "planted fault: dweight is an fp32 left fold over rows (order-dependent)"

@@ -6,7 +6,6 @@ the wrong rows (not just "some" rows) fails here.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import math
 import time
@@ -43,7 +42,7 @@ from tests.faults import (
 )
 
 OPTS = OpOptions()
-DEFAULTS = RunParams()
+DEFAULTS = RunParams(progress=False, max_records=None)
 
 
 @dataclass
@@ -62,19 +61,11 @@ class _Checks:
     def __getattr__(self, name: str) -> Callable[..., Ran]:
         check = getattr(checks, name)
 
-        def run(backend: Backend, opts: OpOptions | None = OPTS, **kw: Any) -> Ran:
+        def run(backend: Backend, opts: OpOptions | None = OPTS, device: str = "cpu", **kw: Any) -> Ran:
             if "sweep_n" in kw:
                 kw.setdefault("sweep_sizes", default_sweep_sizes(kw["sweep_n"]))
                 kw.setdefault("sweep_probe_rows", default_probe_rows(kw["sweep_n"]))
-            kw.setdefault("device", "cpu")
-            kw.setdefault("progress", False)
-            names = inspect.signature(check).parameters
-            if "max_records" in names:
-                kw.setdefault("max_records", None)
-            for k in names:
-                if k != "device" and k not in kw and hasattr(DEFAULTS, k):
-                    kw[k] = getattr(DEFAULTS, k)
-            out: CheckOutcome = check(backend, opts, **kw)
+            out: CheckOutcome = check(backend, opts, device, **{**check_kwargs(check, DEFAULTS), **kw})
             return Ran(to_json(out.summary), [to_json(r) for r in out.records], out.error)
 
         return run

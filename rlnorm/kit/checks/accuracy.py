@@ -82,7 +82,7 @@ def accuracy_latency(
     opts, dev, with_grad = c.opts, torch.device(device), c.with_grad
     s = Accuracy(rows=rows, device=str(dev), timed=False)
     with caught(s), c.bar(4) as bar:
-        case, _ = c.case(rows, seed)
+        case = c.case(rows, seed)
         x, z, w, dy = case.x, case.z, case.w, case.dy
         # -- forward accuracy
         y = backend.forward(x, z, w, opts).detach()

@@ -33,7 +33,7 @@ def agreement_output(
     rows = check_int("agreement_rows", agreement_rows, 1)
     seed = check_int("agreement_seed", agreement_seed)
     c = Check("agreement", backend, opts, device, d, weight_dtype, trail)
-    case, _ = c.case(rows, seed)
+    case = c.case(rows, seed)
     y = c.call(case, grad=False)[0]
     if y.shape != case.x.shape or y.dtype != case.x.dtype:
         raise ValueError(f"output {tuple(y.shape)} {y.dtype}, expected {tuple(case.x.shape)} {case.x.dtype}")

@@ -131,9 +131,12 @@ class Check:
         self.with_grad = bool(getattr(backend, "has_backward", False))
         self.records: list[Record] = []
         self.dropped = self._noted = 0
+        self.spec: dict[str, Any] = {}
 
-    def case(self, rows: int, seed: int, whole: bool = True) -> tuple[Case, dict[str, Any]]:
-        return new_case(self.trail, self.name, rows, self.d, seed, self.wdt, self.device, self.opts, whole)
+    def case(self, rows: int, seed: int, whole: bool = True) -> Case:
+        """The check's next case (the one its records are of)."""
+        case, self.spec = new_case(self.trail, self.name, rows, self.d, seed, self.wdt, self.device, self.opts, whole)
+        return case
 
     def bar(self, total: int) -> tqdm:
         return tqdm(total=total, desc=f"{self.key} {self.name}", disable=not self.progress)
@@ -157,16 +160,7 @@ class Check:
     def outcome(self, summary: Any) -> CheckOutcome:
         return CheckOutcome(summary, self.records, summary.error)
 
-    def add_rows(
-        self,
-        seed: int,
-        tensor: str,
-        in_batch: Tensor,
-        alone: Tensor,
-        case_spec: dict[str, Any],
-        places: list[Place],
-        other: dict[str, Any] | None = None,
-    ) -> None:
+    def add_rows(self, tensor: str, in_batch: Tensor, alone: Tensor, places: list[Place], other: Any = None) -> None:
         """One record per row of the [k, D] tensors `in_batch` / `alone` (rows already known to differ), placed by
         `places[i]`; `other` is the rebuild spec of what the row was compared with, where that is not the row alone.
         A place without a row (dweight) rebuilds as row and position -1: the whole batch against itself."""
@@ -176,9 +170,9 @@ class Check:
         if room == 0:
             return
         cols, max_abs, max_ulp = diff_stats(in_batch[:room], alone[:room])
-        opts = self.opts.as_dict()
+        opts, seed = self.opts.as_dict(), self.spec["seed"]
         for i, (row, case, start, size, position, batch) in enumerate(places[:room]):
-            spec = {"v": REBUILD_VERSION, "check": self.name, "case": case_spec, "opts": opts, "batch": batch}
+            spec = {"v": REBUILD_VERSION, "check": self.name, "case": self.spec, "opts": opts, "batch": batch}
             spec.update(row=-1 if row is None else row, position=-1 if position is None else position, tensor=tensor)
             rebuild = json.dumps(spec | ({} if other is None else {"other": other}), separators=(",", ":"))
             self.records.append(
@@ -193,13 +187,11 @@ class Check:
 
     def record_differing(
         self,
-        seed: int,
         batch: Sequence[Tensor | None],
         alone: Sequence[Tensor | None],
-        case_spec: dict[str, Any],
         place: Callable[[int], Place],
         into: Any,
-        other: dict[str, Any] | None = None,
+        other: Any = None,
     ) -> int:
         """Row i of `batch` against row i of `alone`, bitwise: each differing (row, tensor) recorded where `place(i)`
         says; the rows whose y differs added to `into.fwd_differ`, those whose dx or dz differs to
@@ -209,7 +201,7 @@ class Check:
             if name in masks and bool(masks[name].any()):
                 idx = masks[name].nonzero().flatten()
                 places = [place(i) for i in idx.tolist()]
-                self.add_rows(seed, name, b.index_select(0, idx), a.index_select(0, idx), case_spec, places, other)
+                self.add_rows(name, b.index_select(0, idx), a.index_select(0, idx), places, other)
         into.fwd_differ += int(masks["y"].sum())
         if into.rowgrad_differ is not None:
             into.rowgrad_differ += int(grad.sum())

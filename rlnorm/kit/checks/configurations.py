@@ -105,7 +105,7 @@ def configurations(
                 summary.unexercised[key] = f"{whys} ({len(unrun)} of its {len(group)} values not run)"
         if not groups:
             return c.outcome(summary)
-        case, _ = c.case(rows, seed, whole=False)
+        case = c.case(rows, seed, whole=False)
         for key, group in groups.items():
             pinned = [s for s in group if s.pin is not None]
             if not pinned:

@@ -38,7 +38,7 @@ def dweight_repeatable(
         summary.reason = "no backward"
         return c.outcome(summary)
     with caught(summary), c.bar(repeats) as bar:
-        case, spec = c.case(rows, seed)
+        case = c.case(rows, seed)
         dws = []
         for _ in range(repeats):
             dw = c.backend.forward_backward(case.x, case.z, case.w, case.dy, c.opts).dw
@@ -50,7 +50,7 @@ def dweight_repeatable(
         whole = {"kind": "slice", "start": 0, "size": rows}
         differ = [i for i in range(1, repeats) if bool(differ_rows(dws[i], dws[0]).any())]
         for i in differ:  # no row or position: the rebuild is the whole batch against itself
-            c.add_rows(seed, "dweight", dws[i], dws[0], spec, [(None, f"repeat={i}", 0, rows, None, whole)])
+            c.add_rows("dweight", dws[i], dws[0], [(None, f"repeat={i}", 0, rows, None, whole)])
         summary.dweight_repeatable = not differ
     summary.records_dropped = c.dropped_since()
     return c.outcome(summary)

@@ -352,7 +352,7 @@ def launch(
     try:
         with _installed(rec, interpreted):
             for rows in rows_ladder:
-                case, _ = c.case(rows, seed, whole=False)
+                case = c.case(rows, seed, whole=False)
                 for name, grad in passes:
                     trail.batch({"kind": "slice", "start": 0, "size": rows})
                     rec.rows, rec.pass_ = rows, name

@@ -160,11 +160,11 @@ def all_rows(
             entry = summary.sizes[n] = RowsAtSize(0, 0, 0 if c.with_grad else None, "eager")
             whole = {"kind": "slice", "start": 0, "size": n}
             for seed in seeds:
-                case, spec = c.case(n, seed)
+                case = c.case(n, seed)
                 batch = c.call(case)
                 alone = runner.run(case, torch.arange(n), 1)
                 entry.alone_path = runner.paths.get(1, "eager")
-                c.record_differing(seed, batch, alone, spec, lambda r, n=n, w=whole: (r, f"n={n}", 0, n, r, w), entry)
+                c.record_differing(batch, alone, lambda r, n=n, w=whole: (r, f"n={n}", 0, n, r, w), entry)
                 entry.rows += n
                 bar.update()
             entry.records_dropped = c.dropped_since()
@@ -224,7 +224,7 @@ def full_vs_sub_batches(
     full_batch = {"kind": "slice", "start": 0, "size": full_rows, "label": "full batch"}
     with caught(summary), c.bar(len(seeds) * len(sizes)) as bar:
         for seed in seeds:
-            case, spec = c.case(full_rows, seed)
+            case = c.case(full_rows, seed)
             full = c.call(case)
             for size in sizes:
                 # (tile starts, tile rows, their outputs): the whole tiles in one go, then each partial one alone
@@ -234,7 +234,7 @@ def full_vs_sub_batches(
                 for starts, m, out in pieces:
                     rows = (torch.tensor(starts).view(-1, 1) + torch.arange(m)).reshape(-1).to(case.x.device)
                     in_full = tuple(None if t is None else t.index_select(0, rows) for t in full)
-                    c.record_differing(seed, in_full, out, spec, _sub_place(starts, m), summary, other=full_batch)
+                    c.record_differing(in_full, out, _sub_place(starts, m), summary, other=full_batch)
                     summary.rows_compared += len(rows)
                 bar.update()
     summary.alone_path = {str(size): path for size, path in runner.paths.items()}

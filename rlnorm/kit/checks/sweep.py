@@ -53,7 +53,7 @@ def batch_size_sweep(
     summary = Sweep(list(sizes), list(probes), len(plan) * len(seeds), 0, 0, 0 if c.with_grad else None)
     with caught(summary), c.bar(len(plan) * len(seeds)) as bar:
         for seed in seeds:
-            case, cs = c.case(n, seed, whole=False)
+            case = c.case(n, seed, whole=False)
             alone = c.pieces(case, [(p, 1) for p in probes])
             perms = {(m, p): sweep_perm_seed(seed, m, p) for m, p, _, _ in plan}
             places: list[Place] = [
@@ -85,6 +85,6 @@ def batch_size_sweep(
             pick = torch.tensor([last[p] for _, p, _, _ in plan], device=case.x.device)
             ref = tuple(None if t is None else t.index_select(0, pick) for t in alone)
             # "row" i of these tensors is comparison i of the plan
-            summary.differ += c.record_differing(seed, in_batch, ref, cs, places.__getitem__, summary)
+            summary.differ += c.record_differing(in_batch, ref, places.__getitem__, summary)
     summary.records_dropped = c.dropped_since()
     return c.outcome(summary)
