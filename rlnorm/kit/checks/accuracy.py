@@ -1,6 +1,5 @@
-"""How often the output is the correctly rounded value, the gradients' error against fp64, and the
-time against a same-run `torch.add` moving as many bytes.
-"""
+"""How often the output is the correctly rounded value, the gradients' error against fp64, and the time against a
+same-run `torch.add` moving as many bytes."""
 
 from __future__ import annotations
 

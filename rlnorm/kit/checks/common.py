@@ -30,10 +30,7 @@ Place = tuple[int | None, str, int | None, int, int | None, dict[str, Any]]
 class Dweight:
     """dweight_repeatable's summary (the artifact keeps only the bool)."""
 
-    dweight_repeatable: bool | None
-    rows: int
-    seed: int
-    repeats: int
+    dweight_repeatable: bool | None = None
     reason: str | None = None  # why there is no verdict (no backward, no dweight)
     error: str | None = None
     records_dropped: int | None = None
@@ -247,15 +244,10 @@ def new_case(
 def differ_masks(batch: Sequence[Tensor | None], alone: Sequence[Tensor | None]) -> tuple[dict[str, Tensor], Tensor]:
     """bool[rows] per tensor ("y", "dx", "dz") both sides have: the row is not bitwise equal; and the rows whose dx
     or dz differs."""
-    masks = {
-        name: differ_rows(b, a)
-        for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True)
-        if b is not None and a is not None
-    }
-    grad = torch.zeros_like(masks["y"])
-    for name in ("dx", "dz"):
-        grad |= masks.get(name, grad)
-    return masks, grad
+    pairs = zip(("y", "dx", "dz"), batch, alone, strict=True)
+    masks = {name: differ_rows(b, a) for name, b, a in pairs if b is not None and a is not None}
+    none = torch.zeros_like(masks["y"])
+    return masks, masks.get("dx", none) | masks.get("dz", none)
 
 
 # the checks whose verdicts make `batch_invariant`, in the report's order

@@ -1,11 +1,8 @@
-"""Every launch configuration a backend's kernels could pick, run against each other (docs/spec.md §5).
-
-The row checks see only the configuration the autotuner or the row-count heuristic picked in this process, at
-the sizes they ran. Here each value of each such parameter is forced (`Backend.configurations`: a `Setting` with
-a pin per value) and the full batch under value a is compared, row by row and bitwise, with the rows alone and in
-sub-batches under value b, for every ordered pair (a, b); with a backward, dx and dz too, and dweight of the full
-batch under a against under b. A parameter is cleared when no pair changes a bit; one whose values cannot all be
-forced here is unexercised, with why.
+"""Every launch configuration a backend's kernels could pick, run against each other (docs/spec.md §5): the row
+checks see only what this process's autotuner or row-count heuristic picked. Each value is forced
+(`Backend.configurations`), and the full batch under a is compared bitwise with its rows alone and in sub-batches
+under b for every ordered pair (a, b), dweight too. A parameter no pair changes a bit of is cleared; one whose
+values cannot all be forced here is unexercised, with why.
 """
 
 from __future__ import annotations

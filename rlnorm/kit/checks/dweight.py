@@ -33,7 +33,7 @@ def dweight_repeatable(
     seed = check_int("dweight_seed", dweight_seed)
     check_int("repeats", repeats, 2)
     c = Check("dweight_repeatable", backend, opts, device, d, weight_dtype, trail, progress, max_records)
-    summary = Dweight(None, rows, seed, repeats)
+    summary = Dweight()
     if not c.with_grad:
         summary.reason = "no backward"
         return c.outcome(summary)

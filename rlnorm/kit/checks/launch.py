@@ -62,7 +62,7 @@ class _Kernel:
 
 
 class _Recorder:
-    """Collects launches while installed; `at(rows, pass)` names the row count and pass they belong to."""
+    """Collects launches while installed, filed under the row count and pass the check sets in `rows`, `pass_`."""
 
     def __init__(self) -> None:
         self.kernels: dict[str, _Kernel] = {}

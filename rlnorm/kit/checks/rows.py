@@ -1,9 +1,6 @@
-"""Each row inside a batch against the same row computed in another batch: alone (all_rows) or in
-the full batch against contiguous sub-batches (full_vs_sub_batches).
-
-Rows computed alone or in small batches go fast through `AloneRunner`: one launch per row, so results stay on the
-device in preallocated buffers; on CUDA many calls are captured into one CUDA graph, used only where
-`timing.verify_graph` finds its replay bitwise equal to eager calls. `paths[size]` says which ran.
+"""Each row inside a batch against the same row computed alone (all_rows) or in a contiguous sub-batch
+(full_vs_sub_batches). `AloneRunner` makes the many small calls affordable: results stay on the device in
+preallocated buffers, and on CUDA many calls replay as one CUDA graph where that replay is bitwise the eager calls.
 """
 
 from __future__ import annotations

@@ -67,10 +67,8 @@ def batch_size_sweep(
             idx_all = torch.cat(batch_idx).to(case.x.device)
             # the probe's row out of each batch, copied into preallocated buffers (a view would keep every batch's
             # whole output alive)
-            kinds = (True, c.with_grad, c.with_grad)
-            in_batch = tuple(
-                torch.empty(len(plan), d, dtype=case.x.dtype, device=case.x.device) if k else None for k in kinds
-            )
+            y = torch.empty(len(plan), d, dtype=case.x.dtype, device=case.x.device)
+            in_batch = (y, torch.empty_like(y), torch.empty_like(y)) if c.with_grad else (y, None, None)
             for i, (_m, _p, _name, pos) in enumerate(plan):
                 trail.batch(places[i][5])
                 idx = idx_all[offsets[i] : offsets[i + 1]]
