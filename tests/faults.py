@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, ExactReferenceBackend, Grads
+from rlnorm.kit.backends import ExactReferenceBackend, Grads
 from rlnorm.kit.backends.pins import Setting, patched
 from rlnorm.kit.checks.common import bits
 from rlnorm.options import OpOptions
@@ -206,65 +206,9 @@ def _store_far_away(ptr, offset):
 
 
 @triton.jit
-def _order_kernel(X, Z, W, Y, d, eps, BLOCK: tl.constexpr, HALVES: tl.constexpr):
-    """One row per program, y = x * rstd * w * silu(z); HALVES sums the squares in two halves, each partial sum
-    rounded to the input's dtype."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < d
-    x = tl.load(X + row * d + cols, mask=mask, other=0.0).to(tl.float32)
-    if HALVES:  # a split reduction whose two partial sums are kept in the input's dtype, then added
-        half = tl.arange(0, BLOCK // 2)
-        lo = tl.load(X + row * d + half, mask=half < d, other=0.0).to(tl.float32)
-        hi = tl.load(X + row * d + BLOCK // 2 + half, mask=BLOCK // 2 + half < d, other=0.0).to(tl.float32)
-        ss = tl.sum(lo * lo, axis=0).to(X.dtype.element_ty).to(tl.float32)
-        ss += tl.sum(hi * hi, axis=0).to(X.dtype.element_ty).to(tl.float32)
-    else:
-        ss = tl.sum(x * x, axis=0)
-    rstd = 1.0 / tl.sqrt(ss / d + eps)
-    z = tl.load(Z + row * d + cols, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x * rstd * w * (z * tl.sigmoid(z))
-    tl.store(Y + row * d + cols, y.to(Y.dtype.element_ty), mask=mask)
-
-
-class RowCountOrder(Backend):
-    """A custom Triton forward whose constexpr HALVES, chosen from the row count (on from `halves_from` rows),
-    reduces a row in another order: every row check at sizes below `halves_from` passes it, and only the
-    `configurations` check, running both values against each other, sees rows differ."""
-
-    key = "tests.faults:RowCountOrder"
-    source = "planted: a Triton gated RMSNorm whose reduction order follows the row count"
-    has_backward = False
-    halves_from = 1 << 20
-
-    def __init__(self) -> None:
-        self._forced: int | None = None
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        ok = opts.group_size is None and opts.norm_before_gate and opts.activation == "silu"
-        return ok, "" if ok else "only the whole row, norm before a silu gate"
-
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if z is None:
-            raise ValueError("z: this planted backend needs a gate")
-        rows, d = x.shape
-        y = torch.empty_like(x)
-        halves = int(rows >= self.halves_from) if self._forced is None else self._forced
-        if rows:
-            grid = (rows,)
-            _order_kernel[grid](x.contiguous(), z.contiguous(), w, y, d, opts.eps,
-                                BLOCK=triton.next_power_of_2(d), HALVES=halves)  # fmt: skip
-        return y
-
-    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
-        kernel = "tests.faults._order_kernel"
-        return [Setting(kernel, "HALVES", str(h), lambda h=h: patched(self, "_forced", h)) for h in (0, 1)]
-
-
-@triton.jit
-def _rows_per_program_kernel(X, Z, W, Y, n_rows, eps, D: tl.constexpr, ROWS: tl.constexpr):
-    """The gated norm, ROWS rows per program; each row is reduced alone, the same way whatever ROWS is."""
+def _rows_per_program_kernel(X, Z, W, Y, n_rows, eps, D: tl.constexpr, ROWS: tl.constexpr, HALVES: tl.constexpr):
+    """The gated norm, ROWS rows per program, each row reduced alone the same way whatever ROWS is; HALVES sums the
+    squares in two halves, each rounded to the input's dtype: another order, other bits."""
     cols = tl.arange(0, D)
     for i in range(ROWS):
         row = tl.program_id(0) * ROWS + i
@@ -272,7 +216,12 @@ def _rows_per_program_kernel(X, Z, W, Y, n_rows, eps, D: tl.constexpr, ROWS: tl.
             x = tl.load(X + row * D + cols).to(tl.float32)
             z = tl.load(Z + row * D + cols).to(tl.float32)
             w = tl.load(W + cols).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+            if HALVES:
+                halves = tl.sum(tl.reshape(x * x, (2, D // 2)), axis=1)
+                ss = tl.sum(halves.to(X.dtype.element_ty).to(tl.float32), axis=0)
+            else:
+                ss = tl.sum(x * x, axis=0)
+            rstd = 1.0 / tl.sqrt(ss / D + eps)
             tl.store(Y + row * D + cols, (x * rstd * w * z * tl.sigmoid(z)).to(Y.dtype.element_ty))
 
 
@@ -284,6 +233,7 @@ class RowsPerProgramByRowCount(ExactReferenceBackend):
     key = "rows_per_program_by_row_count"
     has_backward = False
     threshold: int | None = 4
+    halves_from: int | None = None  # HALVES from this many rows on
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
         ok = opts.group_size is None and opts.norm_before_gate and opts.activation in ("silu", "swish")
@@ -295,7 +245,9 @@ class RowsPerProgramByRowCount(ExactReferenceBackend):
         y = torch.empty_like(x2)
         rows = x2.shape[0]
         per = 4 if self.threshold is not None and rows > self.threshold else 1
-        _rows_per_program_kernel[(triton.cdiv(rows, per),)](x2, z2, w, y, rows, opts.eps, D=x2.shape[1], ROWS=per)
+        halves = self.halves_from is not None and rows >= self.halves_from
+        _rows_per_program_kernel[(triton.cdiv(rows, per),)](x2, z2, w, y, rows, opts.eps, D=x2.shape[1], ROWS=per,
+                                                            HALVES=halves)  # fmt: skip
         return y.reshape(x.shape)
 
 
@@ -304,3 +256,18 @@ class OneRowPerProgram(RowsPerProgramByRowCount):
 
     key = "one_row_per_program"
     threshold = None
+
+
+class RowCountOrder(OneRowPerProgram):
+    """HALVES, chosen from the row count (on from `halves_from` rows), reduces a row in another order: every row
+    check at sizes below `halves_from` passes it, and only the `configurations` check, running both values against
+    each other, sees rows differ."""
+
+    key = "tests.faults:RowCountOrder"
+    source = "planted: a Triton gated RMSNorm whose reduction order follows the row count"
+    halves_from = 1 << 20
+
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
+        kernel = "tests.faults._rows_per_program_kernel"
+        return [Setting(kernel, "HALVES", str(h), lambda h=h: patched(self, "halves_from", 0 if h else None))
+                for h in (0, 1)]  # fmt: skip

@@ -40,14 +40,17 @@ def test_a_constexpr_chosen_by_the_row_count_is_seen_with_its_row_counts() -> No
     (k,) = out.summary.kernels
     assert (k.kernel, k.passes, k.seen_by, k.varying) == (KERNEL, ["forward"], "jit_hook", ["ROWS"])
     assert k.evidence == "ROWS=1 at 1..4, 4 at 5..17"
-    assert k.configs == {"D=128, ROWS=1": [1, 2, 3, 4], "D=128, ROWS=4": [5, 6, 7, 8, 9, 15, 16, 17]}
+    assert k.configs == {
+        "D=128, HALVES=False, ROWS=1": [1, 2, 3, 4],
+        "D=128, HALVES=False, ROWS=4": [5, 6, 7, 8, 9, 15, 16, 17],
+    }
     assert k.specializations == {"n_rows==1": [1], "n_rows%16==0": [16]}
     assert out.summary.unseen  # a CPU says what it cannot see
 
 
 def test_one_configuration_at_every_row_count_is_no_variation() -> None:
     (k,) = launch(OneRowPerProgram(), OpOptions(), "cpu", launch_rows=17, **SIZES).summary.kernels
-    assert k.varying == [] and k.evidence is None and list(k.configs) == ["D=128, ROWS=1"]
+    assert k.varying == [] and k.evidence is None and list(k.configs) == ["D=128, HALVES=False, ROWS=1"]
 
 
 def _checked(tmp_path: Path, spec: str) -> BackendResult:
