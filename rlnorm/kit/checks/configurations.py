@@ -55,11 +55,9 @@ def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Ru
     for piece in parts.values():
         masks, grad_mask = differ_masks(full, piece)
         fwd, grad = fwd + int(masks["y"].sum()), grad + int(grad_mask.sum())
-    with_grad = full[1] is not None
-    dweight = None
-    if a is not b and dw_a is not None and dw_b is not None:
-        dweight = bool(torch.equal(bits(dw_a), bits(dw_b)))
-    return ConfigPair(kernel, parameter, a.value, b.value, fwd, grad if with_grad else None, dweight)
+    both = a is not b and dw_a is not None and dw_b is not None
+    dweight = bool(torch.equal(bits(dw_a), bits(dw_b))) if both else None
+    return ConfigPair(kernel, parameter, a.value, b.value, fwd, None if full[1] is None else grad, dweight)
 
 
 def configurations(

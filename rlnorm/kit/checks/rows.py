@@ -52,10 +52,8 @@ class AloneRunner:
     def run(self, case: Case, starts: Tensor, size: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
         x = case.x
         n_tiles = int(starts.numel())
-        out_y = torch.empty(n_tiles * size, x.shape[1], dtype=x.dtype, device=x.device)
-        out_dx = torch.empty_like(out_y) if self.check.with_grad else None
-        out_dz = torch.empty_like(out_y) if self.check.with_grad else None
-        outs = (out_y, out_dx, out_dz)
+        y = torch.empty(n_tiles * size, x.shape[1], dtype=x.dtype, device=x.device)
+        outs = (y, torch.empty_like(y), torch.empty_like(y)) if self.check.with_grad else (y, None, None)
         if n_tiles == 0:
             return outs
         k = self.graph_rows // size

@@ -9,6 +9,7 @@ a vLLM import patches torch for the rest of a process, and a crash takes only it
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -216,9 +217,7 @@ def run_pair(
     one there)."""
     plan = sampler_plan(rows, heads, decode_tokens)
     opts = opts or OpOptions(**QWEN3_NEXT_OPTIONS)
-    row: dict[str, Any] = {"name": spec.name, "stack": spec.stack, "model": spec.model, "trainer": spec.trainer}
-    row |= {"sampler": spec.sampler, "trainer_where": spec.trainer_where, "sampler_where": spec.sampler_where}
-    row |= {"trainer_calls": [rows], "sampler_calls": plan, "status": "skipped"}
+    row = dataclasses.asdict(spec) | {"trainer_calls": [rows], "sampler_calls": plan, "status": "skipped"}
     if other := [f"{k}={getattr(opts, k)!r}" for k, v in QWEN3_NEXT_OPTIONS.items() if getattr(opts, k) != v]:
         row["reason"] = f"{spec.model}'s norm is {QWEN3_NEXT_OPTIONS}; the run's options differ: {', '.join(other)}"
         return row
