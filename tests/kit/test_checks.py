@@ -324,33 +324,26 @@ def test_a_raising_backend_is_recorded_not_fatal() -> None:
     assert common.batch_invariant(BatchInvariance(all_rows=AllRows(error="x"))) is None
 
 
-R = ReferenceBackend()
-
-
 @pytest.mark.parametrize(
-    ("call", "error", "match"),
+    ("name", "kw", "error", "match"),
     [
-        (lambda: checked("all_rows", R, all_rows_sizes=()), ValueError, "all_rows_sizes"),
-        (lambda: checked("all_rows", R, OpOptions(group_size=48), all_rows_sizes=(7,)), ValueError, "group_size"),
-        (lambda: checked("all_rows", R, all_rows_sizes=(0,)), ValueError, r"all_rows_sizes\[0\]"),
-        (lambda: checked("full_vs_sub_batches", R, coverage="some"), ValueError, "coverage"),
-        (lambda: checked("batch_size_sweep", R, sweep_n=9, sweep_sizes=(10,)), ValueError, "sweep_sizes"),
-        (
-            lambda: checked("batch_size_sweep", R, sweep_n=9, sweep_probe_rows=(9,)),
-            ValueError,
-            "sweep_probe_rows",
-        ),
-        (lambda: checked("dweight_repeatable", R, dweight_rows=7, repeats=1), ValueError, "repeats"),
-        (lambda: checked("accuracy_latency", R, accuracy_rows=0), ValueError, "accuracy_rows"),
-        (lambda: checked("all_rows", R, all_rows_sizes=(7,), device="gpu0"), ValueError, "device"),
-        (lambda: checked("all_rows", object(), all_rows_sizes=(7,)), TypeError, "backend"),
-        (lambda: checked("all_rows", R, {"eps": 1e-6}, all_rows_sizes=(7,)), TypeError, "opts"),
-        (lambda: checked("all_rows", R, all_rows_sizes=(7,), all_rows_seeds=3), TypeError, "all_rows_seeds"),
+        ("all_rows", {"all_rows_sizes": ()}, ValueError, "all_rows_sizes"),
+        ("all_rows", {"opts": OpOptions(group_size=48), "all_rows_sizes": (7,)}, ValueError, "group_size"),
+        ("all_rows", {"all_rows_sizes": (0,)}, ValueError, r"all_rows_sizes\[0\]"),
+        ("full_vs_sub_batches", {"coverage": "some"}, ValueError, "coverage"),
+        ("batch_size_sweep", {"sweep_n": 9, "sweep_sizes": (10,)}, ValueError, "sweep_sizes"),
+        ("batch_size_sweep", {"sweep_n": 9, "sweep_probe_rows": (9,)}, ValueError, "sweep_probe_rows"),
+        ("dweight_repeatable", {"dweight_rows": 7, "repeats": 1}, ValueError, "repeats"),
+        ("accuracy_latency", {"accuracy_rows": 0}, ValueError, "accuracy_rows"),
+        ("all_rows", {"all_rows_sizes": (7,), "device": "gpu0"}, ValueError, "device"),
+        ("all_rows", {"backend": object(), "all_rows_sizes": (7,)}, TypeError, "backend"),
+        ("all_rows", {"opts": {"eps": 1e-6}, "all_rows_sizes": (7,)}, TypeError, "opts"),
+        ("all_rows", {"all_rows_sizes": (7,), "all_rows_seeds": 3}, TypeError, "all_rows_seeds"),
     ],
 )
-def test_bad_parameters_name_themselves(call, error, match) -> None:  # type: ignore[no-untyped-def]
+def test_bad_parameters_name_themselves(name: str, kw: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
-        call()
+        checked(name, **{"backend": ReferenceBackend(), **kw})
 
 
 def test_max_records_caps_records_not_counts() -> None:
