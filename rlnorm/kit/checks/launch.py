@@ -290,11 +290,9 @@ def summarise(name: str, k: _Kernel, ladder_: list[int], done: list[int] | None 
     varying = [p for p in params if len(set(values[p].values())) > 1]
     evidence = []
     for p in varying:
-        by_value: dict[frozenset[str], list[int]] = defaultdict(list)
-        for rows, v in values[p].items():
-            by_value[v].append(rows)
-        evidence.append(f"{p}=" + ", ".join(f"{'|'.join(sorted(v))} at {_spans(r, ladder_)}"
-                                            for v, r in by_value.items()))  # fmt: skip
+        by = values[p]
+        at = {v: _spans([r for r, u in by.items() if u == v], ladder_) for v in dict.fromkeys(by.values())}
+        evidence.append(f"{p}=" + ", ".join(f"{'|'.join(sorted(v))} at {rows}" for v, rows in at.items()))
     if any(p in k.tuned for p in varying):  # an autotuner's pick is one parameter: its whole config
         varying = [p for p in varying if p not in k.tuned] + [CONFIG]
     absent = [r for r in (ladder_ if done is None else done) if r not in k.launches]
