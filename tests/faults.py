@@ -1,26 +1,9 @@
-"""Planted faulty backends: each is a correct gated RMSNorm except for ONE broken guarantee.
+"""Planted faulty backends: each is a correct gated RMSNorm except for ONE broken guarantee, so that every check
+and gate is shown to fail on its fault (each class says which catches it). Most build on `ExactReferenceBackend`,
+which passes every check and gate. Load one by import path (`tests.faults:BatchSizeDependentOutput`) from the
+checkout's root, as pytest and `python -m rlnorm` run there (the kit's child processes inherit the path).
 
-Every check and gate is shown to fail on its fault. Most build on `ExactReferenceBackend` (the fp32 reference with
-the exact, order-independent dweight), which passes every check and gate, so the only thing wrong is the one
-planted. Load one by import path (`tests.faults:BatchSizeDependentOutput`) with the checkout's root on the import
-path, as `python -m pytest` and `python -m rlnorm` run from there have it (the kit's child processes inherit it).
-
-| class | broken guarantee | caught by |
-|---|---|---|
-| `BatchSizeDependentOutput` | y depends on the row count | all_rows, full_vs_sub, batch_size_sweep, fwd gate |
-| `ForwardOnlyBatchSize` | the same, in a backend without a backward | the forward checks |
-| `PositionDependentOutput` | y depends on position | all_rows, full_vs_sub, batch_size_sweep, fwd gate |
-| `NondeterministicDweight` | dweight differs run to run | dweight_repeatable, gradient gate |
-| `OrderDependentDweight` | dweight is a plain fp32 fold | gradient gate (singleton_aggregate, permuted) |
-| `SegfaultPastRows` | the process segfaults on a batch of more than `limit` rows | run: status crashed, SIGSEGV |
-| `HangPastRows` | the process sleeps on a batch of more than `limit` rows | run: status timed_out |
-| `ExitPastRows` | the process exits with code 3 on a batch of more than `limit` rows | run: status crashed, code 3 |
-| `RowCountOrder` | a Triton kernel sums a row's squares in halves from `halves_from` rows on | configurations |
-| `DeviceErrorPastRows` | an illegal memory access on the GPU past `limit` rows | run: crashed, device error |
-| `RowsPerProgramByRowCount` | a Triton constexpr (ROWS) set from the row count; no row differs | launch |
-
-The output faults move outputs by exactly one ulp and leave dx, dz untouched (the perturbation is added outside the
-autograd graph), so they show up as `fwd_differ` and never as `rowgrad_differ`.
+The output faults move outputs by one ulp outside the autograd graph: `fwd_differ`, never `rowgrad_differ`.
 """
 
 from __future__ import annotations
@@ -35,31 +18,24 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, ExactReferenceBackend, Grads
+from rlnorm.kit.backends import ExactReferenceBackend, Grads
 from rlnorm.kit.backends.pins import Setting, patched
+from rlnorm.kit.checks.common import bits
 from rlnorm.options import OpOptions
-
-_INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
 
 
 def bump_one_ulp(t: Tensor, mask: Tensor) -> Tensor:
     """Copy of `t` with the elements under `mask` moved one ulp away from zero (bit pattern + 1)."""
-    it = _INT_VIEW[t.dtype]
-    bits = t.detach().contiguous().view(it)
-    return torch.where(mask, bits + 1, bits).view(t.dtype)
+    return torch.where(mask, bits(t) + 1, bits(t)).view(t.dtype)
 
 
 def batch_size_fault_mask(x: Tensor) -> Tensor:
-    """Rows [rows] that `BatchSizeDependentOutput` moves by one ulp when called on this whole batch.
-
-    Like a kernel that picks its tile from the row count: a single row is regime 0, any larger batch regime
-    1 + bit_length(rows) % 3, and a row is perturbed when its content tag (0..3) equals the regime. Two batch sizes
-    in different regimes disagree on about half the rows (a row alone always differs from a batch).
-    """
+    """Rows [rows] that `BatchSizeDependentOutput` moves by one ulp when called on this whole batch: as a kernel
+    picking its tile from the row count, a single row is regime 0, a larger batch 1 + bit_length(rows) % 3, and a
+    row whose content tag (two bits of x[r, 0]) equals the regime is perturbed."""
     rows = int(x.shape[0])
     regime = 0 if rows <= 1 else 1 + rows.bit_length() % 3
-    tag = x[:, 0].detach().contiguous().view(_INT_VIEW[x.dtype]).to(torch.int64) & 3  # two bits of x[r, 0]
-    return tag == regime
+    return (bits(x[:, 0]).to(torch.int64) & 3) == regime
 
 
 def position_fault_mask(rows: int, device: torch.device | str = "cpu") -> Tensor:
@@ -89,7 +65,8 @@ class _OutputFault(ExactReferenceBackend):
 
 
 class BatchSizeDependentOutput(_OutputFault):
-    """Output of some rows is one ulp off depending on how many rows are in the launch."""
+    """Output of some rows is one ulp off depending on the launch's row count: caught by all_rows,
+    full_vs_sub_batches, batch_size_sweep and the forward gate."""
 
     key = "tests.faults:BatchSizeDependentOutput"
     source = "planted fault: output depends on batch size (row-count regimes)"
@@ -99,7 +76,7 @@ class BatchSizeDependentOutput(_OutputFault):
 
 
 class ForwardOnlyBatchSize(BatchSizeDependentOutput):
-    """BatchSizeDependentOutput without a backward (like vLLM's forward_cuda): a run must still judge its forward."""
+    """BatchSizeDependentOutput without a backward (as vLLM's forward_cuda): the forward checks still judge it."""
 
     key = "tests.faults:ForwardOnlyBatchSize"
     source = "planted fault: forward only, output depends on batch size"
@@ -107,7 +84,7 @@ class ForwardOnlyBatchSize(BatchSizeDependentOutput):
 
 
 class PositionDependentOutput(_OutputFault):
-    """Output is one ulp off for rows at positions r % 3 == 1 in the launch."""
+    """Output is one ulp off at positions r % 3 == 1 in the launch: caught as BatchSizeDependentOutput is."""
 
     key = "tests.faults:PositionDependentOutput"
     source = "planted fault: output depends on position in the batch (r % 3 == 1)"
@@ -117,11 +94,8 @@ class PositionDependentOutput(_OutputFault):
 
 
 class NondeterministicDweight(ExactReferenceBackend):
-    """dweight differs from one call to the next: call k moves column k % D by one ulp.
-
-    Deterministic in its nondeterminism (a per-instance call counter, not a clock or RNG), so a test knows it will
-    show; a real kernel's atomics give the same symptom without the guarantee.
-    """
+    """dweight differs from one call to the next (call k moves column k % D by one ulp, a counter so that it always
+    shows): caught by dweight_repeatable and the gradient gate."""
 
     key = "tests.faults:NondeterministicDweight"
     source = "planted fault: dweight differs run to run (call counter)"
@@ -139,11 +113,8 @@ class NondeterministicDweight(ExactReferenceBackend):
 
 
 class OrderDependentDweight(ExactReferenceBackend):
-    """dweight is a plain fp32 left fold over rows: repeatable, close, but permuting rows moves bits.
-
-    What a serial one-thread-per-column kernel does (the reference report's own op); zero-gradient padding rows add
-    exact zeros, so the padded lines still pass.
-    """
+    """dweight is a plain fp32 left fold over rows, as a serial kernel's: repeatable, but permuting rows moves bits
+    (caught by the gradient gate's singleton_aggregate and permuted lines only; zero padding rows add exact zeros)."""
 
     key = "tests.faults:OrderDependentDweight"
     source = "planted fault: dweight is an fp32 left fold over rows (order-dependent)"
@@ -235,65 +206,9 @@ def _store_far_away(ptr, offset):
 
 
 @triton.jit
-def _order_kernel(X, Z, W, Y, d, eps, BLOCK: tl.constexpr, HALVES: tl.constexpr):
-    """One row per program, y = x * rstd * w * silu(z); HALVES sums the squares in two halves, each partial sum
-    rounded to the input's dtype."""
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.arange(0, BLOCK)
-    mask = cols < d
-    x = tl.load(X + row * d + cols, mask=mask, other=0.0).to(tl.float32)
-    if HALVES:  # a split reduction whose two partial sums are kept in the input's dtype, then added
-        half = tl.arange(0, BLOCK // 2)
-        lo = tl.load(X + row * d + half, mask=half < d, other=0.0).to(tl.float32)
-        hi = tl.load(X + row * d + BLOCK // 2 + half, mask=BLOCK // 2 + half < d, other=0.0).to(tl.float32)
-        ss = tl.sum(lo * lo, axis=0).to(X.dtype.element_ty).to(tl.float32)
-        ss += tl.sum(hi * hi, axis=0).to(X.dtype.element_ty).to(tl.float32)
-    else:
-        ss = tl.sum(x * x, axis=0)
-    rstd = 1.0 / tl.sqrt(ss / d + eps)
-    z = tl.load(Z + row * d + cols, mask=mask, other=0.0).to(tl.float32)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(tl.float32)
-    y = x * rstd * w * (z * tl.sigmoid(z))
-    tl.store(Y + row * d + cols, y.to(Y.dtype.element_ty), mask=mask)
-
-
-class RowCountOrder(Backend):
-    """A custom Triton forward whose constexpr HALVES, chosen from the row count (on from `halves_from` rows),
-    reduces a row in another order: every row check at sizes below `halves_from` passes it, and only the
-    `configurations` check, running both values against each other, sees rows differ."""
-
-    key = "tests.faults:RowCountOrder"
-    source = "planted: a Triton gated RMSNorm whose reduction order follows the row count"
-    has_backward = False
-    halves_from = 1 << 20
-
-    def __init__(self) -> None:
-        self._forced: int | None = None
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        ok = opts.group_size is None and opts.norm_before_gate and opts.activation == "silu"
-        return ok, "" if ok else "only the whole row, norm before a silu gate"
-
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if z is None:
-            raise ValueError("z: this planted backend needs a gate")
-        rows, d = x.shape
-        y = torch.empty_like(x)
-        halves = int(rows >= self.halves_from) if self._forced is None else self._forced
-        if rows:
-            grid = (rows,)
-            _order_kernel[grid](x.contiguous(), z.contiguous(), w, y, d, opts.eps,
-                                BLOCK=triton.next_power_of_2(d), HALVES=halves)  # fmt: skip
-        return y
-
-    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
-        kernel = "tests.faults._order_kernel"
-        return [Setting(kernel, "HALVES", str(h), lambda h=h: patched(self, "_forced", h)) for h in (0, 1)]
-
-
-@triton.jit
-def _rows_per_program_kernel(X, Z, W, Y, n_rows, eps, D: tl.constexpr, ROWS: tl.constexpr):
-    """The gated norm, ROWS rows per program; each row is reduced alone, the same way whatever ROWS is."""
+def _rows_per_program_kernel(X, Z, W, Y, n_rows, eps, D: tl.constexpr, ROWS: tl.constexpr, HALVES: tl.constexpr):
+    """The gated norm, ROWS rows per program, each row reduced alone the same way whatever ROWS is; HALVES sums the
+    squares in two halves, each rounded to the input's dtype: another order, other bits."""
     cols = tl.arange(0, D)
     for i in range(ROWS):
         row = tl.program_id(0) * ROWS + i
@@ -301,7 +216,12 @@ def _rows_per_program_kernel(X, Z, W, Y, n_rows, eps, D: tl.constexpr, ROWS: tl.
             x = tl.load(X + row * D + cols).to(tl.float32)
             z = tl.load(Z + row * D + cols).to(tl.float32)
             w = tl.load(W + cols).to(tl.float32)
-            rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+            if HALVES:
+                halves = tl.sum(tl.reshape(x * x, (2, D // 2)), axis=1)
+                ss = tl.sum(halves.to(X.dtype.element_ty).to(tl.float32), axis=0)
+            else:
+                ss = tl.sum(x * x, axis=0)
+            rstd = 1.0 / tl.sqrt(ss / D + eps)
             tl.store(Y + row * D + cols, (x * rstd * w * z * tl.sigmoid(z)).to(Y.dtype.element_ty))
 
 
@@ -313,6 +233,7 @@ class RowsPerProgramByRowCount(ExactReferenceBackend):
     key = "rows_per_program_by_row_count"
     has_backward = False
     threshold: int | None = 4
+    halves_from: int | None = None  # HALVES from this many rows on
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
         ok = opts.group_size is None and opts.norm_before_gate and opts.activation in ("silu", "swish")
@@ -324,7 +245,9 @@ class RowsPerProgramByRowCount(ExactReferenceBackend):
         y = torch.empty_like(x2)
         rows = x2.shape[0]
         per = 4 if self.threshold is not None and rows > self.threshold else 1
-        _rows_per_program_kernel[(triton.cdiv(rows, per),)](x2, z2, w, y, rows, opts.eps, D=x2.shape[1], ROWS=per)
+        halves = self.halves_from is not None and rows >= self.halves_from
+        _rows_per_program_kernel[(triton.cdiv(rows, per),)](x2, z2, w, y, rows, opts.eps, D=x2.shape[1], ROWS=per,
+                                                            HALVES=halves)  # fmt: skip
         return y.reshape(x.shape)
 
 
@@ -333,3 +256,18 @@ class OneRowPerProgram(RowsPerProgramByRowCount):
 
     key = "one_row_per_program"
     threshold = None
+
+
+class RowCountOrder(OneRowPerProgram):
+    """HALVES, chosen from the row count (on from `halves_from` rows), reduces a row in another order: every row
+    check at sizes below `halves_from` passes it, and only the `configurations` check, running both values against
+    each other, sees rows differ."""
+
+    key = "tests.faults:RowCountOrder"
+    source = "planted: a Triton gated RMSNorm whose reduction order follows the row count"
+    halves_from = 1 << 20
+
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
+        kernel = "tests.faults._rows_per_program_kernel"
+        return [Setting(kernel, "HALVES", str(h), lambda h=h: patched(self, "halves_from", 0 if h else None))
+                for h in (0, 1)]  # fmt: skip

@@ -6,7 +6,6 @@ the wrong rows (not just "some" rows) fails here.
 
 from __future__ import annotations
 
-import inspect
 import itertools
 import math
 import time
@@ -24,7 +23,7 @@ from rlnorm.kit import checks
 from rlnorm.kit.backends import Backend, ExactReferenceBackend, ReferenceBackend
 from rlnorm.kit.checks import accuracy, common
 from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
-from rlnorm.kit.checks.common import CheckOutcome, Trail
+from rlnorm.kit.checks.common import Check, CheckOutcome, Trail
 from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan
 from rlnorm.kit.checks.sweep import sweep_positions
 from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes, run_check
@@ -43,7 +42,7 @@ from tests.faults import (
 )
 
 OPTS = OpOptions()
-DEFAULTS = RunParams()
+DEFAULTS = RunParams(progress=False, max_records=None)
 
 
 @dataclass
@@ -55,32 +54,15 @@ class Ran:
     error: str | None
 
 
-class _Checks:
-    """The checks as these tests call them: a parameter a test leaves out takes the protocol's value (RunParams'
-    default; the sweep's sizes and probes: those of its sweep_n), and the outcome is read back as JSON."""
-
-    def __getattr__(self, name: str) -> Callable[..., Ran]:
-        check = getattr(checks, name)
-
-        def run(backend: Backend, opts: OpOptions | None = OPTS, **kw: Any) -> Ran:
-            if "sweep_n" in kw:
-                kw.setdefault("sweep_sizes", default_sweep_sizes(kw["sweep_n"]))
-                kw.setdefault("sweep_probe_rows", default_probe_rows(kw["sweep_n"]))
-            kw.setdefault("device", "cpu")
-            kw.setdefault("progress", False)
-            names = inspect.signature(check).parameters
-            if "max_records" in names:
-                kw.setdefault("max_records", None)
-            for k in names:
-                if k != "device" and k not in kw and hasattr(DEFAULTS, k):
-                    kw[k] = getattr(DEFAULTS, k)
-            out: CheckOutcome = check(backend, opts, **kw)
-            return Ran(to_json(out.summary), [to_json(r) for r in out.records], out.error)
-
-        return run
-
-
-J = _Checks()
+def checked(name: str, backend: Backend, opts: OpOptions | None = OPTS, device: str = "cpu", **kw: Any) -> Ran:
+    """A check as these tests call it: a parameter a test leaves out takes the protocol's value (RunParams' default;
+    the sweep's sizes and probes: those of its sweep_n), and the outcome is read back as JSON."""
+    if "sweep_n" in kw:
+        kw.setdefault("sweep_sizes", default_sweep_sizes(kw["sweep_n"]))
+        kw.setdefault("sweep_probe_rows", default_probe_rows(kw["sweep_n"]))
+    check = getattr(checks, name)
+    out: CheckOutcome = check(backend, opts, device, **{**check_kwargs(check, DEFAULTS), **kw})
+    return Ran(to_json(out.summary), [to_json(r) for r in out.records], out.error)
 
 
 def invariant(ar: Ran, dw: Ran, fvs: Ran, sw: Ran) -> bool | None:
@@ -128,30 +110,30 @@ class Rounding(ReferenceBackend):
 
 @pytest.mark.parametrize("backend", [ReferenceBackend(), ExactReferenceBackend()], ids=lambda b: b.key)
 def test_reference_passes_every_invariance_check(backend: Backend) -> None:
-    ar = J.all_rows(backend, OPTS, all_rows_sizes=(1, 7, 63), all_rows_seeds=(3, 4))
+    ar = checked("all_rows", backend, all_rows_sizes=(1, 7, 63), all_rows_seeds=(3, 4))
     assert ar.summary == {
         str(n): {"rows": 2 * n, "fwd_differ": 0, "rowgrad_differ": 0, "alone_path": "eager"} for n in (1, 7, 63)
     }
-    dw = J.dweight_repeatable(backend, OPTS, dweight_rows=257)
+    dw = checked("dweight_repeatable", backend, dweight_rows=257)
     assert dw.summary["dweight_repeatable"] is True
     for coverage in ("all", "sampled"):
         kw = {"sub_batches_rows": 300, "sub_batch_sizes": (1, 7, 64), "sub_batches_seeds": (3,), "sample_stride": 50}
-        fvs = J.full_vs_sub_batches(backend, OPTS, coverage=coverage, **kw)
+        fvs = checked("full_vs_sub_batches", backend, coverage=coverage, **kw)
         assert (fvs.summary["fwd_differ"], fvs.summary["rowgrad_differ"]) == (0, 0), fvs.summary
         assert "error" not in fvs.summary
-    sw = J.batch_size_sweep(backend, OPTS, sweep_n=33, sweep_seeds=(3,))
+    sw = checked("batch_size_sweep", backend, sweep_n=33, sweep_seeds=(3,))
     assert (sw.summary["differ"], sw.summary["fwd_differ"], sw.summary["rowgrad_differ"]) == (0, 0, 0)
     assert ar.records == dw.records == sw.records == []
     assert invariant(ar, dw, fvs, sw) is True
     opts = OpOptions(group_size=32, norm_before_gate=False, activation="sigmoid")  # options reach the backend
-    assert J.all_rows(backend, opts, all_rows_sizes=(7,), all_rows_seeds=(3,)).summary["7"]["fwd_differ"] == 0
+    assert checked("all_rows", backend, opts, all_rows_sizes=(7,), all_rows_seeds=(3,)).summary["7"]["fwd_differ"] == 0
 
 
 @pytest.mark.parametrize("b", [BatchSizeDependentOutput(), PositionDependentOutput()], ids=lambda b: b.key)
 def test_an_output_fault_is_caught_on_exactly_the_rows_its_mask_moves(b: BatchSizeDependentOutput) -> None:
     """Row counts and positions where the fault's own mask differs between the batch and the row alone (or its
     sub-batch); the fault leaves dx, dz and dweight alone."""
-    ar = J.all_rows(b, OPTS, all_rows_sizes=(7, 63), all_rows_seeds=(3, 4))
+    ar = checked("all_rows", b, all_rows_sizes=(7, 63), all_rows_seeds=(3, 4))
     expected = set()
     for n in (7, 63):
         per_n = 0
@@ -169,7 +151,7 @@ def test_an_output_fault_is_caught_on_exactly_the_rows_its_mask_moves(b: BatchSi
     assert rec["cols_differ"] == 1 and rec["max_ulp"] == 1 and rec["max_abs"] > 0
     assert rec["batch_start"] == 0 and rec["batch_size"] == int(rec["case"].split("=")[1])
 
-    fvs = J.full_vs_sub_batches(b, OPTS, sub_batches_rows=300, sub_batch_sizes=(1, 7, 100), sub_batches_seeds=(3,))
+    fvs = checked("full_vs_sub_batches", b, sub_batches_rows=300, sub_batch_sizes=(1, 7, 100), sub_batches_seeds=(3,))
     x = make_case(300, 128, 3).x
     full_mask = b._mask(x)
     want = set()
@@ -181,7 +163,7 @@ def test_an_output_fault_is_caught_on_exactly_the_rows_its_mask_moves(b: BatchSi
     assert got == want and fvs.summary["fwd_differ"] == len(want) and fvs.summary["rowgrad_differ"] == 0
     assert all(r["position"] == r["row"] - r["batch_start"] for r in fvs.records)
 
-    sw = J.batch_size_sweep(b, OPTS, sweep_n=65, sweep_seeds=(3, 4))
+    sw = checked("batch_size_sweep", b, sweep_n=65, sweep_seeds=(3, 4))
     assert sw.summary["differ"] == sw.summary["fwd_differ"] == len(sw.records) > 0
     assert sw.summary["rowgrad_differ"] == 0
     assert all(r["case"].startswith(f"m={r['batch_size']}/") for r in sw.records)
@@ -190,39 +172,39 @@ def test_an_output_fault_is_caught_on_exactly_the_rows_its_mask_moves(b: BatchSi
         expect = 2 * sum(1 for m in sizes for _ in probes for _, pos in sweep_positions(m) if pos % 3 == 1)
         assert sw.summary["differ"] == expect and all(r["position"] % 3 == 1 for r in sw.records)
     # dweight is exact in these faults: only the forward checks see them
-    assert J.dweight_repeatable(b, OPTS, dweight_rows=63).summary["dweight_repeatable"] is True
+    assert checked("dweight_repeatable", b, dweight_rows=63).summary["dweight_repeatable"] is True
 
 
 def test_nondeterministic_dweight_is_caught_only_by_dweight_repeatable() -> None:
     b = NondeterministicDweight()
-    dw = J.dweight_repeatable(b, OPTS, dweight_rows=257, dweight_seed=3)
+    dw = checked("dweight_repeatable", b, dweight_rows=257, dweight_seed=3)
     assert dw.summary["dweight_repeatable"] is False
     (rec,) = dw.records
     assert rec["tensor"] == "dweight" and rec["row"] is None and rec["cols_differ"] == 2 and rec["max_ulp"] == 1
-    ar = J.all_rows(b, OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
-    sw = J.batch_size_sweep(b, OPTS, sweep_n=17, sweep_seeds=(3,))
-    fvs = J.full_vs_sub_batches(b, OPTS, sub_batches_rows=30, sub_batch_sizes=(1, 7), sub_batches_seeds=(3,))
+    ar = checked("all_rows", b, all_rows_sizes=(7,), all_rows_seeds=(3,))
+    sw = checked("batch_size_sweep", b, sweep_n=17, sweep_seeds=(3,))
+    fvs = checked("full_vs_sub_batches", b, sub_batches_rows=30, sub_batch_sizes=(1, 7), sub_batches_seeds=(3,))
     assert ar.summary["7"]["fwd_differ"] == ar.summary["7"]["rowgrad_differ"] == 0
     assert sw.summary["differ"] == fvs.summary["fwd_differ"] == fvs.summary["rowgrad_differ"] == 0
     assert invariant(ar, dw, fvs, sw) is False
     # a serial fold is deterministic: dweight_repeatable must NOT flag it (the gates do)
-    dw = J.dweight_repeatable(OrderDependentDweight(), OPTS, dweight_rows=257)
+    dw = checked("dweight_repeatable", OrderDependentDweight(), dweight_rows=257)
     assert dw.summary["dweight_repeatable"] is True and dw.records == []
 
 
 def test_forward_only_backend() -> None:
     fo = ForwardOnly()
-    ar = J.all_rows(fo, OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,))
+    ar = checked("all_rows", fo, all_rows_sizes=(7,), all_rows_seeds=(3,))
     assert ar.summary["7"]["rowgrad_differ"] is None  # no gradients compared: not "none differ"
-    assert J.dweight_repeatable(fo, OPTS, dweight_rows=7).summary["dweight_repeatable"] is None
-    bad = J.all_rows(ForwardOnlyBatchSize(), OPTS, all_rows_sizes=(63,), all_rows_seeds=(3,))
+    assert checked("dweight_repeatable", fo, dweight_rows=7).summary["dweight_repeatable"] is None
+    bad = checked("all_rows", ForwardOnlyBatchSize(), all_rows_sizes=(63,), all_rows_seeds=(3,))
     assert bad.summary["63"]["fwd_differ"] > 0 and bad.summary["63"]["rowgrad_differ"] is None
     assert {r["tensor"] for r in bad.records} == {"y"}
-    acc = J.accuracy_latency(fo, OPTS, accuracy_rows=63, timing_warmup=0, timing_iters=2)
+    acc = checked("accuracy_latency", fo, accuracy_rows=63, timing_warmup=0, timing_iters=2)
     assert acc.summary["grad_rel_err"] is None and acc.summary["fwd_bwd_us"] is None
     assert acc.summary["fwd_us"] > 0
-    fvs = J.full_vs_sub_batches(fo, OPTS, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
-    sw = J.batch_size_sweep(fo, OPTS, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3])
+    fvs = checked("full_vs_sub_batches", fo, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
+    sw = checked("batch_size_sweep", fo, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3])
     # the sweep's JSON leaves a None rowgrad_differ out (the reference report has no such key)
     assert fvs.summary["rowgrad_differ"] is None and sw.summary.get("rowgrad_differ") is None
     assert (fvs.summary["fwd_differ"], sw.summary["fwd_differ"], sw.summary["differ"]) == (0, 0, 0)
@@ -251,7 +233,7 @@ def test_the_full_protocol_compares_2188_sampled_sub_batches_and_2520_sweep_rows
 def test_correctly_rounded_measure_can_fail() -> None:
     rows = 4096  # 5 double roundings at this seed
     exact, dbl, trunc, ref = (
-        J.accuracy_latency(b, OPTS, accuracy_rows=rows, timing=False).summary
+        checked("accuracy_latency", b, accuracy_rows=rows, timing=False).summary
         for b in (Rounding("once"), Rounding("twice"), Rounding("truncated"), ReferenceBackend())
     )
     assert exact["fwd_correctly_rounded"] == 1.0
@@ -265,7 +247,7 @@ def test_correctly_rounded_measure_can_fail() -> None:
 
 
 def test_accuracy_summary_fields_and_histograms() -> None:
-    s = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=257, timing_warmup=1, timing_iters=3).summary
+    s = checked("accuracy_latency", ReferenceBackend(), accuracy_rows=257, timing_warmup=1, timing_iters=3).summary
     assert s["rows"] == 257 and s["timed"] is True and s["device"] == "cpu"
     assert s["host_bound"] == {"add": False, "fwd": False, "fwd_bwd": False}  # the CPU clock never is
     assert s["fwd_us_p20"] <= s["fwd_us"] <= s["fwd_us_p80"]
@@ -279,7 +261,7 @@ def test_accuracy_summary_fields_and_histograms() -> None:
     h = s["fwd_abs_err_hist"]
     assert len(h["counts"]) == len(h["edges"]) - 1
     assert sum(h["counts"]) + h["zero"] + h["under"] + h["over"] + h["nan"] == n
-    untimed = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=7, timing=False).summary
+    untimed = checked("accuracy_latency", ReferenceBackend(), accuracy_rows=7, timing=False).summary
     assert untimed["timed"] is False and untimed["fwd_us"] is None and untimed["fwd_correctly_rounded"] is not None
 
 
@@ -298,10 +280,10 @@ def star_clock(device: str) -> Any:
 def test_accuracy_latency_records_which_timings_ran_host_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """A time with host overhead in it is flagged, per timing, never silently reported as GPU time."""
     monkeypatch.setattr(accuracy, "_clock", star_clock)
-    s = J.accuracy_latency(ReferenceBackend(), OPTS, accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
+    s = checked("accuracy_latency", ReferenceBackend(), accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert s["host_bound"] == {"add": False, "fwd": True, "fwd_bwd": True}
     assert (s["roofline_add_us"], s["fwd_us"], s["fwd_us_p20"], s["fwd_bwd_us"]) == (10.0, 20.0, 18.0, 30.0)
-    fwd_only = J.accuracy_latency(ForwardOnly(), OPTS, accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
+    fwd_only = checked("accuracy_latency", ForwardOnly(), accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert fwd_only["host_bound"] == {"add": False, "fwd": True}  # no backward: no fwd_bwd timing to flag
 
 
@@ -332,50 +314,47 @@ def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
 def test_a_raising_backend_is_recorded_not_fatal() -> None:
     b = Raises()
     for res in (
-        J.all_rows(b, OPTS, all_rows_sizes=(7,), all_rows_seeds=(3,)),
-        J.dweight_repeatable(b, OPTS, dweight_rows=7),
-        J.full_vs_sub_batches(b, OPTS, sub_batches_rows=10, sub_batch_sizes=(1,), sub_batches_seeds=(3,)),
-        J.batch_size_sweep(b, OPTS, sweep_n=9, sweep_seeds=(3,)),
-        J.accuracy_latency(b, OPTS, accuracy_rows=7),
+        checked("all_rows", b, all_rows_sizes=(7,), all_rows_seeds=(3,)),
+        checked("dweight_repeatable", b, dweight_rows=7),
+        checked("full_vs_sub_batches", b, sub_batches_rows=10, sub_batch_sizes=(1,), sub_batches_seeds=(3,)),
+        checked("batch_size_sweep", b, sweep_n=9, sweep_seeds=(3,)),
+        checked("accuracy_latency", b, accuracy_rows=7),
     ):
         assert "planted crash" in res.summary["error"]
     assert common.batch_invariant(BatchInvariance(all_rows=AllRows(error="x"))) is None
 
 
-R = ReferenceBackend()
-
-
 @pytest.mark.parametrize(
-    ("call", "error", "match"),
+    ("name", "kw", "error", "match"),
     [
-        (lambda: J.all_rows(R, OPTS, all_rows_sizes=()), ValueError, "all_rows_sizes"),
-        (lambda: J.all_rows(R, OpOptions(group_size=48), all_rows_sizes=(7,)), ValueError, "group_size"),
-        (lambda: J.all_rows(R, OPTS, all_rows_sizes=(0,)), ValueError, r"all_rows_sizes\[0\]"),
-        (lambda: J.full_vs_sub_batches(R, OPTS, coverage="some"), ValueError, "coverage"),
-        (lambda: J.batch_size_sweep(R, OPTS, sweep_n=9, sweep_sizes=(10,)), ValueError, "sweep_sizes"),
-        (lambda: J.batch_size_sweep(R, OPTS, sweep_n=9, sweep_probe_rows=(9,)), ValueError, "sweep_probe_rows"),
-        (lambda: J.dweight_repeatable(R, OPTS, dweight_rows=7, repeats=1), ValueError, "repeats"),
-        (lambda: J.accuracy_latency(R, OPTS, accuracy_rows=0), ValueError, "accuracy_rows"),
-        (lambda: J.all_rows(R, OPTS, all_rows_sizes=(7,), device="gpu0"), ValueError, "device"),
-        (lambda: J.all_rows(object(), OPTS, all_rows_sizes=(7,)), TypeError, "backend"),
-        (lambda: J.all_rows(R, {"eps": 1e-6}, all_rows_sizes=(7,)), TypeError, "opts"),
-        (lambda: J.all_rows(R, OPTS, all_rows_sizes=(7,), all_rows_seeds=3), TypeError, "all_rows_seeds"),
+        ("all_rows", {"all_rows_sizes": ()}, ValueError, "all_rows_sizes"),
+        ("all_rows", {"opts": OpOptions(group_size=48), "all_rows_sizes": (7,)}, ValueError, "group_size"),
+        ("all_rows", {"all_rows_sizes": (0,)}, ValueError, r"all_rows_sizes\[0\]"),
+        ("full_vs_sub_batches", {"coverage": "some"}, ValueError, "coverage"),
+        ("batch_size_sweep", {"sweep_n": 9, "sweep_sizes": (10,)}, ValueError, "sweep_sizes"),
+        ("batch_size_sweep", {"sweep_n": 9, "sweep_probe_rows": (9,)}, ValueError, "sweep_probe_rows"),
+        ("dweight_repeatable", {"dweight_rows": 7, "repeats": 1}, ValueError, "repeats"),
+        ("accuracy_latency", {"accuracy_rows": 0}, ValueError, "accuracy_rows"),
+        ("all_rows", {"all_rows_sizes": (7,), "device": "gpu0"}, ValueError, "device"),
+        ("all_rows", {"backend": object(), "all_rows_sizes": (7,)}, TypeError, "backend"),
+        ("all_rows", {"opts": {"eps": 1e-6}, "all_rows_sizes": (7,)}, TypeError, "opts"),
+        ("all_rows", {"all_rows_sizes": (7,), "all_rows_seeds": 3}, TypeError, "all_rows_seeds"),
     ],
 )
-def test_bad_parameters_name_themselves(call, error, match) -> None:  # type: ignore[no-untyped-def]
+def test_bad_parameters_name_themselves(name: str, kw: dict[str, Any], error: type[Exception], match: str) -> None:
     with pytest.raises(error, match=match):
-        call()
+        checked(name, **{"backend": ReferenceBackend(), **kw})
 
 
 def test_max_records_caps_records_not_counts() -> None:
     kw = {"sub_batches_rows": 60, "sub_batch_sizes": (7,), "sub_batches_seeds": (3,), "max_records": 5}
-    fvs = J.full_vs_sub_batches(PositionDependentOutput(), OPTS, **kw)
+    fvs = checked("full_vs_sub_batches", PositionDependentOutput(), **kw)
     assert len(fvs.records) == 5 and fvs.summary["fwd_differ"] > 5
     assert fvs.summary["records_dropped"] == fvs.summary["fwd_differ"] - 5
-    ar = J.all_rows(PositionDependentOutput(), OPTS, all_rows_sizes=(7, 63), all_rows_seeds=(3,), max_records=1)
+    ar = checked("all_rows", PositionDependentOutput(), all_rows_sizes=(7, 63), all_rows_seeds=(3,), max_records=1)
     assert len(ar.records) == 1
     assert (ar.summary["7"]["records_dropped"], ar.summary["63"]["records_dropped"]) == (1, 21)
-    dw = J.dweight_repeatable(NondeterministicDweight(), OPTS, dweight_rows=63, repeats=3, max_records=0)
+    dw = checked("dweight_repeatable", NondeterministicDweight(), dweight_rows=63, repeats=3, max_records=0)
     assert dw.summary["dweight_repeatable"] is False and dw.records == []
     assert dw.summary["records_dropped"] == 2  # each repeat that differed from the first
 
@@ -396,7 +375,11 @@ class ForwardOnlyPosition(PositionDependentOutput):
 @pytest.mark.parametrize("backend", [ReferenceBackend(), ForwardOnly()], ids=lambda b: b.key)
 def test_graph_path_gives_what_eager_gives(backend: Backend) -> None:
     case = make_case(3000, 128, 3, device="cuda")
-    wg, we = (_alone(backend, case, use_graphs=g, graph_rows=512) for g in (True, False))
+    got = []
+    for use_graphs in (True, False):
+        runner = AloneRunner(Check("test", backend, OPTS, "cuda", 128, "bfloat16"), use_graphs, graph_rows=512)
+        got.append((*runner.run(case, torch.arange(0, 2995, 5), 5), runner.paths[5]))
+    wg, we = got
     assert (wg[3], we[3]) == ("cuda_graph", "eager")
     for g, e in zip(wg[:3], we[:3], strict=True):
         assert (g is None) == (e is None)
@@ -404,18 +387,12 @@ def test_graph_path_gives_what_eager_gives(backend: Backend) -> None:
             assert torch.equal(g.view(torch.int16), e.view(torch.int16))
 
 
-def _alone(backend: Backend, case, use_graphs: bool, graph_rows: int):  # type: ignore[no-untyped-def]
-    runner = AloneRunner(backend, OPTS, backend.has_backward, use_graphs, graph_rows, progress=False, desc="test")
-    out = runner.run(case, torch.arange(0, 2995, 5), 5)
-    return (*out, runner.paths[5])
-
-
 @cuda_only
 def test_graph_path_still_catches_a_planted_fault() -> None:
     b = ForwardOnlyPosition()
     kw = {"sub_batches_rows": 20000, "sub_batch_sizes": (1, 7), "sub_batches_seeds": (3,), "device": "cuda"}
-    g = J.full_vs_sub_batches(b, OPTS, **kw)
-    e = J.full_vs_sub_batches(b, OPTS, use_graphs=False, **kw)
+    g = checked("full_vs_sub_batches", b, **kw)
+    e = checked("full_vs_sub_batches", b, use_graphs=False, **kw)
     assert g.summary["alone_path"] == {"1": "cuda_graph", "7": "cuda_graph"}
     assert g.summary["fwd_differ"] == e.summary["fwd_differ"] > 0
     assert [r["row"] for r in g.records] == [r["row"] for r in e.records]
@@ -424,7 +401,7 @@ def test_graph_path_still_catches_a_planted_fault() -> None:
 @cuda_only
 def test_uncapturable_backend_falls_back_to_eager_and_says_so() -> None:
     """ExactReferenceBackend sums dweight on the CPU (a sync): capture fails, eager runs, the result stands."""
-    res = J.all_rows(ExactReferenceBackend(), OPTS, all_rows_sizes=(4097,), all_rows_seeds=(3,), device="cuda")
+    res = checked("all_rows", ExactReferenceBackend(), all_rows_sizes=(4097,), all_rows_seeds=(3,), device="cuda")
     assert res.summary["4097"]["alone_path"].startswith("eager (")
     assert res.summary["4097"]["fwd_differ"] == res.summary["4097"]["rowgrad_differ"] == 0
 
@@ -452,7 +429,7 @@ def test_accuracy_latency_flags_a_host_bound_forward_on_the_gpu() -> None:
     warmup = 1
     quick = 1 + warmup + 1  # the accuracy pass's forward, the warm-up, the clock's probe of the host time
     kw = {"accuracy_rows": 4096, "timing_warmup": warmup, "timing_iters": 20, "device": "cuda"}
-    s = J.accuracy_latency(SlowHostAfterWarmup(quick), OPTS, **kw).summary
+    s = checked("accuracy_latency", SlowHostAfterWarmup(quick), **kw).summary
     assert s["host_bound"] == {"add": False, "fwd": True}
     assert s["fwd_us"] > 1000  # the 3 ms host gaps are inside the events: the flag says so
 
@@ -461,11 +438,11 @@ def test_the_trail_names_each_batch_before_the_backend_gets_it() -> None:
     """The breadcrumb a crashed backend leaves: the last batch named is the one it was given, rebuilt exactly."""
     seen: list[dict[str, Any]] = []
     kw = {"sub_batches_rows": 10, "sub_batch_sizes": (4,), "sub_batches_seeds": (5,), "trail": Trail(seen.append)}
-    J.full_vs_sub_batches(ReferenceBackend(), OPTS, **kw)
+    checked("full_vs_sub_batches", ReferenceBackend(), **kw)
     assert [s["batch"] for s in seen] == [
         {"kind": "slice", "start": s, "size": m} for s, m in ((0, 10), (0, 4), (8, 2))
     ]
     assert {s["check"] for s in seen} == {"full_vs_sub_batches"}
     assert torch.equal(rebuild_case(seen[-1]).batch.x, make_case(10, 128, 5).x[8:10])
-    J.all_rows(ReferenceBackend(), OPTS, all_rows_sizes=(3,), all_rows_seeds=(3,))  # no trail: nothing named
+    checked("all_rows", ReferenceBackend(), all_rows_sizes=(3,), all_rows_seeds=(3,))  # no trail: nothing named
     assert len(seen) == 3

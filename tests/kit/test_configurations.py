@@ -36,7 +36,7 @@ def test_planted_order_is_caught_only_by_the_configuration_pairs() -> None:
 
     out = configurations(backend, None, "cpu", progress=False, **SMALL, **OP).summary
     assert out.error is None
-    key = "tests.faults._order_kernel.HALVES"
+    key = "tests.faults._rows_per_program_kernel.HALVES"
     assert out.values == {key: ["0", "1"]}
     crossed = {(p.full, p.alone): p.fwd_differ for p in out.pairs}
     assert crossed[("0", "0")] == crossed[("1", "1")] == 0

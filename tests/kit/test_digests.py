@@ -7,7 +7,9 @@ from faults import PositionDependentOutput, bump_one_ulp
 
 from rlnorm.kit.backends import ExactReferenceBackend
 from rlnorm.kit.checks.digests import digest, output_digests, same_bits
+from rlnorm.kit.results import BackendResult, RunResult
 from rlnorm.options import OpOptions
+from rlnorm.report.compare import digest_table
 
 
 def test_one_flipped_bit_changes_the_digest() -> None:
@@ -32,9 +34,6 @@ def test_digests_of_two_backends_say_which_tensors_differ() -> None:
 
 
 def test_compare_says_backend_by_backend_whether_two_runs_computed_the_same_bits() -> None:
-    from rlnorm.kit.results import BackendResult, RunResult
-    from rlnorm.report.compare import digest_table
-
     exact = output_digests(ExactReferenceBackend(), OpOptions(), "cpu")
     planted = output_digests(PositionDependentOutput(), OpOptions(), "cpu")
 
@@ -45,12 +44,5 @@ def test_compare_says_backend_by_backend_whether_two_runs_computed_the_same_bits
 
     table = digest_table(run({"same": exact, "moved": exact}), run({"same": exact, "moved": planted, "new": exact}))
     assert table["same bits"].to_dict() == {"same": True, "moved": False, "new": None}
-
-
-def test_runs_without_digests_compare_as_cannot_tell() -> None:
-    from rlnorm.kit.results import BackendResult, RunResult
-    from rlnorm.report.compare import digest_table
-
-    run = RunResult(schema_version="1", kind="k", op="o", commit=None, environment={}, quick=True, checks=[],
-                    results={"a": BackendResult(source="a", backward="full", status="ran")})  # fmt: skip
-    assert digest_table(run, run)["same bits"].to_dict() == {"a": None}
+    undigested = run({"a": None})  # runs without digests compare as cannot tell
+    assert digest_table(undigested, undigested)["same bits"].to_dict() == {"a": None}

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +16,7 @@ from rlnorm.cli import main
 from rlnorm.cli.runs import EXIT_BACKEND, EXIT_REQUIRED, EXIT_USAGE, verdict_status
 from rlnorm.kit import worker
 from rlnorm.kit.checks import common
-from rlnorm.kit.checks.launch import ladder, launch
+from rlnorm.kit.checks.launch import CONFIG, LAUNCH_ENV, LAUNCHED, _Kernel, ladder, launch, summarise
 from rlnorm.kit.params import load_params
 from rlnorm.kit.results import BackendResult, ConfigPair, Configurations, RunResult, from_json
 from rlnorm.options import OpOptions
@@ -37,14 +40,17 @@ def test_a_constexpr_chosen_by_the_row_count_is_seen_with_its_row_counts() -> No
     (k,) = out.summary.kernels
     assert (k.kernel, k.passes, k.seen_by, k.varying) == (KERNEL, ["forward"], "jit_hook", ["ROWS"])
     assert k.evidence == "ROWS=1 at 1..4, 4 at 5..17"
-    assert k.configs == {"D=128, ROWS=1": [1, 2, 3, 4], "D=128, ROWS=4": [5, 6, 7, 8, 9, 15, 16, 17]}
+    assert k.configs == {
+        "D=128, HALVES=False, ROWS=1": [1, 2, 3, 4],
+        "D=128, HALVES=False, ROWS=4": [5, 6, 7, 8, 9, 15, 16, 17],
+    }
     assert k.specializations == {"n_rows==1": [1], "n_rows%16==0": [16]}
     assert out.summary.unseen  # a CPU says what it cannot see
 
 
 def test_one_configuration_at_every_row_count_is_no_variation() -> None:
     (k,) = launch(OneRowPerProgram(), OpOptions(), "cpu", launch_rows=17, **SIZES).summary.kernels
-    assert k.varying == [] and k.evidence is None and list(k.configs) == ["D=128, ROWS=1"]
+    assert k.varying == [] and k.evidence is None and list(k.configs) == ["D=128, HALVES=False, ROWS=1"]
 
 
 def _checked(tmp_path: Path, spec: str) -> BackendResult:
@@ -115,27 +121,10 @@ def test_a_bad_require_is_refused_before_anything_runs(spec: str, tmp_path: Path
     assert not any(tmp_path.iterdir())
 
 
-def test_a_kernel_launched_at_some_row_counts_only_changes_with_them() -> None:
-    """As torch.compile's graphs of another shape: another kernel takes its place at some row counts."""
-    from rlnorm.kit.checks.launch import LAUNCHED, _Kernel, summarise
-
-    k = _Kernel("launch_hook", {"forward"})
-    for rows in (2, 3, 4):
-        k.launches[rows].append({"XBLOCK": "8"})
-    s = summarise("inductor.triton_per_fused_0", k, [1, 2, 3, 4])
-    assert s.varying == [LAUNCHED] and s.evidence == "launched at 2..4, not at 1"
-
-
 @pytest.mark.gpu
 def test_an_inductor_kernel_goes_by_one_name_at_every_row_count() -> None:
     """Inductor's generated modules have throwaway names: each launch of its kernel, the first and every later one,
     is filed under `inductor.<kernel>`, or one kernel reads as two, each launched at some row counts only."""
-    import os
-    import subprocess
-    import sys
-
-    from rlnorm.kit.checks.launch import LAUNCH_ENV
-
     code = ("import json, sys; from rlnorm.kit.backends import load_backend; from rlnorm.kit.checks.launch import "
             "launch; from rlnorm.options import OpOptions; out = launch(load_backend('torch_compile'), OpOptions(), "
             f"'cuda', launch_rows=17, **{SIZES!r}); print(json.dumps([out.summary.error] + "
@@ -149,10 +138,15 @@ def test_an_inductor_kernel_goes_by_one_name_at_every_row_count() -> None:
     assert not any(n.startswith("torch._inductor") for n in names), names
 
 
-def test_an_autotuners_pick_that_changes_with_the_row_count_is_one_parameter() -> None:
-    """An autotuner's pick is one parameter, `kernel.config`: the configurations check clears it or not whole."""
-    from rlnorm.kit.checks.launch import CONFIG, _Kernel, summarise
-
+def test_a_kernel_at_some_row_counts_only_and_an_autotuners_pick_each_change_with_the_row_count() -> None:
+    """A kernel launched at some row counts only (torch.compile's graphs of another shape put another in its place)
+    varies as `launched`; an autotuner's pick is one parameter, `config`, which the configurations check clears
+    whole or not."""
+    k = _Kernel("launch_hook", {"forward"})
+    for rows in (2, 3, 4):
+        k.launches[rows].append({"XBLOCK": "8"})
+    s = summarise("inductor.triton_per_fused_0", k, [1, 2, 3, 4])
+    assert s.varying == [LAUNCHED] and s.evidence == "launched at 2..4, not at 1"
     k = _Kernel("launch_hook", {"forward"}, tuned={"BT", "num_warps"})
     for rows, bt, warps in ((1, "16", "16"), (2, "16", "16"), (3, "32", "8")):
         k.launches[rows].append({"BT": bt, "num_warps": warps, "grid[1]": "2"})

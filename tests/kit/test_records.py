@@ -12,6 +12,7 @@ import torch
 from rlnorm.inputs import make_case
 from rlnorm.kit import checks
 from rlnorm.kit.artifact import RECORD_COLUMNS, read_records, records_frame, write_records
+from rlnorm.kit.checks.common import bits
 from rlnorm.kit.records import rebuild_case, sweep_batch_rows
 from rlnorm.kit.results import to_json
 from rlnorm.options import OpOptions
@@ -19,15 +20,10 @@ from tests.faults import BatchSizeDependentOutput, NondeterministicDweight, Posi
 
 
 def _records(check: str, backend, opts: OpOptions | None = None, **kw) -> list[dict]:  # type: ignore[no-untyped-def]
-    """The check's records as the CSV's rows (dicts), at width 128 in bf16 on the CPU."""
-    out = getattr(checks, check)(
-        backend, opts or OpOptions(), "cpu", d=128, weight_dtype="bfloat16", progress=False, **kw
-    )
+    """The check's records as the CSV's rows (dicts), at width 128 in bf16 on the CPU; a planted fault has some."""
+    out = getattr(checks, check)(backend, opts, "cpu", d=128, weight_dtype="bfloat16", progress=False, **kw)
+    assert out.records
     return [to_json(r) for r in out.records]
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int16)
 
 
 def _reproduces(record: dict, backend) -> None:  # type: ignore[no-untyped-def]
@@ -35,7 +31,7 @@ def _reproduces(record: dict, backend) -> None:  # type: ignore[no-untyped-def]
     rb = rebuild_case(record)
     got = rb.run(backend)
     a, b = got[record["tensor"]]
-    assert int((_bits(a) != _bits(b)).sum()) == record["cols_differ"] > 0
+    assert int((bits(a) != bits(b)).sum()) == record["cols_differ"] > 0
     assert float((a.double() - b.double()).abs().max()) == pytest.approx(record["max_abs"])
 
 
@@ -76,13 +72,12 @@ def test_csv_round_trip_is_exact_and_atomic(tmp_path: Path) -> None:
 def test_rebuild_all_rows_record() -> None:
     b = BatchSizeDependentOutput()
     recs = _records("all_rows", b, all_rows_sizes=[63], all_rows_seeds=[4])
-    assert recs
     for rec in recs[:5]:
         rb = rebuild_case(rec)
         case = make_case(63, 128, 4)
-        assert torch.equal(_bits(rb.batch.x), _bits(case.x)) and torch.equal(_bits(rb.batch.dy), _bits(case.dy))
+        assert torch.equal(bits(rb.batch.x), bits(case.x)) and torch.equal(bits(rb.batch.dy), bits(case.dy))
         assert rb.position == rec["position"] == rec["row"] and rb.other_label == "alone"
-        assert torch.equal(_bits(rb.alone.x), _bits(case.x[rec["row"] : rec["row"] + 1]))
+        assert torch.equal(bits(rb.alone.x), bits(case.x[rec["row"] : rec["row"] + 1]))
         _reproduces(rec, b)
 
 
@@ -91,7 +86,6 @@ def test_rebuild_full_vs_sub_record_compares_sub_batch_with_full_batch() -> None
     recs = _records(
         "full_vs_sub_batches", b, sub_batches_rows=100, sub_batch_sizes=[7], sub_batches_seeds=[3], coverage="all"
     )
-    assert recs
     for rec in recs[:6]:
         rb = rebuild_case(rec)
         s, m = rec["batch_start"], rec["batch_size"]
@@ -105,13 +99,12 @@ def test_rebuild_sweep_record_regenerates_the_permuted_batch() -> None:
     recs = _records(
         "batch_size_sweep", b, sweep_n=65, sweep_seeds=[5], sweep_sizes=[9, 33, 65], sweep_probe_rows=[0, 64]
     )
-    assert recs
     for rec in recs:
         rb = rebuild_case(rec)
         assert len(rb.batch_rows) == rec["batch_size"] and int(rb.batch_rows[rb.position]) == rec["row"]
         assert len(set(rb.batch_rows.tolist())) == rec["batch_size"]  # m distinct rows
         case = make_case(65, 128, 5)
-        assert torch.equal(_bits(rb.batch.x), _bits(case.x[rb.batch_rows]))
+        assert torch.equal(bits(rb.batch.x), bits(case.x[rb.batch_rows]))
         _reproduces(rec, b)
 
 
@@ -121,7 +114,7 @@ def test_rebuild_dweight_record() -> None:
     rb = rebuild_case(rec)
     assert rb.position == rb.row == -1 and rb.batch.x.shape == (63, 128) and rb.other_label == "same batch"
     a, c = rb.run(b)["dweight"]
-    assert int((_bits(a) != _bits(c)).sum()) == rec["cols_differ"]
+    assert int((bits(a) != bits(c)).sum()) == rec["cols_differ"]
 
 
 def test_rebuild_from_a_csv_row_and_from_the_json_alone(tmp_path: Path) -> None:

@@ -1,6 +1,5 @@
-"""How often the output is the correctly rounded value, the gradients' error against fp64, and the
-time against a same-run `torch.add` moving as many bytes.
-"""
+"""How often the output is the correctly rounded value, the gradients' error against fp64, and the time against a
+same-run `torch.add` moving as many bytes."""
 
 from __future__ import annotations
 
@@ -9,19 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from tqdm import tqdm
 
-from rlnorm.kit.checks.common import (
-    NO_TRAIL,
-    CheckOutcome,
-    Trail,
-    backend_key,
-    caught,
-    check_common,
-    check_int,
-    has_backward,
-    new_case,
-)
+from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Trail, caught, check_int
 from rlnorm.kit.results import Accuracy
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
@@ -89,12 +77,11 @@ def accuracy_latency(
     iters = check_int("timing_iters", timing_iters, 1)
     if not isinstance(timing, bool):
         raise TypeError(f"timing: expected a bool, got {timing!r}")
-    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    dev = torch.device(device)
-    with_grad = has_backward(backend)
+    c = Check("accuracy_latency", backend, opts, device, d, weight_dtype, trail, progress)
+    opts, dev, with_grad = c.opts, torch.device(device), c.with_grad
     s = Accuracy(rows=rows, device=str(dev), timed=False)
-    with caught(s), tqdm(total=4, desc=f"{backend_key(backend)} accuracy_latency", disable=not progress) as bar:
-        case, _ = new_case(trail, "accuracy_latency", rows, d, seed, wdt, device, opts, whole=True)
+    with caught(s), c.bar(4) as bar:
+        case = c.case(rows, seed)
         x, z, w, dy = case.x, case.z, case.w, case.dy
         # -- forward accuracy
         y = backend.forward(x, z, w, opts).detach()
@@ -112,13 +99,12 @@ def accuracy_latency(
         # -- gradient accuracy against fp64 autograd
         if with_grad:
             g = backend.forward_backward(x, z, w, dy, opts)
-            leaves = [x.double().requires_grad_(), None if z is None else z.double().requires_grad_()]
-            leaves.append(w.double().requires_grad_())
+            leaves = [t.double().requires_grad_() for t in (x, z, w)]
             with torch.enable_grad():
-                gated_rmsnorm_math(leaves[0], leaves[1], leaves[2], opts, torch.float64).backward(dy.double())
+                gated_rmsnorm_math(*leaves, opts, torch.float64).backward(dy.double())
             s.grad_rel_err = {}
-            for name, got, leaf in (("x", g.dx, leaves[0]), ("z", g.dz, leaves[1]), ("w", g.dw, leaves[2])):
-                if got is None or leaf is None or leaf.grad is None:
+            for name, got, leaf in zip("xzw", (g.dx, g.dz, g.dw), leaves, strict=True):
+                if got is None or leaf.grad is None:
                     s.grad_rel_err[name] = None
                     continue
                 denom = float(leaf.grad.abs().max())
@@ -146,4 +132,4 @@ def accuracy_latency(
             s.host_bound = host_bound  # True: the GPU queue ran dry, the time includes host overhead
             s.timed = True
         bar.update(bar.total - bar.n)
-    return CheckOutcome(s, [], s.error)
+    return c.outcome(s)

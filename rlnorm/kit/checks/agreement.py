@@ -10,8 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from rlnorm.inputs import make_case
-from rlnorm.kit.checks.common import NO_TRAIL, X_DTYPE, Trail, bits, case_spec, check_common, check_int
+from rlnorm.kit.checks.common import NO_TRAIL, Check, Trail, bits, check_int
 from rlnorm.kit.results import Agreement
 
 if TYPE_CHECKING:
@@ -33,11 +32,9 @@ def agreement_output(
     """The backend's forward output on the agreement inputs, checked for shape and dtype (raises otherwise)."""
     rows = check_int("agreement_rows", agreement_rows, 1)
     seed = check_int("agreement_seed", agreement_seed)
-    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    case = make_case(rows, d, seed, X_DTYPE, wdt, device)
-    trail.case("agreement", case_spec(rows, d, seed, wdt), opts)
-    trail.batch({"kind": "slice", "start": 0, "size": rows})
-    y = backend.forward(case.x, case.z, case.w, opts)
+    c = Check("agreement", backend, opts, device, d, weight_dtype, trail)
+    case = c.case(rows, seed)
+    y = c.call(case, grad=False)[0]
     if y.shape != case.x.shape or y.dtype != case.x.dtype:
         raise ValueError(f"output {tuple(y.shape)} {y.dtype}, expected {tuple(case.x.shape)} {case.x.dtype}")
     return y.detach()

@@ -7,10 +7,11 @@ import json
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
+from tqdm import tqdm
 
 from rlnorm.inputs import Case, make_case
 from rlnorm.kit import results as res
@@ -18,9 +19,6 @@ from rlnorm.kit.results import REBUILD_VERSION, BackendResult, BatchInvariance, 
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.timing import describe_error
-
-if TYPE_CHECKING:
-    from rlnorm.kit.backends import Backend
 
 X_DTYPE = torch.bfloat16  # the op's activations (docs/spec.md §1); the weight's dtype is a parameter
 
@@ -32,10 +30,7 @@ Place = tuple[int | None, str, int | None, int, int | None, dict[str, Any]]
 class Dweight:
     """dweight_repeatable's summary (the artifact keeps only the bool)."""
 
-    dweight_repeatable: bool | None
-    rows: int
-    seed: int
-    repeats: int
+    dweight_repeatable: bool | None = None
     reason: str | None = None  # why there is no verdict (no backward, no dweight)
     error: str | None = None
     records_dropped: int | None = None
@@ -97,61 +92,117 @@ def check_ints(name: str, values: Any, low: int = 0) -> list[int]:
     return [check_int(f"{name}[{i}]", v, low) for i, v in enumerate(values)]
 
 
-def check_common(backend: Any, opts: Any, device: Any, d: int, weight_dtype: Any) -> tuple[OpOptions, torch.dtype]:
-    """The arguments every check takes, checked: (opts, the weight's torch dtype)."""
-    for attr in ("forward", "forward_backward"):
-        if not callable(getattr(backend, attr, None)):
-            raise TypeError(f"backend: expected a rlnorm Backend (with .{attr}), got {type(backend).__name__}")
-    if opts is None:
-        opts = OpOptions()
-    if not isinstance(opts, OpOptions):
-        raise TypeError(f"opts: expected rlnorm.options.OpOptions, got {type(opts).__name__}")
-    try:
-        torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"device: expected a torch device string, got {device!r}") from exc
-    check_int("d", d, 1)
-    opts.check_width(d)
-    wdt = getattr(torch, weight_dtype, None) if isinstance(weight_dtype, str) else weight_dtype
-    if not isinstance(wdt, torch.dtype) or not wdt.is_floating_point:
-        raise ValueError(f"weight_dtype: expected a float dtype name such as 'bfloat16', got {weight_dtype!r}")
-    return opts, wdt
+class Check:
+    """One check of one backend: the arguments every check takes, checked, and what checks share (its cases, the
+    backend's calls, its records, optionally capped, of each differing (row, tensor))."""
 
+    def __init__(
+        self,
+        name: str,
+        backend: Any,
+        opts: Any,
+        device: Any,
+        d: int,
+        weight_dtype: Any,
+        trail: Trail = NO_TRAIL,
+        progress: bool = False,
+        max_records: int | None = None,
+    ) -> None:
+        for attr in ("forward", "forward_backward"):
+            if not callable(getattr(backend, attr, None)):
+                raise TypeError(f"backend: expected a rlnorm Backend (with .{attr}), got {type(backend).__name__}")
+        opts = OpOptions() if opts is None else opts
+        if not isinstance(opts, OpOptions):
+            raise TypeError(f"opts: expected rlnorm.options.OpOptions, got {type(opts).__name__}")
+        try:
+            torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ValueError(f"device: expected a torch device string, got {device!r}") from exc
+        opts.check_width(check_int("d", d, 1))
+        wdt = getattr(torch, weight_dtype, None) if isinstance(weight_dtype, str) else weight_dtype
+        if not isinstance(wdt, torch.dtype) or not wdt.is_floating_point:
+            raise ValueError(f"weight_dtype: expected a float dtype name such as 'bfloat16', got {weight_dtype!r}")
+        self.name, self.backend, self.opts, self.device, self.d, self.wdt = name, backend, opts, device, d, wdt
+        self.trail, self.progress, self.max_records = trail, progress, max_records
+        self.key = str(getattr(backend, "key", "") or type(backend).__name__)
+        self.with_grad = bool(getattr(backend, "has_backward", False))
+        self.records: list[Record] = []
+        self.dropped = self._noted = 0
+        self.spec: dict[str, Any] = {}
 
-def backend_key(backend: Any) -> str:
-    return str(getattr(backend, "key", "") or type(backend).__name__)
+    def case(self, rows: int, seed: int, whole: bool = True) -> Case:
+        """The check's next case (the one its records are of)."""
+        case, self.spec = new_case(self.trail, self.name, rows, self.d, seed, self.wdt, self.device, self.opts, whole)
+        return case
 
+    def bar(self, total: int) -> tqdm:
+        return tqdm(total=total, desc=f"{self.key} {self.name}", disable=not self.progress)
 
-def has_backward(backend: Any) -> bool:
-    return bool(getattr(backend, "has_backward", False))
+    def call(self, case: Case, grad: bool | None = None) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """One launch of the backend on the case: (y, dx, dz), with a backward where it has one (or `grad` says)."""
+        if self.with_grad if grad is None else grad:
+            g = self.backend.forward_backward(case.x, case.z, case.w, case.dy, self.opts)
+            return g.y, g.dx, g.dz
+        return self.backend.forward(case.x, case.z, case.w, self.opts), None, None
 
+    def pieces(self, case: Case, plan: Sequence[tuple[int, int]]) -> tuple[Tensor | None, ...]:
+        """Rows s..s+m of the case for each (s, m) of `plan`, each a batch of its own marked on the trail before the
+        backend sees it: (y, dx, dz) detached, in plan order."""
+        got = []
+        for s, m in plan:
+            self.trail.batch({"kind": "slice", "start": s, "size": m})
+            got.append(self.call(case.rows(slice(s, s + m))))
+        return tuple(None if got[0][i] is None else torch.cat([g[i].detach() for g in got]) for i in range(3))
 
-def call(
-    backend: Backend, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor | None, opts: OpOptions, with_grad: bool
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
-    """One launch of the backend: (y, dx, dz); forward-only gives (y, None, None)."""
-    if with_grad:
-        g = backend.forward_backward(x, z, w, dy, opts)
-        return g.y, g.dx, g.dz
-    return backend.forward(x, z, w, opts), None, None
+    def outcome(self, summary: Any) -> CheckOutcome:
+        return CheckOutcome(summary, self.records, summary.error)
 
+    def add_rows(self, tensor: str, in_batch: Tensor, alone: Tensor, places: list[Place], other: Any = None) -> None:
+        """One record per row of the [k, D] tensors `in_batch` / `alone` (rows already known to differ), placed by
+        `places[i]`; `other` is the rebuild spec of what the row was compared with, where that is not the row alone.
+        A place without a row (dweight) rebuilds as row and position -1: the whole batch against itself."""
+        cap = len(places) if self.max_records is None else self.max_records - len(self.records)
+        room = max(0, min(len(places), cap))
+        self.dropped += len(places) - room
+        if room == 0:
+            return
+        cols, max_abs, max_ulp = diff_stats(in_batch[:room], alone[:room])
+        opts, seed = self.opts.as_dict(), self.spec["seed"]
+        for i, (row, case, start, size, position, batch) in enumerate(places[:room]):
+            spec = {"v": REBUILD_VERSION, "check": self.name, "case": self.spec, "opts": opts, "batch": batch}
+            spec.update(row=-1 if row is None else row, position=-1 if position is None else position, tensor=tensor)
+            rebuild = json.dumps(spec | ({} if other is None else {"other": other}), separators=(",", ":"))
+            self.records.append(
+                Record(self.key, self.name, seed, case, start, size, position, row, tensor, cols[i], max_abs[i],
+                       max_ulp[i], rebuild)
+            )  # fmt: skip
 
-def call_rows(backend: Backend, case: Case, s: int, m: int, opts: OpOptions, with_grad: bool) -> tuple:
-    """The backend on rows s..s+m of a case, as a batch of its own."""
-    z = None if case.z is None else case.z[s : s + m]
-    return call(backend, case.x[s : s + m], z, case.w, case.dy[s : s + m] if with_grad else None, opts, with_grad)
+    def dropped_since(self) -> int | None:
+        """The differing (row, tensor) pairs `max_records` left unrecorded since the last call (None: none)."""
+        new, self._noted = self.dropped - self._noted, self.dropped
+        return new or None
 
-
-def run_pieces(
-    backend: Backend, case: Case, plan: Sequence[tuple[int, int]], opts: OpOptions, with_grad: bool, trail: Trail
-) -> tuple[Tensor | None, ...]:
-    """Rows s..s+m of the case for each (s, m) of `plan`, each a batch of its own marked on the trail before the
-    backend sees it: (y, dx, dz) detached, in plan order."""
-    got = []
-    for s, m in plan:
-        trail.batch({"kind": "slice", "start": s, "size": m})
-        got.append(call_rows(backend, case, s, m, opts, with_grad))
-    return tuple(None if got[0][i] is None else torch.cat([g[i].detach() for g in got]) for i in range(3))
+    def record_differing(
+        self,
+        batch: Sequence[Tensor | None],
+        alone: Sequence[Tensor | None],
+        place: Callable[[int], Place],
+        into: Any,
+        other: Any = None,
+    ) -> int:
+        """Row i of `batch` against row i of `alone`, bitwise: each differing (row, tensor) recorded where `place(i)`
+        says; the rows whose y differs added to `into.fwd_differ`, those whose dx or dz differs to
+        `into.rowgrad_differ` (None: no gradient compared). Gives the rows where anything differs."""
+        masks, grad = differ_masks(batch, alone)
+        for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True):
+            if name in masks and bool(masks[name].any()):
+                idx = masks[name].nonzero().flatten()
+                places = [place(i) for i in idx.tolist()]
+                self.add_rows(name, b.index_select(0, idx), a.index_select(0, idx), places, other)
+        into.fwd_differ += int(masks["y"].sum())
+        if into.rowgrad_differ is not None:
+            into.rowgrad_differ += int(grad.sum())
+        return int((masks["y"] | grad).sum())
 
 
 def bits(t: Tensor) -> Tensor:
@@ -179,102 +230,24 @@ def diff_stats(a: Tensor, b: Tensor) -> tuple[list[int], list[float], list[int |
     return cols.tolist(), max_abs.tolist(), max_ulp
 
 
-def case_spec(rows: int, d: int, seed: int, weight_dtype: torch.dtype) -> dict[str, Any]:
-    return {"rows": rows, "d": d, "seed": seed, "dtype": dtype_name(X_DTYPE), "weight_dtype": dtype_name(weight_dtype)}
-
-
 def new_case(
     trail: Trail, check: str, rows: int, d: int, seed: int, wdt: torch.dtype, device: str, opts: OpOptions, whole: bool
 ) -> tuple[Case, dict[str, Any]]:
     """A check's seeded case and its spec, named on the trail (`whole`: the full batch marked as given next)."""
-    case, spec = make_case(rows, d, seed, X_DTYPE, wdt, device), case_spec(rows, d, seed, wdt)
+    spec = {"rows": rows, "d": d, "seed": seed, "dtype": dtype_name(X_DTYPE), "weight_dtype": dtype_name(wdt)}
     trail.case(check, spec, opts)
     if whole:
         trail.batch({"kind": "slice", "start": 0, "size": rows})
-    return case, spec
+    return make_case(rows, d, seed, X_DTYPE, wdt, device), spec
 
 
 def differ_masks(batch: Sequence[Tensor | None], alone: Sequence[Tensor | None]) -> tuple[dict[str, Tensor], Tensor]:
     """bool[rows] per tensor ("y", "dx", "dz") both sides have: the row is not bitwise equal; and the rows whose dx
     or dz differs."""
-    masks = {
-        name: differ_rows(b, a)
-        for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True)
-        if b is not None and a is not None
-    }
-    grad = torch.zeros_like(masks["y"])
-    for name in ("dx", "dz"):
-        grad |= masks.get(name, grad)
-    return masks, grad
-
-
-class Recorder:
-    """Collects records (optionally capped) for one check of one backend."""
-
-    def __init__(self, backend: Any, check: str, opts: OpOptions, max_records: int | None) -> None:
-        self.key = backend_key(backend)
-        self.check = check
-        self.opts = opts.as_dict()
-        self.max_records = max_records
-        self.records: list[Record] = []
-        self.dropped = self._noted = 0
-
-    def add_rows(
-        self,
-        seed: int,
-        tensor: str,
-        in_batch: Tensor,
-        alone: Tensor,
-        case_spec: dict[str, Any],
-        places: list[Place],
-        other: dict[str, Any] | None = None,
-    ) -> None:
-        """One record per row of the [k, D] tensors `in_batch` / `alone` (rows already known to differ), placed by
-        `places[i]`; `other` is the rebuild spec of what the row was compared with, where that is not the row alone."""
-        cap = len(places) if self.max_records is None else self.max_records - len(self.records)
-        room = max(0, min(len(places), cap))
-        self.dropped += len(places) - room
-        if room == 0:
-            return
-        cols, max_abs, max_ulp = diff_stats(in_batch[:room], alone[:room])
-        for i, (row, case, start, size, position, batch) in enumerate(places[:room]):
-            spec = {"v": REBUILD_VERSION, "check": self.check, "case": case_spec, "opts": self.opts, "batch": batch}
-            spec.update(row=row, position=position, tensor=tensor, **({} if other is None else {"other": other}))
-            rebuild = json.dumps(spec, separators=(",", ":"))
-            self.records.append(
-                Record(self.key, self.check, seed, case, start, size, position, row, tensor, cols[i], max_abs[i],
-                       max_ulp[i], rebuild)
-            )  # fmt: skip
-
-    def dropped_since(self) -> int | None:
-        """The differing (row, tensor) pairs `max_records` left unrecorded since the last call (None: none)."""
-        new, self._noted = self.dropped - self._noted, self.dropped
-        return new or None
-
-
-def record_differing(
-    rec: Recorder,
-    seed: int,
-    batch: Sequence[Tensor | None],
-    alone: Sequence[Tensor | None],
-    case_spec: dict[str, Any],
-    place: Callable[[int], Place],
-    into: Any,
-    other: dict[str, Any] | None = None,
-) -> int:
-    """Row i of `batch` against row i of `alone`, bitwise: each differing (row, tensor) recorded where `place(i)`
-    says; the rows whose y differs added to `into.fwd_differ`, those whose dx or dz differs to
-    `into.rowgrad_differ` (None: no gradient compared). Gives the rows where anything differs."""
-    masks, grad = differ_masks(batch, alone)
-    for name, b, a in zip(("y", "dx", "dz"), batch, alone, strict=True):
-        if name in masks and bool(masks[name].any()):
-            idx = masks[name].nonzero().flatten()
-            places = [place(i) for i in idx.tolist()]
-            rec.add_rows(seed, name, b.index_select(0, idx), a.index_select(0, idx), case_spec, places, other)
-    into.fwd_differ += int(masks["y"].sum())
-    if into.rowgrad_differ is not None:
-        into.rowgrad_differ += int(grad.sum())
-    return int((masks["y"] | grad).sum())
+    pairs = zip(("y", "dx", "dz"), batch, alone, strict=True)
+    masks = {name: differ_rows(b, a) for name, b, a in pairs if b is not None and a is not None}
+    none = torch.zeros_like(masks["y"])
+    return masks, masks.get("dx", none) | masks.get("dz", none)
 
 
 # the checks whose verdicts make `batch_invariant`, in the report's order
@@ -287,16 +260,12 @@ INVARIANT, NOT_INVARIANT, BY_CONSTRUCTION = "invariant", "not_invariant", "not_i
 def batch_invariant(inv: BatchInvariance, errors: Mapping[str, str] | None = None) -> bool | None:
     """False on any difference (or a non-repeatable dweight); None if a row check is missing or raised (its
     summary's error, or `errors[check]`); else True. A dweight_repeatable of None (no backward) is no verdict."""
-    counts: list[int] = []
-    if inv.all_rows is not None:
-        # rowgrad_differ is None where gradients were not compared (a forward-only backend)
-        counts += [(s.fwd_differ or 0) + (s.rowgrad_differ or 0) for s in inv.all_rows.sizes.values()]
-    for s in (inv.full_vs_sub_batches, inv.batch_size_sweep):
-        if s is not None:
-            counts += [s.fwd_differ or 0, s.rowgrad_differ or 0, getattr(s, "differ", 0) or 0]
-    if any(c > 0 for c in counts) or inv.dweight_repeatable is False:
-        return False
     parts = (inv.all_rows, inv.full_vs_sub_batches, inv.batch_size_sweep)
+    # per size of all_rows, then the other two; a None count (no gradient compared) is no difference
+    counted = [*(inv.all_rows.sizes.values() if inv.all_rows else ()), *(p for p in parts[1:] if p is not None)]
+    differs = any(s.fwd_differ or s.rowgrad_differ or getattr(s, "differ", 0) for s in counted)
+    if differs or inv.dweight_repeatable is False:
+        return False
     if any(p is None or p.error for p in parts) or any(c in (errors or {}) for c in INVARIANCE_CHECKS):
         return None
     return True
@@ -317,12 +286,8 @@ def uncleared(result: BackendResult) -> dict[str, str]:
     cleared = set(c.cleared) if c else set()
     kernels = result.launches.kernels if result.launches else []
     out = {f"{k.kernel}.{p}": k.evidence or "" for k in kernels for p in k.varying if f"{k.kernel}.{p}" not in cleared}
-    out |= {
-        key: f"not run at each value here: {why}"
-        for key, why in (c.unexercised.items() if c else ())
-        if key not in cleared
-    }
-    return out
+    unrun = c.unexercised.items() if c else ()
+    return out | {key: f"not run at each value here: {why}" for key, why in unrun if key not in cleared}
 
 
 def verdict(result: BackendResult, errors: Mapping[str, str] | None = None) -> str | None:

@@ -1,11 +1,8 @@
-"""Every launch configuration a backend's kernels could pick, run against each other (docs/spec.md §5).
-
-The row checks see only the configuration the autotuner or the row-count heuristic picked in this process, at
-the sizes they ran. Here each value of each such parameter is forced (`Backend.configurations`: a `Setting` with
-a pin per value) and the full batch under value a is compared, row by row and bitwise, with the rows alone and in
-sub-batches under value b, for every ordered pair (a, b); with a backward, dx and dz too, and dweight of the full
-batch under a against under b. A parameter is cleared when no pair changes a bit; one whose values cannot all be
-forced here is unexercised, with why.
+"""Every launch configuration a backend's kernels could pick, run against each other (docs/spec.md §5): the row
+checks see only what this process's autotuner or row-count heuristic picked. Each value is forced
+(`Backend.configurations`), and the full batch under a is compared bitwise with its rows alone and in sub-batches
+under b for every ordered pair (a, b), dweight too. A parameter no pair changes a bit of is cleared; one whose
+values cannot all be forced here is unexercised, with why.
 """
 
 from __future__ import annotations
@@ -20,18 +17,14 @@ from rlnorm.inputs import Case
 from rlnorm.kit.backends.pins import Setting
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
+    Check,
     CheckOutcome,
     Trail,
     bits,
-    call,
     caught,
-    check_common,
     check_int,
     check_ints,
     differ_masks,
-    has_backward,
-    new_case,
-    run_pieces,
 )
 from rlnorm.kit.checks.rows import sub_batch_plan
 from rlnorm.kit.results import ConfigPair, Configurations
@@ -44,15 +37,14 @@ if TYPE_CHECKING:
 _Run = tuple[tuple[Tensor | None, ...], Tensor | None, dict[int, tuple[Tensor | None, ...]]]
 
 
-def _run(setting: Setting, backend: Backend, case: Case, opts: OpOptions, with_grad: bool, sizes: list[int],
-         trail: Trail) -> _Run:  # fmt: skip
+def _run(setting: Setting, c: Check, case: Case, sizes: list[int]) -> _Run:
     assert setting.pin is not None
     rows = case.x.shape[0]
     with setting.pin():
-        trail.batch({"kind": "slice", "start": 0, "size": rows})
-        g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts) if with_grad else None
-        full = call(backend, case.x, case.z, case.w, None, opts, False) if g is None else (g.y, g.dx, g.dz)
-        parts = {size: run_pieces(backend, case, sub_batch_plan(rows, size), opts, with_grad, trail) for size in sizes}
+        c.trail.batch({"kind": "slice", "start": 0, "size": rows})
+        g = c.backend.forward_backward(case.x, case.z, case.w, case.dy, c.opts) if c.with_grad else None
+        full = c.call(case, grad=False) if g is None else (g.y, g.dx, g.dz)
+        parts = {size: c.pieces(case, sub_batch_plan(rows, size)) for size in sizes}
     return tuple(None if t is None else t.detach() for t in full), None if g is None else g.dw, parts
 
 
@@ -63,11 +55,9 @@ def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Ru
     for piece in parts.values():
         masks, grad_mask = differ_masks(full, piece)
         fwd, grad = fwd + int(masks["y"].sum()), grad + int(grad_mask.sum())
-    with_grad = full[1] is not None
-    dweight = None
-    if a is not b and dw_a is not None and dw_b is not None:
-        dweight = bool(torch.equal(bits(dw_a), bits(dw_b)))
-    return ConfigPair(kernel, parameter, a.value, b.value, fwd, grad if with_grad else None, dweight)
+    both = a is not b and dw_a is not None and dw_b is not None
+    dweight = bool(torch.equal(bits(dw_a), bits(dw_b))) if both else None
+    return ConfigPair(kernel, parameter, a.value, b.value, fwd, None if full[1] is None else grad, dweight)
 
 
 def configurations(
@@ -91,12 +81,11 @@ def configurations(
     seed = check_int("configurations_seed", configurations_seed)
     if any(s > rows for s in sizes):
         raise ValueError(f"configurations_sizes: expected sizes no larger than configurations_rows={rows}, got {sizes}")
-    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    with_grad = has_backward(backend)
+    c = Check("configurations", backend, opts, device, d, weight_dtype, trail, progress)
     summary = Configurations()
     with caught(summary):
         groups: dict[str, list[Setting]] = {}
-        for s in backend.configurations(opts, device, d):
+        for s in backend.configurations(c.opts, device, d):
             groups.setdefault(s.key, []).append(s)
             if s.pin is not None:
                 summary.values.setdefault(s.key, []).append(s.value)
@@ -110,13 +99,13 @@ def configurations(
                 whys = "; ".join(dict.fromkeys(str(s.why) for s in unrun))
                 summary.unexercised[key] = f"{whys} ({len(unrun)} of its {len(group)} values not run)"
         if not groups:
-            return CheckOutcome(summary, [])
-        case, _ = new_case(trail, "configurations", rows, d, seed, wdt, device, opts, whole=False)
+            return c.outcome(summary)
+        case = c.case(rows, seed, whole=False)
         for key, group in groups.items():
             pinned = [s for s in group if s.pin is not None]
             if not pinned:
                 continue
-            runs = [_run(s, backend, case, opts, with_grad, sizes, trail) for s in pinned]
+            runs = [_run(s, c, case, sizes) for s in pinned]
             kernel, parameter = pinned[0].kernel, pinned[0].parameter
             pairs = [_pair(kernel, parameter, a, b, ra, rb) for a, ra in zip(pinned, runs, strict=True)
                      for b, rb in zip(pinned, runs, strict=True)]  # fmt: skip
@@ -125,4 +114,4 @@ def configurations(
             if clean and key not in summary.unexercised:
                 implied = {n for s in group for n in s.implies}
                 summary.cleared += [key, *sorted(implied - set(summary.cleared))]
-    return CheckOutcome(summary, [], summary.error)
+    return c.outcome(summary)

@@ -17,8 +17,6 @@ from rlnorm.kit.backends import Backend, describe_error
 from rlnorm.kit.results import Digests
 from rlnorm.options import OpOptions
 
-__all__ = ["STANDARD_ROWS", "STANDARD_SEED", "digest", "output_digests", "same_bits"]
-
 STANDARD_ROWS = 257  # not a multiple of any block size, so a kernel's tail handling is in the bits
 STANDARD_SEED = 0
 

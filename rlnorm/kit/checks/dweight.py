@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING
 
 import torch
-from tqdm import tqdm
 
-from rlnorm.kit.checks.common import (
-    NO_TRAIL,
-    CheckOutcome,
-    Dweight,
-    Recorder,
-    Trail,
-    backend_key,
-    caught,
-    check_common,
-    check_int,
-    differ_rows,
-    has_backward,
-    new_case,
-)
+from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Dweight, Trail, caught, check_int, differ_rows
 from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
@@ -47,27 +32,25 @@ def dweight_repeatable(
     rows = check_int("dweight_rows", dweight_rows, 1)
     seed = check_int("dweight_seed", dweight_seed)
     check_int("repeats", repeats, 2)
-    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    summary = Dweight(None, rows, seed, repeats)
-    rec = Recorder(backend, "dweight_repeatable", opts, max_records)
-    if not has_backward(backend):
+    c = Check("dweight_repeatable", backend, opts, device, d, weight_dtype, trail, progress, max_records)
+    summary = Dweight()
+    if not c.with_grad:
         summary.reason = "no backward"
-        return CheckOutcome(summary, [])
-    with caught(summary):
-        case, spec = new_case(trail, "dweight_repeatable", rows, d, seed, wdt, device, opts, whole=True)
+        return c.outcome(summary)
+    with caught(summary), c.bar(repeats) as bar:
+        case = c.case(rows, seed)
         dws = []
-        for _ in tqdm(range(repeats), desc=f"{backend_key(backend)} dweight_repeatable", disable=not progress):
-            g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
-            if g.dw is None:
+        for _ in range(repeats):
+            dw = c.backend.forward_backward(case.x, case.z, case.w, case.dy, c.opts).dw
+            if dw is None:
                 summary.reason = "backend gave no dweight"
-                return CheckOutcome(summary, [])
-            dws.append(g.dw.detach().clone().reshape(1, -1))
+                return c.outcome(summary)
+            dws.append(dw.detach().clone().reshape(1, -1))
+            bar.update()
+        whole = {"kind": "slice", "start": 0, "size": rows}
         differ = [i for i in range(1, repeats) if bool(differ_rows(dws[i], dws[0]).any())]
-        for i in differ:
-            whole = {"kind": "slice", "start": 0, "size": rows}
-            rec.add_rows(seed, "dweight", dws[i], dws[0], spec, [(None, f"repeat={i}", 0, rows, None, whole)])
-        for r in rec.records:  # rebuild: the whole batch against itself
-            r.rebuild = json.dumps({**json.loads(r.rebuild), "row": -1, "position": -1}, separators=(",", ":"))
+        for i in differ:  # no row or position: the rebuild is the whole batch against itself
+            c.add_rows("dweight", dws[i], dws[0], [(None, f"repeat={i}", 0, rows, None, whole)])
         summary.dweight_repeatable = not differ
-    summary.records_dropped = rec.dropped_since()
-    return CheckOutcome(summary, rec.records, summary.error)
+    summary.records_dropped = c.dropped_since()
+    return c.outcome(summary)

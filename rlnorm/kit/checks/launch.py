@@ -1,31 +1,19 @@
-"""launch: every kernel a backend launches, at a dense ladder of row counts, and which of its launch parameters
-change with the row count.
+"""launch: every kernel a backend launches at a dense ladder of row counts, and which launch parameters change
+with the row count. A row check sees only the configurations this process happened to take (an autotuner that
+picked the same one for the batch and the row alone hides the other); this puts each on the record.
 
-A row check sees only the configurations the launches of this process happened to take: an autotuner that picked
-the same configuration for the full batch and for the row alone hides the other one. This check records each
-launch (the forward, then forward and backward) at every row count of the ladder, so a parameter that depends on
-the row count is on the record, with the row counts at each value, whatever the row checks found.
-
-- Triton kernels on a GPU: `triton.knobs.runtime.launch_enter_hook` fires for every compiled launch (Inductor's
-  too, with its static CUDA launcher off: `LAUNCH_ENV`), and `CompiledKernel.launch_metadata` is wrapped to hand
-  the hook the kernel, its grid and its arguments: name, grid, num_warps, num_stages, shared memory, constexprs.
-- Other CUDA kernels (torch's own): `torch.profiler`'s kernel events (grid, block, shared memory).
-- Triton's interpreter (a CPU): no launch hook fires and nothing is compiled. `InterpretedFunction.run` is wrapped
-  (what its pre-run hooks would see: the arguments and constexprs) and the launch is recorded, not executed (its
-  outputs are not read here; the ladder reaches the full batch at no cost). num_warps and num_stages are seen
-  where an autotuner's config or the caller passes them.
-- Autotuned kernels, both: `Autotuner.run` is wrapped for the key and the configuration it picked; the launches
-  of its benchmarking are not counted.
-
-The grid's first axis is the row extent (every row kernel here maps programs to rows on it) and is left out of a
-configuration; other axes are kept. Triton's integer specialisations (an int argument equal to 1, or divisible by
-16, compiles a binary of its own) are recorded where they change with the row count: docs/kit.md says why they are
-covered by the row checks.
+Seen by: Triton's `launch_enter_hook` on a GPU (Inductor's too, its static launcher off: `LAUNCH_ENV`), with
+`CompiledKernel.launch_metadata` wrapped to hand it the kernel, grid and arguments; `torch.profiler` for other
+CUDA kernels; under Triton's interpreter, a wrapped `InterpretedFunction.run` that records the launch and does
+not execute it; `Autotuner.run` for the key and pick (its benchmarking launches not counted). The grid's first
+axis is the row extent and is left out of a configuration. Integer specialisations that change with the row
+count are recorded; docs/kit.md says why the row checks cover them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -37,16 +25,7 @@ from typing import Any
 
 import torch
 
-from rlnorm.kit.checks.common import (
-    NO_TRAIL,
-    CheckOutcome,
-    Trail,
-    call,
-    check_common,
-    check_ints,
-    has_backward,
-    new_case,
-)
+from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Trail, check_ints
 from rlnorm.kit.results import KernelLaunches, Launches
 from rlnorm.options import OpOptions
 from rlnorm.timing import describe_error
@@ -83,7 +62,7 @@ class _Kernel:
 
 
 class _Recorder:
-    """Collects launches while installed; `at(rows, pass)` names the row count and pass they belong to."""
+    """Collects launches while installed, filed under the row count and pass the check sets in `rows`, `pass_`."""
 
     def __init__(self) -> None:
         self.kernels: dict[str, _Kernel] = {}
@@ -311,11 +290,9 @@ def summarise(name: str, k: _Kernel, ladder_: list[int], done: list[int] | None 
     varying = [p for p in params if len(set(values[p].values())) > 1]
     evidence = []
     for p in varying:
-        by_value: dict[frozenset[str], list[int]] = defaultdict(list)
-        for rows, v in values[p].items():
-            by_value[v].append(rows)
-        evidence.append(f"{p}=" + ", ".join(f"{'|'.join(sorted(v))} at {_spans(r, ladder_)}"
-                                            for v, r in by_value.items()))  # fmt: skip
+        by = values[p]
+        at = {v: _spans([r for r, u in by.items() if u == v], ladder_) for v in dict.fromkeys(by.values())}
+        evidence.append(f"{p}=" + ", ".join(f"{'|'.join(sorted(v))} at {rows}" for v, rows in at.items()))
     if any(p in k.tuned for p in varying):  # an autotuner's pick is one parameter: its whole config
         varying = [p for p in varying if p not in k.tuned] + [CONFIG]
     absent = [r for r in (ladder_ if done is None else done) if r not in k.launches]
@@ -358,7 +335,7 @@ def launch(
     progress: bool = False,
 ) -> CheckOutcome:
     """The backend's forward (and forward+backward) at each row count of the ladder, every launch recorded."""
-    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
+    c = Check("launch", backend, opts, device, d, weight_dtype, trail)
     used = [*all_rows_sizes, *sub_batch_sizes, *sweep_sizes, sub_batches_rows, dweight_rows, accuracy_rows,
             agreement_rows]  # fmt: skip
     used = check_ints("sizes", used, 1)
@@ -369,18 +346,15 @@ def launch(
     out = Launches(rows=rows_ladder, unseen=None if cuda else UNSEEN_CPU)
     rec = _Recorder()
     done: list[int] = []  # the row counts whose passes all ran
-    passes = [("forward", False)] + ([("backward", True)] if has_backward(backend) else [])
+    passes = [("forward", False)] + ([("backward", True)] if c.with_grad else [])
     try:
         with _installed(rec, interpreted):
             for rows in rows_ladder:
-                case, _ = new_case(trail, "launch", rows, d, seed, wdt, device, opts, whole=False)
+                case = c.case(rows, seed, whole=False)
                 for name, grad in passes:
                     trail.batch({"kind": "slice", "start": 0, "size": rows})
                     rec.rows, rec.pass_ = rows, name
-
-                    def once(grad: bool = grad, case: Any = case) -> None:
-                        call(backend, case.x, case.z, case.w, case.dy if grad else None, opts, grad)
-
+                    once = functools.partial(c.call, case, grad)
                     _profiled(rec, once) if cuda else once()
                 done.append(rows)
                 rec.rows = 0

@@ -1,9 +1,6 @@
-"""Each row inside a batch against the same row computed in another batch: alone (all_rows) or in
-the full batch against contiguous sub-batches (full_vs_sub_batches).
-
-Rows computed alone or in small batches go fast through `AloneRunner`: one launch per row, so results stay on the
-device in preallocated buffers; on CUDA many calls are captured into one CUDA graph, used only where
-`timing.verify_graph` finds its replay bitwise equal to eager calls. `paths[size]` says which ran.
+"""Each row inside a batch against the same row computed alone (all_rows) or in a contiguous sub-batch
+(full_vs_sub_batches). `AloneRunner` makes the many small calls affordable: results stay on the device in
+preallocated buffers, and on CUDA many calls replay as one CUDA graph where that replay is bitwise the eager calls.
 """
 
 from __future__ import annotations
@@ -19,24 +16,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from rlnorm.inputs import Case
-from rlnorm.kit.checks.common import (
-    NO_TRAIL,
-    CheckOutcome,
-    Place,
-    Recorder,
-    Trail,
-    backend_key,
-    call,
-    call_rows,
-    caught,
-    check_common,
-    check_int,
-    check_ints,
-    has_backward,
-    new_case,
-    record_differing,
-    run_pieces,
-)
+from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Place, Trail, caught, check_int, check_ints
 from rlnorm.kit.results import AllRows, RowsAtSize, SubBatches
 from rlnorm.options import OpOptions
 from rlnorm.timing import CudaClock, GraphMismatch, describe_error, verify_graph
@@ -47,16 +27,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class _Graph:
-    """k calls of one tile size held by a CUDA graph, with the static buffers they read and write."""
+    """k calls of one tile size held by a CUDA graph, with the static case they read and the outputs they write."""
 
     replay: Any
     keep: list[Any]
     k: int
     size: int
-    x: Tensor
-    z: Tensor | None
-    dy: Tensor | None
-    w: Tensor
+    case: Case
     outs: list[tuple[Tensor | None, ...]]
 
 
@@ -65,14 +42,9 @@ class AloneRunner:
     """Runs equal-size contiguous sub-batches of one case, each as its own backend call: `run(case, starts, size)`
     gives (y, dx, dz) in tile order; on CUDA `graph_rows // size` calls are captured into one graph per size."""
 
-    backend: Backend
-    opts: OpOptions
-    with_grad: bool
-    use_graphs: bool
-    graph_rows: int
-    progress: bool
-    desc: str
-    trail: Trail = NO_TRAIL
+    check: Check
+    use_graphs: bool = True
+    graph_rows: int = 4096
     paths: dict[int, str] = field(default_factory=dict, init=False)  # size -> the path its last run took
     _graphs: dict[int, _Graph] = field(default_factory=dict, init=False)
     _no_graph: dict[int, str] = field(default_factory=dict, init=False)  # size -> why the graph path is not used
@@ -80,17 +52,15 @@ class AloneRunner:
     def run(self, case: Case, starts: Tensor, size: int) -> tuple[Tensor, Tensor | None, Tensor | None]:
         x = case.x
         n_tiles = int(starts.numel())
-        out_y = torch.empty(n_tiles * size, x.shape[1], dtype=x.dtype, device=x.device)
-        out_dx = torch.empty_like(out_y) if self.with_grad else None
-        out_dz = torch.empty_like(out_y) if self.with_grad and case.z is not None else None
-        outs = (out_y, out_dx, out_dz)
+        y = torch.empty(n_tiles * size, x.shape[1], dtype=x.dtype, device=x.device)
+        outs = (y, torch.empty_like(y), torch.empty_like(y)) if self.check.with_grad else (y, None, None)
         if n_tiles == 0:
             return outs
         k = self.graph_rows // size
         if self.use_graphs and x.device.type == "cuda" and k >= 8 and n_tiles >= k and size not in self._no_graph:
             try:
                 g = self._graphs.get(size)
-                if g is None or g.x.shape[1] != x.shape[1] or g.x.dtype != x.dtype:
+                if g is None or g.case.x.shape[1] != x.shape[1] or g.case.x.dtype != x.dtype:
                     g = self._graphs[size] = self._capture(case, starts, size, k)
                 self._run_graph(g, case, starts, outs)
                 self.paths[size] = "cuda_graph"
@@ -109,10 +79,11 @@ class AloneRunner:
     def _run_eager(self, case: Case, starts: Tensor, size: int, outs: tuple[Tensor | None, ...]) -> None:
         starts_l = starts.tolist()
         chunk = max(1, 4096 // size)
-        bar = tqdm(total=len(starts_l), desc=f"{self.desc} size {size}", disable=not self.progress, leave=False)
+        c = self.check
+        bar = tqdm(total=len(starts_l), desc=f"{c.key} {c.name} size {size}", disable=not c.progress, leave=False)
         for c0 in range(0, len(starts_l), chunk):
-            self.trail.batch({"kind": "slice", "start": starts_l[c0], "size": size})
-            got = [call_rows(self.backend, case, s, size, self.opts, self.with_grad) for s in starts_l[c0 : c0 + chunk]]
+            c.trail.batch({"kind": "slice", "start": starts_l[c0], "size": size})
+            got = [c.call(case.rows(slice(s, s + size))) for s in starts_l[c0 : c0 + chunk]]
             r0, r1 = c0 * size, (c0 + len(got)) * size
             with torch.no_grad():
                 for i, out in enumerate(outs):
@@ -122,47 +93,35 @@ class AloneRunner:
         bar.close()
 
     def _capture(self, case: Case, starts: Tensor, size: int, k: int) -> _Graph:
-        x, z, dy = case.x, case.z, case.dy
-        self.trail.batch({"kind": "slice", "start": int(starts[0]), "size": size})
-        first = (starts[:k].view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(x.device)
-        sx = x.index_select(0, first)
-        sz = None if z is None else z.index_select(0, first)
-        sdy = dy.index_select(0, first) if self.with_grad else None
-        sw = case.w.clone()
-
-        def tile(i: int) -> Any:
-            sl = slice(i * size, (i + 1) * size)
-            sub_z = None if sz is None else sz[sl]
-            return call(self.backend, sx[sl], sub_z, sw, None if sdy is None else sdy[sl], self.opts, self.with_grad)
-
-        calls = [lambda i=i: tile(i) for i in range(k)]
-        clock = CudaClock(str(x.device))
+        self.check.trail.batch({"kind": "slice", "start": int(starts[0]), "size": size})
+        static = case.rows((starts[:k].view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(case.x.device))
+        static.w = case.w.clone()
+        calls = [lambda i=i: self.check.call(static.rows(slice(i * size, (i + 1) * size))) for i in range(k)]
+        clock = CudaClock(str(case.x.device))
         cap = clock.capture(calls, warmup=3)
         # the graph's results are the backend's only if its replay writes bitwise what an eager call gives
         verdict = verify_graph(cap, calls, clock.sync)
         if verdict != "bitwise":
             raise GraphMismatch(f"graph replay differed from eager calls ({verdict})")
-        return _Graph(cap.replay, cap.keep, k, size, sx, sz, sdy, sw, cap.outs)
+        return _Graph(cap.replay, cap.keep, k, size, static, cap.outs)
 
     def _run_graph(self, g: _Graph, case: Case, starts: Tensor, outs: tuple[Tensor | None, ...]) -> None:
-        x, z, dy = case.x, case.z, case.dy
-        size, k = g.size, g.k
+        size, k, c = g.size, g.k, self.check
         n_tiles = int(starts.numel())
-        idx = (starts.view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(x.device)
-        g.w.copy_(case.w)
-        bar = tqdm(total=n_tiles, desc=f"{self.desc} size {size} (graph)", disable=not self.progress, leave=False)
-        for c in range(math.ceil(n_tiles / k)):
-            t0 = min(c * k, n_tiles - k)  # the last chunk overlaps the one before: same values rewritten
-            self.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
+        idx = (starts.view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(case.x.device)
+        g.case.w.copy_(case.w)
+        bar = tqdm(total=n_tiles, desc=f"{c.key} {c.name} size {size} (graph)", disable=not c.progress, leave=False)
+        for chunk in range(math.ceil(n_tiles / k)):
+            t0 = min(chunk * k, n_tiles - k)  # the last chunk overlaps the one before: same values rewritten
+            c.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
             sel = idx[t0 * size : (t0 + k) * size]
-            for src, static in ((x, g.x), (z, g.z), (dy, g.dy)):
-                if src is not None and static is not None:
-                    torch.index_select(src, 0, sel, out=static)
+            for name in ("x", "z", "dy"):
+                torch.index_select(getattr(case, name), 0, sel, out=getattr(g.case, name))
             g.replay()
             for i, out in enumerate(outs):
                 if out is not None:
                     torch.cat([o[i] for o in g.outs], out=out[t0 * size : (t0 + k) * size])
-            bar.update(min(k, n_tiles - c * k))
+            bar.update(min(k, n_tiles - chunk * k))
         bar.close()
 
 
@@ -188,28 +147,23 @@ def all_rows(
     rows, fwd_differ, rowgrad_differ (None for a forward-only backend), alone_path."""
     sizes = check_ints("all_rows_sizes", all_rows_sizes, 1)
     seeds = check_ints("all_rows_seeds", all_rows_seeds)
-    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    with_grad = has_backward(backend)
-    key = backend_key(backend)
-    rec = Recorder(backend, "all_rows", opts, max_records)
-    runner = AloneRunner(backend, opts, with_grad, use_graphs, graph_rows, progress, f"{key} all_rows", trail)
+    c = Check("all_rows", backend, opts, device, d, weight_dtype, trail, progress, max_records)
+    runner = AloneRunner(c, use_graphs, graph_rows)
     summary = AllRows()
-    with caught(summary), tqdm(total=len(sizes) * len(seeds), desc=f"{key} all_rows", disable=not progress) as bar:
+    with caught(summary), c.bar(len(sizes) * len(seeds)) as bar:
         for n in sizes:
-            entry = summary.sizes[n] = RowsAtSize(0, 0, 0 if with_grad else None, "eager")
+            entry = summary.sizes[n] = RowsAtSize(0, 0, 0 if c.with_grad else None, "eager")
+            whole = {"kind": "slice", "start": 0, "size": n}
             for seed in seeds:
-                case, spec = new_case(trail, "all_rows", n, d, seed, wdt, device, opts, whole=True)
-                batch = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
+                case = c.case(n, seed)
+                batch = c.call(case)
                 alone = runner.run(case, torch.arange(n), 1)
                 entry.alone_path = runner.paths.get(1, "eager")
-                whole = {"kind": "slice", "start": 0, "size": n}
-                record_differing(
-                    rec, seed, batch, alone, spec, lambda r, n=n, w=whole: (r, f"n={n}", 0, n, r, w), entry
-                )
+                c.record_differing(batch, alone, lambda r, n=n, w=whole: (r, f"n={n}", 0, n, r, w), entry)
                 entry.rows += n
                 bar.update()
-            entry.records_dropped = rec.dropped_since()
-    return CheckOutcome(summary, rec.records, summary.error)
+            entry.records_dropped = c.dropped_since()
+    return c.outcome(summary)
 
 
 def sub_batch_plan(full_rows: int, size: int, coverage: str = "all", sample_stride: int = 512) -> list[tuple[int, int]]:
@@ -258,31 +212,26 @@ def full_vs_sub_batches(
     sizes = check_ints("sub_batch_sizes", sub_batch_sizes, 1)
     seeds = check_ints("sub_batches_seeds", sub_batches_seeds)
     plans = {size: sub_batch_plan(full_rows, size, coverage, sample_stride) for size in sizes}
-    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    with_grad = has_backward(backend)
-    key = backend_key(backend)
+    c = Check("full_vs_sub_batches", backend, opts, device, d, weight_dtype, trail, progress, max_records)
     n_subs = sum(len(p) for p in plans.values()) * len(seeds)
-    summary = SubBatches(full_rows, list(sizes), n_subs, 0, 0 if with_grad else None, coverage, 0, alone_path={})
-    rec = Recorder(backend, "full_vs_sub_batches", opts, max_records)
-    runner = AloneRunner(backend, opts, with_grad, use_graphs, graph_rows, progress, f"{key} sub-batches", trail)
-    bar = tqdm(total=len(seeds) * len(sizes), desc=f"{key} full_vs_sub_batches", disable=not progress)
+    summary = SubBatches(full_rows, list(sizes), n_subs, 0, 0 if c.with_grad else None, coverage, 0, alone_path={})
+    runner = AloneRunner(c, use_graphs, graph_rows)
     full_batch = {"kind": "slice", "start": 0, "size": full_rows, "label": "full batch"}
-    with caught(summary), bar:
+    with caught(summary), c.bar(len(seeds) * len(sizes)) as bar:
         for seed in seeds:
-            case, spec = new_case(trail, "full_vs_sub_batches", full_rows, d, seed, wdt, device, opts, whole=True)
-            full = call(backend, case.x, case.z, case.w, case.dy, opts, with_grad)
+            case = c.case(full_rows, seed)
+            full = c.call(case)
             for size in sizes:
                 # (tile starts, tile rows, their outputs): the whole tiles in one go, then each partial one alone
                 whole = [s for s, m in plans[size] if m == size]
                 pieces = [(whole, size, runner.run(case, torch.tensor(whole), size))] if whole else []
-                pieces += [([s], m, run_pieces(backend, case, [(s, m)], opts, with_grad, trail))
-                           for s, m in plans[size] if m != size]  # fmt: skip
+                pieces += [([s], m, c.pieces(case, [(s, m)])) for s, m in plans[size] if m != size]
                 for starts, m, out in pieces:
                     rows = (torch.tensor(starts).view(-1, 1) + torch.arange(m)).reshape(-1).to(case.x.device)
                     in_full = tuple(None if t is None else t.index_select(0, rows) for t in full)
-                    record_differing(rec, seed, in_full, out, spec, _sub_place(starts, m), summary, other=full_batch)
+                    c.record_differing(in_full, out, _sub_place(starts, m), summary, other=full_batch)
                     summary.rows_compared += len(rows)
                 bar.update()
     summary.alone_path = {str(size): path for size, path in runner.paths.items()}
-    summary.records_dropped = rec.dropped_since()
-    return CheckOutcome(summary, rec.records, summary.error)
+    summary.records_dropped = c.dropped_since()
+    return c.outcome(summary)

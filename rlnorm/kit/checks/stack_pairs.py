@@ -1,18 +1,15 @@
-"""Stack pairs: the same rows through the trainer and the sampler that an RL stack deploys, bitwise.
+"""Stack pairs: the same rows through the trainer and the sampler an RL stack deploys, bitwise.
 
-An RL engineer's question is whether their trainer and their sampler compute the same bits for a token. Each pair
-in `PAIRS` names the trainer's and the sampler's backend by key and where in the stack's source (file:line at a
-pinned version) that choice is made. The trainer runs the rows as a training step does: one packed batch, forward
-and backward (the forward output is compared); the sampler as generation does, under inference mode: a prefill, then
-decode steps of `heads` rows (`sampler_plan`). Row r of x is scaled by 2^-(r mod 16), exactly, so mean squares reach
-below eps, where a wrong eps shows. `rlnorm_patched` and `stock_unpatched` are Qwen3-Next's own layers (`ModelNorm`)
-with rlnorm in both (`apply_rlnorm_to_qwen3_next`, `RLNORM_VLLM=1`), which must agree, and in neither, the contrast.
-A pair that cannot run here is skipped with the reason. `main` runs one pair in a process of its own: a vLLM import
-patches torch for the rest of a process, and a pair that crashes takes only its own row down.
+Each pair in `PAIRS` names both backends and where the stack's source (file:line at a pinned version) chooses them.
+The trainer runs the rows as a training step does (one packed batch, forward and backward); the sampler as
+generation does, under inference mode (a prefill, then decode steps: `sampler_plan`). Row r of x is scaled by
+2^-(r mod 16), exactly, so mean squares reach below eps, where a wrong eps shows. `main` runs one pair per process:
+a vLLM import patches torch for the rest of a process, and a crash takes only its own row down.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -31,9 +28,6 @@ from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 
 # rlnorm.integrations and the vllm backend are imported where used: they bring in transformers and vLLM
-
-__all__ = ["PAIRS", "QWEN3_NEXT_OPTIONS", "ModelNorm", "PairSpec", "compare_outputs", "main", "pair_by_name"]
-__all__ += ["row_scales", "run_pair", "sampler_plan", "vllm_unavailable_reason"]
 
 # what Qwen3-Next's and Qwen3.5's gated norm is: whole rows, the norm before a silu gate
 QWEN3_NEXT_OPTIONS = {"group_size": None, "norm_before_gate": True, "activation": "silu"}
@@ -223,9 +217,7 @@ def run_pair(
     one there)."""
     plan = sampler_plan(rows, heads, decode_tokens)
     opts = opts or OpOptions(**QWEN3_NEXT_OPTIONS)
-    row: dict[str, Any] = {"name": spec.name, "stack": spec.stack, "model": spec.model, "trainer": spec.trainer}
-    row |= {"sampler": spec.sampler, "trainer_where": spec.trainer_where, "sampler_where": spec.sampler_where}
-    row |= {"trainer_calls": [rows], "sampler_calls": plan, "status": "skipped"}
+    row = dataclasses.asdict(spec) | {"trainer_calls": [rows], "sampler_calls": plan, "status": "skipped"}
     if other := [f"{k}={getattr(opts, k)!r}" for k, v in QWEN3_NEXT_OPTIONS.items() if getattr(opts, k) != v]:
         row["reason"] = f"{spec.model}'s norm is {QWEN3_NEXT_OPTIONS}; the run's options differ: {', '.join(other)}"
         return row

@@ -7,25 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
-from tqdm import tqdm
 
-from rlnorm.kit.checks.common import (
-    NO_TRAIL,
-    CheckOutcome,
-    Place,
-    Recorder,
-    Trail,
-    backend_key,
-    call,
-    caught,
-    check_common,
-    check_int,
-    check_ints,
-    has_backward,
-    new_case,
-    record_differing,
-    run_pieces,
-)
+from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Place, Trail, caught, check_int, check_ints
 from rlnorm.kit.records import sweep_batch_rows, sweep_perm_seed
 from rlnorm.kit.results import Sweep
 from rlnorm.options import OpOptions
@@ -65,16 +48,13 @@ def batch_size_sweep(
         raise ValueError(f"sweep_sizes: every size must be <= sweep_n={n}, got {max(sizes)}")
     if max(probes) >= n:
         raise ValueError(f"sweep_probe_rows: every probe must be < sweep_n={n}, got {max(probes)}")
-    opts, wdt = check_common(backend, opts, device, d, weight_dtype)
-    with_grad = has_backward(backend)
+    c = Check("batch_size_sweep", backend, opts, device, d, weight_dtype, trail, progress, max_records)
     plan = [(m, p, name, pos) for m in sizes for p in probes for name, pos in sweep_positions(m)]
-    summary = Sweep(list(sizes), list(probes), len(plan) * len(seeds), 0, 0, 0 if with_grad else None)
-    rec = Recorder(backend, "batch_size_sweep", opts, max_records)
-    desc = f"{backend_key(backend)} batch_size_sweep"
-    with caught(summary), tqdm(total=len(plan) * len(seeds), desc=desc, disable=not progress) as bar:
+    summary = Sweep(list(sizes), list(probes), len(plan) * len(seeds), 0, 0, 0 if c.with_grad else None)
+    with caught(summary), c.bar(len(plan) * len(seeds)) as bar:
         for seed in seeds:
-            case, cs = new_case(trail, "batch_size_sweep", n, d, seed, wdt, device, opts, whole=False)
-            alone = run_pieces(backend, case, [(p, 1) for p in probes], opts, with_grad, trail)
+            case = c.case(n, seed, whole=False)
+            alone = c.pieces(case, [(p, 1) for p in probes])
             perms = {(m, p): sweep_perm_seed(seed, m, p) for m, p, _, _ in plan}
             places: list[Place] = [
                 (p, f"m={m}/pos={nm}/probe={p}", None, m, pos,
@@ -87,16 +67,12 @@ def batch_size_sweep(
             idx_all = torch.cat(batch_idx).to(case.x.device)
             # the probe's row out of each batch, copied into preallocated buffers (a view would keep every batch's
             # whole output alive)
-            kinds = (True, with_grad, with_grad and case.z is not None)
-            in_batch = tuple(
-                torch.empty(len(plan), d, dtype=case.x.dtype, device=case.x.device) if k else None for k in kinds
-            )
+            y = torch.empty(len(plan), d, dtype=case.x.dtype, device=case.x.device)
+            in_batch = (y, torch.empty_like(y), torch.empty_like(y)) if c.with_grad else (y, None, None)
             for i, (_m, _p, _name, pos) in enumerate(plan):
                 trail.batch(places[i][5])
                 idx = idx_all[offsets[i] : offsets[i + 1]]
-                bz = None if case.z is None else case.z.index_select(0, idx)
-                bdy = case.dy.index_select(0, idx) if with_grad else None
-                out = call(backend, case.x.index_select(0, idx), bz, case.w, bdy, opts, with_grad)
+                out = c.call(case.rows(idx))
                 with torch.no_grad():
                     for buf, t in zip(in_batch, out, strict=True):
                         if buf is not None and t is not None:
@@ -107,6 +83,6 @@ def batch_size_sweep(
             pick = torch.tensor([last[p] for _, p, _, _ in plan], device=case.x.device)
             ref = tuple(None if t is None else t.index_select(0, pick) for t in alone)
             # "row" i of these tensors is comparison i of the plan
-            summary.differ += record_differing(rec, seed, in_batch, ref, cs, places.__getitem__, summary)
-    summary.records_dropped = rec.dropped_since()
-    return CheckOutcome(summary, rec.records, summary.error)
+            summary.differ += c.record_differing(in_batch, ref, places.__getitem__, summary)
+    summary.records_dropped = c.dropped_since()
+    return c.outcome(summary)
