@@ -1,6 +1,4 @@
-"""Public API: validation naming the argument, shapes, zero rows, the module, autograd wiring (CPU interpreter).
-
-A last dimension that is not contiguous is copied, not refused: tests/kernel/test_drop_in.py."""
+"""Public API: validation naming the argument, shapes, zero rows, the module, autograd wiring (CPU interpreter)."""
 
 from __future__ import annotations
 
@@ -109,9 +107,8 @@ def test_cpu_tensor_without_interpreter_is_refused_not_run_elsewhere(case, monke
 
 
 def test_autograd_gives_the_backward_kernels_bits_on_every_backward(case, monkeypatch):
-    # A no-grad call runs the kernel directly; a 3-D batch through autograd gives the same rows. The forward
-    # zeroes the backward's dweight counters in its own launch: the autograd route must give the plain
-    # backward's bits, and a second backward of the same graph (retain_graph) fresh zeroed counters
+    # the forward zeroes the backward's dweight counters in its own launch: each backward of the same graph
+    # (retain_graph) must get fresh zeroed counters and the plain backward's bits
     from rlnorm.kernel import api
 
     want = rms_norm_gated_bwd(case.dy, case.x, case.z, case.w, 1e-6, None, True, "silu")

@@ -1,9 +1,5 @@
-"""What a user meets when the kernel replaces FLA's, vLLM's or transformers' gated norm (CPU interpreter).
-
-eps = 0 (FLA's tests use it): a row of all zeros gives NaN, every other row keeps its guarantees. No weight:
-bitwise a weight of ones, and no dweight. A last dimension that is not contiguous: copied once, as FLA and vLLM
-do, which changes no bit.
-"""
+"""What a user meets when the kernel replaces FLA's, vLLM's or transformers' gated norm (CPU interpreter): eps = 0
+(FLA's tests use it), no weight, a last dimension that is not contiguous (copied once, as FLA and vLLM do)."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from dataclasses import asdict
 import pytest
 import torch
 from conftest import oracle
-from kernel_helpers import same
+from kernel_helpers import BF16, grads, same
 
 from rlnorm.inputs import make_case
 from rlnorm.kernel import RMSNormGated, rms_norm_gated
@@ -20,23 +16,10 @@ from rlnorm.kernel._bwd import rms_norm_gated_bwd
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
 
-BF16 = torch.bfloat16
-
 # the interpreter's numpy reports the zero rows' 1 / 0 and 0 * inf (eps = 0)
 pytestmark = pytest.mark.filterwarnings(
     "ignore:divide by zero encountered:RuntimeWarning", "ignore:invalid value encountered:RuntimeWarning"
 )
-
-
-def grads(x, z, w, dy, **kw):
-    """(dx, dz, dweight) through autograd; dweight None when w is None."""
-    leaves = [t.detach().clone().requires_grad_(True) for t in (x, z)]
-    wl = None if w is None else w.detach().clone().requires_grad_(True)
-    rms_norm_gated(*leaves, wl, **kw).backward(dy)
-    return leaves[0].grad, leaves[1].grad, None if wl is None else wl.grad
-
-
-# ---------------------------------------------------------------- eps = 0
 
 
 @pytest.mark.parametrize(
@@ -84,9 +67,6 @@ def test_eps_zero_backward_keeps_finite_rows_and_a_zero_row_makes_dweight_nan():
     assert torch.isnan(dw0).all()  # NaN contributions reach every column (IEEE, as a float sum would)
 
 
-# ---------------------------------------------------------------- no weight
-
-
 @pytest.mark.parametrize(
     ("rows", "opts"),
     [(1, OpOptions()), (7, OpOptions(group_size=32)), (63, OpOptions(norm_before_gate=False, activation="sigmoid"))],
@@ -119,9 +99,6 @@ def test_no_weight_backward_and_a_module_without_weight_give_the_ones_bits_and_n
         rms_norm_gated_bwd(c.dy, c.x, c.z, None, 1e-6, None, True, "silu", contributions=torch.empty(rows, 128))
     with pytest.raises(TypeError, match=r"^elementwise_affine:"):
         RMSNormGated(128, elementwise_affine=1)
-
-
-# ---------------------------------------------------------------- a last dimension that is not contiguous
 
 
 def transposed(t: torch.Tensor) -> torch.Tensor:
