@@ -34,7 +34,6 @@ TIER_CASES = [  # (opts, has_z, w dtype): each gate (silu, sigmoid, none), each 
 
 
 def fwd_under(switches, faults, *args, **kw):
-    """The forward under these variant switches and planted faults."""
     with plant(fwd=switches, **faults):
         return fwd(*args, **kw)
 
