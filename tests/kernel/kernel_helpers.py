@@ -48,8 +48,7 @@ def bwd(x, z, w, dy, opts: OpOptions = DEFAULT, **kw):  # type: ignore[no-untype
 
 
 def grads(x, z, w, dy, **kw):  # type: ignore[no-untyped-def]
-    """(dx, dz, dweight) of `rms_norm_gated` through autograd; dweight None when w is None."""
-    leaves = [t.detach().clone().requires_grad_(True) for t in (x, z)]
-    wl = None if w is None else w.detach().clone().requires_grad_(True)
-    rms_norm_gated(*leaves, wl, **kw).backward(dy)
-    return leaves[0].grad, leaves[1].grad, None if wl is None else wl.grad
+    """(dx, dz, dweight) of `rms_norm_gated` through autograd; None for a z or w that is None."""
+    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in (x, z, w)]
+    rms_norm_gated(*leaves, **kw).backward(dy)
+    return tuple(None if t is None else t.grad for t in leaves)

@@ -155,11 +155,9 @@ def test_invariance_and_accuracy_for_every_option(d, opts, dtype, has_z, wdtype)
 
 
 def reference_grads(x, z, w, dy, opts: OpOptions):
-    x64 = x.double().requires_grad_()
-    z64 = None if z is None else z.double().requires_grad_()
-    w64 = w.double().requires_grad_()
-    gated_rmsnorm_math(x64, z64, w64, opts, torch.float64).backward(dy.double())
-    return x64.grad, (None if z is None else z64.grad), w64.grad
+    leaves = [None if t is None else t.double().requires_grad_() for t in (x, z, w)]
+    gated_rmsnorm_math(*leaves, opts, torch.float64).backward(dy.double())
+    return tuple(None if t is None else t.grad for t in leaves)
 
 
 def check_accuracy(got: torch.Tensor, ref64: torch.Tensor, what: str) -> None:
@@ -197,10 +195,8 @@ def test_row_strides_padding_and_nan_neighbours_give_the_same_bits(pool):
     x, z, dy = xb[:, 3 : 3 + d], zb[:, 8 : 8 + d], dyb[::2]
     assert x.stride(0) == 3 * d and z.stride(0) == 2 * d + 8 and dy.stride(0) == 2 * d
     assert_same(fwd(x, z, pool.w32)[5 : 5 + n], pool.y, "y strided, padded")
-    dx, dz, dw = bwd(x[5 : 5 + n], z[5 : 5 + n], pool.w32, dy)
-    assert_same(dx, pool.dx, "dx strided")
-    assert_same(dz, pool.dz, "dz strided")
-    assert_same(dw, exact_sum(pool.contrib, FP32), "dweight strided")
+    want = (pool.dx, pool.dz, exact_sum(pool.contrib, FP32))
+    assert_grads_same(bwd(x[5 : 5 + n], z[5 : 5 + n], pool.w32, dy), want, "strided")
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy NaNs

@@ -81,9 +81,8 @@ def test_round_fp32_matches_torch_round_to_nearest_even(dtype):
 
 def test_round_fp64_once_matches_numerics_round_once():
     g = torch.Generator().manual_seed(1)
-    v = torch.randn(40000, generator=g, dtype=torch.float64) * torch.exp2(
-        torch.randint(-40, 40, (40000,), generator=g).double()
-    )
+    v = torch.randn(40000, generator=g, dtype=torch.float64)
+    v = v * torch.exp2(torch.randint(-40, 40, (40000,), generator=g).double())
     b = torch.randn(4000, generator=g).to(BF16).float()
     mid = (b.view(torch.int32) | 0x8000).view(FP32).double()  # exact bf16 midpoints
     # just above / below a midpoint by far less than an fp32 ulp: rounding through fp32 would err
@@ -147,12 +146,11 @@ def test_special_values_take_the_exact_path_and_stay_in_their_row():
     z[3, :5] = 3e38  # huge gate
     x[5, 3], x[9, 0], z[17, 100] = float("nan"), float("inf"), -float("inf")
     w[7] = 0.0
-    touched = torch.zeros(24, dtype=torch.bool)
-    touched[[0, 1, 2, 3, 5, 9, 17]] = True
+    clean = [i for i in range(24) if i not in (0, 1, 2, 3, 5, 9, 17)]
     ref = oracle(x, z, w)
     y = fwd(x, z, w)
     assert same(y, ref) and torch.isnan(y[5]).all()  # NaN poisons its row's rstd, and only its row
-    assert same(y[~touched], fwd(c.x, c.z, w)[~touched])
+    assert same(y[clean], fwd(c.x, c.z, w)[clean])
     with plant(fwd={"NEAR_T": 200}):  # beside rows the per-element tier settles, these stay with the row path
         assert same(fwd(x, z, w), ref)
 
