@@ -44,7 +44,7 @@ def _widen_kernel(x_ptr, y_ptr, n, INTERP: tl.constexpr, ASM: tl.constexpr, BLOC
     tl.store(y_ptr + offs, widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
 
 
-def launch(kernel, v: torch.Tensor, dtype: torch.dtype, **kw) -> torch.Tensor:  # type: ignore[no-untyped-def]
+def launch(kernel, v: torch.Tensor, dtype: torch.dtype, **kw) -> torch.Tensor:
     """One of the kernels above over the 1-D `v`, into a new tensor of `dtype` on v's device."""
     y = torch.empty(v.shape, dtype=dtype, device=v.device)
     kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), BLOCK=4096, **kw)
