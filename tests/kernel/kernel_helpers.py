@@ -1,5 +1,4 @@
-"""What the kernel's tests share: bitwise comparison, and the launchers called with OpOptions.
-(A module of its own, not a conftest: the tests' shared conftest keeps its name.)"""
+"""What the kernel's tests share: bitwise comparison, and the launchers called with OpOptions."""
 
 from __future__ import annotations
 
@@ -8,9 +7,11 @@ import torch
 import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.kernel._bwd import rms_norm_gated_bwd
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
+from rlnorm.kernel.api import rms_norm_gated
 from rlnorm.kit.checks.common import bits
 from rlnorm.options import OpOptions
 
+BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 DEFAULT = OpOptions()
 
 
@@ -32,9 +33,22 @@ def assert_same(a: torch.Tensor, b: torch.Tensor, what: str = "") -> None:
     assert not bad, f"{what}: {len(bad)} rows differ, first {bad[:5]}"
 
 
+def assert_grads_same(got, want, what: str) -> None:  # type: ignore[no-untyped-def]
+    """Bitwise equal (dx, dz, dweight) triples."""
+    for a, b, name in zip(got, want, ("dx", "dz", "dweight"), strict=True):
+        assert_same(a, b, f"{name}, {what}")
+
+
 def fwd(x, z, w, opts: OpOptions = DEFAULT, **kw):  # type: ignore[no-untyped-def]
     return rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
 
 
 def bwd(x, z, w, dy, opts: OpOptions = DEFAULT, **kw):  # type: ignore[no-untyped-def]
     return rms_norm_gated_bwd(dy, x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
+
+
+def grads(x, z, w, dy, **kw):  # type: ignore[no-untyped-def]
+    """(dx, dz, dweight) of `rms_norm_gated` through autograd; None for a z or w that is None."""
+    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in (x, z, w)]
+    rms_norm_gated(*leaves, **kw).backward(dy)
+    return tuple(None if t is None else t.grad for t in leaves)

@@ -1,10 +1,7 @@
 """The midpoint test's threshold T per width: an error T admits keeps every output correct, one past it does not.
 
-The fast path's error is planted (`plant(fast_ulps=k)` moves the fp32 result k ulps up in magnitude) on rows
-chosen to hold an element whose exact value lies less than one fp32 ulp below a bf16 midpoint: the element
-a planted error pushes across it. The interpreter's own fast-path error (measured on the same rows) is
-counted in, so "inside" is a total error of at most T and "past" at least T + 1 on that element.
-"""
+`plant(fast_ulps=k)` moves the fast path's fp32 result k ulps up in magnitude, on rows holding an element less than
+one fp32 ulp below a bf16 midpoint; the interpreter's own fast-path error on those rows is counted in."""
 
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ import sys
 import pytest
 import torch
 from conftest import REPO_ROOT, oracle
-from kernel_helpers import fwd, same
+from kernel_helpers import BF16, FP32, fwd, same
 
 from rlnorm.inputs import make_case
 from rlnorm.kernel._bound import near_threshold, ptx_sum_depth, sum_depth
@@ -54,13 +51,8 @@ def _selected_rows(d: int, opts: OpOptions, has_z: bool, wdtype: torch.dtype, se
     return c.x[idx], None if z is None else z[idx], c.w, ref64[idx], hit[idx]
 
 
-BF16, FP32 = torch.bfloat16, torch.float32
 CASES = [  # (D, options, gate, weight dtype)
-    (64, OpOptions(), True, BF16),
-    (128, OpOptions(), True, BF16),
-    (256, OpOptions(), True, BF16),
-    (1024, OpOptions(), True, BF16),
-    (8192, OpOptions(), True, BF16),
+    *[(d, OpOptions(), True, BF16) for d in (64, 128, 256, 1024, 8192)],
     (192, OpOptions(group_size=96), True, BF16),  # a group width that is not a power of two: 1/96 is rounded
     (128, OpOptions(activation="sigmoid"), True, BF16),
     (128, OpOptions(norm_before_gate=False), True, BF16),  # no per-element tier: flagged rows go whole to fp64
@@ -160,9 +152,8 @@ def _rows_per_thread(layout: dict[str, list[int]], block_r: int) -> int:
 
 
 def test_a_thread_holds_sixteen_elements_of_one_row_on_the_installed_triton(sm90):
-    # The forward's speed rests on each thread holding 16 columns of ONE row (one rstd per thread). The layout of
-    # a 3-D tile depends on Triton's version (3.7: two rows per thread); the joined 2-D chunks must give one row
-    # per thread on the Triton installed here. The one-chunk layout (SPLIT 1) is the planted fault.
+    # the forward's speed rests on each thread holding 16 columns of ONE row (a 3-D tile gives two on Triton 3.7):
+    # the joined 2-D chunks must give one on the installed Triton; the one-chunk layout (SPLIT 1) is the fault
     block_r = fwd_config(128, torch.bfloat16)[0]
     joined = [lay for lay in _layouts(sm90[128, "{}"]["ttgir"]) if lay["sizePerThread"][1:] == [8, 2]]
     assert joined and all(_rows_per_thread(lay, block_r) == 1 for lay in joined), joined

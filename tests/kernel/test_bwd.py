@@ -1,9 +1,7 @@
 """Batch invariance of the forward and the backward, the exact dweight, the backward's accuracy (CPU interpreter).
 
-Rows computed alone are the yardstick: every row of every batch must give bitwise the same y, dx and dz as
-alone, and the batch's dweight must be the exact sum of the single-row dweights (fp32 weight: a single row's
-dweight is its contribution) rounded once. Each checker is also shown to catch the fault it exists for.
-"""
+Rows computed alone are the yardstick: each row of each batch gives their y, dx and dz bitwise, and dweight is the
+exact sum of the single-row dweights (with an fp32 weight, a row's contributions) rounded once."""
 
 from __future__ import annotations
 
@@ -13,7 +11,7 @@ import pytest
 import torch
 import triton
 import triton.language as tl
-from kernel_helpers import DEFAULT, assert_same, bwd, fwd, same
+from kernel_helpers import BF16, DEFAULT, FP16, FP32, assert_grads_same, assert_same, bwd, fwd, same
 
 import rlnorm
 from rlnorm.inputs import make_case
@@ -24,12 +22,10 @@ from rlnorm.numerics import exact_sum, round_once, ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import gated_rmsnorm_math
 
-BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 BATCH_SIZES = (1, 2, 7, 63, 257)  # 257 rows already take the most tiles per program (31) in the interpreter
 
 
 def bwd_under(switches: dict, *args, **kw):
-    """bwd(*args, **kw) under these backward switches."""
     with plant(bwd=switches):
         return bwd(*args, **kw)
 
@@ -85,17 +81,11 @@ def test_invariance_checker_catches_batch_dependent_rows(pool):
     def eps_by_rows(x, z, w, dy, opts):  # planted fault: eps follows the batch size, as a rows-dependent launch
         return (fwd(x, z, w, OpOptions(eps=1e-2) if x.shape[0] > 1 else opts), *bwd(x, z, w, dy, opts))
 
-    with pytest.raises(AssertionError, match="y, batch of 2"):
-        check_invariance(pool, (1, 2), seed=1, launch=eps_by_rows)
-
     def leaky(x, z, w, dy, opts):
         y, dx, dz, dw = forward_backward(x, z, w, dy, opts)
         if x.shape[0] > 1:  # planted fault: the last row's dx depends on the batch size
             dx[-1].view(torch.int16)[0] ^= 1
         return y, dx, dz, dw
-
-    with pytest.raises(AssertionError, match="dx, batch of 2"):
-        check_invariance(pool, (1, 2), seed=1, launch=leaky)
 
     def float_dweight(x, z, w, dy, opts):  # planted fault: dweight summed in float, in batch order
         y, dx, dz, _ = forward_backward(x, z, w, dy, opts)
@@ -103,8 +93,14 @@ def test_invariance_checker_catches_batch_dependent_rows(pool):
         xh = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + opts.eps)
         return y, dx, dz, (dyf * xh * zf * torch.sigmoid(zf)).sum(0)
 
-    with pytest.raises(AssertionError, match="dweight"):
-        check_invariance(pool, (257,), seed=2, launch=float_dweight)
+    faults = [
+        (eps_by_rows, (1, 2), "y, batch of 2"),
+        (leaky, (1, 2), "dx, batch of 2"),
+        (float_dweight, (257,), "dweight"),
+    ]
+    for launch, sizes, caught in faults:
+        with pytest.raises(AssertionError, match=caught):
+            check_invariance(pool, sizes, seed=1, launch=launch)
 
 
 def test_half_dweight_is_the_exact_sum_rounded_once_whatever_the_order_zero_gradient_rows_and_repeats(pool):
@@ -124,12 +120,10 @@ def test_half_dweight_is_the_exact_sum_rounded_once_whatever_the_order_zero_grad
     assert_same(padded[2], ref[2], "dweight with zero-gradient rows")
     assert_same(padded[0][20:44], ref[0], "dx with zero-gradient rows around")
     assert (padded[0][:20] == 0).all() and (padded[0][44:] == 0).all(), "dy = 0 gives dx = 0 (either sign)"
-    for a, b, name in zip(bwd(x, z, w, dy), ref, ("dx", "dz", "dweight"), strict=True):
-        assert_same(a, b, f"{name} repeated")
+    assert_grads_same(bwd(x, z, w, dy), ref, "repeated")
 
 
-OPTION_CASES = [
-    # (d, opts, x dtype, has z, w dtype for the accuracy check)
+OPTION_CASES = [  # (d, opts, x dtype, has z, w dtype for the accuracy check)
     (128, OpOptions(norm_before_gate=False), BF16, True, BF16),
     (128, OpOptions(activation="sigmoid"), BF16, True, FP32),
     (128, OpOptions(norm_before_gate=False, activation="sigmoid"), FP16, True, FP16),
@@ -161,11 +155,9 @@ def test_invariance_and_accuracy_for_every_option(d, opts, dtype, has_z, wdtype)
 
 
 def reference_grads(x, z, w, dy, opts: OpOptions):
-    x64 = x.double().requires_grad_()
-    z64 = None if z is None else z.double().requires_grad_()
-    w64 = w.double().requires_grad_()
-    gated_rmsnorm_math(x64, z64, w64, opts, torch.float64).backward(dy.double())
-    return x64.grad, (None if z is None else z64.grad), w64.grad
+    leaves = [None if t is None else t.double().requires_grad_() for t in (x, z, w)]
+    gated_rmsnorm_math(*leaves, opts, torch.float64).backward(dy.double())
+    return tuple(None if t is None else t.grad for t in leaves)
 
 
 def check_accuracy(got: torch.Tensor, ref64: torch.Tensor, what: str) -> None:
@@ -203,10 +195,8 @@ def test_row_strides_padding_and_nan_neighbours_give_the_same_bits(pool):
     x, z, dy = xb[:, 3 : 3 + d], zb[:, 8 : 8 + d], dyb[::2]
     assert x.stride(0) == 3 * d and z.stride(0) == 2 * d + 8 and dy.stride(0) == 2 * d
     assert_same(fwd(x, z, pool.w32)[5 : 5 + n], pool.y, "y strided, padded")
-    dx, dz, dw = bwd(x[5 : 5 + n], z[5 : 5 + n], pool.w32, dy)
-    assert_same(dx, pool.dx, "dx strided")
-    assert_same(dz, pool.dz, "dz strided")
-    assert_same(dw, exact_sum(pool.contrib, FP32), "dweight strided")
+    want = (pool.dx, pool.dz, exact_sum(pool.contrib, FP32))
+    assert_grads_same(bwd(x[5 : 5 + n], z[5 : 5 + n], pool.w32, dy), want, "strided")
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy NaNs
@@ -227,10 +217,8 @@ def test_nan_and_inf_stay_in_their_row(pool):
     "dev", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu(reason="cp.async stages take effect on a GPU only"))]
 )
 def test_launch_choices_and_a_workspace_zeroed_by_the_forward_change_no_bit(dev):
-    # Tiles per program (the one launch value taken from the row count: it only partitions rows among programs),
-    # cp.async stages (on a GPU), the register prefetch (off by default at 128 columns; the last program's is
-    # masked), cold values inline or deferred: the same rows' math, so the same bits (rows scaled far apart:
-    # cold values exist, and an inexact dweight sum would show)
+    # tiles per program (taken from the row count), cp.async stages, the register prefetch and cold values inline
+    # or deferred only partition the same math: the same bits (rows scaled far apart: cold values exist)
     c = make_case(63, 128, seed=12, device=dev)
     dy = (c.dy.float() * torch.exp2(torch.arange(63, device=dev).float() * 4 - 125)[:, None]).bfloat16()
     args = (c.x, c.z, c.w.float(), dy)
@@ -238,15 +226,12 @@ def test_launch_choices_and_a_workspace_zeroed_by_the_forward_change_no_bit(dev)
     cfgs = [{"TILES": 1}, {"TILES": 31}, {"PREFETCH": 1}, {"COLD_MODE": 0}]
     cfgs += [{"STAGES": 1, "PREFETCH": 1}, {"COLD_MODE": 0, "STAGES": 1}] if dev == "cuda" else []
     for cfg in cfgs:
-        for a, b, name in zip(bwd_under(cfg, *args), want, ("dx", "dz", "dweight"), strict=True):
-            assert_same(a, b, f"{name}, {cfg} vs the default")
-    # the autograd forward zeroes the backward's counters in its own launch; a workspace left dirty (the fault
-    # that zeroing exists to prevent) must change dweight, a zeroed one must not
+        assert_grads_same(bwd_under(cfg, *args), want, f"{cfg} vs the default")
+    # the forward zeroes the backward's counters in its own launch; the planted fault: a workspace left dirty
     ws = torch.full((workspace_numel(63, 128, None),), 12345, dtype=torch.int64, device=dev)
     assert same(fwd(*args[:3], zero=ws), fwd(*args[:3]))
     assert not ws.any(), "the forward left part of the workspace unzeroed"
-    for a, b, name in zip(bwd(*args, workspace=ws), want, ("dx", "dz", "dweight"), strict=True):
-        assert_same(a, b, f"{name}, workspace zeroed by the forward")
+    assert_grads_same(bwd(*args, workspace=ws), want, "workspace zeroed by the forward")
     assert not same(bwd(*args, workspace=torch.full_like(ws, 1 << 30))[2], want[2])  # counters of another call
     with pytest.raises(ValueError, match="workspace"):
         bwd(*args, workspace=ws[1:])
@@ -258,8 +243,8 @@ def _int32_tile_bits(tiles: int) -> tl.dtype:
 
 
 def test_deferred_values_past_31_tiles_are_counted(monkeypatch):
-    # past 31 tiles per program the deferred values keep one bit per tile in an int64: rare ("cold")
-    # contributions in tiles 35 and 39 must reach dweight as in one-tile programs
+    # past 31 tiles per program the deferred values keep one bit per tile in an int64: cold contributions in
+    # tiles 35 and 39 must reach dweight as in one-tile programs
     c = make_case(80, 128, seed=8)
     dy = c.dy.clone()
     dy[70:72] *= 2.0**-100  # tile 35 of program 0 (2-row tiles): far below its hot range, so deferred
@@ -279,9 +264,7 @@ def test_deferred_values_past_31_tiles_are_counted(monkeypatch):
     assert not torch.equal(bits(bad), bits(want[2]))
 
 
-def test_tiles_per_program_on_the_gpu_is_a_capped_power_of_two_growing_with_rows(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_tiles_per_program_on_the_gpu_is_a_capped_power_of_two_growing_with_rows(monkeypatch):
     # TILES is tuning (no bit depends on it): held here is its shape, not the split one GPU measured fastest
     monkeypatch.setattr(rlnorm.kernel._bwd, "_INTERPRET", False)
     rows = (1, 2, 3, 31, 32, 33, 512, 4096, 65536, 262144, 1 << 24)
@@ -293,8 +276,7 @@ def test_tiles_per_program_on_the_gpu_is_a_capped_power_of_two_growing_with_rows
 
 
 def test_subnormal_inputs_are_read_exactly(monkeypatch):
-    # bf16 subnormals in x: dz = dy*w*xh*act' is then tiny, often subnormal itself, so a widening or rounding
-    # that mishandles subnormals shows up here
+    # bf16 subnormals in x make dz tiny, often subnormal: a widening or rounding that mishandles them shows
     c = make_case(8, 128, seed=21)
     x = c.x.clone()
     x[:, ::3] = (x[:, ::3].float() * 2.0**-130).bfloat16()
@@ -308,21 +290,18 @@ def test_subnormal_inputs_are_read_exactly(monkeypatch):
 
 @pytest.mark.parametrize("cold_mode", [0, 1])
 def test_dweight_exact_when_rows_span_the_exponent_range(cold_mode):
-    # rows scaled by 2**-100 .. 2**60: contributions far outside any program's hot range, so
-    # both cold-value paths (deferred to the scratch, inline) are exercised
+    # rows scaled by 2**-100 .. 2**60: contributions far outside any program's hot range take the cold path
     n = 10
     c = make_case(n, 128, seed=31, weight_dtype=torch.float32)
     scale = torch.exp2(torch.randint(-100, 61, (n, 1), generator=torch.Generator().manual_seed(5)).float())
     dy = (c.dy.float() * scale).bfloat16()
     cfg = {"COLD_MODE": cold_mode, "BLOCK_R": 2, "TILES": 4}  # two programs
-    dx, _, dw = bwd_under(cfg, c.x, c.z, c.w, dy)
+    want = bwd_under(cfg, c.x, c.z, c.w, dy)
     singles = [bwd_under(cfg, c.x[i : i + 1], c.z[i : i + 1], c.w, dy[i : i + 1]) for i in range(n)]
     contrib = torch.stack([s[2] for s in singles])
-    assert_same(dw, exact_sum(contrib, torch.float32), f"dweight, cold mode {cold_mode}")
-    assert_same(dx, torch.cat([s[0] for s in singles]), "dx")
+    assert_same(want[2], exact_sum(contrib, torch.float32), f"dweight, cold mode {cold_mode}")
+    assert_same(want[0], torch.cat([s[0] for s in singles]), "dx")
     # the contributions the kernel hands out for checks are the single rows' dweights
     handed = torch.empty(n, 128, dtype=torch.float32)
-    dx2, _, dw2 = bwd_under(cfg, c.x, c.z, c.w, dy, contributions=handed)
+    assert_grads_same(bwd_under(cfg, c.x, c.z, c.w, dy, contributions=handed), want, "with contributions=")
     assert_same(handed, contrib, "contributions=")
-    assert_same(dw2, dw, "dweight with contributions=")
-    assert_same(dx2, dx, "dx with contributions=")

@@ -1,8 +1,5 @@
-"""The forward's per-element second tier (rlnorm/kernel/_exact_element.py), on the CPU interpreter.
-
-The interpreter runs the tier's math tile-wide (the GPU runs inline PTX: the gpu-marked test); tested here is
-the decision: a settled element is the correctly rounded value, and what it cannot settle goes to the row path.
-"""
+"""The forward's per-element second tier (rlnorm/kernel/_exact_element.py): a settled element is the correctly
+rounded value, and what it cannot settle goes to the row path (the interpreter runs the tier's math tile-wide)."""
 
 from __future__ import annotations
 
@@ -37,7 +34,6 @@ TIER_CASES = [  # (opts, has_z, w dtype): each gate (silu, sigmoid, none), each 
 
 
 def fwd_under(switches, faults, *args, **kw):
-    """The forward under these variant switches and planted faults."""
     with plant(fwd=switches, **faults):
         return fwd(*args, **kw)
 
@@ -55,10 +51,8 @@ def test_tier_settles_near_elements_to_the_correctly_rounded_value(opts, has_z, 
 
 @pytest.mark.parametrize("d", [128, 256])
 def test_margin_sends_a_planted_tier_error_to_the_row_path_and_the_default_uses_the_tier(d):
-    # The tier's fp64 value is moved 2**36 fp64 ulps (~128 fp32 ulps) on purpose. With the margin above the
-    # fault every element it cannot place goes to the row path and the output is still right; with the
-    # default margin under it, wrong outputs show with the default switches (the tier is on by default), and
-    # not with the tier switched off: the margin test is what catches the fault.
+    # the tier's value moved ~128 fp32 ulps: a margin above it sends what the tier cannot place to the row path;
+    # under the default margin wrong outputs show with the tier on (the default), not with it off
     c = make_case(32, d, seed=11)
     ref = oracle(c.x, c.z, c.w)
     assert same(fwd_under(TIER_ON, COVERED, c.x, c.z, c.w), ref)
@@ -68,10 +62,8 @@ def test_margin_sends_a_planted_tier_error_to_the_row_path_and_the_default_uses_
 
 @pytest.mark.parametrize(("d", "group"), [(128, None), (96, None), (200, None), (256, None), (128, 32)])
 def test_row_chunk_layouts_and_everything_undecided_are_still_correct(d, group):
-    # SPLIT chunks of a row per thread only regroup the columns: a mis-indexed chunk, mask or broadcast shows
-    # as a wrong output; widths not a power of two pad the last chunk. With a margin wider than any distance
-    # the tier settles nothing: every flagged row takes the row path, which walks the row one column per
-    # thread (steps of 32 columns; 96 and 200 end mid-step). The NaN row takes the whole-row path.
+    # SPLIT chunks only regroup the columns (widths not a power of two pad the last one); a margin wider than any
+    # distance sends every flagged row to the row path (96 and 200 end mid-step), the NaN row to the whole-row path
     c = make_case(32, d, seed=2)
     x = c.x.clone()
     x[5, 3] = float("nan")

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 from conftest import oracle
-from kernel_helpers import DEFAULT, fwd, same
+from kernel_helpers import BF16, DEFAULT, FP16, FP32, fwd, same
 
 from rlnorm.inputs import UNDERFLOW_KINDS, make_case, make_underflow_case
 from rlnorm.kernel._fwd import MAX_D
@@ -16,10 +16,6 @@ from rlnorm.kernel._rounding import round_fp32_to_out, round_fp64_to_out, widen_
 from rlnorm.kernel.testing import plant
 from rlnorm.numerics import round_once
 from rlnorm.options import OpOptions
-
-BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
-
-# ---------------------------------------------------------------- rounding helpers
 
 
 @triton.jit
@@ -48,6 +44,13 @@ def _widen_kernel(x_ptr, y_ptr, n, INTERP: tl.constexpr, ASM: tl.constexpr, BLOC
     tl.store(y_ptr + offs, widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
 
 
+def launch(kernel, v: torch.Tensor, dtype: torch.dtype, **kw) -> torch.Tensor:
+    """One of the kernels above over the 1-D `v`, into a new tensor of `dtype` on v's device."""
+    y = torch.empty(v.shape, dtype=dtype, device=v.device)
+    kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), BLOCK=4096, **kw)
+    return y
+
+
 ON_THE_GPU = pytest.param(True, marks=pytest.mark.gpu(reason="the GPU's own path (inline PTX) runs on a GPU only"))
 
 
@@ -58,15 +61,7 @@ def test_widen_fast_is_exact_for_every_16_bit_pattern(dtype, on_gpu):
     # does, NaN to NaN (payloads of signalling fp16 NaNs differ between conversions)
     dev = "cuda" if on_gpu else "cpu"
     v = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).to(dev)
-    y = torch.empty(v.shape, dtype=FP32, device=dev)
-    _widen_kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), INTERP=not on_gpu, ASM=on_gpu, BLOCK=4096)
-    assert same(y, v.float())
-
-
-def _run32(v: torch.Tensor, dtype: torch.dtype, plain: bool = False) -> torch.Tensor:
-    y = torch.empty(v.shape, dtype=dtype)
-    _round32_kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), PLAIN_CAST=plain, BLOCK=4096)
-    return y
+    assert same(launch(_widen_kernel, v, FP32, INTERP=not on_gpu, ASM=on_gpu), v.float())
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16])
@@ -79,16 +74,15 @@ def test_round_fp32_matches_torch_round_to_nearest_even(dtype):
     ties = torch.randn(4000, generator=g).to(BF16).float().view(torch.int32) | 0x8000  # bf16 values' midpoints
     parts = [random_bits.view(FP32), torch.randn(20000, generator=g) * 1e-5, torch.randn(20000, generator=g) * 6e4]
     v = torch.cat([*parts, ties.view(FP32), torch.tensor(specials)])
-    assert same(_run32(v, dtype), v.to(dtype))
+    assert same(launch(_round32_kernel, v, dtype, PLAIN_CAST=False), v.to(dtype))
     # the planted fault: a plain cast, which the interpreter rounds toward zero (to bf16; numpy rounds fp16)
-    assert dtype == FP16 or not same(_run32(v, dtype, plain=True), v.to(dtype))
+    assert dtype == FP16 or not same(launch(_round32_kernel, v, dtype, PLAIN_CAST=True), v.to(dtype))
 
 
 def test_round_fp64_once_matches_numerics_round_once():
     g = torch.Generator().manual_seed(1)
-    v = torch.randn(40000, generator=g, dtype=torch.float64) * torch.exp2(
-        torch.randint(-40, 40, (40000,), generator=g).double()
-    )
+    v = torch.randn(40000, generator=g, dtype=torch.float64)
+    v = v * torch.exp2(torch.randint(-40, 40, (40000,), generator=g).double())
     b = torch.randn(4000, generator=g).to(BF16).float()
     mid = (b.view(torch.int32) | 0x8000).view(FP32).double()  # exact bf16 midpoints
     # just above / below a midpoint by far less than an fp32 ulp: rounding through fp32 would err
@@ -96,14 +90,9 @@ def test_round_fp64_once_matches_numerics_round_once():
     specials = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e300, -1e-300, 0.0, -0.0, 3.4e38])
     v = torch.cat([v, near_mid, specials, torch.randn(4000, generator=g, dtype=torch.float64) * 1e-39])
     for dtype in (BF16, FP16, FP32):
-        y = torch.empty(v.shape, dtype=dtype)
-        _round64_kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), BLOCK=4096)
-        assert same(y, round_once(v, dtype)), dtype
+        assert same(launch(_round64_kernel, v, dtype), round_once(v, dtype)), dtype
     # the planted fault: rounding through fp32 (twice) differs on the near-midpoint values
     assert not same(near_mid.float().to(BF16), round_once(near_mid, BF16))
-
-
-# ---------------------------------------------------------------- accuracy
 
 
 def test_correctly_rounded_on_standard_data_and_the_error_bound_is_needed():
@@ -157,12 +146,11 @@ def test_special_values_take_the_exact_path_and_stay_in_their_row():
     z[3, :5] = 3e38  # huge gate
     x[5, 3], x[9, 0], z[17, 100] = float("nan"), float("inf"), -float("inf")
     w[7] = 0.0
-    touched = torch.zeros(24, dtype=torch.bool)
-    touched[[0, 1, 2, 3, 5, 9, 17]] = True
+    clean = [i for i in range(24) if i not in (0, 1, 2, 3, 5, 9, 17)]
     ref = oracle(x, z, w)
     y = fwd(x, z, w)
     assert same(y, ref) and torch.isnan(y[5]).all()  # NaN poisons its row's rstd, and only its row
-    assert same(y[~touched], fwd(c.x, c.z, w)[~touched])
+    assert same(y[clean], fwd(c.x, c.z, w)[clean])
     with plant(fwd={"NEAR_T": 200}):  # beside rows the per-element tier settles, these stay with the row path
         assert same(fwd(x, z, w), ref)
 

@@ -1,9 +1,5 @@
-"""`rlnorm.kernel.testing.plant`, the one hook into the launches: experiment switches and planted faults.
-
-What the launches receive is read by a spy around each kernel's launch; every block restores the outer
-switches on exit, also after an exception. (The switches' effect on output bits: test_exact_element.py and
-test_bound.py.)
-"""
+"""`rlnorm.kernel.testing.plant`, the one hook into the launches: what the launches receive (read by a spy around
+each kernel), and every block restoring the outer switches on exit, also after an exception."""
 
 from __future__ import annotations
 
@@ -11,14 +7,13 @@ from typing import Any
 
 import pytest
 import torch
+from kernel_helpers import assert_grads_same, grads
 
-import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.inputs import make_case
 from rlnorm.kernel import RMSNormGated, _bwd, _fwd, rms_norm_gated
 from rlnorm.kernel._bound import near_threshold
 from rlnorm.kernel._switches import bwd_switches, fwd_fault_keywords, fwd_switches
 from rlnorm.kernel.testing import BWD_SWITCHES, FWD_SWITCHES, plant
-from rlnorm.kit.checks.common import bits
 
 
 class Spy:
@@ -130,13 +125,12 @@ def test_a_backward_under_other_switches_than_its_forward_gets_the_same_bits():
     # must not use counters of the wrong size (copies of the counters only spread atomics: the same bits)
     c = make_case(7, 128, seed=17)
     leaves = [t.clone().requires_grad_(True) for t in (c.x, c.z, c.w)]
-    want = torch.autograd.grad(rms_norm_gated(*leaves), leaves, c.dy)
+    want = grads(c.x, c.z, c.w, c.dy)
     with plant(bwd={"STRIPES": 4}):
         y = rms_norm_gated(*leaves)
     got_outside = torch.autograd.grad(y, leaves, c.dy)
     y = rms_norm_gated(*leaves)
     with plant(bwd={"STRIPES": 4}):
         got_inside = torch.autograd.grad(y, leaves, c.dy)
-    for got in (got_outside, got_inside):
-        for a, b in zip(got, want, strict=True):
-            assert torch.equal(bits(a), bits(b))
+    assert_grads_same(got_outside, want, "a backward outside the forward's switches")
+    assert_grads_same(got_inside, want, "a backward under other switches than its forward's")
