@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from rlnorm.inputs import Case, make_case
-from rlnorm.kit.results import REBUILD_VERSION, dtype_from_name
+from rlnorm.inputs import Case, dtype_from_name, make_case
+from rlnorm.kit.results import REBUILD_VERSION
 from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
