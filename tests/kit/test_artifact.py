@@ -183,18 +183,6 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-def test_write_refuses_to_overwrite_unless_told(tmp_path: Path) -> None:
-    path = tmp_path / "artifact.json"
-    write_artifact(built(), path, overwrite=False)
-    before = path.read_bytes()
-    with pytest.raises(FileExistsError, match="overwrite=True"):
-        write_artifact(built(), path, overwrite=False)
-    assert path.read_bytes() == before
-    write_artifact(built(param_set="second"), path)
-    assert load_artifact(path).param_set == "second"
-    assert _leftovers(tmp_path) == ["artifact.json"]
-
-
 def test_invalid_document_is_not_written(tmp_path: Path) -> None:
     doc = built()
     del doc["results"]["rlnorm"]["status"]
@@ -203,10 +191,12 @@ def test_invalid_document_is_not_written(tmp_path: Path) -> None:
     assert _leftovers(tmp_path) == []
 
 
-def test_write_is_atomic_against_a_crash_before_the_move(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_write_replaces_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "artifact.json"
+    write_artifact(built(param_set="first"), path)
     write_artifact(built(), path)
     before = path.read_bytes()
+    assert load_artifact(path).param_set == "quick"
 
     def crash(*args: Any, **kwargs: Any) -> None:
         raise OSError("disk gone")

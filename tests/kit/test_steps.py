@@ -43,9 +43,8 @@ TINY["checks"] = [*KIT_CHECKS, "agreement", "stack_pairs"]  # stack_pairs: only 
 
 
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[steps.Run, steps.Run]:
-    """One run of fast backends: a copy as its backends left it (every step-failure test starts there), and the
-    run finished."""
+def backends_done(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
+    """One run of fast backends, as its backends left it (every step-failure test starts from a copy)."""
     out = tmp_path_factory.mktemp("run") / "unit"
     # skipped and unloadable backends: test_backends_vllm.py, test_isolation.py
     custom = [FAULT, "test_steps:ExplodingSweep", NO_BACKWARD]
@@ -53,20 +52,15 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[steps.Run, steps.Run]
         load_params({**TINY, "output_dir": str(out), "backends": ["reference"], "custom_backends": custom})
     )
     steps.run_backends(run)
-    done = copy.deepcopy(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def finished_run(backends_done: steps.Run) -> steps.Run:
+    run = copy.deepcopy(backends_done)
     steps.run_agreement(run)
     steps.finish(run)
-    return done, run
-
-
-@pytest.fixture(scope="module")
-def finished_run(ran: tuple[steps.Run, steps.Run]) -> steps.Run:
-    return ran[1]
-
-
-@pytest.fixture(scope="module")
-def backends_done(ran: tuple[steps.Run, steps.Run]) -> steps.Run:
-    return ran[0]
+    return run
 
 
 def test_a_check_that_raises_is_recorded_and_the_run_goes_on(finished_run: steps.Run) -> None:
