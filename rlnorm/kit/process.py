@@ -1,8 +1,6 @@
-"""The one way the kit starts a child process: one that can crash, hang or poison its device at no cost to the run.
-
-A `Child` is a fresh interpreter (never a fork of a process holding a CUDA context) in a session of its own, with
-the parent's import path, within a time limit; its process group is killed when the wait ends however it ends, and
-the end of its stderr is kept to say why it died.
+"""The one way the kit starts a child process, which may crash, hang or poison its device at no cost to the run:
+a fresh interpreter (never a fork of a process holding a CUDA context) in a session of its own, killed with its
+process group when the wait ends, the end of its stderr kept to say why it died.
 """
 
 from __future__ import annotations
