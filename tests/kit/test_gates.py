@@ -1,8 +1,5 @@
-"""Contract gates: the workload's cells, the report's line format, and each planted fault caught by its gate.
-
-Gates run in the backend's worker; here in-process on a narrow workload (1 head of width 32). A crash or a hang in
-a gate is the backend's crash: tests/kit/test_isolation.py plants those.
-"""
+"""Contract gates, in-process on a narrow workload: the cells, the report's line format, and each planted fault
+caught by its gate (a crash or a hang in a gate: tests/kit/test_isolation.py)."""
 
 from __future__ import annotations
 

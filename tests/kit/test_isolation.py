@@ -1,6 +1,5 @@
-"""Everything about a backend runs in a process of its own: a planted backend that segfaults, exits, hangs or loses
-its device past some batch size, in a check or in a contract gate, is recorded with its cause and the batch it died
-on, keeps what it finished, and the other backends' results stand."""
+"""A planted backend that segfaults, exits, hangs or loses its device past some batch size, in a check or a gate, is
+recorded with its cause and the batch it died on, keeps what it finished, and the other backends' results stand."""
 
 from __future__ import annotations
 
@@ -29,9 +28,6 @@ SEGFAULT = "tests.faults:SegfaultPastRows"
 EXIT = "tests.faults:ExitPastRows"
 EXACT = "rlnorm.kit.backends:ExactReferenceBackend"  # a correct backend, run after a crash
 DEVICE_ERROR = "tests.faults:DeviceErrorPastRows"
-# TINY_SIZES' batches (and the launch ladder, to launch_rows) stay at 15 rows or fewer until accuracy_latency's 63:
-# the planted faults (past 50 rows) die there
-FINISHED = ROW_CHECKS
 PLANTED_DEVICE_ERROR = "CUDA error: an illegal memory access was encountered (planted)"
 
 
@@ -75,7 +71,8 @@ def test_a_segfault_is_recorded_with_its_signal_check_and_batch(crashed_run: ste
     assert r.status == "crashed" and crash is not None
     assert crash.signal == "SIGSEGV" and crash.cause == "killed by SIGSEGV (signal 11)"
     assert crash.check == "accuracy_latency" and crash.batch_size == 63
-    assert crash.finished_checks == FINISHED
+    # TINY_SIZES' batches (and the launch ladder) stay at 15 rows until accuracy_latency's 63: the faults die there
+    assert crash.finished_checks == ROW_CHECKS
     assert "reading address 0 on a batch of 63 rows" in (crash.stderr_tail or "")
     assert r.skip_reason == "killed by SIGSEGV (signal 11) in accuracy_latency at a batch of 63 rows"
     # what it finished before it died stands
@@ -155,7 +152,7 @@ def test_a_device_error_is_recorded_with_the_devices_error(crashed_run: steps.Ru
     assert crash.cause == f"device error: {PLANTED_DEVICE_ERROR} on a batch of 63 rows"
     assert crash.exit_code == EXIT_DEVICE_ERROR and crash.signal is None and crash.timed_out is False
     assert crash.check == "accuracy_latency" and crash.batch_size == 63
-    assert crash.finished_checks == FINISHED
+    assert crash.finished_checks == ROW_CHECKS
     assert bad.batch_invariance.all_rows.sizes[7].fwd_differ == 0  # what it finished stands
 
 

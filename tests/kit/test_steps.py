@@ -1,6 +1,5 @@
-"""The run's steps on fast CPU backends (no notebook): one backend failing or one check raising never stops a run,
-the verdict is honest about what ran, a step after the backends that raises costs nothing that stands, and what is
-written is valid."""
+"""The run's steps on fast CPU backends: a failing backend, check or later step never stops a run or costs what
+stands, the verdict is honest about what ran, and what is written is valid."""
 
 from __future__ import annotations
 
