@@ -59,13 +59,9 @@ def built(**overrides: Any) -> dict[str, Any]:
     return to_json(run_from_doc(doc))
 
 
-def _raw_seed() -> dict[str, Any]:
-    return json.loads(SEED.read_text())
-
-
 def test_seed_report_loads_typed_and_valid() -> None:
     run = load_artifact(SEED)
-    raw = _raw_seed()
+    raw = json.loads(SEED.read_text())
     assert run.is_seed and run.commit == raw["rl_kernel_commit"] and run.params is None and run.records is None
     assert run.environment["megatron_source_commit"] == "52fbcbc"
     assert all(r.status == "ran" and r.errors is None for r in run.results.values())
@@ -167,7 +163,7 @@ def test_reader_catches_planted_fault_in_a_file(tmp_path: Path, fault: str) -> N
 
 
 def test_planted_fault_in_the_seed_report_is_caught(tmp_path: Path) -> None:
-    raw = _raw_seed()
+    raw = json.loads(SEED.read_text())
     raw["results"]["vllm"]["accuracy_latency"]["fwd_us"] = "87 us"
     path = tmp_path / "seed.json"
     path.write_text(json.dumps(raw))

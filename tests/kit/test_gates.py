@@ -10,6 +10,7 @@ import torch
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.backends import ExactReferenceBackend, load_backend
+from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.gates import (
     CHUNK_TOKENS,
     SAMPLE_TOKENS,
@@ -94,22 +95,12 @@ def test_eager_reference_fails_only_the_dweight_lines():
 
 # --- run_gates: both gates, as the worker runs them ----------------------------------------------------------
 def test_run_gates_exact_reference_passes_and_marks_each_call_on_the_trail():
-    class Trail:
-        def __init__(self) -> None:
-            self.where, self.batches = {}, []
-
-        def case(self, check, case_spec, opts):
-            self.where = {"check": check, "case": case_spec}
-
-        def batch(self, batch_spec):
-            self.batches.append({**self.where, "batch": batch_spec})
-
-    trail = Trail()
-    res = run_gates(ExactReferenceBackend(), OPTS, "cpu", d=32, heads=1, trail=trail)
+    marked: list[dict] = []
+    res = run_gates(ExactReferenceBackend(), OPTS, "cpu", d=32, heads=1, trail=Trail(marked.append))
     for r in res.values():
         assert r.returncode == 0 and r.passed and not r.failed_lines and r.lines
     assert len(res["gradient"].singleton_aggregate) == 2 and res["forward"].singleton_aggregate == []
-    first = trail.batches[0]
+    first = marked[0]
     assert first["check"] == "contract_gates" and first["case"]["rows"] == sum(SAMPLE_TOKENS)
     assert first["batch"] == {"kind": "gate", "cell": "BN/full", "size": sum(SAMPLE_TOKENS)}
 
