@@ -83,13 +83,13 @@ def test_a_crash_is_recorded_with_its_cause_check_and_batch_and_keeps_what_it_fi
     assert crash.check == "accuracy_latency" and crash.batch_size == 63 and crash.timed_out is False
     assert r.skip_reason == f"{crash.cause} in accuracy_latency at a batch of 63 rows"
     # TINY_SIZES' batches (and the launch ladder) stay at 15 rows until accuracy_latency's 63: the faults die there
-    assert crash.finished_checks == ROW_CHECKS and r.accuracy_latency is None
+    assert crash.finished_checks == ROW_CHECKS
     assert r.batch_invariance.all_rows.sizes[7].fwd_differ == 0
     assert r.batch_invariance.full_vs_sub_batches.rows_compared == 30  # sizes 1 and 7 over 15 rows
     rb = rebuild_case(crash.rebuild)  # the trail rebuilds the batch it died on
     assert rb.check == "accuracy_latency" and rb.batch.x.shape == (63, 128)
-    if key == SEGFAULT:
-        assert "reading address 0 on a batch of 63 rows" in crash.stderr_tail
+    if key == SEGFAULT:  # its process died mid-check: nothing of accuracy_latency came back
+        assert "reading address 0 on a batch of 63 rows" in crash.stderr_tail and r.accuracy_latency is None
 
 
 @pytest.mark.slow
