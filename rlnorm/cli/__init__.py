@@ -27,8 +27,6 @@ from typing import Any
 from rlnorm.cli import commands
 from rlnorm.cli.runs import EXIT_INTERRUPTED
 
-__all__ = ["build_parser", "main"]
-
 
 class _Parser(argparse.ArgumentParser):  # argparse exits 2 (EXIT_USAGE) on a usage error
     def __init__(self, **kwargs: Any) -> None:

@@ -31,8 +31,6 @@ from rlnorm.report.index import write_index
 from rlnorm.report.runs import open_run, resolve
 from rlnorm.report.verdict import summary_lines
 
-__all__ = ["cmd_compare", "cmd_index", "cmd_investigate", "cmd_run", "cmd_validate"]
-
 
 def _say(text: str) -> None:
     print(text, file=sys.stderr)

@@ -25,8 +25,6 @@ from rlnorm.kit.params import (
     read_params_file,
 )
 
-__all__ = ["Combination", "Plan", "PlanError", "combination_name", "expand", "parse_value"]
-
 
 class PlanError(ValueError):
     """The command line or a parameter file cannot make a run; the message says which part and why."""
