@@ -20,8 +20,8 @@ from rlnorm.kit.params import (
     NOTEBOOK_PARAMETERS,
     ParamsError,
     RunParams,
+    file_params,
     load_params,
-    params_file_label,
     read_params_file,
 )
 
@@ -101,11 +101,9 @@ def _merge(files: Sequence[str], yaml_text: str | None, overrides: Sequence[tupl
     out = []
     for f in files or [None]:
         try:
-            raw = read_params_file(f) if f is not None else {}
+            raw = file_params(f) if f is not None else {}
         except ParamsError as exc:
             raise PlanError(f"{f}: {exc}") from exc
-        if f is not None:
-            raw = {"name": Path(f).stem, **raw, "params_file": params_file_label(f)}
         out.append((f or "the command line", {**raw, **extra}))
     return out
 

@@ -266,6 +266,12 @@ def params_file_label(source: str | os.PathLike[str]) -> str:
         return str(path)
 
 
+def file_params(source: str | os.PathLike[str]) -> dict[str, Any]:
+    """A parameter file's mapping, named after the file unless it says otherwise, and its label."""
+    path = _locate(source)
+    return {"name": path.stem, **read_params_file(path), "params_file": params_file_label(path)}
+
+
 def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     """A parameter file's mapping, as written (no defaults); refuses the keys the command line sets."""
     path = _locate(path)
@@ -289,11 +295,7 @@ def load_params(source: str | os.PathLike[str] | Mapping[str, Any] | None = None
     """Parameters from a YAML file (its stem names the run unless it says otherwise) or a mapping, plus overrides,
     over RunParams' defaults; ParamsError names every unknown (with the closest known name), ill-typed or
     out-of-range parameter at once, so one edit fixes a parameter file."""
-    if source is None or isinstance(source, Mapping):
-        data = dict(source or {})
-    else:
-        path = _locate(source)
-        data = {"name": path.stem, **read_params_file(path), "params_file": params_file_label(path)}
+    data = dict(source or {}) if source is None or isinstance(source, Mapping) else file_params(source)
     data.update({k: v for k, v in overrides.items() if not (k == "params_file" and not v)})
     known = {k: v for k, v in data.items() if k in _FIELDS}
     if unknown := [k for k in data if k not in known]:  # named beside every other problem, for one edit
