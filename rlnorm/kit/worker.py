@@ -93,10 +93,6 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     def save() -> None:
         write_atomic(folder / RESULT_FILE, json.dumps(to_json(report)))
 
-    def say(text: str) -> None:
-        if params.progress:
-            print(f"{spec}: {text}", file=sys.stderr, flush=True)
-
     backend = _probe(spec, params, device, report)
     save()
     # held: imports and probe are done; end of input means the parent is gone, and nobody would read the checks
@@ -138,7 +134,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     ends = (("agreement", agreement), ("digests", digests), ("contract_gates", gate))
     steps += [(name, fn) for name, fn in ends if name in params.checks]
     for i, (name, step) in enumerate(steps, 1):
-        say(f"[{i}/{len(steps)}] {name}")
+        if params.progress:
+            print(f"{spec}: [{i}/{len(steps)}] {name}", file=sys.stderr, flush=True)
         t0 = time.time()
         try:
             step()
