@@ -21,6 +21,7 @@ from rlnorm.cli.runs import (
     exit_status,
     run_many,
     run_one,
+    verdict_status,
     workers,
 )
 from rlnorm.kit.artifact import read_records, write_atomic
@@ -29,7 +30,6 @@ from rlnorm.kit.results import RunResult
 from rlnorm.report.compare import digest_table
 from rlnorm.report.index import write_index
 from rlnorm.report.runs import open_run, resolve
-from rlnorm.report.verdict import summary_lines
 
 
 def _say(text: str) -> None:
@@ -221,11 +221,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         _err(f"{path}: {exc}")
         return 1
     print(f"{run.path}: valid artifact (schema {run.schema_version}, {run.device_name})")
-    print("\n".join(summary_lines(run)))
+    print("\n".join(verdict_status(run, {})[1]))  # the verdicts, and the backends that failed or died
     problems = [] if run.is_seed else _folder_problems(run)
     for p in problems:
         _err(p)
-    for key, r in run.results.items():
-        if r.status in ("failed", "crashed", "timed_out"):
-            print(f"  note: {key}: {r.status}: {r.skip_reason}")
     return 1 if problems else 0
