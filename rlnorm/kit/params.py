@@ -257,19 +257,15 @@ def _locate(source: str | os.PathLike[str]) -> Path:
     return path
 
 
-def params_file_label(source: str | os.PathLike[str]) -> str:
-    """A parameter file's path as titles show it: relative to the checkout when it lies inside it."""
+def file_params(source: str | os.PathLike[str]) -> dict[str, Any]:
+    """A parameter file's mapping, named after the file unless it says otherwise, and its path as titles show it
+    (relative to the checkout when it lies inside it)."""
     path = _locate(source)
     try:
-        return str(path.resolve().relative_to(CHECKOUT)) if CHECKOUT is not None else str(path)
+        label = str(path.resolve().relative_to(CHECKOUT)) if CHECKOUT is not None else str(path)
     except ValueError:
-        return str(path)
-
-
-def file_params(source: str | os.PathLike[str]) -> dict[str, Any]:
-    """A parameter file's mapping, named after the file unless it says otherwise, and its label."""
-    path = _locate(source)
-    return {"name": path.stem, **read_params_file(path), "params_file": params_file_label(path)}
+        label = str(path)
+    return {"name": path.stem, **read_params_file(path), "params_file": label}
 
 
 def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
