@@ -109,22 +109,6 @@ def _planted(*args: object, **kwargs: object) -> None:
     raise RuntimeError("planted step failure")
 
 
-def _failed_and_placed(run: steps.Run, step: str) -> None:
-    """The step is recorded, every backend's result stands, the folder is placed whole, and the run fails."""
-    (failure,) = run.result.failed_steps
-    assert failure.step == step and failure.error == "RuntimeError: planted step failure"
-    assert any("planted step failure" in line for line in failure.traceback)
-    with pytest.raises(steps.StepsFailed, match=step):
-        steps.finish(run)
-    doc = json.loads((run.out / steps.ARTIFACT_FILE).read_text())
-    validate_artifact(doc)
-    placed = load_run(run.out)
-    assert [f.step for f in placed.failed_steps] == [step]
-    ref = placed.results["reference"]
-    assert ref.status == "ran" and ref.batch_invariance.all_rows.sizes[7].fwd_differ == 0
-    assert not [p for p in run.out.parent.iterdir() if p.name.startswith(".")], "no staging folder left"
-
-
 def _fail_agreement(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steps, "agreement_from_outputs", _planted)
     steps.run_agreement(run)
@@ -148,9 +132,20 @@ def _fail_page(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("fail", [_fail_agreement, _fail_stack_pairs, _fail_plots, _fail_page])
 def test_a_failing_step_is_recorded(backends_done: steps.Run, tmp_path: Path, monkeypatch, fail) -> None:  # type: ignore[no-untyped-def]
-    run = _resume(backends_done, tmp_path)
+    """The step is recorded, every backend's result stands, the folder is placed whole, and the run fails."""
+    run, step = _resume(backends_done, tmp_path), fail.__name__.removeprefix("_fail_")
     fail(run, monkeypatch)
-    _failed_and_placed(run, fail.__name__.removeprefix("_fail_"))
+    (failure,) = run.result.failed_steps
+    assert failure.step == step and failure.error == "RuntimeError: planted step failure"
+    assert any("planted step failure" in line for line in failure.traceback)
+    with pytest.raises(steps.StepsFailed, match=step):
+        steps.finish(run)
+    validate_artifact(json.loads((run.out / steps.ARTIFACT_FILE).read_text()))
+    placed = load_run(run.out)
+    assert [f.step for f in placed.failed_steps] == [step]
+    ref = placed.results["reference"]
+    assert ref.status == "ran" and ref.batch_invariance.all_rows.sizes[7].fwd_differ == 0
+    assert not [p for p in run.out.parent.iterdir() if p.name.startswith(".")], "no staging folder left"
 
 
 def test_a_step_that_leaves_what_the_artifact_refuses_is_dropped(backends_done: steps.Run, tmp_path: Path) -> None:
