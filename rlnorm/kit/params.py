@@ -151,6 +151,8 @@ class RunParams:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunParams)}
 _HINTS = get_type_hints(RunParams)
+# the keys that take a list (backends, sizes, seeds...): a list there is the value, not a matrix of runs
+LIST_KEYS = {name for name, hint in _HINTS.items() if get_origin(hint) is list}
 
 
 def check_kwargs(check: Callable[..., Any], params: RunParams) -> dict[str, Any]:
