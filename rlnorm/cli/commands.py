@@ -24,7 +24,7 @@ from rlnorm.cli.runs import (
     verdict_status,
     workers,
 )
-from rlnorm.kit.artifact import read_records, write_atomic
+from rlnorm.kit.artifact import load_artifact, read_records, write_atomic
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.results import RunResult
 from rlnorm.report.compare import digest_table
@@ -215,8 +215,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             return 1
         print(f"{path}: valid run parameters")
         return 0
-    try:
-        run = open_run(path)
+    try:  # its file against the schema, as written: a misspelled key would not survive the typing
+        run = load_artifact(open_run(path).path)
     except Exception as exc:
         _err(f"{path}: {exc}")
         return 1

@@ -225,6 +225,12 @@ def _run_folder(outputs_dir: Path, created: str = "2026-12-05T00:00:00+00:00") -
 def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir: Path, capsys) -> None:
     folder = _run_folder(outputs_dir)
     assert cli.main(["validate", str(folder)]) == 0, capsys.readouterr().err
+    art = folder / "rms_norm_gated_reuse_check.json"
+    good = art.read_text()
+    art.write_text(good.replace('"wall_time_s"', '"wall_time"', 1))  # a misspelled key: typing alone drops it
+    assert cli.main(["validate", str(folder)]) == 1
+    assert "'wall_time' was unexpected" in capsys.readouterr().err
+    art.write_text(good)
     (folder / "reuse_check.html").write_text("<html>created 2026-01-01T00:00:00+00:00</html>")  # a stale page
     assert cli.main(["validate", str(folder)]) == 1
     assert "reuse_check.html: written by another run than this artifact" in capsys.readouterr().err
