@@ -9,8 +9,6 @@ from __future__ import annotations
 import importlib.resources
 from pathlib import Path
 
-__all__ = ["CHECKOUT", "PACKAGE_DIR", "SEED_REPORT_NAME", "seed_report_path"]
-
 PACKAGE_DIR = Path(__file__).resolve().parent
 _ROOT = PACKAGE_DIR.parent
 # an editable install of this repository: the package sits beside pyproject.toml and notebooks/

@@ -11,6 +11,20 @@ from rlnorm.options import OpOptions
 # dy comes from a second generator so that changing the forward data never shifts the gradient
 # stream; the offset keeps it clear of every case seed the protocol uses.
 DY_SEED_OFFSET = 1_000_000
+# the dtypes by the names records and parameters spell them with
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    if (name := str(dtype).removeprefix("torch.")) not in DTYPES:
+        raise TypeError(f"dtype: expected one of {sorted(DTYPES)}, got {dtype}")
+    return name
+
+
+def dtype_from_name(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {name!r}")
+    return DTYPES[name]
 
 
 @dataclass

@@ -98,11 +98,9 @@ def _round_scaled_int(total: int, scale_exp: int, dtype: torch.dtype) -> float:
 def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Column sums of a [N, D] float32 tensor, computed exactly, rounded once to `dtype`.
 
-    Each finite float32 is m * 2**(e - 149) with an integer m < 2**24 and 0 <= e <= 253; mantissas are
-    summed per exponent in int64 (exact below 2**39 rows), then combined as Python integers. NaN and
-    +-Inf have no integer form: a column holding any decides its sum as the kernel's finalize does
-    (`_dweight.py`): NaN if it holds a NaN or both infinities, else the infinity it holds; every other
-    column is the exact sum of its values, rounded once.
+    Each finite float32 is m * 2**(e - 149), m < 2**24: mantissas are summed per exponent in int64 (exact below
+    2**39 rows), then combined as Python integers. A column holding NaN or both infinities sums to NaN, one holding
+    an infinity to it, as the kernel's finalize (`_dweight.py`) does.
     """
     if values.dtype != torch.float32:
         raise TypeError(f"values: expected float32, got {values.dtype}")

@@ -1,10 +1,8 @@
 """Clocks shared by the checks and the benchmark: one way to time a call on this device.
 
-The op is memory-bound, so a time means something only beside a same-method `torch.add` moving as many bytes.
 `CudaClock.events` brackets each call with CUDA events on a queue primed by `torch.cuda._sleep`, so they measure
-GPU time, not the host's enqueue (`host_bound` when the queue still ran dry); `capture` holds calls in one CUDA
-graph, and `verify_graph` refuses a graph whose replay does not reproduce an eager call. `CpuClock` has the same
-interface for CPU runs and tests: it times, but no claim rests on its numbers.
+GPU time, not the host's enqueue (`host_bound` where the queue still ran dry); `capture` holds calls in one CUDA
+graph, which `verify_graph` checks against an eager call. `CpuClock`: the same interface, no claims on its numbers.
 """
 
 from __future__ import annotations
@@ -45,10 +43,8 @@ def summarize(samples: Sequence[float], host_bound: bool = False) -> Timing:
     s = sorted(samples)
 
     def q(p: float) -> float:
-        pos = p * (len(s) - 1)
-        lo = math.floor(pos)
-        hi = min(lo + 1, len(s) - 1)
-        return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+        lo, frac = divmod(p * (len(s) - 1), 1)
+        return s[int(lo)] + (s[min(int(lo) + 1, len(s) - 1)] - s[int(lo)]) * frac
 
     return Timing(q(0.5), q(0.2), q(0.8), host_bound)
 
@@ -188,10 +184,8 @@ def _tensors(out: Any) -> list[tuple[str, Tensor]]:
 
 
 def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callable[[], None]) -> str:
-    """Poison the last captured call's outputs, replay, compare with an eager call: 'bitwise' or 'close'.
-
-    Raises GraphMismatch when the replay left an output unwritten or wrote something else.
-    """
+    """Poison the last captured call's outputs, replay, compare with an eager call: 'bitwise' or 'close';
+    GraphMismatch where the replay left an output unwritten or wrote something else."""
     i = len(calls) - 1
     got = _tensors(cap.outs[i])
     if not got:

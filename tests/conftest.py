@@ -1,9 +1,6 @@
-"""Shared fixtures, and the suite's two modes.
-
-`python3 -m pytest` is the CPU suite on any machine: the kernel runs in the Triton interpreter on CPU
-tensors, as on CI, with the GPUs hidden from torch so a GPU machine gives the same results. Triton
-chooses between the interpreter and compiled kernels once per process (at decoration), so the tests
-marked `gpu` (compiled Triton on a CUDA GPU) run in a process of their own: `python3 -m pytest --gpu`.
+"""Shared fixtures, and the suite's two modes: `python3 -m pytest` is the CPU suite anywhere (the Triton interpreter,
+GPUs hidden from torch); Triton picks interpreter or compiler once per process, so the tests marked `gpu` run in a
+process of their own: `python3 -m pytest --gpu`.
 """
 
 from __future__ import annotations
@@ -36,11 +33,8 @@ IN_CI = os.environ.get("CI", "").lower() == "true"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption(
-        "--gpu",
-        action="store_true",
-        help="run only the tests marked gpu, with compiled Triton on a CUDA GPU (default: the CPU suite)",
-    )
+    said = "run only the tests marked gpu, with compiled Triton on a CUDA GPU (default: the CPU suite)"
+    parser.addoption("--gpu", action="store_true", help=said)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -213,9 +207,8 @@ SEGFAULT = "tests.faults:SegfaultPastRows"  # dies on its first batch of more th
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One real run (`python -m rlnorm run`, the notebook through papermill) at tiny sizes, of `reference`, three
-    planted faulty backends, one that segfaults and one that cannot be loaded, made once per pytest run and read by
-    the notebook and command line tests; the command's stderr is beside it, in stderr.txt."""
+    """One real run (`python -m rlnorm run`) at tiny sizes of `reference`, three planted faulty backends, one that
+    segfaults and one that cannot be loaded, read by the notebook and command line tests; its stderr in stderr.txt."""
     base = tmp_path_factory.mktemp("tiny_runs")
     params = {"name": "tiny", "device": "cpu", "progress": False, "backends": ["reference"], **TINY_SIZES}
     params["custom_backends"] = [BATCH_FAULT, POSITION_FAULT, DWEIGHT_FAULT, SEGFAULT, UNLOADABLE]
@@ -233,10 +226,8 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Doorbell:
-    """A localhost socket that planted code rings when it reaches the point where a test acts on it, and then holds
-    there until the test lets it go (`close`): the test waits for an event, never for a guess of how long a run
-    takes, so a busy machine cannot make the run finish first. The planted side is RING_AND_HOLD.
-    """
+    """A localhost socket planted code rings (RING_AND_HOLD) where a test acts on it, holding until `close`: the
+    test waits for an event, never for a guess of how long a run takes."""
 
     def __init__(self) -> None:
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -244,8 +235,8 @@ class Doorbell:
         self._calls: list[socket.socket] = []
 
     def wait(self, n: int = 1, timeout: float = 300, alive: Callable[[], bool] = lambda: True) -> list[int]:
-        """The pids of the first `n` rings; fails if they did not all come within `timeout` s, or `alive()` turned
-        False first (the run ended without reaching the planted point)."""
+        """The pids of the first `n` rings; fails where they did not come within `timeout` s or `alive()` turned
+        False first."""
         pids: list[int] = []
         deadline = time.monotonic() + timeout
         while len(pids) < n:

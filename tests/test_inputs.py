@@ -30,11 +30,15 @@ def test_rows_restriction_and_weight_dtype() -> None:
     assert make_case(0, 128).x.shape == (0, 128)
 
 
-def test_bad_sizes_name_the_parameter() -> None:
+def test_bad_arguments_name_the_parameter() -> None:
     with pytest.raises(ValueError, match="rows"):
         make_case(-1)
     with pytest.raises(ValueError, match="d: expected"):
         make_case(3, 0)
+    with pytest.raises(ValueError, match="kind"):
+        make_underflow_case("x*z")
+    with pytest.raises(ValueError, match="rows, d"):
+        make_underflow_case("x*w", rows=0)
 
 
 @pytest.mark.parametrize("kind", UNDERFLOW_KINDS)
@@ -48,10 +52,3 @@ def test_underflow_cases_put_a_product_below_the_fp32_normal_range_and_y_above_i
     y = gated_rmsnorm_math(x, z, w, opts, torch.float64)
     assert (product[:, 1:].abs() < 2.0**-126).all() and (y[:, 1:].abs() > 2.0**-96).all()
     assert x.dtype == w.dtype == torch.bfloat16 and (z is None) == (kind == "no gate")
-
-
-def test_underflow_case_bad_arguments_name_the_parameter() -> None:
-    with pytest.raises(ValueError, match="kind"):
-        make_underflow_case("x*z")
-    with pytest.raises(ValueError, match="rows, d"):
-        make_underflow_case("x*w", rows=0)

@@ -7,10 +7,12 @@ import pytest
 from rlnorm.options import OpOptions
 
 
-def test_swish_is_silu_and_defaults_are_qwen3_next() -> None:
+def test_swish_is_silu_eps_zero_is_allowed_and_defaults_are_qwen3_next() -> None:
     assert OpOptions(activation="swish").activation == "silu"
     o = OpOptions()
     assert (o.eps, o.group_size, o.norm_before_gate, o.activation) == (1e-6, None, True, "silu")
+    # FLA's own tests use eps = 0
+    assert OpOptions(eps=0).eps == 0.0 and isinstance(OpOptions(eps=0).eps, float)
 
 
 @pytest.mark.parametrize(
@@ -28,11 +30,6 @@ def test_swish_is_silu_and_defaults_are_qwen3_next() -> None:
 def test_bad_options_name_the_parameter(kwargs: dict, name: str) -> None:
     with pytest.raises((ValueError, TypeError), match=name):
         OpOptions(**kwargs)
-
-
-def test_eps_zero_is_allowed() -> None:
-    # FLA's own tests use eps = 0; what the kernel gives for a row of all zeros is its docstring's business
-    assert OpOptions(eps=0).eps == 0.0 and isinstance(OpOptions(eps=0).eps, float)
 
 
 def test_group_size_must_divide_width() -> None:

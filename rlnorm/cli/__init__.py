@@ -25,19 +25,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from rlnorm.cli import commands
-from rlnorm.cli.runs import EXIT_INTERRUPTED, EXIT_USAGE
-
-__all__ = ["build_parser", "main"]
+from rlnorm.cli.runs import EXIT_INTERRUPTED
 
 
-class _Parser(argparse.ArgumentParser):
+class _Parser(argparse.ArgumentParser):  # argparse exits 2 (EXIT_USAGE) on a usage error
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(allow_abbrev=False, **kwargs)
-
-    def error(self, message: str) -> Any:  # argparse exits 2 on usage errors, which is ours too
-        self.print_usage(sys.stderr)
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(EXIT_USAGE)
 
 
 def build_parser() -> argparse.ArgumentParser:

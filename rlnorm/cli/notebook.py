@@ -12,9 +12,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 from rlnorm.checkout import CHECKOUT, PACKAGE_DIR
 from rlnorm.kit.artifact import write_atomic
+from rlnorm.kit.steps import PROGRESS_ENV
 from rlnorm.kit.worker import PLAIN_ENV
 
 # the page template: the lab page with nothing fetched from the network (see its own comment)
@@ -124,49 +126,43 @@ def execute(notebook: str, params: dict[str, Any], workdir: Path, *, progress: b
     import nbformat
     import papermill as pm
 
+    source = jupytext.read(notebook_source(notebook))
+    source.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    input_nb = workdir / f".{notebook}.input.ipynb"
+    nbformat.write(source, input_nb)
     progress_file = Path(tempfile.mkstemp(prefix="rlnorm-progress-", suffix=".log")[1])
-    env_before = dict(os.environ)
     started: list[str] = []
     failure: str | None = None
     executed = workdir / f"{notebook}.ipynb"
+    kernel_env = {
+        # the kernel must be this interpreter, whatever `python` a system kernelspec names
+        "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
+        PROGRESS_ENV: str(progress_file),
+        # inline, so display(fig) puts PNGs in the notebook whatever MPLBACKEND the shell has
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        # a log file or a pipe: lines, not bars redrawn with cursor codes
+        **({} if sys.stderr.isatty() else {PLAIN_ENV: "1"}),
+        **(env or {}),
+    }
+    # a dead kernel or a failing cell comes back as an exception, said once below: not also as log lines
+    quiet = {lg: lg.level for lg in map(logging.getLogger, ("papermill", "traitlets"))}
     try:
-        source = jupytext.read(notebook_source(notebook))
-        source.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-        input_nb = workdir / f".{notebook}.input.ipynb"
-        nbformat.write(source, input_nb)
-        os.environ.update({
-            # the kernel must be this interpreter, whatever `python` a system kernelspec names
-            "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""),
-            "RLNORM_PROGRESS_FILE": str(progress_file),
-            # inline, so display(fig) puts PNGs in the notebook whatever MPLBACKEND the shell has
-            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
-            # a log file or a pipe: lines, not bars redrawn with cursor codes
-            **({} if sys.stderr.isatty() else {PLAIN_ENV: "1"}),
-            **(env or {}),
-        })  # fmt: skip
-        # a dead kernel or a failing cell comes back as an exception, said once below: not also as log lines
-        quiet = [logging.getLogger(n) for n in ("papermill", "traitlets")]
-        levels = [lg.level for lg in quiet]
         for lg in quiet:
             lg.setLevel(logging.CRITICAL)
-        try:
-            with _echo_progress(progress_file, progress):
-                pm.execute_notebook(str(input_nb), str(executed), parameters=params, kernel_name="python3",
-                                    engine_name=_engine(started), progress_bar=False, log_output=False,
-                                    cwd=os.getcwd())  # fmt: skip
-        except pm.PapermillExecutionError as exc:  # papermill stops at the failing cell: the last one started
-            failure = f"{started[-1] if started else 'an unknown cell'} failed: {exc.ename}: {exc.evalue}"
-        except Exception as exc:  # the kernel died (out of memory, a crash in native code) or would not start
-            where = started[-1] if started else "the kernel start"
-            failure = f"{where} did not finish: {type(exc).__name__}: {str(exc).strip()[:500]}"
-        finally:
-            for lg, level in zip(quiet, levels, strict=True):
-                lg.setLevel(level)
-        input_nb.unlink(missing_ok=True)
-        if executed.exists():
-            render_html(executed, workdir / f"{notebook}.html", title)
+        with mock.patch.dict(os.environ, kernel_env), _echo_progress(progress_file, progress):
+            pm.execute_notebook(str(input_nb), str(executed), parameters=params, kernel_name="python3",
+                                engine_name=_engine(started), progress_bar=False, log_output=False,
+                                cwd=os.getcwd())  # fmt: skip
+    except pm.PapermillExecutionError as exc:  # papermill stops at the failing cell: the last one started
+        failure = f"{started[-1] if started else 'an unknown cell'} failed: {exc.ename}: {exc.evalue}"
+    except Exception as exc:  # the kernel died (out of memory, a crash in native code) or would not start
+        where = started[-1] if started else "the kernel start"
+        failure = f"{where} did not finish: {type(exc).__name__}: {str(exc).strip()[:500]}"
     finally:
-        os.environ.clear()
-        os.environ.update(env_before)
+        for lg, level in quiet.items():
+            lg.setLevel(level)
         progress_file.unlink(missing_ok=True)
+    input_nb.unlink(missing_ok=True)
+    if executed.exists():
+        render_html(executed, workdir / f"{notebook}.html", title)
     return executed, failure

@@ -5,27 +5,25 @@ run per combination, each in `outputs/NAME/<combination>/`.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, get_origin, get_type_hints
+from typing import Any
 
 import yaml
 
 from rlnorm.kit.params import (
     CLI_KEYS,
+    LIST_KEYS,
     NOTEBOOK_PARAMETERS,
     ParamsError,
     RunParams,
+    file_params,
     load_params,
-    params_file_label,
     read_params_file,
 )
-
-__all__ = ["Combination", "Plan", "PlanError", "combination_name", "expand", "parse_value"]
 
 
 class PlanError(ValueError):
@@ -38,11 +36,6 @@ def parse_value(text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError:
         return text
-
-
-_HINTS = get_type_hints(RunParams)
-# keys that take a list (backends, sizes, seeds...): a list there is the value, not a matrix
-_LIST_KEYS = {f.name for f in dataclasses.fields(RunParams) if get_origin(_HINTS[f.name]) is list}
 
 
 @dataclass(frozen=True)
@@ -103,11 +96,9 @@ def _merge(files: Sequence[str], yaml_text: str | None, overrides: Sequence[tupl
     out = []
     for f in files or [None]:
         try:
-            raw = read_params_file(f) if f is not None else {}
+            raw = file_params(f) if f is not None else {}
         except ParamsError as exc:
             raise PlanError(f"{f}: {exc}") from exc
-        if f is not None:
-            raw = {"name": Path(f).stem, **raw, "params_file": params_file_label(f)}
         out.append((f or "the command line", {**raw, **extra}))
     return out
 
@@ -122,7 +113,7 @@ def expand(files: Sequence[str], yaml_text: str | None = None, overrides: Sequen
     for source, raw in _merge(files, yaml_text, overrides):
         given = {"name": name or None, "device": device or None, "progress": progress}
         raw.update({k: v for k, v in given.items() if v is not None})
-        axes = {k: v for k, v in raw.items() if isinstance(v, list) and k not in _LIST_KEYS}
+        axes = {k: v for k, v in raw.items() if isinstance(v, list) and k not in LIST_KEYS}
         empty = [k for k, v in axes.items() if not v]
         errors += [f"{source}: {k}: an empty list gives no run" for k in empty]
         if empty:

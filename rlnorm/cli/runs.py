@@ -49,12 +49,11 @@ class Outcome:
     combination: Combination
     code: int
     message: str = ""
-    seconds: float = 0.0
 
 
 def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[str, str] | None = None) -> Outcome:
     """One run in this process: the notebook executed into a staging folder, placed with its page beside it."""
-    t0, run_dir, staging = time.time(), combo.folder, None
+    run_dir, staging = combo.folder, None
     # Triton runs on CPU tensors only interpreted, GPU or not
     env = {"TRITON_INTERPRET": "1"} if combo.params.resolved_device() == "cpu" else None
     try:
@@ -69,7 +68,6 @@ def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[st
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
         raise
-    seconds = time.time() - t0
     artifact_path = run_dir / ARTIFACT_FILE
     run = load_run(artifact_path) if artifact_path.is_file() else None
     if failure:
@@ -78,7 +76,7 @@ def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[st
         said = "\n".join(["steps that failed (the artifact holds every other result):", *failed]) if failed else failure
         return Outcome(combo, EXIT_CELL_FAILED, f"{said}\n  the partial notebook is in {run_dir / executed.name}")
     code, lines = verdict_status(run, require or {})
-    return Outcome(combo, code, "\n".join(lines), seconds)
+    return Outcome(combo, code, "\n".join(lines))
 
 
 def verdict_status(run: RunResult | None, require: dict[str, str]) -> tuple[int, list[str]]:
@@ -143,7 +141,7 @@ def run_many(combos: Sequence[Combination], indices: Sequence[int], argv: Sequen
             free.put(gpu)
         seconds, ended = time.time() - t0, "done" if code == 0 else f"exit {code}"
         say(f"rlnorm: [{next(done)}/{len(combos)}] {combo.label}: {ended} in {seconds:.0f} s")
-        return Outcome(combo, code, "", seconds)
+        return Outcome(combo, code)
 
     pool = ThreadPoolExecutor(max_workers=workers(jobs, gpus, len(combos)))
     try:

@@ -1,11 +1,7 @@
-"""The run folder on disk: its files written whole or not at all (`write_atomic`), the folder assembled in a
-staging folder beside its place and moved there (`place`), so `outputs/NAME/` is absent, the previous run, or a
-complete new run; the artifact in it, validated against its JSON Schema when written and when read; and
-`records.csv`, one line per differing (row comparison, tensor).
-
-The artifact is `results.to_json(RunResult)`; it keeps every key of the reference B200 report
-(`rlnorm/data/rms_norm_gated_b200.json`), and its schema lives in `rlnorm/kit/schema/artifact.schema.json`.
-`load_artifact` reads ours (validated as written) or the reference report (validated once typed) as a `RunResult`.
+"""The run folder on disk: files written whole or not at all (`write_atomic`), the folder staged beside its place
+and moved there (`place`), so `outputs/NAME/` is absent, the previous run or a complete new one; the artifact,
+validated against `rlnorm/kit/schema/artifact.schema.json` when written and read (it keeps every key of the
+reference B200 report); and `records.csv`, one line per differing (row comparison, tensor).
 """
 
 from __future__ import annotations
@@ -164,12 +160,11 @@ def validate_artifact(doc: Mapping[str, Any] | RunResult) -> None:
         raise ArtifactValidationError(sorted(problems))
 
 
-def write_artifact(doc: RunResult | Mapping[str, Any], path: str | os.PathLike[str], overwrite: bool = True) -> Path:
-    """Write `doc` as JSON to `path`, validated first, whole or not at all (an existing file replaced only with
-    overwrite=True)."""
+def write_artifact(doc: RunResult | Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write `doc` as JSON to `path`, validated first, whole or not at all."""
     data = to_json(doc)
     validate_artifact(data)
-    return write_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n", overwrite=overwrite)
+    return write_atomic(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
 
 
 def load_artifact(path: str | os.PathLike[str]) -> RunResult:

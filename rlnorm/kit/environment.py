@@ -1,8 +1,6 @@
-"""Where a run happened: GPU, CUDA, library versions, the code's commit and whether the tree was dirty.
-
-The block keeps the seed report's fields (`gpu`, `capability`, `cuda`, `libraries` with its nine names) and adds
-what reproduces a CPU run too. Versions come from a module already imported, else from package metadata, never by
-importing the package (importing vLLM beside a CPU torch can fail or take seconds).
+"""Where a run happened: the seed report's fields (`gpu`, `capability`, `cuda`, its nine `libraries`), what
+reproduces a CPU run too, the code's commit and whether the tree was dirty. Versions never import a package
+(importing vLLM beside a CPU torch can fail or take seconds).
 """
 
 from __future__ import annotations
@@ -85,24 +83,16 @@ DIRTY_ENV = "RLNORM_TREE_DIRTY"
 def git_output(repo_dir: str | os.PathLike[str] | None, *args: str) -> str | None:
     """Output of `git -C repo_dir args...`, None when git or the checkout is not there. With repo_dir None the
     checkout must be this package's own, so an install inside another repository never reports its commit."""
-    repo = Path(repo_dir) if repo_dir is not None else _PACKAGE_ROOT
-    if not repo.is_dir():
-        return None
-
-    def run(*argv: str) -> str | None:
-        try:
-            proc = subprocess.run(
-                ["git", "-C", str(repo), *argv], capture_output=True, text=True, timeout=30, check=False
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        return proc.stdout if proc.returncode == 0 else None
-
     if repo_dir is None:
-        top = run("rev-parse", "--show-toplevel")
+        top = git_output(_PACKAGE_ROOT, "rev-parse", "--show-toplevel")
         if top is None or Path(top.strip()).resolve() != _PACKAGE_ROOT:
             return None
-    return run(*args)
+    try:
+        argv = ["git", "-C", str(_PACKAGE_ROOT if repo_dir is None else repo_dir), *args]
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
 
 
 def commit_from_env() -> str | None:
@@ -116,10 +106,7 @@ def commit_from_env() -> str | None:
 
 def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
     """$RLNORM_COMMIT when set, else the hash of HEAD in `repo_dir` (default: this package's checkout), else None."""
-    stated = commit_from_env()
-    if stated is not None:
-        return stated
-    out = git_output(repo_dir, "rev-parse", "--verify", "HEAD")
+    out = commit_from_env() or git_output(repo_dir, "rev-parse", "--verify", "HEAD")
     return out.strip() if out else None
 
 

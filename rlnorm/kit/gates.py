@@ -1,9 +1,7 @@
-"""Contract gates (docs/spec.md §5): a forward and a gradient gate per backend, run in the backend's worker, so a
-crash or a hang is the backend's crash in check "contract_gates", with the gate's cell on the trail.
-
-Workload: 4 samples of 11, 16, 13 and 19 tokens of `heads` rows, in the arrangements (cells) of docs/spec.md §5.
-Forward gate: every token's output bitwise equal to its `BN/full` output in every cell; gradient gate: the same for
-dx and dz, and the backend's own dweight against the exact sum of single-row dweights and the one-call cells.
+"""Contract gates (docs/spec.md §5), run in the backend's worker, so a crash is the backend's, with the gate's cell
+on the trail. Workload: samples of 11, 16, 13 and 19 tokens of `heads` rows each, arranged in cells. The forward
+gate wants every token's output bitwise equal to its `BN/full` output in every cell; the gradient gate the same for
+dx and dz, and dweight equal to the exact sum of single-row dweights and to the other one-call cells'.
 """
 
 from __future__ import annotations
@@ -27,8 +25,7 @@ from rlnorm.options import OpOptions
 SAMPLE_TOKENS = (11, 16, 13, 19)
 CHUNK_TOKENS = 7
 TAIL_LINES = 20
-# a gate's returncode, as a gate child's exit status read: 0 ran to the end (the verdict is in its lines), 1 the
-# backend raised, 3 the backend cannot take the gate (no backward)
+# a gate's returncode: ran to the end (the verdict is in its lines), the backend raised, it has no backward
 RAN, RAISED, CANNOT = 0, 1, 3
 
 LINE_RE = re.compile(
@@ -179,14 +176,7 @@ def _gate(lines: list[str], returncode: int, tail: list[str]) -> Gate:
 
 
 def run_gates(
-    backend: Backend,
-    opts: OpOptions,
-    device: str,
-    *,
-    d: int = 128,
-    heads: int = 2,
-    seed: int = 0,
-    trail: Trail = NO_TRAIL,
+    backend: Backend, opts: OpOptions, device: str, *, d: int = 128, heads: int = 2, trail: Trail = NO_TRAIL
 ) -> dict[str, Gate]:
     """Both gates of `backend`, in its worker: a gate the backend raises in fails with its traceback's tail; the
     gradient gate of a forward-only backend is not taken (returncode 3)."""
@@ -196,7 +186,7 @@ def run_gates(
             gates[name] = _gate([], CANNOT, [f"backend {getattr(backend, 'key', '')!r} has no backward"])
             continue
         try:
-            lines = body(backend, opts, device, heads=heads, d=d, seed=seed, trail=trail)
+            lines = body(backend, opts, device, heads=heads, d=d, trail=trail)
         except Exception:
             tail = traceback.format_exc().strip().splitlines()[-TAIL_LINES:]
             gates[name] = _gate([], RAISED, tail)

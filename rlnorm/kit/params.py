@@ -1,9 +1,6 @@
-"""Run parameters of the reuse check: the one definition with the defaults, YAML loading, strict validation.
-
-`RunParams` holds every parameter and its default (the full protocol, docs/spec.md §4-5); params/*.yaml hold what
-differs. Papermill injects unknown or ill-typed names with only a warning, so every run goes through `load_params`,
-which stops with a message naming each unknown, ill-typed or out-of-range parameter (a typo would otherwise run
-the default protocol).
+"""Run parameters: `RunParams` holds each one with its default (the full protocol, docs/spec.md §4-5), params/*.yaml
+what differs. Papermill takes unknown names with only a warning, so every run goes through `load_params`, which
+names each unknown, ill-typed or out-of-range parameter (a typo would otherwise run the default protocol).
 """
 
 from __future__ import annotations
@@ -40,6 +37,11 @@ CLI_KEYS = ("output_dir", "staging_dir", "params_file", "overwrite")
 _CHOICES = {"device": DEVICES, "coverage": COVERAGES, "weight_dtype": WEIGHT_DTYPES, "activation": sorted(ACTIVATIONS)}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+# sizes and counts (least 1) and seeds (least 0), each an int or a non-empty list of them
+_LEAST = dict.fromkeys("d dweight_rows sub_batches_rows sweep_n accuracy_rows agreement_rows timing_iters".split(), 1)
+_LEAST |= dict.fromkeys(["configurations_rows", "all_rows_sizes", "sub_batch_sizes", "sweep_sizes"], 1)
+_LEAST |= dict.fromkeys("dweight_seed accuracy_seed agreement_seed timing_warmup configurations_seed".split(), 0)
+_LEAST |= dict.fromkeys(["all_rows_seeds", "sub_batches_seeds", "sweep_seeds"], 0)
 
 
 def default_sweep_sizes(n: int = 4097) -> list[int]:
@@ -54,7 +56,7 @@ def default_probe_rows(n: int = 4097) -> list[int]:
 
 
 class ParamsError(ValueError):
-    """Raised for unknown or ill-typed run parameters; the message names every offending one."""
+    """Unknown, ill-typed or out-of-range run parameters; the message names every one."""
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,7 @@ class RunParams:
     max_records: int | None = 2000
 
     def __post_init__(self) -> None:
-        errors = _problems({name: getattr(self, name) for name in _FIELDS})
-        if errors:
+        if errors := _problems({name: getattr(self, name) for name in _FIELDS}):
             raise ParamsError(_format_errors(errors))
 
     def op_options(self) -> OpOptions:
@@ -150,6 +151,8 @@ class RunParams:
 
 _FIELDS = {f.name: f for f in dataclasses.fields(RunParams)}
 _HINTS = get_type_hints(RunParams)
+# the keys that take a list (backends, sizes, seeds...): a list there is the value, not a matrix of runs
+LIST_KEYS = {name for name, hint in _HINTS.items() if get_origin(hint) is list}
 
 
 def check_kwargs(check: Callable[..., Any], params: RunParams) -> dict[str, Any]:
@@ -171,8 +174,7 @@ def _default(name: str) -> Any:
 
 
 def _type_ok(value: Any, hint: Any) -> bool:
-    """Strict check of a parameter against its annotation: the artifact reader's (bool is no int, an int is a
-    float, None only where the annotation says so)."""
+    """The artifact reader's strict typing: a bool is no int, an int is a float, None only under `X | None`."""
     try:
         from_json(hint, value)
     except ValueError:
@@ -213,8 +215,12 @@ def _range_errors(p: Any) -> list[str]:
         bad("name", "a folder name of letters, digits, '.', '_' or '-'")
     if not p.eps >= 0:  # eps = 0 divides by zero only on an all-zero row (its outputs are NaN, as the peers')
         bad("eps", "a number >= 0")
-    if p.d <= 0:
-        bad("d", "a positive int")
+    for name, least in _LEAST.items():
+        value = getattr(p, name)
+        if isinstance(value, list) and (not value or min(value) < least):
+            bad(name, "a non-empty list of " + ("positive sizes" if least else "seeds >= 0"))
+        elif not isinstance(value, list) and value < least:
+            bad(name, "a positive int" if least else "an int >= 0")
     if p.group_size is not None and (p.group_size <= 0 or p.d % p.group_size):
         bad("group_size", f"null or a positive divisor of d={p.d}")
     unknown("backends", ALL_BACKENDS)  # custom ones go in custom_backends
@@ -224,19 +230,6 @@ def _range_errors(p: Any) -> list[str]:
         if not _IMPORT_PATH_RE.match(spec):
             errors.append(f"custom_backends: expected 'package.module:attr', got {spec!r}")
     unknown("checks", ALL_CHECKS)
-    for name in ("all_rows_sizes", "sub_batch_sizes", "sweep_sizes"):
-        if not getattr(p, name) or any(v <= 0 for v in getattr(p, name)):
-            bad(name, "a non-empty list of positive sizes")
-    for name in ("all_rows_seeds", "sub_batches_seeds", "sweep_seeds"):
-        if not getattr(p, name) or any(v < 0 for v in getattr(p, name)):
-            bad(name, "a non-empty list of seeds >= 0")
-    for name in ("dweight_rows", "sub_batches_rows", "sweep_n", "accuracy_rows", "agreement_rows", "timing_iters",
-                 "configurations_rows"):  # fmt: skip
-        if getattr(p, name) <= 0:
-            bad(name, "a positive int")
-    for name in ("dweight_seed", "accuracy_seed", "agreement_seed", "timing_warmup", "configurations_seed"):
-        if getattr(p, name) < 0:
-            bad(name, "an int >= 0")
     if any(s > p.sub_batches_rows for s in p.sub_batch_sizes):
         bad("sub_batch_sizes", f"sizes no larger than sub_batches_rows={p.sub_batches_rows}")
     if not p.configurations_sizes or any(not 0 < s <= p.configurations_rows for s in p.configurations_sizes):
@@ -266,13 +259,15 @@ def _locate(source: str | os.PathLike[str]) -> Path:
     return path
 
 
-def params_file_label(source: str | os.PathLike[str]) -> str:
-    """A parameter file's path as titles show it: relative to the checkout when it lies inside it."""
+def file_params(source: str | os.PathLike[str]) -> dict[str, Any]:
+    """A parameter file's mapping, named after the file unless it says otherwise, and its path as titles show it
+    (relative to the checkout when it lies inside it)."""
     path = _locate(source)
     try:
-        return str(path.resolve().relative_to(CHECKOUT)) if CHECKOUT is not None else str(path)
+        label = str(path.resolve().relative_to(CHECKOUT)) if CHECKOUT is not None else str(path)
     except ValueError:
-        return str(path)
+        label = str(path)
+    return {"name": path.stem, **read_params_file(path), "params_file": label}
 
 
 def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -298,20 +293,13 @@ def load_params(source: str | os.PathLike[str] | Mapping[str, Any] | None = None
     """Parameters from a YAML file (its stem names the run unless it says otherwise) or a mapping, plus overrides,
     over RunParams' defaults; ParamsError names every unknown (with the closest known name), ill-typed or
     out-of-range parameter at once, so one edit fixes a parameter file."""
-    if source is None or isinstance(source, Mapping):
-        data = dict(source or {})
-    else:
-        path = _locate(source)
-        data = {"name": path.stem, **read_params_file(path), "params_file": params_file_label(path)}
+    data = dict(source or {}) if source is None or isinstance(source, Mapping) else file_params(source)
     data.update({k: v for k, v in overrides.items() if not (k == "params_file" and not v)})
-    errors: list[str] = []
-    for key in data:
-        if not isinstance(key, str) or key not in _FIELDS:
-            close = difflib.get_close_matches(str(key), list(_FIELDS), n=1)
-            errors.append(f"{key}: unknown parameter" + (f" (did you mean {close[0]!r}?)" if close else ""))
     known = {k: v for k, v in data.items() if k in _FIELDS}
-    errors += _problems({name: known.get(name, _default(name)) for name in _FIELDS})
-    if errors:
+    if unknown := [k for k in data if k not in known]:  # named beside every other problem, for one edit
+        close = {k: difflib.get_close_matches(str(k), list(_FIELDS), n=1) for k in unknown}
+        errors = [f"{k}: unknown parameter" + (f" (did you mean {c[0]!r}?)" if c else "") for k, c in close.items()]
+        errors += _problems({name: known.get(name, _default(name)) for name in _FIELDS})
         raise ParamsError(_format_errors(errors))
     return RunParams(**known)
 

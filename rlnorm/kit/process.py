@@ -1,8 +1,6 @@
-"""The one way the kit starts a child process: one that can crash, hang or poison its device at no cost to the run.
-
-A `Child` is a fresh interpreter (never a fork of a process holding a CUDA context) in a session of its own, with
-the parent's import path, within a time limit; its process group is killed when the wait ends however it ends, and
-the end of its stderr is kept to say why it died.
+"""The one way the kit starts a child process, which may crash, hang or poison its device at no cost to the run:
+a fresh interpreter (never a fork of a process holding a CUDA context) in a session of its own, killed with its
+process group when the wait ends, the end of its stderr kept to say why it died.
 """
 
 from __future__ import annotations
@@ -70,8 +68,7 @@ class Ended:
 
     @property
     def exit_code(self) -> int | None:
-        code = self.returncode
-        return None if self.timed_out or code is None or code < 0 else code
+        return None if self.timed_out or self.returncode is None or self.returncode < 0 else self.returncode
 
 
 class Child:
@@ -103,8 +100,9 @@ class Child:
             start_new_session=True,
         )
         # both pipes drained by threads: a child blocked on a full pipe would look hung
-        pumps = [self._pump_err, *([self._pump_out] if stdout else [])]
-        self._readers = [threading.Thread(target=pump, daemon=True) for pump in pumps]
+        self._readers = [threading.Thread(target=self._pump_err, daemon=True)]
+        if stdout:
+            self._readers.append(threading.Thread(target=self._out.extend, args=(self.proc.stdout,), daemon=True))
         for t in self._readers:
             t.start()
 
@@ -117,10 +115,6 @@ class Child:
                     self._held.append(line)
                 elif self._relay is not None:
                     self._relay(line)
-
-    def _pump_out(self) -> None:
-        assert self.proc.stdout is not None
-        self._out.extend(self.proc.stdout)
 
     def release(self) -> None:
         """Let a held child go on (it may still be importing: it goes on when it reads the line)."""

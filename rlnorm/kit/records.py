@@ -1,7 +1,5 @@
-"""Rebuilding any recorded comparison from its record alone (the records CSV itself: `rlnorm.kit.artifact`).
-
-A record's `rebuild` column is JSON holding everything needed to regenerate that exact batch (case, dtypes,
-options, the slice or the sweep's seeded permutation), so a notebook reaches one failing row in one backend call.
+"""Rebuilding a recorded comparison from its record alone: its `rebuild` JSON holds the case, dtypes, options and
+the slice or the sweep's seeded permutation, so a notebook reaches one failing row in one backend call.
 """
 
 from __future__ import annotations
@@ -14,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from rlnorm.inputs import Case, make_case
-from rlnorm.kit.results import REBUILD_VERSION, dtype_from_name
+from rlnorm.inputs import Case, dtype_from_name, make_case
+from rlnorm.kit.results import REBUILD_VERSION
 from rlnorm.options import OpOptions
 
 if TYPE_CHECKING:
@@ -103,8 +101,7 @@ def _spec_of(record: Mapping[str, Any] | pd.Series | str) -> dict[str, Any]:
 
 
 def rebuild_case(record: Mapping[str, Any] | pd.Series | str, device: str | torch.device = "cpu") -> RebuiltCase:
-    """Regenerate, from the record's `rebuild` JSON alone (or a rebuild spec itself), the exact batch that was
-    compared and the row alone."""
+    """The exact batch compared and the row alone, from the record's `rebuild` JSON (or a rebuild spec itself)."""
     spec = _spec_of(record)
     try:
         c, batch_spec, opts, check = spec["case"], spec["batch"], OpOptions(**spec["opts"]), spec["check"]

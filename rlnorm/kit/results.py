@@ -1,8 +1,7 @@
-"""Typed results: what a backend's process hands back, and what every reader of a run gets.
+"""Typed results: the artifact's dataclasses, and `to_json` / `from_json`, the one place JSON and they meet.
 
-These dataclasses are the artifact's typed face; `to_json` and `from_json` are the one place where the two meet.
-Every reader gets a `RunResult` from `load_run`, whatever wrote the file: this kit, or the reference report (which
-lacks the kit's newer fields: they read as None).
+Every reader gets a `RunResult` from `load_run`, from this kit or from the reference report (whose missing fields
+read as None).
 """
 
 from __future__ import annotations
@@ -17,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 SCHEMA_VERSION = "1"
 SEED_SCHEMA_VERSION = "seed"  # the reference report, which has no schema_version of its own
 ARTIFACT_KIND = "qwen3_next_norm_reuse_check"
@@ -26,24 +23,7 @@ OP = "rms_norm_gated"
 
 # a field with this metadata is left out of the JSON while it is None (fields the report never had)
 OMIT_NONE = {"omit_none": True}
-# a record's `rebuild` spec (kit.records.rebuild_case), and the dtype spellings it and the parameters use
-REBUILD_VERSION = 1
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """torch.bfloat16 -> "bfloat16" (the spelling records and parameters use)."""
-    if (name := str(dtype).removeprefix("torch.")) not in _DTYPES:
-        raise TypeError(f"dtype: expected one of {sorted(_DTYPES)}, got {dtype}")
-    return name
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    """ "bfloat16" -> torch.bfloat16."""
-    if name not in _DTYPES:
-        raise ValueError(f"dtype: expected one of {sorted(_DTYPES)}, got {name!r}")
-    return _DTYPES[name]
+REBUILD_VERSION = 1  # of a record's `rebuild` spec (kit.records.rebuild_case)
 
 
 @dataclass

@@ -1,8 +1,7 @@
-"""The steps of a run, each one function, so the notebook stays a thin narrative.
+"""The steps of a run, one function each, so the notebook stays a thin narrative.
 
-`run_backends` runs every backend in a process of its own (`rlnorm.kit.worker`) and writes the artifact. Every
-later step runs inside `run_step`: one that raises is recorded in `failed_steps` with its traceback's tail and the
-artifact is rewritten with every result that stands; `finish` places the run folder and raises `StepsFailed`.
+`run_backends` runs each backend in a process of its own (`rlnorm.kit.worker`); every later step runs inside
+`run_step`, so one that raises is recorded in `failed_steps` and costs no result that stands.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ PLOTS_DIR = "plots"
 # the CLI points this at a file it echoes to the terminal, so progress stays out of the notebook
 PROGRESS_ENV = "RLNORM_PROGRESS_FILE"
 TRACEBACK_LINES = 12
-# the parameters that set the protocol's size: a run that shrinks any of them is a "quick" run
+# the parameters that set the protocol's size: a run that changes any of them is a "quick" run
 PROTOCOL_FIELDS = ("all_rows_sizes", "all_rows_seeds", "dweight_rows", "sub_batches_rows", "sub_batch_sizes")
 PROTOCOL_FIELDS += ("sub_batches_seeds", "sweep_n", "sweep_sizes", "sweep_probe_rows", "sweep_seeds", "accuracy_rows")
 
@@ -76,12 +75,9 @@ class Run:
 @contextlib.contextmanager
 def _progress_stream() -> Iterator[TextIO]:
     """Where progress goes: the CLI's echo file when run from the CLI, else stderr (the notebook)."""
-    path = os.environ.get(PROGRESS_ENV)
     try:
-        f = open(path, "a", buffering=1) if path else None
-    except OSError:
-        f = None
-    if f is None:
+        f = open(os.environ[PROGRESS_ENV], "a", buffering=1)
+    except (KeyError, OSError):
         yield sys.stderr
         return
     with f, contextlib.redirect_stderr(f):  # the checks' own tqdm bars follow sys.stderr too
@@ -89,21 +85,15 @@ def _progress_stream() -> Iterator[TextIO]:
 
 
 def is_quick(params: RunParams) -> bool:
-    """True when the run is smaller than the full protocol (docs/spec.md §4-5) (the artifact's `quick` key)."""
-    full = RunParams()
-    return any(getattr(params, f) != getattr(full, f) for f in PROTOCOL_FIELDS)
+    """The artifact's `quick`: the run's sizes are not the full protocol's (docs/spec.md §4-5)."""
+    return any(getattr(params, f) != getattr(RunParams(), f) for f in PROTOCOL_FIELDS)
 
 
 def start_run(params: RunParams) -> Run:
-    """Resolve the device, refuse to overwrite a run unless asked, stage the run folder, read the environment.
-
-    The command line stages the folder itself (`staging_dir`, placed with the page beside it); executed any other
-    way the run stages its own and `finish` places it: either way `outputs/NAME/` is written whole or not at all.
-    """
+    """Resolve the device, stage the run folder (refusing an existing run unless asked), read the environment.
+    The command line stages the folder itself (`staging_dir`); run any other way, `finish` places it."""
     device = params.resolved_device()
     commit, dirty = git_commit(), tracked_tree_dirty()  # ValueError naming the variable when one is malformed
-    if device == "cpu" and not torch.cuda.is_available():
-        os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton runs on the CPU only interpreted
     place_at = None
     if params.staging_dir:
         out = Path(params.staging_dir)
@@ -141,9 +131,8 @@ def write(run: Run) -> Path:
 
 
 def run_backends(run: Run) -> None:
-    """Every backend in a process of its own with the run's time limit, then the artifact and records written.
-    On the CPU the next backend's process imports meanwhile (on a GPU nothing runs beside a backend being timed);
-    every started process is closed however this ends."""
+    """Every backend in a process of its own within the run's time limit, then the artifact written. On the CPU the
+    next backend's process imports meanwhile (on a GPU nothing runs beside a backend being timed)."""
     specs = [*run.params.backends, *run.params.custom_backends]
     ahead = run.device == "cpu"
     t0 = time.time()
@@ -175,9 +164,8 @@ def run_backends(run: Run) -> None:
 
 
 def run_step(run: Run, step: str, body: Callable[[], Any]) -> Any:
-    """`body()` as step `step` of the run; its value, or None when it raised (or left a result the artifact
-    refuses): then it is recorded in `failed_steps` with its traceback's tail, its changes to the result dropped
-    and the artifact rewritten with every result that stands. Only an interrupt goes through."""
+    """`body()` as step `step`: its value; or, where it raised or left a result the artifact refuses, None, the step
+    in `failed_steps` with its traceback's tail and its changes to the result dropped."""
     before, t0 = copy.deepcopy(run.result), time.time()
     try:
         value = body()
@@ -212,8 +200,8 @@ STACK_PAIR_CHILD = "import sys; from rlnorm.kit.checks.stack_pairs import main; 
 
 
 def run_stack_pairs(run: Run, pairs: list[str] | None = None) -> None:
-    """Each pair of `checks.stack_pairs.PAIRS` (or those named) in a process of its own within `backend_timeout_s`:
-    a crash or a hang becomes that pair's error, the others stand."""
+    """Each pair of `checks.stack_pairs.PAIRS` (or those named) in a process of its own within `backend_timeout_s`,
+    so a crash or a hang is that pair's error."""
     if "stack_pairs" not in run.params.checks:
         return
     from rlnorm.kit.checks.stack_pairs import PAIRS
@@ -258,8 +246,8 @@ def run_plots(run: Run, make_plots: Callable[[RunResult, Path], dict[str, Path]]
 
 
 def finish(run: Run) -> RunResult:
-    """Write the artifact a last time, place the run folder (when this process staged it), and return the run;
-    raise `StepsFailed` (after placing it) when a step failed, so the notebook's executor exits non-zero."""
+    """Write the artifact a last time and place the run folder (where this process staged it); `StepsFailed`
+    (after placing it) where a step failed, so the notebook's executor exits non-zero."""
     run.timings["total"] = time.time() - run.started
     write(run)
     if run.place_at is not None:

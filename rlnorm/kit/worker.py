@@ -2,13 +2,11 @@
 
     python -m rlnorm.kit.worker JOB [--hold | --batch]        (JOB: the job as JSON text)
 
-It loads and probes the backend, runs its checks, agreement output and contract gates, and leaves in the job's
-folder `result.json` (a `WorkerReport`, rewritten after every check, so what finished stands if it dies in the
-next), `trail.json` (the breadcrumb: a rebuild spec of the batch being given, so a crash names its check and
-batch) and `agreement.pt`. `--hold` waits for the line `go` on stdin before its checks, so the next backend's
-imports overlap this one's checks; `--batch` gives one rebuilt batch (`run_batch`), to reproduce a crash. A check
-that raises is a finding and the next one runs; a device left in an error state ends the worker
-(`EXIT_DEVICE_ERROR`), since every later check would fail for that reason and not its own.
+The job's folder gets `result.json` (rewritten after every check, so what finished stands if the next one dies),
+`trail.json` (the batch being given, so a crash names its check and batch) and `agreement.pt`. `--hold` waits for
+`go` on stdin, so the next backend's imports overlap this one's checks; `--batch` gives one rebuilt batch
+(`run_batch`). A device left in an error state ends the worker (`EXIT_DEVICE_ERROR`): every later check would
+fail for that reason, not its own.
 """
 
 from __future__ import annotations
@@ -95,10 +93,6 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     def save() -> None:
         write_atomic(folder / RESULT_FILE, json.dumps(to_json(report)))
 
-    def say(text: str) -> None:
-        if params.progress:
-            print(f"{spec}: {text}", file=sys.stderr, flush=True)
-
     backend = _probe(spec, params, device, report)
     save()
     # held: imports and probe are done; end of input means the parent is gone, and nobody would read the checks
@@ -140,7 +134,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     ends = (("agreement", agreement), ("digests", digests), ("contract_gates", gate))
     steps += [(name, fn) for name, fn in ends if name in params.checks]
     for i, (name, step) in enumerate(steps, 1):
-        say(f"[{i}/{len(steps)}] {name}")
+        if params.progress:
+            print(f"{spec}: [{i}/{len(steps)}] {name}", file=sys.stderr, flush=True)
         t0 = time.time()
         try:
             step()
@@ -162,8 +157,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
 
 
 def _batch(job: dict[str, Any]) -> int:
-    """One rebuilt batch given to one backend as a check gives it: the forward, then forward and backward where it
-    has one. Exit 0 if it survives."""
+    """One rebuilt batch given to one backend as a check gives it (forward, then backward where it has one)."""
     backend = load_backend(job["backend"])
     rb = rebuild_case(job["rebuild"], device=job["device"])
     batch = rb.batch
@@ -178,14 +172,12 @@ def _batch(job: dict[str, Any]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    mode = [a for a in args if a in ("--hold", "--batch")]
-    args = [a for a in args if a not in mode]
-    if len(args) != 1 or len(mode) > 1:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[1:] not in ([], ["--hold"], ["--batch"]):
         print("usage: python -m rlnorm.kit.worker JOB [--hold | --batch]", file=sys.stderr)
         return 2
     job = json.loads(args[0])
-    return _batch(job) if mode == ["--batch"] else work(job, hold=mode == ["--hold"])
+    return _batch(job) if args[1:] == ["--batch"] else work(job, hold=args[1:] == ["--hold"])
 
 
 # -- the parent's side -----------------------------------------------------------------------------------------------
@@ -197,21 +189,13 @@ class BackendWorker:
     """One backend's worker: started at once (its imports and probe may run ahead of its turn, held before its
     checks), then finished within a time limit counted from its release."""
 
-    def __init__(
-        self,
-        spec: str,
-        params: RunParams,
-        device: str,
-        relay: Callable[[str], None] | None = None,
-        env: dict[str, str] | None = None,
-    ) -> None:
+    def __init__(self, spec: str, params: RunParams, device: str, relay: Callable[[str], None] | None = None) -> None:
         self.spec = spec
         self._tmp = tempfile.TemporaryDirectory(prefix="rlnorm-backend-")
         self.folder = Path(self._tmp.name)
         job = {"backend": spec, "device": device, "folder": str(self.folder), "params": params.as_dict()}
-        if "launch" in params.checks:  # Inductor's kernels reach Triton's launch hook only without its static launcher
-            env = {**LAUNCH_ENV, **(env or {})}
-        self.child = Child(_argv(job, "--hold"), env=env, hold=True, relay=relay)
+        # the `launch` check needs it; every check runs under it, so a backend is timed alike whatever is selected
+        self.child = Child(_argv(job, "--hold"), env=LAUNCH_ENV, hold=True, relay=relay)
 
     def finish(self, timeout_s: float) -> WorkerReport:
         """Wait at most `timeout_s` seconds after release; never raises for what the child did."""

@@ -1,6 +1,5 @@
-"""The command line end to end on the real notebook at tiny sizes: a matrix of runs in parallel with its index, exit
-codes a script can trust, a one-line interrupt, pages beside a run, and the papermill route keeping the same
-guarantees."""
+"""The command line end to end on the real notebook at tiny sizes: a parallel matrix with its index, exit codes, a
+one-line interrupt, pages beside a run, and the papermill route's same guarantees."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The command line on a toy notebook: refuses to overwrite a run, names a failing cell (and keeps the partial
-notebook), replaces a run atomically with --force, makes run folders readable with an offline page, and validates
-run folders, artifacts and parameter files."""
+"""The command line on a toy notebook: no overwritten run, a failing cell named (its partial notebook kept), --force
+replacing a run whole, readable run folders with an offline page, and `validate`."""
 
 from __future__ import annotations
 
@@ -88,10 +87,8 @@ def test_bad_parameters_stop_before_any_work(tmp_path: Path, outputs_dir: Path, 
 def test_a_run_places_a_readable_folder_with_an_offline_page(
     toy_notebook: Path, tmp_path: Path, outputs_dir: Path, monkeypatch: pytest.MonkeyPatch, capfd
 ) -> None:
-    """Triton interpreted on a CPU run, the CLI's own environment restored, files readable like any output, no
-    staging folder left, the kernel over IPC (no TCP warning), and a page that hides the code and loads nothing
-    from a URL (an RFC attachment read offline: the stock template loads require.js, MathJax and mermaid from a
-    CDN)."""
+    """Triton interpreted on a CPU run, the CLI's environment restored, files readable, no staging folder left, the
+    kernel over IPC (no TCP warning), and a page without the code that loads nothing from a URL (read offline)."""
     import torch
 
     toy_notebook.write_text(toy_notebook.read_text() + "\n# %% [markdown]\n# Some math: $x^2$ and a\n")
@@ -123,14 +120,12 @@ def test_failing_cell_is_named_and_the_partial_notebook_written(
     (outputs_dir / "tiny").mkdir()
     (outputs_dir / "tiny" / "old.txt").write_text("an older run")
     # the failure planted, forced over the older run
-    monkey_src = toy_notebook.read_text().replace("explode = False", "explode = True")
-    toy_notebook.write_text(monkey_src)
+    toy_notebook.write_text(toy_notebook.read_text().replace("explode = False", "explode = True"))
     rc = cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--force", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == runs.EXIT_CELL_FAILED
-    assert (
-        "cell 5 'Explode on request' failed: RuntimeError: planted failure" in err
-    )  # 5: papermill's injected cell counts
+    # 5: papermill's injected cell counts
+    assert "cell 5 'Explode on request' failed: RuntimeError: planted failure" in err
     executed = outputs_dir / "tiny" / "reuse_check.ipynb"
     assert str(executed) in err
     nb = nbformat.read(executed, as_version=4)
@@ -230,6 +225,12 @@ def _run_folder(outputs_dir: Path, created: str = "2026-12-05T00:00:00+00:00") -
 def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir: Path, capsys) -> None:
     folder = _run_folder(outputs_dir)
     assert cli.main(["validate", str(folder)]) == 0, capsys.readouterr().err
+    art = folder / "rms_norm_gated_reuse_check.json"
+    good = art.read_text()
+    art.write_text(good.replace('"wall_time_s"', '"wall_time"', 1))  # a misspelled key: typing alone drops it
+    assert cli.main(["validate", str(folder)]) == 1
+    assert "'wall_time' was unexpected" in capsys.readouterr().err
+    art.write_text(good)
     (folder / "reuse_check.html").write_text("<html>created 2026-01-01T00:00:00+00:00</html>")  # a stale page
     assert cli.main(["validate", str(folder)]) == 1
     assert "reuse_check.html: written by another run than this artifact" in capsys.readouterr().err

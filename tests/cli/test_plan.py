@@ -74,11 +74,8 @@ def test_list_and_only_name_the_combinations(tmp_path: Path, capsys: pytest.Capt
     f = _file(tmp_path, "grid", d=[128, 256], weight_dtype=["bfloat16", "float32"])
     assert main(["run", f, "--outputs", str(tmp_path / "o"), "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert (
-        len(lines) == 4
-        and lines[3].startswith("3\t")
-        and lines[3].split("\t")[1].endswith("d-256_weight_dtype-float32")
-    )
+    assert len(lines) == 4 and lines[3].startswith("3\t")
+    assert lines[3].split("\t")[1].endswith("d-256_weight_dtype-float32")
     assert main(["run", f, "--only", "4"]) == EXIT_USAGE
     assert "--only: expected 0..3" in capsys.readouterr().err
     assert not (tmp_path / "o").exists(), "nothing ran"

@@ -59,13 +59,9 @@ def built(**overrides: Any) -> dict[str, Any]:
     return to_json(run_from_doc(doc))
 
 
-def _raw_seed() -> dict[str, Any]:
-    return json.loads(SEED.read_text())
-
-
 def test_seed_report_loads_typed_and_valid() -> None:
     run = load_artifact(SEED)
-    raw = _raw_seed()
+    raw = json.loads(SEED.read_text())
     assert run.is_seed and run.commit == raw["rl_kernel_commit"] and run.params is None and run.records is None
     assert run.environment["megatron_source_commit"] == "52fbcbc"
     assert all(r.status == "ran" and r.errors is None for r in run.results.values())
@@ -167,7 +163,7 @@ def test_reader_catches_planted_fault_in_a_file(tmp_path: Path, fault: str) -> N
 
 
 def test_planted_fault_in_the_seed_report_is_caught(tmp_path: Path) -> None:
-    raw = _raw_seed()
+    raw = json.loads(SEED.read_text())
     raw["results"]["vllm"]["accuracy_latency"]["fwd_us"] = "87 us"
     path = tmp_path / "seed.json"
     path.write_text(json.dumps(raw))
@@ -183,18 +179,6 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-def test_write_refuses_to_overwrite_unless_told(tmp_path: Path) -> None:
-    path = tmp_path / "artifact.json"
-    write_artifact(built(), path, overwrite=False)
-    before = path.read_bytes()
-    with pytest.raises(FileExistsError, match="overwrite=True"):
-        write_artifact(built(), path, overwrite=False)
-    assert path.read_bytes() == before
-    write_artifact(built(param_set="second"), path)
-    assert load_artifact(path).param_set == "second"
-    assert _leftovers(tmp_path) == ["artifact.json"]
-
-
 def test_invalid_document_is_not_written(tmp_path: Path) -> None:
     doc = built()
     del doc["results"]["rlnorm"]["status"]
@@ -203,10 +187,12 @@ def test_invalid_document_is_not_written(tmp_path: Path) -> None:
     assert _leftovers(tmp_path) == []
 
 
-def test_write_is_atomic_against_a_crash_before_the_move(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_write_replaces_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "artifact.json"
+    write_artifact(built(param_set="first"), path)
     write_artifact(built(), path)
     before = path.read_bytes()
+    assert load_artifact(path).param_set == "quick"
 
     def crash(*args: Any, **kwargs: Any) -> None:
         raise OSError("disk gone")

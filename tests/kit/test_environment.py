@@ -14,8 +14,6 @@ from conftest import REPO_ROOT
 
 from rlnorm.kit.environment import collect_environment, git_commit, library_version, tracked_tree_dirty
 
-REPO = REPO_ROOT
-
 
 def test_library_version_prefers_the_imported_module(monkeypatch: pytest.MonkeyPatch) -> None:
     # a build whose metadata lacks the local version (the GPU image's torch: 2.11.0 against 2.11.0+cu130):
@@ -64,8 +62,8 @@ def test_a_stated_commit_wins_inside_and_outside_a_checkout(tmp_path: Path, monk
     assert tracked_tree_dirty(tmp_path) is False
     monkeypatch.setenv("RLNORM_TREE_DIRTY", "1")
     assert tracked_tree_dirty(tmp_path) is True
-    assert git_commit(REPO) == "abcdef0123456789"  # over a real checkout too
-    assert tracked_tree_dirty(REPO) is True
+    assert git_commit(REPO_ROOT) == "abcdef0123456789"  # over a real checkout too
+    assert tracked_tree_dirty(REPO_ROOT) is True
 
 
 def test_default_repo_is_this_package_checkout_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

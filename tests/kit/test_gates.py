@@ -1,8 +1,5 @@
-"""Contract gates: the workload's cells, the report's line format, and each planted fault caught by its gate.
-
-Gates run in the backend's worker; here in-process on a narrow workload (1 head of width 32). A crash or a hang in
-a gate is the backend's crash: tests/kit/test_isolation.py plants those.
-"""
+"""Contract gates, in-process on a narrow workload: the cells, the report's line format, and each planted fault
+caught by its gate (a crash or a hang in a gate: tests/kit/test_isolation.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +10,7 @@ import torch
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.backends import ExactReferenceBackend, load_backend
+from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.gates import (
     CHUNK_TOKENS,
     SAMPLE_TOKENS,
@@ -66,11 +64,7 @@ def test_line_format_is_the_seed_report_format():
     bad = format_line("dweight", "BN/full", "BN/permuted", "dweight", z, z + torch.tensor([0, 2.0**-20, 0, 0]))
     assert bad.endswith("max_abs=9.53674316e-07 passed=False") and parse_line(bad)["passed"] is False
     assert parse_line("some stray output") is None
-
-
-def test_bitwise_means_bits_not_values():
-    a = torch.tensor([0.0])
-    assert "passed=False" in format_line("bitwise", "a", "b", "y", a, -a)  # -0.0 == 0.0 but not bitwise
+    assert "passed=False" in format_line("bitwise", "a", "b", "y", z, -z)  # -0.0 == 0.0 but not bitwise
 
 
 # --- gate bodies in-process --------------------------------------------------------------------------------
@@ -101,22 +95,12 @@ def test_eager_reference_fails_only_the_dweight_lines():
 
 # --- run_gates: both gates, as the worker runs them ----------------------------------------------------------
 def test_run_gates_exact_reference_passes_and_marks_each_call_on_the_trail():
-    class Trail:
-        def __init__(self) -> None:
-            self.where, self.batches = {}, []
-
-        def case(self, check, case_spec, opts):
-            self.where = {"check": check, "case": case_spec}
-
-        def batch(self, batch_spec):
-            self.batches.append({**self.where, "batch": batch_spec})
-
-    trail = Trail()
-    res = run_gates(ExactReferenceBackend(), OPTS, "cpu", d=32, heads=1, trail=trail)
+    marked: list[dict] = []
+    res = run_gates(ExactReferenceBackend(), OPTS, "cpu", d=32, heads=1, trail=Trail(marked.append))
     for r in res.values():
         assert r.returncode == 0 and r.passed and not r.failed_lines and r.lines
     assert len(res["gradient"].singleton_aggregate) == 2 and res["forward"].singleton_aggregate == []
-    first = trail.batches[0]
+    first = marked[0]
     assert first["check"] == "contract_gates" and first["case"]["rows"] == sum(SAMPLE_TOKENS)
     assert first["batch"] == {"kind": "gate", "cell": "BN/full", "size": sum(SAMPLE_TOKENS)}
 
@@ -143,16 +127,12 @@ class ForwardOnly(ExactReferenceBackend):
     has_backward = False
 
 
-def test_a_gate_the_backend_raises_in_fails_with_its_traceback_and_the_other_still_runs():
-    res = run_gates(RaisingBackward(), OPTS, "cpu", **SMALL)
-    assert res["forward"].passed
+@pytest.mark.parametrize(
+    ("backend", "returncode", "said"),
+    [(RaisingBackward, 1, "RuntimeError: planted: no gradient today"), (ForwardOnly, 3, "no backward")],
+)
+def test_a_gradient_gate_not_taken_fails_saying_why_and_the_forward_gate_still_runs(backend, returncode, said):
+    res = run_gates(backend(), OPTS, "cpu", **SMALL)
     g = res["gradient"]
-    assert g.returncode == 1 and not g.passed and not g.lines
-    assert "RuntimeError: planted: no gradient today" in g.stderr_tail[-1]
-
-
-def test_a_forward_only_backend_does_not_take_the_gradient_gate():
-    res = run_gates(ForwardOnly(), OPTS, "cpu", **SMALL)
-    assert res["forward"].passed
-    assert res["gradient"].returncode == 3 and not res["gradient"].passed
-    assert "no backward" in res["gradient"].stderr_tail[-1]
+    assert res["forward"].passed and g.returncode == returncode and not g.passed and not g.lines
+    assert said in g.stderr_tail[-1]

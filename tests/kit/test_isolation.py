@@ -1,6 +1,5 @@
-"""Everything about a backend runs in a process of its own: a planted backend that segfaults, exits, hangs or loses
-its device past some batch size, in a check or in a contract gate, is recorded with its cause and the batch it died
-on, keeps what it finished, and the other backends' results stand."""
+"""A planted backend that segfaults, exits, hangs or loses its device past some batch size, in a check or a gate, is
+recorded with its cause and the batch it died on, keeps what it finished, and the other backends' results stand."""
 
 from __future__ import annotations
 
@@ -29,9 +28,6 @@ SEGFAULT = "tests.faults:SegfaultPastRows"
 EXIT = "tests.faults:ExitPastRows"
 EXACT = "rlnorm.kit.backends:ExactReferenceBackend"  # a correct backend, run after a crash
 DEVICE_ERROR = "tests.faults:DeviceErrorPastRows"
-# TINY_SIZES' batches (and the launch ladder, to launch_rows) stay at 15 rows or fewer until accuracy_latency's 63:
-# the planted faults (past 50 rows) die there
-FINISHED = ROW_CHECKS
 PLANTED_DEVICE_ERROR = "CUDA error: an illegal memory access was encountered (planted)"
 
 
@@ -68,30 +64,32 @@ def crashed_run(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
     return run
 
 
+# the device error: the worker's own exit, read back by the parent as the device's error (not "exited with code 70")
+CRASHES = {
+    SEGFAULT: ("killed by SIGSEGV (signal 11)", "SIGSEGV", None),
+    EXIT: ("exited with code 3", None, 3),
+    DeviceErrorOnTheCpu.key: (f"device error: {PLANTED_DEVICE_ERROR} on a batch of 63 rows", None, EXIT_DEVICE_ERROR),
+}
+
+
 @pytest.mark.slow
-def test_a_segfault_is_recorded_with_its_signal_check_and_batch(crashed_run: steps.Run) -> None:
-    r = crashed_run.result.results[SEGFAULT]
+@pytest.mark.parametrize("key", CRASHES)
+def test_a_crash_is_recorded_with_its_cause_check_and_batch_and_keeps_what_it_finished(
+    crashed_run: steps.Run, key: str
+) -> None:
+    r = crashed_run.result.results[key]
     crash = r.crash
-    assert r.status == "crashed" and crash is not None
-    assert crash.signal == "SIGSEGV" and crash.cause == "killed by SIGSEGV (signal 11)"
-    assert crash.check == "accuracy_latency" and crash.batch_size == 63
-    assert crash.finished_checks == FINISHED
-    assert "reading address 0 on a batch of 63 rows" in (crash.stderr_tail or "")
-    assert r.skip_reason == "killed by SIGSEGV (signal 11) in accuracy_latency at a batch of 63 rows"
-    # what it finished before it died stands
+    assert r.status == "crashed" and (crash.cause, crash.signal, crash.exit_code) == CRASHES[key]
+    assert crash.check == "accuracy_latency" and crash.batch_size == 63 and crash.timed_out is False
+    assert r.skip_reason == f"{crash.cause} in accuracy_latency at a batch of 63 rows"
+    # TINY_SIZES' batches (and the launch ladder) stay at 15 rows until accuracy_latency's 63: the faults die there
+    assert crash.finished_checks == ROW_CHECKS
     assert r.batch_invariance.all_rows.sizes[7].fwd_differ == 0
     assert r.batch_invariance.full_vs_sub_batches.rows_compared == 30  # sizes 1 and 7 over 15 rows
-    assert r.accuracy_latency is None
     rb = rebuild_case(crash.rebuild)  # the trail rebuilds the batch it died on
     assert rb.check == "accuracy_latency" and rb.batch.x.shape == (63, 128)
-
-
-@pytest.mark.slow
-def test_an_exit_is_recorded_with_its_code(crashed_run: steps.Run) -> None:
-    r = crashed_run.result.results[EXIT]
-    assert r.status == "crashed" and r.crash is not None
-    assert (r.crash.exit_code, r.crash.signal, r.crash.cause) == (3, None, "exited with code 3")
-    assert r.crash.check == "accuracy_latency" and r.crash.batch_size == 63
+    if key == SEGFAULT:  # its process died mid-check: nothing of accuracy_latency came back
+        assert "reading address 0 on a batch of 63 rows" in crash.stderr_tail and r.accuracy_latency is None
 
 
 @pytest.mark.slow
@@ -143,20 +141,6 @@ def test_a_hang_is_ended_at_the_time_limit(tmp_path: Path) -> None:
     assert line in r.crash.stderr_tail
     assert r.crash.check == "contract_gates" and r.crash.batch_size == 118
     assert r.skip_reason == "timed out after 1 s in contract_gates at a batch of 118 rows"
-
-
-@pytest.mark.slow
-def test_a_device_error_is_recorded_with_the_devices_error(crashed_run: steps.Run) -> None:
-    """The worker's device-error exit, read back by the parent: the cause is the device's error (not "exited with
-    code 70"), and the check and batch are where it happened."""
-    bad = crashed_run.result.results[DeviceErrorOnTheCpu.key]
-    assert bad.status == "crashed", bad
-    crash = bad.crash
-    assert crash.cause == f"device error: {PLANTED_DEVICE_ERROR} on a batch of 63 rows"
-    assert crash.exit_code == EXIT_DEVICE_ERROR and crash.signal is None and crash.timed_out is False
-    assert crash.check == "accuracy_latency" and crash.batch_size == 63
-    assert crash.finished_checks == FINISHED
-    assert bad.batch_invariance.all_rows.sizes[7].fwd_differ == 0  # what it finished stands
 
 
 @pytest.mark.gpu

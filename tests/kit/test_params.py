@@ -1,6 +1,5 @@
-"""Run parameters: RunParams' defaults are the full protocol (docs/spec.md §4-5), a parameter file holds what
-differs, the notebook's cell gives a file and overrides, and every unknown, ill-typed or out-of-range parameter
-stops the run with a message naming it."""
+"""Run parameters: a file holds what differs from the defaults, the notebook's cell gives a file and overrides, and
+every unknown, ill-typed or out-of-range parameter stops the run with a message naming it."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""The run's steps on fast CPU backends (no notebook): one backend failing or one check raising never stops a run,
-the verdict is honest about what ran, a step after the backends that raises costs nothing that stands, and what is
-written is valid."""
+"""The run's steps on fast CPU backends: a failing backend, check or later step never stops a run or costs what
+stands, the verdict is honest about what ran, and what is written is valid."""
 
 from __future__ import annotations
 
@@ -43,9 +42,8 @@ TINY["checks"] = [*KIT_CHECKS, "agreement", "stack_pairs"]  # stack_pairs: only 
 
 
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[steps.Run, steps.Run]:
-    """One run of fast backends: a copy as its backends left it (every step-failure test starts there), and the
-    run finished."""
+def backends_done(tmp_path_factory: pytest.TempPathFactory) -> steps.Run:
+    """One run of fast backends, as its backends left it (every step-failure test starts from a copy)."""
     out = tmp_path_factory.mktemp("run") / "unit"
     # skipped and unloadable backends: test_backends_vllm.py, test_isolation.py
     custom = [FAULT, "test_steps:ExplodingSweep", NO_BACKWARD]
@@ -53,20 +51,15 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[steps.Run, steps.Run]
         load_params({**TINY, "output_dir": str(out), "backends": ["reference"], "custom_backends": custom})
     )
     steps.run_backends(run)
-    done = copy.deepcopy(run)
+    return run
+
+
+@pytest.fixture(scope="module")
+def finished_run(backends_done: steps.Run) -> steps.Run:
+    run = copy.deepcopy(backends_done)
     steps.run_agreement(run)
     steps.finish(run)
-    return done, run
-
-
-@pytest.fixture(scope="module")
-def finished_run(ran: tuple[steps.Run, steps.Run]) -> steps.Run:
-    return ran[1]
-
-
-@pytest.fixture(scope="module")
-def backends_done(ran: tuple[steps.Run, steps.Run]) -> steps.Run:
-    return ran[0]
+    return run
 
 
 def test_a_check_that_raises_is_recorded_and_the_run_goes_on(finished_run: steps.Run) -> None:
@@ -116,22 +109,6 @@ def _planted(*args: object, **kwargs: object) -> None:
     raise RuntimeError("planted step failure")
 
 
-def _failed_and_placed(run: steps.Run, step: str) -> None:
-    """The step is recorded, every backend's result stands, the folder is placed whole, and the run fails."""
-    (failure,) = run.result.failed_steps
-    assert failure.step == step and failure.error == "RuntimeError: planted step failure"
-    assert any("planted step failure" in line for line in failure.traceback)
-    with pytest.raises(steps.StepsFailed, match=step):
-        steps.finish(run)
-    doc = json.loads((run.out / steps.ARTIFACT_FILE).read_text())
-    validate_artifact(doc)
-    placed = load_run(run.out)
-    assert [f.step for f in placed.failed_steps] == [step]
-    ref = placed.results["reference"]
-    assert ref.status == "ran" and ref.batch_invariance.all_rows.sizes[7].fwd_differ == 0
-    assert not [p for p in run.out.parent.iterdir() if p.name.startswith(".")], "no staging folder left"
-
-
 def _fail_agreement(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(steps, "agreement_from_outputs", _planted)
     steps.run_agreement(run)
@@ -155,9 +132,20 @@ def _fail_page(run: steps.Run, monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("fail", [_fail_agreement, _fail_stack_pairs, _fail_plots, _fail_page])
 def test_a_failing_step_is_recorded(backends_done: steps.Run, tmp_path: Path, monkeypatch, fail) -> None:  # type: ignore[no-untyped-def]
-    run = _resume(backends_done, tmp_path)
+    """The step is recorded, every backend's result stands, the folder is placed whole, and the run fails."""
+    run, step = _resume(backends_done, tmp_path), fail.__name__.removeprefix("_fail_")
     fail(run, monkeypatch)
-    _failed_and_placed(run, fail.__name__.removeprefix("_fail_"))
+    (failure,) = run.result.failed_steps
+    assert failure.step == step and failure.error == "RuntimeError: planted step failure"
+    assert any("planted step failure" in line for line in failure.traceback)
+    with pytest.raises(steps.StepsFailed, match=step):
+        steps.finish(run)
+    validate_artifact(json.loads((run.out / steps.ARTIFACT_FILE).read_text()))
+    placed = load_run(run.out)
+    assert [f.step for f in placed.failed_steps] == [step]
+    ref = placed.results["reference"]
+    assert ref.status == "ran" and ref.batch_invariance.all_rows.sizes[7].fwd_differ == 0
+    assert not [p for p in run.out.parent.iterdir() if p.name.startswith(".")], "no staging folder left"
 
 
 def test_a_step_that_leaves_what_the_artifact_refuses_is_dropped(backends_done: steps.Run, tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ import torch
 from torch import Tensor
 from tqdm import tqdm
 
-from rlnorm.inputs import Case, make_case
+from rlnorm.inputs import Case, dtype_name, make_case
 from rlnorm.kit import results as res
-from rlnorm.kit.results import REBUILD_VERSION, BackendResult, BatchInvariance, Record, dtype_name
+from rlnorm.kit.results import REBUILD_VERSION, BackendResult, BatchInvariance, Record
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.timing import describe_error
