@@ -28,20 +28,6 @@ from rlnorm.report.verdict import (
     run_verdicts,
 )
 
-NOTES = {  # what each column compares, under its name
-    "all_rows": "row in batch\nvs alone",
-    "full_vs_sub_batches": "sub-batch\nvs full batch",
-    "batch_size_sweep": "probe in batch\nof m vs alone",
-    "dweight_repeatable": "dweight\nrun vs run",
-    "launch": "launch params\nover the rows",
-    "configurations": "each config\npair vs pair",
-    "forward_gate": "y across 7\narrangements",
-    "gradient_gate": "dx, dz; own dweight\nvs exact sum",
-    "correctly_rounded": "fraction of y\n= fp64 rounded once",
-    "batch_invariant": "the first six\nchecks",
-}
-
-
 NOTE_CHARS = 52  # one line of 7.5 pt fits the status column (2.5 cells of a 17-inch figure)
 
 
@@ -82,7 +68,7 @@ def plot_verdict(run: RunResult, folder: Path | None = None) -> Figure:
             ax.text(j, i, text, ha="center", va="center", fontsize=8, linespacing=1.1)
     cmap = mcolors.ListedColormap([STATE_COLORS[s] for s in states])
     ax.imshow(grid, cmap=cmap, vmin=-0.5, vmax=len(states) - 0.5, aspect="auto")
-    labels = [f"{c}\n{NOTES[c]}" for c in COLUMNS]
+    labels = [f"{c}\n{textwrap.fill(COMPARES.get(c, 'the first six checks'), 20)}" for c in COLUMNS]
     ticks: list[float] = list(range(len(COLUMNS)))
     if any(notes):  # a last, uncoloured column says why a row looks as it does (a crash and where, a skip and why)
         ticks.append(len(COLUMNS) + 0.75)
