@@ -15,8 +15,7 @@ from rlnorm.kit.results import RunResult, load_run
 from rlnorm.report.compare import compare_runs, plot_comparison
 from rlnorm.report.plots.common import BAD_COLOR, cpu_note, finish, message, save
 from rlnorm.report.plots.counts import plot_differing_rows, plot_verdict
-from rlnorm.report.plots.measures import plot_agreement, plot_error_distributions, plot_latency
-from rlnorm.report.plots.pairs import plot_stack_pairs
+from rlnorm.report.plots.measures import plot_agreement, plot_error_distributions, plot_latency, plot_stack_pairs
 from rlnorm.report.runs import records_of
 from rlnorm.report.verdict import clip
 
