@@ -25,7 +25,7 @@ from IPython.display import Image, Markdown, display
 from rlnorm.kit import steps
 from rlnorm.kit.artifact import records_frame
 from rlnorm.kit.params import params_from_namespace
-from rlnorm.report import page, plots, tables, verdict
+from rlnorm.report import plots, tables, verdict
 
 pd.set_option("display.width", 200)
 pd.set_option("display.max_columns", 30)
@@ -61,9 +61,9 @@ run = steps.start_run(params)
 # cause and the check and batch it was on; the checks it finished stand. The figure shows each check's state.
 
 # %% Verdict
-_header = display(Markdown(page.placeholder("run's identity")), display_id=True)
-_verdict = display(Markdown(page.placeholder("verdict per backend")), display_id=True)
-_headline = display(Markdown(page.placeholder("headline figure")), display_id=True)
+_header = display(Markdown(tables.placeholder("run's identity")), display_id=True)
+_verdict = display(Markdown(tables.placeholder("verdict per backend")), display_id=True)
+_headline = display(Markdown(tables.placeholder("headline figure")), display_id=True)
 
 # %% [markdown]
 # ## Backends, each in a process of its own
@@ -99,7 +99,7 @@ steps.run_step(
     run,
     "page",
     lambda: display(
-        Markdown(page.device_notice(run.result)),
+        Markdown(tables.device_notice(run.result)),
         tables.backend_table(run.result),
         Markdown(
             "**Batch invariance** (row comparisons that differ, in the artifact's field names; a row is compared "
@@ -117,7 +117,7 @@ steps.run_step(
 
 # %% Launches: what each kernel launched at each row count
 steps.run_step(
-    run, "page", lambda: display(Markdown(page.LAUNCH_EXPLANATION), Markdown(page.launch_markdown(run.result)))
+    run, "page", lambda: display(Markdown(tables.LAUNCH_EXPLANATION), Markdown(tables.launch_markdown(run.result)))
 )
 
 # %% [markdown]
@@ -129,7 +129,7 @@ steps.run_step(
 # backend's own process, so a crash or a hang there is that backend's crash, in check `contract_gates`.
 
 # %% Contract gates
-steps.run_step(run, "page", lambda: display(Markdown(page.GATE_EXPLANATION), tables.gates_table(run.result)))
+steps.run_step(run, "page", lambda: display(Markdown(tables.GATE_EXPLANATION), tables.gates_table(run.result)))
 
 # %% [markdown]
 # ## Cross-backend agreement
@@ -140,7 +140,7 @@ steps.run_step(run, "page", lambda: display(Markdown(page.GATE_EXPLANATION), tab
 
 # %% Agreement matrix
 steps.run_agreement(run)
-steps.run_step(run, "page", lambda: display(page.shown(tables.agreement_table(run.result))))
+steps.run_step(run, "page", lambda: display(tables.shown(tables.agreement_table(run.result))))
 
 # %% [markdown]
 # ## The pairs RL stacks deploy
@@ -159,7 +159,7 @@ steps.run_step(run, "page", lambda: display(page.shown(tables.agreement_table(ru
 
 # %% Stack pairs
 steps.run_stack_pairs(run)
-steps.run_step(run, "page", lambda: display(page.shown(tables.stack_pairs_table(run.result))))
+steps.run_step(run, "page", lambda: display(tables.shown(tables.stack_pairs_table(run.result))))
 
 # %% [markdown]
 # ## The artifact, the records and the plots
@@ -178,8 +178,8 @@ steps.run_step(
             f"Artifact: `{steps.ARTIFACT_FILE}` · records: `{steps.RECORDS_FILE}` ({len(run.records)} kept; "
             "`max_records` caps them, the counts above are complete)"
         ),
-        page.shown(tables.record_table(run.result, records_frame(run.records))),
-        *[x for _h, _png in page.plot_sections(figures) for x in (Markdown(f"### {_h}"), Image(filename=str(_png)))],
+        tables.shown(tables.record_table(run.result, records_frame(run.records))),
+        *[x for _h, _png in tables.plot_sections(figures) for x in (Markdown(f"### {_h}"), Image(filename=str(_png)))],
     ),
 )
 
@@ -205,8 +205,8 @@ steps.run_step(
     run,
     "page",
     lambda: (
-        _header.update(Markdown(page.header(run.result))),
-        _verdict.update(Markdown(page.verdict_markdown(run.result))),
+        _header.update(Markdown(tables.header(run.result))),
+        _verdict.update(Markdown(tables.verdict_markdown(run.result))),
         _headline.update(Image(filename=str(figures["verdict"])) if figures.get("verdict") else Markdown("-")),
     ),
 )

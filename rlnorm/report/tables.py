@@ -1,17 +1,160 @@
-"""The reuse-check page's tables, each from a `RunResult` (what the kit wrote): the notebook shows them as they are.
-Their counts and verdict words come from `rlnorm.report.verdict`."""
+"""The reuse-check page from a `RunResult`: its words (the first lines name the GPU, the code and the run, since a
+page is often read as a lone attachment) and its tables, which the notebook shows as they are. Counts and verdict
+words come from `rlnorm.report.verdict`."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import Accuracy, RunResult
-from rlnorm.report.plots.common import fmt_ratio, roofline_ratio
-from rlnorm.report.runs import records_of
-from rlnorm.report.verdict import clip, differing_table, fraction, run_verdicts
+from rlnorm.report.plots.common import cpu_note, fmt_ratio, fmt_us, roofline_ratio
+from rlnorm.report.runs import param, records_of
+from rlnorm.report.verdict import (
+    COMPARES,
+    INVARIANCE,
+    State,
+    clip,
+    crash_words,
+    differing_table,
+    fraction,
+    launch_lines,
+    run_verdicts,
+)
+
+GATE_EXPLANATION = (
+    "**Reading the gradient gate.** It compares the backend's *own* dweight (the weight's gradient) with the "
+    "exact sum of the single-row dweights, rounded once. A library that sums dweight in fp32 in whatever order "
+    "its reduction takes fails it, and its dweight changes when the rows of a batch are permuted or padded: "
+    "a trainer then gets a weight gradient that depends on how tokens were packed. rlnorm adds the rows' "
+    "contributions exactly (integer counters), so its dweight is the same for every packing."
+)
+
+
+def header(run: RunResult) -> str:
+    """One line: the run, its device, its code and when it was made (the artifact's own timestamp)."""
+    env = run.environment
+    gpu = env.get("gpu") or f"{env.get('device', 'cpu')} (no GPU)"
+    commit = (run.commit or "no commit")[:9] + (" (uncommitted changes)" if run.tracked_tree_dirty else "")
+    libs = run.libraries
+    versions = ", ".join(f"{k} {libs[k]}" for k in ("torch", "triton") if libs.get(k))
+    name = param(run, "name") or run.param_set or "unnamed"
+    return (f"**Run `{name}`** on **{gpu}** · code `{commit}` · {versions} · created {run.created_at or 'not yet'} · "
+            f"{len(run.results)} backends")  # fmt: skip
+
+
+def device_notice(run: RunResult) -> str:
+    """What a reader must know about numbers from this device (empty on a GPU)."""
+    if cpu_note(run) is None:
+        return ""
+    return (
+        "> **CPU run.** Triton kernels (rlnorm's, FLA's) run in Triton's interpreter here: the bitwise checks hold as "
+        "on a GPU, but the interpreter rounds fp32 -> bf16 casts toward zero (so a Triton kernel's correctly-rounded "
+        "fraction is not its GPU value), and the latencies only say that the code ran. Backends that need a GPU are "
+        "skipped with the reason. Run `params/full.yaml` on a GPU for the numbers an RFC needs."
+    )
+
+
+def verdict_markdown(run: RunResult) -> str:
+    """A line per backend, then the steps that failed after the backends."""
+    lines = []
+    for key, v in run_verdicts(run).items():
+        r = run.results[key]
+        if v.overall in (State.SKIPPED, State.NOT_LOADED):
+            lines.append(f"- **{key}**: {r.status}: {v.why}")
+            continue
+        parts = []
+        if r.crash is not None and crash_words(r):
+            state, _, rest = crash_words(r).partition(": ")
+            done = ", ".join(r.crash.finished_checks) or "no check"
+            parts.append(f"**{state}** ({rest}); finished before it: {done}")
+            passed = [c for c in INVARIANCE if v.checks[c].state is State.PASSED]
+            if v.overall is not State.FAILED:
+                clean = f": {', '.join(passed)} passed before it" if passed else ""
+                parts.append(f"no batch-invariance verdict (it {v.overall.value} before its checks ended{clean})")
+        if v.overall in (State.FAILED, State.BY_CONSTRUCTION, State.PASSED):
+            bold = "" if v.overall is State.PASSED else "**"
+            parts.append(f"{bold}{v.headline}{bold} ({v.why})")
+        elif r.crash is None:
+            parts.append(f"no batch-invariance verdict ({v.why})")
+        for gate in ("forward_gate", "gradient_gate") if r.crash is None else ():  # a crash: its gates never ran
+            g = v.checks[gate]
+            if g.state is not State.NOT_RUN and (g.state is not State.PASSED or gate == "gradient_gate"):
+                said = f"**{g.words()}**" if g.state is not State.PASSED else f"passed ({COMPARES[gate]})"
+                parts.append(f"{gate.replace('_', ' ')} {said}")
+        cr, acc = v.checks["correctly_rounded"], r.accuracy_latency
+        if cr.state in (State.PASSED, State.FAILED):
+            parts.append(f"correctly rounded {cr.detail}")
+        if acc is not None and acc.fwd_us:
+            ratio = roofline_ratio(acc, "fwd_us")
+            star = "*" if acc.ran_host_bound("fwd_us") else ""
+            beside = f" = {ratio:.2f}x the torch.add timed beside it" if ratio is not None else ""
+            parts.append(f"forward {fmt_us(acc.fwd_us)}{star}{beside}")
+        if r.errors and v.overall is not State.RAISED:
+            parts.append("errors in " + ", ".join(r.errors))
+        lines.append(f"- **{key}**: " + "; ".join(parts))
+    failed = failed_steps_markdown(run)
+    return "\n".join(lines) + (f"\n\n{failed}" if failed else "")
+
+
+LAUNCH_EXPLANATION = (
+    "**Launches.** The row checks see only the configurations this process's launches took. The `launch` check "
+    "runs each backend's forward (and forward+backward) at every row count of a ladder (1..9, 2^k-1, 2^k, 2^k+1 "
+    "and every size the other checks use, up to the full batch) and records each kernel's launch parameters "
+    "(constexprs, num_warps, num_stages, the grid past its row extent; a CUDA kernel's block and shared memory). "
+    "A parameter that changes with the row count leaves the verdict at *not invariant by construction* until "
+    "the `configurations` check has run the kernel at each of its values with no bit changed. **The reference "
+    "report's FLA result** follows from this: FLA's `fused_norm_gate` is autotuned on a key holding "
+    "`NB = cdiv(rows, 65536)`, so a full batch past 65536 rows and its sub-batches can run different "
+    "configurations (on an H100: `BT=16, NB=1, num_warps=16` up to 65536 rows, `BT=32, NB=4, num_warps=8` at "
+    "262144), and whether they do depends on what the autotuner timed fastest on that GPU in that process. A "
+    "B200 (95 forward, 152 gradient rows) and an H100 (736 y, 3,128 dx/dz) picked differently for the two; an H200 "
+    "picked alike, and its rows agreed: a pass of the row checks there, not of the kernel."
+)
+
+
+def launch_markdown(run: RunResult) -> str:
+    """Per backend, each kernel whose launch changes with the row count and the evidence ('' when none does)."""
+    out = []
+    for key, r in run.results.items():
+        lines = launch_lines(r)
+        if lines:
+            out.append(f"- **{key}**: " + "; ".join(f"`{line.partition(' ')[0]}` {line.partition(' ')[2]}"
+                                                  for line in lines))  # fmt: skip
+        elif r.launches is not None and not r.launches.error:
+            out.append(f"- **{key}**: one configuration per kernel at {len(r.launches.rows)} row counts "
+                       f"({len(r.launches.kernels)} kernels seen)")  # fmt: skip
+    unseen = {r.launches.unseen for r in run.results.values() if r.launches is not None and r.launches.unseen}
+    return "\n".join(out + [f"\n*Not seen here:* {u}" for u in sorted(unseen)])
+
+
+def failed_steps_markdown(run: RunResult) -> str:
+    """The steps after the backends that raised, each with its traceback's tail ('' when none did)."""
+    out = []
+    for f in run.failed_steps or []:
+        tail = "\n".join(f"  {line}" for line in f.traceback[-8:])
+        out.append(f"- **step `{f.step}` failed**: {f.error} (the results above stand)" +
+                   (f"\n\n  ```\n{tail}\n  ```" if tail else ""))  # fmt: skip
+    return "\n".join(out)
+
+
+def shown(obj: Any) -> Any:
+    """What a cell displays: text (what a table says when it has no rows) as Markdown, a table as it is."""
+    from IPython.display import Markdown  # the notebooks' dependency, not the package's
+
+    return Markdown(obj) if isinstance(obj, str) else obj
+
+
+def plot_sections(figures: dict[str, Path]) -> list[tuple[str, Path]]:
+    """(heading, PNG) for each figure of the evidence; the verdict figure is shown at the top instead."""
+    return [(name.replace("_", " "), png) for name, png in figures.items() if name != "verdict"]
+
+
+def placeholder(what: str) -> str:
+    return f"*The {what} appears here when the run has finished; if it is missing, a cell below failed.*"
 
 
 def backend_table(run: RunResult) -> pd.DataFrame:

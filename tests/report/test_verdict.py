@@ -14,7 +14,7 @@ from planted import FAULTY, KEPT, PLANTED, load_planted, planted_run, write_run
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.results import BackendResult, RunResult, StackPair, StackPairs, load_run
-from rlnorm.report import page, plots, tables
+from rlnorm.report import plots, tables
 from rlnorm.report.compare import verdict_table
 from rlnorm.report.investigate import differing_rows
 from rlnorm.report.runs import records_of
@@ -40,7 +40,7 @@ def test_the_planted_counts_read_alike_everywhere(planted: RunResult) -> None:
     verdict_fig, rows_fig = _texts(plots.plot_verdict(planted)), _texts(plots.plot_differing_rows(planted, records))
     vs_fig = _texts(plots.plot_vs_reference_report(planted, load_run(seed_report_path())))
     recs = tables.record_table(planted)
-    lines, summary = page.verdict_markdown(planted), "\n".join(summary_lines(planted))
+    lines, summary = tables.verdict_markdown(planted), "\n".join(summary_lines(planted))
     compare = verdict_table(planted, planted, "a", "b")
     for check, (compared, y, grad, not_kept) in PLANTED.items():
         short, of = f"{y:,} y / {grad:,} dx,dz", f"of {compared:,} row comparisons"
@@ -98,11 +98,11 @@ def test_a_crash_after_a_difference_is_still_not_batch_invariant() -> None:
 
 
 def test_a_step_that_failed_after_the_backends_is_on_the_page_and_in_the_summary(planted: RunResult) -> None:
-    lines = page.verdict_markdown(planted)
+    lines = tables.verdict_markdown(planted)
     assert "step `trainer_sampler` failed" in lines and "RuntimeError: planted step failure" in lines
     assert 'File "x.py", line 1' in lines  # the traceback's tail
     assert any("step trainer_sampler failed" in s for s in summary_lines(planted))
-    assert page.failed_steps_markdown(dataclasses.replace(planted, failed_steps=None)) == ""
+    assert tables.failed_steps_markdown(dataclasses.replace(planted, failed_steps=None)) == ""
 
 
 def test_make_plots_draws_every_figure_writes_nothing_else_and_survives_a_broken_one(planted: RunResult) -> None:
@@ -126,8 +126,8 @@ def test_the_page_tables_read_a_run(planted: RunResult) -> None:
     gates = tables.gates_table(planted)
     assert gates.loc[FAULTY, "gradient failed lines"] == 6 and gates.loc["clean", "gradient gate"] == "passed"
     assert tables.agreement_table(planted).loc["clean", FAULTY] == 0.9
-    assert "planted" in page.header(planted) and "abc1234de" in page.header(planted)
-    assert page.device_notice(planted).startswith("> **CPU run.**")
+    assert "planted" in tables.header(planted) and "abc1234de" in tables.header(planted)
+    assert tables.device_notice(planted).startswith("> **CPU run.**")
 
 
 def test_a_run_without_records_still_shows_its_counts(tmp_path: Path) -> None:
