@@ -24,6 +24,7 @@ from rlnorm.report.verdict import (
     State,
     clip,
     crash_words,
+    differing_table,
     records_line,
     run_verdicts,
 )
@@ -108,11 +109,8 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
     if records is not None and {"backend", "check", "row", "tensor"} - set(records.columns):
         raise ValueError(f"records: expected the records table's columns, got {list(records.columns)}")
     verdicts = run_verdicts(run)
-    lanes: dict[str, list[str]] = {}  # per backend, the checks that found a difference, then those with records
-    for key, v in verdicts.items():
-        found = [c for c in INVARIANCE if v.checks[c].state is State.FAILED]
-        recorded = [] if records is None else records.loc[records["backend"] == key, "check"].astype(str).unique()
-        lanes[key] = list(dict.fromkeys([*found, *recorded]))
+    table = differing_table(run, records)  # per backend, the checks that found a difference, then those with records
+    lanes = {key: list(table.loc[table["backend"] == key, "check"]) for key in verdicts}
     heights = [0.9 + 0.62 * len(lanes[k]) if lanes[k] and records is not None else 0.75 for k in verdicts] or [1.0]
     fig = Figure(figsize=(12, 1.4 + sum(heights)), layout="constrained")
     axes = fig.subplots(len(heights), 1, squeeze=False, gridspec_kw={"height_ratios": heights})[:, 0]
@@ -138,14 +136,12 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
             message(ax, said, color=OK_COLOR if counted else MISSING_COLOR)
             continue
         sub = records[records["backend"] == key]
-        kept_total = not_kept_total = 0
         labels = []
         x_in_axes = mtransforms.blended_transform_factory(ax.transAxes, ax.transData)
         for lane, check in enumerate(lanes[key]):
             in_check = sub[sub["check"].astype(str) == check]
             rows = pd.to_numeric(in_check["row"], errors="coerce")
             counts = v.checks[check].counts if check in v.checks else None
-            kept_total, not_kept_total = kept_total + len(in_check), not_kept_total + (counts.not_kept if counts else 0)
             if counts is not None:
                 labels.append(f"{check}\n{COMPARES[check]}\n{counts.short()} {counts.of()}")
             elif check == "dweight_repeatable":
@@ -163,7 +159,8 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
                 marker, color, offset = TENSOR_STYLE.get(tensor, ("x", "#555555", 0.0))
                 xs = pd.to_numeric(group["row"]).to_numpy(dtype=float)
                 ax.scatter(xs, np.full(xs.shape, lane + offset), marker=marker, s=22, color=color, alpha=0.75)
-        ax.set_title(records_line(kept_total, not_kept_total), loc="right", fontsize=9, color=BAD_COLOR)
+        kept = table[table["backend"] == key][["records kept", "records not kept (max_records)"]].sum()
+        ax.set_title(records_line(*map(int, kept)), loc="right", fontsize=9, color=BAD_COLOR)
         ax.set_yticks(range(len(labels)), labels, fontsize=8)
         ax.set(ylim=(len(labels) - 0.4, -0.6), xlabel="row index in the generated case (one point per kept record)")
         ax.grid(axis="x", alpha=0.3)
