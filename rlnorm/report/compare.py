@@ -31,7 +31,7 @@ class Comparison:
     verdicts: pd.DataFrame
     latency: pd.DataFrame
     accuracy: pd.DataFrame
-    changes: list[str]
+    changes: list[str]  # what_changed's sentences
     different_ops: list[str]
     runs: tuple[RunResult, RunResult]  # A and B
 
@@ -96,11 +96,6 @@ def latency_table(a: RunResult, b: RunResult) -> pd.DataFrame:
     return table[[f"{m}_{s}" for m in LATENCY for s in ("a", "b", "ratio")]]
 
 
-def accuracy_table(a: RunResult, b: RunResult) -> pd.DataFrame:
-    """Per backend: fraction correctly rounded, max abs error and grad_rel_err x/z/w, a and b."""
-    return _side_by_side(a, b, ACCURACY)
-
-
 def protocol(run: RunResult) -> dict[str, Any]:
     """The sizes a run measured at, read from its check summaries (the reference report has no params)."""
     invs = [r.batch_invariance for r in run.results.values() if r.batch_invariance is not None]
@@ -137,14 +132,14 @@ def op_differences(a: RunResult, b: RunResult, label_a: str = "a", label_b: str 
     return [f"{k}: {oa[k]} in {label_a}, {ob[k]} in {label_b}" for k in OP_KEYS if oa[k] != ob[k]]
 
 
-def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b", latency_move: float = 0.10,
-                 accuracy_move: float = 1e-4) -> list[str]:  # fmt: skip
+def what_changed(cmp: Comparison, latency_move: float, accuracy_move: float) -> list[str]:
     """Plain sentences, the one that matters most first."""
+    (a, b), label_a, label_b = cmp.runs, cmp.label_a, cmp.label_b
     out: list[str] = []
-    ops = op_differences(a, b, label_a, label_b)
-    if ops:
-        out.append("the two runs computed different ops (" + "; ".join(ops) + "): their verdicts, latencies and "
-                   "accuracies describe different computations and are not a before/after of one")  # fmt: skip
+    if cmp.different_ops:
+        ops = "; ".join(cmp.different_ops)
+        out.append(f"the two runs computed different ops ({ops}): their verdicts, latencies and accuracies describe "
+                   "different computations and are not a before/after of one")  # fmt: skip
     if a.device_name != b.device_name:
         out.append(f"devices differ ({a.device_name} vs {b.device_name}): latency ratios compare the hardware as "
                    "much as the code")  # fmt: skip
@@ -160,7 +155,7 @@ def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = 
         why = (rb if rb.status != "ran" else ra).skip_reason or ""
         out.append(f"{k}: {ra.status} in {label_a}, {rb.status} in {label_b}" + (f" ({why[:160]})" if why else ""))
     unmeasured: dict[str, list[str]] = {label_a: [], label_b: []}
-    for (k, c), row in verdict_table(a, b, label_a, label_b).iterrows():
+    for (k, c), row in cmp.verdicts.iterrows():
         if not row["changed"] or k not in both or k in not_both:
             continue
         if State.NOT_RUN.value in (row["state_a"], row["state_b"]):  # measured in one run only: not a flip
@@ -168,13 +163,13 @@ def what_changed(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = 
         else:
             out.append(f"{k} {c}: {row[label_a]} -> {row[label_b]}")
     out += [f"not measured in {label}: {', '.join(items)}" for label, items in unmeasured.items() if items]
-    for k, row in latency_table(a, b).iterrows():
+    for k, row in cmp.latency.iterrows():
         for m in LATENCY:
             r = row[f"{m}_ratio"]
             if pd.notna(r) and abs(r - 1) > latency_move:
                 word = "faster" if r < 1 else "slower"
                 out.append(f"{k} {m}: {row[f'{m}_a']:.1f} -> {row[f'{m}_b']:.1f} us ({r:.2f}x, {word})")
-    for k, row in accuracy_table(a, b).iterrows():
+    for k, row in cmp.accuracy.iterrows():
         x, y = row["fwd_correctly_rounded_a"], row["fwd_correctly_rounded_b"]
         if pd.notna(x) and pd.notna(y) and abs(y - x) > accuracy_move:
             out.append(f"{k} fwd_correctly_rounded: {x:.6f} -> {y:.6f}")
@@ -190,9 +185,10 @@ def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_m
     la, lb = (f"{side}: {r.device_name}" + (f" ({param(r, 'name')})" if param(r, "name") else "")
               for side, r in (("A", ra), ("B", rb)))  # fmt: skip
     lb += " (2)" if la == lb else ""
-    return Comparison(la, lb, environment_table(ra, rb, la, lb), verdict_table(ra, rb, la, lb), latency_table(ra, rb),
-                      accuracy_table(ra, rb), what_changed(ra, rb, la, lb, latency_move, accuracy_move),
-                      op_differences(ra, rb, la, lb), (ra, rb))  # fmt: skip
+    cmp = Comparison(la, lb, environment_table(ra, rb, la, lb), verdict_table(ra, rb, la, lb), latency_table(ra, rb),
+                     _side_by_side(ra, rb, ACCURACY), [], op_differences(ra, rb, la, lb), (ra, rb))  # fmt: skip
+    cmp.changes = what_changed(cmp, latency_move, accuracy_move)
+    return cmp
 
 
 def plot_comparison(cmp: Comparison) -> Any:
