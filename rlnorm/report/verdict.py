@@ -14,7 +14,7 @@ import pandas as pd
 from rlnorm.kit.artifact import ENDED_EARLY
 from rlnorm.kit.checks.common import BY_CONSTRUCTION, INVARIANT, differing_pairs, uncleared
 from rlnorm.kit.process import describe_exit
-from rlnorm.kit.results import BackendResult, Gate, RunResult
+from rlnorm.kit.results import BackendResult, Configurations, Gate, Launches, RunResult
 
 
 class State(Enum):
@@ -192,9 +192,7 @@ def _short_cause(result: BackendResult) -> str:
     return f"exit code {c.exit_code}" if c.exit_code is not None else c.cause.split(":")[0]
 
 
-def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdict:
-    if error:
-        return CheckVerdict(check, State.RAISED, detail=error)
+def gate_verdict(check: str, gate: Gate | None) -> CheckVerdict:
     if gate is None:
         return CheckVerdict(check, State.NOT_RUN)
     if gate.timed_out:
@@ -213,44 +211,35 @@ def gate_verdict(check: str, gate: Gate | None, error: str | None) -> CheckVerdi
 
 
 def _check_verdict(result: BackendResult, check: str) -> CheckVerdict:
-    error = (result.errors or {}).get(_RAN_BY.get(check, "contract_gates"))
-    inv = result.batch_invariance
+    """A check that raised says so first; the accuracy check's own error before the worker's."""
+    acc, inv = result.accuracy_latency, result.batch_invariance
+    node = {"launch": result.launches, "configurations": result.configurations}.get(check, getattr(inv, check, None))
+    error = (result.errors or {}).get(_RAN_BY.get(check, "contract_gates")) or getattr(node, "error", None)
+    if check == "correctly_rounded":  # without its summary, the accuracy check did not run
+        error = None if acc is None else acc.error or error
+    counts = counts_of(result, check) if check in ROW_CHECKS else None
+    if error:
+        return CheckVerdict(check, State.RAISED, counts, error)
     if check in ("forward_gate", "gradient_gate"):
-        return gate_verdict(check, (result.contract_gates or {}).get(check.split("_")[0]), error)
+        return gate_verdict(check, (result.contract_gates or {}).get(check.split("_")[0]))
     if check in LAUNCH:
-        return _launch_verdict(result, check, error)
+        return _launch_verdict(result, check, node)
     if check == "correctly_rounded":
-        acc = result.accuracy_latency
-        if acc is not None and (acc.error or error):
-            return CheckVerdict(check, State.RAISED, detail=acc.error or error or "")
         if acc is None or acc.fwd_correctly_rounded is None:
             return CheckVerdict(check, State.NOT_RUN)
         cr = acc.fwd_correctly_rounded
         return CheckVerdict(check, State.PASSED if cr >= 1.0 else State.FAILED, detail=fraction(cr) +
                             (" (every output)" if cr >= 1.0 else ""))  # fmt: skip
     if check == "dweight_repeatable":
-        value = None if inv is None else inv.dweight_repeatable
-        if error:
-            return CheckVerdict(check, State.RAISED, detail=error)
-        if value is None:
+        if node is None:
             return CheckVerdict(check, State.NOT_RUN, detail="" if result.has_backward else "no backward")
-        return CheckVerdict(
-            check, State.PASSED if value else State.FAILED, detail="" if value else "differs run to run"
-        )
-    c, node = counts_of(result, check), getattr(inv, check, None)
-    error = error or (node.error if node is not None else None)
-    if error:
-        return CheckVerdict(check, State.RAISED, c, error)
-    if c is None:
+        return CheckVerdict(check, State.PASSED if node else State.FAILED, detail="" if node else "differs run to run")
+    if counts is None:
         return CheckVerdict(check, State.NOT_RUN)
-    return CheckVerdict(check, State.FAILED if c.differs else State.PASSED, c)
+    return CheckVerdict(check, State.FAILED if counts.differs else State.PASSED, counts)
 
 
-def _launch_verdict(result: BackendResult, check: str, error: str | None) -> CheckVerdict:
-    node = result.launches if check == "launch" else result.configurations
-    error = error or (node.error if node is not None else None)
-    if error:
-        return CheckVerdict(check, State.RAISED, detail=error)
+def _launch_verdict(result: BackendResult, check: str, node: Launches | Configurations | None) -> CheckVerdict:
     if node is None:
         return CheckVerdict(check, State.NOT_RUN)
     if check == "configurations":
