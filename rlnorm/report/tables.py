@@ -232,12 +232,8 @@ def _text(v: Any) -> str:
 def params_table(run: RunResult) -> pd.DataFrame:
     """This run's parameters beside the full protocol's (run paths left out: they say nothing)."""
     full = RunParams().as_dict()
-    rows = []
-    for key, mine in (run.params or {}).items():
-        if key in ("output_dir", "staging_dir"):
-            continue
-        spec = full.get(key, mine)
-        rows.append({"parameter": key, "this run": _text(mine), "full protocol": "" if mine == spec else _text(spec)})
+    rows = [{"parameter": k, "this run": _text(v), "full protocol": "" if v == full.get(k, v) else _text(full[k])}
+            for k, v in (run.params or {}).items() if k not in ("output_dir", "staging_dir")]  # fmt: skip
     return pd.DataFrame(rows).set_index("parameter") if rows else pd.DataFrame()
 
 
