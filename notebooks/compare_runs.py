@@ -36,7 +36,8 @@ _check_parameters(globals(), _names_before_parameters, ["artifact_a", "artifact_
 import pandas as pd
 from IPython.display import Markdown, display
 
-from rlnorm.report.compare import compare_runs, digest_table, plot_comparison
+from rlnorm.report.compare import compare_runs, digest_table
+from rlnorm.report.plots.counts import plot_comparison
 from rlnorm.report.runs import latest_run
 
 pd.set_option("display.width", 200)

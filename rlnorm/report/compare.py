@@ -6,14 +6,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from rlnorm.kit.checks.digests import same_bits
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import RunResult
-from rlnorm.report.runs import open_run, param, run_label
-from rlnorm.report.verdict import CHECKS, COLUMNS, STATE_COLORS, State, run_verdicts
+from rlnorm.report.runs import open_run, param
+from rlnorm.report.verdict import COLUMNS, State, run_verdicts
 
 OP_KEYS = ("d", "eps", "group_size", "norm_before_gate", "activation", "weight_dtype")  # what defines the op
 ABSENT = "absent"
@@ -189,61 +188,3 @@ def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_m
                      _side_by_side(ra, rb, ACCURACY), [], op_differences(ra, rb, la, lb), (ra, rb))  # fmt: skip
     cmp.changes = what_changed(cmp, latency_move, accuracy_move)
     return cmp
-
-
-def plot_comparison(cmp: Comparison) -> Any:
-    """Latency ratios B/A, the share of outputs not correctly rounded, and the verdict grid with A and B per cell."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch, Rectangle
-
-    fig = Figure(figsize=(18, 4.8 + 0.25 * len(cmp.latency)), layout="constrained")
-    ax_lat, ax_acc, ax_grid = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1.3]})
-    keys = list(cmp.latency.index)
-    pos = np.arange(len(keys))
-    for off, m, colour in zip((-0.2, 0.2), LATENCY, ("#3949ab", "#8e24aa"), strict=True):
-        vals = cmp.latency[f"{m}_ratio"].to_numpy(dtype=float)
-        ok = np.isfinite(vals)
-        ax_lat.bar(pos[ok] + off, vals[ok] - 1.0, bottom=1.0, width=0.4, color=colour, label=m)
-        for p, v in zip(pos[ok] + off, vals[ok], strict=True):
-            ax_lat.annotate(f"{v:.2g}", (p, v), ha="center", va="bottom" if v >= 1 else "top", fontsize=7)
-    ax_lat.axhline(1.0, color="k", lw=0.8)
-    floor = 1e-7  # exactly correctly rounded (a share of 0) is drawn at the floor, marked "0"
-    for off, side, colour, label in ((-0.2, "a", "#546e7a", cmp.label_a), (0.2, "b", "#00897b", cmp.label_b)):
-        miss = 1.0 - cmp.accuracy[f"fwd_correctly_rounded_{side}"].to_numpy(dtype=float)
-        ok = np.isfinite(miss)
-        ax_acc.bar(pos[ok] + off, np.maximum(miss[ok], floor), width=0.4, color=colour, label=label)
-        for p, v in zip(pos[ok] + off, miss[ok], strict=True):
-            if v <= 0:
-                ax_acc.annotate("0", (p, floor), ha="center", va="bottom", fontsize=7)
-    for ax, what, title in ((ax_lat, "latency ratio B / A (< 1: B faster)", "latency, where both runs timed it"),
-                            (ax_acc, "share of outputs not correctly rounded",
-                             "forward accuracy (lower is better)")):  # fmt: skip
-        ax.set(yscale="log", ylabel=what)
-        ax.set_xticks(pos, keys, rotation=35, ha="right", fontsize=8)
-        ax.set_title(title, fontsize=10)
-        ax.legend(fontsize=7)
-    ax_acc.set_ylim(floor / 2, 1.0)
-    v = cmp.verdicts
-    backends = list(dict.fromkeys(v.index.get_level_values(0)))
-    counted = [run_verdicts(r) for r in cmp.runs]
-    colors = {s.value: STATE_COLORS[s] for s in State} | {ABSENT: "#ffffff"}
-    for i, key in enumerate(backends):
-        for j, check in enumerate(COLUMNS):
-            row = v.loc[(key, check)]
-            for half, state in ((0, row["state_a"]), (1, row["state_b"])):
-                ax_grid.add_patch(Rectangle((j - 0.5 + 0.5 * half, i - 0.5), 0.5, 1, color=colors[state]))
-            if row["changed"]:
-                ax_grid.add_patch(Rectangle((j - 0.48, i - 0.48), 0.96, 0.96, fill=False, ec="k", lw=1.5))
-            counts = [None if key not in bv else bv[key].checks[check].counts for bv in counted if check in CHECKS]
-            if any(counts):  # the differing row comparisons, A over B
-                text = "\n".join("–" if c is None else (c.short() if c.differs else "0") for c in counts)
-                ax_grid.text(j, i, text, ha="center", va="center", fontsize=6.5)
-    ax_grid.set(xlim=(-0.5, len(COLUMNS) - 0.5), ylim=(len(backends) - 0.5, -0.5))
-    ax_grid.set_xticks(range(len(COLUMNS)), COLUMNS, rotation=35, ha="right", fontsize=8)
-    ax_grid.set_yticks(range(len(backends)), backends, fontsize=8)
-    ax_grid.set_title(f"verdicts: left half {cmp.label_a}, right half {cmp.label_b} (framed: changed)", fontsize=9)
-    used = sorted({*v["state_a"], *v["state_b"]})
-    ax_grid.legend(handles=[Patch(color=colors[s], label=s) for s in used], fontsize=7, loc="upper left",
-                   bbox_to_anchor=(1.01, 1.0))  # fmt: skip
-    fig.suptitle(f"A: {run_label(cmp.runs[0])}   against   B: {run_label(cmp.runs[1])}", fontsize=10)
-    return fig

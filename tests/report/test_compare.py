@@ -10,8 +10,9 @@ from planted import FAULTY, planted_run, write_run
 
 from rlnorm.checkout import CHECKOUT, seed_report_path
 from rlnorm.kit.results import RowsAtSize, load_run
-from rlnorm.report.compare import compare_runs, plot_comparison
+from rlnorm.report.compare import compare_runs
 from rlnorm.report.index import summary_table, write_index
+from rlnorm.report.plots.counts import plot_comparison
 from rlnorm.report.verdict import State, run_verdicts
 
 PUBLISHED = (CHECKOUT or Path(__file__).parents[2]) / "outputs" / "h200-full"

@@ -15,7 +15,7 @@ from planted import FAULTY, KEPT, PLANTED, load_planted, planted_run, write_run
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.results import BackendResult, RunResult, StackPair, StackPairs, load_run
 from rlnorm.report import plots, tables
-from rlnorm.report.compare import verdict_table
+from rlnorm.report.compare import compare_runs, verdict_table
 from rlnorm.report.investigate import differing_rows
 from rlnorm.report.runs import records_of
 from rlnorm.report.verdict import COLUMNS, INVARIANCE, State, run_verdicts, summary_lines
@@ -38,7 +38,7 @@ def test_the_planted_counts_read_alike_everywhere(planted: RunResult) -> None:
     records = records_of(planted)
     assert records is not None and len(records) == sum(KEPT.values())
     verdict_fig, rows_fig = _texts(plots.plot_verdict(planted)), _texts(plots.plot_differing_rows(planted, records))
-    vs_fig = _texts(plots.plot_vs_reference_report(planted, load_run(seed_report_path())))
+    vs_fig = _texts(plots.plot_comparison(compare_runs(load_run(seed_report_path()), planted)))
     recs = tables.record_table(planted)
     lines, summary = tables.verdict_markdown(planted), "\n".join(summary_lines(planted))
     compare = verdict_table(planted, planted, "a", "b")

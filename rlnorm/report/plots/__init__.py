@@ -12,23 +12,15 @@ from matplotlib.figure import Figure
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.results import RunResult, load_run
-from rlnorm.report.compare import compare_runs, plot_comparison
-from rlnorm.report.plots.common import BAD_COLOR, cpu_note, finish, message, save
-from rlnorm.report.plots.counts import plot_differing_rows, plot_verdict
+from rlnorm.report.compare import compare_runs
+from rlnorm.report.plots.common import BAD_COLOR, finish, message
+from rlnorm.report.plots.counts import plot_comparison, plot_differing_rows, plot_verdict
 from rlnorm.report.plots.measures import plot_agreement, plot_error_distributions, plot_latency, plot_stack_pairs
 from rlnorm.report.runs import records_of
 from rlnorm.report.verdict import clip
 
 PLOT_NAMES = ("verdict", "differing_rows", "error_distributions", "latency", "agreement", "stack_pairs")
 PLOT_NAMES += ("vs_reference_report",)
-
-
-def plot_vs_reference_report(run: RunResult, seed: RunResult, folder: Path | None = None) -> Figure:
-    """This run (B) beside the B200 reference report (A): `rlnorm.report.compare`'s figure of the two."""
-    fig = plot_comparison(compare_runs(seed, run))
-    if cpu_note(run):  # a CPU run's latency ratios against a B200 say only that the code ran
-        fig.suptitle(f"{fig.get_suptitle()}\n{cpu_note(run)}", fontsize=10)
-    return save(fig, folder, "vs_reference_report")
 
 
 def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None) -> dict[str, Path]:
@@ -44,7 +36,7 @@ def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None
         "latency": lambda: plot_latency(run, folder),
         "agreement": lambda: plot_agreement(run, folder),
         "stack_pairs": lambda: plot_stack_pairs(run, folder),
-        "vs_reference_report": lambda: plot_vs_reference_report(run, load_run(seed_report_path()), folder),
+        "vs_reference_report": lambda: plot_comparison(compare_runs(load_run(seed_report_path()), run), folder),
     }
     for name, draw in jobs.items():
         try:
