@@ -1,7 +1,5 @@
-"""The one verdict model: per backend and check a state, the counts behind it, and the words for both. Every reader
-(page, figures, compare, index, the command line) takes its states, counts and words from here. A row comparison is
-one row computed two ways and compared bitwise; the counts are complete, the records (one per differing row
-comparison and tensor) capped at `max_records`."""
+"""The one verdict model: per backend and check a state, the counts behind it (complete; the records are capped at
+`max_records`) and the words for both, which every reader (page, figures, compare, index, command line) takes."""
 
 from __future__ import annotations
 
