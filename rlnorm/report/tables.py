@@ -193,8 +193,7 @@ def accuracy_table(run: RunResult) -> pd.DataFrame:
 
 
 def gates_table(run: RunResult) -> pd.DataFrame:
-    """The contract gates per backend: each gate's verdict (how many lines failed), and the gradient gate's dweight
-    lines."""
+    """The contract gates per backend: each gate's verdict, and the gradient gate's dweight lines."""
     rows = []
     for key, v in run_verdicts(run).items():
         gates = run.results[key].contract_gates
