@@ -10,8 +10,7 @@ from planted import FAULTY, planted_run, write_run
 
 from rlnorm.checkout import CHECKOUT, seed_report_path
 from rlnorm.kit.results import RowsAtSize, load_run
-from rlnorm.report.compare import compare_runs
-from rlnorm.report.index import summary_table, write_index
+from rlnorm.report.compare import compare_runs, summary_table, write_index
 from rlnorm.report.plots.counts import plot_comparison
 from rlnorm.report.verdict import State, run_verdicts
 
