@@ -27,8 +27,7 @@ from rlnorm.cli.runs import (
 from rlnorm.kit.artifact import load_artifact, read_records, write_atomic
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.results import RunResult
-from rlnorm.report.compare import digest_table
-from rlnorm.report.index import write_index
+from rlnorm.report.compare import digest_table, write_index
 from rlnorm.report.runs import open_run, resolve
 
 

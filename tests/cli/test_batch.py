@@ -17,7 +17,7 @@ from conftest import KIT_CHECKS, REPO_ROOT, RING_AND_HOLD, ROW_CHECKS, SEGFAULT,
 
 from rlnorm import cli
 from rlnorm.cli.runs import EXIT_INTERRUPTED
-from rlnorm.report.index import INDEX_FILE, SUMMARY_FILE
+from rlnorm.report.compare import INDEX_FILE, SUMMARY_FILE
 
 pytestmark = pytest.mark.slow
 
