@@ -60,10 +60,10 @@ from rlnorm.report.investigate import (
     crashed_backends,
     explain_record,
     pick_row,
+    plot_row,
     reproduce_crash,
     rows_or_reason,
 )
-from rlnorm.report.plots.row import plot_row
 from rlnorm.report.runs import latest_run, open_run, records_of
 from rlnorm.report.tables import backend_table
 from rlnorm.report.verdict import differing_table, verdict_frame

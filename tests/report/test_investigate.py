@@ -25,9 +25,9 @@ from rlnorm.report.investigate import (
     crashed_backends,
     differing_rows,
     explain_row,
+    plot_row,
     rows_or_reason,
 )
-from rlnorm.report.plots.row import plot_row
 from rlnorm.report.runs import check_parameters, records_of
 from tests.faults import batch_size_fault_mask
 
