@@ -119,14 +119,13 @@ LAUNCH_EXPLANATION = (
 def launch_markdown(run: RunResult) -> str:
     """Per backend, each kernel whose launch changes with the row count and the evidence ('' when none does)."""
     out = []
-    for key, r in run.results.items():
-        lines = launch_lines(r)
+    for key, v in run_verdicts(run).items():
+        lines = launch_lines(run.results[key])
         if lines:
             out.append(f"- **{key}**: " + "; ".join(f"`{line.partition(' ')[0]}` {line.partition(' ')[2]}"
                                                   for line in lines))  # fmt: skip
-        elif r.launches is not None and not r.launches.error:
-            out.append(f"- **{key}**: one configuration per kernel at {len(r.launches.rows)} row counts "
-                       f"({len(r.launches.kernels)} kernels seen)")  # fmt: skip
+        elif v.checks["launch"].state is State.PASSED:  # one configuration per kernel
+            out.append(f"- **{key}**: {v.checks['launch'].detail}")
     unseen = {r.launches.unseen for r in run.results.values() if r.launches is not None and r.launches.unseen}
     return "\n".join(out + [f"\n*Not seen here:* {u}" for u in sorted(unseen)])
 
