@@ -124,8 +124,7 @@ def test_the_page_tables_read_a_run(planted: RunResult) -> None:
     assert tables.backend_table(planted).loc["skipped", "why"] == "needs a CUDA GPU"
     assert tables.accuracy_table(planted).loc["clean", "fwd / its add"] == f"{50 / 45:.2f}x"
     gates = tables.gates_table(planted)
-    assert gates.loc[FAULTY, "gradient gate"] == "failed (6 of 20 lines failed)"
-    assert gates.loc["clean", "gradient gate"] == "passed"
+    assert list(gates["gradient gate"]) == ["passed", "failed (6 of 20 lines failed)"]  # clean, faulty
     assert tables.agreement_table(planted).loc["clean", FAULTY] == 0.9
     assert "planted" in tables.header(planted) and "abc1234de" in tables.header(planted)
     assert tables.device_notice(planted).startswith("> **CPU run.**")
