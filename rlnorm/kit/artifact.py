@@ -145,12 +145,8 @@ def _deepest(err: jsonschema.exceptions.ValidationError) -> jsonschema.exception
     return err
 
 
-def validate_artifact(doc: Mapping[str, Any] | RunResult) -> None:
-    """Raise ArtifactValidationError naming each failing key path; return None when `doc` is valid."""
-    if isinstance(doc, RunResult):
-        doc = to_json(doc)
-    if not isinstance(doc, Mapping):
-        raise TypeError(f"doc: expected an artifact (a dict or a RunResult), got {type(doc).__name__}")
+def validate_artifact(doc: Mapping[str, Any]) -> None:
+    """Raise ArtifactValidationError naming each failing key path; return None when `doc` (JSON) is valid."""
     problems = []
     for err in _validator().iter_errors(doc):
         best = _deepest(err)
@@ -177,12 +173,11 @@ def load_artifact(path: str | os.PathLike[str]) -> RunResult:
         raise ValueError(f"path: {str(path)!r} is not valid JSON ({exc})") from exc
     try:
         # ours as written (a misspelled key is caught, which typing would drop); the report once typed
-        ours = isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION
-        if ours:
+        if ours := isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION:
             validate_artifact(doc)
         run = run_from_doc(doc, path)
         if not ours:
-            validate_artifact(run)
+            validate_artifact(to_json(run))
     except ArtifactValidationError as exc:
         raise ArtifactValidationError([(f"{path.name}:{p}", m) for p, m in exc.problems]) from None
     except ValueError as exc:
