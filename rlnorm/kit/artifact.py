@@ -145,8 +145,12 @@ def _deepest(err: jsonschema.exceptions.ValidationError) -> jsonschema.exception
     return err
 
 
-def validate_artifact(doc: Mapping[str, Any]) -> None:
-    """Raise ArtifactValidationError naming each failing key path; return None when `doc` (JSON) is valid."""
+def validate_artifact(doc: Mapping[str, Any] | RunResult) -> None:
+    """Raise ArtifactValidationError naming each failing key path; return None when `doc` is valid."""
+    if isinstance(doc, RunResult):
+        doc = to_json(doc)
+    if not isinstance(doc, Mapping):
+        raise TypeError(f"doc: expected an artifact (a dict or a RunResult), got {type(doc).__name__}")
     problems = []
     for err in _validator().iter_errors(doc):
         best = _deepest(err)
@@ -177,7 +181,7 @@ def load_artifact(path: str | os.PathLike[str]) -> RunResult:
             validate_artifact(doc)
         run = run_from_doc(doc, path)
         if not ours:
-            validate_artifact(to_json(run))
+            validate_artifact(run)
     except ArtifactValidationError as exc:
         raise ArtifactValidationError([(f"{path.name}:{p}", m) for p, m in exc.problems]) from None
     except ValueError as exc:
