@@ -260,10 +260,8 @@ def file_params(source: str | os.PathLike[str]) -> dict[str, Any]:
     """A parameter file's mapping, named after the file unless it says otherwise, and its path as titles show it
     (relative to the checkout when it lies inside it)."""
     path = _locate(source)
-    try:
-        label = str(path.resolve().relative_to(CHECKOUT)) if CHECKOUT is not None else str(path)
-    except ValueError:
-        label = str(path)
+    full = path.resolve()
+    label = str(full.relative_to(CHECKOUT)) if CHECKOUT is not None and full.is_relative_to(CHECKOUT) else str(path)
     return {"name": path.stem, **read_params_file(path), "params_file": label}
 
 
