@@ -177,8 +177,7 @@ def load_artifact(path: str | os.PathLike[str]) -> RunResult:
         raise ValueError(f"path: {str(path)!r} is not valid JSON ({exc})") from exc
     try:
         # ours as written (a misspelled key is caught, which typing would drop); the report once typed
-        ours = isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION
-        if ours:
+        if ours := isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION:
             validate_artifact(doc)
         run = run_from_doc(doc, path)
         if not ours:
@@ -212,24 +211,21 @@ def records_frame(records: list[Record] | list[dict[str, Any]]) -> pd.DataFrame:
         unknown = set(row) - set(RECORD_COLUMNS)
         if unknown:
             raise ValueError(f"records[{i}]: unknown columns {sorted(unknown)}; expected a subset of {RECORD_COLUMNS}")
-    return _typed(pd.DataFrame.from_records(rows, columns=RECORD_COLUMNS))
+    return _typed(pd.DataFrame.from_records(rows, columns=RECORD_COLUMNS), "records")
 
 
-def _typed(df: pd.DataFrame) -> pd.DataFrame:
-    out = pd.DataFrame(index=range(len(df)))
-    for col, dt in _COLUMN_DTYPES.items():
-        s = (df[col] if col in df else pd.Series([None] * len(df))).reset_index(drop=True)
-        out[col] = s.astype("string") if dt == "string" else pd.to_numeric(s, errors="raise").astype(dt)
-    return out
+def _typed(df: pd.DataFrame, where: str) -> pd.DataFrame:
+    if missing := [c for c in RECORD_COLUMNS if c not in df.columns]:
+        raise ValueError(f"{where}: missing record columns {missing}")
+    df = df.reset_index(drop=True)
+    typed = {c: df[c].astype(t) if t == "string" else pd.to_numeric(df[c]).astype(t) for c, t in _COLUMN_DTYPES.items()}
+    return pd.DataFrame(typed)
 
 
 def write_records(records: list[Record] | pd.DataFrame, path: str | os.PathLike) -> Path:
     """Write the records as CSV, whole or not at all."""
     df = records if isinstance(records, pd.DataFrame) else records_frame(records)
-    missing = [c for c in RECORD_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"records: missing record columns {missing}")
-    return write_atomic(path, _typed(df[RECORD_COLUMNS]).to_csv(index=False))
+    return write_atomic(path, _typed(df, "records").to_csv(index=False))
 
 
 def read_records(path: str | os.PathLike) -> pd.DataFrame:
@@ -243,7 +239,4 @@ def read_records(path: str | os.PathLike) -> pd.DataFrame:
         keep_default_na=False,
         na_values={c: [""] for c, t in _COLUMN_DTYPES.items() if t != "string"},
     )
-    missing = [c for c in RECORD_COLUMNS if c not in df.columns]
-    if missing:
-        raise ValueError(f"path: {path} lacks record columns {missing}")
-    return _typed(df)
+    return _typed(df, f"path: {path}")

@@ -10,7 +10,6 @@ import itertools
 import re
 import traceback
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import Tensor
@@ -109,38 +108,22 @@ def _given(trail: Trail, cell: str, *tensors: Tensor) -> tuple[Tensor, ...]:
     return tensors
 
 
-def forward_gate(
-    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
-) -> list[str]:
-    """Every token's forward output bitwise equal across cells."""
-    case = _case(opts, device, heads, d, seed, trail)
-    outs: dict[str, Tensor] = {}
-    for cell in build_cells(seed):
-        y = outs[cell.name] = torch.full_like(case.x, float("nan"))
-        for tokens in cell.calls:
-            rows = _rows_of(tokens, heads)
-            x, z = _given(trail, cell.name, _gather(case.x, rows), _gather(case.z, rows))
-            _scatter(y, rows, backend.forward(x, z, case.w, opts))
-    return [format_line("bitwise", "BN/full", n, "y", outs["BN/full"], y) for n, y in outs.items() if n != "BN/full"]
-
-
-def gradient_gate(
-    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
-) -> list[str]:
-    """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
-    case = _case(opts, device, heads, d, seed, trail)
-
-    def grads(cell: str, x: Tensor, z: Tensor, dy: Tensor) -> Any:
-        return backend.forward_backward(*_given(trail, cell, x, z), case.w, dy, opts)
-
-    lines: list[str] = []
+def _by_cell(
+    backend: Backend, opts: OpOptions, case: Case, heads: int, seed: int, trail: Trail, grad: bool
+) -> tuple[list[str], dict[str, Tensor]]:
+    """Each cell's y (or dx and dz) in token order against `BN/full`'s, and the one-call cells' dweights."""
+    names = ("dx", "dz") if grad else ("y",)
     got: dict[str, dict[str, Tensor]] = {}
     dweights: dict[str, Tensor] = {}
     for cell in build_cells(seed):
-        mine = got[cell.name] = {t: torch.full_like(case.x, float("nan")) for t in ("dx", "dz")}
+        mine = got[cell.name] = {t: torch.full_like(case.x, float("nan")) for t in names}
         for tokens in cell.calls:
             rows = _rows_of(tokens, heads)
-            g = grads(cell.name, _gather(case.x, rows), _gather(case.z, rows), _gather(case.dy, rows))
+            x, z, dy = _given(trail, cell.name, *(_gather(t, rows) for t in (case.x, case.z, case.dy)))
+            if not grad:
+                _scatter(mine["y"], rows, backend.forward(x, z, case.w, opts))
+                continue
+            g = backend.forward_backward(x, z, case.w, dy, opts)
             _scatter(mine["dx"], rows, g.dx)
             if g.dz is not None:
                 _scatter(mine["dz"], rows, g.dz)
@@ -148,9 +131,23 @@ def gradient_gate(
                 if g.dw is None:
                     raise RuntimeError(f"{cell.name}: forward_backward returned no dweight")
                 dweights[cell.name] = g.dw.detach().to("cpu")
-        if cell.name != "BN/full":
-            lines += [format_line("bitwise", "BN/full", cell.name, t, got["BN/full"][t], mine[t]) for t in ("dx", "dz")]
+    full = got.pop("BN/full")
+    return [format_line("bitwise", "BN/full", n, t, full[t], o[t]) for n, o in got.items() for t in names], dweights
 
+
+def forward_gate(
+    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
+) -> list[str]:
+    """Every token's forward output bitwise equal across cells."""
+    return _by_cell(backend, opts, _case(opts, device, heads, d, seed, trail), heads, seed, trail, grad=False)[0]
+
+
+def gradient_gate(
+    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
+) -> list[str]:
+    """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
+    case = _case(opts, device, heads, d, seed, trail)
+    lines, dweights = _by_cell(backend, opts, case, heads, seed, trail, grad=True)
     full_dw = dweights["BN/full"]
     # the backend's dweight against the exact sum of single-row dweights: each row a fresh contiguous tensor in
     # canonical order, then each a one-row view into its chunk in B1/chunked order
@@ -159,7 +156,8 @@ def gradient_gate(
     chunks = [[_gather(t, _rows_of(tokens, heads)) for t in (case.x, case.z, case.dy)] for tokens in b1_chunked.calls]
     views = [tuple(t[i : i + 1] for t in chunk) for chunk in chunks for i in range(chunk[0].shape[0])]
     for name, cell, singles in (("full", "B1-singleton", fresh), ("chunked", "B1-singleton/chunked", views)):
-        dws = [grads(cell, *one).dw.detach().to("cpu", torch.float32) for one in singles]
+        dws = [backend.forward_backward(*_given(trail, cell, *one[:2]), case.w, one[2], opts).dw for one in singles]
+        dws = [dw.detach().to("cpu", torch.float32) for dw in dws]
         agg = exact_sum(torch.stack(dws), case.w.dtype).to(full_dw.dtype)
         lines.append(
             format_line("singleton_aggregate", "BN/full", f"B1-singleton_aggregate/{name}", "dweight", full_dw, agg)

@@ -40,8 +40,11 @@ _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 # sizes and counts (least 1) and seeds (least 0), each an int or a non-empty list of them
 _LEAST = dict.fromkeys("d dweight_rows sub_batches_rows sweep_n accuracy_rows agreement_rows timing_iters".split(), 1)
 _LEAST |= dict.fromkeys(["configurations_rows", "all_rows_sizes", "sub_batch_sizes", "sweep_sizes"], 1)
+_LEAST |= {"configurations_sizes": 1, "launch_rows": 1, "max_records": 0}  # the last two may be null
 _LEAST |= dict.fromkeys("dweight_seed accuracy_seed agreement_seed timing_warmup configurations_seed".split(), 0)
 _LEAST |= dict.fromkeys(["all_rows_seeds", "sub_batches_seeds", "sweep_seeds"], 0)
+# list -> the parameter its sizes may not exceed
+_TOP = {"sub_batch_sizes": "sub_batches_rows", "sweep_sizes": "sweep_n", "configurations_sizes": "configurations_rows"}
 
 
 def default_sweep_sizes(n: int = 4097) -> list[int]:
@@ -219,8 +222,9 @@ def _range_errors(p: Any) -> list[str]:
         value = getattr(p, name)
         if isinstance(value, list) and (not value or min(value) < least):
             bad(name, "a non-empty list of " + ("positive sizes" if least else "seeds >= 0"))
-        elif not isinstance(value, list) and value < least:
-            bad(name, "a positive int" if least else "an int >= 0")
+        elif isinstance(value, int) and value < least:
+            null = "null or " if type(None) in get_args(_HINTS[name]) else ""
+            bad(name, null + ("a positive int" if least else "an int >= 0"))
     if p.group_size is not None and (p.group_size <= 0 or p.d % p.group_size):
         bad("group_size", f"null or a positive divisor of d={p.d}")
     unknown("backends", ALL_BACKENDS)  # custom ones go in custom_backends
@@ -230,18 +234,11 @@ def _range_errors(p: Any) -> list[str]:
         if not _IMPORT_PATH_RE.match(spec):
             errors.append(f"custom_backends: expected 'package.module:attr', got {spec!r}")
     unknown("checks", ALL_CHECKS)
-    if any(s > p.sub_batches_rows for s in p.sub_batch_sizes):
-        bad("sub_batch_sizes", f"sizes no larger than sub_batches_rows={p.sub_batches_rows}")
-    if not p.configurations_sizes or any(not 0 < s <= p.configurations_rows for s in p.configurations_sizes):
-        bad("configurations_sizes", f"a non-empty list of sizes in 1..configurations_rows={p.configurations_rows}")
-    if any(s > p.sweep_n for s in p.sweep_sizes):
-        bad("sweep_sizes", f"sizes no larger than sweep_n={p.sweep_n}")
+    for name, top in _TOP.items():
+        if any(s > getattr(p, top) for s in getattr(p, name)):
+            bad(name, f"sizes no larger than {top}={getattr(p, top)}")
     if not p.sweep_probe_rows or any(not 0 <= r < p.sweep_n for r in p.sweep_probe_rows):
         bad("sweep_probe_rows", f"a non-empty list of rows in [0, sweep_n={p.sweep_n})")
-    if p.launch_rows is not None and p.launch_rows <= 0:
-        bad("launch_rows", "null or a positive int")
-    if p.max_records is not None and p.max_records < 0:
-        bad("max_records", "null or an int >= 0")
     if not p.backend_timeout_s > 0:
         bad("backend_timeout_s", "a positive number of seconds")
     return errors
@@ -263,10 +260,8 @@ def file_params(source: str | os.PathLike[str]) -> dict[str, Any]:
     """A parameter file's mapping, named after the file unless it says otherwise, and its path as titles show it
     (relative to the checkout when it lies inside it)."""
     path = _locate(source)
-    try:
-        label = str(path.resolve().relative_to(CHECKOUT)) if CHECKOUT is not None else str(path)
-    except ValueError:
-        label = str(path)
+    full = path.resolve()
+    label = str(full.relative_to(CHECKOUT)) if CHECKOUT is not None and full.is_relative_to(CHECKOUT) else str(path)
     return {"name": path.stem, **read_params_file(path), "params_file": label}
 
 

@@ -59,18 +59,16 @@ class RebuiltCase:
     tensor: str | None
     spec: dict[str, Any]
 
-    def run(self, backend: Backend, with_grad: bool | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    def run(self, backend: Backend) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """Recompute the comparison with `backend`: tensor -> (row inside `batch`, row inside `other`), on CPU
         (dweight records: "dweight" -> (first run, second run) of the same batch)."""
-        if with_grad is None:
-            with_grad = bool(getattr(backend, "has_backward", False))
         p, q, opts = self.position, self.other_position, self.opts
         if self.check == "dweight_repeatable":  # the same batch twice
             a, b = (backend.forward_backward(c.x, c.z, c.w, c.dy, opts) for c in (self.batch, self.batch))
             if a.dw is None or b.dw is None:
                 raise ValueError("backend: gave no dweight, so a dweight record cannot be recomputed with it")
             return {"dweight": (a.dw.detach().cpu(), b.dw.detach().cpu())}
-        if with_grad:
+        if backend.has_backward:
             gb, go = (backend.forward_backward(c.x, c.z, c.w, c.dy, opts) for c in (self.batch, self.other))
             out = {"y": (gb.y[p].detach().cpu(), go.y[q].detach().cpu()), "dx": (gb.dx[p].cpu(), go.dx[q].cpu())}
             if gb.dz is not None and go.dz is not None:

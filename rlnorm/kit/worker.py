@@ -1,12 +1,8 @@
-"""Everything about one backend, in a process of its own: a crash, a hang or a poisoned device stays with it.
+"""One backend's checks in a process of its own: a crash, a hang or a poisoned device stays with it.
 
-    python -m rlnorm.kit.worker JOB [--hold | --batch]        (JOB: the job as JSON text)
-
-The job's folder gets `result.json` (rewritten after every check, so what finished stands if the next one dies),
-`trail.json` (the batch being given, so a crash names its check and batch) and `agreement.pt`. `--hold` waits for
-`go` on stdin, so the next backend's imports overlap this one's checks; `--batch` gives one rebuilt batch
-(`run_batch`). A device left in an error state ends the worker (`EXIT_DEVICE_ERROR`): every later check would
-fail for that reason, not its own.
+`result.json` is rewritten after every check (what finished stands if the next one dies), `trail.json` names the
+batch being given (a crash names it). `--hold` lets the next backend import meanwhile; `--batch` gives one rebuilt
+batch (`run_batch`). A lost device ends the worker (`EXIT_DEVICE_ERROR`): every later check would fail for it.
 """
 
 from __future__ import annotations
