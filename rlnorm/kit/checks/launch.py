@@ -128,7 +128,10 @@ def _grid_rest(grid: Any, args: dict[str, Any]) -> dict[str, Any]:
             grid = grid(args)
         except Exception:
             return {}
-    grid = grid if isinstance(grid, (tuple, list)) else (grid,)
+    return _grid_axes(tuple(grid) if isinstance(grid, (tuple, list)) else (grid,))
+
+
+def _grid_axes(grid: Any) -> dict[str, Any]:
     return {f"grid[{i}]": g for i, g in enumerate(grid) if i > 0 and g != 1}
 
 
@@ -215,8 +218,20 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
             rec.add_triton(fn, names, bound, grid, extra, "launch_hook", name=fn_name)
 
         patch(CompiledKernel, "launch_metadata", launch_metadata)
-        knobs.runtime.launch_enter_hook.add(hook)  # a HookChain since Triton 3.5: other hooks stay
-        undo.append(lambda: knobs.runtime.launch_enter_hook.remove(hook))
+        chain = knobs.runtime.launch_enter_hook
+        if hasattr(chain, "add"):  # a HookChain
+            chain.add(hook)
+            undo.append(lambda: chain.remove(hook))
+        else:  # one optional callable: ours calls the one installed before it
+            before = chain
+
+            def both(lazy: Any) -> None:
+                hook(lazy)
+                if before is not None:
+                    before(lazy)
+
+            knobs.runtime.launch_enter_hook = both
+            undo.append(lambda: setattr(knobs.runtime, "launch_enter_hook", before))
     try:
         yield
     finally:
@@ -243,7 +258,7 @@ def _profiled(rec: _Recorder, fn: Any) -> None:
         a = e.get("args", {})
         grid, block = list(a.get("grid") or [1]), a.get("block")
         shared = a.get("shared memory", a.get("dynamic shared memory"))
-        params = {**_grid_rest(grid, {}), "block": tuple(block) if block else None, "shared": shared}
+        params = {**_grid_axes(grid), "block": tuple(block) if block else None, "shared": shared}
         name = " ".join(str(e.get("name", "?")).split())
         rec.add(name if len(name) <= 160 else name[:159] + "…", "profiler", params, [])
 
