@@ -17,6 +17,8 @@ from rlnorm.cli import notebook as cli_notebook
 from rlnorm.cli import runs
 from rlnorm.cli.plan import expand
 from rlnorm.kit import artifact
+from rlnorm.kit.artifact import RECORD_COLUMNS, write_artifact, write_records
+from rlnorm.kit.results import load_run
 
 SEED_REPORT = seed_report_path()
 
@@ -158,19 +160,6 @@ def test_place_keeps_the_old_run_when_the_swap_fails(tmp_path: Path, monkeypatch
     assert (run_dir / "old.txt").read_text() == "old"
 
 
-def test_validate_artifact_and_params(tmp_path: Path, capsys) -> None:
-    broken = json.loads(SEED_REPORT.read_text())
-    del broken["results"]
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(broken))
-    assert cli.main(["validate", str(bad)]) == 1
-    assert "results" in capsys.readouterr().err
-    for shipped in sorted((Path(__file__).parents[2] / "params").glob("*.yaml")):  # every shipped file loads
-        assert cli.main(["validate", str(shipped)]) == 0, shipped
-    assert cli.main(["validate", str(_params(tmp_path, sweep_n="4097"))]) == 1
-    assert "sweep_n: expected an int" in capsys.readouterr().err
-
-
 def test_a_run_that_appears_meanwhile_is_not_replaced(
     toy_notebook: Path, outputs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -200,26 +189,27 @@ def external_urls(page: str) -> list[str]:
     return tags + modules
 
 
-def _run_folder(outputs_dir: Path, created: str = "2026-12-05T00:00:00+00:00") -> Path:
-    """A run folder as a finished run leaves it: the seed report as its artifact, records, a page of this run."""
-    from rlnorm.kit.artifact import write_artifact, write_records
-    from rlnorm.kit.results import load_run
-
+def test_validate_takes_a_file_or_a_run_folder_and_finds_what_does_not_belong(tmp_path: Path, capsys) -> None:
+    for shipped in sorted((Path(__file__).parents[2] / "params").glob("*.yaml")):  # every shipped file loads
+        assert cli.main(["validate", str(shipped)]) == 0, shipped
+    assert cli.main(["validate", str(_params(tmp_path, sweep_n="4097"))]) == 1
+    assert "sweep_n: expected an int" in capsys.readouterr().err
+    # a run folder as a finished run leaves it: the seed report as its artifact, records, a page of this run
     run = load_run(SEED_REPORT)
-    run.schema_version, run.created_at, run.records, run.plots = "1", created, "records.csv", {}
-    folder = outputs_dir / "r"
+    run.schema_version, run.created_at, run.records, run.plots = "1", "2026-12-05T00:00:00+00:00", "records.csv", {}
+    folder = tmp_path / "r"
     folder.mkdir()
     write_artifact(run, folder / "rms_norm_gated_reuse_check.json")
     write_records([], folder / "records.csv")
-    (folder / "reuse_check.html").write_text(f"<html>created {created}</html>")
-    return folder
-
-
-def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir: Path, capsys) -> None:
-    folder = _run_folder(outputs_dir)
+    (folder / "reuse_check.html").write_text(f"<html>created {run.created_at}</html>")
     assert cli.main(["validate", str(folder)]) == 0, capsys.readouterr().err
     art = folder / "rms_norm_gated_reuse_check.json"
     good = art.read_text()
+    broken = json.loads(good)
+    del broken["results"]
+    art.write_text(json.dumps(broken))
+    assert cli.main(["validate", str(art)]) == 1
+    assert "results" in capsys.readouterr().err
     art.write_text(good.replace('"wall_time_s"', '"wall_time"', 1))  # a misspelled key: typing alone drops it
     assert cli.main(["validate", str(folder)]) == 1
     assert "'wall_time' was unexpected" in capsys.readouterr().err
@@ -228,8 +218,6 @@ def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir:
     assert cli.main(["validate", str(folder)]) == 1
     assert "reuse_check.html: written by another run than this artifact" in capsys.readouterr().err
     (folder / "reuse_check.html").unlink()
-    from rlnorm.kit.artifact import RECORD_COLUMNS
-
     (folder / "records.csv").write_text("backend,check\nfla_fused_norm_gate,all_rows\n")
     assert cli.main(["validate", str(folder)]) == 1
     assert "records.csv: cannot be read" in capsys.readouterr().err
