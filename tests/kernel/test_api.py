@@ -179,7 +179,7 @@ def test_eps_zero_backward_keeps_finite_rows_and_a_zero_row_makes_dweight_nan():
 
 @pytest.mark.parametrize(
     ("rows", "opts"),
-    [(1, OpOptions()), (7, OpOptions(group_size=32)), (63, OpOptions(norm_before_gate=False, activation="sigmoid"))],
+    [(1, OpOptions()), (63, OpOptions(group_size=32, norm_before_gate=False, activation="sigmoid"))],
 )
 def test_no_weight_is_bitwise_a_weight_of_ones_and_gives_no_dweight(rows, opts):
     c = make_case(rows, 128, seed=rows + 1)
