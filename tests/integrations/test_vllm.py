@@ -36,8 +36,7 @@ def test_importing_the_plugin_imports_no_vllm() -> None:
 @slow
 def test_installing_is_not_switching_on_and_vllms_plugin_loader_switches_it_on(vllm_facts: Any) -> None:
     f = vllm_facts("switched")
-    assert f["unset"] == f["zero"] == "RMSNormGated" and not f["registered_before"]
-    assert f["typo"].startswith("RLNORM_VLLM: expected 1")
+    assert f["unset"] == "RMSNormGated" and not f["registered_before"]
     # the entry point pyproject declares, as vLLM's loader finds it
     assert ENTRY in f["found"]
     assert f["class"] == "rlnorm.integrations.vllm_layer.RlnormRMSNormGated" and f["registered"]
