@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-from fractions import Fraction
-
 import pytest
 import torch
 
 from rlnorm.numerics import exact_sum, ordered_int, round_once, round_to_odd_fp32, ulp_distance
-
-
-def _neighbours(r: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    view = torch.int16 if r.element_size() == 2 else torch.int32
-    bits = r.view(view)
-    return (bits + 1).view(r.dtype), (bits - 1).view(r.dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -21,7 +13,7 @@ def test_round_once_is_nearest_even(dtype: torch.dtype) -> None:
     g = torch.Generator().manual_seed(3)
     y = torch.randn(50_000, dtype=torch.float64, generator=g) * 3
     r = round_once(y, dtype)
-    up, dn = _neighbours(r)
+    up, dn = (r.view(torch.int16) + 1).view(dtype), (r.view(torch.int16) - 1).view(dtype)
     err = (r.double() - y).abs()
     assert bool((err <= (up.double() - y).abs()).all())
     assert bool((err <= (dn.double() - y).abs()).all())
@@ -53,36 +45,6 @@ def test_ulp_distance_counts_representable_values() -> None:
     assert d[4].item() == torch.iinfo(torch.int64).max
     with pytest.raises(TypeError, match="b: expected dtype"):
         ulp_distance(a, b.float())
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_exact_sum_matches_fractions_over_wide_ranges(dtype: torch.dtype) -> None:
-    g = torch.Generator().manual_seed(4)
-    v = torch.randn(257, 7, generator=g) * torch.exp2(torch.randint(-140, 100, (257, 7), generator=g).float())
-    v[:, 5] = torch.tensor([1e-45, -1e-45] * 128 + [1e-45])  # subnormals
-    v[:3, 6] = torch.tensor([3e38, -3e38, 2.0**-100])  # heavy cancellation leaves the tiny value
-    v[3:, 6] = 0
-    got = exact_sum(v.float(), dtype)
-    for j in range(v.shape[1]):
-        exact = sum(Fraction(float(a)) for a in v[:, j].tolist())
-        r = got[j : j + 1]
-        if not torch.isfinite(r).all():  # overflow: only right if the exact sum is beyond the largest finite
-            assert abs(exact) > torch.finfo(dtype).max
-            continue
-        err = abs(Fraction(float(r.item())) - exact)
-        for nb in _neighbours(r):
-            if torch.isfinite(nb).all():
-                assert err <= abs(Fraction(float(nb.item())) - exact), (j, dtype)
-    assert got[6].item() == torch.tensor(2.0**-100, dtype=torch.float32).to(dtype).item()
-
-
-def test_exact_sum_is_order_independent_where_a_float_fold_is_not() -> None:
-    v = torch.tensor([[1.0], [2.0**-24], [2.0**-24], [-1.0]], dtype=torch.float32)
-    fwd = float(v[0, 0] + v[1, 0] + v[2, 0] + v[3, 0])
-    assert fwd != float(v[1, 0] + v[2, 0] + v[0, 0] + v[3, 0])  # float32 addition is not associative
-    a = exact_sum(v)
-    b = exact_sum(v[[1, 2, 0, 3]])
-    assert torch.equal(a, b) and a.item() == 2.0**-23
 
 
 def test_exact_sum_rejects_bad_input() -> None:

@@ -8,6 +8,7 @@ starts with the plugin unregistered and RLNORM_VLLM unset; vLLM's batch-invarian
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import itertools
 import json
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import traceback
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -200,12 +201,8 @@ def dispatch(archive: str) -> dict[str, Any]:
 # -- rlnorm's vLLM plugin (tests/integrations/test_vllm.py, test_stack_pairs.py) -------------------------------------
 def rows(n: int = 37, seed: int = 4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x with mean squares from far above eps to far below, z, and a weight."""
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.pow(2.0, -(torch.arange(n) % 16).float())[:, None]
-    x = (2 * torch.randn(n, D, generator=g) * scale).to(torch.bfloat16)
-    z = torch.randn(n, D, generator=g).to(torch.bfloat16)
-    w = (1 + 0.1 * torch.randn(D, generator=g)).to(torch.bfloat16)
-    return x, z, w
+    c = make_case(n, D, seed=seed)
+    return c.x * torch.pow(2.0, -(torch.arange(n) % 16))[:, None].to(torch.bfloat16), c.z, c.w
 
 
 def build(custom_ops: list[str] | None = None, w: torch.Tensor | None = None, **kwargs: Any) -> Any:
@@ -231,9 +228,19 @@ def expected(x: torch.Tensor, z: torch.Tensor, w: torch.Tensor, layer: Any) -> t
     return rlnorm.rms_norm_gated(x, z, w, **{name: getattr(layer, name) for name in names})
 
 
-def wrong_eps(self: Any, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
-    """Planted: keeps rlnorm's default eps whatever the layer's."""
-    return rms_norm_gated_op(x, z, self.weight, 1e-6, self.group_size, self.norm_before_gate, self.activation)
+@contextlib.contextmanager
+def wrong_eps() -> Iterator[None]:
+    """Planted: rlnorm's layer keeps rlnorm's default eps whatever the layer's."""
+    from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
+
+    def call(self: Any, x: torch.Tensor, z: torch.Tensor | None = None) -> torch.Tensor:
+        return rms_norm_gated_op(x, z, self.weight, 1e-6, self.group_size, self.norm_before_gate, self.activation)
+
+    saved, RlnormRMSNormGated._rlnorm = RlnormRMSNormGated._rlnorm, call
+    try:
+        yield
+    finally:
+        RlnormRMSNormGated._rlnorm = saved
 
 
 def raised(fn: Callable[[], Any], kind: type[Exception]) -> str | None:
@@ -251,13 +258,8 @@ def switched(archive: str) -> dict[str, Any]:
 
     import vllm.plugins
 
-    plugin.register_plugin()  # RLNORM_VLLM unset, as each section starts
-    out: dict[str, Any] = {"unset": type(build()).__qualname__}
-    os.environ[plugin.ENV] = "0"
-    plugin.register_plugin()
-    out["zero"] = type(build()).__qualname__
-    os.environ[plugin.ENV] = "yes"
-    out |= {"typo": raised(plugin.register_plugin, ValueError), "registered_before": plugin.is_registered()}
+    plugin.register_plugin()  # RLNORM_VLLM unset, as each section starts; its other values: test_vllm.py
+    out = {"unset": type(build()).__qualname__, "registered_before": plugin.is_registered()}
     with tempfile.TemporaryDirectory() as tmp:
         dist = Path(tmp) / "rlnorm_plugin_probe-0.0.dist-info"
         dist.mkdir()
@@ -282,12 +284,18 @@ def switched(archive: str) -> dict[str, Any]:
 
 @section
 def instantiated_and_dispatched(archive: str) -> dict[str, Any]:
+    """Each custom_ops setting with other layer options (vLLM's constructor defaults first): every method's bits."""
     plugin.register()
     x, z, w = rows()
     out: dict[str, Any] = {}
     methods = ("forward_native", "forward_cuda", "forward_cpu", "forward_hip", "forward_xpu", "forward_oot")
-    for ops in (["all"], ["none"], ["none", "+rms_norm_gated"]):
-        layer = build(ops, w, eps=1e-5, group_size=16, norm_before_gate=False, activation="sigmoid")
+    cases = (
+        (["all"], {}),
+        (["none"], {"eps": 1e-6, "norm_before_gate": True, "activation": "silu"}),
+        (["none", "+rms_norm_gated"], {"eps": 1e-3, "group_size": 8, "activation": "sigmoid"}),
+    )
+    for ops, options in cases:
+        layer = build(ops, w, **options)
         ref = expected(x, z, w, layer)
         with torch.inference_mode():  # as vLLM's model runner calls the model
             y = layer(x, z)
@@ -298,8 +306,12 @@ def instantiated_and_dispatched(archive: str) -> dict[str, Any]:
             "dispatched": layer._forward_method.__name__,
             "differing": differing(y, ref),
             "every_method_differing": every,
+            "differing_from_rlnorm_defaults": differing(y, rlnorm.rms_norm_gated(x, z, w)),
             "options": [layer.eps, layer.group_size, layer.norm_before_gate, layer.activation],
         }
+    with wrong_eps(), torch.inference_mode():
+        layer = build(None, w, eps=1e-5)
+        out["planted_differing"] = differing(layer(x, z), expected(x, z, w, layer))
     return out
 
 
@@ -339,33 +351,6 @@ def compiled(archive: str) -> dict[str, Any]:
 
 
 @section
-def layer_options_not_defaults(archive: str) -> dict[str, Any]:
-    from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
-
-    plugin.register()
-    x, z, w = rows()
-    out: dict[str, Any] = {}
-    choices = [{}, {"eps": 1e-6, "norm_before_gate": True, "activation": "silu"}, {"eps": 1e-3, "group_size": 8}]
-    for i, options in enumerate(choices):
-        layer = build(None, w, **options)
-        with torch.no_grad():
-            y = layer.forward_native(x, z)
-        out[str(i)] = {
-            "options": [layer.eps, layer.group_size, layer.norm_before_gate, layer.activation],
-            "differing": differing(y, expected(x, z, w, layer)),
-            "differing_from_rlnorm_defaults": differing(y, rlnorm.rms_norm_gated(x, z, w)),
-        }
-    RlnormRMSNormGated._rlnorm, saved = wrong_eps, RlnormRMSNormGated._rlnorm
-    try:
-        layer = build(None, w, eps=1e-5)
-        with torch.inference_mode():
-            out["planted_differing"] = differing(layer(x, z), expected(x, z, w, layer))
-    finally:
-        RlnormRMSNormGated._rlnorm = saved
-    return out
-
-
-@section
 def refused(archive: str) -> dict[str, Any]:
     from vllm.model_executor.custom_op import op_registry_oot
     from vllm.model_executor.layers.layernorm import RMSNormGated
@@ -384,18 +369,14 @@ def refused(archive: str) -> dict[str, Any]:
 
 @section
 def stack_pairs_check(archive: str) -> dict[str, Any]:
-    from rlnorm.integrations.vllm_layer import RlnormRMSNormGated
     from rlnorm.kit.checks.stack_pairs import QWEN3_NEXT_OPTIONS, pair_by_name, run_pair
 
     def pair(name: str, eps: float) -> dict[str, Any]:
         return run_pair(pair_by_name(name), d=D, rows=40, opts=OpOptions(eps=eps, **QWEN3_NEXT_OPTIONS))
 
     out = {f"{n}@{e:.0e}": pair(n, e) for n in ("rlnorm_patched", "stock_unpatched") for e in (1e-6, 1e-5)}
-    RlnormRMSNormGated._rlnorm, saved = wrong_eps, RlnormRMSNormGated._rlnorm
-    try:
+    with wrong_eps():
         out["planted"] = pair("rlnorm_patched", 1e-5)
-    finally:
-        RlnormRMSNormGated._rlnorm = saved
     return out | {"registered_after": plugin.is_registered()}
 
 

@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from benchmarks import run, runner
 from benchmarks.variants import VariantBackend, VariantError, parse_variant, parse_variants
 from rlnorm.inputs import make_case

@@ -36,16 +36,10 @@ def params_file(tmp_path: Path, stem: str, **values: object) -> str:
     return str(f)
 
 
-@pytest.fixture(scope="module")
-def matrix(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
-    tmp = tmp_path_factory.mktemp("matrix")
-    f = params_file(tmp, "grid", checks=ROW_CHECKS)  # accuracy_latency only times
-    out = rlnorm("run", f, "-p", "activation", "[silu, sigmoid]", "--outputs", str(tmp / "o"), "--jobs", "2")
-    return out, tmp / "o" / "grid"
-
-
-def test_a_matrix_runs_its_combinations_in_parallel_and_writes_an_index(matrix) -> None:
-    proc, grid = matrix
+def test_a_matrix_runs_its_combinations_in_parallel_and_its_index_is_rebuilt_from_the_folders(tmp_path: Path) -> None:
+    f = params_file(tmp_path, "grid", checks=ROW_CHECKS)  # accuracy_latency only times
+    proc = rlnorm("run", f, "-p", "activation", "[silu, sigmoid]", "--outputs", str(tmp_path / "o"), "--jobs", "2")
+    grid = tmp_path / "o" / "grid"
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted(p.name for p in grid.iterdir() if p.is_dir())
     assert runs == ["activation-sigmoid", "activation-silu"]
@@ -58,13 +52,8 @@ def test_a_matrix_runs_its_combinations_in_parallel_and_writes_an_index(matrix) 
     assert "2 at a time" in proc.stderr and "[2/2]" in proc.stderr, "progress across runs"
     assert "\r" not in proc.stderr and "\x1b[" not in proc.stderr, "a log, not a terminal: lines, no redrawn bars"
     assert "IPKernelApp" not in proc.stderr
-
-
-def test_the_index_command_rebuilds_it_from_gathered_folders(matrix, tmp_path: Path) -> None:
-    """As after a cluster's array tasks: the run folders gathered, the index built from them."""
-    _, grid = matrix
-    runs = sorted(str(p) for p in grid.iterdir() if p.is_dir())
-    assert cli.main(["index", *runs, "--out", str(tmp_path / "idx")]) == 0
+    # as after a cluster's array tasks: the run folders gathered, the index built from them
+    assert cli.main(["index", *(str(grid / r) for r in runs), "--out", str(tmp_path / "idx")]) == 0
     assert len(pd.read_csv(tmp_path / "idx" / SUMMARY_FILE)) == 2
     assert (tmp_path / "idx" / INDEX_FILE).read_text().count("<tr>") == 1 + 2, "a header and a line per run"
 

@@ -17,6 +17,8 @@ from rlnorm.cli import notebook as cli_notebook
 from rlnorm.cli import runs
 from rlnorm.cli.plan import expand
 from rlnorm.kit import artifact
+from rlnorm.kit.artifact import RECORD_COLUMNS, write_artifact, write_records
+from rlnorm.kit.results import load_run
 
 SEED_REPORT = seed_report_path()
 
@@ -56,12 +58,6 @@ def _params(tmp_path: Path, **values: object) -> Path:
     f = tmp_path / "p.yaml"
     f.write_text(yaml.safe_dump({"name": "tiny", "device": "cpu", "progress": False, **values}))
     return f
-
-
-def _combo(tmp_path: Path, outputs_dir: Path, **values: object):
-    """The one run a tiny parameter file makes, as the command line plans it."""
-    (run,) = expand([str(_params(tmp_path, **values))], outputs=outputs_dir).runs
-    return run
 
 
 def test_refuses_to_overwrite_an_existing_run(tmp_path: Path, outputs_dir: Path, capsys) -> None:
@@ -114,23 +110,31 @@ def test_a_run_places_a_readable_folder_with_an_offline_page(
     assert len(external_urls(page + planted)) == 2, "the check sees a planted one"
 
 
-def test_failing_cell_is_named_and_the_partial_notebook_written(
-    toy_notebook: Path, tmp_path: Path, outputs_dir: Path, capsys
+@pytest.mark.parametrize(
+    ("failure", "said", "errors"),
+    [
+        ('raise RuntimeError("planted failure")', "failed: RuntimeError: planted failure", ["planted failure"]),
+        ("os._exit(9)", "did not finish", []),  # a kernel that dies, as an out-of-memory kill does
+    ],
+)
+def test_a_failing_or_dead_cell_is_named_and_the_partial_notebook_written(
+    failure: str, said: str, errors: list[str], toy_notebook: Path, tmp_path: Path, outputs_dir: Path, capsys
 ) -> None:
     (outputs_dir / "tiny").mkdir()
     (outputs_dir / "tiny" / "old.txt").write_text("an older run")
     # the failure planted, forced over the older run
-    toy_notebook.write_text(toy_notebook.read_text().replace("explode = False", "explode = True"))
+    planted = toy_notebook.read_text().replace("explode = False", "explode = True")
+    toy_notebook.write_text(planted.replace('raise RuntimeError("planted failure")', failure))
     rc = cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--force", "--no-progress"])
     err = capsys.readouterr().err
     assert rc == runs.EXIT_CELL_FAILED
-    # 5: papermill's injected cell counts
-    assert "cell 5 'Explode on request' failed: RuntimeError: planted failure" in err
+    assert f"cell 5 'Explode on request' {said}" in err  # 5: papermill's injected cell counts
     executed = outputs_dir / "tiny" / "reuse_check.ipynb"
     assert str(executed) in err
     nb = nbformat.read(executed, as_version=4)
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
-    assert len(errors) == 1 and errors[0].evalue == "planted failure"
+    assert [
+        o.evalue for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"
+    ] == errors
     assert (outputs_dir / "tiny" / "result.txt").exists(), "cells before the failure ran"
     assert (outputs_dir / "tiny" / "reuse_check.html").exists()
     assert not (outputs_dir / "tiny" / "old.txt").exists(), "the old run was swapped out whole"
@@ -156,29 +160,6 @@ def test_place_keeps_the_old_run_when_the_swap_fails(tmp_path: Path, monkeypatch
     assert (run_dir / "old.txt").read_text() == "old"
 
 
-def test_validate_artifact_and_params(tmp_path: Path, capsys) -> None:
-    broken = json.loads(SEED_REPORT.read_text())
-    del broken["results"]
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps(broken))
-    assert cli.main(["validate", str(bad)]) == 1
-    assert "results" in capsys.readouterr().err
-    for shipped in sorted((Path(__file__).parents[2] / "params").glob("*.yaml")):  # every shipped file loads
-        assert cli.main(["validate", str(shipped)]) == 0, shipped
-    assert cli.main(["validate", str(_params(tmp_path, sweep_n="4097"))]) == 1
-    assert "sweep_n: expected an int" in capsys.readouterr().err
-
-
-def test_a_dead_kernel_names_the_cell_and_keeps_the_partial_notebook(toy_notebook: Path, outputs_dir: Path) -> None:
-    """A kernel that dies (here: os._exit, as an out-of-memory kill would) is a failure of that cell too."""
-    toy_notebook.write_text(toy_notebook.read_text().replace('raise RuntimeError("planted failure")', "os._exit(9)"))
-    toy_notebook.write_text(toy_notebook.read_text().replace("explode = False", "explode = True"))
-    out = runs.run_one(_combo(outputs_dir.parent, outputs_dir), force=False, progress=False)
-    assert out.code == runs.EXIT_CELL_FAILED and "cell 5 'Explode on request' did not finish" in out.message
-    assert (outputs_dir / "tiny" / "reuse_check.ipynb").exists()
-    assert (outputs_dir / "tiny" / "result.txt").exists()
-
-
 def test_a_run_that_appears_meanwhile_is_not_replaced(
     toy_notebook: Path, outputs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,7 +173,8 @@ def test_a_run_that_appears_meanwhile_is_not_replaced(
         return real_render(executed, html, title)
 
     monkeypatch.setattr(cli_notebook, "render_html", render_then_race)
-    out = runs.run_one(_combo(outputs_dir.parent, outputs_dir), force=False, progress=False)
+    (run,) = expand([str(_params(outputs_dir.parent))], outputs=outputs_dir).runs
+    out = runs.run_one(run, force=False, progress=False)
     assert out.code == runs.EXIT_EXISTS and "appeared while this run was going" in out.message
     assert (run_dir / "first.txt").read_text() == "first"
     staged = [p for p in outputs_dir.iterdir() if p.name.startswith(".tiny.partial-")]
@@ -207,26 +189,27 @@ def external_urls(page: str) -> list[str]:
     return tags + modules
 
 
-def _run_folder(outputs_dir: Path, created: str = "2026-12-05T00:00:00+00:00") -> Path:
-    """A run folder as a finished run leaves it: the seed report as its artifact, records, a page of this run."""
-    from rlnorm.kit.artifact import write_artifact, write_records
-    from rlnorm.kit.results import load_run
-
+def test_validate_takes_a_file_or_a_run_folder_and_finds_what_does_not_belong(tmp_path: Path, capsys) -> None:
+    for shipped in sorted((Path(__file__).parents[2] / "params").glob("*.yaml")):  # every shipped file loads
+        assert cli.main(["validate", str(shipped)]) == 0, shipped
+    assert cli.main(["validate", str(_params(tmp_path, sweep_n="4097"))]) == 1
+    assert "sweep_n: expected an int" in capsys.readouterr().err
+    # a run folder as a finished run leaves it: the seed report as its artifact, records, a page of this run
     run = load_run(SEED_REPORT)
-    run.schema_version, run.created_at, run.records, run.plots = "1", created, "records.csv", {}
-    folder = outputs_dir / "r"
+    run.schema_version, run.created_at, run.records, run.plots = "1", "2026-12-05T00:00:00+00:00", "records.csv", {}
+    folder = tmp_path / "r"
     folder.mkdir()
     write_artifact(run, folder / "rms_norm_gated_reuse_check.json")
     write_records([], folder / "records.csv")
-    (folder / "reuse_check.html").write_text(f"<html>created {created}</html>")
-    return folder
-
-
-def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir: Path, capsys) -> None:
-    folder = _run_folder(outputs_dir)
+    (folder / "reuse_check.html").write_text(f"<html>created {run.created_at}</html>")
     assert cli.main(["validate", str(folder)]) == 0, capsys.readouterr().err
     art = folder / "rms_norm_gated_reuse_check.json"
     good = art.read_text()
+    broken = json.loads(good)
+    del broken["results"]
+    art.write_text(json.dumps(broken))
+    assert cli.main(["validate", str(art)]) == 1
+    assert "results" in capsys.readouterr().err
     art.write_text(good.replace('"wall_time_s"', '"wall_time"', 1))  # a misspelled key: typing alone drops it
     assert cli.main(["validate", str(folder)]) == 1
     assert "'wall_time' was unexpected" in capsys.readouterr().err
@@ -235,8 +218,6 @@ def test_validate_takes_a_run_folder_and_finds_what_does_not_belong(outputs_dir:
     assert cli.main(["validate", str(folder)]) == 1
     assert "reuse_check.html: written by another run than this artifact" in capsys.readouterr().err
     (folder / "reuse_check.html").unlink()
-    from rlnorm.kit.artifact import RECORD_COLUMNS
-
     (folder / "records.csv").write_text("backend,check\nfla_fused_norm_gate,all_rows\n")
     assert cli.main(["validate", str(folder)]) == 1
     assert "records.csv: cannot be read" in capsys.readouterr().err

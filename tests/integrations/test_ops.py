@@ -9,15 +9,14 @@ import pytest
 import torch
 
 import rlnorm
+from rlnorm.inputs import make_case
 from rlnorm.integrations.ops import rms_norm_gated_op
 from rlnorm.reference import rms_norm_gated_reference
 
 
-def _rows(n: int, d: int = 32, seed: int = 6) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    x = (2 * torch.randn(n, d, generator=g)).to(torch.bfloat16)
-    z = torch.randn(n, d, generator=g).to(torch.bfloat16)
-    return x, z, (1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16)
+def _rows(n: int, d: int = 32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    c = make_case(n, d, seed=6)
+    return c.x, c.z, c.w
 
 
 OPTIONS = [
@@ -31,10 +30,8 @@ OPTIONS = [
 def test_the_op_is_rlnorm_bitwise(eps: float, group_size: int | None, norm_before_gate: bool, activation: str) -> None:
     x, z, w = _rows(7)
     y = torch.ops.rlnorm.rms_norm_gated(x, z, w, eps, group_size, norm_before_gate, activation)
-    ref = rlnorm.rms_norm_gated(
-        x, z, w, eps=eps, group_size=group_size, norm_before_gate=norm_before_gate, activation=activation
-    )
-    assert torch.equal(y, ref)
+    opts = {"group_size": group_size, "norm_before_gate": norm_before_gate, "activation": activation}
+    assert torch.equal(y, rlnorm.rms_norm_gated(x, z, w, eps=eps, **opts))
     assert torch.equal(
         torch.ops.rlnorm.rms_norm_gated(x, None, w, eps, None, True, "silu"), rlnorm.rms_norm_gated(x, None, w, eps=eps)
     )

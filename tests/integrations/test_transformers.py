@@ -11,6 +11,7 @@ from conftest import IN_CI, require
 from torch import nn
 
 import rlnorm
+from rlnorm.inputs import make_case
 from rlnorm.integrations.qwen3_next import tiny_config, torch_delta_rule
 from rlnorm.integrations.transformers import (
     Replacements,
@@ -151,14 +152,12 @@ def test_state_dict_and_weight_are_kept_and_undo_puts_the_originals_back(tiny_mo
 def test_bf16_outputs_move_by_at_most_two_ulps_from_transformers_eager() -> None:
     # transformers rounds three times in bf16, rlnorm once: a patched bf16 run does not reproduce an unpatched one
     holder = nn.Sequential(Qwen3NextRMSNormGated(32).to(torch.bfloat16))
-    g = torch.Generator().manual_seed(5)
-    x = (2 * torch.randn(257, 32, generator=g)).to(torch.bfloat16)
-    z = torch.randn(257, 32, generator=g).to(torch.bfloat16)
+    c = make_case(257, 32, seed=5)
     with torch.no_grad():
-        holder[0].weight.copy_(1 + 0.1 * torch.randn(32, generator=g))
-        eager = holder[0](x, z)
+        holder[0].weight.copy_(c.w)
+        eager = holder[0](c.x, c.z)
         apply_rlnorm(holder)
-        ours = holder[0](x, z)
+        ours = holder[0](c.x, c.z)
     ulps = ulp_distance(eager, ours)
     assert int(ulps.max()) <= 2
     assert 0.2 < float((ulps > 0).double().mean()) < 0.5  # about a third of the outputs move
@@ -181,10 +180,10 @@ def test_other_gated_norms_are_replaced_with_their_eps(module: str) -> None:
     assert getattr(new, "variance_epsilon", getattr(new, "eps", None)) == 1e-5
 
 
-def _rows(rows: int, d: int, seed: int = 7, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.pow(2.0, -(torch.arange(rows) % 12).float())[:, None]  # mean squares around and below eps
-    return (2 * torch.randn(rows, d, generator=g) * scale).to(dtype), torch.randn(rows, d, generator=g).to(dtype)
+def _rows(rows: int, d: int, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+    c = make_case(rows, d, seed=7, dtype=dtype)
+    scale = torch.pow(2.0, -(torch.arange(rows) % 12))[:, None].to(dtype)  # mean squares around and below eps
+    return c.x * scale, c.z
 
 
 @pytest.mark.parametrize(

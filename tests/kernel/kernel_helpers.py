@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-import rlnorm  # noqa: F401  (sets TRITON_INTERPRET=1 without a GPU)
 from rlnorm.kernel._bwd import rms_norm_gated_bwd
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from rlnorm.kernel.api import rms_norm_gated

@@ -32,20 +32,14 @@ def _ulp32(v: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(v), e - 24)
 
 
-def _just_below_midpoint(ref64: torch.Tensor) -> torch.Tensor:
-    """Elements whose exact magnitude lies within one fp32 ulp below a bf16 rounding midpoint."""
-    t = ref64.abs() / _ulp32(ref64)  # the exact value in fp32 ulps, in [2**23, 2**24)
-    below = 32768 - torch.remainder(t, 65536)
-    return (below > 0) & (below <= 1) & torch.isfinite(ref64) & (ref64 != 0)
-
-
 def _selected_rows(d: int, opts: OpOptions, has_z: bool, wdtype: torch.dtype, seed: int, want: int = 3):
     """Rows of standard data holding an element just below a midpoint (about one element in 65536)."""
     rows = max(8, (1 << 19) // d)
     c = make_case(rows, d, seed=seed, weight_dtype=wdtype)
     z = c.z if has_z else None
     ref64 = gated_rmsnorm_math(c.x, z, c.w, opts, torch.float64)
-    hit = _just_below_midpoint(ref64)
+    below = 32768 - torch.remainder(ref64.abs() / _ulp32(ref64), 65536)  # fp32 ulps up to the next bf16 midpoint
+    hit = (below > 0) & (below <= 1) & torch.isfinite(ref64) & (ref64 != 0)  # within one fp32 ulp below a midpoint
     idx = hit.any(dim=1).nonzero().flatten()[:want]
     assert idx.numel() > 0, "no row with an element just below a midpoint: draw more rows"
     return c.x[idx], None if z is None else z[idx], c.w, ref64[idx], hit[idx]

@@ -57,6 +57,12 @@ def check_exact(values: torch.Tensor, **cut) -> None:
         assert_same(finalize(counters, dtype), oracle(values, dtype), f"{dtype}, {cut}")
 
 
+def check_exact_sum(values: torch.Tensor) -> None:
+    """The other yardstick, `rlnorm.numerics.exact_sum`, gives the oracle's bits too."""
+    for dtype in DTYPES:
+        assert_same(exact_sum(values, dtype), oracle(values, dtype), f"exact_sum, {dtype}")
+
+
 def wide_values(rows: int, cols: int, seed: int, lo: int = -149, hi: int = 126) -> torch.Tensor:
     """fp32 values whose exponents are spread over [lo, hi] (subnormals included when lo < -126)."""
     g = torch.Generator().manual_seed(seed)
@@ -68,8 +74,7 @@ def wide_values(rows: int, cols: int, seed: int, lo: int = -149, hi: int = 126) 
 
 def test_wide_exponent_range_is_exact():
     v = wide_values(45, 24, seed=1)
-    for dtype in DTYPES:
-        assert_same(oracle(v, dtype), exact_sum(v, dtype), f"the two yardsticks, {dtype}")
+    check_exact_sum(v)
     for cut in CUTS:
         check_exact(v, **cut)
 
@@ -85,6 +90,7 @@ def test_subnormal_values_and_results():
     v[:, 5] = torch.tensor([1e-39, -1e-39] * 16 + [2e-40], dtype=torch.float32)  # bf16-subnormal result
     assert (v.abs() < torch.finfo(torch.float32).tiny).all()
     check_exact(v)
+    check_exact_sum(v)
 
 
 def test_heavy_cancellation_is_exact_and_defeats_float_sums():
@@ -94,6 +100,7 @@ def test_heavy_cancellation_is_exact_and_defeats_float_sums():
     v = torch.cat([big, small, -big])[torch.randperm(61, generator=g)]  # the big ones cancel exactly
     assert_same(oracle(v, torch.float32), small[0])
     check_exact(v)
+    check_exact_sum(v)
     # planted fault: a float sum in the same data loses the residual, so this data can catch one
     assert not torch.equal(v.sum(0), small[0])
 
@@ -109,6 +116,8 @@ def test_overflow_only_when_the_exact_sum_overflows():
     assert exact_column_sum(w, torch.bfloat16)[:2].tolist() == [math.inf, bmax]
     assert exact_column_sum(w, torch.float16)[2:].tolist() == [math.inf, 65504.0]
     check_exact(w)
+    check_exact_sum(v)
+    check_exact_sum(w)
 
 
 def test_nan_and_inf_give_the_ieee_answer_and_stay_in_their_column():

@@ -19,35 +19,25 @@ from rlnorm.options import OpOptions
 
 
 @triton.jit
-def _round32_kernel(x_ptr, y_ptr, n, PLAIN_CAST: tl.constexpr, BLOCK: tl.constexpr):
+def _convert_kernel(x_ptr, y_ptr, n, OP: tl.constexpr, INTERP: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < n
     v = tl.load(x_ptr + offs, mask=m)
-    if PLAIN_CAST:
+    if OP == "cast":
         out = v.to(y_ptr.dtype.element_ty)  # the interpreter truncates this one
-    else:
+    elif OP == "round32":
         out = round_fp32_to_out(v, y_ptr.dtype.element_ty)
+    elif OP == "round64":
+        out = round_fp64_to_out(v, y_ptr.dtype.element_ty)
+    else:
+        out = widen_fast(v, INTERP, ASM)
     tl.store(y_ptr + offs, out, mask=m)
 
 
-@triton.jit
-def _round64_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(y_ptr + offs, round_fp64_to_out(tl.load(x_ptr + offs, mask=m), y_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _widen_kernel(x_ptr, y_ptr, n, INTERP: tl.constexpr, ASM: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < n
-    tl.store(y_ptr + offs, widen_fast(tl.load(x_ptr + offs, mask=m), INTERP, ASM), mask=m)
-
-
-def launch(kernel, v: torch.Tensor, dtype: torch.dtype, **kw) -> torch.Tensor:
-    """One of the kernels above over the 1-D `v`, into a new tensor of `dtype` on v's device."""
+def launch(op: str, v: torch.Tensor, dtype: torch.dtype, asm: bool = False) -> torch.Tensor:
+    """`_convert_kernel`'s `op` over the 1-D `v`, into a new tensor of `dtype` on v's device."""
     y = torch.empty(v.shape, dtype=dtype, device=v.device)
-    kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), BLOCK=4096, **kw)
+    _convert_kernel[(triton.cdiv(v.numel(), 4096),)](v, y, v.numel(), OP=op, INTERP=not asm, ASM=asm, BLOCK=4096)
     return y
 
 
@@ -61,7 +51,7 @@ def test_widen_fast_is_exact_for_every_16_bit_pattern(dtype, on_gpu):
     # does, NaN to NaN (payloads of signalling fp16 NaNs differ between conversions)
     dev = "cuda" if on_gpu else "cpu"
     v = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype).to(dev)
-    assert same(launch(_widen_kernel, v, FP32, INTERP=not on_gpu, ASM=on_gpu), v.float())
+    assert same(launch("widen", v, FP32, asm=on_gpu), v.float())
 
 
 @pytest.mark.parametrize("dtype", [BF16, FP16])
@@ -74,9 +64,9 @@ def test_round_fp32_matches_torch_round_to_nearest_even(dtype):
     ties = torch.randn(4000, generator=g).to(BF16).float().view(torch.int32) | 0x8000  # bf16 values' midpoints
     parts = [random_bits.view(FP32), torch.randn(20000, generator=g) * 1e-5, torch.randn(20000, generator=g) * 6e4]
     v = torch.cat([*parts, ties.view(FP32), torch.tensor(specials)])
-    assert same(launch(_round32_kernel, v, dtype, PLAIN_CAST=False), v.to(dtype))
+    assert same(launch("round32", v, dtype), v.to(dtype))
     # the planted fault: a plain cast, which the interpreter rounds toward zero (to bf16; numpy rounds fp16)
-    assert dtype == FP16 or not same(launch(_round32_kernel, v, dtype, PLAIN_CAST=True), v.to(dtype))
+    assert dtype == FP16 or not same(launch("cast", v, dtype), v.to(dtype))
 
 
 def test_round_fp64_once_matches_numerics_round_once():
@@ -90,7 +80,7 @@ def test_round_fp64_once_matches_numerics_round_once():
     specials = torch.tensor([float("inf"), -float("inf"), float("nan"), 1e300, -1e-300, 0.0, -0.0, 3.4e38])
     v = torch.cat([v, near_mid, specials, torch.randn(4000, generator=g, dtype=torch.float64) * 1e-39])
     for dtype in (BF16, FP16, FP32):
-        assert same(launch(_round64_kernel, v, dtype), round_once(v, dtype)), dtype
+        assert same(launch("round64", v, dtype), round_once(v, dtype)), dtype
     # the planted fault: rounding through fp32 (twice) differs on the near-midpoint values
     assert not same(near_mid.float().to(BF16), round_once(near_mid, BF16))
 

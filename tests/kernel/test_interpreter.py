@@ -28,19 +28,12 @@ def interpreter_36(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(interpreter, "_patch_lang_tensor", patched)
 
 
-def test_the_emulation_fails_a_tensor_loop_bound(interpreter_36: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the planted fault: with the loop form of a GPU compile, the forward's zeroing loop takes a tensor bound
-    assert _interpreter.INTERPRETED
-    monkeypatch.setattr(rlnorm.kernel._fwd, "INTERPRETED", tl.constexpr(False))
-    c = make_case(7, 128, seed=1)
-    ws = torch.ones(workspace_numel(7, 128, None), dtype=torch.int64)
-    with pytest.raises(Exception, match="only 0-dimensional arrays"):
-        rms_norm_gated_fwd(c.x, c.z, c.w, 1e-6, None, True, "silu", zero=ws)
-
-
-def test_no_kernel_loop_takes_a_tensor_bound_in_the_interpreter(interpreter_36: None) -> None:
+def test_no_kernel_loop_takes_a_tensor_bound_in_the_interpreter(
+    interpreter_36: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # every kernel loop with a runtime bound: the forward zeroing the backward's workspace, the backward over
     # several tiles per program (the last program short), and its cold values' windows (rows scaled far apart)
+    assert _interpreter.INTERPRETED
     c = make_case(7, 128, seed=12)
     ws = torch.ones(workspace_numel(7, 128, None), dtype=torch.int64)
     y = rms_norm_gated_fwd(c.x, c.z, c.w, 1e-6, None, True, "silu", zero=ws)
@@ -50,3 +43,7 @@ def test_no_kernel_loop_takes_a_tensor_bound_in_the_interpreter(interpreter_36: 
         with plant(bwd=cfg):
             dx, dz, dw = rms_norm_gated_bwd(dy, c.x, c.z, c.w.float(), 1e-6, None, True, "silu")
         assert dx.shape == c.x.shape and dz.shape == c.z.shape and dw.shape == (128,)
+    # the planted fault: with the loop form of a GPU compile, the forward's zeroing loop takes a tensor bound
+    monkeypatch.setattr(rlnorm.kernel._fwd, "INTERPRETED", tl.constexpr(False))
+    with pytest.raises(Exception, match="only 0-dimensional arrays"):
+        rms_norm_gated_fwd(c.x, c.z, c.w, 1e-6, None, True, "silu", zero=ws)
