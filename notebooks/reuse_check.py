@@ -201,7 +201,7 @@ steps.run_step(
 )
 
 # %% Fill in the verdict
-steps.run_step(
+_ = steps.run_step(  # assigned: the updates' return values are no part of the page
     run,
     "page",
     lambda: (
@@ -213,5 +213,5 @@ steps.run_step(
 
 # %% Finish
 # Places the run folder; a step above that failed is in the artifact and on the page, and raises here so the run
-# exits non-zero.
-steps.finish(run)
+# exits non-zero. `result` is the run's typed result, for interactive use (assigned: the page shows no repr of it).
+result = steps.finish(run)

@@ -30,6 +30,8 @@ def _outputs(executed: Path) -> list:
 
 def test_run_folder_holds_every_file_and_the_notebook_ran_without_errors(tiny_run: Path) -> None:
     errors = [f"{o.ename}: {o.evalue}" for o in _outputs(tiny_run / "reuse_check.ipynb") if o.output_type == "error"]
+    # what the page shows is displayed on purpose: no cell leaks the repr of a value it returned
+    assert [o for o in _outputs(tiny_run / "reuse_check.ipynb") if o.output_type == "execute_result"] == []
     assert errors == []
     names = {str(p.relative_to(tiny_run)) for p in tiny_run.rglob("*") if p.is_file()}
     assert {"reuse_check.ipynb", "reuse_check.html", "rms_norm_gated_reuse_check.json", "records.csv"} <= names
