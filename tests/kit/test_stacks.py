@@ -206,14 +206,6 @@ def test_megatron_batch_invariant_row_calls_megatrons_norm_with_the_zero_centred
     assert found == (["the weight is not w - 1"] if planted else [])
 
 
-def test_megatron_rows_say_why_they_cannot_run_here() -> None:
-    pinned("megatron-core")
-    ok, why = load_backend("megatron_gdn_batch_invariant").available("cpu")
-    assert not ok and why.endswith("Batch-invariant RMSNorm requires CUDA tensors.")
-    ok, why = load_backend("megatron_gdn").available("cpu")
-    assert ok or why.startswith("needs Transformer Engine")
-
-
 # -- vLLM 0.30.0 and 0.33.0 ---------------------------------------------------------------------------------------
 def vllm_calls(files: sf.StackFiles, monkeypatch: pytest.MonkeyPatch, flip: bool) -> list[bool]:
     """forward_cuda (0.33.0's through torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated) and forward_native,
