@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from launches import Launches
 
 import rlnorm
 from rlnorm.inputs import make_case
@@ -93,18 +94,8 @@ def gdn(archive: str) -> list[dict[str, Any]]:
     gdn_file = sf.find(PIN, sf.installed(PIN))[0].path("vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py")
     # the GDN module needs packages the CPU install leaves out: its method is read from its own lines
     fused = sf.read_function(gdn_file, "QwenGatedDeltaNetAttention._rms_norm_gated_cuda", {})
-    launches: list[dict[str, Any]] = []
-    real_kernel = lg.LayerNormFwdKernel.kernel
-
-    class Recorder:
-        def __getitem__(self, grid: Any) -> Callable[..., Any]:
-            def launch(*args: Any, **kwargs: Any) -> Any:
-                launches.append({"grid": list(grid), "args": args, "kwargs": kwargs})
-                return real_kernel[grid](*args, **kwargs)
-
-            return launch
-
-    lg.LayerNormFwdKernel.kernel = staticmethod(Recorder())
+    rec = Launches(lg.LayerNormFwdKernel.kernel)
+    lg.LayerNormFwdKernel.kernel = staticmethod(rec)
     out = []
     tokens, heads, d = 5, 4, 128
     try:
@@ -115,16 +106,16 @@ def gdn(archive: str) -> list[dict[str, Any]]:
             mixed = torch.randn(tokens, 3 * heads * d, generator=g).to(torch.bfloat16)
             gate = mixed[:, 2 * heads * d :].reshape(tokens, -1, d)
             mod = vb.build_module((1 + 0.1 * torch.randn(d, generator=g)).to(torch.bfloat16), OpOptions(activation=act))
-            launches.clear()
+            rec.calls.clear()
             y = mod.forward_cuda(core.reshape(-1, d), gate.reshape(-1, d))  # _output_projection's call
-            in_place, cuda = core.clone(), launches[-1]
-            launches.clear()
+            in_place, cuda = core.clone(), rec.calls[-1]
+            rec.calls.clear()
             fused(types.SimpleNamespace(norm=mod), in_place, gate, in_place)  # _forward_core_fused_norm's call
-            fused_launch = launches[-1]
+            fused_launch = rec.calls[-1]
             call = [describe([x["grid"], list(x["args"]), x["kwargs"]]) for x in (cuda, fused_launch)]
             cuda, fused_args = cuda["args"], fused_launch["args"]
             out.append({
-                "launches": [len(launches)],
+                "launches": [len(rec.calls)],
                 "same_launch": call[0] == call[1],
                 "cuda_launch": call[0],
                 "fused_y_is_x": fused_args[1].data_ptr() == fused_args[0].data_ptr(),
@@ -133,7 +124,7 @@ def gdn(archive: str) -> list[dict[str, Any]]:
                 "bitwise": bool(torch.equal(y.reshape(tokens, heads, d), in_place)),
             })  # fmt: skip
     finally:
-        lg.LayerNormFwdKernel.kernel = real_kernel
+        lg.LayerNormFwdKernel.kernel = rec.kernel
     return out
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 from kernel_helpers import assert_grads_same, grads
+from launches import Launches, record
 
 from rlnorm.inputs import make_case
 from rlnorm.kernel import RMSNormGated, _bwd, _fwd, rms_norm_gated
@@ -16,22 +17,10 @@ from rlnorm.kernel._switches import bwd_switches, fwd_fault_keywords, fwd_switch
 from rlnorm.kernel.testing import BWD_SWITCHES, FWD_SWITCHES, plant
 
 
-class Spy:
-    """Stands in for a @triton.jit kernel: records the keyword arguments of every launch, then launches."""
-
-    def __init__(self, kernel: Any) -> None:
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid: Any) -> Any:
-        return lambda *args, **kwargs: (self.launches.append(kwargs), self.kernel[grid](*args, **kwargs))[1]
-
-
 @pytest.fixture
-def spies(monkeypatch: pytest.MonkeyPatch) -> tuple[Spy, Spy]:
-    fwd, bwd = Spy(_fwd._rms_norm_gated_fwd_kernel), Spy(_bwd._rms_norm_gated_bwd_kernel)
-    monkeypatch.setattr(_fwd, "_rms_norm_gated_fwd_kernel", fwd)
-    monkeypatch.setattr(_bwd, "_rms_norm_gated_bwd_kernel", bwd)
-    return fwd, bwd
+def spies(monkeypatch: pytest.MonkeyPatch) -> tuple[Launches, Launches]:
+    fwd = record(monkeypatch, _fwd, "_rms_norm_gated_fwd_kernel")
+    return fwd, record(monkeypatch, _bwd, "_rms_norm_gated_bwd_kernel")
 
 
 def forward_and_backward(case) -> None:
@@ -42,7 +31,7 @@ def forward_and_backward(case) -> None:
 
 
 def picked(launch: dict[str, Any], *names: str) -> tuple[Any, ...]:
-    return tuple(launch.get(name) for name in names)
+    return tuple(launch["kwargs"].get(name) for name in names)
 
 
 FWD_KEYS = ("EXACT", "NEAR_T", "SPLIT", "maxnreg", "BLOCK_R", "num_warps")
@@ -53,17 +42,17 @@ def test_a_variant_reaches_both_launches_through_the_module_and_autograd(spies):
     fwd, bwd = spies
     c = make_case(7, 128, seed=2)
     forward_and_backward(c)
-    default_fwd, default_bwd = picked(fwd.launches[-1], *FWD_KEYS), picked(bwd.launches[-1], *BWD_KEYS)
+    default_fwd, default_bwd = picked(fwd.calls[-1], *FWD_KEYS), picked(bwd.calls[-1], *BWD_KEYS)
     fwd_sw = {"EXACT": 0, "NEAR_T": 3, "SPLIT": 1, "MAXNREG": 96, "BLOCK_R": 8, "NUM_WARPS": 2}
     bwd_sw = {"TILES": 1, "STAGES": 2, "MAXNREG": 100, "BLOCK_R": 4, "NUM_WARPS": 2, "COLD_MODE": 0}
     with plant(fwd=fwd_sw, bwd=bwd_sw):
         forward_and_backward(c)
         with torch.no_grad():
             rms_norm_gated(c.x, c.z, c.w)  # the no-grad route takes the switches too
-    assert [picked(got, *FWD_KEYS) for got in fwd.launches[-2:]] == [(0, 3, 1, 96, 8, 2)] * 2
-    assert picked(bwd.launches[-1], *BWD_KEYS) == (1, 2, 100, 4, 2, 0)
+    assert [picked(got, *FWD_KEYS) for got in fwd.calls[-2:]] == [(0, 3, 1, 96, 8, 2)] * 2
+    assert picked(bwd.calls[-1], *BWD_KEYS) == (1, 2, 100, 4, 2, 0)
     forward_and_backward(c)  # restored after the block
-    assert (picked(fwd.launches[-1], *FWD_KEYS), picked(bwd.launches[-1], *BWD_KEYS)) == (default_fwd, default_bwd)
+    assert (picked(fwd.calls[-1], *FWD_KEYS), picked(bwd.calls[-1], *BWD_KEYS)) == (default_fwd, default_bwd)
     assert default_fwd[:3] == (1, near_threshold(128), 2)  # T from the bound at 128 columns, silu gate
 
 

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import KIT_CHECKS, ROW_CHECKS, TINY_SIZES
+from conftest import KIT_CHECKS, ROW_CHECKS, SEGFAULT, TINY_SIZES
 
 from rlnorm.kit import steps
 from rlnorm.kit.artifact import load_artifact
@@ -24,7 +24,6 @@ from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.worker import EXIT_DEVICE_ERROR, BackendWorker, run_batch
 from tests.faults import DeviceErrorPastRows, HangPastRows
 
-SEGFAULT = "tests.faults:SegfaultPastRows"
 EXIT = "tests.faults:ExitPastRows"
 EXACT = "rlnorm.kit.backends:ExactReferenceBackend"  # a correct backend, run after a crash
 DEVICE_ERROR = "tests.faults:DeviceErrorPastRows"

@@ -62,8 +62,12 @@ def _checked(tmp_path: Path, spec: str) -> BackendResult:
     return report.result
 
 
-def test_three_verdicts_from_the_checks_typed_results(tmp_path: Path) -> None:
-    planted = _checked(tmp_path / "a", PLANTED)
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> BackendResult:
+    return _checked(tmp_path_factory.mktemp("planted"), PLANTED)
+
+
+def test_three_verdicts_from_the_checks_typed_results(planted: BackendResult, tmp_path: Path) -> None:
     inv = planted.batch_invariance
     assert inv is not None and not planted.errors
     # no row differs, yet ROWS changes with the row count and nothing ran it at each value: by construction
@@ -88,7 +92,7 @@ def test_three_verdicts_from_the_checks_typed_results(tmp_path: Path) -> None:
     said = backend_verdict("planted", differs)
     assert said.overall is State.FAILED and "ROWS=4 (full batch) vs ROWS=1 (alone)" in said.why
     # the control: one configuration at every row count, nothing to clear
-    control = _checked(tmp_path / "b", "tests.faults:OneRowPerProgram")
+    control = _checked(tmp_path, "tests.faults:OneRowPerProgram")
     assert control.batch_invariance is not None and control.batch_invariance.verdict == common.INVARIANT
     assert backend_verdict("control", control).overall is State.PASSED
     # no launch evidence (the check raised): no verdict
@@ -100,8 +104,7 @@ def _run(results: dict[str, BackendResult]) -> RunResult:
                      results=results)  # fmt: skip
 
 
-def test_require_and_a_raised_check_set_the_exit_status(tmp_path: Path) -> None:
-    planted = _checked(tmp_path / "a", PLANTED)
+def test_require_and_a_raised_check_set_the_exit_status(planted: BackendResult) -> None:
     code, lines = verdict_status(_run({"planted": planted}), {"planted": "invariant"})
     assert code == EXIT_REQUIRED and any(line.startswith("  planted: required invariant, is not invariant by")
                                          for line in lines)  # fmt: skip

@@ -69,42 +69,40 @@ def test_csv_round_trip_is_exact_and_atomic(tmp_path: Path) -> None:
 # -- rebuild: every check's records rebuild the exact batch and reproduce the difference --------------
 
 
-def test_rebuild_all_rows_record() -> None:
-    b = BatchSizeDependentOutput()
-    recs = _records("all_rows", b, all_rows_sizes=[63], all_rows_seeds=[4])
-    for rec in recs[:5]:
+# check -> (planted fault, the case's rows and seed, the check's sizes, what the row is compared with)
+ROW_RECORDS = {
+    "all_rows": (BatchSizeDependentOutput, 63, 4, {"all_rows_sizes": [63], "all_rows_seeds": [4]}, "alone"),
+    "full_vs_sub_batches": (
+        PositionDependentOutput, 100, 3,
+        {"sub_batches_rows": 100, "sub_batch_sizes": [7], "sub_batches_seeds": [3], "coverage": "all"}, "full batch",
+    ),
+    "batch_size_sweep": (
+        PositionDependentOutput, 65, 5,
+        {"sweep_n": 65, "sweep_seeds": [5], "sweep_sizes": [9, 33, 65], "sweep_probe_rows": [0, 64]}, "alone",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("check", ROW_RECORDS)
+def test_a_row_record_rebuilds_its_batch_and_what_it_was_compared_with(check: str) -> None:
+    """The batch's rows (a slice, or the sweep's drawn rows), distinct, hold the row at its position; both sides are
+    the case's own bits, and recomputed they differ as the record says."""
+    fault, rows, seed, kw, label = ROW_RECORDS[check]
+    b, case = fault(), make_case(rows, 128, seed)
+    for rec in _records(check, b, **kw)[:6]:
         rb = rebuild_case(rec)
-        case = make_case(63, 128, 4)
-        assert torch.equal(bits(rb.batch.x), bits(case.x)) and torch.equal(bits(rb.batch.dy), bits(case.dy))
-        assert rb.position == rec["position"] == rec["row"] and rb.other_label == "alone"
-        assert torch.equal(bits(rb.alone.x), bits(case.x[rec["row"] : rec["row"] + 1]))
-        _reproduces(rec, b)
-
-
-def test_rebuild_full_vs_sub_record_compares_sub_batch_with_full_batch() -> None:
-    b = PositionDependentOutput()
-    recs = _records(
-        "full_vs_sub_batches", b, sub_batches_rows=100, sub_batch_sizes=[7], sub_batches_seeds=[3], coverage="all"
-    )
-    for rec in recs[:6]:
-        rb = rebuild_case(rec)
-        s, m = rec["batch_start"], rec["batch_size"]
-        assert rb.batch_rows.tolist() == list(range(s, s + m)) and rb.position == rec["row"] - s
-        assert rb.other.x.shape[0] == 100 and rb.other_position == rec["row"] and rb.other_label == "full batch"
-        _reproduces(rec, b)
-
-
-def test_rebuild_sweep_record_regenerates_the_permuted_batch() -> None:
-    b = PositionDependentOutput()
-    recs = _records(
-        "batch_size_sweep", b, sweep_n=65, sweep_seeds=[5], sweep_sizes=[9, 33, 65], sweep_probe_rows=[0, 64]
-    )
-    for rec in recs:
-        rb = rebuild_case(rec)
-        assert len(rb.batch_rows) == rec["batch_size"] and int(rb.batch_rows[rb.position]) == rec["row"]
-        assert len(set(rb.batch_rows.tolist())) == rec["batch_size"]  # m distinct rows
-        case = make_case(65, 128, 5)
+        got, row = rb.batch_rows.tolist(), rec["row"]
+        assert (
+            len(set(got)) == len(got) == rec["batch_size"]
+            and got[rb.position] == row
+            and rb.position == rec["position"]
+        )
+        if check != "batch_size_sweep":
+            assert got == list(range(rec["batch_start"], rec["batch_start"] + rec["batch_size"]))
         assert torch.equal(bits(rb.batch.x), bits(case.x[rb.batch_rows]))
+        assert torch.equal(bits(rb.batch.dy), bits(case.dy[rb.batch_rows]))
+        assert torch.equal(bits(rb.alone.x), bits(case.x[row : row + 1]))
+        assert rb.other_label == label and torch.equal(bits(rb.other.x[rb.other_position]), bits(case.x[row]))
         _reproduces(rec, b)
 
 

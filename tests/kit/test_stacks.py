@@ -20,6 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import IN_CI
+from launches import record
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import load_backend, stacks
@@ -38,26 +39,6 @@ def pinned(key: str) -> sf.StackFiles:
             pytest.fail(f"CI must check the rows against the real files: {where}")
         pytest.skip(where)
     return files
-
-
-class Launches:
-    """Stands in for a Triton kernel `k` in its module: records each `k[grid](*args, **kwargs)`, then launches."""
-
-    def __init__(self, kernel: Any) -> None:
-        self.kernel, self.calls = kernel, []
-
-    def __getitem__(self, grid: Any) -> Any:
-        def launch(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append({"grid": tuple(grid), "args": args, "kwargs": kwargs})
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
-
-
-def record(monkeypatch: pytest.MonkeyPatch, module: types.ModuleType, name: str) -> Launches:
-    rec = Launches(getattr(module, name))
-    monkeypatch.setattr(module, name, rec)
-    return rec
 
 
 def planted_copy(files: sf.StackFiles, rel: str, old: str, new: str, tmp: Path) -> Path:
@@ -223,14 +204,6 @@ def test_megatron_batch_invariant_row_calls_megatrons_norm_with_the_zero_centred
         monkeypatch.setattr(stacks, "zero_centred", lambda w: w)
     found = megatron_mismatches(*megatron_call(Eager(), monkeypatch))
     assert found == (["the weight is not w - 1"] if planted else [])
-
-
-def test_megatron_rows_say_why_they_cannot_run_here() -> None:
-    pinned("megatron-core")
-    ok, why = load_backend("megatron_gdn_batch_invariant").available("cpu")
-    assert not ok and why.endswith("Batch-invariant RMSNorm requires CUDA tensors.")
-    ok, why = load_backend("megatron_gdn").available("cpu")
-    assert ok or why.startswith("needs Transformer Engine")
 
 
 # -- vLLM 0.30.0 and 0.33.0 ---------------------------------------------------------------------------------------
