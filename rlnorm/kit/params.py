@@ -37,12 +37,13 @@ CLI_KEYS = ("output_dir", "staging_dir", "params_file", "overwrite")
 _CHOICES = {"device": DEVICES, "coverage": COVERAGES, "weight_dtype": WEIGHT_DTYPES, "activation": sorted(ACTIVATIONS)}
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _IMPORT_PATH_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-# sizes and counts (least 1) and seeds (least 0), each an int or a non-empty list of them
-_LEAST = dict.fromkeys("d dweight_rows sub_batches_rows sweep_n accuracy_rows agreement_rows timing_iters".split(), 1)
-_LEAST |= dict.fromkeys(["configurations_rows", "all_rows_sizes", "sub_batch_sizes", "sweep_sizes"], 1)
-_LEAST |= {"configurations_sizes": 1, "launch_rows": 1, "max_records": 0}  # the last two may be null
-_LEAST |= dict.fromkeys("dweight_seed accuracy_seed agreement_seed timing_warmup configurations_seed".split(), 0)
-_LEAST |= dict.fromkeys(["all_rows_seeds", "sub_batches_seeds", "sweep_seeds"], 0)
+# the least value of each size, count and seed (a list: of each entry, and the list non-empty)
+_SIZES = ["d", "dweight_rows", "sub_batches_rows", "sweep_n", "accuracy_rows", "agreement_rows", "timing_iters",
+          "configurations_rows", "launch_rows", "max_records", "all_rows_sizes", "sub_batch_sizes", "sweep_sizes",
+          "configurations_sizes"]  # fmt: skip
+_SEEDS = ["dweight_seed", "accuracy_seed", "agreement_seed", "configurations_seed", "timing_warmup",
+          "all_rows_seeds", "sub_batches_seeds", "sweep_seeds"]  # fmt: skip
+_LEAST = {**dict.fromkeys(_SIZES, 1), **dict.fromkeys(_SEEDS, 0), "max_records": 0}
 # list -> the parameter its sizes may not exceed
 _TOP = {"sub_batch_sizes": "sub_batches_rows", "sweep_sizes": "sweep_n", "configurations_sizes": "configurations_rows"}
 
