@@ -154,14 +154,11 @@ class RowExplanation:
 
 def _setup(record: Mapping[str, Any] | pd.Series, device: str | None) -> tuple[dict, RebuiltCase, Any, str]:
     """The record as a dict, its rebuilt batches, its backend and the device to recompute on."""
-    if isinstance(record, pd.Series):
-        record = record.to_dict()
-    if not isinstance(record, Mapping):
+    if not isinstance(record, (Mapping, pd.Series)):
         raise TypeError(f"record: expected a records row (dict or pandas Series), got {type(record).__name__}")
-    missing = [c for c in ("backend", "check", "row", "tensor") if c not in record]
-    if missing:
+    rec, device = record.to_dict() if isinstance(record, pd.Series) else dict(record), device or default_device()
+    if missing := [c for c in ("backend", "check", "row", "tensor") if c not in rec]:
         raise ValueError(f"record: missing columns {missing}; expected a row of the per-row records table")
-    rec, device = dict(record), device or default_device()
     return rec, rebuild_case(rec, device), load_backend(str(rec["backend"])), device
 
 
