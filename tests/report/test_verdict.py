@@ -147,12 +147,6 @@ LONG = (
 )
 
 
-def _extents(fig, texts):
-    renderer = FigureCanvasAgg(fig).get_renderer()
-    fig.draw(renderer)
-    return [t.get_window_extent(renderer) for t in texts], fig.bbox
-
-
 def test_long_skip_reasons_are_one_line_each_and_nothing_overlaps() -> None:
     run, _ = planted_run()
     for i in range(5):  # five vLLM-like rows skipped with the same long reason, one under the other
@@ -163,10 +157,11 @@ def test_long_skip_reasons_are_one_line_each_and_nothing_overlaps() -> None:
     assert len(notes) == 8  # the five, the planted skipped, unloadable and crashed backends
     assert all("\n" not in t.get_text() for t in notes)
     assert sum(t.get_text() == "skipped: No module named 'vllm'" for t in notes) == 5  # the error's own words
-    boxes, figure = _extents(fig, notes)
-    for a, b in itertools.combinations(boxes, 2):
-        assert not a.overlaps(b)
-    assert all(figure.x0 <= b.x0 and b.x1 <= figure.x1 for b in boxes)
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    boxes = [t.get_window_extent(renderer) for t in notes]
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+    assert all(fig.bbox.x0 <= b.x0 and b.x1 <= fig.bbox.x1 for b in boxes)
 
 
 def test_the_stack_pairs_figure_has_a_bar_per_pair_and_says_why_one_was_skipped() -> None:
