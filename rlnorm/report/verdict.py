@@ -117,10 +117,8 @@ class CheckVerdict:
     def cell(self) -> str:
         """The verdict figure's cell: a few short lines."""
         of = "" if self.counts is None or self.counts.compared is None else f"\nof {count(self.counts.compared)}"
-        if self.state is State.FAILED and self.counts is not None:
-            return self.counts.short() + of
-        if self.state is State.PASSED and self.counts is not None:
-            return "0 differ" + of
+        if self.counts is not None and self.state in (State.PASSED, State.FAILED):
+            return (self.counts.short() if self.state is State.FAILED else "0 differ") + of
         if self.detail and self.state in (State.PASSED, State.FAILED):
             return textwrap.fill(self.detail, 20)
         if self.detail:
@@ -196,8 +194,8 @@ def gate_verdict(check: str, gate: Gate | None) -> CheckVerdict:
     if gate.timed_out:
         return CheckVerdict(check, State.TIMED_OUT, detail="gate child timed out")
     if gate.returncode == 3:  # the child says the backend cannot take this gate (no backward, unavailable)
-        why = gate.stderr_tail[-1] if gate.stderr_tail else "cannot take it"
-        return CheckVerdict(check, State.NOT_RUN, detail="no backward" if "no backward" in why else "cannot take it")
+        said = "no backward" if gate.stderr_tail and "no backward" in gate.stderr_tail[-1] else "cannot take it"
+        return CheckVerdict(check, State.NOT_RUN, detail=said)
     if gate.returncode not in (0, None):
         return CheckVerdict(check, State.CRASHED, detail=f"gate child {describe_exit(gate.returncode)[0]}")
     if gate.failed_lines:
@@ -354,10 +352,9 @@ _COUNT_COLUMNS = ["row comparisons", "y differs", "dx or dz differs", "y, dx or 
 _COUNTED = [*_COUNT_COLUMNS, "records kept", "records not kept (max_records)", "max_ulp"]
 
 
-def differing_table(run: RunResult | None, records: pd.DataFrame | None) -> pd.DataFrame:
-    """One line per (backend, check) that differs or has records. Without the run the count columns stay empty:
-    the records alone would undercount."""
-    verdicts = {} if run is None else run_verdicts(run)
+def differing_table(run: RunResult, records: pd.DataFrame | None) -> pd.DataFrame:
+    """One line per (backend, check) that differs or has records, counted from the run (the records are capped)."""
+    verdicts = run_verdicts(run)
     pairs = [(key, c) for key, v in verdicts.items() for c in INVARIANCE if v.checks[c].state is State.FAILED]
     if records is None or not len(records):
         records = pd.DataFrame(columns=["backend", "check", "tensor"])
@@ -366,7 +363,7 @@ def differing_table(run: RunResult | None, records: pd.DataFrame | None) -> pd.D
     rows = []
     for key, check in pairs:
         sel = records[(recorded["backend"] == key) & (recorded["check"] == check)]
-        c = verdicts[key].checks[check].counts if key in verdicts and check in CHECKS else None
+        c = verdicts[key].checks[check].counts if key in verdicts else None
         tensors = sel["tensor"].astype(str).value_counts().to_dict()
         ranked = sorted(tensors, key=lambda t: _TENSOR_ORDER.index(t) if t in _TENSOR_ORDER else len(_TENSOR_ORDER))
         ulps = pd.to_numeric(sel["max_ulp"], errors="coerce").dropna() if "max_ulp" in sel else pd.Series([])
