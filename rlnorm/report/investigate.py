@@ -428,19 +428,18 @@ def _others_text(others: pd.DataFrame) -> str:
 
 
 def crashed_backends(run: RunResult) -> list[str]:
-    """Backends whose own process crashed or timed out during the run."""
-    return [k for k, r in run.results.items() if r.status in ("crashed", "timed_out")]
+    """Backends whose own process crashed or timed out during the run (their crash is recorded)."""
+    return [k for k, r in run.results.items() if r.crash is not None]
 
 
 def crash_table(run: RunResult) -> pd.DataFrame:
     """One line per crashed or timed-out backend: the cause, the check and batch it was on, what it finished."""
     rows = []
     for key in crashed_backends(run):
-        c = run.results[key].crash  # None only in an artifact that lost it: the table says nothing then
+        c = run.results[key].crash
         rows.append({"backend": key, "status": run.results[key].status,
-                     **{k: getattr(c, k, None) for k in ("cause", "check", "batch_size")},
-                     "finished": "" if c is None else ", ".join(c.finished_checks),
-                     "seconds": getattr(c, "seconds", None)})  # fmt: skip
+                     **{k: getattr(c, k) for k in ("cause", "check", "batch_size")},
+                     "finished": ", ".join(c.finished_checks), "seconds": c.seconds})  # fmt: skip
     return pd.DataFrame(rows)
 
 

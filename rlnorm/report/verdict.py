@@ -9,10 +9,9 @@ from enum import Enum
 
 import pandas as pd
 
-from rlnorm.kit.artifact import ENDED_EARLY
 from rlnorm.kit.checks.common import BY_CONSTRUCTION, INVARIANT, differing_pairs, uncleared
 from rlnorm.kit.process import describe_exit
-from rlnorm.kit.results import BackendResult, Configurations, Gate, Launches, RunResult
+from rlnorm.kit.results import BackendResult, Configurations, Crash, Gate, Launches, RunResult
 
 
 class State(Enum):
@@ -164,23 +163,19 @@ def clip(text: str, width: int) -> str:
 
 
 def crash_words(result: BackendResult, brief: bool = False) -> str:
-    """'crashed: killed by SIGSEGV (signal 11) in full_vs_sub_batches at a batch of 65 rows' ('' if it did not)."""
-    if result.status not in ("crashed", "timed_out"):
-        return ""
-    state = result.status.replace("_", " ")
-    c = result.crash
-    where = "" if c is None or not c.check else f" in {c.check}"
-    if where and c is not None and c.batch_size:
-        where += f" at {'' if brief else 'a batch of '}{count(c.batch_size)} rows"
-    if brief:
-        return f"{state}{where} ({_short_cause(result)})"
-    return f"{state}: {c.cause if c is not None else (result.skip_reason or 'no cause recorded')}{where}"
-
-
-def _short_cause(result: BackendResult) -> str:
+    """'crashed: killed by SIGSEGV (signal 11) in full_vs_sub_batches at a batch of 65 rows' ('' if it did not: a
+    crash is recorded with, and only with, the status crashed or timed_out)."""
     c = result.crash
     if c is None:
-        return (result.skip_reason or "no cause recorded").split(":")[0]
+        return ""
+    where = f" in {c.check}" if c.check else ""
+    if where and c.batch_size:
+        where += f" at {'' if brief else 'a batch of '}{count(c.batch_size)} rows"
+    state = result.status.replace("_", " ")
+    return f"{state}{where} ({_short_cause(c)})" if brief else f"{state}: {c.cause}{where}"
+
+
+def _short_cause(c: Crash) -> str:
     if c.signal:
         return c.signal
     if c.timed_out:
@@ -279,15 +274,14 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
         state = State.SKIPPED if result.status == "skipped" else State.NOT_LOADED
         why = result.skip_reason or "no reason recorded"
         return BackendVerdict(key, {c: CheckVerdict(c, state, detail=why) for c in CHECKS}, state, why)
-    ended = State(result.status.replace("_", " ")) if result.status in ENDED_EARLY else None
-    crash = result.crash
-    done = set(crash.finished_checks) if crash is not None else set()
+    crash = result.crash  # recorded where the status is crashed or timed_out
+    ended = None if crash is None else State(result.status.replace("_", " "))
     checks = {}
     for c in CHECKS:
         ran_by = _RAN_BY.get(c)
-        if ended is not None and ran_by not in done:  # the gates never run for a backend that died
-            here = crash is not None and ran_by is not None and crash.check == ran_by
-            where = _short_cause(result) + (f" at {count(crash.batch_size)} rows" if here and crash.batch_size else "")
+        if ended is not None and ran_by not in crash.finished_checks:  # the gates never run for a backend that died
+            here = ran_by is not None and crash.check == ran_by
+            where = _short_cause(crash) + (f" at {count(crash.batch_size)} rows" if here and crash.batch_size else "")
             checks[c] = CheckVerdict(c, ended, detail=where if here else f"not reached ({ended.value} earlier)")
         else:
             checks[c] = _check_verdict(result, c)
