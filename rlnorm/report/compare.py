@@ -156,7 +156,7 @@ def what_changed(cmp: Comparison, latency_move: float, accuracy_move: float) -> 
     out += [f"{k}: only in {label_a}" for k in a.results if k not in b.results]
     out += [f"{k}: only in {label_b}" for k in b.results if k not in a.results]
     both = [k for k in a.results if k in b.results]
-    not_both = {k for k in both if a.results[k].status != b.results[k].status}
+    not_both = [k for k in both if a.results[k].status != b.results[k].status]  # in run order, not a set's
     for k in not_both:  # a backend that ran in one run only: one line with the reason, not one per check
         ra, rb = a.results[k], b.results[k]
         why = (rb if rb.status != "ran" else ra).skip_reason or ""

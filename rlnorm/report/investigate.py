@@ -509,12 +509,12 @@ def _plot_records(fig: Figure, axes: tuple, s: dict, records: pd.DataFrame) -> F
     """The recorded differences of the row's backend and check, one bar per record, as the run measured them."""
     ax1, ax2 = axes
     rec = records[(records["backend"] == s["backend"]) & (records["check"] == s["check"])]
-    rec = rec[rec["tensor"] == s["tensor"]] if "tensor" in s and (rec["tensor"] == s["tensor"]).any() else rec
+    rec = rec[rec["tensor"] == s["tensor"]] if (rec["tensor"] == s["tensor"]).any() else rec
     rows = rec["row"].to_numpy()
     ax1.bar(np.arange(len(rec)), rec["cols_differ"].to_numpy(), color="#e53935", width=0.9)
     ax1.set_ylabel("columns that differ", fontsize=8)
     ax1.set_title(f"{s['backend']} cannot run on {s['device']}: the run's own records of {s['check']} ({len(rec)} "
-                  f"{s.get('tensor', '')} records)", fontsize=10)  # fmt: skip
+                  f"{s['tensor']} records)", fontsize=10)  # fmt: skip
     ax2.bar(np.arange(len(rec)), rec["max_ulp"].to_numpy(), color="#fb8c00", width=0.9)
     ax2.set_ylabel("largest ulp difference", fontsize=8)
     ax2.set_xlabel("recorded row (its index in the seeded case below each bar)")
