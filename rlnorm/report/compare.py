@@ -59,13 +59,6 @@ def _keys(a: RunResult, b: RunResult) -> list[str]:
     return [*a.results, *(k for k in b.results if k not in a.results)]
 
 
-def _states(run: RunResult, key: str) -> dict[str, tuple[str, str]]:
-    """column -> (state word, the words with counts or why) for one backend; 'absent' where the run lacks it."""
-    if key not in run.results:
-        return dict.fromkeys(COLUMNS, (ABSENT, ABSENT))
-    return {c: (state.value, words) for c, (state, words) in run_verdicts(run)[key].columns().items()}
-
-
 def digest_table(a: RunResult, b: RunResult) -> pd.DataFrame:
     """Per backend: whether A and B computed the same bits on the standard case (None where they cannot tell)."""
     keys = _keys(a, b)
@@ -77,9 +70,12 @@ def digest_table(a: RunResult, b: RunResult) -> pd.DataFrame:
 
 def verdict_table(a: RunResult, b: RunResult, label_a: str = "a", label_b: str = "b") -> pd.DataFrame:
     """Index (backend, check); columns label_a, label_b (the verdict's words), state_a, state_b and `changed`."""
+    absent = dict.fromkeys(COLUMNS, (ABSENT, ABSENT))  # where a run lacks the backend
+    va, vb = ({k: {c: (s.value, w) for c, (s, w) in v.columns().items()} for k, v in run_verdicts(r).items()}
+              for r in (a, b))  # fmt: skip
     rows = []
     for key in _keys(a, b):
-        sa, sb = _states(a, key), _states(b, key)
+        sa, sb = va.get(key, absent), vb.get(key, absent)
         rows += [{"backend": key, "check": c, label_a: sa[c][1], label_b: sb[c][1], "state_a": sa[c][0],
                   "state_b": sb[c][0], "changed": sa[c][0] != sb[c][0]} for c in COLUMNS]  # fmt: skip
     return pd.DataFrame(rows).set_index(["backend", "check"])
@@ -160,7 +156,7 @@ def what_changed(cmp: Comparison, latency_move: float, accuracy_move: float) -> 
     out += [f"{k}: only in {label_a}" for k in a.results if k not in b.results]
     out += [f"{k}: only in {label_b}" for k in b.results if k not in a.results]
     both = [k for k in a.results if k in b.results]
-    not_both = {k for k in both if a.results[k].status != b.results[k].status}
+    not_both = [k for k in both if a.results[k].status != b.results[k].status]  # in run order, not a set's
     for k in not_both:  # a backend that ran in one run only: one line with the reason, not one per check
         ra, rb = a.results[k], b.results[k]
         why = (rb if rb.status != "ran" else ra).skip_reason or ""

@@ -154,14 +154,11 @@ class RowExplanation:
 
 def _setup(record: Mapping[str, Any] | pd.Series, device: str | None) -> tuple[dict, RebuiltCase, Any, str]:
     """The record as a dict, its rebuilt batches, its backend and the device to recompute on."""
-    if isinstance(record, pd.Series):
-        record = record.to_dict()
-    if not isinstance(record, Mapping):
+    if not isinstance(record, (Mapping, pd.Series)):
         raise TypeError(f"record: expected a records row (dict or pandas Series), got {type(record).__name__}")
-    missing = [c for c in ("backend", "check", "row", "tensor") if c not in record]
-    if missing:
+    rec, device = record.to_dict() if isinstance(record, pd.Series) else dict(record), device or default_device()
+    if missing := [c for c in ("backend", "check", "row", "tensor") if c not in rec]:
         raise ValueError(f"record: missing columns {missing}; expected a row of the per-row records table")
-    rec, device = dict(record), device or default_device()
     return rec, rebuild_case(rec, device), load_backend(str(rec["backend"])), device
 
 
@@ -431,19 +428,18 @@ def _others_text(others: pd.DataFrame) -> str:
 
 
 def crashed_backends(run: RunResult) -> list[str]:
-    """Backends whose own process crashed or timed out during the run."""
-    return [k for k, r in run.results.items() if r.status in ("crashed", "timed_out")]
+    """Backends whose own process crashed or timed out during the run (their crash is recorded)."""
+    return [k for k, r in run.results.items() if r.crash is not None]
 
 
 def crash_table(run: RunResult) -> pd.DataFrame:
     """One line per crashed or timed-out backend: the cause, the check and batch it was on, what it finished."""
     rows = []
     for key in crashed_backends(run):
-        c = run.results[key].crash  # None only in an artifact that lost it: the table says nothing then
+        c = run.results[key].crash
         rows.append({"backend": key, "status": run.results[key].status,
-                     **{k: getattr(c, k, None) for k in ("cause", "check", "batch_size")},
-                     "finished": "" if c is None else ", ".join(c.finished_checks),
-                     "seconds": getattr(c, "seconds", None)})  # fmt: skip
+                     **{k: getattr(c, k) for k in ("cause", "check", "batch_size")},
+                     "finished": ", ".join(c.finished_checks), "seconds": c.seconds})  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -513,12 +509,12 @@ def _plot_records(fig: Figure, axes: tuple, s: dict, records: pd.DataFrame) -> F
     """The recorded differences of the row's backend and check, one bar per record, as the run measured them."""
     ax1, ax2 = axes
     rec = records[(records["backend"] == s["backend"]) & (records["check"] == s["check"])]
-    rec = rec[rec["tensor"] == s["tensor"]] if "tensor" in s and (rec["tensor"] == s["tensor"]).any() else rec
+    rec = rec[rec["tensor"] == s["tensor"]] if (rec["tensor"] == s["tensor"]).any() else rec
     rows = rec["row"].to_numpy()
     ax1.bar(np.arange(len(rec)), rec["cols_differ"].to_numpy(), color="#e53935", width=0.9)
     ax1.set_ylabel("columns that differ", fontsize=8)
     ax1.set_title(f"{s['backend']} cannot run on {s['device']}: the run's own records of {s['check']} ({len(rec)} "
-                  f"{s.get('tensor', '')} records)", fontsize=10)  # fmt: skip
+                  f"{s['tensor']} records)", fontsize=10)  # fmt: skip
     ax2.bar(np.arange(len(rec)), rec["max_ulp"].to_numpy(), color="#fb8c00", width=0.9)
     ax2.set_ylabel("largest ulp difference", fontsize=8)
     ax2.set_xlabel("recorded row (its index in the seeded case below each bar)")

@@ -67,7 +67,7 @@ def verdict_markdown(run: RunResult) -> str:
             lines.append(f"- **{key}**: {r.status}: {v.why}")
             continue
         parts = []
-        if r.crash is not None and crash_words(r):
+        if r.crash is not None:
             state, _, rest = crash_words(r).partition(": ")
             done = ", ".join(r.crash.finished_checks) or "no check"
             parts.append(f"**{state}** ({rest}); finished before it: {done}")
@@ -122,8 +122,7 @@ def launch_markdown(run: RunResult) -> str:
     for key, v in run_verdicts(run).items():
         lines = launch_lines(run.results[key])
         if lines:
-            out.append(f"- **{key}**: " + "; ".join(f"`{line.partition(' ')[0]}` {line.partition(' ')[2]}"
-                                                  for line in lines))  # fmt: skip
+            out.append(f"- **{key}**: " + "; ".join("`{}` {}".format(*line.split(" ", 1)) for line in lines))
         elif v.checks["launch"].state is State.PASSED:  # one configuration per kernel
             out.append(f"- **{key}**: {v.checks['launch'].detail}")
     unseen = {r.launches.unseen for r in run.results.values() if r.launches is not None and r.launches.unseen}

@@ -9,10 +9,9 @@ from enum import Enum
 
 import pandas as pd
 
-from rlnorm.kit.artifact import ENDED_EARLY
 from rlnorm.kit.checks.common import BY_CONSTRUCTION, INVARIANT, differing_pairs, uncleared
 from rlnorm.kit.process import describe_exit
-from rlnorm.kit.results import BackendResult, Configurations, Gate, Launches, RunResult
+from rlnorm.kit.results import BackendResult, Configurations, Crash, Gate, Launches, RunResult
 
 
 class State(Enum):
@@ -117,10 +116,8 @@ class CheckVerdict:
     def cell(self) -> str:
         """The verdict figure's cell: a few short lines."""
         of = "" if self.counts is None or self.counts.compared is None else f"\nof {count(self.counts.compared)}"
-        if self.state is State.FAILED and self.counts is not None:
-            return self.counts.short() + of
-        if self.state is State.PASSED and self.counts is not None:
-            return "0 differ" + of
+        if self.counts is not None and self.state in (State.PASSED, State.FAILED):
+            return (self.counts.short() if self.state is State.FAILED else "0 differ") + of
         if self.detail and self.state in (State.PASSED, State.FAILED):
             return textwrap.fill(self.detail, 20)
         if self.detail:
@@ -166,23 +163,19 @@ def clip(text: str, width: int) -> str:
 
 
 def crash_words(result: BackendResult, brief: bool = False) -> str:
-    """'crashed: killed by SIGSEGV (signal 11) in full_vs_sub_batches at a batch of 65 rows' ('' if it did not)."""
-    if result.status not in ("crashed", "timed_out"):
-        return ""
-    state = result.status.replace("_", " ")
-    c = result.crash
-    where = "" if c is None or not c.check else f" in {c.check}"
-    if where and c is not None and c.batch_size:
-        where += f" at {'' if brief else 'a batch of '}{count(c.batch_size)} rows"
-    if brief:
-        return f"{state}{where} ({_short_cause(result)})"
-    return f"{state}: {c.cause if c is not None else (result.skip_reason or 'no cause recorded')}{where}"
-
-
-def _short_cause(result: BackendResult) -> str:
+    """'crashed: killed by SIGSEGV (signal 11) in full_vs_sub_batches at a batch of 65 rows' ('' if it did not: a
+    crash is recorded with, and only with, the status crashed or timed_out)."""
     c = result.crash
     if c is None:
-        return (result.skip_reason or "no cause recorded").split(":")[0]
+        return ""
+    where = f" in {c.check}" if c.check else ""
+    if where and c.batch_size:
+        where += f" at {'' if brief else 'a batch of '}{count(c.batch_size)} rows"
+    state = result.status.replace("_", " ")
+    return f"{state}{where} ({_short_cause(c)})" if brief else f"{state}: {c.cause}{where}"
+
+
+def _short_cause(c: Crash) -> str:
     if c.signal:
         return c.signal
     if c.timed_out:
@@ -196,8 +189,8 @@ def gate_verdict(check: str, gate: Gate | None) -> CheckVerdict:
     if gate.timed_out:
         return CheckVerdict(check, State.TIMED_OUT, detail="gate child timed out")
     if gate.returncode == 3:  # the child says the backend cannot take this gate (no backward, unavailable)
-        why = gate.stderr_tail[-1] if gate.stderr_tail else "cannot take it"
-        return CheckVerdict(check, State.NOT_RUN, detail="no backward" if "no backward" in why else "cannot take it")
+        said = "no backward" if gate.stderr_tail and "no backward" in gate.stderr_tail[-1] else "cannot take it"
+        return CheckVerdict(check, State.NOT_RUN, detail=said)
     if gate.returncode not in (0, None):
         return CheckVerdict(check, State.CRASHED, detail=f"gate child {describe_exit(gate.returncode)[0]}")
     if gate.failed_lines:
@@ -281,15 +274,14 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
         state = State.SKIPPED if result.status == "skipped" else State.NOT_LOADED
         why = result.skip_reason or "no reason recorded"
         return BackendVerdict(key, {c: CheckVerdict(c, state, detail=why) for c in CHECKS}, state, why)
-    ended = State(result.status.replace("_", " ")) if result.status in ENDED_EARLY else None
-    crash = result.crash
-    done = set(crash.finished_checks) if crash is not None else set()
+    crash = result.crash  # recorded where the status is crashed or timed_out
+    ended = None if crash is None else State(result.status.replace("_", " "))
     checks = {}
     for c in CHECKS:
         ran_by = _RAN_BY.get(c)
-        if ended is not None and ran_by not in done:  # the gates never run for a backend that died
-            here = crash is not None and ran_by is not None and crash.check == ran_by
-            where = _short_cause(result) + (f" at {count(crash.batch_size)} rows" if here and crash.batch_size else "")
+        if ended is not None and ran_by not in crash.finished_checks:  # the gates never run for a backend that died
+            here = ran_by is not None and crash.check == ran_by
+            where = _short_cause(crash) + (f" at {count(crash.batch_size)} rows" if here and crash.batch_size else "")
             checks[c] = CheckVerdict(c, ended, detail=where if here else f"not reached ({ended.value} earlier)")
         else:
             checks[c] = _check_verdict(result, c)
@@ -354,10 +346,9 @@ _COUNT_COLUMNS = ["row comparisons", "y differs", "dx or dz differs", "y, dx or 
 _COUNTED = [*_COUNT_COLUMNS, "records kept", "records not kept (max_records)", "max_ulp"]
 
 
-def differing_table(run: RunResult | None, records: pd.DataFrame | None) -> pd.DataFrame:
-    """One line per (backend, check) that differs or has records. Without the run the count columns stay empty:
-    the records alone would undercount."""
-    verdicts = {} if run is None else run_verdicts(run)
+def differing_table(run: RunResult, records: pd.DataFrame | None) -> pd.DataFrame:
+    """One line per (backend, check) that differs or has records, counted from the run (the records are capped)."""
+    verdicts = run_verdicts(run)
     pairs = [(key, c) for key, v in verdicts.items() for c in INVARIANCE if v.checks[c].state is State.FAILED]
     if records is None or not len(records):
         records = pd.DataFrame(columns=["backend", "check", "tensor"])
@@ -366,7 +357,7 @@ def differing_table(run: RunResult | None, records: pd.DataFrame | None) -> pd.D
     rows = []
     for key, check in pairs:
         sel = records[(recorded["backend"] == key) & (recorded["check"] == check)]
-        c = verdicts[key].checks[check].counts if key in verdicts and check in CHECKS else None
+        c = verdicts[key].checks[check].counts if key in verdicts else None
         tensors = sel["tensor"].astype(str).value_counts().to_dict()
         ranked = sorted(tensors, key=lambda t: _TENSOR_ORDER.index(t) if t in _TENSOR_ORDER else len(_TENSOR_ORDER))
         ulps = pd.to_numeric(sel["max_ulp"], errors="coerce").dropna() if "max_ulp" in sel else pd.Series([])

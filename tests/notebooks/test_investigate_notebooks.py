@@ -23,22 +23,15 @@ pytestmark = pytest.mark.slow
 SEED = seed_report_path()
 
 
-def execute(name: str, workdir: Path, parameters: dict) -> nbformat.NotebookNode:
-    """The notebook run as the command line runs it; the executed notebook."""
+def execute(name: str, workdir: Path, parameters: dict) -> tuple[str, int]:
+    """The notebook run as the command line runs it: every text a reader sees in its outputs (stream text,
+    plain-text and markdown renderings), and how many images it shows."""
     executed, failure = notebook.execute(name, parameters, workdir, progress=False, title=name)
     assert failure is None, failure
-    return nbformat.read(executed, as_version=4)
-
-
-def texts(nb: nbformat.NotebookNode) -> str:
-    """Every text a reader sees in the outputs: stream text, plain-text and markdown renderings."""
-    outputs = [o for c in nb.cells for o in c.get("outputs", [])]
+    outputs = [o for c in nbformat.read(executed, as_version=4).cells for o in c.get("outputs", [])]
     shown = [o.get("data", {}).get(mime) for o in outputs for mime in ("text/markdown", "text/plain")]
-    return "\n".join([o["text"] for o in outputs if o.get("output_type") == "stream"] + [t for t in shown if t])
-
-
-def images(nb: nbformat.NotebookNode) -> int:
-    return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    texts = [o["text"] for o in outputs if o.get("output_type") == "stream"] + [t for t in shown if t]
+    return "\n".join(texts), sum("image/png" in o.get("data", {}) for o in outputs)
 
 
 def test_investigate_rows_notebook_explains_a_chosen_planted_row(tiny_run: Path, tmp_path: Path) -> None:
@@ -54,8 +47,7 @@ def test_investigate_rows_notebook_explains_a_chosen_planted_row(tiny_run: Path,
         "others": ["reference", BATCH_FAULT],
         "device": "cpu",
     }
-    nb = execute("investigate_rows", tmp_path, params)
-    shown = texts(nb)
+    shown, images = execute("investigate_rows", tmp_path, params)
     assert f"**{POSITION_FAULT}**: batch_size_sweep" in shown and "row comparisons" in shown
     assert f"'s y for row {row} (batch_size_sweep, case {case}, seed 3)" in shown
     # the explanation: columns differ by a nonzero number of ulps, reproduced here, and the planted cause named
@@ -67,7 +59,7 @@ def test_investigate_rows_notebook_explains_a_chosen_planted_row(tiny_run: Path,
     # rstd both ways, and the other backends compared on the same row
     assert "fp64_from_x" in shown and "fp32_from_x" in shown
     assert "reference" in shown and BATCH_FAULT in shown and "batch_equal_compared" in shown
-    assert images(nb) == 1  # the per-column plot
+    assert images == 1  # the per-column plot
     assert re.search(r"failed \(\d[\d,]* y", shown)  # the run's own verdicts table, in row comparisons
 
 
@@ -80,11 +72,10 @@ def test_compare_runs_notebook_shows_the_verdict_flip(tmp_path: Path) -> None:
     b.results["vllm"].accuracy_latency.fwd_us = 58.6  # type: ignore[union-attr]
     write_artifact(b, tmp_path / "h200" / "rms_norm_gated_reuse_check.json")
     # artifact_a left at its default: the seed report shipped with rlnorm
-    nb = execute("compare_runs", tmp_path, {"artifact_b": str(tmp_path / "h200")})
-    shown = texts(nb)
+    shown, images = execute("compare_runs", tmp_path, {"artifact_b": str(tmp_path / "h200")})
     assert "- fla_fused_norm_gate full_vs_sub_batches: failed (95 y / 152 dx,dz) -> passed" in shown
     assert "- fla_fused_norm_gate batch_invariant: not invariant (full_vs_sub_batches" in shown
     assert "- vllm fwd_us: 87.1 -> 58.6 us (0.67x, faster)" in shown
     assert "A: NVIDIA B200" in shown and "B: NVIDIA H200" in shown
     assert "fwd_us_ratio" in shown and "fwd_correctly_rounded_a" in shown
-    assert images(nb) == 1
+    assert images == 1

@@ -51,7 +51,8 @@ def _invariance(planted: bool) -> BatchInvariance:
 def _accuracy(cr: float) -> Accuracy:
     return Accuracy(
         rows=64, fwd_correctly_rounded=cr, fwd_max_abs_err=1e-3, fwd_us=50.0, fwd_us_p20=48.0, fwd_us_p80=53.0,
-        fwd_bwd_us=150.0, roofline_add_us=45.0, fwd_ulp_hist={"0": 8000, "1": 192}, device="cpu", timed=True,
+        fwd_bwd_us=150.0, roofline_add_us=45.0, fwd_roofline_ratio=50 / 45, fwd_bwd_roofline_ratio=150 / 120,
+        fwd_ulp_hist={"0": 8000, "1": 192}, device="cpu", timed=True,
         fwd_abs_err_hist={"edges": [1e-6, 1e-4, 1e-2], "counts": [100, 92], "zero": 8000},
     )  # fmt: skip
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import pytest
 from planted import FAULTY, planted_run, write_run
 
 from rlnorm.checkout import CHECKOUT, seed_report_path
@@ -15,11 +14,6 @@ from rlnorm.report.plots.counts import plot_comparison
 from rlnorm.report.verdict import State, run_verdicts
 
 PUBLISHED = (CHECKOUT or Path(__file__).parents[2]) / "outputs" / "h200-full"
-
-
-@pytest.fixture(scope="module")
-def seed():  # type: ignore[no-untyped-def]
-    return load_run(seed_report_path())
 
 
 def test_compare_names_the_backend_that_moved(tmp_path: Path) -> None:
@@ -50,15 +44,12 @@ def test_runs_of_different_ops_say_so_first(tmp_path: Path) -> None:
     assert cmp.different_ops and "different ops" in cmp.changes_markdown()
 
 
-def test_the_seed_report_reads_as_it_says(seed) -> None:  # type: ignore[no-untyped-def]
+def test_the_seed_and_the_published_run_load_compare_and_index(tmp_path: Path) -> None:
+    seed = load_run(seed_report_path())
     v = run_verdicts(seed)
     assert v["fla_fused_norm_gate"].overall is State.FAILED
     assert v["fla_fused_norm_gate"].checks["full_vs_sub_batches"].counts.short() == "95 y / 152 dx,dz"  # type: ignore[union-attr]
     assert v["vllm"].checks["dweight_repeatable"].state is State.NOT_RUN  # no backward: not a failure
-    assert compare_runs("seed", seed).changes == []
-
-
-def test_the_published_run_loads_compares_and_indexes(seed, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     run = load_run(PUBLISHED)
     v = run_verdicts(run)
     not_invariant = {k for k, bv in v.items() if bv.overall is State.FAILED}

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
 import torch
-from conftest import BATCH_FAULT, POSITION_FAULT
+from conftest import POSITION_FAULT
 from planted import FAULTY, load_planted
 
 from rlnorm.inputs import make_case
@@ -29,7 +30,6 @@ from rlnorm.report.investigate import (
     rows_or_reason,
 )
 from rlnorm.report.runs import check_parameters, records_of
-from tests.faults import batch_size_fault_mask
 
 
 class ScaledInBatch(Backend):
@@ -71,18 +71,15 @@ class ScaledPerCall(ScaledInBatch):
         return (gated_rmsnorm_math(x, z, w, opts) * scale).to(x.dtype)
 
 
-def _rebuild_spec(rows: int, row: int, tensor: str) -> dict:
-    """all_rows of a seed-3 case: `row` in the batch of all `rows` rows vs alone."""
+def _fault_record(tensor: str, spec: str = ScaledInBatch.key, row: int = 2, rows: int = 7, **rebuild: Any) -> dict:
+    """A hand-made record of a planted fault: all_rows of a seed-3 case, `row` in the batch of all `rows` rows vs
+    alone; `rebuild` replaces fields of its rebuild spec."""
     case = {"rows": rows, "d": 128, "seed": 3, "dtype": "bfloat16", "weight_dtype": "bfloat16"}
     where = {"batch": {"kind": "slice", "start": 0, "size": rows}, "row": row, "position": row}
-    return {"v": 1, "check": "all_rows", "case": case, **where, "opts": OpOptions().as_dict(), "tensor": tensor}
-
-
-def _fault_record(tensor: str, spec: str = ScaledInBatch.key, row: int = 2) -> dict:
-    """A hand-made record of a planted fault: all_rows of 7 rows, seed 3."""
-    rebuild = json.dumps(_rebuild_spec(7, row, tensor))
-    return {"backend": spec, "check": "all_rows", "seed": 3, "case": "n=7", "row": row, "tensor": tensor,
-            "rebuild": rebuild}  # fmt: skip
+    rebuild = {"v": 1, "check": "all_rows", "case": case, **where, "opts": OpOptions().as_dict(), "tensor": tensor,
+               **rebuild}  # fmt: skip
+    return {"backend": spec, "check": rebuild["check"], "seed": 3, "case": f"n={rows}", "row": row, "tensor": tensor,
+            "rebuild": json.dumps(rebuild)}  # fmt: skip
 
 
 def test_explain_row_reproduces_the_planted_batch_size_fault() -> None:
@@ -103,10 +100,8 @@ def test_explain_row_reproduces_the_planted_batch_size_fault() -> None:
 
 
 def test_explain_row_compares_a_sub_batch_with_the_full_batch() -> None:
-    spec = _rebuild_spec(15, 4, "y")
-    spec.update(check="full_vs_sub_batches", batch={"kind": "slice", "start": 4, "size": 1}, position=0)
-    spec["other"] = {"kind": "slice", "start": 0, "size": 15}
-    record = {**_fault_record("y"), "check": "full_vs_sub_batches", "row": 4, "rebuild": json.dumps(spec)}
+    sub, full = {"kind": "slice", "start": 4, "size": 1}, {"kind": "slice", "start": 0, "size": 15}
+    record = _fault_record("y", row=4, rows=15, check="full_vs_sub_batches", batch=sub, position=0, other=full)
     expl = explain_row(record, others=[], device="cpu")
     s = expl.summary
     assert s["compared_with"] == "full batch" and s["compared_rows"] == 15 and s["batch_rows"] == 1
@@ -186,19 +181,11 @@ def test_explain_row_of_a_backend_that_cannot_run_here_still_shows_the_row() -> 
 
 @pytest.mark.parametrize(
     ("spec", "diagnosis"),
-    [
-        (ScaledByOtherRows.key, "other rows"),
-        (ScaledPerCall.key, "nondeterministic"),
-        (POSITION_FAULT, "position"),
-        (BATCH_FAULT, "batch size"),
-    ],
+    [(ScaledByOtherRows.key, "other rows"), (ScaledPerCall.key, "nondeterministic"), (POSITION_FAULT, "position")],
 )
 def test_diagnosis_names_the_planted_cause(spec: str, diagnosis: str) -> None:
-    # position faults bump rows at positions 1, 4; the batch-size fault rows whose tag matches the regime
-    row = 1 if spec == POSITION_FAULT else 2
-    if spec == BATCH_FAULT:
-        row = int(batch_size_fault_mask(make_case(7, 128, 3).x).nonzero()[0])
-    expl = explain_row(_fault_record("y", spec, row), others=[], device="cpu")
+    # position faults bump rows at positions 1, 4 (the batch-size diagnosis: the first explain_row test)
+    expl = explain_row(_fault_record("y", spec, 1 if spec == POSITION_FAULT else 2), others=[], device="cpu")
     assert expl.summary["reproduced"], expl.text
     assert expl.summary["diagnosis"] == diagnosis
     assert DIAGNOSES[diagnosis] in expl.text

@@ -8,14 +8,12 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from rlnorm.kit.results import Accuracy, BackendResult, RunResult
+from rlnorm.kit.results import Accuracy, RunResult
 from rlnorm.report.runs import run_label
-from rlnorm.report.verdict import crash_words
 
 MISSING_COLOR = "#888888"
 OK_COLOR = "#2e7d32"
 BAD_COLOR = "#c62828"
-THIS_COLOR = "#1f77b4"
 
 
 def save(fig: Figure, folder: Path | None, name: str) -> Figure:
@@ -44,11 +42,6 @@ def message(ax: Any, text: str, color: str = MISSING_COLOR, fontsize: float = 11
         spine.set_color("#dddddd")
 
 
-def compact(n: int) -> str:
-    """12 -> '12', 524283 -> '524k', 2.6e6 -> '2.6M': labels that fit above a narrow bar."""
-    return f"{n:,}" if n < 10_000 else (f"{n / 1000:.0f}k" if n < 1_000_000 else f"{n / 1e6:.1f}M")
-
-
 def fmt_us(us: float) -> str:
     """Microseconds as a reader scans them: '53.1 us', '865 us', '115.3 ms', '2.16 s'."""
     if us >= 1e6:
@@ -70,35 +63,6 @@ def cpu_note(run: RunResult) -> str | None:
     return f"CPU run{interp}: times say nothing about GPU speed"
 
 
-ADD_TENSORS = {"fwd_us": 1.0, "fwd_bwd_us": 8 / 3}  # the add moves 3 tensors; forward+backward must move 8
-
-
-def own_add_us(acc: Accuracy, field: str) -> float | None:
-    """The floor `field` is measured against: the torch.add timed beside this backend in the same run."""
-    add = acc.roofline_add_us
-    return None if add is None or add <= 0 else add * ADD_TENSORS[field]
-
-
 def roofline_ratio(acc: Accuracy, field: str) -> float | None:
-    """`field`'s time over this backend's own same-run add: the artifact's ratio, or the quotient of its parts."""
-    ratio = acc.fwd_roofline_ratio if field == "fwd_us" else acc.fwd_bwd_roofline_ratio
-    if ratio is not None:
-        return ratio
-    t, floor = getattr(acc, field), own_add_us(acc, field)
-    return None if t is None or floor is None else t / floor
-
-
-def missing_reason(result: BackendResult, field: str) -> str:
-    """Why a backend has no `field` (a time, or the correctly rounded fraction)."""
-    if result.status in ("skipped", "failed"):
-        return result.status
-    acc = result.accuracy_latency
-    if acc is None:
-        return crash_words(result, brief=True) or "accuracy_latency not run"
-    if field == "fwd_bwd_us" and not result.has_backward:
-        return "no backward"
-    if acc.error:
-        return "check raised"
-    if acc.timed is False and field.endswith("_us"):
-        return f"not timed ({acc.device or 'this device'})"
-    return "not measured"
+    """`field`'s time over this backend's own same-run add, as the accuracy check wrote it beside the times."""
+    return acc.fwd_roofline_ratio if field == "fwd_us" else acc.fwd_bwd_roofline_ratio

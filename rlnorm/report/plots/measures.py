@@ -12,23 +12,47 @@ from matplotlib import transforms as mtransforms
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
-from rlnorm.kit.results import RunResult
+from rlnorm.kit.results import Accuracy, BackendResult, RunResult
 from rlnorm.report.plots.common import (
     BAD_COLOR,
     MISSING_COLOR,
     OK_COLOR,
-    THIS_COLOR,
-    compact,
     cpu_note,
     finish,
     fmt_ratio,
     fmt_us,
     message,
-    missing_reason,
-    own_add_us,
     roofline_ratio,
 )
 from rlnorm.report.verdict import clip, crash_words
+
+
+def compact(n: int) -> str:
+    """12 -> '12', 524283 -> '524k', 2.6e6 -> '2.6M': labels that fit above a narrow bar."""
+    return f"{n:,}" if n < 10_000 else (f"{n / 1000:.0f}k" if n < 1_000_000 else f"{n / 1e6:.1f}M")
+
+
+def own_add_us(acc: Accuracy, field: str) -> float | None:
+    """The floor `field` is measured against: the torch.add timed beside this backend in the same run, which moves
+    3 tensors (forward+backward must move 8)."""
+    add = acc.roofline_add_us
+    return None if add is None or add <= 0 else add * (1.0 if field == "fwd_us" else 8 / 3)
+
+
+def missing_reason(result: BackendResult, field: str) -> str:
+    """Why a backend has no `field` (a time, or the correctly rounded fraction)."""
+    if result.status in ("skipped", "failed"):
+        return result.status
+    acc = result.accuracy_latency
+    if acc is None:
+        return crash_words(result, brief=True) or "accuracy_latency not run"
+    if field == "fwd_bwd_us" and not result.has_backward:
+        return "no backward"
+    if acc.error:
+        return "check raised"
+    if acc.timed is False and field.endswith("_us"):
+        return f"not timed ({acc.device or 'this device'})"
+    return "not measured"
 
 
 def _ulp_rank(k: str) -> tuple[int, int]:
@@ -115,7 +139,7 @@ def plot_latency(run: RunResult, folder: Path | None = None) -> Figure:
         adds = [None if a is None or v is None else own_add_us(a, field) for a, v in zip(accs, values, strict=True)]
         span = present + [a for a in adds if a is not None]
         log = max(span) / min(span) > 8  # within 8x a linear axis still shows the differences
-        ax.barh(ys, [v or 0.0 for v in values], color=THIS_COLOR, height=0.6)
+        ax.barh(ys, [v or 0.0 for v in values], color="#1f77b4", height=0.6)
         x_in_axes = mtransforms.blended_transform_factory(ax.transAxes, ax.transData)
         for y, key, acc, v in zip(ys, keys, accs, values, strict=True):
             if v is None or acc is None:
