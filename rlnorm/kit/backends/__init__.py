@@ -162,16 +162,13 @@ class Backend:
                 return self.forward_backward(x, z, w, dy, OpOptions()).y
             return self.forward(x, z, w, OpOptions())
 
-        return self._tiny_run(device, run, "probe run")
-
-    def _tiny_run(self, device: str, run: Callable[..., Tensor], what: str) -> tuple[bool, str]:
         case = make_case(3, 128, seed=0, device=device)  # small: an interpreted Triton kernel answers fast
         try:
             y = run(case.x, case.z, case.w, case.dy)
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
         except Exception as exc:
-            return False, f"{what} on {device} failed: {describe_error(exc)}"
+            return False, f"probe run on {device} failed: {describe_error(exc)}"
         if tuple(y.shape) != tuple(case.x.shape):
             return False, f"probe output has shape {tuple(y.shape)}, expected {tuple(case.x.shape)}"
         return True, ""

@@ -302,7 +302,10 @@ class StackRow(Backend):
         super().__init__()
         self.files, self._where = find(self.pin, files)
         self._loaded: Any = None
-        self.source = self.describe(self.files.origin if self.files is not None else "files not found")
+
+    @property
+    def source(self) -> str:  # type: ignore[override]
+        return self.describe(self.files.origin if self.files is not None else "files not found")
 
     def describe(self, where: str) -> str:
         stood = "; ".join(f"{k}: {v}" for k, v in self.pin.stood_in.items()) or "nothing"
