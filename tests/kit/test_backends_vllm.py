@@ -67,7 +67,7 @@ def test_not_installed_with_vllms_files_runs_them(
     monkeypatch.setenv(ENV, str(vllm_archive))
     b = VllmBackend()
     assert b.available("cpu") == (True, "")
-    assert b.plan().mode == "files"
+    assert b.plan.mode == "files"
     assert f"{vllm_archive} ({ENV})" in b.source and "vllm is not installed here" in b.source  # what ran, from where
     case_x = torch.randn(5, 128).to(torch.bfloat16)
     y = b.forward(case_x, case_x.flip(0), torch.ones(128, dtype=torch.bfloat16), OpOptions())
@@ -83,7 +83,7 @@ def test_installed_but_not_importable_runs_its_files_and_says_why(
     monkeypatch.delenv(ENV, raising=False)
     b = VllmBackend()
     b.probe_env = _plant_vllm(tmp_path, "raise ImportError('planted: libcudart.so.13: cannot open')\n")
-    plan = b.plan()
+    plan = b.plan
     assert plan.mode == "files"
     assert b.last_probe is not None and b.last_probe["stage"] == "import"
     assert "vllm 0.30.0 is installed but `import vllm` fails here: ImportError: planted: libcudart" in b.source
@@ -119,7 +119,7 @@ def test_the_probe_reports_how_vllm_failed(tmp_path: Path, body: str, timeout_s:
 def test_loading_does_not_decide_and_there_is_no_backward() -> None:
     b = load_backend("vllm")
     assert isinstance(b, VllmBackend)
-    assert b._plan is None and b.last_probe is None
+    assert "plan" not in vars(b) and b.last_probe is None
     assert "(not decided yet)" in repr(b)
     with pytest.raises(BackendUnavailable, match="no backward"):
         b.forward_backward(torch.zeros(2, 128), torch.zeros(2, 128), torch.ones(128), torch.zeros(2, 128), OpOptions())
@@ -165,7 +165,7 @@ def real() -> VllmBackend:
     """One real probe on the CPU (importing vllm takes ~10-25 s)."""
     needs_installed_vllm("the adapter")
     b = VllmBackend()
-    plan = b.plan()
+    plan = b.plan
     if plan.mode != "imported":
         msg = f"vllm cannot be imported here: {plan.source}"
         if IN_CI:

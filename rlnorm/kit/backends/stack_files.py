@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error, dist_version
 
 __all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "Pin", "StackFiles", "StackRow", "find", "installed", "load"]
-__all__ += ["load_file", "read_function", "unpack"]
+__all__ += ["interp", "load_file", "read_function", "unpack"]
 
 WHL = Path(__file__).resolve().parents[3] / ".whl"
 _LOCK = threading.Lock()
@@ -290,6 +292,11 @@ def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Calla
     exec(code, module.__dict__)
     sys.modules[module_name] = module
     return module.__dict__[node.name]
+
+
+def interp() -> str:
+    """What a row's `source` adds where its Triton kernels run interpreted (no GPU)."""
+    return "" if torch.cuda.is_available() else ", under the Triton interpreter"
 
 
 class StackRow(Backend):

@@ -28,10 +28,6 @@ __all__ += ["Vllm033Backend", "VllmNative033Backend", "VllmNativeBatchInvariant0
 __all__ += ["VllmNativeCompiled033Backend", "sglang_modules"]
 
 
-def _interp() -> str:
-    return "" if torch.cuda.is_available() else ", under the Triton interpreter"
-
-
 # -- SGLang 0.5.23 -----------------------------------------------------------------------------------------------
 _SGL = "sglang.kernels.ops.attention.fla."
 
@@ -99,7 +95,7 @@ class SglangFusedNormGateBackend(_SglangRow):
     def what(self) -> str:  # type: ignore[override]
         return (
             "fused_norm_gate.py FusedRMSNormGated(D, eps, activation) as qwen3_next.py builds it, called as its GDN "
-            f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{_interp()}"
+            f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{sf.interp()}"
         )
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
@@ -124,7 +120,7 @@ class SglangLayernormGatedBackend(_SglangRow):
             + ("" if torch.cuda.is_available() else ", whose _get_sm_count answers torch's thread count on a CPU")
         )
         built = "layernorm_gated.py RMSNorm(D, eps, group_size, norm_before_gate, activation) as qwen3_5.py builds it"
-        return f"{built}, {mode}{_interp()}"
+        return f"{built}, {mode}{sf.interp()}"
 
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
         return self.loaded()["layernorm_gated"].RMSNorm(d, **opts.as_dict(), device=w.device, dtype=w.dtype)

@@ -194,24 +194,18 @@ class VllmBackend(sf.StackRow):
         self.probe_env: dict[str, str] | None = None  # extra environment for the probe child (tests)
         self.last_probe: dict[str, Any] | None = None
         self._probes: dict[str, dict[str, Any]] = {}
-        self._plan: Plan | None = None
         self._modules: dict[tuple, Any] = {}
 
     @property
     def source(self) -> str:  # type: ignore[override]
-        return self.plan().source
+        return self.plan.source
 
     def describe(self, where: str) -> str:
-        interp = ", under the Triton interpreter" if not torch.cuda.is_available() else ""
-        text = f"vLLM {self.pin.version} {self.what}, from vLLM's own files{interp} ({where})" + _PATH_NOTE
+        text = f"vLLM {self.pin.version} {self.what}, from vLLM's own files{sf.interp()} ({where})" + _PATH_NOTE
         return text + "".join(f"; {name} stood in by {self.pin.stood_in[name]}" for name in self.pin.empty)
 
-    def plan(self) -> Plan:
-        if self._plan is None:
-            self._plan = self._decide()
-        return self._plan
-
-    def _decide(self) -> Plan:
+    @functools.cached_property
+    def plan(self) -> Plan:  # decided once; may start the probe child
         if self.given:
             why = "the files were given"
         elif not self.imports:
@@ -238,11 +232,11 @@ class VllmBackend(sf.StackRow):
         return self.last_probe
 
     def _import_reason(self) -> str | None:  # asked only where nothing is imported
-        plan = self.plan()
+        plan = self.plan
         return plan.reason if plan.mode == "none" else super()._import_reason()
 
     def _probe(self, device: str) -> tuple[bool, str]:
-        if self.plan().mode != "imported":  # the files, or nothing: nothing is imported, so the tiny run happens here
+        if self.plan.mode != "imported":  # the files, or nothing: nothing is imported, so the tiny run happens here
             return super()._probe(device)
         reason = reason_from_probe(self._probe_child(device), self.version)
         return (False, reason) if reason else (True, "")
@@ -251,7 +245,7 @@ class VllmBackend(sf.StackRow):
         return load_layernorm_guard(self.files)  # type: ignore[arg-type]
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        plan = self.plan()
+        plan = self.plan
         if plan.mode == "none":
             raise BackendUnavailable(f"{self.key}: {plan.reason}")
         if plan.mode == "imported":  # "cuda" and "cuda:0" are one device: one probe child, not two
@@ -280,7 +274,7 @@ class VllmBackend(sf.StackRow):
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         """ROWS_PER_BLOCK, which `calc_rows_per_block` picks from the row count and the compute units: 1, 2, 4."""
-        mode = self.plan().mode
+        mode = self.plan.mode
         if mode == "none":
             return []
         if mode == "imported":
@@ -294,7 +288,7 @@ class VllmBackend(sf.StackRow):
         return [Setting(kernel, "ROWS_PER_BLOCK", str(n), lambda n=n: pin(n)) for n in (1, 2, 4)]
 
     def __repr__(self) -> str:  # never decides: reading `source` may start the probe child
-        decided = self._plan.source if self._plan is not None else "(not decided yet)"
+        decided = self.plan.source if "plan" in vars(self) else "(not decided yet)"
         return f"<{type(self).__name__} key={self.key!r} source={decided!r}>"
 
 
