@@ -39,17 +39,10 @@ def vllm_version() -> str | None:
     return None if (version := dist_version("vllm")) == "?" else version
 
 
-def _device_type(device: str) -> str:
-    try:
-        return torch.device(device).type
-    except (RuntimeError, TypeError):
-        return str(device)
-
-
 def prepare_import(device: str) -> None:
     """Without a GPU, CUDA_VISIBLE_DEVICES="" before the first `import vllm`: vLLM then keeps Triton although no
     driver is active (triton_utils/importing.py)."""
-    if "vllm" not in sys.modules and _device_type(device) == "cpu" and not torch.cuda.is_available():
+    if "vllm" not in sys.modules and torch.device(device).type == "cpu" and not torch.cuda.is_available():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
@@ -108,10 +101,10 @@ def build_module(w: Tensor, opts: OpOptions) -> Any:
 
 def probe(device: str) -> dict[str, Any]:
     """In the child: import vllm as the backend does and call forward_cuda on a tiny input; the stage reached."""
-    prepare_import(device)
     out: dict[str, Any] = {"device": device, "stage": "import", "error": None}
-    out |= {k.lower(): os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")}
     try:
+        prepare_import(device)
+        out |= {k.lower(): os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")}
         import vllm
         from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
@@ -119,7 +112,7 @@ def probe(device: str) -> dict[str, Any]:
         out["vllm_version"] = getattr(vllm, "__version__", None)
         out["platform"] = type(current_platform).__name__
         out["has_triton"] = bool(HAS_TRITON)
-        if _device_type(device) == "cpu":
+        if torch.device(device).type == "cpu":
             out["compute_units_answered"] = answer_compute_units()
         out["stage"] = "construct"
         case = make_case(3, 128, seed=0, device=device)
@@ -128,7 +121,7 @@ def probe(device: str) -> dict[str, Any]:
         out["stage"] = "forward_cuda"
         with torch.no_grad():
             y = mod.forward_cuda(case.x, case.z)
-        if _device_type(device) == "cuda":
+        if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
         out["output_shape"] = list(y.shape)
         out["stage"] = "ok"
@@ -213,10 +206,11 @@ class VllmBackend(sf.StackRow):
         elif self.version is None:
             why = "vllm is not installed here"
         else:
-            p = self._probe_child("cuda" if torch.cuda.is_available() else "cpu")  # what `device: auto` picks
+            device = "cuda" if torch.cuda.is_available() else "cpu"  # what `device: auto` picks
+            p = self._probe_child(device)
             if p.get("stage") not in ("import", "child"):
                 text = f"vLLM {self.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported"
-                if _device_type(p["device"]) == "cpu":
+                if device == "cpu":
                     text += ", under the Triton interpreter (CUDA_VISIBLE_DEVICES='')"
                 return Plan("imported", text + _PATH_NOTE)
             why = f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}"
