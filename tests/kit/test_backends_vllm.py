@@ -25,19 +25,20 @@ from rlnorm.options import OpOptions
 ENV = sf.PINS["vllm"].env  # RLNORM_VLLM_SOURCES
 
 
-def _no_probe(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    raise AssertionError("the probe child must not be started when vllm is not installed")
-
-
 def _plant_vllm(root: Path, body: str) -> dict[str, str]:  # a fake `vllm` ahead of the real one on the child's path
     (root / "vllm").mkdir(parents=True)
     (root / "vllm" / "__init__.py").write_text(textwrap.dedent(body))
     return {"PYTHONPATH": str(root)}
 
 
+def _no_probe(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    raise AssertionError("the probe child must not be started when vllm is not installed")
+
+
 @pytest.fixture
 def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # no vllm installed, no copy of its files
     monkeypatch.setattr(vb, "vllm_version", lambda: None)
+    monkeypatch.setattr(vb, "run_probe", _no_probe)
     monkeypatch.setattr(sf, "installed", lambda pin: None)
     monkeypatch.setattr(sf, "WHL", tmp_path)
     monkeypatch.delenv(ENV, raising=False)
@@ -46,7 +47,6 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # no vllm
 def test_not_installed_and_no_files_says_where_it_looked(
     monkeypatch: pytest.MonkeyPatch, nowhere: None, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(vb, "run_probe", _no_probe)
     b = VllmBackend()
     ok, why = b.available("cpu")
     assert not ok and why.startswith("vllm is not installed here, and vllm 0.30.0's files were not found")
@@ -63,7 +63,6 @@ def test_not_installed_with_vllms_files_runs_them(
     monkeypatch: pytest.MonkeyPatch, nowhere: None, vllm_archive: Path
 ) -> None:
     # the GPU image's case: no vllm, its files carried as tools/stack_sources.py packs them
-    monkeypatch.setattr(vb, "run_probe", _no_probe)
     monkeypatch.setenv(ENV, str(vllm_archive))
     b = VllmBackend()
     assert b.available("cpu") == (True, "")

@@ -179,11 +179,10 @@ class VllmBackend(sf.StackRow):
     has_backward = False  # forward_cuda calls its Triton kernel without an autograd.Function
     what = "layernorm_guard.rmsnorm_fn as RMSNormGated.forward_cuda calls it"
 
-    def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
+    def __init__(self, files: str | Path | None = None) -> None:
         super().__init__(files)
         self.version = vllm_version() if self.imports else self.pin.version
         self.given = files is not None
-        self.probe_timeout_s = probe_timeout_s
         self.probe_env: dict[str, str] | None = None  # extra environment for the probe child (tests)
         self.last_probe: dict[str, Any] | None = None
         self._probes: dict[str, dict[str, Any]] = {}
@@ -221,7 +220,7 @@ class VllmBackend(sf.StackRow):
 
     def _probe_child(self, device: str) -> dict[str, Any]:
         if device not in self._probes:
-            self._probes[device] = run_probe(device, timeout_s=self.probe_timeout_s, env=self.probe_env)
+            self._probes[device] = run_probe(device, env=self.probe_env)
         self.last_probe = self._probes[device]  # for the record
         return self.last_probe
 
