@@ -25,11 +25,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error, dist_version
+from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error, dist_version
+from rlnorm.options import OpOptions
 
-__all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "Pin", "StackFiles", "StackRow", "find", "installed", "load"]
-__all__ += ["interp", "load_file", "read_function", "unpack"]
+__all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "ForwardOnlyRow", "Pin", "StackFiles", "StackRow", "find"]
+__all__ += ["installed", "interp", "load_file", "read_function", "unpack"]
 
 WHL = Path(__file__).resolve().parents[3] / ".whl"
 _LOCK = threading.Lock()
@@ -334,3 +336,14 @@ class StackRow(Backend):
             pinned = f"{self.pin.dist} {self.pin.version}"
             return f"{pinned}'s files under {self.files.root} do not load: {describe_error(exc)}"
         return None
+
+
+class ForwardOnlyRow(StackRow):
+    """A row of a stack that samples, never trains: no backward, and its kernel never launched on no rows."""
+
+    has_backward = False
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if not check_inputs(x, z, w, opts):
+            return torch.empty_like(x)
+        return super().forward(x, z, w, opts)

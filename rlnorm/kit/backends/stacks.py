@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlnorm.kit.backends import check_inputs, describe_error, only_qwen_options
+from rlnorm.kit.backends import describe_error, only_qwen_options
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends import vllm_native as vn
 from rlnorm.kit.backends.vllm import VllmBackend
@@ -65,23 +65,19 @@ def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, typ
     return {"fused_norm_gate": loaded[_SGL + "fused_norm_gate"], "layernorm_gated": lg}
 
 
-class _SglangRow(sf.StackRow):
+class _SglangRow(sf.ForwardOnlyRow):  # SGLang's autograd Functions define no backward
     pin = sf.PINS["sglang"]
-    has_backward = False  # SGLang's autograd Functions define no backward: it samples, never trains
     batch_invariant = False
     writes_input = False
 
     def _load(self) -> Any:
         return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
 
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if not check_inputs(x, z, w, opts):
-            return torch.empty_like(x)
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         self._check(z, opts)
         mod = self._module(x.shape[-1], w, opts)
         mod.weight = nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
-        with torch.no_grad():
-            return mod(x.clone() if self.writes_input else x, z)
+        return mod(x.clone() if self.writes_input else x, z)
 
 
 class SglangFusedNormGateBackend(_SglangRow):

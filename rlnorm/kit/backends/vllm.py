@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import BackendUnavailable, check_inputs, describe_error, dist_version
+from rlnorm.kit.backends import BackendUnavailable, describe_error, dist_version
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.process import run_child
@@ -169,14 +169,13 @@ class Plan:
     reason: str = ""  # mode "none": why nothing can run
 
 
-class VllmBackend(sf.StackRow):
+class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel without an autograd.Function
     """vLLM's `RMSNormGated.forward_cuda`, or its `rmsnorm_fn` from vLLM's files (`files`, or where vllm cannot
     import): a pinned stack's row whose files are the fallback, decided once (`plan`)."""
 
     key = "vllm"
     pin = sf.PINS["vllm"]
     imports = True  # False: the pin's files only, never the installed vllm (another release)
-    has_backward = False  # forward_cuda calls its Triton kernel without an autograd.Function
     what = "layernorm_guard.rmsnorm_fn as RMSNormGated.forward_cuda calls it"
 
     def __init__(self, files: str | Path | None = None) -> None:
@@ -247,12 +246,12 @@ class VllmBackend(sf.StackRow):
             )
             if not ok:
                 raise BackendUnavailable(f"{self.key}: {why}")
-        if not check_inputs(x, z, w, opts):  # no rows: vLLM is not called
-            return torch.empty_like(x)
-        with torch.no_grad():
-            if plan.mode == "files":
-                return rmsnorm_call(self.loaded().rmsnorm_fn, x, z, w.detach(), opts)
-            return self._module(x, w, opts).forward_cuda(x, z)
+        return super().forward(x, z, w, opts)
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if self.plan.mode == "files":
+            return rmsnorm_call(self.loaded().rmsnorm_fn, x, z, w.detach(), opts)
+        return self._module(x, w, opts).forward_cuda(x, z)
 
     def _module(self, x: Tensor, w: Tensor, opts: OpOptions) -> Any:
         key = (x.shape[-1], w.dtype, str(w.device), opts)
