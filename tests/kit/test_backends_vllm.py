@@ -25,14 +25,14 @@ from rlnorm.options import OpOptions
 ENV = sf.PINS["vllm"].env  # RLNORM_VLLM_SOURCES
 
 
-def _no_probe(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    raise AssertionError("the probe child must not be started when vllm is not installed")
-
-
 def _plant_vllm(root: Path, body: str) -> dict[str, str]:  # a fake `vllm` ahead of the real one on the child's path
     (root / "vllm").mkdir(parents=True)
     (root / "vllm" / "__init__.py").write_text(textwrap.dedent(body))
     return {"PYTHONPATH": str(root)}
+
+
+def _no_probe(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    raise AssertionError("the probe child must not be started when vllm is not installed")
 
 
 @pytest.fixture
@@ -66,7 +66,7 @@ def test_not_installed_with_vllms_files_runs_them(
     monkeypatch.setenv(ENV, str(vllm_archive))
     b = VllmBackend()
     assert b.available("cpu") == (True, "")
-    assert b.plan().mode == "files"
+    assert b.plan.mode == "files"
     assert f"{vllm_archive} ({ENV})" in b.source and "vllm is not installed here" in b.source  # what ran, from where
     case_x = torch.randn(5, 128).to(torch.bfloat16)
     y = b.forward(case_x, case_x.flip(0), torch.ones(128, dtype=torch.bfloat16), OpOptions())
@@ -82,7 +82,7 @@ def test_installed_but_not_importable_runs_its_files_and_says_why(
     monkeypatch.delenv(ENV, raising=False)
     b = VllmBackend()
     b.probe_env = _plant_vllm(tmp_path, "raise ImportError('planted: libcudart.so.13: cannot open')\n")
-    plan = b.plan()
+    plan = b.plan
     assert plan.mode == "files"
     assert b.last_probe is not None and b.last_probe["stage"] == "import"
     assert "vllm 0.30.0 is installed but `import vllm` fails here: ImportError: planted: libcudart" in b.source
@@ -117,7 +117,7 @@ def test_the_probe_reports_how_vllm_failed(tmp_path: Path, body: str, timeout_s:
 
 def test_loading_does_not_decide() -> None:
     b = load_backend("vllm")
-    assert isinstance(b, VllmBackend) and b._plan is None and b.last_probe is None
+    assert isinstance(b, VllmBackend) and "plan" not in vars(b) and b.last_probe is None
 
 
 # where the test plants the unimportable vllm package; the kit's worker process, which builds the backend, inherits it
@@ -160,7 +160,7 @@ def real() -> VllmBackend:
     """One real probe on the CPU (importing vllm takes ~10-25 s)."""
     needs_installed_vllm("the adapter")
     b = VllmBackend()
-    plan = b.plan()
+    plan = b.plan
     if plan.mode != "imported":
         msg = f"vllm cannot be imported here: {plan.source}"
         if IN_CI:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlnorm.kit.backends import check_inputs, describe_error, only_qwen_options
+from rlnorm.kit.backends import describe_error, only_qwen_options
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends import vllm_native as vn
 from rlnorm.kit.backends.vllm import VllmBackend
@@ -26,10 +26,6 @@ __all__ = ["MegatronGdnBackend", "MegatronGdnBatchInvariantBackend", "SglangFuse
 __all__ += ["SglangLayernormGatedBackend", "SglangLayernormGatedDeterministicBackend", "TorchtitanBackend"]
 __all__ += ["Vllm033Backend", "VllmNative033Backend", "VllmNativeBatchInvariant033Backend"]
 __all__ += ["VllmNativeCompiled033Backend", "sglang_modules"]
-
-
-def _interp() -> str:
-    return "" if torch.cuda.is_available() else ", under the Triton interpreter"
 
 
 # -- SGLang 0.5.23 -----------------------------------------------------------------------------------------------
@@ -69,23 +65,19 @@ def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, typ
     return {"fused_norm_gate": loaded[_SGL + "fused_norm_gate"], "layernorm_gated": lg}
 
 
-class _SglangRow(sf.StackRow):
+class _SglangRow(sf.ForwardOnlyRow):  # SGLang's autograd Functions define no backward
     pin = sf.PINS["sglang"]
-    has_backward = False  # SGLang's autograd Functions define no backward: it samples, never trains
     batch_invariant = False
     writes_input = False
 
     def _load(self) -> Any:
         return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
 
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if not check_inputs(x, z, w, opts):
-            return torch.empty_like(x)
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         self._check(z, opts)
         mod = self._module(x.shape[-1], w, opts)
         mod.weight = nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
-        with torch.no_grad():
-            return mod(x.clone() if self.writes_input else x, z)
+        return mod(x.clone() if self.writes_input else x, z)
 
 
 class SglangFusedNormGateBackend(_SglangRow):
@@ -99,7 +91,7 @@ class SglangFusedNormGateBackend(_SglangRow):
     def what(self) -> str:  # type: ignore[override]
         return (
             "fused_norm_gate.py FusedRMSNormGated(D, eps, activation) as qwen3_next.py builds it, called as its GDN "
-            f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{_interp()}"
+            f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{sf.interp()}"
         )
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
@@ -124,7 +116,7 @@ class SglangLayernormGatedBackend(_SglangRow):
             + ("" if torch.cuda.is_available() else ", whose _get_sm_count answers torch's thread count on a CPU")
         )
         built = "layernorm_gated.py RMSNorm(D, eps, group_size, norm_before_gate, activation) as qwen3_5.py builds it"
-        return f"{built}, {mode}{_interp()}"
+        return f"{built}, {mode}{sf.interp()}"
 
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
         return self.loaded()["layernorm_gated"].RMSNorm(d, **opts.as_dict(), device=w.device, dtype=w.dtype)

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from rlnorm.kit.backends import BackendUnavailable, check_inputs, fresh_function
+from rlnorm.kit.backends import BackendUnavailable, fresh_function
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.options import OpOptions
 
@@ -55,11 +55,10 @@ def vllm_inductor_options(device_type: str) -> dict[str, Any]:
     return opts
 
 
-class _FromVllmFiles(sf.StackRow):
-    """vLLM's forward_static from its own file: forward only (vLLM is inference-only)."""
+class _FromVllmFiles(sf.ForwardOnlyRow):
+    """vLLM's forward_static from its own file."""
 
     pin = sf.PINS["vllm"]
-    has_backward = False
 
     def describe(self, where: str) -> str:
         return f"vLLM {self.pin.version} {self.what}; forward_static read from {where}, vllm not imported"
@@ -68,13 +67,7 @@ class _FromVllmFiles(sf.StackRow):
         path = self.files.path(sf.LAYERNORM)  # type: ignore[union-attr]
         return sf.read_function(path, "RMSNormGated.forward_static", {"torch": torch, "F": F})
 
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if not check_inputs(x, z, w, opts):
-            return torch.empty_like(x)
-        with torch.no_grad():
-            return self._run(x, z, w, opts)
-
-    def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         return native_call(self.loaded(), x, z, w, opts)
 
 
@@ -98,7 +91,7 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
         super().__init__(files)
         self._compiled: dict[tuple, Callable[..., Tensor]] = {}
 
-    def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         d = x.shape[-1]
         # every guard is dropped, so nothing but this key may tell two graphs apart
         key = (opts, d, x.dtype, w.dtype, z is None, str(x.device))
@@ -173,7 +166,7 @@ class VllmNativeBatchInvariantBackend(_FromVllmFiles):
         self.mean = scope["mean_batch_invariant"]
         return super()._load()
 
-    def _run(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         key = {"cuda": "CUDA", "cpu": "CPU"}.get(x.device.type)
         if key is None:
             raise BackendUnavailable(f"{self.key}: no dispatch key for device {x.device} (expected cuda or cpu)")
