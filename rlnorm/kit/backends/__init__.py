@@ -115,7 +115,7 @@ class Backend:
     source: str = ""
     has_backward: bool = True
     requires: str = ""  # the module the backend's code lives in: a failed import makes it unavailable, with why
-    needs_gate = False  # no ungated path: a call without z is refused (`_check`)
+    needs_gate = False  # no ungated path: a call without z is refused (`_check`, before every call)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} defines neither _fn nor forward")
@@ -156,15 +156,12 @@ class Backend:
         ok, why = self.supports(OpOptions())
         if not ok:  # which options it does support is not knowable generically
             return False, f"does not support the default options: {why}"
-
-        def run(x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor) -> Tensor:
-            if self.has_backward:
-                return self.forward_backward(x, z, w, dy, OpOptions()).y
-            return self.forward(x, z, w, OpOptions())
-
         case = make_case(3, 128, seed=0, device=device)  # small: an interpreted Triton kernel answers fast
         try:
-            y = run(case.x, case.z, case.w, case.dy)
+            if self.has_backward:
+                y = self.forward_backward(case.x, case.z, case.w, case.dy, OpOptions()).y
+            else:
+                y = self.forward(case.x, case.z, case.w, OpOptions())
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
         except Exception as exc:
@@ -182,12 +179,14 @@ class Backend:
         return device_lost(device)
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        self._check(z, opts)
         with torch.no_grad():
             return self._fn(x, z, w, opts)
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
         if not self.has_backward:
             raise BackendUnavailable(f"{self.key}: no backward")
+        self._check(z, opts)
         # detach(): fresh leaves sharing storage (no copy inside a timed run), the caller's tensors untouched
         xl = x.detach().requires_grad_(True)
         zl = None if z is None else z.detach().requires_grad_(True)

@@ -74,7 +74,6 @@ class _SglangRow(sf.ForwardOnlyRow):  # SGLang's autograd Functions define no ba
         return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._check(z, opts)
         mod = self._module(x.shape[-1], w, opts)
         mod.weight = nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         return mod(x.clone() if self.writes_input else x, z)
@@ -144,7 +143,6 @@ class TorchtitanBackend(sf.StackRow):
         return only_qwen_options(opts, "TorchTitan's RMSNormGated")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._check(z, opts)
         return self.loaded()(types.SimpleNamespace(eps=opts.eps, weight=w), x, z)
 
 
@@ -173,7 +171,6 @@ class _MegatronRow(sf.StackRow):
         return only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._check(z, opts)
         layer = types.SimpleNamespace(out_norm=self.out_norm(w, opts), act_fn=F.silu)
         return self.loaded()(layer, x, z).reshape(x.shape)
 
