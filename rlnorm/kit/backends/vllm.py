@@ -164,9 +164,8 @@ def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
 
 @dataclass
 class Plan:
-    mode: str  # "imported", "files" or "none"
+    mode: str  # "imported", "files" or "none" (StackRow's reasons then say why)
     source: str
-    reason: str = ""  # mode "none": why nothing can run
 
 
 class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel without an autograd.Function
@@ -213,8 +212,9 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
                 return Plan("imported", text + _PATH_NOTE)
             why = f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}"
         if self.files is None:
-            reason = f"{why}, and {self._where}" if self.imports else self._where
-            return Plan("none", f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda", reason=reason)
+            if self.imports:  # StackRow's reason, after why the installed vllm cannot run
+                self._where = f"{why}, and {self._where}"
+            return Plan("none", f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda")
         return Plan("files", self.describe(f"{self.files.origin}; {why}"))
 
     def _probe_child(self, device: str) -> dict[str, Any]:
@@ -222,10 +222,6 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
             self._probes[device] = run_probe(device, env=self.probe_env)
         self.last_probe = self._probes[device]  # for the record
         return self.last_probe
-
-    def _import_reason(self) -> str | None:  # asked only where nothing is imported
-        plan = self.plan
-        return plan.reason if plan.mode == "none" else super()._import_reason()
 
     def _probe(self, device: str) -> tuple[bool, str]:
         if self.plan.mode != "imported":  # the files, or nothing: nothing is imported, so the tiny run happens here
@@ -237,10 +233,7 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
         return load_layernorm_guard(self.files)  # type: ignore[arg-type]
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        plan = self.plan
-        if plan.mode == "none":
-            raise BackendUnavailable(f"{self.key}: {plan.reason}")
-        if plan.mode == "imported":  # "cuda" and "cuda:0" are one device: one probe child, not two
+        if self.plan.mode == "imported":  # "cuda" and "cuda:0" are one device: one probe child, not two
             ok, why = self.available(
                 "cuda" if x.device.type == "cuda" and x.device.index in (None, 0) else str(x.device)
             )
@@ -249,7 +242,7 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
         return super().forward(x, z, w, opts)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if self.plan.mode == "files":
+        if self.plan.mode != "imported":  # the files (none found: `loaded` says why)
             return rmsnorm_call(self.loaded().rmsnorm_fn, x, z, w.detach(), opts)
         return self._module(x, w, opts).forward_cuda(x, z)
 
