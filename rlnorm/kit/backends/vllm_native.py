@@ -135,13 +135,6 @@ def _mean_override(mean: Callable[..., Tensor], dispatch_key: str) -> Iterator[N
         lib._destroy()
 
 
-# vLLM 0.30.0 vllm/v1/attention/selector.py:235-238, 0.33.0 :245-248 (docs/vllm.md)
-GDN_REFUSED = (
-    "unreachable for Qwen3-Next: vLLM refuses VLLM_BATCH_INVARIANT=1 for its GDN_ATTN layers "
-    "(v1/attention/selector.py: 'VLLM batch_invariant mode is not supported for GDN_ATTN')"
-)
-
-
 class VllmNativeBatchInvariantBackend(_FromVllmFiles):
     """Eager, with VLLM_BATCH_INVARIANT=1's aten::mean.dim override (forward_cuda's kernel makes no aten call)."""
 
@@ -150,9 +143,11 @@ class VllmNativeBatchInvariantBackend(_FromVllmFiles):
     @property
     def what(self) -> str:  # type: ignore[override]
         key = "CUDA" if torch.cuda.is_available() else "CPU (vLLM registers it on CUDA only)"
-        return (
+        return (  # the refusal: vLLM 0.30.0 vllm/v1/attention/selector.py:235-238, 0.33.0 :245-248 (docs/vllm.md)
             "RMSNormGated.forward_native, eager, under VLLM_BATCH_INVARIANT=1: aten::mean.dim -> vLLM's Triton "
-            f"mean_batch_invariant, registered on {key}; {GDN_REFUSED}"
+            f"mean_batch_invariant, registered on {key}; unreachable for Qwen3-Next: vLLM refuses "
+            "VLLM_BATCH_INVARIANT=1 for its GDN_ATTN layers (v1/attention/selector.py: 'VLLM batch_invariant mode is "
+            "not supported for GDN_ATTN')"
         )
 
     def _load(self) -> Callable[..., Tensor]:
