@@ -92,23 +92,10 @@ def test_sglang_fused_norm_gate_launches_as_qwen3_nexts_layer(
         assert fused_mismatches(rec.calls[0], c.x, c.w, opts) == want
 
 
-def rows_per_block_mismatches(
-    row: stacks.SglangLayernormGatedBackend, asked: list, call: dict, x: torch.Tensor
-) -> list:
-    """How a layernorm_gated launch differs from SGLang's: calc_rows_per_block(M, x.device) asked once with M the
-    rows, ROWS_PER_BLOCK = min(next_power_of_2(cdiv(M, 2 * SMs)), 4), or 4 in deterministic inference
-    (layernorm_gated.py:222-231), one program per ROWS_PER_BLOCK rows."""
-    m = x.reshape(-1, x.shape[-1]).shape[0]
-    sms = torch.get_num_threads()  # what the CPU stand-in answers for the SM count
-    rpb = 4 if row.batch_invariant else min(1 << (-(-m // (2 * sms)) - 1).bit_length(), 4)
-    bad = [] if asked == [(m, x.device)] else [f"calc_rows_per_block asked {asked}, not [({m}, {x.device})]"]
-    got = call["kwargs"]["ROWS_PER_BLOCK"], call["grid"]
-    if got != (rpb, (-(-m // rpb), 1)):
-        bad.append(f"ROWS_PER_BLOCK, grid {got} != {(rpb, (-(-m // rpb), 1))}")
-    return bad
-
-
-def run_layernorm_gated(row: Any, monkeypatch: pytest.MonkeyPatch, rows: int) -> list:
+def layernorm_gated_mismatches(row: Any, monkeypatch: pytest.MonkeyPatch, rows: int) -> list:
+    """How the row's layernorm_gated launch for `rows` rows differs from SGLang's: calc_rows_per_block(M, x.device)
+    asked once with M the rows, ROWS_PER_BLOCK = min(next_power_of_2(cdiv(M, 2 * SMs)), 4), or 4 in deterministic
+    inference (layernorm_gated.py:222-231), one program per ROWS_PER_BLOCK rows."""
     lg = row.loaded()["layernorm_gated"]
     asked: list = []
     real = lg.calc_rows_per_block
@@ -117,7 +104,13 @@ def run_layernorm_gated(row: Any, monkeypatch: pytest.MonkeyPatch, rows: int) ->
     c = make_case(rows, 128, seed=rows)
     row.forward(c.x, c.z, c.w, OpOptions())
     assert len(rec.calls) == 1
-    return rows_per_block_mismatches(row, asked, rec.calls[0], c.x)
+    sms = torch.get_num_threads()  # what the CPU stand-in answers for the SM count
+    rpb = 4 if row.batch_invariant else min(1 << (-(-rows // (2 * sms)) - 1).bit_length(), 4)
+    bad = [] if asked == [(rows, c.x.device)] else [f"calc_rows_per_block asked {asked}, not [({rows}, {c.x.device})]"]
+    got = rec.calls[0]["kwargs"]["ROWS_PER_BLOCK"], rec.calls[0]["grid"]
+    if got != (rpb, (-(-rows // rpb), 1)):
+        bad.append(f"ROWS_PER_BLOCK, grid {got} != {(rpb, (-(-rows // rpb), 1))}")
+    return bad
 
 
 @pytest.mark.parametrize(
@@ -135,7 +128,8 @@ def test_sglang_layernorm_gated_picks_rows_per_program_as_sglang(
     row = load_backend(key)
     if planted:  # the non-deterministic row's file answering deterministic mode: 4 rows per program for 3 rows
         monkeypatch.setattr(row.loaded()["layernorm_gated"], "is_batch_invariant_mode_enabled", lambda: True)
-    found = [run_layernorm_gated(row, monkeypatch, rows) for rows in (1, 3, 9)]  # 2 threads: 1, 1, 4 rows a program
+    # 2 threads: 1, 1, 4 rows a program
+    found = [layernorm_gated_mismatches(row, monkeypatch, rows) for rows in (1, 3, 9)]
     assert found[1] != [] if planted else found == [[], [], []]
 
 
@@ -166,7 +160,9 @@ class Eager(stacks.MegatronGdnBatchInvariantBackend):
     jit_fuser = staticmethod(lambda f: f)
 
 
-def megatron_call(row: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list, Any, torch.Tensor]:
+def megatron_mismatches(row: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """How the row's call differs from Megatron's: out_norm(x) = BatchInvariantRMSNormFn.apply(x, weight, eps, True)
+    with the weight held zero-centred (w - 1), then y * silu(gate.float()) rounded to x's dtype (common.py:370-379)."""
     calls: list = []
 
     class Recorder:
@@ -179,12 +175,6 @@ def megatron_call(row: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list, Any,
     monkeypatch.setattr(row.bik, "BatchInvariantRMSNormFn", Recorder)
     c = make_case(4, 128, seed=3)
     y = row.forward(c.x, c.z, c.w, OpOptions(eps=1e-6))
-    return calls, c, y
-
-
-def megatron_mismatches(calls: list, c: Any, y: torch.Tensor) -> list[str]:
-    """How the call differs from Megatron's: out_norm(x) = BatchInvariantRMSNormFn.apply(x, weight, eps, True) with
-    the weight held zero-centred (w - 1), then y * silu(gate.float()) rounded to x's dtype (common.py:370-379)."""
     if len(calls) != 1:
         return [f"{len(calls)} calls"]
     x, weight, eps, zc = calls[0]
@@ -202,7 +192,7 @@ def test_megatron_batch_invariant_row_calls_megatrons_norm_with_the_zero_centred
     pinned("megatron-core")
     if planted:  # a weight not zero-centred is caught
         monkeypatch.setattr(stacks, "zero_centred", lambda w: w)
-    found = megatron_mismatches(*megatron_call(Eager(), monkeypatch))
+    found = megatron_mismatches(Eager(), monkeypatch)
     assert found == (["the weight is not w - 1"] if planted else [])
 
 
