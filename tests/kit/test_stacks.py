@@ -26,7 +26,6 @@ from rlnorm.inputs import make_case
 from rlnorm.kit.backends import load_backend, stacks
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.vllm import compute_units, rmsnorm_call
-from rlnorm.kit.backends.vllm_native import native_call
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import rms_norm_gated_reference
@@ -222,7 +221,7 @@ def vllm_calls(files: sf.StackFiles, monkeypatch: pytest.MonkeyPatch, flip: bool
             mod.forward_static = lambda *a, **k: seen.append((a, k))
             if flip:
                 mod.norm_before_gate = not mod.norm_before_gate
-            for theirs, ours in ((cuda, rmsnorm_call), (native, native_call)):
+            for theirs, ours in ((cuda, rmsnorm_call), (native, stacks.native_call)):
                 seen.clear()
                 theirs(mod, c.x, z)
                 ours(lambda *a, **k: seen.append((a, k)), c.x, z, c.w, opts)

@@ -12,7 +12,7 @@ import torch
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import load_backend
 from rlnorm.kit.backends import stack_files as sf
-from rlnorm.kit.backends.vllm_native import (
+from rlnorm.kit.backends.stacks import (
     VllmNativeBackend,
     VllmNativeBatchInvariantBackend,
     VllmNativeCompiledBackend,
