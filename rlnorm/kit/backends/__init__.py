@@ -14,7 +14,7 @@ import itertools
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -419,35 +419,34 @@ class TorchCompileBackend(Backend):
     key = "torch_compile"
     source = f"torch {torch.__version__} torch.compile(rlnorm.reference.rms_norm_gated_reference)"
     GRAPH = "torch.compile(rlnorm.reference.rms_norm_gated_reference)"  # the `configurations` check's kernel
-    # torch.compile's arguments per graph: "default" as a user calls it (static shapes, then a dynamic graph once
-    # the row count changes); "dynamic" / "static" forced by the `configurations` check
-    MODES: ClassVar[dict[str, dict]] = {"default": {}, "dynamic": {"dynamic": True}, "static": {"dynamic": False}}
 
     def __init__(self) -> None:
         super().__init__()
-        self._compiled: dict[tuple[OpOptions, str], Callable[..., Tensor]] = {}
-        self._graph = "default"
+        self._compiled: dict[tuple[OpOptions, bool | None], Callable[..., Tensor]] = {}
+        # torch.compile's `dynamic`: None as a user calls it (static shapes, then a dynamic graph once the row count
+        # changes); True / False forced by the `configurations` check
+        self._dynamic: bool | None = None
 
     @contextlib.contextmanager
-    def _forced(self, graph: str) -> Iterator[None]:
+    def _forced(self, dynamic: bool) -> Iterator[None]:
         # one static graph per row count: past the default recompile limit it would fall back to eager
-        with patched(self, "_graph", graph), torch._dynamo.config.patch(recompile_limit=64):
+        with patched(self, "_dynamic", dynamic), torch._dynamo.config.patch(recompile_limit=64):
             yield
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         # the graph a trainer gets (dynamic rows) against a CUDA-graph sampler's (one static row count each)
         static = "dynamic=False (one static graph per row count)"
         return [
-            Setting(self.GRAPH, "graph", "dynamic=True", lambda: self._forced("dynamic")),
-            Setting(self.GRAPH, "graph", static, lambda: self._forced("static")),
+            Setting(self.GRAPH, "graph", "dynamic=True", lambda: self._forced(True)),
+            Setting(self.GRAPH, "graph", static, lambda: self._forced(False)),
         ]
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        key = (opts, self._graph)
+        key = (opts, self._dynamic)
         if key not in self._compiled:
             # options are closed over, so each option set is its own graph (no guard on a dataclass)
             def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
                 return rms_norm_gated_reference(x, z, w, opts)
 
-            self._compiled[key] = torch.compile(fresh_function(op), **self.MODES[self._graph])
+            self._compiled[key] = torch.compile(fresh_function(op), dynamic=self._dynamic)
         return self._compiled[key](x, z, w)
