@@ -247,19 +247,15 @@ def native_call(
     return forward_static(x, z, w, kwargs.pop("eps"), x.dtype, **kwargs)
 
 
-def _torch_at_least(target: str) -> bool:
-    from packaging.version import Version
-
-    return Version(torch.__version__) >= Version(target)
-
-
 def vllm_inductor_options(device_type: str) -> dict[str, Any]:
     """The Inductor options a default vLLM 0.30 config gives on `device_type` (CompilationConfig's post-init)."""
+    from packaging.version import Version
+
     opts: dict[str, Any] = {"enable_auto_functionalized_v2": False}
-    if not _torch_at_least("2.12.0.dev"):
+    if Version(torch.__version__) < Version("2.12.0.dev"):
         debug = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() == "DEBUG"
         opts.update(size_asserts=debug, alignment_asserts=debug, scalar_asserts=debug)
-    if _torch_at_least("2.9.0.dev") and device_type != "cpu":
+    if device_type != "cpu":  # from torch 2.9 on (the kit's torch is 2.11 or later)
         opts.update(combo_kernels=True, benchmark_combo_kernel=True)
     return opts
 
@@ -317,8 +313,7 @@ class VllmNativeCompiledBackend(_FromVllmFiles):
             return native_call(forward_static, x, z, w, opts)
 
         # every guard dropped, as vLLM's guard_filter_fn does: hence a fresh code object per closure (options)
-        skip = getattr(torch.compiler, "skip_all_guards_unsafe", None) or (lambda entries: [False] * len(entries))
-        options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": skip}
+        options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
         fn = torch.compile(fresh_function(op), fullgraph=True, dynamic=False, backend="inductor", options=options)
         # the one compile, at the profile run's size, with the row dimension dynamic (backed), as vLLM marks it
         gen = torch.Generator().manual_seed(0)
