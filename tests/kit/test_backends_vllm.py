@@ -66,7 +66,7 @@ def test_not_installed_with_vllms_files_runs_them(
     monkeypatch.setenv(ENV, str(vllm_archive))
     b = VllmBackend()
     assert b.available("cpu") == (True, "")
-    assert b.plan.mode == "files"
+    assert b.plan == "files"
     assert f"{vllm_archive} ({ENV})" in b.source and "vllm is not installed here" in b.source  # what ran, from where
     case_x = torch.randn(5, 128).to(torch.bfloat16)
     y = b.forward(case_x, case_x.flip(0), torch.ones(128, dtype=torch.bfloat16), OpOptions())
@@ -82,8 +82,7 @@ def test_installed_but_not_importable_runs_its_files_and_says_why(
     monkeypatch.delenv(ENV, raising=False)
     b = VllmBackend()
     b.probe_env = _plant_vllm(tmp_path, "raise ImportError('planted: libcudart.so.13: cannot open')\n")
-    plan = b.plan
-    assert plan.mode == "files"
+    assert b.plan == "files"
     assert b.last_probe is not None and b.last_probe["stage"] == "import"
     assert "vllm 0.30.0 is installed but `import vllm` fails here: ImportError: planted: libcudart" in b.source
     assert "the installed package" in b.source and "not installed here" not in b.source
@@ -160,9 +159,8 @@ def real() -> VllmBackend:
     """One real probe on the CPU (importing vllm takes ~10-25 s)."""
     needs_installed_vllm("the adapter")
     b = VllmBackend()
-    plan = b.plan
-    if plan.mode != "imported":
-        msg = f"vllm cannot be imported here: {plan.source}"
+    if b.plan != "imported":
+        msg = f"vllm cannot be imported here: {b.source}"
         if IN_CI:
             pytest.fail(f"{msg} (CI must run the adapter against the real package: .ci/install-vllm.sh)")
         pytest.skip(msg)

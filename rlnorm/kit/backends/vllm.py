@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -162,12 +161,6 @@ def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
     return f"{off}RMSNormGated.forward_cuda(x, z) on {device} raises {err}"
 
 
-@dataclass
-class Plan:
-    mode: str  # "imported", "files" or "none" (StackRow's reasons then say why)
-    source: str
-
-
 class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel without an autograd.Function
     """vLLM's `RMSNormGated.forward_cuda`, or its `rmsnorm_fn` from vLLM's files (`files`, or where vllm cannot
     import): a pinned stack's row whose files are the fallback, decided once (`plan`)."""
@@ -188,34 +181,36 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
 
     @property
     def source(self) -> str:  # type: ignore[override]
-        return self.plan.source
+        if self.plan == "imported":
+            interp = "" if torch.cuda.is_available() else ", under the Triton interpreter (CUDA_VISIBLE_DEVICES='')"
+            text = f"vLLM {self.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported"
+            return text + interp + _PATH_NOTE
+        if self.plan == "none":
+            return f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda"
+        return self.describe(f"{self.files.origin}; {self._why}")  # type: ignore[union-attr]
 
     def describe(self, where: str) -> str:
         text = f"vLLM {self.pin.version} {self.what}, from vLLM's own files{sf.interp()} ({where})" + _PATH_NOTE
         return text + "".join(f"; {name} stood in by {self.pin.stood_in[name]}" for name in self.pin.empty)
 
     @functools.cached_property
-    def plan(self) -> Plan:  # decided once; may start the probe child
+    def plan(self) -> str:  # "imported", "files" or "none" (StackRow's reasons say why); may start the probe child
         if self.given:
-            why = "the files were given"
+            self._why = "the files were given"
         elif not self.imports:
-            why = "through torch.ops.vllm.fla_rms_norm_gated, vllm not imported"
+            self._why = "through torch.ops.vllm.fla_rms_norm_gated, vllm not imported"
         elif self.version is None:
-            why = "vllm is not installed here"
+            self._why = "vllm is not installed here"
         else:
-            device = "cuda" if torch.cuda.is_available() else "cpu"  # what `device: auto` picks
-            p = self._probe_child(device)
+            p = self._probe_child("cuda" if torch.cuda.is_available() else "cpu")  # what `device: auto` picks
             if p.get("stage") not in ("import", "child"):
-                text = f"vLLM {self.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported"
-                if device == "cpu":
-                    text += ", under the Triton interpreter (CUDA_VISIBLE_DEVICES='')"
-                return Plan("imported", text + _PATH_NOTE)
-            why = f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}"
+                return "imported"
+            self._why = f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}"
         if self.files is None:
             if self.imports:  # StackRow's reason, after why the installed vllm cannot run
-                self._where = f"{why}, and {self._where}"
-            return Plan("none", f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda")
-        return Plan("files", self.describe(f"{self.files.origin}; {why}"))
+                self._where = f"{self._why}, and {self._where}"
+            return "none"
+        return "files"
 
     def _probe_child(self, device: str) -> dict[str, Any]:
         if device not in self._probes:
@@ -224,7 +219,7 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
         return self.last_probe
 
     def _probe(self, device: str) -> tuple[bool, str]:
-        if self.plan.mode != "imported":  # the files, or nothing: nothing is imported, so the tiny run happens here
+        if self.plan != "imported":  # the files, or nothing: nothing is imported, so the tiny run happens here
             return super()._probe(device)
         reason = reason_from_probe(self._probe_child(device), self.version)
         return (False, reason) if reason else (True, "")
@@ -233,7 +228,7 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
         return load_layernorm_guard(self.files)  # type: ignore[arg-type]
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if self.plan.mode == "imported":  # "cuda" and "cuda:0" are one device: one probe child, not two
+        if self.plan == "imported":  # "cuda" and "cuda:0" are one device: one probe child, not two
             ok, why = self.available(
                 "cuda" if x.device.type == "cuda" and x.device.index in (None, 0) else str(x.device)
             )
@@ -242,7 +237,7 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
         return super().forward(x, z, w, opts)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if self.plan.mode != "imported":  # the files (none found: `loaded` says why)
+        if self.plan != "imported":  # the files (none found: `loaded` says why)
             return rmsnorm_call(self.loaded().rmsnorm_fn, x, z, w.detach(), opts)
         return self._module(x, w, opts).forward_cuda(x, z)
 
@@ -259,12 +254,11 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         """ROWS_PER_BLOCK, which `calc_rows_per_block` picks from the row count and the compute units: 1, 2, 4."""
-        mode = self.plan.mode
-        if mode == "none":
+        if self.plan == "none":
             return []
-        if mode == "imported":
+        if self.plan == "imported":
             prepare_import(device)
-        guard = importlib.import_module(GUARD) if mode == "imported" else self.loaded()
+        guard = importlib.import_module(GUARD) if self.plan == "imported" else self.loaded()
         kernel = kernel_name(guard.layer_norm_fwd_kernel)
 
         def pin(n: int) -> Any:
@@ -273,7 +267,7 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
         return [Setting(kernel, "ROWS_PER_BLOCK", str(n), lambda n=n: pin(n)) for n in (1, 2, 4)]
 
     def __repr__(self) -> str:  # never decides: reading `source` may start the probe child
-        decided = self.plan.source if "plan" in vars(self) else "(not decided yet)"
+        decided = self.source if "plan" in vars(self) else "(not decided yet)"
         return f"<{type(self).__name__} key={self.key!r} source={decided!r}>"
 
 
