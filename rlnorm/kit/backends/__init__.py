@@ -221,15 +221,12 @@ class UnavailableBackend(Backend):
         raise BackendUnavailable(f"{self.key}: {self.reason}")
 
 
-_FN_KWARGS = ("eps", "group_size", "norm_before_gate", "activation")
-
-
 class FunctionBackend(Backend):
     """A user's plain differentiable function f(x, z, w, *, eps, group_size, norm_before_gate, activation)."""
 
-    def __init__(self, fn: Callable[..., Tensor], key: str, source: str | None = None) -> None:
+    def __init__(self, fn: Callable[..., Tensor], key: str) -> None:
         self.fn, self.key = fn, key
-        self.source = source or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+        self.source = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         return self.fn(x, z, w, **opts.as_dict())
@@ -267,7 +264,7 @@ def _check_function_signature(fn: Callable, spec: str) -> None:
     except (TypeError, ValueError):
         return  # builtins without a signature: trust them, the probe will tell
     try:
-        sig.bind(None, None, None, **dict.fromkeys(_FN_KWARGS))
+        sig.bind(None, None, None, **OpOptions().as_dict())  # the call `_fn` makes
     except TypeError as exc:
         raise ValueError(
             f"backend {spec!r}: a function backend must accept f(x, z, w, *, eps, group_size, "
