@@ -130,10 +130,7 @@ def test_available_never_raises_and_says_why():
     if not torch.cuda.is_available():
         ok, why = load_backend("reference").available("cuda")
         assert not ok and "no CUDA device" in why
-
-
-def test_forward_backward_without_a_graph_is_unavailable():
-    fb = load_backend(f"{__name__}:detached_fn")
+    fb = load_backend(f"{__name__}:detached_fn")  # a forward without a graph: no backward
     case = make_case(3, 16, seed=1)
     with pytest.raises(BackendUnavailable, match="no autograd graph"):
         fb.forward_backward(case.x, case.z, case.w, case.dy, OPTS)

@@ -44,9 +44,7 @@ def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # no vllm
     monkeypatch.delenv(ENV, raising=False)
 
 
-def test_not_installed_and_no_files_says_where_it_looked(
-    monkeypatch: pytest.MonkeyPatch, nowhere: None, tmp_path: Path
-) -> None:
+def test_not_installed_and_no_files_says_where_it_looked(nowhere: None) -> None:
     b = VllmBackend()
     ok, why = b.available("cpu")
     assert not ok and why.startswith("vllm is not installed here, and vllm 0.30.0's files were not found")
@@ -54,9 +52,6 @@ def test_not_installed_and_no_files_says_where_it_looked(
         assert load_backend(key).available("cpu") == (False, why.removeprefix("vllm is not installed here, and "))
     with pytest.raises(BackendUnavailable, match="vllm is not installed here"):
         b.forward(torch.zeros(2, 128), torch.zeros(2, 128), torch.ones(128), OpOptions())
-    monkeypatch.setenv(ENV, str(tmp_path / "nope.tar.gz"))  # a missing archive is named
-    ok, why = VllmBackend().available("cpu")
-    assert not ok and f"{ENV}={tmp_path / 'nope.tar.gz'} does not exist" in why
 
 
 def test_not_installed_with_vllms_files_runs_them(
@@ -138,7 +133,7 @@ def test_a_run_records_the_reason_true_for_the_machine(monkeypatch: pytest.Monke
     from rlnorm.kit.steps import run_backends, start_run
     from rlnorm.report.tables import backend_table
 
-    monkeypatch.setenv(ENV, str(tmp_path / "no-such-archive.tar.gz"))  # the worker inherits it
+    monkeypatch.setenv(ENV, str(tmp_path / "no-such-archive.tar.gz"))  # the worker inherits it; it is named
     planted = _plant_vllm(tmp_path / "planted", "raise ImportError('planted: no vllm._C')\n")
     monkeypatch.setenv(PLANTED_VLLM_ENV, planted["PYTHONPATH"])
     spec = f"{__name__}:UnimportableVllm"

@@ -213,22 +213,21 @@ def vllm_calls(files: sf.StackFiles, monkeypatch: pytest.MonkeyPatch, flip: bool
     cuda = sf.read_function(layernorm, "RMSNormGated.forward_cuda", {"torch": fake_torch})
     native = sf.read_function(layernorm, "RMSNormGated.forward_native", {})
     same = []
-    for opts in (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid")):
-        for gated in (True, False):
-            c = make_case(3, 128, seed=1)
-            z = c.z if gated else None
-            mod = types.SimpleNamespace(weight=c.w, bias=None, **opts.as_dict())  # vLLM's module has no bias
-            mod.forward_static = lambda *a, **k: seen.append((a, k))
-            if flip:
-                mod.norm_before_gate = not mod.norm_before_gate
-            for theirs, ours in ((cuda, rmsnorm_call), (native, stacks.native_call)):
-                seen.clear()
-                theirs(mod, c.x, z)
-                ours(lambda *a, **k: seen.append((a, k)), c.x, z, c.w, opts)
-                assert len(seen) == 2
-                (a1, k1), (a2, k2) = seen
-                equal = len(a1) == len(a2) and all(u is v or u == v for u, v in zip(a1, a2, strict=True))
-                same.append(equal and k1 == k2)
+    c = make_case(3, 128, seed=1)
+    options = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid"))
+    for opts, z in itertools.product(options, (c.z, None)):
+        mod = types.SimpleNamespace(weight=c.w, bias=None, **opts.as_dict())  # vLLM's module has no bias
+        mod.forward_static = lambda *a, **k: seen.append((a, k))
+        if flip:
+            mod.norm_before_gate = not mod.norm_before_gate
+        for theirs, ours in ((cuda, rmsnorm_call), (native, stacks.native_call)):
+            seen.clear()
+            theirs(mod, c.x, z)
+            ours(lambda *a, **k: seen.append((a, k)), c.x, z, c.w, opts)
+            assert len(seen) == 2
+            (a1, k1), (a2, k2) = seen
+            equal = len(a1) == len(a2) and all(u is v or u == v for u, v in zip(a1, a2, strict=True))
+            same.append(equal and k1 == k2)
     return same
 
 
