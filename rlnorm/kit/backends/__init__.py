@@ -28,7 +28,7 @@ from rlnorm.reference import rms_norm_gated_reference
 from rlnorm.timing import describe_error
 
 __all__ = ["REGISTRY", "Backend", "BackendUnavailable", "FunctionBackend", "Grads", "UnavailableBackend"]
-__all__ += ["check_inputs", "describe_error", "device_lost", "dist_version", "fresh_function", "load_backend"]
+__all__ += ["describe_error", "device_lost", "dist_version", "fresh_function", "load_backend"]
 __all__ += ["load_backends", "only_qwen_options"]
 _CODE_IDS = itertools.count()
 
@@ -67,16 +67,6 @@ def dist_version(dist: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         return "?"
-
-
-def check_inputs(x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> bool:
-    """Raise ValueError naming what does not fit x; False when x has no rows (nothing to compute)."""
-    if x.dim() < 1 or w.dim() != 1 or w.shape[0] != x.shape[-1]:
-        raise ValueError(f"w: expected shape [{x.shape[-1] if x.dim() else '?'}], got {tuple(w.shape)}")
-    if z is not None and z.shape != x.shape:
-        raise ValueError(f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
-    opts.check_width(x.shape[-1])
-    return x.numel() > 0
 
 
 def only_qwen_options(opts: OpOptions, who: str, activations: tuple[str, ...] = ("silu",)) -> tuple[bool, str]:

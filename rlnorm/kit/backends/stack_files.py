@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error, dist_version
+from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error, dist_version
 from rlnorm.options import OpOptions
 
 __all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "ForwardOnlyRow", "Pin", "StackFiles", "StackRow", "find"]
@@ -344,6 +344,11 @@ class ForwardOnlyRow(StackRow):
     has_backward = False
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if not check_inputs(x, z, w, opts):
+        if x.dim() < 1 or w.dim() != 1 or w.shape[0] != x.shape[-1]:
+            raise ValueError(f"w: expected shape [{x.shape[-1] if x.dim() else '?'}], got {tuple(w.shape)}")
+        if z is not None and z.shape != x.shape:
+            raise ValueError(f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
+        opts.check_width(x.shape[-1])
+        if x.numel() == 0:
             return torch.empty_like(x)
         return super().forward(x, z, w, opts)
