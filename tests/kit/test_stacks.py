@@ -15,6 +15,7 @@ import sys
 import types
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -162,21 +163,15 @@ class Eager(stacks.MegatronGdnBatchInvariantBackend):
 def megatron_mismatches(row: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """How the row's call differs from Megatron's: out_norm(x) = BatchInvariantRMSNormFn.apply(x, weight, eps, True)
     with the weight held zero-centred (w - 1), then y * silu(gate.float()) rounded to x's dtype (common.py:370-379)."""
-    calls: list = []
-
-    class Recorder:
-        @staticmethod
-        def apply(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
-            calls.append((x, weight, eps, zero_centered))
-            return x * 2
-
+    norm_fn = mock.Mock()  # BatchInvariantRMSNormFn.apply(x, weight, eps, zero_centered) gives x * 2 here
+    norm_fn.apply.side_effect = lambda x, *rest: x * 2
     row.loaded()
-    monkeypatch.setattr(row.bik, "BatchInvariantRMSNormFn", Recorder)
+    monkeypatch.setattr(row.bik, "BatchInvariantRMSNormFn", norm_fn)
     c = make_case(4, 128, seed=3)
     y = row.forward(c.x, c.z, c.w, OpOptions(eps=1e-6))
-    if len(calls) != 1:
-        return [f"{len(calls)} calls"]
-    x, weight, eps, zc = calls[0]
+    if norm_fn.apply.call_count != 1:
+        return [f"{norm_fn.apply.call_count} calls"]
+    x, weight, eps, zc = norm_fn.apply.call_args.args
     bad = [] if torch.equal(x, c.x) else ["x"]
     bad += [] if torch.equal(weight, (c.w.float() - 1).to(c.w.dtype)) else ["the weight is not w - 1"]
     bad += [] if (eps, zc) == (1e-6, True) else [f"eps, zero_centered_gamma = {eps}, {zc}"]
