@@ -10,7 +10,7 @@ import os
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -31,14 +31,10 @@ def _plant_vllm(root: Path, body: str) -> dict[str, str]:  # a fake `vllm` ahead
     return {"PYTHONPATH": str(root)}
 
 
-def _no_probe(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    raise AssertionError("the probe child must not be started when vllm is not installed")
-
-
 @pytest.fixture
 def nowhere(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:  # no vllm installed, no copy of its files
     monkeypatch.setattr(vb, "vllm_version", lambda: None)
-    monkeypatch.setattr(vb, "run_probe", _no_probe)
+    monkeypatch.setattr(vb, "run_probe", mock.Mock(side_effect=AssertionError("a probe without vllm")))
     monkeypatch.setattr(sf, "installed", lambda pin: None)
     monkeypatch.setattr(sf, "WHL", tmp_path)
     monkeypatch.delenv(ENV, raising=False)
