@@ -55,13 +55,10 @@ def compiled_row() -> Any:
 
 
 def describe(v: Any) -> Any:  # a call's arguments as JSON; where tensors live is compared apart
-    if isinstance(v, torch.Tensor):
-        return ["tensor", list(v.shape), list(v.stride()), str(v.dtype)]
-    if isinstance(v, (list, tuple)):
-        return [describe(e) for e in v]
-    if isinstance(v, dict):
-        return {k: describe(e) for k, e in sorted(v.items())}
-    return str(v) if isinstance(v, torch.dtype) else v
+    def leaf(t: Any) -> Any:  # a tensor by its layout, anything else JSON lacks (a dtype) by its name
+        return ["tensor", list(t.shape), list(t.stride()), str(t.dtype)] if isinstance(t, torch.Tensor) else str(t)
+
+    return json.loads(json.dumps(v, default=leaf))
 
 
 # -- vLLM's own files and kernel (tests/kit/test_vllm_files.py) ------------------------------------------------------
