@@ -20,6 +20,7 @@ import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from launches import Launches
@@ -29,8 +30,8 @@ from rlnorm.inputs import make_case
 from rlnorm.integrations import vllm as plugin
 from rlnorm.integrations.ops import OP_NAME, rms_norm_gated_op
 from rlnorm.kit.backends import stack_files as sf
+from rlnorm.kit.backends import stacks
 from rlnorm.kit.backends import vllm as vb
-from rlnorm.kit.backends import vllm_native as vn
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import rms_norm_gated_reference
@@ -48,19 +49,16 @@ def section(fn: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def compiled_row() -> Any:
-    row = vn.VllmNativeCompiledBackend()
+    row = stacks.VllmNativeCompiledBackend()
     row.compile_rows = 64
     return row
 
 
 def describe(v: Any) -> Any:  # a call's arguments as JSON; where tensors live is compared apart
-    if isinstance(v, torch.Tensor):
-        return ["tensor", list(v.shape), list(v.stride()), str(v.dtype)]
-    if isinstance(v, (list, tuple)):
-        return [describe(e) for e in v]
-    if isinstance(v, dict):
-        return {k: describe(e) for k, e in sorted(v.items())}
-    return str(v) if isinstance(v, torch.dtype) else v
+    def leaf(t: Any) -> Any:  # a tensor by its layout, anything else JSON lacks (a dtype) by its name
+        return ["tensor", list(t.shape), list(t.stride()), str(t.dtype)] if isinstance(t, torch.Tensor) else str(t)
+
+    return json.loads(json.dumps(v, default=leaf))
 
 
 # -- vLLM's own files and kernel (tests/kit/test_vllm_files.py) ------------------------------------------------------
@@ -149,7 +147,7 @@ def mapping(archive: str) -> list[dict[str, Any]]:
 # -- vLLM's forward_native rows (tests/kit/test_vllm_native.py) ------------------------------------------------------
 @section
 def native_bits(archive: str) -> list[dict[str, Any]]:
-    eager, compiled = vn.VllmNativeBackend(), compiled_row()
+    eager, compiled = stacks.VllmNativeBackend(), compiled_row()
     out = []
     for opts, wdt, gated in itertools.product(OPTIONS, DTYPES, (True, False)):
         c = make_case(9, 128, seed=4, weight_dtype=wdt)
@@ -176,11 +174,11 @@ def dispatch(archive: str) -> dict[str, Any]:
         cc = cfg.compilation_config
         out[name] = {"mode": int(cc.mode), "custom_ops": list(cc.custom_ops), "backend": cc.backend,
                      "forward": mod._forward_method.__name__, "inductor": cc.inductor_compile_config}  # fmt: skip
-    out["ours_gpu"] = vn.vllm_inductor_options("cuda")
+    out["ours_gpu"] = stacks.vllm_inductor_options("cuda")
     is_cpu, current_platform.is_cpu = current_platform.is_cpu, lambda: True  # the options vLLM's CPU platform gets
     out["cpu_platform"] = CompilationConfig(mode=CompilationMode.VLLM_COMPILE).inductor_compile_config
     current_platform.is_cpu = is_cpu
-    out["ours_cpu"] = vn.vllm_inductor_options("cpu")
+    out["ours_cpu"] = stacks.vllm_inductor_options("cpu")
     post_init = inspect.getsource(VllmConfig.__post_init__)
     out["enforce_eager_sets_none"] = (
         "if self.model_config is not None and self.model_config.enforce_eager:" in post_init
@@ -382,17 +380,11 @@ def batch_invariant(archive: str) -> dict[str, Any]:
     c = make_case(9, 128, seed=6)
     mod = vb.build_module(c.w, OpOptions())
     before = {"cuda": mod.forward_cuda(c.x, c.z), "compiled": compiled_row().forward(c.x, c.z, c.w, OpOptions())}
-    row = vn.VllmNativeBatchInvariantBackend().forward(c.x, c.z, c.w, OpOptions())  # our override only, then removed
+    # our override only, then removed
+    row = stacks.VllmNativeBatchInvariantBackend().forward(c.x, c.z, c.w, OpOptions())
     x32 = make_case(9, 128, seed=6, dtype=torch.float32).x
     mean_before = x32.pow(2).mean(-1, keepdim=True)
-    calls: list[int] = []
-    real_mean = bi.mean_batch_invariant
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real_mean(*args, **kwargs)
-
-    bi.mean_batch_invariant = counting
+    bi.mean_batch_invariant = mock.Mock(wraps=bi.mean_batch_invariant)
     bi.enable_batch_invariant_mode()  # vLLM's own: registers its overrides on this platform's key (CPU here)
     fresh = compiled_row()
     out: dict[str, Any] = {}
@@ -401,8 +393,8 @@ def batch_invariant(archive: str) -> dict[str, Any]:
         ("cuda", lambda: mod.forward_cuda(c.x, c.z), before["cuda"]),
         ("compiled", lambda: fresh.forward(c.x, c.z, c.w, OpOptions()), before["compiled"]),
     ):
-        n = len(calls)
-        out[name] = {"equal": bool(torch.equal(call(), ref)), "calls": len(calls) - n}
+        n = bi.mean_batch_invariant.call_count
+        out[name] = {"equal": bool(torch.equal(call(), ref)), "calls": bi.mean_batch_invariant.call_count - n}
     out["mean_differs_in_fp32"] = not torch.equal(x32.pow(2).mean(-1, keepdim=True), mean_before)
     out["reads_flag"] = {
         "RMSNormGated": "VLLM_BATCH_INVARIANT" in inspect.getsource(RMSNormGated),

@@ -81,7 +81,7 @@ def test_load_backend_errors_name_the_spec(spec, fragment):
         assert repr(spec) in msg
 
 
-def test_load_backend_function_and_class_and_instance():
+def test_load_backend_function_class_instance_and_keys_in_order():
     fb = load_backend(f"{__name__}:good_fn")
     assert isinstance(fb, FunctionBackend) and fb.key == f"{__name__}:good_fn"
     case = make_case(7, 128, seed=3)
@@ -93,11 +93,9 @@ def test_load_backend_function_and_class_and_instance():
     assert cls.key == "tests.faults:OrderDependentDweight" and cls.has_backward
     inst = ExactReferenceBackend()
     assert load_backend(inst) is inst
-
-
-def test_load_backends_keeps_order_and_dedupes():
-    bs = load_backends(["reference", "vllm", "reference"], custom=[f"{__name__}:good_fn"])
+    bs = load_backends(["reference", "vllm", "reference"], custom=[f"{__name__}:good_fn"])  # in order, each once
     assert [b.key for b in bs] == ["reference", "vllm", f"{__name__}:good_fn"]
+    assert "plan" not in vars(bs[1]) and bs[1].last_probe is None  # loading vllm decides nothing, starts no probe
     with pytest.raises(ValueError, match="'nope'"):
         load_backends(["reference"], custom=["nope"])
 
@@ -130,10 +128,7 @@ def test_available_never_raises_and_says_why():
     if not torch.cuda.is_available():
         ok, why = load_backend("reference").available("cuda")
         assert not ok and "no CUDA device" in why
-
-
-def test_forward_backward_without_a_graph_is_unavailable():
-    fb = load_backend(f"{__name__}:detached_fn")
+    fb = load_backend(f"{__name__}:detached_fn")  # a forward without a graph: no backward
     case = make_case(3, 16, seed=1)
     with pytest.raises(BackendUnavailable, match="no autograd graph"):
         fb.forward_backward(case.x, case.z, case.w, case.dy, OPTS)

@@ -15,6 +15,7 @@ import sys
 import types
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import torch
@@ -26,7 +27,6 @@ from rlnorm.inputs import make_case
 from rlnorm.kit.backends import load_backend, stacks
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.vllm import compute_units, rmsnorm_call
-from rlnorm.kit.backends.vllm_native import native_call
 from rlnorm.numerics import ulp_distance
 from rlnorm.options import OpOptions
 from rlnorm.reference import rms_norm_gated_reference
@@ -92,23 +92,10 @@ def test_sglang_fused_norm_gate_launches_as_qwen3_nexts_layer(
         assert fused_mismatches(rec.calls[0], c.x, c.w, opts) == want
 
 
-def rows_per_block_mismatches(
-    row: stacks.SglangLayernormGatedBackend, asked: list, call: dict, x: torch.Tensor
-) -> list:
-    """How a layernorm_gated launch differs from SGLang's: calc_rows_per_block(M, x.device) asked once with M the
-    rows, ROWS_PER_BLOCK = min(next_power_of_2(cdiv(M, 2 * SMs)), 4), or 4 in deterministic inference
-    (layernorm_gated.py:222-231), one program per ROWS_PER_BLOCK rows."""
-    m = x.reshape(-1, x.shape[-1]).shape[0]
-    sms = torch.get_num_threads()  # what the CPU stand-in answers for the SM count
-    rpb = 4 if row.batch_invariant else min(1 << (-(-m // (2 * sms)) - 1).bit_length(), 4)
-    bad = [] if asked == [(m, x.device)] else [f"calc_rows_per_block asked {asked}, not [({m}, {x.device})]"]
-    got = call["kwargs"]["ROWS_PER_BLOCK"], call["grid"]
-    if got != (rpb, (-(-m // rpb), 1)):
-        bad.append(f"ROWS_PER_BLOCK, grid {got} != {(rpb, (-(-m // rpb), 1))}")
-    return bad
-
-
-def run_layernorm_gated(row: Any, monkeypatch: pytest.MonkeyPatch, rows: int) -> list:
+def layernorm_gated_mismatches(row: Any, monkeypatch: pytest.MonkeyPatch, rows: int) -> list:
+    """How the row's layernorm_gated launch for `rows` rows differs from SGLang's: calc_rows_per_block(M, x.device)
+    asked once with M the rows, ROWS_PER_BLOCK = min(next_power_of_2(cdiv(M, 2 * SMs)), 4), or 4 in deterministic
+    inference (layernorm_gated.py:222-231), one program per ROWS_PER_BLOCK rows."""
     lg = row.loaded()["layernorm_gated"]
     asked: list = []
     real = lg.calc_rows_per_block
@@ -117,7 +104,13 @@ def run_layernorm_gated(row: Any, monkeypatch: pytest.MonkeyPatch, rows: int) ->
     c = make_case(rows, 128, seed=rows)
     row.forward(c.x, c.z, c.w, OpOptions())
     assert len(rec.calls) == 1
-    return rows_per_block_mismatches(row, asked, rec.calls[0], c.x)
+    sms = torch.get_num_threads()  # what the CPU stand-in answers for the SM count
+    rpb = 4 if row.batch_invariant else min(1 << (-(-rows // (2 * sms)) - 1).bit_length(), 4)
+    bad = [] if asked == [(rows, c.x.device)] else [f"calc_rows_per_block asked {asked}, not [({rows}, {c.x.device})]"]
+    got = rec.calls[0]["kwargs"]["ROWS_PER_BLOCK"], rec.calls[0]["grid"]
+    if got != (rpb, (-(-rows // rpb), 1)):
+        bad.append(f"ROWS_PER_BLOCK, grid {got} != {(rpb, (-(-rows // rpb), 1))}")
+    return bad
 
 
 @pytest.mark.parametrize(
@@ -135,7 +128,8 @@ def test_sglang_layernorm_gated_picks_rows_per_program_as_sglang(
     row = load_backend(key)
     if planted:  # the non-deterministic row's file answering deterministic mode: 4 rows per program for 3 rows
         monkeypatch.setattr(row.loaded()["layernorm_gated"], "is_batch_invariant_mode_enabled", lambda: True)
-    found = [run_layernorm_gated(row, monkeypatch, rows) for rows in (1, 3, 9)]  # 2 threads: 1, 1, 4 rows a program
+    # 2 threads: 1, 1, 4 rows a program
+    found = [layernorm_gated_mismatches(row, monkeypatch, rows) for rows in (1, 3, 9)]
     assert found[1] != [] if planted else found == [[], [], []]
 
 
@@ -166,28 +160,18 @@ class Eager(stacks.MegatronGdnBatchInvariantBackend):
     jit_fuser = staticmethod(lambda f: f)
 
 
-def megatron_call(row: Any, monkeypatch: pytest.MonkeyPatch) -> tuple[list, Any, torch.Tensor]:
-    calls: list = []
-
-    class Recorder:
-        @staticmethod
-        def apply(x: torch.Tensor, weight: torch.Tensor, eps: float, zero_centered: bool) -> torch.Tensor:
-            calls.append((x, weight, eps, zero_centered))
-            return x * 2
-
+def megatron_mismatches(row: Any, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """How the row's call differs from Megatron's: out_norm(x) = BatchInvariantRMSNormFn.apply(x, weight, eps, True)
+    with the weight held zero-centred (w - 1), then y * silu(gate.float()) rounded to x's dtype (common.py:370-379)."""
+    norm_fn = mock.Mock()  # BatchInvariantRMSNormFn.apply(x, weight, eps, zero_centered) gives x * 2 here
+    norm_fn.apply.side_effect = lambda x, *rest: x * 2
     row.loaded()
-    monkeypatch.setattr(row.bik, "BatchInvariantRMSNormFn", Recorder)
+    monkeypatch.setattr(row.bik, "BatchInvariantRMSNormFn", norm_fn)
     c = make_case(4, 128, seed=3)
     y = row.forward(c.x, c.z, c.w, OpOptions(eps=1e-6))
-    return calls, c, y
-
-
-def megatron_mismatches(calls: list, c: Any, y: torch.Tensor) -> list[str]:
-    """How the call differs from Megatron's: out_norm(x) = BatchInvariantRMSNormFn.apply(x, weight, eps, True) with
-    the weight held zero-centred (w - 1), then y * silu(gate.float()) rounded to x's dtype (common.py:370-379)."""
-    if len(calls) != 1:
-        return [f"{len(calls)} calls"]
-    x, weight, eps, zc = calls[0]
+    if norm_fn.apply.call_count != 1:
+        return [f"{norm_fn.apply.call_count} calls"]
+    x, weight, eps, zc = norm_fn.apply.call_args.args
     bad = [] if torch.equal(x, c.x) else ["x"]
     bad += [] if torch.equal(weight, (c.w.float() - 1).to(c.w.dtype)) else ["the weight is not w - 1"]
     bad += [] if (eps, zc) == (1e-6, True) else [f"eps, zero_centered_gamma = {eps}, {zc}"]
@@ -202,7 +186,7 @@ def test_megatron_batch_invariant_row_calls_megatrons_norm_with_the_zero_centred
     pinned("megatron-core")
     if planted:  # a weight not zero-centred is caught
         monkeypatch.setattr(stacks, "zero_centred", lambda w: w)
-    found = megatron_mismatches(*megatron_call(Eager(), monkeypatch))
+    found = megatron_mismatches(Eager(), monkeypatch)
     assert found == (["the weight is not w - 1"] if planted else [])
 
 
@@ -211,9 +195,8 @@ def vllm_calls(files: sf.StackFiles, monkeypatch: pytest.MonkeyPatch, flip: bool
     """forward_cuda (0.33.0's through torch.ops.vllm.fla_rms_norm_gated -> _fla_rms_norm_gated) and forward_native,
     read from the release's layernorm.py, against rmsnorm_call and native_call: equal calls, one per case."""
     layernorm = files.path(sf.LAYERNORM)
-    seen: list = []
     guard = types.ModuleType(sf.VLLM_GUARD[-1].removesuffix(".py").replace("/", "."))
-    guard.rmsnorm_fn = lambda *a, **k: seen.append((a, k))
+    guard.rmsnorm_fn = mock.Mock()
     monkeypatch.setitem(sys.modules, guard.__name__, guard)
     op = (
         sf.read_function(layernorm, "_fla_rms_norm_gated", {})
@@ -224,22 +207,22 @@ def vllm_calls(files: sf.StackFiles, monkeypatch: pytest.MonkeyPatch, flip: bool
     cuda = sf.read_function(layernorm, "RMSNormGated.forward_cuda", {"torch": fake_torch})
     native = sf.read_function(layernorm, "RMSNormGated.forward_native", {})
     same = []
-    for opts in (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid")):
-        for gated in (True, False):
-            c = make_case(3, 128, seed=1)
-            z = c.z if gated else None
-            mod = types.SimpleNamespace(weight=c.w, bias=None, **opts.as_dict())  # vLLM's module has no bias
-            mod.forward_static = lambda *a, **k: seen.append((a, k))
-            if flip:
-                mod.norm_before_gate = not mod.norm_before_gate
-            for theirs, ours in ((cuda, rmsnorm_call), (native, native_call)):
-                seen.clear()
-                theirs(mod, c.x, z)
-                ours(lambda *a, **k: seen.append((a, k)), c.x, z, c.w, opts)
-                assert len(seen) == 2
-                (a1, k1), (a2, k2) = seen
-                equal = len(a1) == len(a2) and all(u is v or u == v for u, v in zip(a1, a2, strict=True))
-                same.append(equal and k1 == k2)
+    c = make_case(3, 128, seed=1)
+    options = (OpOptions(), OpOptions(eps=1e-5, group_size=32, norm_before_gate=False, activation="sigmoid"))
+    for opts, z in itertools.product(options, (c.z, None)):
+        # vLLM's module has no bias; its tensors are the case's own, so comparing calls compares them by identity
+        mod = types.SimpleNamespace(weight=c.w, bias=None, forward_static=mock.Mock(), **opts.as_dict())
+        if flip:
+            mod.norm_before_gate = not mod.norm_before_gate
+        for theirs, ours, seen in (
+            (cuda, rmsnorm_call, guard.rmsnorm_fn),
+            (native, stacks.native_call, mod.forward_static),
+        ):
+            seen.reset_mock()
+            theirs(mod, c.x, z)
+            ours(recorder := mock.Mock(), c.x, z, c.w, opts)
+            assert seen.call_count == recorder.call_count == 1
+            same.append(seen.call_args == recorder.call_args)
     return same
 
 

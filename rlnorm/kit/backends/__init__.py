@@ -14,7 +14,7 @@ import itertools
 import types
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -24,11 +24,11 @@ from rlnorm.inputs import make_case
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
-from rlnorm.reference import gated_rmsnorm_math, rms_norm_gated_reference
+from rlnorm.reference import rms_norm_gated_reference
 from rlnorm.timing import describe_error
 
 __all__ = ["REGISTRY", "Backend", "BackendUnavailable", "FunctionBackend", "Grads", "UnavailableBackend"]
-__all__ += ["check_inputs", "describe_error", "device_lost", "dist_version", "fresh_function", "load_backend"]
+__all__ += ["describe_error", "device_lost", "dist_version", "fresh_function", "load_backend"]
 __all__ += ["load_backends", "only_qwen_options"]
 _CODE_IDS = itertools.count()
 
@@ -69,16 +69,6 @@ def dist_version(dist: str) -> str:
         return "?"
 
 
-def check_inputs(x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> bool:
-    """Raise ValueError naming what does not fit x; False when x has no rows (nothing to compute)."""
-    if x.dim() < 1 or w.dim() != 1 or w.shape[0] != x.shape[-1]:
-        raise ValueError(f"w: expected shape [{x.shape[-1] if x.dim() else '?'}], got {tuple(w.shape)}")
-    if z is not None and z.shape != x.shape:
-        raise ValueError(f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
-    opts.check_width(x.shape[-1])
-    return x.numel() > 0
-
-
 def only_qwen_options(opts: OpOptions, who: str, activations: tuple[str, ...] = ("silu",)) -> tuple[bool, str]:
     """`supports` of an implementation with Qwen3-Next's options only: whole rows, the norm first, these gates."""
     if opts.group_size is not None:
@@ -115,7 +105,7 @@ class Backend:
     source: str = ""
     has_backward: bool = True
     requires: str = ""  # the module the backend's code lives in: a failed import makes it unavailable, with why
-    needs_gate = False  # no ungated path: a call without z is refused (`_check`)
+    needs_gate = False  # no ungated path: a call without z is refused (`_check`, before every call)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} defines neither _fn nor forward")
@@ -156,22 +146,16 @@ class Backend:
         ok, why = self.supports(OpOptions())
         if not ok:  # which options it does support is not knowable generically
             return False, f"does not support the default options: {why}"
-
-        def run(x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor) -> Tensor:
-            if self.has_backward:
-                return self.forward_backward(x, z, w, dy, OpOptions()).y
-            return self.forward(x, z, w, OpOptions())
-
-        return self._tiny_run(device, run, "probe run")
-
-    def _tiny_run(self, device: str, run: Callable[..., Tensor], what: str) -> tuple[bool, str]:
         case = make_case(3, 128, seed=0, device=device)  # small: an interpreted Triton kernel answers fast
         try:
-            y = run(case.x, case.z, case.w, case.dy)
+            if self.has_backward:
+                y = self.forward_backward(case.x, case.z, case.w, case.dy, OpOptions()).y
+            else:
+                y = self.forward(case.x, case.z, case.w, OpOptions())
             if device.startswith("cuda"):
                 torch.cuda.synchronize()
         except Exception as exc:
-            return False, f"{what} on {device} failed: {describe_error(exc)}"
+            return False, f"probe run on {device} failed: {describe_error(exc)}"
         if tuple(y.shape) != tuple(case.x.shape):
             return False, f"probe output has shape {tuple(y.shape)}, expected {tuple(case.x.shape)}"
         return True, ""
@@ -185,12 +169,14 @@ class Backend:
         return device_lost(device)
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        self._check(z, opts)
         with torch.no_grad():
             return self._fn(x, z, w, opts)
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
         if not self.has_backward:
             raise BackendUnavailable(f"{self.key}: no backward")
+        self._check(z, opts)
         # detach(): fresh leaves sharing storage (no copy inside a timed run), the caller's tensors untouched
         xl = x.detach().requires_grad_(True)
         zl = None if z is None else z.detach().requires_grad_(True)
@@ -225,15 +211,12 @@ class UnavailableBackend(Backend):
         raise BackendUnavailable(f"{self.key}: {self.reason}")
 
 
-_FN_KWARGS = ("eps", "group_size", "norm_before_gate", "activation")
-
-
 class FunctionBackend(Backend):
     """A user's plain differentiable function f(x, z, w, *, eps, group_size, norm_before_gate, activation)."""
 
-    def __init__(self, fn: Callable[..., Tensor], key: str, source: str | None = None) -> None:
+    def __init__(self, fn: Callable[..., Tensor], key: str) -> None:
         self.fn, self.key = fn, key
-        self.source = source or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+        self.source = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         return self.fn(x, z, w, **opts.as_dict())
@@ -248,9 +231,9 @@ REGISTRY: dict[str, str] = {
     "fla_layernorm_gated": f"{_K}.peers:FlaLayernormGatedBackend",
     "fla_fused_norm_gate": f"{_K}.peers:FlaFusedNormGateBackend",
     "vllm": f"{_K}.vllm:VllmBackend",
-    "vllm_native": f"{_K}.vllm_native:VllmNativeBackend",
-    "vllm_native_compiled": f"{_K}.vllm_native:VllmNativeCompiledBackend",
-    "vllm_native_batch_invariant": f"{_K}.vllm_native:VllmNativeBatchInvariantBackend",
+    "vllm_native": _S + "VllmNativeBackend",
+    "vllm_native_compiled": _S + "VllmNativeCompiledBackend",
+    "vllm_native_batch_invariant": _S + "VllmNativeBatchInvariantBackend",
     "torch_compile": f"{_K}:TorchCompileBackend",
     "sglang_fused_norm_gate": _S + "SglangFusedNormGateBackend",
     "sglang_layernorm_gated": _S + "SglangLayernormGatedBackend",
@@ -271,7 +254,7 @@ def _check_function_signature(fn: Callable, spec: str) -> None:
     except (TypeError, ValueError):
         return  # builtins without a signature: trust them, the probe will tell
     try:
-        sig.bind(None, None, None, **dict.fromkeys(_FN_KWARGS))
+        sig.bind(None, None, None, **OpOptions().as_dict())  # the call `_fn` makes
     except TypeError as exc:
         raise ValueError(
             f"backend {spec!r}: a function backend must accept f(x, z, w, *, eps, group_size, "
@@ -370,15 +353,10 @@ class ExactReferenceBackend(Backend):
         return rms_norm_gated_reference(x, z, w, opts)
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        # the weight expanded to one fp32 leaf per row: autograd gives each row's contribution [rows, D], unsummed
-        xl = x.detach().requires_grad_(True)
-        zl = None if z is None else z.detach().requires_grad_(True)
-        w_rows = w.detach().to(torch.float32).expand(x.shape[0], -1).clone().requires_grad_(True)
-        with torch.enable_grad():
-            y = gated_rmsnorm_math(xl, zl, w_rows, opts, torch.float32).to(x.dtype)
-            grads = torch.autograd.grad(y, [t for t in (xl, zl, w_rows) if t is not None], grad_outputs=dy)
-        dw = self._reduce_dweight(grads[-1], w.dtype).to(w.device)
-        return Grads(y=y.detach(), dx=grads[0], dz=grads[1] if zl is not None else None, dw=dw)
+        # the weight expanded to one fp32 row per row of x: autograd gives each row's contribution [rows, D], unsummed
+        g = super().forward_backward(x, z, w.detach().to(torch.float32).expand(x.shape[0], -1).clone(), dy, opts)
+        g.dw = self._reduce_dweight(g.dw, w.dtype).to(w.device)  # type: ignore[arg-type]
+        return g
 
     def _reduce_dweight(self, contributions: Tensor, dtype: torch.dtype) -> Tensor:
         """Per-row contributions [rows, D] fp32 -> dweight [D]: exact here; the planted faults override it."""
@@ -428,35 +406,34 @@ class TorchCompileBackend(Backend):
     key = "torch_compile"
     source = f"torch {torch.__version__} torch.compile(rlnorm.reference.rms_norm_gated_reference)"
     GRAPH = "torch.compile(rlnorm.reference.rms_norm_gated_reference)"  # the `configurations` check's kernel
-    # torch.compile's arguments per graph: "default" as a user calls it (static shapes, then a dynamic graph once
-    # the row count changes); "dynamic" / "static" forced by the `configurations` check
-    MODES: ClassVar[dict[str, dict]] = {"default": {}, "dynamic": {"dynamic": True}, "static": {"dynamic": False}}
 
     def __init__(self) -> None:
         super().__init__()
-        self._compiled: dict[tuple[OpOptions, str], Callable[..., Tensor]] = {}
-        self._graph = "default"
+        self._compiled: dict[tuple[OpOptions, bool | None], Callable[..., Tensor]] = {}
+        # torch.compile's `dynamic`: None as a user calls it (static shapes, then a dynamic graph once the row count
+        # changes); True / False forced by the `configurations` check
+        self._dynamic: bool | None = None
 
     @contextlib.contextmanager
-    def _forced(self, graph: str) -> Iterator[None]:
+    def _forced(self, dynamic: bool) -> Iterator[None]:
         # one static graph per row count: past the default recompile limit it would fall back to eager
-        with patched(self, "_graph", graph), torch._dynamo.config.patch(recompile_limit=64):
+        with patched(self, "_dynamic", dynamic), torch._dynamo.config.patch(recompile_limit=64):
             yield
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         # the graph a trainer gets (dynamic rows) against a CUDA-graph sampler's (one static row count each)
         static = "dynamic=False (one static graph per row count)"
         return [
-            Setting(self.GRAPH, "graph", "dynamic=True", lambda: self._forced("dynamic")),
-            Setting(self.GRAPH, "graph", static, lambda: self._forced("static")),
+            Setting(self.GRAPH, "graph", "dynamic=True", lambda: self._forced(True)),
+            Setting(self.GRAPH, "graph", static, lambda: self._forced(False)),
         ]
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        key = (opts, self._graph)
+        key = (opts, self._dynamic)
         if key not in self._compiled:
             # options are closed over, so each option set is its own graph (no guard on a dataclass)
             def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
                 return rms_norm_gated_reference(x, z, w, opts)
 
-            self._compiled[key] = torch.compile(fresh_function(op), **self.MODES[self._graph])
+            self._compiled[key] = torch.compile(fresh_function(op), dynamic=self._dynamic)
         return self._compiled[key](x, z, w)

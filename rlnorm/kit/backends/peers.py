@@ -33,7 +33,6 @@ class TransformersBackend(Backend):
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
 
-        self._check(z, opts)
         key = (x.shape[-1], opts.eps, str(x.device))
         if key not in self._modules:
             self._modules[key] = Qwen3NextRMSNormGated(key[0], eps=opts.eps).to(key[2])
@@ -55,7 +54,6 @@ class FlaLayernormGatedBackend(Backend):
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from fla.modules.layernorm_gated import rmsnorm_fn
 
-        self._check(z, opts)
         return rmsnorm_fn(
             x, w, None, z=z, eps=opts.eps, group_size=opts.group_size, norm_before_gate=opts.norm_before_gate
         )
@@ -77,7 +75,6 @@ class FlaFusedNormGateBackend(Backend):
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from fla.modules.fused_norm_gate import rms_norm_gated
 
-        self._check(z, opts)
         return rms_norm_gated(x, z, w, None, activation=self._ACTIVATION[opts.activation], eps=opts.eps)
 
     @staticmethod

@@ -24,10 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error, dist_version
+import torch
+from torch import Tensor
 
-__all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "Pin", "StackFiles", "StackRow", "find", "installed", "load"]
-__all__ += ["load_file", "read_function", "unpack"]
+from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error, dist_version
+from rlnorm.options import OpOptions
+
+__all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "ForwardOnlyRow", "Pin", "StackFiles", "StackRow", "find"]
+__all__ += ["installed", "interp", "load_file", "read_function", "unpack"]
 
 WHL = Path(__file__).resolve().parents[3] / ".whl"
 _LOCK = threading.Lock()
@@ -292,6 +296,11 @@ def read_function(path: Path, qualname: str, namespace: dict[str, Any]) -> Calla
     return module.__dict__[node.name]
 
 
+def interp() -> str:
+    """What a row's `source` adds where its Triton kernels run interpreted (no GPU)."""
+    return "" if torch.cuda.is_available() else ", under the Triton interpreter"
+
+
 class StackRow(Backend):
     """A row from a pinned stack's files (`files`: a folder or archive in their place), read once by `_load`."""
 
@@ -302,7 +311,10 @@ class StackRow(Backend):
         super().__init__()
         self.files, self._where = find(self.pin, files)
         self._loaded: Any = None
-        self.source = self.describe(self.files.origin if self.files is not None else "files not found")
+
+    @property
+    def source(self) -> str:  # type: ignore[override]
+        return self.describe(self.files.origin if self.files is not None else "files not found")
 
     def describe(self, where: str) -> str:
         stood = "; ".join(f"{k}: {v}" for k, v in self.pin.stood_in.items()) or "nothing"
@@ -324,3 +336,19 @@ class StackRow(Backend):
             pinned = f"{self.pin.dist} {self.pin.version}"
             return f"{pinned}'s files under {self.files.root} do not load: {describe_error(exc)}"
         return None
+
+
+class ForwardOnlyRow(StackRow):
+    """A row of a stack that samples, never trains: no backward, and its kernel never launched on no rows."""
+
+    has_backward = False
+
+    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if x.dim() < 1 or w.dim() != 1 or w.shape[0] != x.shape[-1]:
+            raise ValueError(f"w: expected shape [{x.shape[-1] if x.dim() else '?'}], got {tuple(w.shape)}")
+        if z is not None and z.shape != x.shape:
+            raise ValueError(f"z: expected the shape of x {tuple(x.shape)}, got {tuple(z.shape)}")
+        opts.check_width(x.shape[-1])
+        if x.numel() == 0:
+            return torch.empty_like(x)
+        return super().forward(x, z, w, opts)

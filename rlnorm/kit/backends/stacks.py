@@ -2,34 +2,37 @@
 
 SGLang, Megatron-core and TorchTitan cannot be installed beside the kit's torch, so each row executes the stack's files
 with only the helpers named in `source` stood in, and calls them as the model's layer does (tests/kit/test_stacks.py).
+vLLM's `RMSNormGated.forward_native` is one call, `forward_static(x, z, weight, eps, x.dtype, **options)` (fp32
+PyTorch), read from vLLM's file and run as vLLM runs it (docs/vllm.md): eager, compiled by Inductor (a default
+deployment disables custom ops, so forward_native is traced into the model's graph), and under VLLM_BATCH_INVARIANT=1
+(which changes only its aten::mean.dim).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import types
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlnorm.kit.backends import check_inputs, describe_error, only_qwen_options
+from rlnorm.kit.backends import BackendUnavailable, describe_error, fresh_function, only_qwen_options
 from rlnorm.kit.backends import stack_files as sf
-from rlnorm.kit.backends import vllm_native as vn
 from rlnorm.kit.backends.vllm import VllmBackend
 from rlnorm.options import OpOptions
 
-__all__ = ["MegatronGdnBackend", "MegatronGdnBatchInvariantBackend", "SglangFusedNormGateBackend"]
+__all__ = ["COMPILE_ROWS", "MegatronGdnBackend", "MegatronGdnBatchInvariantBackend", "SglangFusedNormGateBackend"]
 __all__ += ["SglangLayernormGatedBackend", "SglangLayernormGatedDeterministicBackend", "TorchtitanBackend"]
-__all__ += ["Vllm033Backend", "VllmNative033Backend", "VllmNativeBatchInvariant033Backend"]
-__all__ += ["VllmNativeCompiled033Backend", "sglang_modules"]
-
-
-def _interp() -> str:
-    return "" if torch.cuda.is_available() else ", under the Triton interpreter"
+__all__ += ["Vllm033Backend", "VllmNative033Backend", "VllmNativeBackend", "VllmNativeBatchInvariant033Backend"]
+__all__ += ["VllmNativeBatchInvariantBackend", "VllmNativeCompiled033Backend", "VllmNativeCompiledBackend"]
+__all__ += ["native_call", "sglang_modules", "vllm_inductor_options"]
 
 
 # -- SGLang 0.5.23 -----------------------------------------------------------------------------------------------
@@ -69,23 +72,18 @@ def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, typ
     return {"fused_norm_gate": loaded[_SGL + "fused_norm_gate"], "layernorm_gated": lg}
 
 
-class _SglangRow(sf.StackRow):
+class _SglangRow(sf.ForwardOnlyRow):  # SGLang's autograd Functions define no backward
     pin = sf.PINS["sglang"]
-    has_backward = False  # SGLang's autograd Functions define no backward: it samples, never trains
     batch_invariant = False
     writes_input = False
 
     def _load(self) -> Any:
         return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
 
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        if not check_inputs(x, z, w, opts):
-            return torch.empty_like(x)
-        self._check(z, opts)
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         mod = self._module(x.shape[-1], w, opts)
         mod.weight = nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
-        with torch.no_grad():
-            return mod(x.clone() if self.writes_input else x, z)
+        return mod(x.clone() if self.writes_input else x, z)
 
 
 class SglangFusedNormGateBackend(_SglangRow):
@@ -99,7 +97,7 @@ class SglangFusedNormGateBackend(_SglangRow):
     def what(self) -> str:  # type: ignore[override]
         return (
             "fused_norm_gate.py FusedRMSNormGated(D, eps, activation) as qwen3_next.py builds it, called as its GDN "
-            f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{_interp()}"
+            f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{sf.interp()}"
         )
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
@@ -124,7 +122,7 @@ class SglangLayernormGatedBackend(_SglangRow):
             + ("" if torch.cuda.is_available() else ", whose _get_sm_count answers torch's thread count on a CPU")
         )
         built = "layernorm_gated.py RMSNorm(D, eps, group_size, norm_before_gate, activation) as qwen3_5.py builds it"
-        return f"{built}, {mode}{_interp()}"
+        return f"{built}, {mode}{sf.interp()}"
 
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
         return self.loaded()["layernorm_gated"].RMSNorm(d, **opts.as_dict(), device=w.device, dtype=w.dtype)
@@ -152,7 +150,6 @@ class TorchtitanBackend(sf.StackRow):
         return only_qwen_options(opts, "TorchTitan's RMSNormGated")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._check(z, opts)
         return self.loaded()(types.SimpleNamespace(eps=opts.eps, weight=w), x, z)
 
 
@@ -181,7 +178,6 @@ class _MegatronRow(sf.StackRow):
         return only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        self._check(z, opts)
         layer = types.SimpleNamespace(out_norm=self.out_norm(w, opts), act_fn=F.silu)
         return self.loaded()(layer, x, z).reshape(x.shape)
 
@@ -237,6 +233,147 @@ class MegatronGdnBatchInvariantBackend(_MegatronRow):
         return functools.partial(self.bik._te_rmsnorm_forward_patched, te_norm)
 
 
+# -- vLLM 0.30.0 forward_native --------------------------------------------------------------------------------------
+# The rows vLLM's profile run traces the graph at: offline max_num_batched_tokens on an H200 (16384) x
+# Qwen3-Next-80B's 32 value heads over tensor parallel 2 (the norm sees one row per token and head).
+COMPILE_ROWS = 16384 * 16
+
+
+def native_call(
+    forward_static: Callable[..., Tensor], x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions
+) -> Tensor:
+    """The call `RMSNormGated.forward_native(x, z)` makes, for a module with weight w built with opts."""
+    kwargs = opts.as_dict()
+    return forward_static(x, z, w, kwargs.pop("eps"), x.dtype, **kwargs)
+
+
+def vllm_inductor_options(device_type: str) -> dict[str, Any]:
+    """The Inductor options a default vLLM 0.30 config gives on `device_type` (CompilationConfig's post-init)."""
+    from packaging.version import Version
+
+    opts: dict[str, Any] = {"enable_auto_functionalized_v2": False}
+    if Version(torch.__version__) < Version("2.12.0.dev"):
+        debug = os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper() == "DEBUG"
+        opts.update(size_asserts=debug, alignment_asserts=debug, scalar_asserts=debug)
+    if device_type != "cpu":  # from torch 2.9 on (the kit's torch is 2.11 or later)
+        opts.update(combo_kernels=True, benchmark_combo_kernel=True)
+    return opts
+
+
+class _FromVllmFiles(sf.ForwardOnlyRow):
+    """vLLM's forward_static from its own file."""
+
+    pin = sf.PINS["vllm"]
+
+    def describe(self, where: str) -> str:
+        return f"vLLM {self.pin.version} {self.what}; forward_static read from {where}, vllm not imported"
+
+    def _load(self) -> Callable[..., Tensor]:
+        path = self.files.path(sf.LAYERNORM)  # type: ignore[union-attr]
+        return sf.read_function(path, "RMSNormGated.forward_static", {"torch": torch, "F": F})
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        return native_call(self.loaded(), x, z, w, opts)
+
+
+class VllmNativeBackend(_FromVllmFiles):
+    key = "vllm_native"
+    what = "RMSNormGated.forward_native, eager (fp32 PyTorch, one rounding)"
+
+
+class VllmNativeCompiledBackend(_FromVllmFiles):
+    """Compiled as vLLM compiles it: fullgraph, dynamic=False, once at the profile run's size with the rows dynamic,
+    every guard dropped (compilation/wrapper.py), Inductor options `vllm_inductor_options`."""
+
+    key = "vllm_native_compiled"
+    compile_rows = COMPILE_ROWS
+    what = (
+        "RMSNormGated.forward_native compiled by Inductor as a default vLLM deployment runs it: fullgraph, rows "
+        f"dynamic, compiled once at {compile_rows} rows, every guard dropped; alone, not fused with neighbours"
+    )
+
+    def __init__(self, files: str | Path | None = None) -> None:
+        super().__init__(files)
+        self._compiled: dict[tuple, Callable[..., Tensor]] = {}
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        d = x.shape[-1]
+        # every guard is dropped, so nothing but this key may tell two graphs apart
+        key = (opts, d, x.dtype, w.dtype, z is None, str(x.device))
+        if key not in self._compiled:
+            self._compiled[key] = self._compile(x, z, w, opts)
+        x2 = x.reshape(-1, d).contiguous()
+        z2 = None if z is None else z.reshape(-1, d).contiguous()
+        return self._compiled[key](x2, z2, w.contiguous()).reshape(x.shape)
+
+    def _compile(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Callable[..., Tensor]:
+        forward_static = self.loaded()
+
+        def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
+            return native_call(forward_static, x, z, w, opts)
+
+        # every guard dropped, as vLLM's guard_filter_fn does: hence a fresh code object per closure (options)
+        options = {**vllm_inductor_options(x.device.type), "guard_filter_fn": torch.compiler.skip_all_guards_unsafe}
+        fn = torch.compile(fresh_function(op), fullgraph=True, dynamic=False, backend="inductor", options=options)
+        # the one compile, at the profile run's size, with the row dimension dynamic (backed), as vLLM marks it
+        gen = torch.Generator().manual_seed(0)
+        shape = (self.compile_rows, x.shape[-1])
+        xh, zh = (None if t is None else torch.randn(shape, generator=gen).to(t) for t in (x, z))
+        for t in (xh, zh):
+            if t is not None:
+                torch._dynamo.mark_dynamic(t, 0)
+        fn(xh, zh, w.contiguous())
+        return fn
+
+
+@contextlib.contextmanager
+def _mean_override(mean: Callable[..., Tensor], dispatch_key: str) -> Iterator[None]:
+    """aten::mean.dim -> `mean` on `dispatch_key` inside the block, as enable_batch_invariant_mode() registers it."""
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+            lib.impl("aten::mean.dim", mean, dispatch_key)
+        yield
+    finally:
+        lib._destroy()
+
+
+class VllmNativeBatchInvariantBackend(_FromVllmFiles):
+    """Eager, with VLLM_BATCH_INVARIANT=1's aten::mean.dim override (forward_cuda's kernel makes no aten call)."""
+
+    key = "vllm_native_batch_invariant"
+
+    @property
+    def what(self) -> str:  # type: ignore[override]
+        key = "CUDA" if torch.cuda.is_available() else "CPU (vLLM registers it on CUDA only)"
+        return (  # the refusal: vLLM 0.30.0 vllm/v1/attention/selector.py:235-238, 0.33.0 :245-248 (docs/vllm.md)
+            "RMSNormGated.forward_native, eager, under VLLM_BATCH_INVARIANT=1: aten::mean.dim -> vLLM's Triton "
+            f"mean_batch_invariant, registered on {key}; unreachable for Qwen3-Next: vLLM refuses "
+            "VLLM_BATCH_INVARIANT=1 for its GDN_ATTN layers (v1/attention/selector.py: 'VLLM batch_invariant mode is "
+            "not supported for GDN_ATTN')"
+        )
+
+    def _load(self) -> Callable[..., Tensor]:
+        import triton
+        import triton.language as tl
+
+        path = self.files.path(sf.BATCH_INVARIANT)  # type: ignore[union-attr]
+        scope: dict[str, Any] = {"torch": torch, "triton": triton, "tl": tl}
+        for name in ("mean_kernel", "mean_dim", "mean_batch_invariant"):  # each reads the ones before
+            scope[name] = sf.read_function(path, name, scope)
+        self.mean = scope["mean_batch_invariant"]
+        return super()._load()
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        key = {"cuda": "CUDA", "cpu": "CPU"}.get(x.device.type)
+        if key is None:
+            raise BackendUnavailable(f"{self.key}: no dispatch key for device {x.device} (expected cuda or cpu)")
+        forward_static = self.loaded()
+        with _mean_override(self.mean, key):
+            return native_call(forward_static, x, z, w, opts)
+
+
 # -- vLLM 0.33.0, beside the installed 0.30.0: the vLLM rows on its pin ------------------------------------------
 def _at_033(base: type, key: str, **attrs: Any) -> type:
     """`base`'s row on vLLM 0.33.0's pin."""
@@ -247,6 +384,6 @@ def _at_033(base: type, key: str, **attrs: Any) -> type:
 
 # `vllm_033`: forward_cuda -> torch.ops.vllm.fla_rms_norm_gated -> layernorm_guard.rmsnorm_fn (layernorm.py:413-455)
 Vllm033Backend = _at_033(VllmBackend, "vllm_033", imports=False)
-VllmNative033Backend = _at_033(vn.VllmNativeBackend, "vllm_native_033")
-VllmNativeCompiled033Backend = _at_033(vn.VllmNativeCompiledBackend, "vllm_native_compiled_033")
-VllmNativeBatchInvariant033Backend = _at_033(vn.VllmNativeBatchInvariantBackend, "vllm_native_batch_invariant_033")
+VllmNative033Backend = _at_033(VllmNativeBackend, "vllm_native_033")
+VllmNativeCompiled033Backend = _at_033(VllmNativeCompiledBackend, "vllm_native_compiled_033")
+VllmNativeBatchInvariant033Backend = _at_033(VllmNativeBatchInvariantBackend, "vllm_native_batch_invariant_033")

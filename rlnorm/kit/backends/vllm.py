@@ -13,7 +13,6 @@ import json
 import os
 import sys
 import types
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import Backend, BackendUnavailable, check_inputs, describe_error, dist_version
+from rlnorm.kit.backends import BackendUnavailable, describe_error, dist_version
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.process import run_child
@@ -39,17 +38,10 @@ def vllm_version() -> str | None:
     return None if (version := dist_version("vllm")) == "?" else version
 
 
-def _device_type(device: str) -> str:
-    try:
-        return torch.device(device).type
-    except (RuntimeError, TypeError):
-        return str(device)
-
-
 def prepare_import(device: str) -> None:
     """Without a GPU, CUDA_VISIBLE_DEVICES="" before the first `import vllm`: vLLM then keeps Triton although no
     driver is active (triton_utils/importing.py)."""
-    if "vllm" not in sys.modules and _device_type(device) == "cpu" and not torch.cuda.is_available():
+    if "vllm" not in sys.modules and torch.device(device).type == "cpu" and not torch.cuda.is_available():
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
@@ -108,10 +100,10 @@ def build_module(w: Tensor, opts: OpOptions) -> Any:
 
 def probe(device: str) -> dict[str, Any]:
     """In the child: import vllm as the backend does and call forward_cuda on a tiny input; the stage reached."""
-    prepare_import(device)
     out: dict[str, Any] = {"device": device, "stage": "import", "error": None}
-    out |= {k.lower(): os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")}
     try:
+        prepare_import(device)
+        out |= {k.lower(): os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "TRITON_INTERPRET")}
         import vllm
         from vllm.platforms import current_platform
         from vllm.triton_utils import HAS_TRITON
@@ -119,7 +111,7 @@ def probe(device: str) -> dict[str, Any]:
         out["vllm_version"] = getattr(vllm, "__version__", None)
         out["platform"] = type(current_platform).__name__
         out["has_triton"] = bool(HAS_TRITON)
-        if _device_type(device) == "cpu":
+        if torch.device(device).type == "cpu":
             out["compute_units_answered"] = answer_compute_units()
         out["stage"] = "construct"
         case = make_case(3, 128, seed=0, device=device)
@@ -128,7 +120,7 @@ def probe(device: str) -> dict[str, Any]:
         out["stage"] = "forward_cuda"
         with torch.no_grad():
             y = mod.forward_cuda(case.x, case.z)
-        if _device_type(device) == "cuda":
+        if torch.device(device).type == "cuda":
             torch.cuda.synchronize()
         out["output_shape"] = list(y.shape)
         out["stage"] = "ok"
@@ -169,102 +161,87 @@ def reason_from_probe(p: dict[str, Any], vllm_ver: str | None) -> str | None:
     return f"{off}RMSNormGated.forward_cuda(x, z) on {device} raises {err}"
 
 
-@dataclass
-class Plan:
-    mode: str  # "imported", "files" or "none"
-    source: str
-    reason: str = ""  # mode "none": why nothing can run
-    files: sf.StackFiles | None = None
-
-
-class VllmBackend(Backend):
+class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel without an autograd.Function
     """vLLM's `RMSNormGated.forward_cuda`, or its `rmsnorm_fn` from vLLM's files (`files`, or where vllm cannot
-    import)."""
+    import): a pinned stack's row whose files are the fallback, decided once (`plan`)."""
 
     key = "vllm"
     pin = sf.PINS["vllm"]
     imports = True  # False: the pin's files only, never the installed vllm (another release)
-    has_backward = False  # forward_cuda calls its Triton kernel without an autograd.Function
+    what = "layernorm_guard.rmsnorm_fn as RMSNormGated.forward_cuda calls it"
 
-    def __init__(self, files: str | Path | None = None, probe_timeout_s: float = _PROBE_TIMEOUT_S) -> None:
-        super().__init__()
+    def __init__(self, files: str | Path | None = None) -> None:
+        super().__init__(files)
         self.version = vllm_version() if self.imports else self.pin.version
-        self.files_given = files
-        self.probe_timeout_s = probe_timeout_s
+        self.given = files is not None
         self.probe_env: dict[str, str] | None = None  # extra environment for the probe child (tests)
         self.last_probe: dict[str, Any] | None = None
         self._probes: dict[str, dict[str, Any]] = {}
-        self._plan: Plan | None = None
         self._modules: dict[tuple, Any] = {}
-        self._guard: Any = None
 
     @property
     def source(self) -> str:  # type: ignore[override]
-        return self.plan().source
+        if self.plan == "imported":
+            interp = "" if torch.cuda.is_available() else ", under the Triton interpreter (CUDA_VISIBLE_DEVICES='')"
+            text = f"vLLM {self.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported"
+            return text + interp + _PATH_NOTE
+        if self.plan == "none":
+            return f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda"
+        return self.describe(f"{self.files.origin}; {self._why}")  # type: ignore[union-attr]
 
-    def plan(self) -> Plan:
-        if self._plan is None:
-            self._plan = self._decide()
-        return self._plan
+    def describe(self, where: str) -> str:
+        text = f"vLLM {self.pin.version} {self.what}, from vLLM's own files{sf.interp()} ({where})" + _PATH_NOTE
+        return text + "".join(f"; {name} stood in by {self.pin.stood_in[name]}" for name in self.pin.empty)
 
-    def _decide(self) -> Plan:
-        if self.files_given is not None:
-            return self._files_plan("the files were given")
-        if not self.imports:
-            return self._files_plan("through torch.ops.vllm.fla_rms_norm_gated, vllm not imported")
-        if self.version is None:
-            return self._files_plan("vllm is not installed here")
-        device = "cuda" if torch.cuda.is_available() else "cpu"  # what `device: auto` picks
-        p = self._probe_child(device)
-        if p.get("stage") in ("import", "child"):
-            return self._files_plan(f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}")
-        text = f"vLLM {self.version} RMSNormGated.forward_cuda -> layernorm_guard.rmsnorm_fn, vllm imported"
-        if _device_type(p["device"]) == "cpu":
-            text += ", under the Triton interpreter (CUDA_VISIBLE_DEVICES='')"
-        return Plan("imported", text + _PATH_NOTE)
-
-    def _files_plan(self, why: str) -> Plan:
-        files, where = sf.find(self.pin, self.files_given)
-        if files is None:
-            reason = f"{why}, and {where}" if self.imports else where
-            return Plan("none", f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda", reason=reason)
-        interp = ", under the Triton interpreter" if not torch.cuda.is_available() else ""
-        source = (
-            f"vLLM {self.pin.version} layernorm_guard.rmsnorm_fn as RMSNormGated.forward_cuda calls it, "
-            f"from vLLM's own files{interp} ({files.origin}; {why})" + _PATH_NOTE
-        )
-        source += "".join(f"; {name} stood in by {self.pin.stood_in[name]}" for name in self.pin.empty)
-        return Plan("files", source, files=files)
+    @functools.cached_property
+    def plan(self) -> str:  # "imported", "files" or "none" (StackRow's reasons say why); may start the probe child
+        if self.given:
+            self._why = "the files were given"
+        elif not self.imports:
+            self._why = "through torch.ops.vllm.fla_rms_norm_gated, vllm not imported"
+        elif self.version is None:
+            self._why = "vllm is not installed here"
+        else:
+            p = self._probe_child("cuda" if torch.cuda.is_available() else "cpu")  # what `device: auto` picks
+            if p.get("stage") not in ("import", "child"):
+                return "imported"
+            self._why = f"vllm {self.version} is installed but `import vllm` fails here: {p.get('error')}"
+        if self.files is None:
+            if self.imports:  # StackRow's reason, after why the installed vllm cannot run
+                self._where = f"{self._why}, and {self._where}"
+            return "none"
+        return "files"
 
     def _probe_child(self, device: str) -> dict[str, Any]:
         if device not in self._probes:
-            self._probes[device] = run_probe(device, timeout_s=self.probe_timeout_s, env=self.probe_env)
+            self._probes[device] = run_probe(device, env=self.probe_env)
         self.last_probe = self._probes[device]  # for the record
         return self.last_probe
 
     def _probe(self, device: str) -> tuple[bool, str]:
-        plan = self.plan()
-        if plan.mode == "none":
-            return False, plan.reason
-        if plan.mode == "imported":
-            reason = reason_from_probe(self._probe_child(device), self.version)
-            return (False, reason) if reason else (True, "")
-        # files: nothing is imported, so the tiny run happens here
-        what = f"vLLM's rmsnorm_fn from its files ({plan.files.origin if plan.files is not None else '?'})"
-        return self._tiny_run(device, lambda x, z, w, dy: self._run_files(x, z, w, OpOptions()), what)
+        if self.plan != "imported":  # the files, or nothing: nothing is imported, so the tiny run happens here
+            return super()._probe(device)
+        reason = reason_from_probe(self._probe_child(device), self.version)
+        return (False, reason) if reason else (True, "")
+
+    def _load(self) -> Any:
+        return load_layernorm_guard(self.files)  # type: ignore[arg-type]
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        # "cuda" and "cuda:0" are one device: one probe child, not two
-        ok, why = self.available("cuda" if x.device.type == "cuda" and x.device.index in (None, 0) else str(x.device))
-        if not ok:
-            raise BackendUnavailable(f"{self.key}: {why}")
-        if not check_inputs(x, z, w, opts):  # no rows: vLLM is not called
-            return torch.empty_like(x)
-        if self.plan().mode == "files":
-            return self._run_files(x, z, w, opts)
-        return self._run_imported(x, z, w, opts)
+        if self.plan == "imported":  # "cuda" and "cuda:0" are one device: one probe child, not two
+            ok, why = self.available(
+                "cuda" if x.device.type == "cuda" and x.device.index in (None, 0) else str(x.device)
+            )
+            if not ok:
+                raise BackendUnavailable(f"{self.key}: {why}")
+        return super().forward(x, z, w, opts)
 
-    def _run_imported(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        if self.plan != "imported":  # the files (none found: `loaded` says why)
+            return rmsnorm_call(self.loaded().rmsnorm_fn, x, z, w.detach(), opts)
+        return self._module(x, w, opts).forward_cuda(x, z)
+
+    def _module(self, x: Tensor, w: Tensor, opts: OpOptions) -> Any:
         key = (x.shape[-1], w.dtype, str(w.device), opts)
         if key not in self._modules:
             prepare_import(str(x.device))
@@ -273,28 +250,15 @@ class VllmBackend(Backend):
             self._modules[key] = build_module(w, opts)
         mod = self._modules[key]
         mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
-        with torch.no_grad():
-            return mod.forward_cuda(x, z)
-
-    def _run_files(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        with torch.no_grad():
-            return rmsnorm_call(self._layernorm_guard(str(x.device)).rmsnorm_fn, x, z, w.detach(), opts)
-
-    def _layernorm_guard(self, device: str) -> Any:
-        plan = self.plan()
-        if plan.mode == "imported":
-            prepare_import(device)
-            return importlib.import_module(GUARD)
-        if self._guard is None:
-            assert plan.files is not None
-            self._guard = load_layernorm_guard(plan.files)
-        return self._guard
+        return mod
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         """ROWS_PER_BLOCK, which `calc_rows_per_block` picks from the row count and the compute units: 1, 2, 4."""
-        if self.plan().mode == "none":
+        if self.plan == "none":
             return []
-        guard = self._layernorm_guard(device)
+        if self.plan == "imported":
+            prepare_import(device)
+        guard = importlib.import_module(GUARD) if self.plan == "imported" else self.loaded()
         kernel = kernel_name(guard.layer_norm_fwd_kernel)
 
         def pin(n: int) -> Any:
@@ -303,7 +267,7 @@ class VllmBackend(Backend):
         return [Setting(kernel, "ROWS_PER_BLOCK", str(n), lambda n=n: pin(n)) for n in (1, 2, 4)]
 
     def __repr__(self) -> str:  # never decides: reading `source` may start the probe child
-        decided = self._plan.source if self._plan is not None else "(not decided yet)"
+        decided = self.source if "plan" in vars(self) else "(not decided yet)"
         return f"<{type(self).__name__} key={self.key!r} source={decided!r}>"
 
 
