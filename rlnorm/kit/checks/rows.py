@@ -6,10 +6,9 @@ preallocated buffers, and on CUDA many calls replay as one CUDA graph where that
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -19,22 +18,12 @@ from rlnorm.inputs import Case
 from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Place, Trail, caught, check_int, check_ints
 from rlnorm.kit.results import AllRows, RowsAtSize, SubBatches
 from rlnorm.options import OpOptions
-from rlnorm.timing import CudaClock, GraphMismatch, describe_error, verify_graph
+from rlnorm.timing import Captured, CudaClock, GraphMismatch, describe_error, verify_graph
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 
-
-@dataclass
-class _Graph:
-    """k calls of one tile size held by a CUDA graph, with the static case they read and the outputs they write."""
-
-    replay: Any
-    keep: list[Any]
-    k: int
-    size: int
-    case: Case
-    outs: list[tuple[Tensor | None, ...]]
+_Graph = tuple[Captured, Case]  # k calls of one tile size held by a CUDA graph, and the static case they read
 
 
 @dataclass
@@ -60,9 +49,9 @@ class AloneRunner:
         if self.use_graphs and x.device.type == "cuda" and k >= 8 and n_tiles >= k and size not in self._no_graph:
             try:
                 g = self._graphs.get(size)
-                if g is None or g.case.x.shape[1] != x.shape[1] or g.case.x.dtype != x.dtype:
+                if g is None or g[1].x.shape[1] != x.shape[1] or g[1].x.dtype != x.dtype:
                     g = self._graphs[size] = self._capture(case, starts, size, k)
-                self._run_graph(g, case, starts, outs)
+                self._fill(case, starts, size, outs, g)
                 self.paths[size] = "cuda_graph"
                 return outs
             except GraphMismatch as exc:
@@ -72,25 +61,38 @@ class AloneRunner:
             self._graphs.pop(size, None)
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize(x.device)
-        self._run_eager(case, starts, size, outs)
+        self._fill(case, starts, size, outs)
         self.paths[size] = self._no_graph.get(size, "eager")
         return outs
 
-    def _run_eager(self, case: Case, starts: Tensor, size: int, outs: tuple[Tensor | None, ...]) -> None:
-        starts_l = starts.tolist()
-        chunk = max(1, 4096 // size)
-        c = self.check
-        bar = tqdm(total=len(starts_l), desc=f"{c.key} {c.name} size {size}", disable=not c.progress, leave=False)
-        for c0 in range(0, len(starts_l), chunk):
-            c.trail.batch({"kind": "slice", "start": starts_l[c0], "size": size})
-            got = [c.call(case.rows(slice(s, s + size))) for s in starts_l[c0 : c0 + chunk]]
-            r0, r1 = c0 * size, (c0 + len(got)) * size
-            with torch.no_grad():
-                for i, out in enumerate(outs):
-                    if out is not None:
-                        torch.cat([t[i].detach() for t in got], out=out[r0:r1])
-            bar.update(len(got))
-        bar.close()
+    def _fill(
+        self, case: Case, starts: Tensor, size: int, outs: tuple[Tensor | None, ...], graph: _Graph | None = None
+    ) -> None:
+        """Each tile's outputs into `outs`, a chunk at a time: eager calls, or a replay of `graph` for k tiles."""
+        c, n_tiles = self.check, int(starts.numel())
+        k = len(graph[0].outs) if graph else max(1, 4096 // size)
+        if graph:
+            cap, static = graph
+            static.w.copy_(case.w)
+            idx = (starts.view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(case.x.device)
+        desc = f"{c.key} {c.name} size {size}" + (" (graph)" if graph else "")
+        with tqdm(total=n_tiles, desc=desc, disable=not c.progress, leave=False) as bar:
+            for first in range(0, n_tiles, k):
+                t0 = min(first, n_tiles - k) if graph else first  # a graph's last chunk overlaps the one before
+                c.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
+                if graph:
+                    sel = idx[t0 * size : (t0 + k) * size]
+                    for name in ("x", "z", "dy"):
+                        torch.index_select(getattr(case, name), 0, sel, out=getattr(static, name))
+                    cap.replay()
+                    got = cap.outs
+                else:
+                    got = [c.call(case.rows(slice(s, s + size))) for s in starts[t0 : t0 + k].tolist()]
+                with torch.no_grad():
+                    for i, out in enumerate(outs):
+                        if out is not None:
+                            torch.cat([t[i].detach() for t in got], out=out[t0 * size : (t0 + len(got)) * size])
+                bar.update(min(k, n_tiles - first))
 
     def _capture(self, case: Case, starts: Tensor, size: int, k: int) -> _Graph:
         self.check.trail.batch({"kind": "slice", "start": int(starts[0]), "size": size})
@@ -103,26 +105,7 @@ class AloneRunner:
         verdict = verify_graph(cap, calls, clock.sync)
         if verdict != "bitwise":
             raise GraphMismatch(f"graph replay differed from eager calls ({verdict})")
-        return _Graph(cap.replay, cap.keep, k, size, static, cap.outs)
-
-    def _run_graph(self, g: _Graph, case: Case, starts: Tensor, outs: tuple[Tensor | None, ...]) -> None:
-        size, k, c = g.size, g.k, self.check
-        n_tiles = int(starts.numel())
-        idx = (starts.view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(case.x.device)
-        g.case.w.copy_(case.w)
-        bar = tqdm(total=n_tiles, desc=f"{c.key} {c.name} size {size} (graph)", disable=not c.progress, leave=False)
-        for chunk in range(math.ceil(n_tiles / k)):
-            t0 = min(chunk * k, n_tiles - k)  # the last chunk overlaps the one before: same values rewritten
-            c.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
-            sel = idx[t0 * size : (t0 + k) * size]
-            for name in ("x", "z", "dy"):
-                torch.index_select(getattr(case, name), 0, sel, out=getattr(g.case, name))
-            g.replay()
-            for i, out in enumerate(outs):
-                if out is not None:
-                    torch.cat([o[i] for o in g.outs], out=out[t0 * size : (t0 + k) * size])
-            bar.update(min(k, n_tiles - chunk * k))
-        bar.close()
+        return cap, static
 
 
 COVERAGES = ("all", "sampled")
@@ -140,15 +123,13 @@ def all_rows(
     max_records: int | None = None,
     trail: Trail = NO_TRAIL,
     progress: bool = True,
-    use_graphs: bool = True,
-    graph_rows: int = 4096,
 ) -> CheckOutcome:
     """Every row computed alone vs inside its batch of n, bitwise (output; dx and dz with a backward); per n:
     rows, fwd_differ, rowgrad_differ (None for a forward-only backend), alone_path."""
     sizes = check_ints("all_rows_sizes", all_rows_sizes, 1)
     seeds = check_ints("all_rows_seeds", all_rows_seeds)
     c = Check("all_rows", backend, opts, device, d, weight_dtype, trail, progress, max_records)
-    runner = AloneRunner(c, use_graphs, graph_rows)
+    runner = AloneRunner(c)
     summary = AllRows()
     with caught(summary), c.bar(len(sizes) * len(seeds)) as bar:
         for n in sizes:
@@ -204,7 +185,6 @@ def full_vs_sub_batches(
     progress: bool = True,
     sample_stride: int = 512,
     use_graphs: bool = True,
-    graph_rows: int = 4096,
 ) -> CheckOutcome:
     """Contiguous sub-batches vs the full batch, bitwise; fwd_differ and rowgrad_differ count row comparisons
     over seeds and sizes (rowgrad_differ None for a forward-only backend)."""
@@ -215,7 +195,7 @@ def full_vs_sub_batches(
     c = Check("full_vs_sub_batches", backend, opts, device, d, weight_dtype, trail, progress, max_records)
     n_subs = sum(len(p) for p in plans.values()) * len(seeds)
     summary = SubBatches(full_rows, list(sizes), n_subs, 0, 0 if c.with_grad else None, coverage, 0, alone_path={})
-    runner = AloneRunner(c, use_graphs, graph_rows)
+    runner = AloneRunner(c, use_graphs)
     full_batch = {"kind": "slice", "start": 0, "size": full_rows, "label": "full batch"}
     with caught(summary), c.bar(len(seeds) * len(sizes)) as bar:
         for seed in seeds:
