@@ -30,8 +30,7 @@ Place = tuple[int | None, str, int | None, int, int | None, dict[str, Any]]
 class Dweight:
     """dweight_repeatable's summary (the artifact keeps only the bool)."""
 
-    dweight_repeatable: bool | None = None
-    reason: str | None = None  # why there is no verdict (no backward, no dweight)
+    dweight_repeatable: bool | None = None  # None: no backward, or no dweight
     error: str | None = None
     records_dropped: int | None = None
 

@@ -35,7 +35,6 @@ def dweight_repeatable(
     c = Check("dweight_repeatable", backend, opts, device, d, weight_dtype, trail, progress, max_records)
     summary = Dweight()
     if not c.with_grad:
-        summary.reason = "no backward"
         return c.outcome(summary)
     with caught(summary), c.bar(repeats) as bar:
         case = c.case(rows, seed)
@@ -43,7 +42,6 @@ def dweight_repeatable(
         for _ in range(repeats):
             dw = c.backend.forward_backward(case.x, case.z, case.w, case.dy, c.opts).dw
             if dw is None:
-                summary.reason = "backend gave no dweight"
                 return c.outcome(summary)
             dws.append(dw.detach().clone().reshape(1, -1))
             bar.update()
