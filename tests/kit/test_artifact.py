@@ -175,20 +175,13 @@ def test_planted_fault_in_the_seed_report_is_caught(tmp_path: Path) -> None:
 # atomic, non-clobbering writes
 
 
-def _leftovers(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir())
-
-
-def test_invalid_document_is_not_written(tmp_path: Path) -> None:
-    doc = built()
-    del doc["results"]["rlnorm"]["status"]
-    with pytest.raises(ArtifactValidationError, match="status"):
-        write_artifact(doc, tmp_path / "a.json")
-    assert _leftovers(tmp_path) == []
-
-
 def test_write_replaces_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "artifact.json"
+    """An invalid document is never written; a valid one replaces the file whole, or leaves it as it was."""
+    path, invalid = tmp_path / "artifact.json", built()
+    del invalid["results"]["rlnorm"]["status"]
+    with pytest.raises(ArtifactValidationError, match="status"):
+        write_artifact(invalid, path)
+    assert not list(tmp_path.iterdir())
     write_artifact(built(param_set="first"), path)
     write_artifact(built(), path)
     before = path.read_bytes()
@@ -200,7 +193,7 @@ def test_write_replaces_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(os, "fsync", crash)
     with pytest.raises(OSError, match="disk gone"):
         write_artifact(built(param_set="second"), path)
-    assert path.read_bytes() == before and _leftovers(tmp_path) == ["artifact.json"]
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["artifact.json"]
 
 
 def test_a_check_that_raised_keeps_its_error_in_the_artifact() -> None:
