@@ -21,7 +21,7 @@ import yaml
 from rlnorm.checkout import CHECKOUT
 from rlnorm.kit.artifact import DEFAULT_RFC
 from rlnorm.kit.backends import REGISTRY, Backend
-from rlnorm.kit.checks import CHECK_ORDER, CHECKS
+from rlnorm.kit.checks import CHECKS
 from rlnorm.kit.checks.common import CheckOutcome, Trail
 from rlnorm.kit.checks.rows import COVERAGES
 from rlnorm.kit.results import from_json
@@ -29,7 +29,7 @@ from rlnorm.options import ACTIVATIONS, OpOptions
 
 # the docs/spec.md §6 backends, in the registry's order: one list for the kit, not a second copy here
 ALL_BACKENDS = list(REGISTRY)
-ALL_CHECKS = [*CHECK_ORDER, "contract_gates", "agreement", "digests", "stack_pairs"]
+ALL_CHECKS = [*CHECKS, "contract_gates", "agreement", "digests", "stack_pairs"]
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 # what `python -m rlnorm run` sets: a parameter file that sets them would misstate where its run goes

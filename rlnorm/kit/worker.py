@@ -99,7 +99,7 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     trail = Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
     # progress bars redraw a line: not where the output is a file (the command line says so), lines only there
     bars = dataclasses.replace(params, progress=params.progress and os.environ.get(PLAIN_ENV) != "1")
-    selected = [c for c in checks.CHECK_ORDER if c in params.checks]
+    selected = [c for c in checks.CHECKS if c in params.checks]
     if any(c in common.INVARIANCE_CHECKS for c in selected):
         result.batch_invariance = BatchInvariance()
     # a verdict needs every invariance check: one not selected leaves it open (None), as one that raised does

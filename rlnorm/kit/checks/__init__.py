@@ -27,4 +27,3 @@ CHECKS: dict[str, Callable[..., CheckOutcome]] = {
     "accuracy_latency": accuracy_latency,
     "configurations": configurations,
 }
-CHECK_ORDER: tuple[str, ...] = tuple(CHECKS)
