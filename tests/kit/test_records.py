@@ -147,15 +147,9 @@ def test_bad_rebuild_specs_are_refused() -> None:
         rebuild_case({"rebuild": "{not json"})
     with pytest.raises(ValueError, match="version"):
         rebuild_case({"rebuild": json.dumps({"v": 99})})
-    spec = {
-        "v": 1,
-        "check": "all_rows",
-        "case": {"rows": 7, "d": 128, "seed": 3, "dtype": "bfloat16", "weight_dtype": "bfloat16"},
-        "opts": OpOptions().as_dict(),
-        "batch": {"kind": "slice", "start": 0, "size": 7},
-        "row": 2,
-        "position": 3,
-    }
+    case = {"rows": 7, "d": 128, "seed": 3, "dtype": "bfloat16", "weight_dtype": "bfloat16"}
+    batch = {"kind": "slice", "start": 0, "size": 7}
+    spec = {"v": 1, "check": "all_rows", "case": case, "opts": {}, "batch": batch, "row": 2, "position": 3}
     with pytest.raises(ValueError, match="does not hold row"):
         rebuild_case(json.dumps(spec))
     with pytest.raises(ValueError, match="outside"):
