@@ -16,7 +16,7 @@ from torch import Tensor
 
 from rlnorm.inputs import Case
 from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import NO_TRAIL, Trail, bits, new_case
+from rlnorm.kit.checks.common import NO_TRAIL, Check, Trail, bits
 from rlnorm.kit.results import Gate
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
@@ -97,9 +97,9 @@ def parse_line(line: str) -> dict | None:
     return {**m.groupdict(), "passed": m["passed"] == "True", "max_abs": float(m["max_abs"])}
 
 
-def _case(opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> Case:
-    rows = sum(SAMPLE_TOKENS) * heads
-    return new_case(trail, "contract_gates", rows, d, seed, torch.float32, device, opts, whole=False)[0]
+def _case(backend: Backend, opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> Case:
+    check = Check("contract_gates", backend, opts, device, d, torch.float32, trail)
+    return check.case(sum(SAMPLE_TOKENS) * heads, seed, whole=False)
 
 
 def _given(trail: Trail, cell: str, *tensors: Tensor) -> tuple[Tensor, ...]:
@@ -139,14 +139,15 @@ def forward_gate(
     backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
 ) -> list[str]:
     """Every token's forward output bitwise equal across cells."""
-    return _by_cell(backend, opts, _case(opts, device, heads, d, seed, trail), heads, seed, trail, grad=False)[0]
+    case = _case(backend, opts, device, heads, d, seed, trail)
+    return _by_cell(backend, opts, case, heads, seed, trail, grad=False)[0]
 
 
 def gradient_gate(
     backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
 ) -> list[str]:
     """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
-    case = _case(opts, device, heads, d, seed, trail)
+    case = _case(backend, opts, device, heads, d, seed, trail)
     lines, dweights = _by_cell(backend, opts, case, heads, seed, trail, grad=True)
     full_dw = dweights["BN/full"]
     # the backend's dweight against the exact sum of single-row dweights: each row a fresh contiguous tensor in
