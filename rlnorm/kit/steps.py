@@ -25,7 +25,7 @@ import torch
 from rlnorm.kit import artifact
 from rlnorm.kit.artifact import write_artifact
 from rlnorm.kit.backends import describe_error
-from rlnorm.kit.checks.agreement import agreement_from_outputs
+from rlnorm.kit.checks.digests import agreement_from_outputs
 from rlnorm.kit.environment import collect_environment, git_commit, tracked_tree_dirty
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.process import run_child

@@ -24,9 +24,8 @@ from rlnorm.kit import checks, gates
 from rlnorm.kit.artifact import read_json, write_atomic
 from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks import common
-from rlnorm.kit.checks.agreement import agreement_output
 from rlnorm.kit.checks.common import Trail
-from rlnorm.kit.checks.digests import output_digests
+from rlnorm.kit.checks.digests import agreement_output, output_digests
 from rlnorm.kit.checks.launch import LAUNCH_ENV
 from rlnorm.kit.params import RunParams, check_kwargs, load_params, run_check
 from rlnorm.kit.process import Child, Ended, run_child

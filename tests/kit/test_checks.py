@@ -22,8 +22,8 @@ from rlnorm.inputs import make_case
 from rlnorm.kit import checks
 from rlnorm.kit.backends import Backend, ExactReferenceBackend, ReferenceBackend
 from rlnorm.kit.checks import accuracy, common
-from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
 from rlnorm.kit.checks.common import Check, CheckOutcome, Trail
+from rlnorm.kit.checks.digests import agreement_from_outputs, agreement_output
 from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan, sweep_positions
 from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes, run_check
 from rlnorm.kit.records import rebuild_case
