@@ -14,7 +14,7 @@ from conftest import REPO_ROOT
 from rlnorm.kit.backends import load_backend
 from rlnorm.kit.backends.pins import autotuner, autotuner_settings, pin_autotuner
 from rlnorm.kit.checks import common
-from rlnorm.kit.checks.configurations import configurations
+from rlnorm.kit.checks.launch import configurations
 from rlnorm.kit.checks.rows import all_rows, full_vs_sub_batches
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.results import Configurations, load_run
