@@ -333,6 +333,7 @@ def test_a_raising_backend_is_recorded_not_fatal() -> None:
         ("batch_size_sweep", {"sweep_n": 9, "sweep_sizes": (10,)}, ValueError, "sweep_sizes"),
         ("batch_size_sweep", {"sweep_n": 9, "sweep_probe_rows": (9,)}, ValueError, "sweep_probe_rows"),
         ("dweight_repeatable", {"dweight_rows": 7, "repeats": 1}, ValueError, "repeats"),
+        ("configurations", {"configurations_rows": 4, "configurations_sizes": [5]}, ValueError, "configurations_sizes"),
         ("accuracy_latency", {"accuracy_rows": 0}, ValueError, "accuracy_rows"),
         ("all_rows", {"all_rows_sizes": (7,), "device": "gpu0"}, ValueError, "device"),
         ("all_rows", {"backend": object(), "all_rows_sizes": (7,)}, TypeError, "backend"),
