@@ -16,8 +16,6 @@ from rlnorm.kit.gates import (
     SAMPLE_TOKENS,
     build_cells,
     format_line,
-    forward_gate,
-    gradient_gate,
     parse_line,
     run_gates,
 )
@@ -69,25 +67,31 @@ def test_line_format_is_the_seed_report_format():
 
 # --- gate bodies in-process --------------------------------------------------------------------------------
 SINGLETON = {("B1-singleton_aggregate/full", "dweight")}
+PADDED = {("BN/padded-left", "dweight"), ("BN/padded-right", "dweight")}
 
 
 @pytest.mark.parametrize(
-    ("spec", "forward_fails", "forward_passes", "gradient_fails"),
+    ("spec", "fails", "passes"),
     [
-        ("tests.faults:BatchSizeDependentOutput", {("B1/full", "y")}, {("BN/permuted", "y")}, set()),  # not position
+        ("tests.faults:BatchSizeDependentOutput", {("B1/full", "y")}, {("BN/permuted", "y")}),  # size, not position
         ("tests.faults:PositionDependentOutput", {("B1/full", "y"), ("BN/permuted", "y"), ("BN/padded-left", "y")},
-         set(), set()),
-        ("tests.faults:NondeterministicDweight", set(), set(), SINGLETON),
+         set()),
+        ("tests.faults:NondeterministicDweight", SINGLETON, set()),
+        # a serial fold: permuting rows moves its bits, zero-gradient padding adds exact zeros
+        ("tests.faults:OrderDependentDweight", SINGLETON | {("BN/permuted", "dweight")}, PADDED),
         # eager autograd sums dweight in fp32 in the reduction's order: not the exact aggregate (docs/spec.md §2)
-        ("reference", set(), set(), SINGLETON),
+        ("reference", SINGLETON, set()),
     ],
 )  # fmt: skip
-def test_a_planted_fault_fails_its_own_gates_lines_only(spec, forward_fails, forward_passes, gradient_fails):
-    b = load_backend(spec)
-    failed = _failed_pairs(forward_gate(b, OPTS, "cpu", **SMALL))
-    assert forward_fails <= failed and not failed & forward_passes and bool(failed) == bool(forward_fails)
-    failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", **SMALL))
-    assert gradient_fails <= failed and bool(failed) == bool(gradient_fails) and all(t == "dweight" for _, t in failed)
+def test_a_planted_fault_fails_its_own_gates_lines_only(spec, fails, passes):
+    """Both gates, as the worker runs them: each fails on the fault's lines only (y forward, dweight gradient)."""
+    res = run_gates(load_backend(spec), OPTS, "cpu", **SMALL)
+    for name, tensor in (("forward", "y"), ("gradient", "dweight")):
+        gate, want = res[name], {p for p in fails if p[1] == tensor}
+        failed = _failed_pairs(gate.lines)
+        assert want <= failed and not failed & passes and bool(failed) == bool(want) == (not gate.passed)
+        assert gate.returncode == 0 and all(t == tensor for _, t in failed)
+    assert bool(fails & SINGLETON) == any("passed=False" in x for x in res["gradient"].singleton_aggregate)
 
 
 # --- run_gates: both gates, as the worker runs them ----------------------------------------------------------
@@ -100,19 +104,6 @@ def test_run_gates_exact_reference_passes_and_marks_each_call_on_the_trail():
     first = marked[0]
     assert first["check"] == "contract_gates" and first["case"]["rows"] == sum(SAMPLE_TOKENS)
     assert first["batch"] == {"kind": "gate", "cell": "BN/full", "size": sum(SAMPLE_TOKENS)}
-
-
-def test_run_gates_order_dependent_dweight_fails_singleton_and_permuted():
-    res = run_gates(load_backend("tests.faults:OrderDependentDweight"), OPTS, "cpu", **SMALL)
-    assert res["forward"].passed
-    g = res["gradient"]
-    assert g.returncode == 0 and not g.passed
-    failed = _failed_pairs(g.failed_lines)
-    assert ("B1-singleton_aggregate/full", "dweight") in failed and ("BN/permuted", "dweight") in failed
-    # zero-gradient padding adds exact zeros to a fold: those lines pass
-    assert ("BN/padded-left", "dweight") not in failed and ("BN/padded-right", "dweight") not in failed
-    assert all(t == "dweight" for _, t in failed)
-    assert any("passed=False" in x for x in g.singleton_aggregate)
 
 
 class RaisingBackward(ExactReferenceBackend):
