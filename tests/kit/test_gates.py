@@ -35,17 +35,15 @@ def test_cells_cover_every_token_once_and_pad_with_zeros():
     n = sum(SAMPLE_TOKENS)
     assert n == 59
     cells = build_cells(0)
-    assert cells[0].name == "BN/full"
-    for cell in cells:
-        tokens = [t for call in cell.calls for t in call if t >= 0]
-        assert sorted(tokens) == list(range(n)), cell.name
-    by = {c.name: c for c in cells}
-    assert all(len(call) <= CHUNK_TOKENS for call in by["BN/chunked"].calls)
-    assert [len(c) for c in by["B1/full"].calls] == list(SAMPLE_TOKENS)
-    left, right = by["BN/padded-left"].calls[0], by["BN/padded-right"].calls[0]
+    assert next(iter(cells)) == "BN/full"
+    for name, calls in cells.items():
+        assert sorted(t for call in calls for t in call if t >= 0) == list(range(n)), name
+    assert all(len(call) <= CHUNK_TOKENS for call in cells["BN/chunked"])
+    assert [len(c) for c in cells["B1/full"]] == list(SAMPLE_TOKENS)
+    (left,), (right,) = cells["BN/padded-left"], cells["BN/padded-right"]
     assert len(left) == len(right) == 4 * max(SAMPLE_TOKENS)
     assert left[:8] == [-1] * 8 and left[8] == 0 and right[:11] == list(range(11)) and right[11:19] == [-1] * 8
-    assert by["BN/permuted"].calls[0] != list(range(n))
+    assert cells["BN/permuted"][0] != list(range(n))
 
 
 def test_line_format_is_the_seed_report_format():
