@@ -279,8 +279,7 @@ def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ParamsError(f"{where}: expected a mapping of name: value, got {type(data).__name__}")
-    cli = [k for k in CLI_KEYS if k in data]
-    if cli:
+    if cli := [k for k in CLI_KEYS if k in data]:
         raise ParamsError(f"{where}: {', '.join(cli)}: set by `python -m rlnorm run`, not by a parameter file")
     return data
 

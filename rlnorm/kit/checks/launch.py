@@ -317,8 +317,7 @@ def summarise(name: str, k: _Kernel, ladder_: list[int], done: list[int] | None 
         evidence.append(f"{p}=" + ", ".join(f"{'|'.join(sorted(v))} at {rows}" for v, rows in at.items()))
     if any(p in k.tuned for p in varying):  # an autotuner's pick is one parameter: its whole config
         varying = [p for p in varying if p not in k.tuned] + [CONFIG]
-    absent = [r for r in (ladder_ if done is None else done) if r not in k.launches]
-    if absent:
+    if absent := [r for r in (ladder_ if done is None else done) if r not in k.launches]:
         varying.append(LAUNCHED)
         evidence.append(f"launched at {_spans(sorted(k.launches), ladder_)}, not at {_spans(absent, ladder_)}")
     picks = sorted(set(k.autotune.values()))
@@ -447,8 +446,7 @@ def configurations(
                 if value not in implied:
                     implied.append(value)
         for key, group in groups.items():
-            unrun = [s for s in group if s.pin is None]
-            if unrun:
+            if unrun := [s for s in group if s.pin is None]:
                 whys = "; ".join(dict.fromkeys(str(s.why) for s in unrun))
                 summary.unexercised[key] = f"{whys} ({len(unrun)} of its {len(group)} values not run)"
         if not groups:
