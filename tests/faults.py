@@ -1,8 +1,6 @@
-"""Planted faulty backends: each is a correct gated RMSNorm except for ONE broken guarantee, so that every check
-and gate is shown to fail on its fault (each class says which catches it). Most build on `ExactReferenceBackend`,
-which passes every check and gate. Load one by import path (`tests.faults:BatchSizeDependentOutput`) from the
-checkout's root, as pytest and `python -m rlnorm` run there (the kit's child processes inherit the path).
-
+"""Planted faulty backends: each a correct gated RMSNorm (most build on `ExactReferenceBackend`, which passes every
+check and gate) except for ONE broken guarantee, so every check and gate is shown to fail on its fault (each class
+says which catches it). Loaded by import path (`tests.faults:BatchSizeDependentOutput`) from the checkout's root.
 The output faults move outputs by one ulp outside the autograd graph: `fwd_differ`, never `rowgrad_differ`.
 """
 
@@ -30,9 +28,8 @@ def bump_one_ulp(t: Tensor, mask: Tensor) -> Tensor:
 
 
 def batch_size_fault_mask(x: Tensor) -> Tensor:
-    """Rows [rows] that `BatchSizeDependentOutput` moves by one ulp when called on this whole batch: as a kernel
-    picking its tile from the row count, a single row is regime 0, a larger batch 1 + bit_length(rows) % 3, and a
-    row whose content tag (two bits of x[r, 0]) equals the regime is perturbed."""
+    """Rows that `BatchSizeDependentOutput` moves by one ulp in this batch: as a kernel picking its tile by row count,
+    one row is regime 0, more 1 + bit_length(rows) % 3, and the rows whose tag (two bits of x[r, 0]) equals it move."""
     rows = int(x.shape[0])
     regime = 0 if rows <= 1 else 1 + rows.bit_length() % 3
     return (bits(x[:, 0]).to(torch.int64) & 3) == regime

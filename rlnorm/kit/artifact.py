@@ -208,8 +208,7 @@ def records_frame(records: list[Record] | list[dict[str, Any]]) -> pd.DataFrame:
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise TypeError(f"records[{i}]: expected a Record, got {type(row).__name__}")
-        unknown = set(row) - set(RECORD_COLUMNS)
-        if unknown:
+        if unknown := set(row) - set(RECORD_COLUMNS):
             raise ValueError(f"records[{i}]: unknown columns {sorted(unknown)}; expected a subset of {RECORD_COLUMNS}")
     return _typed(pd.DataFrame.from_records(rows, columns=RECORD_COLUMNS), "records")
 

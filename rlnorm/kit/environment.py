@@ -112,8 +112,7 @@ def git_commit(repo_dir: str | os.PathLike[str] | None = None) -> str | None:
 
 def tracked_tree_dirty(repo_dir: str | os.PathLike[str] | None = None) -> bool | None:
     """$RLNORM_TREE_DIRTY (0/1) when set, else whether a tracked file differs from HEAD, else None (no checkout)."""
-    value = os.environ.get(DIRTY_ENV, "").strip().lower()
-    if value:
+    if value := os.environ.get(DIRTY_ENV, "").strip().lower():
         if value not in ("0", "1", "true", "false"):
             raise ValueError(f"{DIRTY_ENV}: expected 0 or 1, got {value!r}")
         return value in ("1", "true")

@@ -9,14 +9,13 @@ from __future__ import annotations
 import itertools
 import re
 import traceback
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from rlnorm.inputs import Case
 from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import NO_TRAIL, Trail, bits, new_case
+from rlnorm.kit.checks.common import NO_TRAIL, Check, Trail, bits
 from rlnorm.kit.results import Gate
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
@@ -33,36 +32,29 @@ LINE_RE = re.compile(
 )
 
 
-@dataclass
-class Cell:
-    """One arrangement of the workload: calls, each a list of token slots (-1 = a zero padding token)."""
-
-    name: str
-    calls: list[list[int]]
-
-
 def _chunks(tokens: list[int], size: int) -> list[list[int]]:
     return [tokens[i : i + size] for i in range(0, len(tokens), size)]
 
 
-def build_cells(seed: int = 0) -> list[Cell]:
-    """The cells of docs/spec.md §5, in token slots; `BN/full` first (everything is compared with it)."""
+def build_cells(seed: int = 0) -> dict[str, list[list[int]]]:
+    """The cells of docs/spec.md §5, each arrangement of the workload as its calls, each a list of token slots (-1: a
+    zero padding token); `BN/full` first (everything is compared with it)."""
     starts = [0, *itertools.accumulate(SAMPLE_TOKENS)]
     samples = [list(range(start, start + n)) for start, n in zip(starts, SAMPLE_TOKENS, strict=False)]
     all_tokens = [t for s in samples for t in s]
     longest = max(SAMPLE_TOKENS)
     g = torch.Generator().manual_seed(seed + 7)
     perm = torch.randperm(len(all_tokens), generator=g).tolist()
-    return [
-        Cell("BN/full", [all_tokens]),
-        Cell("BN/chunked", _chunks(all_tokens, CHUNK_TOKENS)),
-        Cell("B1/full", [list(s) for s in samples]),
-        Cell("B1/chunked", [c for s in samples for c in _chunks(s, CHUNK_TOKENS)]),
-        Cell("BN/padded-left", [[t for s in samples for t in [-1] * (longest - len(s)) + s]]),
-        Cell("BN/padded-right", [[t for s in samples for t in s + [-1] * (longest - len(s))]]),
-        Cell("BN/permuted", [[all_tokens[i] for i in perm]]),
-        Cell("BN/packed", [[t for s in reversed(samples) for t in s]]),
-    ]
+    return {
+        "BN/full": [all_tokens],
+        "BN/chunked": _chunks(all_tokens, CHUNK_TOKENS),
+        "B1/full": [list(s) for s in samples],
+        "B1/chunked": [c for s in samples for c in _chunks(s, CHUNK_TOKENS)],
+        "BN/padded-left": [[t for s in samples for t in [-1] * (longest - len(s)) + s]],
+        "BN/padded-right": [[t for s in samples for t in s + [-1] * (longest - len(s))]],
+        "BN/permuted": [[all_tokens[i] for i in perm]],
+        "BN/packed": [[t for s in reversed(samples) for t in s]],
+    }
 
 
 def _rows_of(tokens: list[int], heads: int) -> list[int]:
@@ -97,9 +89,9 @@ def parse_line(line: str) -> dict | None:
     return {**m.groupdict(), "passed": m["passed"] == "True", "max_abs": float(m["max_abs"])}
 
 
-def _case(opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> Case:
-    rows = sum(SAMPLE_TOKENS) * heads
-    return new_case(trail, "contract_gates", rows, d, seed, torch.float32, device, opts, whole=False)[0]
+def _case(backend: Backend, opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> Case:
+    check = Check("contract_gates", backend, opts, device, d, torch.float32, trail)
+    return check.case(sum(SAMPLE_TOKENS) * heads, seed, whole=False)
 
 
 def _given(trail: Trail, cell: str, *tensors: Tensor) -> tuple[Tensor, ...]:
@@ -115,11 +107,11 @@ def _by_cell(
     names = ("dx", "dz") if grad else ("y",)
     got: dict[str, dict[str, Tensor]] = {}
     dweights: dict[str, Tensor] = {}
-    for cell in build_cells(seed):
-        mine = got[cell.name] = {t: torch.full_like(case.x, float("nan")) for t in names}
-        for tokens in cell.calls:
+    for cell, calls in build_cells(seed).items():
+        mine = got[cell] = {t: torch.full_like(case.x, float("nan")) for t in names}
+        for tokens in calls:
             rows = _rows_of(tokens, heads)
-            x, z, dy = _given(trail, cell.name, *(_gather(t, rows) for t in (case.x, case.z, case.dy)))
+            x, z, dy = _given(trail, cell, *(_gather(t, rows) for t in (case.x, case.z, case.dy)))
             if not grad:
                 _scatter(mine["y"], rows, backend.forward(x, z, case.w, opts))
                 continue
@@ -127,10 +119,10 @@ def _by_cell(
             _scatter(mine["dx"], rows, g.dx)
             if g.dz is not None:
                 _scatter(mine["dz"], rows, g.dz)
-            if len(cell.calls) == 1:
+            if len(calls) == 1:
                 if g.dw is None:
-                    raise RuntimeError(f"{cell.name}: forward_backward returned no dweight")
-                dweights[cell.name] = g.dw.detach().to("cpu")
+                    raise RuntimeError(f"{cell}: forward_backward returned no dweight")
+                dweights[cell] = g.dw.detach().to("cpu")
     full = got.pop("BN/full")
     return [format_line("bitwise", "BN/full", n, t, full[t], o[t]) for n, o in got.items() for t in names], dweights
 
@@ -139,21 +131,22 @@ def forward_gate(
     backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
 ) -> list[str]:
     """Every token's forward output bitwise equal across cells."""
-    return _by_cell(backend, opts, _case(opts, device, heads, d, seed, trail), heads, seed, trail, grad=False)[0]
+    case = _case(backend, opts, device, heads, d, seed, trail)
+    return _by_cell(backend, opts, case, heads, seed, trail, grad=False)[0]
 
 
 def gradient_gate(
     backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
 ) -> list[str]:
     """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
-    case = _case(opts, device, heads, d, seed, trail)
+    case = _case(backend, opts, device, heads, d, seed, trail)
     lines, dweights = _by_cell(backend, opts, case, heads, seed, trail, grad=True)
     full_dw = dweights["BN/full"]
     # the backend's dweight against the exact sum of single-row dweights: each row a fresh contiguous tensor in
     # canonical order, then each a one-row view into its chunk in B1/chunked order
     fresh = [tuple(t[r : r + 1].clone() for t in (case.x, case.z, case.dy)) for r in range(case.x.shape[0])]
-    b1_chunked = next(c for c in build_cells(seed) if c.name == "B1/chunked")
-    chunks = [[_gather(t, _rows_of(tokens, heads)) for t in (case.x, case.z, case.dy)] for tokens in b1_chunked.calls]
+    b1_chunked = build_cells(seed)["B1/chunked"]
+    chunks = [[_gather(t, _rows_of(tokens, heads)) for t in (case.x, case.z, case.dy)] for tokens in b1_chunked]
     views = [tuple(t[i : i + 1] for t in chunk) for chunk in chunks for i in range(chunk[0].shape[0])]
     for name, cell, singles in (("full", "B1-singleton", fresh), ("chunked", "B1-singleton/chunked", views)):
         dws = [backend.forward_backward(*_given(trail, cell, *one[:2]), case.w, one[2], opts).dw for one in singles]

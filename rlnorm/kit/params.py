@@ -21,7 +21,7 @@ import yaml
 from rlnorm.checkout import CHECKOUT
 from rlnorm.kit.artifact import DEFAULT_RFC
 from rlnorm.kit.backends import REGISTRY, Backend
-from rlnorm.kit.checks import CHECK_ORDER, CHECKS
+from rlnorm.kit.checks import CHECKS
 from rlnorm.kit.checks.common import CheckOutcome, Trail
 from rlnorm.kit.checks.rows import COVERAGES
 from rlnorm.kit.results import from_json
@@ -29,7 +29,7 @@ from rlnorm.options import ACTIVATIONS, OpOptions
 
 # the docs/spec.md §6 backends, in the registry's order: one list for the kit, not a second copy here
 ALL_BACKENDS = list(REGISTRY)
-ALL_CHECKS = [*CHECK_ORDER, "contract_gates", "agreement", "digests", "stack_pairs"]
+ALL_CHECKS = [*CHECKS, "contract_gates", "agreement", "digests", "stack_pairs"]
 DEVICES = ("auto", "cpu", "cuda")
 WEIGHT_DTYPES = ("bfloat16", "float16", "float32")
 # what `python -m rlnorm run` sets: a parameter file that sets them would misstate where its run goes
@@ -279,8 +279,7 @@ def read_params_file(path: str | os.PathLike[str]) -> dict[str, Any]:
     data = {} if data is None else data
     if not isinstance(data, dict):
         raise ParamsError(f"{where}: expected a mapping of name: value, got {type(data).__name__}")
-    cli = [k for k in CLI_KEYS if k in data]
-    if cli:
+    if cli := [k for k in CLI_KEYS if k in data]:
         raise ParamsError(f"{where}: {', '.join(cli)}: set by `python -m rlnorm run`, not by a parameter file")
     return data
 

@@ -56,7 +56,6 @@ class RebuiltCase:
     batch_rows: torch.Tensor  # indices into the generated case, in batch order
     opts: OpOptions
     check: str
-    tensor: str | None
     spec: dict[str, Any]
 
     def run(self, backend: Backend) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -87,8 +86,6 @@ def _spec_of(record: Mapping[str, Any] | pd.Series | str) -> dict[str, Any]:
     if not isinstance(record, (Mapping, pd.Series, str)):
         raise TypeError(f"record: expected a record or its rebuild JSON string, got {type(record).__name__}")
     text = record if isinstance(record, str) else record["rebuild"]
-    if isinstance(text, Mapping):
-        return dict(text)
     try:
         spec = json.loads(str(text))
     except json.JSONDecodeError as exc:
@@ -127,9 +124,7 @@ def rebuild_case(record: Mapping[str, Any] | pd.Series | str, device: str | torc
             raise ValueError(f"record: the compared batch {other_spec} does not hold row {row} exactly once")
         other, other_position = case.rows(other_rows).to(device), int(hits[0])
         label = str(other_spec.get("label", "full batch"))
-    return RebuiltCase(
-        batch, position, alone, row, other, other_position, label, rows, opts, check, spec.get("tensor"), spec
-    )
+    return RebuiltCase(batch, position, alone, row, other, other_position, label, rows, opts, check, spec)
 
 
 def _batch_rows(case: Case, batch_spec: Mapping[str, Any]) -> torch.Tensor:

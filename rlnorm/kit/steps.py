@@ -25,7 +25,7 @@ import torch
 from rlnorm.kit import artifact
 from rlnorm.kit.artifact import write_artifact
 from rlnorm.kit.backends import describe_error
-from rlnorm.kit.checks.agreement import agreement_from_outputs
+from rlnorm.kit.checks.digests import agreement_from_outputs
 from rlnorm.kit.environment import collect_environment, git_commit, tracked_tree_dirty
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.process import run_child
@@ -216,9 +216,9 @@ def run_stack_pairs(run: Run, pairs: list[str] | None = None) -> None:
             out_path = Path(tmp) / "pair.json"
             argv = [sys.executable, "-c", STACK_PAIR_CHILD, json.dumps({**job, "pair": name}), str(out_path)]
             ended, row = run_child(argv, p.backend_timeout_s), artifact.read_json(out_path)
-        if not isinstance(row, dict) or ended.timed_out or not ended.ok:
+        if not ended.ok or not isinstance(row, dict):
             last = ended.stderr_tail.strip().splitlines()[-1:] or ["(no stderr)"]
-            why = ended.cause if not ended.ok or ended.timed_out else "it left no readable result"
+            why = ended.cause if not ended.ok else "it left no readable result"
             row = {"name": name, "status": "error", "reason": f"its process: {why}; last line: {last[0][:300]}"}
         return from_json(StackPair, row)
 

@@ -24,9 +24,8 @@ from rlnorm.kit import checks, gates
 from rlnorm.kit.artifact import read_json, write_atomic
 from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks import common
-from rlnorm.kit.checks.agreement import agreement_output
 from rlnorm.kit.checks.common import Trail
-from rlnorm.kit.checks.digests import output_digests
+from rlnorm.kit.checks.digests import agreement_output, output_digests
 from rlnorm.kit.checks.launch import LAUNCH_ENV
 from rlnorm.kit.params import RunParams, check_kwargs, load_params, run_check
 from rlnorm.kit.process import Child, Ended, run_child
@@ -99,42 +98,38 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
     trail = Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
     # progress bars redraw a line: not where the output is a file (the command line says so), lines only there
     bars = dataclasses.replace(params, progress=params.progress and os.environ.get(PLAIN_ENV) != "1")
-    selected = [c for c in checks.CHECK_ORDER if c in params.checks]
+    selected = [c for c in checks.CHECKS if c in params.checks]
     if any(c in common.INVARIANCE_CHECKS for c in selected):
         result.batch_invariance = BatchInvariance()
     # a verdict needs every invariance check: one not selected leaves it open (None), as one that raised does
     unrun = {c: "not run" for c in (*common.INVARIANCE_CHECKS, "launch") if c not in selected}
 
-    def keep(name: str) -> None:
-        out = run_check(name, backend, bars, device, trail)
-        if out.error:
-            errors[name] = out.error
-        owner = result.batch_invariance if name in common.INVARIANCE_CHECKS else result
-        value = out.summary.dweight_repeatable if name == "dweight_repeatable" else out.summary  # type: ignore[union-attr]
-        setattr(owner, {"launch": "launches"}.get(name, name), value)
-        for r in out.records:  # the worker's own names win: a record naming another backend would be filed there
-            r.backend, r.check = spec, name
-        report.records.extend(out.records)
+    def step(name: str) -> None:
+        if name == "agreement":
+            y = agreement_output(backend, opts, device, trail=trail, **check_kwargs(agreement_output, params))
+            write_atomic(folder / AGREEMENT_FILE, lambda fh: torch.save(y.cpu(), fh))
+        elif name == "digests":
+            result.digests = output_digests(backend, opts, device, d=params.d)
+        elif name == "contract_gates":
+            result.contract_gates = gates.run_gates(backend, opts, device, d=params.d, trail=trail)
+        else:
+            out = run_check(name, backend, bars, device, trail)
+            if out.error:
+                errors[name] = out.error
+            owner = result.batch_invariance if name in common.INVARIANCE_CHECKS else result
+            value = out.summary.dweight_repeatable if name == "dweight_repeatable" else out.summary  # type: ignore[union-attr]
+            setattr(owner, {"launch": "launches"}.get(name, name), value)
+            for r in out.records:  # the worker's own names win: a record naming another backend would be filed there
+                r.backend, r.check = spec, name
+            report.records.extend(out.records)
 
-    def agreement() -> None:
-        y = agreement_output(backend, opts, device, trail=trail, **check_kwargs(agreement_output, params))
-        write_atomic(folder / AGREEMENT_FILE, lambda fh: torch.save(y.cpu(), fh))
-
-    def gate() -> None:
-        result.contract_gates = gates.run_gates(backend, opts, device, d=params.d, trail=trail)
-
-    def digests() -> None:
-        result.digests = output_digests(backend, opts, device, d=params.d)
-
-    steps: list[tuple[str, Callable[[], None]]] = [(name, lambda name=name: keep(name)) for name in selected]
-    ends = (("agreement", agreement), ("digests", digests), ("contract_gates", gate))
-    steps += [(name, fn) for name, fn in ends if name in params.checks]
-    for i, (name, step) in enumerate(steps, 1):
+    names = [*selected, *(n for n in ("agreement", "digests", "contract_gates") if n in params.checks)]
+    for i, name in enumerate(names, 1):
         if params.progress:
-            print(f"{spec}: [{i}/{len(steps)}] {name}", file=sys.stderr, flush=True)
+            print(f"{spec}: [{i}/{len(names)}] {name}", file=sys.stderr, flush=True)
         t0 = time.time()
         try:
-            step()
+            step(name)
         except Exception as exc:  # a check raised outside what it catches itself: its finding, the next one runs
             errors[name] = describe_error(exc)
         report.timings[name] = round(time.time() - t0, 2)

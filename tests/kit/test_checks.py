@@ -22,10 +22,9 @@ from rlnorm.inputs import make_case
 from rlnorm.kit import checks
 from rlnorm.kit.backends import Backend, ExactReferenceBackend, ReferenceBackend
 from rlnorm.kit.checks import accuracy, common
-from rlnorm.kit.checks.agreement import agreement_from_outputs, agreement_output
 from rlnorm.kit.checks.common import Check, CheckOutcome, Trail
-from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan
-from rlnorm.kit.checks.sweep import sweep_positions
+from rlnorm.kit.checks.digests import agreement_from_outputs, agreement_output
+from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan, sweep_positions
 from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes, run_check
 from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.results import AllRows, BatchInvariance, from_json, to_json
@@ -201,8 +200,8 @@ def test_forward_only_backend() -> None:
     assert bad.summary["63"]["fwd_differ"] > 0 and bad.summary["63"]["rowgrad_differ"] is None
     assert {r["tensor"] for r in bad.records} == {"y"}
     acc = checked("accuracy_latency", fo, accuracy_rows=63, timing_warmup=0, timing_iters=2)
-    assert acc.summary["grad_rel_err"] is None and acc.summary["fwd_bwd_us"] is None
-    assert acc.summary["fwd_us"] > 0
+    assert acc.summary["grad_rel_err"] is None and acc.summary["fwd_bwd_us"] is None and acc.summary["fwd_us"] > 0
+    assert set(acc.summary["host_bound"]) == {"add", "fwd"}  # no backward: no fwd_bwd timing to flag
     fvs = checked("full_vs_sub_batches", fo, sub_batches_rows=15, sub_batch_sizes=(7,), sub_batches_seeds=(3,))
     sw = checked("batch_size_sweep", fo, sweep_n=17, sweep_sizes=[1, 9], sweep_probe_rows=[0, 16], sweep_seeds=[3])
     # the sweep's JSON leaves a None rowgrad_differ out (the reference report has no such key)
@@ -236,7 +235,7 @@ def test_correctly_rounded_measure_can_fail() -> None:
         checked("accuracy_latency", b, accuracy_rows=rows, timing=False).summary
         for b in (Rounding("once"), Rounding("twice"), Rounding("truncated"), ReferenceBackend())
     )
-    assert exact["fwd_correctly_rounded"] == 1.0
+    assert exact["fwd_correctly_rounded"] == 1.0 and exact["timed"] is False and exact["fwd_us"] is None  # untimed
     assert exact["fwd_ulp_hist"]["0"] == rows * 128
     assert 0.999 < dbl["fwd_correctly_rounded"] < 1.0  # double rounding: rare, and caught
     assert dbl["fwd_ulp_hist"]["1"] == round((1 - dbl["fwd_correctly_rounded"]) * rows * 128)
@@ -261,8 +260,6 @@ def test_accuracy_summary_fields_and_histograms() -> None:
     h = s["fwd_abs_err_hist"]
     assert len(h["counts"]) == len(h["edges"]) - 1
     assert sum(h["counts"]) + h["zero"] + h["under"] + h["over"] + h["nan"] == n
-    untimed = checked("accuracy_latency", ReferenceBackend(), accuracy_rows=7, timing=False).summary
-    assert untimed["timed"] is False and untimed["fwd_us"] is None and untimed["fwd_correctly_rounded"] is not None
 
 
 def star_clock(device: str) -> Any:
@@ -283,8 +280,6 @@ def test_accuracy_latency_records_which_timings_ran_host_bound(monkeypatch: pyte
     s = checked("accuracy_latency", ReferenceBackend(), accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert s["host_bound"] == {"add": False, "fwd": True, "fwd_bwd": True}
     assert (s["roofline_add_us"], s["fwd_us"], s["fwd_us_p20"], s["fwd_bwd_us"]) == (10.0, 20.0, 18.0, 30.0)
-    fwd_only = checked("accuracy_latency", ForwardOnly(), accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
-    assert fwd_only["host_bound"] == {"add": False, "fwd": True}  # no backward: no fwd_bwd timing to flag
 
 
 def test_agreement_matrix_counts_bitwise_equal_outputs() -> None:
@@ -334,6 +329,7 @@ def test_a_raising_backend_is_recorded_not_fatal() -> None:
         ("batch_size_sweep", {"sweep_n": 9, "sweep_sizes": (10,)}, ValueError, "sweep_sizes"),
         ("batch_size_sweep", {"sweep_n": 9, "sweep_probe_rows": (9,)}, ValueError, "sweep_probe_rows"),
         ("dweight_repeatable", {"dweight_rows": 7, "repeats": 1}, ValueError, "repeats"),
+        ("configurations", {"configurations_rows": 4, "configurations_sizes": [5]}, ValueError, "configurations_sizes"),
         ("accuracy_latency", {"accuracy_rows": 0}, ValueError, "accuracy_rows"),
         ("all_rows", {"all_rows_sizes": (7,), "device": "gpu0"}, ValueError, "device"),
         ("all_rows", {"backend": object(), "all_rows_sizes": (7,)}, TypeError, "backend"),

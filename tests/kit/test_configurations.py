@@ -14,9 +14,8 @@ from conftest import REPO_ROOT
 from rlnorm.kit.backends import load_backend
 from rlnorm.kit.backends.pins import autotuner, autotuner_settings, pin_autotuner
 from rlnorm.kit.checks import common
-from rlnorm.kit.checks.configurations import configurations
+from rlnorm.kit.checks.launch import configurations
 from rlnorm.kit.checks.rows import all_rows, full_vs_sub_batches
-from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.results import Configurations, load_run
 from tests.faults import RowCountOrder
 
@@ -114,14 +113,6 @@ def test_vllm_rows_per_block_values_are_run_against_each_other() -> None:
     key = "vllm.third_party.flash_linear_attention.ops.layernorm_guard.layer_norm_fwd_kernel.ROWS_PER_BLOCK"
     assert out.error is None and out.values == {key: ["1", "2", "4"]}
     assert len(out.pairs) == 9
-
-
-def test_bad_sizes_are_named() -> None:
-    with pytest.raises(ValueError, match="configurations_sizes"):
-        configurations(RowCountOrder(), None, "cpu", configurations_rows=4, configurations_sizes=[5],
-                       configurations_seed=3, **OP)  # fmt: skip
-    with pytest.raises(ParamsError, match="configurations_sizes"):
-        load_params({"configurations_rows": 4, "configurations_sizes": [1, 5]})
 
 
 def test_a_backend_with_one_configuration_reports_none() -> None:

@@ -16,8 +16,6 @@ from rlnorm.kit.gates import (
     SAMPLE_TOKENS,
     build_cells,
     format_line,
-    forward_gate,
-    gradient_gate,
     parse_line,
     run_gates,
 )
@@ -37,17 +35,15 @@ def test_cells_cover_every_token_once_and_pad_with_zeros():
     n = sum(SAMPLE_TOKENS)
     assert n == 59
     cells = build_cells(0)
-    assert cells[0].name == "BN/full"
-    for cell in cells:
-        tokens = [t for call in cell.calls for t in call if t >= 0]
-        assert sorted(tokens) == list(range(n)), cell.name
-    by = {c.name: c for c in cells}
-    assert all(len(call) <= CHUNK_TOKENS for call in by["BN/chunked"].calls)
-    assert [len(c) for c in by["B1/full"].calls] == list(SAMPLE_TOKENS)
-    left, right = by["BN/padded-left"].calls[0], by["BN/padded-right"].calls[0]
+    assert next(iter(cells)) == "BN/full"
+    for name, calls in cells.items():
+        assert sorted(t for call in calls for t in call if t >= 0) == list(range(n)), name
+    assert all(len(call) <= CHUNK_TOKENS for call in cells["BN/chunked"])
+    assert [len(c) for c in cells["B1/full"]] == list(SAMPLE_TOKENS)
+    (left,), (right,) = cells["BN/padded-left"], cells["BN/padded-right"]
     assert len(left) == len(right) == 4 * max(SAMPLE_TOKENS)
     assert left[:8] == [-1] * 8 and left[8] == 0 and right[:11] == list(range(11)) and right[11:19] == [-1] * 8
-    assert by["BN/permuted"].calls[0] != list(range(n))
+    assert cells["BN/permuted"][0] != list(range(n))
 
 
 def test_line_format_is_the_seed_report_format():
@@ -68,29 +64,32 @@ def test_line_format_is_the_seed_report_format():
 
 
 # --- gate bodies in-process --------------------------------------------------------------------------------
+SINGLETON = {("B1-singleton_aggregate/full", "dweight")}
+PADDED = {("BN/padded-left", "dweight"), ("BN/padded-right", "dweight")}
+
+
 @pytest.mark.parametrize(
-    ("fault", "forward_fails", "forward_passes", "gradient_fails"),
+    ("spec", "fails", "passes"),
     [
-        ("BatchSizeDependentOutput", {("B1/full", "y")}, {("BN/permuted", "y")}, False),  # size, not position
-        ("PositionDependentOutput", {("B1/full", "y"), ("BN/permuted", "y"), ("BN/padded-left", "y")}, set(), False),
-        ("NondeterministicDweight", set(), set(), True),
+        ("tests.faults:BatchSizeDependentOutput", {("B1/full", "y")}, {("BN/permuted", "y")}),  # size, not position
+        ("tests.faults:PositionDependentOutput", {("B1/full", "y"), ("BN/permuted", "y"), ("BN/padded-left", "y")},
+         set()),
+        ("tests.faults:NondeterministicDweight", SINGLETON, set()),
+        # a serial fold: permuting rows moves its bits, zero-gradient padding adds exact zeros
+        ("tests.faults:OrderDependentDweight", SINGLETON | {("BN/permuted", "dweight")}, PADDED),
+        # eager autograd sums dweight in fp32 in the reduction's order: not the exact aggregate (docs/spec.md §2)
+        ("reference", SINGLETON, set()),
     ],
-)
-def test_a_planted_fault_fails_its_own_gates_lines_only(fault, forward_fails, forward_passes, gradient_fails):
-    b = load_backend(f"tests.faults:{fault}")
-    failed = _failed_pairs(forward_gate(b, OPTS, "cpu", **SMALL))
-    assert forward_fails <= failed and not failed & forward_passes and bool(failed) == bool(forward_fails)
-    failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", **SMALL))
-    assert bool(failed) == gradient_fails and all(t == "dweight" for _, t in failed)
-
-
-def test_eager_reference_fails_only_the_dweight_lines():
-    """Eager autograd sums dweight in fp32 in the reduction's order: not the exact aggregate (docs/spec.md §2)."""
-    b = load_backend("reference")
-    assert not _failed_pairs(forward_gate(b, OPTS, "cpu", heads=2, d=128))
-    failed = _failed_pairs(gradient_gate(b, OPTS, "cpu", heads=2, d=128))
-    assert ("B1-singleton_aggregate/full", "dweight") in failed
-    assert all(t == "dweight" for _, t in failed)
+)  # fmt: skip
+def test_a_planted_fault_fails_its_own_gates_lines_only(spec, fails, passes):
+    """Both gates, as the worker runs them: each fails on the fault's lines only (y forward, dweight gradient)."""
+    res = run_gates(load_backend(spec), OPTS, "cpu", **SMALL)
+    for name, tensor in (("forward", "y"), ("gradient", "dweight")):
+        gate, want = res[name], {p for p in fails if p[1] == tensor}
+        failed = _failed_pairs(gate.lines)
+        assert want <= failed and not failed & passes and bool(failed) == bool(want) == (not gate.passed)
+        assert gate.returncode == 0 and all(t == tensor for _, t in failed)
+    assert bool(fails & SINGLETON) == any("passed=False" in x for x in res["gradient"].singleton_aggregate)
 
 
 # --- run_gates: both gates, as the worker runs them ----------------------------------------------------------
@@ -103,19 +102,6 @@ def test_run_gates_exact_reference_passes_and_marks_each_call_on_the_trail():
     first = marked[0]
     assert first["check"] == "contract_gates" and first["case"]["rows"] == sum(SAMPLE_TOKENS)
     assert first["batch"] == {"kind": "gate", "cell": "BN/full", "size": sum(SAMPLE_TOKENS)}
-
-
-def test_run_gates_order_dependent_dweight_fails_singleton_and_permuted():
-    res = run_gates(load_backend("tests.faults:OrderDependentDweight"), OPTS, "cpu", **SMALL)
-    assert res["forward"].passed
-    g = res["gradient"]
-    assert g.returncode == 0 and not g.passed
-    failed = _failed_pairs(g.failed_lines)
-    assert ("B1-singleton_aggregate/full", "dweight") in failed and ("BN/permuted", "dweight") in failed
-    # zero-gradient padding adds exact zeros to a fold: those lines pass
-    assert ("BN/padded-left", "dweight") not in failed and ("BN/padded-right", "dweight") not in failed
-    assert all(t == "dweight" for _, t in failed)
-    assert any("passed=False" in x for x in g.singleton_aggregate)
 
 
 class RaisingBackward(ExactReferenceBackend):

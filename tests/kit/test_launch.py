@@ -46,9 +46,7 @@ def test_a_constexpr_chosen_by_the_row_count_is_seen_with_its_row_counts() -> No
     }
     assert k.specializations == {"n_rows==1": [1], "n_rows%16==0": [16]}
     assert out.summary.unseen  # a CPU says what it cannot see
-
-
-def test_one_configuration_at_every_row_count_is_no_variation() -> None:
+    # the control: one configuration at every row count is no variation
     (k,) = launch(OneRowPerProgram(), OpOptions(), "cpu", launch_rows=17, **SIZES).summary.kernels
     assert k.varying == [] and k.evidence is None and list(k.configs) == ["D=128, HALVES=False, ROWS=1"]
 

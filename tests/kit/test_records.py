@@ -47,8 +47,11 @@ def test_unknown_column_or_non_dict_is_refused() -> None:
         records_frame("x")  # type: ignore[arg-type]
 
 
-def test_csv_round_trip_is_exact_and_atomic(tmp_path: Path) -> None:
-    recs = _records("all_rows", PositionDependentOutput(), all_rows_sizes=[7], all_rows_seeds=[3])
+def test_csv_round_trip_is_exact_and_atomic_and_its_rows_rebuild(tmp_path: Path) -> None:
+    """A row read back (or its rebuild JSON alone) rebuilds its comparison, options included; the dweight record
+    (no row) rebuilds as the same batch twice."""
+    fault, opts = PositionDependentOutput(), OpOptions(norm_before_gate=False)
+    recs = _records("all_rows", fault, opts, all_rows_sizes=[7], all_rows_seeds=[3])
     recs += _records("dweight_repeatable", NondeterministicDweight(), dweight_rows=7, dweight_seed=3)
     df = records_frame(recs)
     assert df["row"].isna().sum() == 1  # the dweight record has no row
@@ -56,6 +59,12 @@ def test_csv_round_trip_is_exact_and_atomic(tmp_path: Path) -> None:
     write_records(df, path)
     back = read_records(path)
     pd.testing.assert_frame_equal(back, df)
+    rb = rebuild_case(back.iloc[0])
+    assert rb.opts == opts and rebuild_case(str(back.iloc[0]["rebuild"])).row == rb.row
+    _reproduces(recs[0], fault)
+    rb = rebuild_case(back.iloc[-1])
+    assert rb.position == rb.row == -1 and rb.batch.x.shape == (7, 128) and rb.other_label == "same batch"
+    _reproduces(recs[-1], NondeterministicDweight())
     assert [p.name for p in path.parent.iterdir()] == ["records.csv"]  # no temp file left
     write_records(records_frame([]), path)  # replaces, still readable when empty
     empty = read_records(path)
@@ -106,26 +115,6 @@ def test_a_row_record_rebuilds_its_batch_and_what_it_was_compared_with(check: st
         _reproduces(rec, b)
 
 
-def test_rebuild_dweight_record() -> None:
-    b = NondeterministicDweight()
-    (rec,) = _records("dweight_repeatable", b, dweight_rows=63, dweight_seed=4)
-    rb = rebuild_case(rec)
-    assert rb.position == rb.row == -1 and rb.batch.x.shape == (63, 128) and rb.other_label == "same batch"
-    a, c = rb.run(b)["dweight"]
-    assert int((bits(a) != bits(c)).sum()) == rec["cols_differ"]
-
-
-def test_rebuild_from_a_csv_row_and_from_the_json_alone(tmp_path: Path) -> None:
-    b = PositionDependentOutput()
-    recs = _records("all_rows", b, OpOptions(norm_before_gate=False), all_rows_sizes=[7], all_rows_seeds=[3])
-    path = write_records(records_frame(recs), tmp_path / "r.csv")
-    row = read_records(path).iloc[0]
-    rb = rebuild_case(row)
-    assert rb.opts == OpOptions(norm_before_gate=False)
-    assert rebuild_case(str(row["rebuild"])).row == rb.row
-    _reproduces({**recs[0]}, b)
-
-
 def test_sweep_batch_rows_is_seeded_and_places_the_probe() -> None:
     a = sweep_batch_rows(100, 10, 7, 4, perm_seed=123)
     assert a.tolist() == sweep_batch_rows(100, 10, 7, 4, perm_seed=123).tolist()
@@ -147,15 +136,9 @@ def test_bad_rebuild_specs_are_refused() -> None:
         rebuild_case({"rebuild": "{not json"})
     with pytest.raises(ValueError, match="version"):
         rebuild_case({"rebuild": json.dumps({"v": 99})})
-    spec = {
-        "v": 1,
-        "check": "all_rows",
-        "case": {"rows": 7, "d": 128, "seed": 3, "dtype": "bfloat16", "weight_dtype": "bfloat16"},
-        "opts": OpOptions().as_dict(),
-        "batch": {"kind": "slice", "start": 0, "size": 7},
-        "row": 2,
-        "position": 3,
-    }
+    case = {"rows": 7, "d": 128, "seed": 3, "dtype": "bfloat16", "weight_dtype": "bfloat16"}
+    batch = {"kind": "slice", "start": 0, "size": 7}
+    spec = {"v": 1, "check": "all_rows", "case": case, "opts": {}, "batch": batch, "row": 2, "position": 3}
     with pytest.raises(ValueError, match="does not hold row"):
         rebuild_case(json.dumps(spec))
     with pytest.raises(ValueError, match="outside"):

@@ -11,11 +11,8 @@ from collections.abc import Callable
 
 from rlnorm.kit.checks.accuracy import accuracy_latency
 from rlnorm.kit.checks.common import CheckOutcome
-from rlnorm.kit.checks.configurations import configurations
-from rlnorm.kit.checks.dweight import dweight_repeatable
-from rlnorm.kit.checks.launch import launch
-from rlnorm.kit.checks.rows import all_rows, full_vs_sub_batches
-from rlnorm.kit.checks.sweep import batch_size_sweep
+from rlnorm.kit.checks.launch import configurations, launch
+from rlnorm.kit.checks.rows import all_rows, batch_size_sweep, dweight_repeatable, full_vs_sub_batches
 
 # the per-backend checks, in the order a run gives them and reports them
 CHECKS: dict[str, Callable[..., CheckOutcome]] = {
@@ -27,4 +24,3 @@ CHECKS: dict[str, Callable[..., CheckOutcome]] = {
     "accuracy_latency": accuracy_latency,
     "configurations": configurations,
 }
-CHECK_ORDER: tuple[str, ...] = tuple(CHECKS)

@@ -28,10 +28,6 @@ def _clock(device: torch.device) -> CpuClock:
     return CudaClock(str(device)) if device.type == "cuda" else CpuClock()
 
 
-def _finite_or_none(v: float) -> float | None:
-    return v if math.isfinite(v) else None
-
-
 def _ulp_hist(ulp: Tensor) -> dict[str, int]:
     nan = ulp == torch.iinfo(torch.int64).max
     counts = torch.bincount(ulp[~nan].clamp(max=ULP_HIST_MAX), minlength=ULP_HIST_MAX + 1).tolist()
@@ -90,8 +86,7 @@ def accuracy_latency(
             ulp = ulp_distance(y, round_once(y64, y.dtype))
             s.fwd_correctly_rounded = float((ulp == 0).double().mean())
             err = (y.double() - y64).abs()
-            # NaN/inf have no place in JSON: non-finite errors show as None here and in the histograms
-            s.fwd_max_abs_err = _finite_or_none(float(err.max()))
+            s.fwd_max_abs_err = float(err.max())  # NaN or inf: None in the artifact (to_json)
             s.fwd_ulp_hist = _ulp_hist(ulp)
             s.fwd_abs_err_hist = _abs_err_hist(err)
             del y64, ulp, err
@@ -109,7 +104,7 @@ def accuracy_latency(
                     continue
                 denom = float(leaf.grad.abs().max())
                 num = float((got.detach().double() - leaf.grad).abs().max())
-                s.grad_rel_err[name] = _finite_or_none(num / denom if denom > 0 else (0.0 if num == 0 else math.inf))
+                s.grad_rel_err[name] = num / denom if denom > 0 else (0.0 if num == 0 else math.inf)
             del g, leaves
         bar.update()
         # -- latency

@@ -30,8 +30,7 @@ Place = tuple[int | None, str, int | None, int, int | None, dict[str, Any]]
 class Dweight:
     """dweight_repeatable's summary (the artifact keeps only the bool)."""
 
-    dweight_repeatable: bool | None = None
-    reason: str | None = None  # why there is no verdict (no backward, no dweight)
+    dweight_repeatable: bool | None = None  # None: no backward, or no dweight
     error: str | None = None
     records_dropped: int | None = None
 
@@ -131,9 +130,14 @@ class Check:
         self.spec: dict[str, Any] = {}
 
     def case(self, rows: int, seed: int, whole: bool = True) -> Case:
-        """The check's next case (the one its records are of)."""
-        case, self.spec = new_case(self.trail, self.name, rows, self.d, seed, self.wdt, self.device, self.opts, whole)
-        return case
+        """The check's next seeded case (the one its records are of), named on the trail (`whole`: the full batch
+        marked as given next)."""
+        wdt = dtype_name(self.wdt)
+        self.spec = {"rows": rows, "d": self.d, "seed": seed, "dtype": dtype_name(X_DTYPE), "weight_dtype": wdt}
+        self.trail.case(self.name, self.spec, self.opts)
+        if whole:
+            self.trail.batch({"kind": "slice", "start": 0, "size": rows})
+        return make_case(rows, self.d, seed, X_DTYPE, self.wdt, self.device)
 
     def bar(self, total: int) -> tqdm:
         return tqdm(total=total, desc=f"{self.key} {self.name}", disable=not self.progress)
@@ -228,17 +232,6 @@ def diff_stats(a: Tensor, b: Tensor) -> tuple[list[int], list[float], list[int |
     else:
         max_ulp = [None] * a.shape[0]
     return cols.tolist(), max_abs.tolist(), max_ulp
-
-
-def new_case(
-    trail: Trail, check: str, rows: int, d: int, seed: int, wdt: torch.dtype, device: str, opts: OpOptions, whole: bool
-) -> tuple[Case, dict[str, Any]]:
-    """A check's seeded case and its spec, named on the trail (`whole`: the full batch marked as given next)."""
-    spec = {"rows": rows, "d": d, "seed": seed, "dtype": dtype_name(X_DTYPE), "weight_dtype": dtype_name(wdt)}
-    trail.case(check, spec, opts)
-    if whole:
-        trail.batch({"kind": "slice", "start": 0, "size": rows})
-    return make_case(rows, d, seed, X_DTYPE, wdt, device), spec
 
 
 def differ_masks(batch: Sequence[Tensor | None], alone: Sequence[Tensor | None]) -> tuple[dict[str, Tensor], Tensor]:

@@ -1,20 +1,25 @@
-"""Digests: sha256 of the bytes of a backend's outputs on one standard case, so two runs on different machines (a
-trainer's GPU and a sampler's) say whether they computed the same bits without moving the tensors.
+"""Whether backends compute the same bits. Within a run, the agreement matrix: how often two backends give bitwise
+the same output on the same inputs, each output computed in its backend's own process (a crash loses only its row
+and column). Across runs, digests: sha256 of the bytes of a backend's outputs on one standard case, so two runs on
+different machines (a trainer's GPU and a sampler's) say whether they computed the same bits without moving tensors.
 
-The case is fixed (`STANDARD_ROWS` rows of the run's width, `STANDARD_SEED`, bf16): only the options and width of
-the run change it, and `Digests.case` says what was computed, so digests are compared only where the cases match.
+The standard case is fixed (`STANDARD_ROWS` rows of the run's width, `STANDARD_SEED`, bf16): only the options and
+width of the run change it, and `Digests.case` says what was computed, so digests are compared only where the cases
+match.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import Backend, describe_error
-from rlnorm.kit.results import Digests
+from rlnorm.kit.checks.common import NO_TRAIL, Check, Trail, bits, check_int
+from rlnorm.kit.results import Agreement, Digests
 from rlnorm.options import OpOptions
 
 STANDARD_ROWS = 257  # not a multiple of any block size, so a kernel's tail handling is in the bits
@@ -59,3 +64,38 @@ def same_bits(a: Digests | None, b: Digests | None) -> tuple[bool | None, str]:
     if differ:
         return False, f"differ: {', '.join(differ)}" + tail
     return True, f"same bits: {', '.join(shared)}" + tail
+
+
+def agreement_output(
+    backend: Backend,
+    opts: OpOptions | None,
+    device: str,
+    *,
+    agreement_rows: int,
+    agreement_seed: int,
+    d: int,
+    weight_dtype: str | torch.dtype,
+    trail: Trail = NO_TRAIL,
+) -> Tensor:
+    """The backend's forward output on the agreement inputs, checked for shape and dtype (raises otherwise)."""
+    rows = check_int("agreement_rows", agreement_rows, 1)
+    seed = check_int("agreement_seed", agreement_seed)
+    c = Check("agreement", backend, opts, device, d, weight_dtype, trail)
+    case = c.case(rows, seed)
+    y = c.call(case, grad=False)[0]
+    if y.shape != case.x.shape or y.dtype != case.x.dtype:
+        raise ValueError(f"output {tuple(y.shape)} {y.dtype}, expected {tuple(case.x.shape)} {case.x.dtype}")
+    return y.detach()
+
+
+def agreement_from_outputs(
+    outputs: Mapping[str, Tensor | None], rows: int, seed: int, errors: Mapping[str, str] | None = None
+) -> Agreement:
+    """The matrix from each backend's output (None where it has none; `errors` says why)."""
+    keys = list(outputs)
+    as_bits = [None if outputs[k] is None else bits(outputs[k].cpu()) for k in keys]
+    frac = [
+        [None if a is None or b is None or a.shape != b.shape else float((a == b).double().mean()) for b in as_bits]
+        for a in as_bits
+    ]
+    return Agreement("y", rows, seed, keys, frac, dict(errors or {}))

@@ -1,13 +1,18 @@
-"""launch: every kernel a backend launches at a dense ladder of row counts, and which launch parameters change
-with the row count. A row check sees only the configurations this process happened to take (an autotuner that
-picked the same one for the batch and the row alone hides the other); this puts each on the record.
+"""The launch configurations a backend's kernels take: a row check sees only those this process happened to take
+(an autotuner that picked the same one for the batch and the row alone hides the other).
 
-Seen by: Triton's `launch_enter_hook` on a GPU (Inductor's too, its static launcher off: `LAUNCH_ENV`), with
-`CompiledKernel.launch_metadata` wrapped to hand it the kernel, grid and arguments; `torch.profiler` for other
-CUDA kernels; under Triton's interpreter, a wrapped `InterpretedFunction.run` that records the launch and does
-not execute it; `Autotuner.run` for the key and pick (its benchmarking launches not counted). The grid's first
-axis is the row extent and is left out of a configuration. Integer specialisations that change with the row
-count are recorded; docs/kit.md says why the row checks cover them.
+`launch` records every kernel launched at a dense ladder of row counts, and which launch parameters change with
+the row count. Seen by: Triton's `launch_enter_hook` on a GPU (Inductor's too, its static launcher off:
+`LAUNCH_ENV`), with `CompiledKernel.launch_metadata` wrapped to hand it the kernel, grid and arguments;
+`torch.profiler` for other CUDA kernels; under Triton's interpreter, a wrapped `InterpretedFunction.run` that records
+the launch and does not execute it; `Autotuner.run` for the key and pick (its benchmarking launches not counted).
+The grid's first axis is the row extent and is left out of a configuration. Integer specialisations that change
+with the row count are recorded; docs/kit.md says why the row checks cover them.
+
+`configurations` forces each value of every such parameter (`Backend.configurations`, docs/spec.md §5) and compares
+the full batch under a bitwise with its rows alone and in sub-batches under b for every ordered pair (a, b),
+dweight too. A parameter no pair changes a bit of is cleared; one whose values cannot all be forced here is
+unexercised, with why.
 """
 
 from __future__ import annotations
@@ -19,16 +24,33 @@ import json
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+from torch import Tensor
 
-from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Trail, check_ints
-from rlnorm.kit.results import KernelLaunches, Launches
+from rlnorm.inputs import Case
+from rlnorm.kit.backends.pins import Setting
+from rlnorm.kit.checks.common import (
+    NO_TRAIL,
+    Check,
+    CheckOutcome,
+    Trail,
+    bits,
+    caught,
+    check_int,
+    check_ints,
+    differ_masks,
+)
+from rlnorm.kit.checks.rows import sub_batch_plan
+from rlnorm.kit.results import ConfigPair, Configurations, KernelLaunches, Launches
 from rlnorm.options import OpOptions
 from rlnorm.timing import describe_error
+
+if TYPE_CHECKING:
+    from rlnorm.kit.backends import Backend
 
 # the backend's process needs this before torch._inductor reads its config: Inductor's static launcher bypasses
 # Triton's launch hooks
@@ -295,8 +317,7 @@ def summarise(name: str, k: _Kernel, ladder_: list[int], done: list[int] | None 
         evidence.append(f"{p}=" + ", ".join(f"{'|'.join(sorted(v))} at {rows}" for v, rows in at.items()))
     if any(p in k.tuned for p in varying):  # an autotuner's pick is one parameter: its whole config
         varying = [p for p in varying if p not in k.tuned] + [CONFIG]
-    absent = [r for r in (ladder_ if done is None else done) if r not in k.launches]
-    if absent:
+    if absent := [r for r in (ladder_ if done is None else done) if r not in k.launches]:
         varying.append(LAUNCHED)
         evidence.append(f"launched at {_spans(sorted(k.launches), ladder_)}, not at {_spans(absent, ladder_)}")
     picks = sorted(set(k.autotune.values()))
@@ -362,3 +383,86 @@ def launch(
         out.error = f"at {rec.rows} rows ({rec.pass_}): {describe_error(exc)}"
     out.kernels = [summarise(n, k, rows_ladder, done) for n, k in sorted(rec.kernels.items())]
     return CheckOutcome(out, [], out.error)
+
+
+# what one setting gave: the full batch's (y, dx, dz), its dweight, and per sub-batch size the rows' (y, dx, dz)
+_Run = tuple[tuple[Tensor | None, ...], Tensor | None, dict[int, tuple[Tensor | None, ...]]]
+
+
+def _run(setting: Setting, c: Check, case: Case, sizes: list[int]) -> _Run:
+    assert setting.pin is not None
+    rows = case.x.shape[0]
+    with setting.pin():
+        c.trail.batch({"kind": "slice", "start": 0, "size": rows})
+        g = c.backend.forward_backward(case.x, case.z, case.w, case.dy, c.opts) if c.with_grad else None
+        full = c.call(case, grad=False) if g is None else (g.y, g.dx, g.dz)
+        parts = {size: c.pieces(case, sub_batch_plan(rows, size)) for size in sizes}
+    return tuple(None if t is None else t.detach() for t in full), None if g is None else g.dw, parts
+
+
+def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Run) -> ConfigPair:
+    """The full batch under a against the rows alone / sub-batches under b; dweight of the full batch a vs b."""
+    (full, dw_a, _), (_, dw_b, parts) = ra, rb
+    fwd = grad = 0
+    for piece in parts.values():
+        masks, grad_mask = differ_masks(full, piece)
+        fwd, grad = fwd + int(masks["y"].sum()), grad + int(grad_mask.sum())
+    both = a is not b and dw_a is not None and dw_b is not None
+    dweight = bool(torch.equal(bits(dw_a), bits(dw_b))) if both else None
+    return ConfigPair(kernel, parameter, a.value, b.value, fwd, None if full[1] is None else grad, dweight)
+
+
+def configurations(
+    backend: Backend,
+    opts: OpOptions | None,
+    device: str,
+    *,
+    configurations_rows: int,
+    configurations_sizes: Sequence[int],
+    configurations_seed: int,
+    d: int,
+    weight_dtype: str | torch.dtype,
+    trail: Trail = NO_TRAIL,
+    progress: bool = True,
+) -> CheckOutcome:
+    """Each launch parameter the backend's kernels pick by row count or autotuner, at each of its values: the
+    full batch of `configurations_rows` under one value against its rows in sub-batches of each of
+    `configurations_sizes` (1: alone) under another, for every ordered pair of values."""
+    rows = check_int("configurations_rows", configurations_rows, 1)
+    sizes = check_ints("configurations_sizes", configurations_sizes, 1)
+    seed = check_int("configurations_seed", configurations_seed)
+    if any(s > rows for s in sizes):
+        raise ValueError(f"configurations_sizes: expected sizes no larger than configurations_rows={rows}, got {sizes}")
+    c = Check("configurations", backend, opts, device, d, weight_dtype, trail, progress)
+    summary = Configurations()
+    with caught(summary):
+        groups: dict[str, list[Setting]] = {}
+        for s in backend.configurations(c.opts, device, d):
+            groups.setdefault(s.key, []).append(s)
+            if s.pin is not None:
+                summary.values.setdefault(s.key, []).append(s.value)
+            for name, value in s.implies.items():
+                implied = summary.values.setdefault(name, [])
+                if value not in implied:
+                    implied.append(value)
+        for key, group in groups.items():
+            if unrun := [s for s in group if s.pin is None]:
+                whys = "; ".join(dict.fromkeys(str(s.why) for s in unrun))
+                summary.unexercised[key] = f"{whys} ({len(unrun)} of its {len(group)} values not run)"
+        if not groups:
+            return c.outcome(summary)
+        case = c.case(rows, seed, whole=False)
+        for key, group in groups.items():
+            pinned = [s for s in group if s.pin is not None]
+            if not pinned:
+                continue
+            runs = [_run(s, c, case, sizes) for s in pinned]
+            kernel, parameter = pinned[0].kernel, pinned[0].parameter
+            pairs = [_pair(kernel, parameter, a, b, ra, rb) for a, ra in zip(pinned, runs, strict=True)
+                     for b, rb in zip(pinned, runs, strict=True)]  # fmt: skip
+            summary.pairs += pairs
+            clean = all(p.fwd_differ == 0 and not p.rowgrad_differ and p.dweight_equal is not False for p in pairs)
+            if clean and key not in summary.unexercised:
+                implied = {n for s in group for n in s.implies}
+                summary.cleared += [key, *sorted(implied - set(summary.cleared))]
+    return c.outcome(summary)

@@ -1,40 +1,44 @@
-"""Each row inside a batch against the same row computed alone (all_rows) or in a contiguous sub-batch
-(full_vs_sub_batches). `AloneRunner` makes the many small calls affordable: results stay on the device in
-preallocated buffers, and on CUDA many calls replay as one CUDA graph where that replay is bitwise the eager calls.
+"""The batch-invariance checks, whose verdicts make `batch_invariant`: each row inside a batch against the same row
+computed alone (all_rows, batch_size_sweep) or in a contiguous sub-batch (full_vs_sub_batches), and a batch's dweight
+against the same batch's again (dweight_repeatable). `AloneRunner` makes the many small calls affordable: results stay
+on the device in preallocated buffers, and on CUDA many calls replay as one CUDA graph where that replay is bitwise
+the eager calls.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 from tqdm import tqdm
 
 from rlnorm.inputs import Case
-from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Place, Trail, caught, check_int, check_ints
-from rlnorm.kit.results import AllRows, RowsAtSize, SubBatches
+from rlnorm.kit.checks.common import (
+    NO_TRAIL,
+    Check,
+    CheckOutcome,
+    Dweight,
+    Place,
+    Trail,
+    caught,
+    check_int,
+    check_ints,
+    differ_rows,
+)
+from rlnorm.kit.records import sweep_batch_rows, sweep_perm_seed
+from rlnorm.kit.results import AllRows, RowsAtSize, SubBatches, Sweep
 from rlnorm.options import OpOptions
-from rlnorm.timing import CudaClock, GraphMismatch, describe_error, verify_graph
+from rlnorm.timing import Captured, CudaClock, GraphMismatch, describe_error, verify_graph
 
 if TYPE_CHECKING:
     from rlnorm.kit.backends import Backend
 
-
-@dataclass
-class _Graph:
-    """k calls of one tile size held by a CUDA graph, with the static case they read and the outputs they write."""
-
-    replay: Any
-    keep: list[Any]
-    k: int
-    size: int
-    case: Case
-    outs: list[tuple[Tensor | None, ...]]
+_Graph = tuple[Captured, Case]  # k calls of one tile size held by a CUDA graph, and the static case they read
 
 
 @dataclass
@@ -54,15 +58,12 @@ class AloneRunner:
         n_tiles = int(starts.numel())
         y = torch.empty(n_tiles * size, x.shape[1], dtype=x.dtype, device=x.device)
         outs = (y, torch.empty_like(y), torch.empty_like(y)) if self.check.with_grad else (y, None, None)
-        if n_tiles == 0:
-            return outs
         k = self.graph_rows // size
         if self.use_graphs and x.device.type == "cuda" and k >= 8 and n_tiles >= k and size not in self._no_graph:
             try:
-                g = self._graphs.get(size)
-                if g is None or g.case.x.shape[1] != x.shape[1] or g.case.x.dtype != x.dtype:
-                    g = self._graphs[size] = self._capture(case, starts, size, k)
-                self._run_graph(g, case, starts, outs)
+                if size not in self._graphs:  # one check's cases share their width and dtype
+                    self._graphs[size] = self._capture(case, starts, size, k)
+                self._fill(case, starts, size, outs, self._graphs[size])
                 self.paths[size] = "cuda_graph"
                 return outs
             except GraphMismatch as exc:
@@ -72,25 +73,38 @@ class AloneRunner:
             self._graphs.pop(size, None)
             with contextlib.suppress(Exception):
                 torch.cuda.synchronize(x.device)
-        self._run_eager(case, starts, size, outs)
+        self._fill(case, starts, size, outs)
         self.paths[size] = self._no_graph.get(size, "eager")
         return outs
 
-    def _run_eager(self, case: Case, starts: Tensor, size: int, outs: tuple[Tensor | None, ...]) -> None:
-        starts_l = starts.tolist()
-        chunk = max(1, 4096 // size)
-        c = self.check
-        bar = tqdm(total=len(starts_l), desc=f"{c.key} {c.name} size {size}", disable=not c.progress, leave=False)
-        for c0 in range(0, len(starts_l), chunk):
-            c.trail.batch({"kind": "slice", "start": starts_l[c0], "size": size})
-            got = [c.call(case.rows(slice(s, s + size))) for s in starts_l[c0 : c0 + chunk]]
-            r0, r1 = c0 * size, (c0 + len(got)) * size
-            with torch.no_grad():
-                for i, out in enumerate(outs):
-                    if out is not None:
-                        torch.cat([t[i].detach() for t in got], out=out[r0:r1])
-            bar.update(len(got))
-        bar.close()
+    def _fill(
+        self, case: Case, starts: Tensor, size: int, outs: tuple[Tensor | None, ...], graph: _Graph | None = None
+    ) -> None:
+        """Each tile's outputs into `outs`, a chunk at a time: eager calls, or a replay of `graph` for k tiles."""
+        c, n_tiles = self.check, int(starts.numel())
+        k = len(graph[0].outs) if graph else max(1, 4096 // size)
+        if graph:
+            cap, static = graph
+            static.w.copy_(case.w)
+            idx = (starts.view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(case.x.device)
+        desc = f"{c.key} {c.name} size {size}" + (" (graph)" if graph else "")
+        with tqdm(total=n_tiles, desc=desc, disable=not c.progress, leave=False) as bar:
+            for first in range(0, n_tiles, k):
+                t0 = min(first, n_tiles - k) if graph else first  # a graph's last chunk overlaps the one before
+                c.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
+                if graph:
+                    sel = idx[t0 * size : (t0 + k) * size]
+                    for name in ("x", "z", "dy"):
+                        torch.index_select(getattr(case, name), 0, sel, out=getattr(static, name))
+                    cap.replay()
+                    got = cap.outs
+                else:
+                    got = [c.call(case.rows(slice(s, s + size))) for s in starts[t0 : t0 + k].tolist()]
+                with torch.no_grad():
+                    for i, out in enumerate(outs):
+                        if out is not None:
+                            torch.cat([t[i].detach() for t in got], out=out[t0 * size : (t0 + len(got)) * size])
+                bar.update(min(k, n_tiles - first))
 
     def _capture(self, case: Case, starts: Tensor, size: int, k: int) -> _Graph:
         self.check.trail.batch({"kind": "slice", "start": int(starts[0]), "size": size})
@@ -103,26 +117,7 @@ class AloneRunner:
         verdict = verify_graph(cap, calls, clock.sync)
         if verdict != "bitwise":
             raise GraphMismatch(f"graph replay differed from eager calls ({verdict})")
-        return _Graph(cap.replay, cap.keep, k, size, static, cap.outs)
-
-    def _run_graph(self, g: _Graph, case: Case, starts: Tensor, outs: tuple[Tensor | None, ...]) -> None:
-        size, k, c = g.size, g.k, self.check
-        n_tiles = int(starts.numel())
-        idx = (starts.view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(case.x.device)
-        g.case.w.copy_(case.w)
-        bar = tqdm(total=n_tiles, desc=f"{c.key} {c.name} size {size} (graph)", disable=not c.progress, leave=False)
-        for chunk in range(math.ceil(n_tiles / k)):
-            t0 = min(chunk * k, n_tiles - k)  # the last chunk overlaps the one before: same values rewritten
-            c.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
-            sel = idx[t0 * size : (t0 + k) * size]
-            for name in ("x", "z", "dy"):
-                torch.index_select(getattr(case, name), 0, sel, out=getattr(g.case, name))
-            g.replay()
-            for i, out in enumerate(outs):
-                if out is not None:
-                    torch.cat([o[i] for o in g.outs], out=out[t0 * size : (t0 + k) * size])
-            bar.update(min(k, n_tiles - chunk * k))
-        bar.close()
+        return cap, static
 
 
 COVERAGES = ("all", "sampled")
@@ -140,15 +135,13 @@ def all_rows(
     max_records: int | None = None,
     trail: Trail = NO_TRAIL,
     progress: bool = True,
-    use_graphs: bool = True,
-    graph_rows: int = 4096,
 ) -> CheckOutcome:
     """Every row computed alone vs inside its batch of n, bitwise (output; dx and dz with a backward); per n:
     rows, fwd_differ, rowgrad_differ (None for a forward-only backend), alone_path."""
     sizes = check_ints("all_rows_sizes", all_rows_sizes, 1)
     seeds = check_ints("all_rows_seeds", all_rows_seeds)
     c = Check("all_rows", backend, opts, device, d, weight_dtype, trail, progress, max_records)
-    runner = AloneRunner(c, use_graphs, graph_rows)
+    runner = AloneRunner(c)
     summary = AllRows()
     with caught(summary), c.bar(len(sizes) * len(seeds)) as bar:
         for n in sizes:
@@ -163,6 +156,47 @@ def all_rows(
                 entry.rows += n
                 bar.update()
             entry.records_dropped = c.dropped_since()
+    return c.outcome(summary)
+
+
+def dweight_repeatable(
+    backend: Backend,
+    opts: OpOptions | None,
+    device: str,
+    *,
+    dweight_rows: int,
+    dweight_seed: int,
+    d: int,
+    weight_dtype: str | torch.dtype,
+    max_records: int | None = None,
+    trail: Trail = NO_TRAIL,
+    progress: bool = True,
+    repeats: int = 2,
+) -> CheckOutcome:
+    """The same full batch `repeats` times gives bitwise the same dweight (None without a backward); a differing
+    repeat is one `dweight` record (no row or position; its rebuild: the batch against itself)."""
+    rows = check_int("dweight_rows", dweight_rows, 1)
+    seed = check_int("dweight_seed", dweight_seed)
+    check_int("repeats", repeats, 2)
+    c = Check("dweight_repeatable", backend, opts, device, d, weight_dtype, trail, progress, max_records)
+    summary = Dweight()
+    if not c.with_grad:
+        return c.outcome(summary)
+    with caught(summary), c.bar(repeats) as bar:
+        case = c.case(rows, seed)
+        dws = []
+        for _ in range(repeats):
+            dw = c.backend.forward_backward(case.x, case.z, case.w, case.dy, c.opts).dw
+            if dw is None:
+                return c.outcome(summary)
+            dws.append(dw.detach().clone().reshape(1, -1))
+            bar.update()
+        whole = {"kind": "slice", "start": 0, "size": rows}
+        differ = [i for i in range(1, repeats) if bool(differ_rows(dws[i], dws[0]).any())]
+        for i in differ:  # no row or position: the rebuild is the whole batch against itself
+            c.add_rows("dweight", dws[i], dws[0], [(None, f"repeat={i}", 0, rows, None, whole)])
+        summary.dweight_repeatable = not differ
+    summary.records_dropped = c.dropped_since()
     return c.outcome(summary)
 
 
@@ -204,7 +238,6 @@ def full_vs_sub_batches(
     progress: bool = True,
     sample_stride: int = 512,
     use_graphs: bool = True,
-    graph_rows: int = 4096,
 ) -> CheckOutcome:
     """Contiguous sub-batches vs the full batch, bitwise; fwd_differ and rowgrad_differ count row comparisons
     over seeds and sizes (rowgrad_differ None for a forward-only backend)."""
@@ -215,7 +248,7 @@ def full_vs_sub_batches(
     c = Check("full_vs_sub_batches", backend, opts, device, d, weight_dtype, trail, progress, max_records)
     n_subs = sum(len(p) for p in plans.values()) * len(seeds)
     summary = SubBatches(full_rows, list(sizes), n_subs, 0, 0 if c.with_grad else None, coverage, 0, alone_path={})
-    runner = AloneRunner(c, use_graphs, graph_rows)
+    runner = AloneRunner(c, use_graphs)
     full_batch = {"kind": "slice", "start": 0, "size": full_rows, "label": "full batch"}
     with caught(summary), c.bar(len(seeds) * len(sizes)) as bar:
         for seed in seeds:
@@ -233,5 +266,76 @@ def full_vs_sub_batches(
                     summary.rows_compared += len(rows)
                 bar.update()
     summary.alone_path = {str(size): path for size, path in runner.paths.items()}
+    summary.records_dropped = c.dropped_since()
+    return c.outcome(summary)
+
+
+def sweep_positions(m: int) -> list[tuple[str, int]]:
+    """The distinct probe positions {0, (m-1)//2, m-1} in a batch of m, named first/mid/last."""
+    named = {p: name for name, p in reversed((("first", 0), ("mid", (m - 1) // 2), ("last", m - 1)))}
+    return sorted(((name, p) for p, name in named.items()), key=lambda np: np[1])
+
+
+def batch_size_sweep(
+    backend: Backend,
+    opts: OpOptions | None,
+    device: str,
+    *,
+    sweep_n: int,
+    sweep_sizes: Sequence[int],
+    sweep_probe_rows: Sequence[int],
+    sweep_seeds: Sequence[int],
+    d: int,
+    weight_dtype: str | torch.dtype,
+    max_records: int | None = None,
+    trail: Trail = NO_TRAIL,
+    progress: bool = True,
+) -> CheckOutcome:
+    """Each probe row at positions {0, (m-1)//2, m-1} among m-1 seeded-random other rows of `sweep_n`, for every
+    size m, compared bitwise (output, dx, dz) with the probe alone; rowgrad_differ None for a forward-only backend."""
+    n = check_int("sweep_n", sweep_n, 1)
+    seeds = check_ints("sweep_seeds", sweep_seeds)
+    sizes = check_ints("sweep_sizes", sweep_sizes, 1)
+    probes = check_ints("sweep_probe_rows", sweep_probe_rows)
+    if max(sizes) > n:
+        raise ValueError(f"sweep_sizes: every size must be <= sweep_n={n}, got {max(sizes)}")
+    if max(probes) >= n:
+        raise ValueError(f"sweep_probe_rows: every probe must be < sweep_n={n}, got {max(probes)}")
+    c = Check("batch_size_sweep", backend, opts, device, d, weight_dtype, trail, progress, max_records)
+    plan = [(m, p, name, pos) for m in sizes for p in probes for name, pos in sweep_positions(m)]
+    summary = Sweep(list(sizes), list(probes), len(plan) * len(seeds), 0, 0, 0 if c.with_grad else None)
+    with caught(summary), c.bar(len(plan) * len(seeds)) as bar:
+        for seed in seeds:
+            case = c.case(n, seed, whole=False)
+            alone = c.pieces(case, [(p, 1) for p in probes])
+            perms = {(m, p): sweep_perm_seed(seed, m, p) for m, p, _, _ in plan}
+            places: list[Place] = [
+                (p, f"m={m}/pos={nm}/probe={p}", None, m, pos,
+                 {"kind": "sweep", "m": m, "probe": p, "position": pos, "perm_seed": perms[(m, p)]})
+                for m, p, nm, pos in plan
+            ]  # fmt: skip
+            # every batch's row indices built on the host first and moved once (no copy/sync per call)
+            batch_idx = [sweep_batch_rows(n, m, p, pos, perms[(m, p)]) for m, p, _, pos in plan]
+            offsets = [0, *itertools.accumulate(len(t) for t in batch_idx)]
+            idx_all = torch.cat(batch_idx).to(case.x.device)
+            # the probe's row out of each batch, copied into preallocated buffers (a view would keep every batch's
+            # whole output alive)
+            y = torch.empty(len(plan), d, dtype=case.x.dtype, device=case.x.device)
+            in_batch = (y, torch.empty_like(y), torch.empty_like(y)) if c.with_grad else (y, None, None)
+            for i, (_m, _p, _name, pos) in enumerate(plan):
+                trail.batch(places[i][5])
+                idx = idx_all[offsets[i] : offsets[i + 1]]
+                out = c.call(case.rows(idx))
+                with torch.no_grad():
+                    for buf, t in zip(in_batch, out, strict=True):
+                        if buf is not None and t is not None:
+                            buf[i].copy_(t.detach()[pos])
+                bar.update()
+            # each comparison's probe alone (a probe named twice: its last run, as each is run in turn)
+            last = {p: i for i, p in enumerate(probes)}
+            pick = torch.tensor([last[p] for _, p, _, _ in plan], device=case.x.device)
+            ref = tuple(None if t is None else t.index_select(0, pick) for t in alone)
+            # "row" i of these tensors is comparison i of the plan
+            summary.differ += c.record_differing(in_batch, ref, places.__getitem__, summary)
     summary.records_dropped = c.dropped_since()
     return c.outcome(summary)
