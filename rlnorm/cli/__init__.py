@@ -18,19 +18,17 @@ named), 2 nothing to read at that path.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from rlnorm.cli import commands
 from rlnorm.cli.runs import EXIT_INTERRUPTED
 
-
-class _Parser(argparse.ArgumentParser):  # argparse exits 2 (EXIT_USAGE) on a usage error
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(allow_abbrev=False, **kwargs)
+# `--d 256` is refused, not taken for `--device`; argparse exits 2 (EXIT_USAGE) on a usage error
+_Parser = functools.partial(argparse.ArgumentParser, allow_abbrev=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
