@@ -159,10 +159,9 @@ def cmd_investigate(args: argparse.Namespace) -> int:
     run = _open(args.run)
     if run is None or run.folder is None:
         return EXIT_USAGE
-    given = {"backend": args.backend, "check": args.check, "row": args.row}
-    params = {"run": str(run.folder.resolve()), "device": args.device}
-    params |= {k: v for k, v in given.items() if v not in (None, "")}
-    stem = "investigate" + "".join(f"-{v}" for v in (args.backend, args.check, args.row) if v is not None)
+    given = {k: getattr(args, k) for k in ("backend", "check", "row") if getattr(args, k) not in (None, "")}
+    params = {"run": str(run.folder.resolve()), "device": args.device, **given}
+    stem = "-".join(["investigate", *map(str, given.values())])
     stem = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in stem)
     return _page_beside("investigate_rows", params, run.folder, stem, f"rlnorm: rows of {run.folder.name}")
 

@@ -218,8 +218,7 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
     skipped: list[tuple[str, str]] = []
     for parent_name, parent in model.named_modules(remove_duplicate=False):
         for attr, child in parent.named_children():
-            base = _known_base(child, only)
-            if base is None:
+            if (base := _known_base(child, only)) is None:
                 continue
             where = f"{parent_name}.{attr}" if parent_name else attr
             if id(child) not in built:
@@ -229,8 +228,7 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
                     if strict:
                         raise
                     built[id(child)] = str(exc)
-            rep = built[id(child)]
-            if isinstance(rep, str):
+            if isinstance(rep := built[id(child)], str):
                 skipped.append((where, rep))
             else:
                 items.append(Replaced(where, rep.source, child, rep))

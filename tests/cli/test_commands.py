@@ -72,14 +72,6 @@ def test_refuses_to_overwrite_an_existing_run(tmp_path: Path, outputs_dir: Path,
     assert sorted(p.name for p in outputs_dir.iterdir()) == ["tiny"]
 
 
-def test_bad_parameters_stop_before_any_work(tmp_path: Path, outputs_dir: Path, capsys) -> None:
-    rc = cli.main(["run", str(_params(tmp_path, coverge="all", progress=3)), "--outputs", str(outputs_dir)])
-    err = capsys.readouterr().err
-    assert rc == runs.EXIT_USAGE
-    assert "coverge: unknown parameter (did you mean 'coverage'?)" in err and "progress: expected a bool" in err
-    assert not any(outputs_dir.iterdir())
-
-
 def test_a_run_places_a_readable_folder_with_an_offline_page(
     toy_notebook: Path, tmp_path: Path, outputs_dir: Path, monkeypatch: pytest.MonkeyPatch, capfd
 ) -> None:
