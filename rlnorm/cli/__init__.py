@@ -86,6 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)  # None: sys.argv[1:]
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # what each run of a matrix is started with
     except SystemExit as exc:
         return int(exc.code or 0)
     # SIGTERM (a CI timeout, a scheduler's kill) unwinds like Ctrl-C: staging folders and kernels are cleaned up

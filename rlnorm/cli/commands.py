@@ -39,15 +39,6 @@ def _err(text: str) -> None:
     _say(f"error: {text}")
 
 
-def _child_argv(args: argparse.Namespace) -> list[str]:
-    """The arguments a combination's own process gets: the same plan, so `--only K` picks the same run."""
-    out = [*args.files, "--outputs", args.outputs, *(x for key, value in args.parameter for x in ("-p", key, value))]
-    for flag, value in (("-y", args.yaml), ("--name", args.name), ("--device", args.device)):
-        out += [flag, value] if value else []
-    out += [x for r in args.require for x in ("--require", r)]
-    return out + [flag for flag, on in (("--force", args.force), ("--no-progress", args.no_progress)) if on]
-
-
 def _required(specs: list[str]) -> dict[str, str]:
     """--require BACKEND=STATE, each checked: {backend: state}."""
     out = {}
@@ -87,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress, t0 = not args.no_progress, time.time()
     if len(runs) == 1:
         combo = runs[0]
-        if gpus:  # one run in this process: the notebook's kernel inherits the GPU it is given
+        if gpus and not os.environ.get(MATRIX_CHILD_ENV):  # a matrix's child runs on the GPU its parent gave it
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
         _say(f"rlnorm: running {combo.source} into {combo.folder}/")
         outcome = run_one(combo, force=args.force, progress=progress, require=require)
@@ -98,8 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         code = outcome.code
     else:
         _say(f"rlnorm: {len(runs)} runs, {workers(args.jobs, gpus, len(runs))} at a time")
-        indices = [plan.runs.index(c) for c in runs]
-        outcomes = run_many(runs, indices, _child_argv(args), jobs=args.jobs, gpus=gpus, progress=progress)
+        outcomes = run_many(runs, args.argv, jobs=args.jobs, gpus=gpus, progress=progress)  # runs is plan.runs
         failed = [o for o in outcomes if o.code]
         for o in failed:
             _err(f"{o.combination.label}: exit {o.code} (see its folder {o.combination.folder})")

@@ -105,12 +105,12 @@ MATRIX_CHILD_ENV = "RLNORM_MATRIX_CHILD"
 
 
 def _child_command(index: int, argv: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "rlnorm", "run", *argv, "--only", str(index)]
+    return [sys.executable, "-m", "rlnorm", *argv, "--only", str(index)]
 
 
-def run_many(combos: Sequence[Combination], indices: Sequence[int], argv: Sequence[str], *, jobs: int,
-             gpus: Sequence[str], progress: bool) -> list[Outcome]:  # fmt: skip
-    """Each combination as its own `python -m rlnorm run ... --only K` process, at most `jobs` at a time; with
+def run_many(combos: Sequence[Combination], argv: Sequence[str], *, jobs: int, gpus: Sequence[str],
+             progress: bool) -> list[Outcome]:  # fmt: skip
+    """Each combination K as its own `python -m rlnorm ARGV --only K` process, at most `jobs` at a time; with
     `gpus`, each process sees one of them (CUDA_VISIBLE_DEVICES). Lines it prints are prefixed with its label."""
     free: queue.Queue[str] = queue.Queue()
     for gpu in gpus:
@@ -123,8 +123,8 @@ def run_many(combos: Sequence[Combination], indices: Sequence[int], argv: Sequen
         with lock:
             print(text, file=sys.stderr, flush=True)
 
-    def one(item: tuple[Combination, int]) -> Outcome:
-        combo, index = item
+    def one(item: tuple[int, Combination]) -> Outcome:
+        index, combo = item
         gpu = free.get() if gpus else None
         env = dict(os.environ, **{MATRIX_CHILD_ENV: "1"}, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
         say(f"rlnorm: [{combo.label}] starting" + (f" on GPU {gpu}" if gpu is not None else ""))
@@ -145,7 +145,7 @@ def run_many(combos: Sequence[Combination], indices: Sequence[int], argv: Sequen
 
     pool = ThreadPoolExecutor(max_workers=workers(jobs, gpus, len(combos)))
     try:
-        return list(pool.map(one, zip(combos, indices, strict=True)))
+        return list(pool.map(one, enumerate(combos)))
     except BaseException:
         # interrupted: a terminal's Ctrl-C reached every process of the group already; a SIGTERM sent to this one
         # alone did not, so those still running are told, and each unwinds its own staging folder
