@@ -123,8 +123,7 @@ def run_many(combos: Sequence[Combination], argv: Sequence[str], *, jobs: int, g
         with lock:
             print(text, file=sys.stderr, flush=True)
 
-    def one(item: tuple[int, Combination]) -> Outcome:
-        index, combo = item
+    def one(index: int, combo: Combination) -> Outcome:
         gpu = free.get() if gpus else None
         env = dict(os.environ, **{MATRIX_CHILD_ENV: "1"}, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
         say(f"rlnorm: [{combo.label}] starting" + (f" on GPU {gpu}" if gpu is not None else ""))
@@ -145,7 +144,7 @@ def run_many(combos: Sequence[Combination], argv: Sequence[str], *, jobs: int, g
 
     pool = ThreadPoolExecutor(max_workers=workers(jobs, gpus, len(combos)))
     try:
-        return list(pool.map(one, enumerate(combos)))
+        return list(pool.map(one, range(len(combos)), combos))
     except BaseException:
         # interrupted: a terminal's Ctrl-C reached every process of the group already; a SIGTERM sent to this one
         # alone did not, so those still running are told, and each unwinds its own staging folder
