@@ -24,11 +24,11 @@ from rlnorm.cli.runs import (
     verdict_status,
     workers,
 )
-from rlnorm.kit.artifact import load_artifact, read_records, write_atomic
+from rlnorm.kit.artifact import load_artifact, write_atomic
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.results import RunResult
 from rlnorm.report.compare import digest_table, write_index
-from rlnorm.report.runs import open_run, resolve
+from rlnorm.report.runs import open_run, records_of, resolve
 
 
 def _say(text: str) -> None:
@@ -173,16 +173,13 @@ def _folder_problems(run: RunResult) -> list[str]:
     """What a run folder holds that does not agree with its artifact."""
     named = [(rel, run.resolve(rel)) for rel in [run.records, *(run.plots or {}).values()] if rel]
     problems = [f"{rel}: named by the artifact, missing" for rel, at in named if at is None or not at.exists()]
-    records = run.resolve(run.records)
-    if records is not None and records.is_file():
-        try:
-            df = read_records(records)
-        except Exception as exc:
-            problems.append(f"{run.records}: cannot be read: {exc}")
-        else:  # read_records refuses a file that lacks a column
-            strangers = sorted(set(df["backend"]) - set(run.results))
-            if strangers:
-                problems.append(f"{run.records}: rows of backends the artifact does not have: {strangers}")
+    try:
+        records = records_of(run)
+    except Exception as exc:  # a file that lacks a column is refused
+        problems.append(f"{run.records}: cannot be read: {exc}")
+    else:
+        if strangers := sorted(set(records["backend"] if records is not None else ()) - set(run.results)):
+            problems.append(f"{run.records}: rows of backends the artifact does not have: {strangers}")
     for page in ("reuse_check.html", "reuse_check.ipynb") if run.created_at and run.folder is not None else ():
         p = run.folder / page
         if p.is_file() and run.created_at not in p.read_text(encoding="utf-8", errors="replace"):
