@@ -81,20 +81,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         if gpus and not os.environ.get(MATRIX_CHILD_ENV):  # a matrix's child runs on the GPU its parent gave it
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
         _say(f"rlnorm: running {combo.source} into {combo.folder}/")
-        outcome = run_one(combo, force=args.force, progress=progress, require=require)
-        written = "written" if outcome.code != EXIT_EXISTS else "not written"
+        code, message = run_one(combo, force=args.force, progress=progress, require=require)
+        written = "written" if code != EXIT_EXISTS else "not written"
         _say(f"rlnorm: {combo.folder}/ {written} in {time.time() - t0:.0f} s")
-        if outcome.message:
-            print(outcome.message, file=sys.stderr if outcome.code else sys.stdout)
-        code = outcome.code
+        if message:
+            print(message, file=sys.stderr if code else sys.stdout)
     else:
         _say(f"rlnorm: {len(runs)} runs, {workers(args.jobs, gpus, len(runs))} at a time")
-        outcomes = run_many(runs, args.argv, jobs=args.jobs, gpus=gpus, progress=progress)  # runs is plan.runs
-        failed = [o for o in outcomes if o.code]
-        for o in failed:
-            _err(f"{o.combination.label}: exit {o.code} (see its folder {o.combination.folder})")
-        code = exit_status(outcomes)
-        _say(f"rlnorm: {len(runs) - len(failed)} of {len(runs)} runs clean in {time.time() - t0:.0f} s")
+        codes = run_many(runs, args.argv, jobs=args.jobs, gpus=gpus, progress=progress)  # runs is plan.runs
+        for c, code in zip(runs, codes, strict=True):
+            if code:
+                _err(f"{c.label}: exit {code} (see its folder {c.folder})")
+        code = exit_status(codes)
+        _say(f"rlnorm: {codes.count(0)} of {len(runs)} runs clean in {time.time() - t0:.0f} s")
     if args.only is None:
         for base, combos in plan.matrices.items():
             placed = [c.folder for c in combos if c.folder.is_dir() and any(c.folder.glob("*.json"))]

@@ -166,8 +166,8 @@ def test_a_run_that_appears_meanwhile_is_not_replaced(
 
     monkeypatch.setattr(cli_notebook, "render_html", render_then_race)
     (run,) = expand([str(_params(outputs_dir.parent))], outputs=outputs_dir).runs
-    out = runs.run_one(run, force=False, progress=False)
-    assert out.code == runs.EXIT_EXISTS and "appeared while this run was going" in out.message
+    code, message = runs.run_one(run, force=False, progress=False, require={})
+    assert code == runs.EXIT_EXISTS and "appeared while this run was going" in message
     assert (run_dir / "first.txt").read_text() == "first"
     staged = [p for p in outputs_dir.iterdir() if p.name.startswith(".tiny.partial-")]
     assert len(staged) == 1 and (staged[0] / "result.txt").exists()
