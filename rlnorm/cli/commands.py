@@ -39,24 +39,18 @@ def _err(text: str) -> None:
     _say(f"error: {text}")
 
 
-def _required(specs: list[str]) -> dict[str, str]:
-    """--require BACKEND=STATE, each checked: {backend: state}."""
-    out = {}
-    for spec in specs:
-        key, eq, state = spec.partition("=")
-        if not eq or not key or state not in REQUIRABLE:
-            raise PlanError(f"--require: expected BACKEND=STATE with STATE one of {list(REQUIRABLE)}, got {spec!r}")
-        out[key] = state
-    return out
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         if not args.files and not args.parameter and not args.yaml:
             raise PlanError("run: give a parameter file (params/quick.yaml) or parameters (-p KEY VALUE / -y YAML)")
         if args.jobs < 1:
             raise PlanError(f"--jobs: expected a positive number, got {args.jobs}")
-        require = _required(args.require)
+        require = {}  # --require BACKEND=STATE, each checked
+        for spec in args.require:
+            key, eq, state = spec.partition("=")
+            if not eq or not key or state not in REQUIRABLE:
+                raise PlanError(f"--require: expected BACKEND=STATE with STATE one of {list(REQUIRABLE)}, got {spec!r}")
+            require[key] = state
         plan = expand(args.files, args.yaml, [tuple(p) for p in args.parameter], outputs=args.outputs, name=args.name,
                       device=args.device, progress=False if args.no_progress else None)  # fmt: skip
         if args.list:

@@ -19,10 +19,6 @@ from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.steps import PROGRESS_ENV
 from rlnorm.kit.worker import PLAIN_ENV
 
-# the page template: the lab page with nothing fetched from the network (see its own comment)
-TEMPLATES = PACKAGE_DIR / "cli" / "templates"
-PAGE_TEMPLATE = "rlnorm_page"
-
 
 def notebook_source(name: str) -> Path:
     """The jupytext source of a notebook of this checkout."""
@@ -112,8 +108,9 @@ def render_html(executed: Path, html: Path, title: str) -> Path:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(executed, as_version=4)
-    exporter = HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name=PAGE_TEMPLATE, exclude_input=True,
-                            exclude_input_prompt=True, exclude_output_prompt=True)  # fmt: skip
+    # the lab page with nothing fetched from the network (see the template's own comment)
+    exporter = HTMLExporter(extra_template_basedirs=[str(PACKAGE_DIR / "cli/templates")], template_name="rlnorm_page",
+                            exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)  # fmt: skip
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     return write_atomic(html, body)
 
