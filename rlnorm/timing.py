@@ -186,8 +186,7 @@ def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callab
     """Poison the last captured call's outputs, replay, compare with an eager call: 'bitwise' or 'close';
     GraphMismatch where the replay left an output unwritten or wrote something else."""
     i = len(calls) - 1
-    got = _tensors(cap.outs[i])
-    if not got:
+    if not (got := _tensors(cap.outs[i])):
         raise GraphMismatch("the captured call returned no tensor")
     for _, t in got:
         if t.is_floating_point():

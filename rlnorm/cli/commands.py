@@ -90,8 +90,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         _say(f"rlnorm: {codes.count(0)} of {len(runs)} runs clean in {time.time() - t0:.0f} s")
     if args.only is None:
         for base, combos in plan.matrices.items():
-            placed = [c.folder for c in combos if c.folder.is_dir() and any(c.folder.glob("*.json"))]
-            if placed:
+            if placed := [c.folder for c in combos if c.folder.is_dir() and any(c.folder.glob("*.json"))]:
                 index, _ = write_index(placed, base, title=f"{base.name}: {len(placed)} runs")
                 _say(f"rlnorm: index of {len(placed)} runs: {index}")
     elif plan.matrices and not os.environ.get(MATRIX_CHILD_ENV):

@@ -90,8 +90,7 @@ def _merge(files: Sequence[str], yaml_text: str | None, overrides: Sequence[tupl
         if not isinstance(extra, Mapping):
             raise PlanError(f"-y: expected a YAML mapping of parameters, got {type(extra).__name__}")
     extra = {**extra, **{key: parse_value(value) for key, value in overrides}}
-    bad = sorted(k for k in extra if k in CLI_KEYS)
-    if bad:
+    if bad := sorted(k for k in extra if k in CLI_KEYS):
         raise PlanError(f"{', '.join(bad)}: set by the command line (--name, --outputs, --force), not a parameter")
     out = []
     for f in files or [None]:
@@ -139,7 +138,6 @@ def expand(files: Sequence[str], yaml_text: str | None = None, overrides: Sequen
     if errors:
         raise PlanError("invalid run parameters:\n  " + "\n  ".join(dict.fromkeys(errors)))
     folders = [c.folder for c in runs]
-    dup = sorted({str(f) for f in folders if folders.count(f) > 1})
-    if dup:
+    if dup := sorted({str(f) for f in folders if folders.count(f) > 1}):
         raise PlanError(f"two runs would write the same folder: {', '.join(dup)} (give each a different name)")
     return Plan(runs, matrices)
