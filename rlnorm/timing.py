@@ -167,8 +167,7 @@ class CudaClock(CpuClock):
 
 def describe_error(exc: BaseException) -> str:
     """One line naming an exception: what a skip reason, a record or a capture failure shows."""
-    msg = str(exc).strip().splitlines()
-    first = msg[0] if msg else ""
+    first = next(iter(str(exc).strip().splitlines()), "")
     return f"{type(exc).__name__}: {first}"[:500]
 
 
