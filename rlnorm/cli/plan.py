@@ -56,8 +56,7 @@ class Combination:
         p = self.params
         # a matrix file's axis (a list for a one-value key) always differs: the notebook gets this run's value
         base = {**RunParams().as_dict(), **(read_params_file(p.params_file) if p.params_file else {})}
-        given = p.as_dict()
-        differ = {k: v for k, v in given.items() if k not in NOTEBOOK_PARAMETERS and v != base[k]}
+        differ = {k: v for k, v in p.as_dict().items() if k not in NOTEBOOK_PARAMETERS and v != base[k]}
         return {"params_file": p.params_file, "name": p.name, "overwrite": p.overwrite, "overrides": differ}
 
 
