@@ -29,7 +29,7 @@ def notebook_source(name: str) -> Path:
 
 
 @contextlib.contextmanager
-def _echo_progress(path: Path, enabled: bool) -> Iterator[None]:
+def _echo_progress(path: Path) -> Iterator[None]:
     """Copy what the kernel writes to `path` (the run's progress lines) to our stderr while the notebook runs."""
     stop = threading.Event()
 
@@ -42,14 +42,12 @@ def _echo_progress(path: Path, enabled: bool) -> Iterator[None]:
                 sys.stderr.flush()
 
     thread = threading.Thread(target=pump, daemon=True)
-    if enabled:
-        thread.start()
+    thread.start()
     try:
         yield
     finally:
         stop.set()
-        if enabled:
-            thread.join(timeout=5)
+        thread.join(timeout=5)
 
 
 def _engine(started: list[str]) -> str:
@@ -146,7 +144,8 @@ def execute(notebook: str, params: dict[str, Any], workdir: Path, *, progress: b
     try:
         for lg in quiet:
             lg.setLevel(logging.CRITICAL)
-        with mock.patch.dict(os.environ, kernel_env), _echo_progress(progress_file, progress):
+        echo = _echo_progress(progress_file) if progress else contextlib.nullcontext()
+        with mock.patch.dict(os.environ, kernel_env), echo:
             pm.execute_notebook(str(input_nb), str(executed), parameters=params, kernel_name="python3",
                                 engine_name=_engine(started), progress_bar=False, log_output=False,
                                 cwd=os.getcwd())  # fmt: skip
