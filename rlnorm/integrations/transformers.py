@@ -28,14 +28,12 @@ class UnsupportedGatedNorm(ValueError):
 
 # -- the replacements ---------------------------------------------------------------------------------------------
 class _Replacement(RMSNormGated):
-    """rlnorm's module holding the replaced module's weight Parameter itself. A subclass names `library` (whose
-    classes it replaces, for messages) and `names`: the replaced class's attribute for each option it has, read off
-    it and kept under that name; the options it lacks are rlnorm's defaults (the norm first, silu, no groups), as
-    in the replaced class. `weightless`: the replaced class may hold no weight (FLA's elementwise_affine=False)."""
+    """rlnorm's module holding the replaced module's weight Parameter itself. `names`: the replaced class's attribute
+    for each option it has, read off it and kept under that name (the others are rlnorm's defaults there too)."""
 
-    library: str
+    library: str  # whose classes it replaces, for messages
     names: dict[str, str]
-    weightless: bool
+    weightless: bool  # the replaced class may hold no weight (FLA's elementwise_affine=False)
 
     def __init_subclass__(cls, library: str, names: dict[str, str], weightless: bool = False) -> None:
         super().__init_subclass__()
