@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -34,14 +35,9 @@ def torch_delta_rule() -> Iterator[None]:
     from transformers.models.qwen3_next import modeling_qwen3_next as mq
 
     names = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule")  # bound through functools.wraps
-    saved = {name: getattr(mq, name) for name in names}
-    try:
-        for name, fn in saved.items():
-            setattr(mq, name, getattr(fn, "__wrapped__", fn))
+    bound = {name: getattr(mq, name) for name in names}
+    with mock.patch.multiple(mq, **{name: getattr(fn, "__wrapped__", fn) for name, fn in bound.items()}):
         yield
-    finally:
-        for name, fn in saved.items():
-            setattr(mq, name, fn)
 
 
 def transformers_norm(
