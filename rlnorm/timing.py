@@ -177,8 +177,7 @@ def _tensors(out: Any) -> list[tuple[str, Tensor]]:
         return [("y", out)]
     if isinstance(out, tuple):
         return [(n, t) for n, t in zip(("y", "dx", "dz"), out, strict=False) if isinstance(t, Tensor)]
-    names = ("y", "dx", "dz", "dw")
-    return [(n, getattr(out, n)) for n in names if isinstance(getattr(out, n, None), Tensor)]
+    return [(n, getattr(out, n)) for n in ("y", "dx", "dz", "dw") if isinstance(getattr(out, n, None), Tensor)]
 
 
 def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callable[[], None]) -> str:
