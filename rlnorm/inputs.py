@@ -65,8 +65,7 @@ def make_case(
     x = 2 * torch.randn(rows, d, generator=g)
     z = torch.randn(rows, d, generator=g)
     w = 1 + 0.1 * torch.randn(d, generator=g)
-    g_dy = torch.Generator().manual_seed(seed + DY_SEED_OFFSET)
-    dy = torch.randn(rows, d, generator=g_dy)
+    dy = torch.randn(rows, d, generator=torch.Generator().manual_seed(seed + DY_SEED_OFFSET))
     wd = weight_dtype or dtype
     return Case(x.to(dtype).to(device), z.to(dtype).to(device), w.to(wd).to(device), dy.to(dtype).to(device), seed)
 

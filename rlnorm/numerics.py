@@ -109,15 +109,13 @@ def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     if dtype not in _FORMAT:
         raise TypeError(f"dtype: expected bfloat16, float16 or float32, got {dtype}")
     v = values.detach().cpu().numpy()
-    finite = np.isfinite(v)
     has_nan = np.isnan(v).any(0)
     has_pos = (v == np.inf).any(0)
     has_neg = (v == -np.inf).any(0)
-    v = np.where(finite, v, np.float32(0))  # a non-finite value adds nothing to the exact part
+    v = np.where(np.isfinite(v), v, np.float32(0))  # a non-finite value adds nothing to the exact part
     bits = v.view(np.int32).astype(np.int64)
     exp_field = (bits >> 23) & 0xFF
-    mant = bits & 0x7FFFFF
-    mant = np.where(exp_field > 0, mant | 0x800000, mant)
+    mant = (bits & 0x7FFFFF) | np.where(exp_field > 0, 0x800000, 0)  # the implicit one of normals
     shift = np.maximum(exp_field, 1) - 1  # subnormals share the scale of exponent field 1
     signed = np.where(bits < 0, -mant, mant)
     per_exp = np.zeros((255, v.shape[1]), dtype=np.int64)

@@ -8,6 +8,7 @@ graph, which `verify_graph` checks against an eager call. `CpuClock`: the same i
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -97,23 +98,21 @@ class CudaClock(CpuClock):
 
     def __init__(self, device: str = "cuda") -> None:
         self.device = torch.device(device)
-        self._cycles_per_us: float | None = None
 
     def sync(self) -> None:
         torch.cuda.synchronize(self.device)
 
+    @functools.cached_property
     def cycles_per_us(self) -> float:
         """GPU clock cycles per microsecond, measured once with `_sleep` (to size the queue prime)."""
-        if self._cycles_per_us is None:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(1_000_000)  # wake the clocks first
-            cycles = 20_000_000
-            a.record()
-            torch.cuda._sleep(cycles)
-            b.record()
-            self.sync()
-            self._cycles_per_us = cycles / max(1.0, a.elapsed_time(b) * 1e3)
-        return self._cycles_per_us
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)  # wake the clocks first
+        cycles = 20_000_000
+        a.record()
+        torch.cuda._sleep(cycles)
+        b.record()
+        self.sync()
+        return cycles / max(1.0, a.elapsed_time(b) * 1e3)
 
     def events(self, fn: Callable[[], Any], reps: int, warmup: int) -> Timing:
         for _ in range(warmup):
@@ -134,7 +133,7 @@ class CudaClock(CpuClock):
             # the GPU sleeps while the host enqueues the chunk, so each event pair brackets GPU work only
             prime_us = min(MAX_PRIME_US, 3 * n * host_us + 200)
             # at least 2000 cycles/us (H200 boost is 1.98 GHz): a clock calibrated while slow never undersleeps
-            torch.cuda._sleep(int(prime_us * max(self.cycles_per_us(), MIN_CYCLES_PER_US)))
+            torch.cuda._sleep(int(prime_us * max(self.cycles_per_us, MIN_CYCLES_PER_US)))
             mark.record()
             for a, b in ev:
                 a.record()
@@ -168,8 +167,7 @@ class CudaClock(CpuClock):
 
 def describe_error(exc: BaseException) -> str:
     """One line naming an exception: what a skip reason, a record or a capture failure shows."""
-    msg = str(exc).strip().splitlines()
-    first = msg[0] if msg else ""
+    first = next(iter(str(exc).strip().splitlines()), "")
     return f"{type(exc).__name__}: {first}"[:500]
 
 
@@ -179,16 +177,14 @@ def _tensors(out: Any) -> list[tuple[str, Tensor]]:
         return [("y", out)]
     if isinstance(out, tuple):
         return [(n, t) for n, t in zip(("y", "dx", "dz"), out, strict=False) if isinstance(t, Tensor)]
-    names = ("y", "dx", "dz", "dw")
-    return [(n, getattr(out, n)) for n in names if isinstance(getattr(out, n, None), Tensor)]
+    return [(n, getattr(out, n)) for n in ("y", "dx", "dz", "dw") if isinstance(getattr(out, n, None), Tensor)]
 
 
 def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callable[[], None]) -> str:
     """Poison the last captured call's outputs, replay, compare with an eager call: 'bitwise' or 'close';
     GraphMismatch where the replay left an output unwritten or wrote something else."""
     i = len(calls) - 1
-    got = _tensors(cap.outs[i])
-    if not got:
+    if not (got := _tensors(cap.outs[i])):
         raise GraphMismatch("the captured call returned no tensor")
     for _, t in got:
         if t.is_floating_point():

@@ -4,6 +4,7 @@ refuses to run where it cannot rather than skip everything and report success.""
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import conftest
 import pytest
@@ -14,13 +15,6 @@ def test_the_cpu_suite_runs_in_the_interpreter_with_no_gpu_visible() -> None:
     # what every CPU test assumes, on a GPU machine too: a visible GPU would turn the interpreter off
     assert os.environ.get("TRITON_INTERPRET") == "1"
     assert not torch.cuda.is_available()
-
-
-class GpuOption:
-    """A pytest config as `--gpu` makes it, for conftest's own pytest_configure."""
-
-    def getoption(self, name: str) -> bool:
-        return name == "--gpu"
 
 
 @pytest.mark.parametrize(
@@ -35,4 +29,5 @@ def test_gpu_mode_refuses_to_run_where_it_cannot(interpret: str | None, message:
     else:
         monkeypatch.setenv("TRITON_INTERPRET", interpret)
     with pytest.raises(pytest.UsageError, match=message):
-        conftest.pytest_configure(GpuOption())  # type: ignore[arg-type]
+        gpu_option = SimpleNamespace(getoption=lambda name: name == "--gpu")  # a config as `--gpu` makes it
+        conftest.pytest_configure(gpu_option)  # type: ignore[arg-type]

@@ -1,42 +1,32 @@
-"""`python -m rlnorm`: run the reuse check and read what it wrote.
-
-    python -m rlnorm run FILE... [-y YAML] [-p KEY VALUE]... [--name N] [--outputs DIR] [--force]
-                     [--jobs N] [--gpus 0,1,...] [--only K] [--list] [--device D] [--no-progress]
-                     [--require BACKEND=invariant]...
-    python -m rlnorm index RUN... [--out DIR]
-    python -m rlnorm investigate RUN [--backend B] [--check C] [--row R] [--device D]
-    python -m rlnorm compare RUN_A RUN_B
-    python -m rlnorm validate RUN | ARTIFACT.json | PARAMS.yaml
+"""`python -m rlnorm`: run the reuse check and read what it wrote (each command's options: its --help).
 
 Exit status: 0 done; 1 a notebook cell failed (the partial run is placed, the cell named); 2 bad arguments or
 parameters (nothing ran); 3 the run folder exists (pass --force); 4 the run is complete but a backend could not be
 loaded, crashed, timed out or raised in a check; 5 a backend named by --require is not invariant (each named
-with why); 130 interrupted (nothing written). `validate`: 0 valid, 1 invalid (each problem
-named), 2 nothing to read at that path.
+with why); 130 interrupted (nothing written). `validate`: 0 valid, 1 invalid (each problem named), 2 nothing to
+read at that path.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from rlnorm.cli import commands
 from rlnorm.cli.runs import EXIT_INTERRUPTED
 
-
-class _Parser(argparse.ArgumentParser):  # argparse exits 2 (EXIT_USAGE) on a usage error
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(allow_abbrev=False, **kwargs)
+# `--d 256` is refused, not taken for `--device`; argparse exits 2 (EXIT_USAGE) on a usage error
+_Parser = functools.partial(argparse.ArgumentParser, allow_abbrev=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m rlnorm", formatter_class=argparse.RawDescriptionHelpFormatter,
                      description="Check gated-RMSNorm implementations for reuse in RL, and time the rlnorm kernel.",
-                     epilog=__doc__.split("\n\n", 2)[2])  # fmt: skip
+                     epilog=__doc__.split("\n\n", 1)[1])  # fmt: skip
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     devices = ["auto", "cpu", "cuda"]
 
@@ -88,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)  # None: sys.argv[1:]
+        args.argv = list(sys.argv[1:] if argv is None else argv)  # what each run of a matrix is started with
     except SystemExit as exc:
         return int(exc.code or 0)
     # SIGTERM (a CI timeout, a scheduler's kill) unwinds like Ctrl-C: staging folders and kernels are cleaned up

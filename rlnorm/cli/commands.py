@@ -24,11 +24,11 @@ from rlnorm.cli.runs import (
     verdict_status,
     workers,
 )
-from rlnorm.kit.artifact import load_artifact, read_records, write_atomic
+from rlnorm.kit.artifact import load_artifact, write_atomic
 from rlnorm.kit.params import ParamsError, load_params
 from rlnorm.kit.results import RunResult
 from rlnorm.report.compare import digest_table, write_index
-from rlnorm.report.runs import open_run, resolve
+from rlnorm.report.runs import open_run, records_of, resolve
 
 
 def _say(text: str) -> None:
@@ -39,33 +39,18 @@ def _err(text: str) -> None:
     _say(f"error: {text}")
 
 
-def _child_argv(args: argparse.Namespace) -> list[str]:
-    """The arguments a combination's own process gets: the same plan, so `--only K` picks the same run."""
-    out = [*args.files, "--outputs", args.outputs, *(x for key, value in args.parameter for x in ("-p", key, value))]
-    for flag, value in (("-y", args.yaml), ("--name", args.name), ("--device", args.device)):
-        out += [flag, value] if value else []
-    out += [x for r in args.require for x in ("--require", r)]
-    return out + [flag for flag, on in (("--force", args.force), ("--no-progress", args.no_progress)) if on]
-
-
-def _required(specs: list[str]) -> dict[str, str]:
-    """--require BACKEND=STATE, each checked: {backend: state}."""
-    out = {}
-    for spec in specs:
-        key, eq, state = spec.partition("=")
-        if not eq or not key or state not in REQUIRABLE:
-            raise PlanError(f"--require: expected BACKEND=STATE with STATE one of {list(REQUIRABLE)}, got {spec!r}")
-        out[key] = state
-    return out
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     try:
         if not args.files and not args.parameter and not args.yaml:
             raise PlanError("run: give a parameter file (params/quick.yaml) or parameters (-p KEY VALUE / -y YAML)")
         if args.jobs < 1:
             raise PlanError(f"--jobs: expected a positive number, got {args.jobs}")
-        require = _required(args.require)
+        require = {}  # --require BACKEND=STATE, each checked
+        for spec in args.require:
+            key, eq, state = spec.partition("=")
+            if not eq or not key or state not in REQUIRABLE:
+                raise PlanError(f"--require: expected BACKEND=STATE with STATE one of {list(REQUIRABLE)}, got {spec!r}")
+            require[key] = state
         plan = expand(args.files, args.yaml, [tuple(p) for p in args.parameter], outputs=args.outputs, name=args.name,
                       device=args.device, progress=False if args.no_progress else None)  # fmt: skip
         if args.list:
@@ -87,28 +72,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     progress, t0 = not args.no_progress, time.time()
     if len(runs) == 1:
         combo = runs[0]
-        if gpus:  # one run in this process: the notebook's kernel inherits the GPU it is given
+        if gpus and not os.environ.get(MATRIX_CHILD_ENV):  # a matrix's child runs on the GPU its parent gave it
             os.environ["CUDA_VISIBLE_DEVICES"] = gpus[0]
         _say(f"rlnorm: running {combo.source} into {combo.folder}/")
-        outcome = run_one(combo, force=args.force, progress=progress, require=require)
-        written = "written" if outcome.code != EXIT_EXISTS else "not written"
+        code, message = run_one(combo, force=args.force, progress=progress, require=require)
+        written = "written" if code != EXIT_EXISTS else "not written"
         _say(f"rlnorm: {combo.folder}/ {written} in {time.time() - t0:.0f} s")
-        if outcome.message:
-            print(outcome.message, file=sys.stderr if outcome.code else sys.stdout)
-        code = outcome.code
+        if message:
+            print(message, file=sys.stderr if code else sys.stdout)
     else:
         _say(f"rlnorm: {len(runs)} runs, {workers(args.jobs, gpus, len(runs))} at a time")
-        indices = [plan.runs.index(c) for c in runs]
-        outcomes = run_many(runs, indices, _child_argv(args), jobs=args.jobs, gpus=gpus, progress=progress)
-        failed = [o for o in outcomes if o.code]
-        for o in failed:
-            _err(f"{o.combination.label}: exit {o.code} (see its folder {o.combination.folder})")
-        code = exit_status(outcomes)
-        _say(f"rlnorm: {len(runs) - len(failed)} of {len(runs)} runs clean in {time.time() - t0:.0f} s")
+        codes = run_many(runs, args.argv, jobs=args.jobs, gpus=gpus, progress=progress)  # runs is plan.runs
+        for c, code in zip(runs, codes, strict=True):
+            if code:
+                _err(f"{c.label}: exit {code} (see its folder {c.folder})")
+        code = exit_status(codes)
+        _say(f"rlnorm: {codes.count(0)} of {len(runs)} runs clean in {time.time() - t0:.0f} s")
     if args.only is None:
         for base, combos in plan.matrices.items():
-            placed = [c.folder for c in combos if c.folder.is_dir() and any(c.folder.glob("*.json"))]
-            if placed:
+            if placed := [c.folder for c in combos if c.folder.is_dir() and any(c.folder.glob("*.json"))]:
                 index, _ = write_index(placed, base, title=f"{base.name}: {len(placed)} runs")
                 _say(f"rlnorm: index of {len(placed)} runs: {index}")
     elif plan.matrices and not os.environ.get(MATRIX_CHILD_ENV):
@@ -159,10 +141,9 @@ def cmd_investigate(args: argparse.Namespace) -> int:
     run = _open(args.run)
     if run is None or run.folder is None:
         return EXIT_USAGE
-    given = {"backend": args.backend, "check": args.check, "row": args.row}
-    params = {"run": str(run.folder.resolve()), "device": args.device}
-    params |= {k: v for k, v in given.items() if v not in (None, "")}
-    stem = "investigate" + "".join(f"-{v}" for v in (args.backend, args.check, args.row) if v is not None)
+    given = {k: getattr(args, k) for k in ("backend", "check", "row") if getattr(args, k) not in (None, "")}
+    params = {"run": str(run.folder.resolve()), "device": args.device, **given}
+    stem = "-".join(["investigate", *map(str, given.values())])
     stem = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in stem)
     return _page_beside("investigate_rows", params, run.folder, stem, f"rlnorm: rows of {run.folder.name}")
 
@@ -184,16 +165,13 @@ def _folder_problems(run: RunResult) -> list[str]:
     """What a run folder holds that does not agree with its artifact."""
     named = [(rel, run.resolve(rel)) for rel in [run.records, *(run.plots or {}).values()] if rel]
     problems = [f"{rel}: named by the artifact, missing" for rel, at in named if at is None or not at.exists()]
-    records = run.resolve(run.records)
-    if records is not None and records.is_file():
-        try:
-            df = read_records(records)
-        except Exception as exc:
-            problems.append(f"{run.records}: cannot be read: {exc}")
-        else:  # read_records refuses a file that lacks a column
-            strangers = sorted(set(df["backend"]) - set(run.results))
-            if strangers:
-                problems.append(f"{run.records}: rows of backends the artifact does not have: {strangers}")
+    try:
+        records = records_of(run)
+    except Exception as exc:  # a file that lacks a column is refused
+        problems.append(f"{run.records}: cannot be read: {exc}")
+    else:
+        if strangers := sorted(set(records["backend"] if records is not None else ()) - set(run.results)):
+            problems.append(f"{run.records}: rows of backends the artifact does not have: {strangers}")
     for page in ("reuse_check.html", "reuse_check.ipynb") if run.created_at and run.folder is not None else ():
         p = run.folder / page
         if p.is_file() and run.created_at not in p.read_text(encoding="utf-8", errors="replace"):

@@ -19,10 +19,6 @@ from rlnorm.kit.artifact import write_atomic
 from rlnorm.kit.steps import PROGRESS_ENV
 from rlnorm.kit.worker import PLAIN_ENV
 
-# the page template: the lab page with nothing fetched from the network (see its own comment)
-TEMPLATES = PACKAGE_DIR / "cli" / "templates"
-PAGE_TEMPLATE = "rlnorm_page"
-
 
 def notebook_source(name: str) -> Path:
     """The jupytext source of a notebook of this checkout."""
@@ -33,7 +29,7 @@ def notebook_source(name: str) -> Path:
 
 
 @contextlib.contextmanager
-def _echo_progress(path: Path, enabled: bool) -> Iterator[None]:
+def _echo_progress(path: Path) -> Iterator[None]:
     """Copy what the kernel writes to `path` (the run's progress lines) to our stderr while the notebook runs."""
     stop = threading.Event()
 
@@ -46,14 +42,12 @@ def _echo_progress(path: Path, enabled: bool) -> Iterator[None]:
                 sys.stderr.flush()
 
     thread = threading.Thread(target=pump, daemon=True)
-    if enabled:
-        thread.start()
+    thread.start()
     try:
         yield
     finally:
         stop.set()
-        if enabled:
-            thread.join(timeout=5)
+        thread.join(timeout=5)
 
 
 def _engine(started: list[str]) -> str:
@@ -112,8 +106,9 @@ def render_html(executed: Path, html: Path, title: str) -> Path:
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(executed, as_version=4)
-    exporter = HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name=PAGE_TEMPLATE, exclude_input=True,
-                            exclude_input_prompt=True, exclude_output_prompt=True)  # fmt: skip
+    # the lab page with nothing fetched from the network (see the template's own comment)
+    exporter = HTMLExporter(extra_template_basedirs=[str(PACKAGE_DIR / "cli/templates")], template_name="rlnorm_page",
+                            exclude_input=True, exclude_input_prompt=True, exclude_output_prompt=True)  # fmt: skip
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     return write_atomic(html, body)
 
@@ -149,7 +144,8 @@ def execute(notebook: str, params: dict[str, Any], workdir: Path, *, progress: b
     try:
         for lg in quiet:
             lg.setLevel(logging.CRITICAL)
-        with mock.patch.dict(os.environ, kernel_env), _echo_progress(progress_file, progress):
+        echo = _echo_progress(progress_file) if progress else contextlib.nullcontext()
+        with mock.patch.dict(os.environ, kernel_env), echo:
             pm.execute_notebook(str(input_nb), str(executed), parameters=params, kernel_name="python3",
                                 engine_name=_engine(started), progress_bar=False, log_output=False,
                                 cwd=os.getcwd())  # fmt: skip

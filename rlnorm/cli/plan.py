@@ -56,8 +56,7 @@ class Combination:
         p = self.params
         # a matrix file's axis (a list for a one-value key) always differs: the notebook gets this run's value
         base = {**RunParams().as_dict(), **(read_params_file(p.params_file) if p.params_file else {})}
-        given = p.as_dict()
-        differ = {k: v for k, v in given.items() if k not in NOTEBOOK_PARAMETERS and v != base[k]}
+        differ = {k: v for k, v in p.as_dict().items() if k not in NOTEBOOK_PARAMETERS and v != base[k]}
         return {"params_file": p.params_file, "name": p.name, "overwrite": p.overwrite, "overrides": differ}
 
 
@@ -90,8 +89,7 @@ def _merge(files: Sequence[str], yaml_text: str | None, overrides: Sequence[tupl
         if not isinstance(extra, Mapping):
             raise PlanError(f"-y: expected a YAML mapping of parameters, got {type(extra).__name__}")
     extra = {**extra, **{key: parse_value(value) for key, value in overrides}}
-    bad = sorted(k for k in extra if k in CLI_KEYS)
-    if bad:
+    if bad := sorted(k for k in extra if k in CLI_KEYS):
         raise PlanError(f"{', '.join(bad)}: set by the command line (--name, --outputs, --force), not a parameter")
     out = []
     for f in files or [None]:
@@ -139,7 +137,6 @@ def expand(files: Sequence[str], yaml_text: str | None = None, overrides: Sequen
     if errors:
         raise PlanError("invalid run parameters:\n  " + "\n  ".join(dict.fromkeys(errors)))
     folders = [c.folder for c in runs]
-    dup = sorted({str(f) for f in folders if folders.count(f) > 1})
-    if dup:
+    if dup := sorted({str(f) for f in folders if folders.count(f) > 1}):
         raise PlanError(f"two runs would write the same folder: {', '.join(dup)} (give each a different name)")
     return Plan(runs, matrices)

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from subprocess import PIPE, STDOUT
 
 from rlnorm.cli.notebook import execute
@@ -42,17 +41,9 @@ SEVERITY = (EXIT_INTERRUPTED, EXIT_CELL_FAILED, EXIT_EXISTS, EXIT_REQUIRED, EXIT
 REQUIRABLE = ("invariant",)  # what `--require BACKEND=STATE` may ask for
 
 
-@dataclass
-class Outcome:
-    """How one run ended: its exit status, and what to tell about it."""
-
-    combination: Combination
-    code: int
-    message: str = ""
-
-
-def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[str, str] | None = None) -> Outcome:
-    """One run in this process: the notebook executed into a staging folder, placed with its page beside it."""
+def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[str, str]) -> tuple[int, str]:
+    """One run in this process: the notebook executed into a staging folder, placed with its page beside it; its
+    exit status and what to tell about it."""
     run_dir, staging = combo.folder, None
     # Triton runs on CPU tensors only interpreted, GPU or not
     env = {"TRITON_INTERPRET": "1"} if combo.params.resolved_device() == "cpu" else None
@@ -63,7 +54,7 @@ def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[st
                                     title=f"rlnorm reuse check: {run_dir.name}", env=env)  # fmt: skip
         artifact.place(staging, run_dir, overwrite=force)
     except artifact.RunExists as exc:  # there before the run, or placed by another meanwhile: nothing replaced
-        return Outcome(combo, EXIT_EXISTS, str(exc))
+        return EXIT_EXISTS, str(exc)
     except BaseException:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
@@ -74,9 +65,9 @@ def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[st
         # a step after the backends that raised is in the artifact, with every result that stands
         failed = [f"  {f.step}: {f.error}" for f in (run.failed_steps if run else None) or []]
         said = "\n".join(["steps that failed (the artifact holds every other result):", *failed]) if failed else failure
-        return Outcome(combo, EXIT_CELL_FAILED, f"{said}\n  the partial notebook is in {run_dir / executed.name}")
-    code, lines = verdict_status(run, require or {})
-    return Outcome(combo, code, "\n".join(lines))
+        return EXIT_CELL_FAILED, f"{said}\n  the partial notebook is in {run_dir / executed.name}"
+    code, lines = verdict_status(run, require)
+    return code, "\n".join(lines)
 
 
 def verdict_status(run: RunResult | None, require: dict[str, str]) -> tuple[int, list[str]]:
@@ -105,12 +96,12 @@ MATRIX_CHILD_ENV = "RLNORM_MATRIX_CHILD"
 
 
 def _child_command(index: int, argv: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "rlnorm", "run", *argv, "--only", str(index)]
+    return [sys.executable, "-m", "rlnorm", *argv, "--only", str(index)]
 
 
-def run_many(combos: Sequence[Combination], indices: Sequence[int], argv: Sequence[str], *, jobs: int,
-             gpus: Sequence[str], progress: bool) -> list[Outcome]:  # fmt: skip
-    """Each combination as its own `python -m rlnorm run ... --only K` process, at most `jobs` at a time; with
+def run_many(combos: Sequence[Combination], argv: Sequence[str], *, jobs: int, gpus: Sequence[str],
+             progress: bool) -> list[int]:  # fmt: skip
+    """Each combination K as its own `python -m rlnorm ARGV --only K` process, at most `jobs` at a time; with
     `gpus`, each process sees one of them (CUDA_VISIBLE_DEVICES). Lines it prints are prefixed with its label."""
     free: queue.Queue[str] = queue.Queue()
     for gpu in gpus:
@@ -123,8 +114,7 @@ def run_many(combos: Sequence[Combination], indices: Sequence[int], argv: Sequen
         with lock:
             print(text, file=sys.stderr, flush=True)
 
-    def one(item: tuple[Combination, int]) -> Outcome:
-        combo, index = item
+    def one(index: int, combo: Combination) -> int:
         gpu = free.get() if gpus else None
         env = dict(os.environ, **{MATRIX_CHILD_ENV: "1"}, **({"CUDA_VISIBLE_DEVICES": gpu} if gpu is not None else {}))
         say(f"rlnorm: [{combo.label}] starting" + (f" on GPU {gpu}" if gpu is not None else ""))
@@ -141,11 +131,11 @@ def run_many(combos: Sequence[Combination], indices: Sequence[int], argv: Sequen
             free.put(gpu)
         seconds, ended = time.time() - t0, "done" if code == 0 else f"exit {code}"
         say(f"rlnorm: [{next(done)}/{len(combos)}] {combo.label}: {ended} in {seconds:.0f} s")
-        return Outcome(combo, code)
+        return code
 
     pool = ThreadPoolExecutor(max_workers=workers(jobs, gpus, len(combos)))
     try:
-        return list(pool.map(one, zip(combos, indices, strict=True)))
+        return list(pool.map(one, range(len(combos)), combos))
     except BaseException:
         # interrupted: a terminal's Ctrl-C reached every process of the group already; a SIGTERM sent to this one
         # alone did not, so those still running are told, and each unwinds its own staging folder
@@ -169,7 +159,6 @@ def workers(jobs: int, gpus: Sequence[str], total: int) -> int:
     return max(1, min(len(gpus) if gpus else jobs, total))
 
 
-def exit_status(outcomes: Sequence[Outcome]) -> int:
+def exit_status(codes: Sequence[int]) -> int:
     """A batch's exit status: the worst of its runs'."""
-    codes = [o.code for o in outcomes]
     return next((code for code in SEVERITY if code in codes), max(codes, default=0))

@@ -7,8 +7,9 @@ once where transformers rounds three times in bf16 (a third of outputs move 1-2 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from torch import nn
 from rlnorm.kernel.api import RMSNormGated
 from rlnorm.options import ACTIVATIONS
 
-__all__ = ["KNOWN", "QWEN3_NEXT_CLASSES", "GatedNormOptions", "Replaced", "Replacements", "UnsupportedGatedNorm"]
+__all__ = ["KNOWN", "QWEN3_NEXT_CLASSES", "Replaced", "Replacements", "UnsupportedGatedNorm"]
 __all__ += ["RlnormFlaFusedRMSNormGated", "RlnormFlaRMSNormGated", "RlnormQwen3NextRMSNormGated"]
 __all__ += ["apply_rlnorm", "apply_rlnorm_to_qwen3_next"]
 
@@ -25,63 +26,53 @@ class UnsupportedGatedNorm(ValueError):
     """A gated norm rlnorm cannot stand in for with the same meaning (the message names module and option)."""
 
 
-@dataclass(frozen=True)
-class GatedNormOptions:
-    hidden_size: int
-    eps: float
-    group_size: int | None
-    norm_before_gate: bool
-    activation: str
-    weight: nn.Parameter | None  # None: a weight-less module (FLA's elementwise_affine=False)
-
-
 # -- the replacements ---------------------------------------------------------------------------------------------
 class _Replacement(RMSNormGated):
-    """rlnorm's module holding the replaced module's weight Parameter itself."""
+    """rlnorm's module holding the replaced module's weight Parameter itself. `names`: the replaced class's attribute
+    for each option it has, read off it and kept under that name (the others are rlnorm's defaults there too)."""
 
-    source = ""  # the class it replaces, for messages
+    library: str  # whose classes it replaces, for messages
+    names: dict[str, str]
+    weightless: bool  # the replaced class may hold no weight (FLA's elementwise_affine=False)
 
-    def __init__(self, o: GatedNormOptions, where: str = "") -> None:
-        opts = {"eps": o.eps, "group_size": o.group_size, "norm_before_gate": o.norm_before_gate}
-        affine = {} if o.weight is not None else {"elementwise_affine": False}
-        super().__init__(o.hidden_size, **opts, activation=o.activation, **affine)
-        if o.weight is not None:
-            self.weight = o.weight
-        self.where = where  # its name in the model it was put into, for messages
+    def __init_subclass__(cls, library: str, names: dict[str, str], weightless: bool = False) -> None:
+        super().__init_subclass__()
+        cls.library, cls.names, cls.weightless = library, names, weightless
+        for attr, option in names.items():
+            setattr(cls, attr, property(lambda self, option=option: getattr(self.opts, option)))
+
+    def __init__(self, hidden_size: int, weight: nn.Parameter | None, where: str, source: str, **opts: Any) -> None:
+        super().__init__(hidden_size, **opts, elementwise_affine=weight is not None)
+        if weight is not None:
+            self.weight = weight
+        self.where, self.source = where, source  # its name in the model, and the class it replaced
 
 
-def _option(name: str) -> property:  # an attribute of the replaced class, read off the options
-    return property(lambda self: getattr(self.opts, name))
-
-
-class RlnormQwen3NextRMSNormGated(_Replacement):
+class RlnormQwen3NextRMSNormGated(
+    _Replacement, library="transformers", names={"variance_epsilon": "eps", "activation": "activation"}
+):
     """Stands in for transformers' Qwen3NextRMSNormGated (and its Qwen3.5 copies)."""
-
-    source = "Qwen3NextRMSNormGated"
-    variance_epsilon = _option("eps")
-    activation = _option("activation")
 
     def forward(self, hidden_states: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         return super().forward(hidden_states, gate)
 
 
-class RlnormFlaRMSNormGated(_Replacement):
+class RlnormFlaRMSNormGated(
+    _Replacement,
+    library="FLA",
+    names={"eps": "eps", "group_size": "group_size", "norm_before_gate": "norm_before_gate"},
+):
     """Stands in for FLA's layernorm_gated.RMSNormGated (whose defaults are eps 1e-5 and the gate first)."""
 
-    source = "FLA RMSNormGated"
     bias = None
-    eps = _option("eps")
-    group_size = _option("group_size")
-    norm_before_gate = _option("norm_before_gate")
 
 
-class RlnormFlaFusedRMSNormGated(_Replacement):
+class RlnormFlaFusedRMSNormGated(
+    _Replacement, library="FLA", names={"eps": "eps", "activation": "activation"}, weightless=True
+):
     """Stands in for FLA's FusedRMSNormGated; its residual/prenorm form (a residual added inside the kernel) raises."""
 
-    source = "FLA FusedRMSNormGated"
     bias = None
-    eps = _option("eps")
-    activation = _option("activation")
 
     def forward(  # type: ignore[override]
         self,
@@ -94,70 +85,19 @@ class RlnormFlaFusedRMSNormGated(_Replacement):
         if residual is not None or prenorm:
             option = "residual" if residual is not None else "prenorm=True"
             raise UnsupportedGatedNorm(
-                f"{self.where or 'module'} (rlnorm in place of {self.source}): {option} cannot be honoured: rlnorm "
+                f"{self.where} (rlnorm in place of {self.source}): {option} cannot be honoured: rlnorm "
                 "normalises x as given; add the residual to x before the call"
             )
         return super().forward(x, g)
 
 
-# -- reading the replaced module ----------------------------------------------------------------------------------
-def _refuse(where: str, source: str, option: str, why: str) -> UnsupportedGatedNorm:
-    return UnsupportedGatedNorm(f"{where} ({source}): {option} cannot be honoured: {why}")
-
-
-def _weight(mod: nn.Module, where: str, source: str, required: bool = False) -> nn.Parameter | None:
-    w = getattr(mod, "weight", None)
-    if w is None and required:
-        raise _refuse(where, source, "weight=None", f"{source}'s gated norm always multiplies by its weight")
-    if w is not None and (not isinstance(w, nn.Parameter) or w.dim() != 1):
-        raise _refuse(where, source, "weight", f"expected a 1-d nn.Parameter, got {type(w).__name__} {tuple(w.shape)}")
-    return w
-
-
-def _activation(name: object, where: str, source: str) -> str:
-    if not isinstance(name, str) or name not in ACTIVATIONS:
-        raise _refuse(where, source, f"activation={name!r}", f"rlnorm gates with one of {sorted(ACTIVATIONS)}")
-    return ACTIVATIONS[name]
-
-
-# GatedNormOptions(hidden_size, eps, group_size, norm_before_gate, activation, weight) of each known class
-def _read_transformers(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    w = _weight(mod, where, source, required=True)  # its forward normalises, scales, then gates
-    return GatedNormOptions(w.shape[0], mod.variance_epsilon, None, True, _activation(mod.activation, where, source), w)
-
-
-def _no_bias(mod: nn.Module, where: str, source: str) -> None:
-    if getattr(mod, "bias", None) is not None:
-        raise _refuse(where, source, "bias", "rlnorm's norm has no bias")
-
-
-def _read_fla_rmsnorm_gated(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    _no_bias(mod, where, source)  # layernorm_gated gates with silu only
-    w = _weight(mod, where, source, required=True)
-    return GatedNormOptions(w.shape[0], mod.eps, mod.group_size, mod.norm_before_gate, "silu", w)
-
-
-def _read_fla_fused(mod: nn.Module, where: str, source: str) -> GatedNormOptions:
-    _no_bias(mod, where, source)  # fused_norm_gate normalises, scales, then gates
-    activation = _activation(mod.activation, where, source)
-    return GatedNormOptions(mod.hidden_size, mod.eps, None, True, activation, _weight(mod, where, source))
-
-
-@dataclass(frozen=True)
-class _Kind:
-    source: str
-    read: Callable[[nn.Module, str, str], GatedNormOptions]
-    replacement: type[_Replacement]
-
-
-_TRANSFORMERS = _Kind("transformers {}", _read_transformers, RlnormQwen3NextRMSNormGated)
-# (defining module, class name) -> how to replace it. Qwen3.5's gated norms are copies of Qwen3-Next's.
-KNOWN: dict[tuple[str, str], _Kind] = {
-    ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextRMSNormGated"): _TRANSFORMERS,
-    ("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5RMSNormGated"): _TRANSFORMERS,
-    ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeRMSNormGated"): _TRANSFORMERS,
-    ("fla.modules.layernorm_gated", "RMSNormGated"): _Kind("FLA {}", _read_fla_rmsnorm_gated, RlnormFlaRMSNormGated),
-    ("fla.modules.fused_norm_gate", "FusedRMSNormGated"): _Kind("FLA {}", _read_fla_fused, RlnormFlaFusedRMSNormGated),
+# (defining module, class name) -> its replacement. Qwen3.5's gated norms are copies of Qwen3-Next's.
+KNOWN: dict[tuple[str, str], type[_Replacement]] = {
+    ("transformers.models.qwen3_next.modeling_qwen3_next", "Qwen3NextRMSNormGated"): RlnormQwen3NextRMSNormGated,
+    ("transformers.models.qwen3_5.modeling_qwen3_5", "Qwen3_5RMSNormGated"): RlnormQwen3NextRMSNormGated,
+    ("transformers.models.qwen3_5_moe.modeling_qwen3_5_moe", "Qwen3_5MoeRMSNormGated"): RlnormQwen3NextRMSNormGated,
+    ("fla.modules.layernorm_gated", "RMSNormGated"): RlnormFlaRMSNormGated,
+    ("fla.modules.fused_norm_gate", "FusedRMSNormGated"): RlnormFlaFusedRMSNormGated,
 }
 
 
@@ -169,27 +109,36 @@ def _known_base(mod: nn.Module, names: Collection[str] | None) -> type | None:
 
 
 def _build(mod: nn.Module, base: type, where: str) -> _Replacement:
-    kind = KNOWN[(base.__module__, base.__qualname__)]
-    source = kind.source.format(base.__qualname__)
+    replacement = KNOWN[(base.__module__, base.__qualname__)]
+    source = f"{replacement.library} {base.__qualname__}"
+
+    def refuse(option: str, why: str) -> UnsupportedGatedNorm:
+        return UnsupportedGatedNorm(f"{where} ({source}): {option} cannot be honoured: {why}")
+
     if type(mod).forward is not base.forward:
-        option = f"{type(mod).__qualname__}.forward"
-        raise _refuse(where, source, option, "it overrides the forward rlnorm stands in for")
+        raise refuse(f"{type(mod).__qualname__}.forward", "it overrides the forward rlnorm stands in for")
     # what swapping would silently drop: a forward replaced on the instance, hooks
-    kinds = ("forward", "forward_pre", "backward", "backward_pre")
-    hooks = [f"{k}_hooks" for k in kinds if getattr(mod, f"_{k}_hooks", None)]
     if "forward" in vars(mod):
         why = "its forward was replaced on the instance (accelerate's hooks, another kernel library)"
-        raise _refuse(where, source, "the module itself", why)
-    if hooks:
+        raise refuse("the module itself", why)
+    kinds = ("forward", "forward_pre", "backward", "backward_pre")
+    if hooks := [f"{k}_hooks" for k in kinds if getattr(mod, f"_{k}_hooks", None)]:
         why = f"it has {', '.join(hooks)} (FSDP, DDP or a user's): apply rlnorm before them"
-        raise _refuse(where, source, "the module itself", why)
-    o = kind.read(mod, where, source)
+        raise refuse("the module itself", why)
+    if getattr(mod, "bias", None) is not None:
+        raise refuse("bias", "rlnorm's norm has no bias")
+    w = getattr(mod, "weight", None)
+    if w is None and not replacement.weightless:
+        raise refuse("weight=None", f"{source}'s gated norm always multiplies by its weight")
+    if w is not None and (not isinstance(w, nn.Parameter) or w.dim() != 1):
+        raise refuse("weight", f"expected a 1-d nn.Parameter, got {type(w).__name__} {tuple(w.shape)}")
+    opts = {option: getattr(mod, attr) for attr, option in replacement.names.items()}
+    if not isinstance(activation := opts.get("activation", "silu"), str) or activation not in ACTIVATIONS:
+        raise refuse(f"activation={activation!r}", f"rlnorm gates with one of {sorted(ACTIVATIONS)}")
     try:
-        rep = kind.replacement(o, where)
+        return replacement(mod.hidden_size if w is None else w.shape[0], w, where, source, **opts)
     except (ValueError, TypeError) as exc:  # rlnorm's own validation names the option (eps, group_size, width)
         raise UnsupportedGatedNorm(f"{where} ({source}): rlnorm cannot honour it: {exc}") from exc
-    rep.source = source
-    return rep
 
 
 # -- applying and undoing -----------------------------------------------------------------------------------------
@@ -267,8 +216,7 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
     skipped: list[tuple[str, str]] = []
     for parent_name, parent in model.named_modules(remove_duplicate=False):
         for attr, child in parent.named_children():
-            base = _known_base(child, only)
-            if base is None:
+            if (base := _known_base(child, only)) is None:
                 continue
             where = f"{parent_name}.{attr}" if parent_name else attr
             if id(child) not in built:
@@ -278,8 +226,7 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
                     if strict:
                         raise
                     built[id(child)] = str(exc)
-            rep = built[id(child)]
-            if isinstance(rep, str):
+            if isinstance(rep := built[id(child)], str):
                 skipped.append((where, rep))
             else:
                 items.append(Replaced(where, rep.source, child, rep))

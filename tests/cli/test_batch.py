@@ -24,12 +24,6 @@ pytestmark = pytest.mark.slow
 FAST = {**TINY_SIZES, "device": "cpu", "backends": ["reference"], "checks": KIT_CHECKS}  # no gates: seconds a run
 
 
-def rlnorm(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rlnorm", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, **kw
-    )
-
-
 def params_file(tmp_path: Path, stem: str, **values: object) -> str:
     f = tmp_path / f"{stem}.yaml"
     f.write_text(yaml.safe_dump({**FAST, **values}, sort_keys=False))
@@ -38,7 +32,9 @@ def params_file(tmp_path: Path, stem: str, **values: object) -> str:
 
 def test_a_matrix_runs_its_combinations_in_parallel_and_its_index_is_rebuilt_from_the_folders(tmp_path: Path) -> None:
     f = params_file(tmp_path, "grid", checks=ROW_CHECKS)  # accuracy_latency only times
-    proc = rlnorm("run", f, "-p", "activation", "[silu, sigmoid]", "--outputs", str(tmp_path / "o"), "--jobs", "2")
+    out = str(tmp_path / "o")
+    run = [sys.executable, "-m", "rlnorm", "run", f, "-p", "activation", "[silu, sigmoid]", "--jobs", "2"]
+    proc = subprocess.run([*run, "--outputs", out], cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     grid = tmp_path / "o" / "grid"
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = sorted(p.name for p in grid.iterdir() if p.is_dir())

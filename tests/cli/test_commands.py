@@ -72,28 +72,16 @@ def test_refuses_to_overwrite_an_existing_run(tmp_path: Path, outputs_dir: Path,
     assert sorted(p.name for p in outputs_dir.iterdir()) == ["tiny"]
 
 
-def test_bad_parameters_stop_before_any_work(tmp_path: Path, outputs_dir: Path, capsys) -> None:
-    rc = cli.main(["run", str(_params(tmp_path, coverge="all", progress=3)), "--outputs", str(outputs_dir)])
-    err = capsys.readouterr().err
-    assert rc == runs.EXIT_USAGE
-    assert "coverge: unknown parameter (did you mean 'coverage'?)" in err and "progress: expected a bool" in err
-    assert not any(outputs_dir.iterdir())
-
-
 def test_a_run_places_a_readable_folder_with_an_offline_page(
     toy_notebook: Path, tmp_path: Path, outputs_dir: Path, monkeypatch: pytest.MonkeyPatch, capfd
 ) -> None:
     """Triton interpreted on a CPU run, the CLI's environment restored, files readable, no staging folder left, the
     kernel over IPC (no TCP warning), and a page without the code that loads nothing from a URL (read offline)."""
-    import torch
-
     toy_notebook.write_text(toy_notebook.read_text() + "\n# %% [markdown]\n# Some math: $x^2$ and a\n")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     assert cli.main(["run", str(_params(tmp_path)), "--outputs", str(outputs_dir), "--no-progress"]) == 0
     run_dir = outputs_dir / "tiny"
-    assert (run_dir / "result.txt").read_text().startswith("tiny TRITON_INTERPRET=")
-    if not torch.cuda.is_available():
-        assert (run_dir / "result.txt").read_text() == "tiny TRITON_INTERPRET=1"
+    assert (run_dir / "result.txt").read_text() == "tiny TRITON_INTERPRET=1"  # the CPU suite sees no GPU
     assert "TRITON_INTERPRET" not in os.environ, "the CLI restores its own environment"
     assert sorted(p.name for p in run_dir.iterdir()) == ["result.txt", "reuse_check.html", "reuse_check.ipynb"]
     modes = {p.name: p.stat().st_mode & 0o777 for p in [run_dir, *run_dir.iterdir()]}
@@ -174,8 +162,8 @@ def test_a_run_that_appears_meanwhile_is_not_replaced(
 
     monkeypatch.setattr(cli_notebook, "render_html", render_then_race)
     (run,) = expand([str(_params(outputs_dir.parent))], outputs=outputs_dir).runs
-    out = runs.run_one(run, force=False, progress=False)
-    assert out.code == runs.EXIT_EXISTS and "appeared while this run was going" in out.message
+    code, message = runs.run_one(run, force=False, progress=False, require={})
+    assert code == runs.EXIT_EXISTS and "appeared while this run was going" in message
     assert (run_dir / "first.txt").read_text() == "first"
     staged = [p for p in outputs_dir.iterdir() if p.name.startswith(".tiny.partial-")]
     assert len(staged) == 1 and (staged[0] / "result.txt").exists()

@@ -41,13 +41,14 @@ def test_a_list_for_a_one_value_key_is_a_matrix(tmp_path: Path) -> None:
     assert combination_name({"weight_dtype": "float32", "group_size": None}) == "weight_dtype-float32_group_size-null"
 
 
-def test_every_problem_of_every_combination_is_named_at_once(tmp_path: Path) -> None:
-    bad = _file(tmp_path, "bad", d=[128, "wide"], coverge="all", device="gpu")
-    with pytest.raises(PlanError) as err:
-        expand([bad], outputs=tmp_path / "o")
-    text = str(err.value)
-    for expected in ("coverge: unknown parameter", "device: expected one of", "(d-wide): d: expected an int"):
-        assert expected in text, text
+def test_every_problem_of_every_run_is_named_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = _file(tmp_path, "bad", d=[128, "wide"], coverge="all", device="gpu", progress=3)
+    assert main(["run", bad, "--outputs", str(tmp_path / "o")]) == EXIT_USAGE
+    err = capsys.readouterr().err
+    for expected in ("coverge: unknown parameter (did you mean 'coverage'?)", "progress: expected a bool",
+                     "device: expected one of", "(d-wide): d: expected an int"):  # fmt: skip
+        assert expected in err, err
+    assert not (tmp_path / "o").exists(), "nothing ran"
 
 
 @pytest.mark.parametrize("key", ["output_dir", "staging_dir", "params_file", "overwrite"])
@@ -64,13 +65,7 @@ def test_runs_that_would_share_a_folder_are_refused(tmp_path: Path) -> None:
         expand([_file(tmp_path, d=[])])
 
 
-def test_no_option_is_abbreviated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """`--d 256` is not `--device 256`: an unknown option is refused, not guessed."""
-    assert main(["run", _file(tmp_path), "--d", "256"]) == EXIT_USAGE
-    assert "unrecognized arguments: --d 256" in capsys.readouterr().err
-
-
-def test_list_and_only_name_the_combinations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_only_and_no_guessed_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     f = _file(tmp_path, "grid", d=[128, 256], weight_dtype=["bfloat16", "float32"])
     assert main(["run", f, "--outputs", str(tmp_path / "o"), "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -78,6 +73,8 @@ def test_list_and_only_name_the_combinations(tmp_path: Path, capsys: pytest.Capt
     assert lines[3].split("\t")[1].endswith("d-256_weight_dtype-float32")
     assert main(["run", f, "--only", "4"]) == EXIT_USAGE
     assert "--only: expected 0..3" in capsys.readouterr().err
+    assert main(["run", f, "--d", "256"]) == EXIT_USAGE  # not `--device 256`: refused, not guessed
+    assert "unrecognized arguments: --d 256" in capsys.readouterr().err
     assert not (tmp_path / "o").exists(), "nothing ran"
 
 
