@@ -176,6 +176,8 @@ print("RESULT " + json.dumps(out))
 def test_real_vllm_runs_forward_cuda_under_the_interpreter_here_and_not_without_the_set_up(real: VllmBackend) -> None:
     ok, why = real.available("cpu")
     assert (ok, why) == (True, "")
+    ok, why = real.available("bogus:0")  # the device is what is wrong, not vLLM's import
+    assert not ok and why.startswith("device 'bogus:0' is not a torch device")
     p = real.last_probe
     assert p is not None and p["stage"] == "ok" and p["output_shape"] == [3, 128]
     # the adapter really imported vLLM's class and constructed it under a vLLM config ...

@@ -149,7 +149,10 @@ def test_a_device_error_leaves_the_next_backend_intact(tmp_path: Path) -> None:
     bad, ref = run.result.results[DEVICE_ERROR], run.result.results[EXACT]
     assert bad.status == "crashed" and bad.crash.cause.startswith("device error:")
     assert "illegal memory access" in bad.crash.cause and bad.crash.check == "accuracy_latency"
-    assert ref.status == "ran" and ref.batch_invariance.batch_invariant is True and not ref.errors
+    # its bits, not its verdict: on a GPU the verdict also weighs torch's launch shapes, which change with the rows
+    sizes = ref.batch_invariance.all_rows.sizes.values()
+    assert ref.status == "ran" and not ref.errors and sizes
+    assert all(s.fwd_differ == 0 and s.rowgrad_differ == 0 for s in sizes)
     assert device_lost("cuda") is None
 
 

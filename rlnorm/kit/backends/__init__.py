@@ -87,7 +87,7 @@ def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
-def _device_reason(device: str) -> str | None:
+def device_reason(device: str) -> str | None:
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
@@ -140,7 +140,7 @@ class Backend:
         return cache[device]
 
     def _probe(self, device: str) -> tuple[bool, str]:
-        reason = _device_reason(device) or self._import_reason()
+        reason = device_reason(device) or self._import_reason()
         if reason:
             return False, reason
         ok, why = self.supports(OpOptions())

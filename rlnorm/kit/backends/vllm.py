@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import BackendUnavailable, describe_error, dist_version
+from rlnorm.kit.backends import BackendUnavailable, describe_error, device_reason, dist_version
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.process import run_child
@@ -221,7 +221,8 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
     def _probe(self, device: str) -> tuple[bool, str]:
         if self.plan != "imported":  # the files, or nothing: nothing is imported, so the tiny run happens here
             return super()._probe(device)
-        reason = reason_from_probe(self._probe_child(device), self.version)
+        # a bad device is the caller's error, not vLLM's: say so before a child blames the import
+        reason = device_reason(device) or reason_from_probe(self._probe_child(device), self.version)
         return (False, reason) if reason else (True, "")
 
     def _load(self) -> Any:
