@@ -148,7 +148,7 @@ def test_an_older_trainer_sampler_summary_reads_as_its_two_pairs(tmp_path: Path)
     assert run_from_doc({**doc, "trainer_sampler": None}).stack_pairs is None  # the check did not run
     published = art.load_artifact(REPO_ROOT / "outputs/h200-full/rms_norm_gated_reuse_check.json")
     assert [p.status for p in published.stack_pairs.pairs] == ["error", "error"]  # its check raised
-    both = load_run(REPO_ROOT / "outputs/h100-full/kernels").stack_pairs.pairs  # pairs and the old
+    both = load_run(REPO_ROOT / "outputs/h100-full/stacks").stack_pairs.pairs  # pairs and the old
     names = [p.name for p in both]
     assert len(names) == len(set(names)) == 11 and {"rlnorm_patched", "stock_unpatched"} <= set(names)
 
