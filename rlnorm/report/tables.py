@@ -260,17 +260,11 @@ def stack_pairs_table(run: RunResult) -> pd.DataFrame | str:
     out = []
     for p in table.pairs:
         ran = p.status == "ran"
-        out.append({
-            "pair": p.name,
-            "stack": p.stack or "",
-            "model": p.model or "",
-            "trainer": p.trainer_source or p.trainer or "",
-            "sampler": p.sampler_source or p.sampler or "",
-            "bitwise equal": p.bitwise_equal if ran else "",
-            "elements differ": f"{p.elements_differ} / {n}" if ran else "",
-            "max ulp": p.max_ulp if ran else "",
-            "status": p.status if ran else f"{p.status}: {p.reason}",
-            "trainer chosen at": p.trainer_where or "",
-            "sampler chosen at": p.sampler_where or "",
-        })  # fmt: skip
+        out.append({"pair": p.name, "stack": p.stack or "", "model": p.model or "",
+                    "trainer": p.trainer_source or p.trainer or "", "sampler": p.sampler_source or p.sampler or "",
+                    "bitwise equal": p.bitwise_equal if ran else "",
+                    "elements differ": f"{p.elements_differ} / {n}" if ran else "", "max ulp": p.max_ulp if ran else "",
+                    "status": p.status if ran else f"{p.status}: {p.reason}",
+                    "trainer chosen at": p.trainer_where or "",
+                    "sampler chosen at": p.sampler_where or ""})  # fmt: skip
     return pd.DataFrame(out).set_index("pair") if out else "no pairs"
