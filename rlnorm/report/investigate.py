@@ -444,11 +444,9 @@ def crash_batch(run: RunResult, backend: str) -> RebuiltCase:
     return rebuild_case(r.crash.rebuild)
 
 
-def reproduce_crash(run: RunResult, backend: str, device: str | None = None,
-                    timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
+def reproduce_crash(run: RunResult, backend: str, device: str | None = None) -> dict[str, Any]:
     """Give the crashed backend the batch it died on again, in a process of its own, and say how that process ended."""
-    crash_batch(run, backend)  # the same clear errors before any process starts
-    return run_batch(backend, run.results[backend].crash.rebuild, device or default_device(), timeout_s)  # type: ignore[union-attr]
+    return run_batch(backend, crash_batch(run, backend).spec, device or default_device())
 
 
 def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None, run: RunResult | None = None) -> Figure:
