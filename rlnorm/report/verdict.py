@@ -9,7 +9,7 @@ from enum import Enum
 
 import pandas as pd
 
-from rlnorm.kit.checks.common import BY_CONSTRUCTION, INVARIANT, differing_pairs, uncleared
+from rlnorm.kit.checks.common import BY_CONSTRUCTION, INVARIANCE_CHECKS, INVARIANT, differing_pairs, uncleared
 from rlnorm.kit.process import describe_exit
 from rlnorm.kit.results import BackendResult, Configurations, Crash, Gate, Launches, RunResult
 
@@ -31,7 +31,7 @@ class State(Enum):
 _COLORS = ("#a5d6a7", "#ef9a9a", "#f48fb1", "#fff59d", "#e0e0e0", "#eeeeee", "#ffe0b2", "#ce93d8", "#ffcc80")
 STATE_COLORS = dict(zip(State, _COLORS, strict=True))
 ROW_CHECKS = ("all_rows", "full_vs_sub_batches", "batch_size_sweep")
-INVARIANCE = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
+INVARIANCE = INVARIANCE_CHECKS  # the worker's batch-invariance checks, in its order
 LAUNCH = ("launch", "configurations")  # what the launches were, and every configuration run against the others
 CHECKS = (*INVARIANCE, *LAUNCH, "forward_gate", "gradient_gate", "correctly_rounded")
 COLUMNS = (*CHECKS, "batch_invariant")  # the checks, then the overall verdict
