@@ -120,8 +120,7 @@ def launch_markdown(run: RunResult) -> str:
     """Per backend, each kernel whose launch changes with the row count and the evidence ('' when none does)."""
     out = []
     for key, v in run_verdicts(run).items():
-        lines = launch_lines(run.results[key])
-        if lines:
+        if lines := launch_lines(run.results[key]):
             out.append(f"- **{key}**: " + "; ".join("`{}` {}".format(*line.split(" ", 1)) for line in lines))
         elif v.checks["launch"].state is State.PASSED:  # one configuration per kernel
             out.append(f"- **{key}**: {v.checks['launch'].detail}")
@@ -238,8 +237,7 @@ def environment_table(run: RunResult) -> pd.DataFrame:
     libs = run.libraries
     rows = [{"what": k, "value": _text(v)} for k, v in env.items()]
     rows += [{"what": name, "value": version} for name, version in libs.items() if version]
-    missing = [name for name, version in libs.items() if not version]
-    if missing:
+    if missing := [name for name, version in libs.items() if not version]:
         rows.append({"what": "not installed", "value": ", ".join(missing)})
     return pd.DataFrame(rows).set_index("what")
 
