@@ -423,12 +423,9 @@ def crashed_backends(run: RunResult) -> list[str]:
 
 def crash_table(run: RunResult) -> pd.DataFrame:
     """One line per crashed or timed-out backend: the cause, the check and batch it was on, what it finished."""
-    rows = []
-    for key in crashed_backends(run):
-        c = run.results[key].crash
-        rows.append({"backend": key, "status": run.results[key].status,
-                     **{k: getattr(c, k) for k in ("cause", "check", "batch_size")},
-                     "finished": ", ".join(c.finished_checks), "seconds": c.seconds})  # fmt: skip
+    rows = [{"backend": k, "status": r.status, **{f: getattr(r.crash, f) for f in ("cause", "check", "batch_size")},
+             "finished": ", ".join(r.crash.finished_checks), "seconds": r.crash.seconds}
+            for k, r in run.results.items() if r.crash is not None]  # fmt: skip
     return pd.DataFrame(rows)
 
 
