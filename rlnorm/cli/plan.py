@@ -1,7 +1,6 @@
 """From parameter files and overrides to the runs they ask for, in papermill's order: each FILE, then `-y` (a YAML
 mapping), then `-p KEY VALUE` (its value read as YAML). A list for a key that takes one value makes a matrix: one
-run per combination, each in `outputs/NAME/<combination>/`.
-"""
+run per combination, each in `outputs/NAME/<combination>/`."""
 
 from __future__ import annotations
 

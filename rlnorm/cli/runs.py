@@ -1,6 +1,5 @@
 """Running reuse checks from the command line: one run in this process, several as independent processes
-(`python -m rlnorm run FILE --only K`, the command a scheduler's array task runs), at most N at a time.
-"""
+(`python -m rlnorm run FILE --only K`, the command a scheduler's array task runs), at most N at a time."""
 
 from __future__ import annotations
 

@@ -48,11 +48,9 @@ class Comparison:
 
     def changes_markdown(self) -> str:
         """What changed: first whether the runs computed the same op, then each change."""
-        lines = []
-        if self.different_ops:
-            lines.append(f"**These runs computed different ops** ({'; '.join(self.different_ops)}): read what "
-                         "follows as two separate results, not as a change of one.\n")  # fmt: skip
-        return "\n".join(lines + ([f"- {c}" for c in self.changes] or ["*Nothing changed.*"]))
+        ops = [f"**These runs computed different ops** ({'; '.join(self.different_ops)}): read what follows as two "
+               "separate results, not as a change of one.\n"] if self.different_ops else []  # fmt: skip
+        return "\n".join(ops + ([f"- {c}" for c in self.changes] or ["*Nothing changed.*"]))
 
 
 def _keys(a: RunResult, b: RunResult) -> list[str]:

@@ -31,18 +31,23 @@ ULP_COLUMNS = ("ulp_batch_vs_compared", "ulp_batch_vs_alone", "ulp_alone_vs_cr",
                "ulp_compared_vs_cr")  # fmt: skip
 
 
-def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str | None = None,
-                   run: RunResult | None = None) -> pd.DataFrame:  # fmt: skip
-    """The kept records of one backend and check (defaults: the first with a differing row), row-level first; `attrs`
-    name the backend, the check and the `counts` sentence."""
+def rows_or_reason(records: pd.DataFrame | None, run: RunResult, backend: str | None,
+                   check: str | None) -> tuple[pd.DataFrame | None, str]:  # fmt: skip
+    """The kept records of one backend and check (defaults: the first with a differing row), row-level first, and
+    the sentence that counts them (also in `attrs`, with the backend and check); or None and why there are none."""
+    if records is None:
+        return None, "**This artifact has no per-row records** (the reference report, for one, kept only counts)."
+    if backend in crashed_backends(run) and backend not in set(records["backend"]):
+        return None, f"**{backend}** recorded no differing row before its process died: see its trail above."
+    nothing = "**Nothing to drill into:**"
     if records.empty:
-        raise ValueError("records: this run recorded no differing rows (every check passed, or none ran)")
+        return None, f"{nothing} records: this run recorded no differing rows (every check passed, or none ran)."
     sel = records
     for name, value in (("backend", backend), ("check", check)):
         if value is not None and value not in set(sel[name]):
             where = f" for {backend or 'any backend'}" if name == "check" else ""
-            with_some = [str(v) for v in dict.fromkeys(sel[name])]
-            raise ValueError(f"{name}: {value!r} has no differing rows{where}; {name}s with some: {with_some}")
+            some = [str(v) for v in dict.fromkeys(sel[name])]
+            return None, f"{nothing} {name}: {value!r} has no differing rows{where}; {name}s with some: {some}."
         sel = sel if value is None else sel[sel[name] == value]
     row_level = sel[sel["tensor"].isin(ROW_TENSORS)]  # prefer a record that names a row over a dweight one
     first = (row_level if not row_level.empty else sel).iloc[0]
@@ -50,21 +55,7 @@ def differing_rows(records: pd.DataFrame, backend: str | None = None, check: str
     sel = records[(records["backend"] == b) & (records["check"] == c)]
     sel = sel.sort_values("tensor", key=lambda t: ~t.isin(ROW_TENSORS), kind="stable").reset_index(drop=True)
     sel.attrs.update(backend=b, check=c, counts=counts_sentence(run, b, c, len(sel)))
-    return sel
-
-
-def rows_or_reason(records: pd.DataFrame | None, run: RunResult, backend: str | None,
-                   check: str | None) -> tuple[pd.DataFrame | None, str]:  # fmt: skip
-    """The chosen backend's differing rows and the sentence that counts them, or None and why there are none."""
-    if records is None:
-        return None, "**This artifact has no per-row records** (the reference report, for one, kept only counts)."
-    if backend in crashed_backends(run) and backend not in set(records["backend"]):
-        return None, f"**{backend}** recorded no differing row before its process died: see its trail above."
-    try:
-        table = differing_rows(records, backend, check, run)
-    except ValueError as exc:  # none at all, or none for the backend or check asked for: which have some
-        return None, f"**Nothing to drill into:** {exc}."
-    return table, f"**{table.attrs['backend']}**: {table.attrs['counts']}"
+    return sel, f"**{b}**: {sel.attrs['counts']}"
 
 
 def pick_row(table: pd.DataFrame, row: int | None, row_index: int = 0) -> int:
@@ -81,10 +72,10 @@ def pick_row(table: pd.DataFrame, row: int | None, row_index: int = 0) -> int:
     return row_index
 
 
-def counts_sentence(run: RunResult | None, backend: str, check: str, kept: int) -> str:
+def counts_sentence(run: RunResult, backend: str, check: str, kept: int) -> str:
     """'all_rows (row in its batch vs the row alone): y differs in 3 ...; 5 of 6 records kept'."""
     what = f"{check} ({COMPARES[check]})" if check in COMPARES else check
-    result = None if run is None else run.results.get(backend)
+    result = run.results.get(backend)
     counted = backend_verdict(backend, result).checks[check].counts if result and check in ROW_CHECKS else None
     if counted is None:  # no counts to read: how many were not kept is unknown, and not said
         return f"{what}: {records_line(kept, None)}"
@@ -330,8 +321,6 @@ def diagnose(backend: Any, side: Case, position: int, opts: OpOptions, tensor: s
 def explain_dweight(record: Mapping[str, Any] | pd.Series, device: str | None = None) -> RowExplanation:
     """A dweight record: the same batch run twice, column by column, against the fp64 dweight rounded once."""
     rec, rb, backend, device = _setup(record, device)
-    if str(rec["tensor"]) != "dweight":
-        raise ValueError(f"record: tensor {rec['tensor']!r} is per row; use explain_row")
     batch, name = rb.batch, rec["backend"]
     ok, why = backend.available(device)
     if not ok:
@@ -434,12 +423,9 @@ def crashed_backends(run: RunResult) -> list[str]:
 
 def crash_table(run: RunResult) -> pd.DataFrame:
     """One line per crashed or timed-out backend: the cause, the check and batch it was on, what it finished."""
-    rows = []
-    for key in crashed_backends(run):
-        c = run.results[key].crash
-        rows.append({"backend": key, "status": run.results[key].status,
-                     **{k: getattr(c, k) for k in ("cause", "check", "batch_size")},
-                     "finished": ", ".join(c.finished_checks), "seconds": c.seconds})  # fmt: skip
+    rows = [{"backend": k, "status": r.status, **{f: getattr(r.crash, f) for f in ("cause", "check", "batch_size")},
+             "finished": ", ".join(r.crash.finished_checks), "seconds": r.crash.seconds}
+            for k, r in run.results.items() if r.crash is not None]  # fmt: skip
     return pd.DataFrame(rows)
 
 
@@ -455,11 +441,9 @@ def crash_batch(run: RunResult, backend: str) -> RebuiltCase:
     return rebuild_case(r.crash.rebuild)
 
 
-def reproduce_crash(run: RunResult, backend: str, device: str | None = None,
-                    timeout_s: float = 600.0) -> dict[str, Any]:  # fmt: skip
+def reproduce_crash(run: RunResult, backend: str, device: str | None = None) -> dict[str, Any]:
     """Give the crashed backend the batch it died on again, in a process of its own, and say how that process ended."""
-    crash_batch(run, backend)  # the same clear errors before any process starts
-    return run_batch(backend, run.results[backend].crash.rebuild, device or default_device(), timeout_s)  # type: ignore[union-attr]
+    return run_batch(backend, crash_batch(run, backend).spec, device or default_device())
 
 
 def plot_row(expl: RowExplanation, records: pd.DataFrame | None = None, run: RunResult | None = None) -> Figure:

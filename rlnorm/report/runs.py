@@ -44,8 +44,7 @@ def latest_run() -> Path:
     notebooks/), then the checkout's outputs/."""
     roots = [Path("outputs"), Path("..") / "outputs", *([CHECKOUT / "outputs"] if CHECKOUT is not None else [])]
     for r in roots:
-        folders = [p for p in r.glob("*") if p.is_dir() and any(p.glob("*.json"))]
-        if folders:
+        if folders := [p for p in r.glob("*") if p.is_dir() and any(p.glob("*.json"))]:
             return max(folders, key=lambda p: p.stat().st_mtime)
     looked = ", ".join(str(r.resolve()) for r in roots)
     raise ValueError(f"run: no run folder with an artifact under {looked}; pass run=PATH")
@@ -74,6 +73,5 @@ def check_parameters(namespace: Mapping[str, Any], before: Iterable[str], declar
     """Stop a notebook on a parameter it does not declare: papermill injects unknown names and only warns, so a
     misspelt `row_idx=3` would silently explain row 0 instead."""
     skip = {"In", "Out", "exit", "quit", "get_ipython"}
-    unknown = sorted(n for n in set(namespace) - set(before) - set(declared) - skip if not n.startswith("_"))
-    if unknown:
+    if unknown := sorted(n for n in set(namespace) - set(before) - set(declared) - skip if not n.startswith("_")):
         raise ValueError(f"parameters: unknown {unknown}; this notebook takes {sorted(declared)}")

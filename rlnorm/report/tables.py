@@ -120,8 +120,7 @@ def launch_markdown(run: RunResult) -> str:
     """Per backend, each kernel whose launch changes with the row count and the evidence ('' when none does)."""
     out = []
     for key, v in run_verdicts(run).items():
-        lines = launch_lines(run.results[key])
-        if lines:
+        if lines := launch_lines(run.results[key]):
             out.append(f"- **{key}**: " + "; ".join("`{}` {}".format(*line.split(" ", 1)) for line in lines))
         elif v.checks["launch"].state is State.PASSED:  # one configuration per kernel
             out.append(f"- **{key}**: {v.checks['launch'].detail}")
@@ -238,8 +237,7 @@ def environment_table(run: RunResult) -> pd.DataFrame:
     libs = run.libraries
     rows = [{"what": k, "value": _text(v)} for k, v in env.items()]
     rows += [{"what": name, "value": version} for name, version in libs.items() if version]
-    missing = [name for name, version in libs.items() if not version]
-    if missing:
+    if missing := [name for name, version in libs.items() if not version]:
         rows.append({"what": "not installed", "value": ", ".join(missing)})
     return pd.DataFrame(rows).set_index("what")
 
@@ -260,17 +258,11 @@ def stack_pairs_table(run: RunResult) -> pd.DataFrame | str:
     out = []
     for p in table.pairs:
         ran = p.status == "ran"
-        out.append({
-            "pair": p.name,
-            "stack": p.stack or "",
-            "model": p.model or "",
-            "trainer": p.trainer_source or p.trainer or "",
-            "sampler": p.sampler_source or p.sampler or "",
-            "bitwise equal": p.bitwise_equal if ran else "",
-            "elements differ": f"{p.elements_differ} / {n}" if ran else "",
-            "max ulp": p.max_ulp if ran else "",
-            "status": p.status if ran else f"{p.status}: {p.reason}",
-            "trainer chosen at": p.trainer_where or "",
-            "sampler chosen at": p.sampler_where or "",
-        })  # fmt: skip
+        out.append({"pair": p.name, "stack": p.stack or "", "model": p.model or "",
+                    "trainer": p.trainer_source or p.trainer or "", "sampler": p.sampler_source or p.sampler or "",
+                    "bitwise equal": p.bitwise_equal if ran else "",
+                    "elements differ": f"{p.elements_differ} / {n}" if ran else "", "max ulp": p.max_ulp if ran else "",
+                    "status": p.status if ran else f"{p.status}: {p.reason}",
+                    "trainer chosen at": p.trainer_where or "",
+                    "sampler chosen at": p.sampler_where or ""})  # fmt: skip
     return pd.DataFrame(out).set_index("pair") if out else "no pairs"

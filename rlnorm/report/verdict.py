@@ -9,7 +9,7 @@ from enum import Enum
 
 import pandas as pd
 
-from rlnorm.kit.checks.common import BY_CONSTRUCTION, INVARIANT, differing_pairs, uncleared
+from rlnorm.kit.checks.common import BY_CONSTRUCTION, INVARIANCE_CHECKS, INVARIANT, differing_pairs, uncleared
 from rlnorm.kit.process import describe_exit
 from rlnorm.kit.results import BackendResult, Configurations, Crash, Gate, Launches, RunResult
 
@@ -31,7 +31,7 @@ class State(Enum):
 _COLORS = ("#a5d6a7", "#ef9a9a", "#f48fb1", "#fff59d", "#e0e0e0", "#eeeeee", "#ffe0b2", "#ce93d8", "#ffcc80")
 STATE_COLORS = dict(zip(State, _COLORS, strict=True))
 ROW_CHECKS = ("all_rows", "full_vs_sub_batches", "batch_size_sweep")
-INVARIANCE = ("all_rows", "dweight_repeatable", "full_vs_sub_batches", "batch_size_sweep")
+INVARIANCE = INVARIANCE_CHECKS  # the worker's batch-invariance checks, in its order
 LAUNCH = ("launch", "configurations")  # what the launches were, and every configuration run against the others
 CHECKS = (*INVARIANCE, *LAUNCH, "forward_gate", "gradient_gate", "correctly_rounded")
 COLUMNS = (*CHECKS, "batch_invariant")  # the checks, then the overall verdict
@@ -234,15 +234,13 @@ def _launch_verdict(result: BackendResult, check: str, node: Launches | Configur
     if node is None:
         return CheckVerdict(check, State.NOT_RUN)
     if check == "configurations":
-        pairs = differing_pairs(result)
-        if pairs:
+        if pairs := differing_pairs(result):
             keys = ", ".join(sorted({p.split(": ", 1)[0] for p in pairs}))
             first = pairs[0].split(": ", 1)[1]
             said = f"{len(pairs)} of {len(node.pairs)} configuration pairs differ, in {keys}; e.g. {first}"
             return CheckVerdict(check, State.FAILED, detail=said)
         return CheckVerdict(check, State.PASSED, detail=f"{len(node.pairs)} pairs, none differs")
-    left = uncleared(result)
-    if left:  # the parameters, then where: launch_lines
+    if left := uncleared(result):  # the parameters, then where: launch_lines
         params = dict.fromkeys(k.rsplit(".", 1)[-1] for k in left)
         return CheckVerdict(check, State.BY_CONSTRUCTION, detail=", ".join(params))
     varying = [f"{k.kernel.rsplit('.', 1)[-1]}.{p}" for k in node.kernels for p in k.varying]
@@ -289,8 +287,7 @@ def backend_verdict(key: str, result: BackendResult) -> BackendVerdict:
 
 
 def _overall(result: BackendResult, checks: dict[str, CheckVerdict], ended: State | None) -> tuple[State, str]:
-    found = [c for c in (*INVARIANCE, "configurations") if checks[c].state is State.FAILED]
-    if found:
+    if found := [c for c in (*INVARIANCE, "configurations") if checks[c].state is State.FAILED]:
         other = {"dweight_repeatable": "the same batch gives another dweight when run again",
                  "configurations": checks["configurations"].detail}  # fmt: skip
         return State.FAILED, "; ".join(f"{c}: {checks[c].counts.sentence() if checks[c].counts else other[c]}"
@@ -308,8 +305,7 @@ def _overall(result: BackendResult, checks: dict[str, CheckVerdict], ended: Stat
             checks["dweight_repeatable"].state, "dweight not checked")  # fmt: skip
         launches = "no launch evidence in this artifact" if inv.verdict is None else checks["launch"].detail
         return State.PASSED, f"0 of {count(compared)} row comparisons differ; {dweight}; {launches}"
-    raised = [c for c in (*INVARIANCE, *LAUNCH) if checks[c].state is State.RAISED]
-    if raised:
+    if raised := [c for c in (*INVARIANCE, *LAUNCH) if checks[c].state is State.RAISED]:
         return State.RAISED, "; ".join(f"{c} raised {clip(checks[c].detail, 120)}" for c in raised)
     return State.NOT_RUN, "checks missing"
 

@@ -15,7 +15,7 @@ from rlnorm.checkout import seed_report_path
 from rlnorm.cli import notebook
 from rlnorm.kit.artifact import write_artifact
 from rlnorm.kit.results import load_run
-from rlnorm.report.investigate import differing_rows
+from rlnorm.report.investigate import rows_or_reason
 from rlnorm.report.runs import records_of
 
 pytestmark = pytest.mark.slow
@@ -36,7 +36,8 @@ def execute(name: str, workdir: Path, parameters: dict) -> tuple[str, int]:
 
 def test_investigate_rows_notebook_explains_a_chosen_planted_row(tiny_run: Path, tmp_path: Path) -> None:
     """The backend, check and row chosen by parameters (the default pick is tests/report/test_investigate.py's)."""
-    table = differing_rows(records_of(load_run(tiny_run)), POSITION_FAULT, "batch_size_sweep")
+    run = load_run(tiny_run)
+    table, _ = rows_or_reason(records_of(run), run, POSITION_FAULT, "batch_size_sweep")
     index = len(table) - 1
     row, case = int(table.loc[index, "row"]), str(table.loc[index, "case"])
     params = {

@@ -16,7 +16,7 @@ from rlnorm.checkout import seed_report_path
 from rlnorm.kit.results import BackendResult, RunResult, StackPair, StackPairs, load_run
 from rlnorm.report import plots, tables
 from rlnorm.report.compare import compare_runs, verdict_table
-from rlnorm.report.investigate import differing_rows
+from rlnorm.report.investigate import rows_or_reason
 from rlnorm.report.runs import records_of
 from rlnorm.report.verdict import COLUMNS, INVARIANCE, State, run_verdicts, summary_lines
 
@@ -55,7 +55,7 @@ def test_the_planted_counts_read_alike_everywhere(planted: RunResult) -> None:
             assert line["y, dx or dz differs"] == y + grad
         assert [line["row comparisons"], line["y differs"], line["dx or dz differs"]] == [compared, y, grad]
         assert (line["records kept"], line["records not kept (max_records)"]) == (KEPT[check], not_kept)
-        said = differing_rows(records, FAULTY, check, planted).attrs["counts"]
+        said = rows_or_reason(records, planted, FAULTY, check)[0].attrs["counts"]
         assert sentence in said and f"{KEPT[check]:,}" in said
     kept, not_kept = sum(KEPT.values()), sum(p[3] for p in PLANTED.values())
     assert f"{kept:,} of {kept + not_kept:,} records kept ({not_kept:,} not kept: max_records)" in rows_fig

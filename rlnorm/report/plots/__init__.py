@@ -10,8 +10,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from rlnorm.checkout import seed_report_path
-from rlnorm.kit.results import RunResult, load_run
+from rlnorm.kit.results import RunResult
 from rlnorm.report.compare import compare_runs
 from rlnorm.report.plots.common import BAD_COLOR, finish, message
 from rlnorm.report.plots.counts import plot_comparison, plot_differing_rows, plot_verdict
@@ -36,7 +35,7 @@ def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None
         "latency": lambda: plot_latency(run, folder),
         "agreement": lambda: plot_agreement(run, folder),
         "stack_pairs": lambda: plot_stack_pairs(run, folder),
-        "vs_reference_report": lambda: plot_comparison(compare_runs(load_run(seed_report_path()), run), folder),
+        "vs_reference_report": lambda: plot_comparison(compare_runs("seed", run), folder),
     }
     for name, draw in jobs.items():
         try:
