@@ -12,7 +12,7 @@ import functools
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -63,8 +63,7 @@ class Captured:
     """Calls held by a graph: their outputs (static buffers) and how to replay them all."""
 
     outs: list[Any]
-    replay: Callable[[], None]
-    keep: list[Any] = field(default_factory=list)  # the graph object and what it must outlive
+    replay: Callable[[], None]  # the graph's bound replay, which keeps the graph alive
 
 
 class CpuClock:
@@ -162,7 +161,7 @@ class CudaClock(CpuClock):
             with contextlib.suppress(Exception):
                 self.sync()
             raise GraphUnavailable(f"capture failed: {describe_error(exc)}") from exc
-        return Captured(outs, graph.replay, [graph])
+        return Captured(outs, graph.replay)
 
 
 def describe_error(exc: BaseException) -> str:

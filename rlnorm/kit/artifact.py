@@ -190,9 +190,7 @@ def load_artifact(path: str | os.PathLike[str]) -> RunResult:
 
 
 # -- records.csv: one line per differing (row comparison, tensor) -------------------------------------------------
-RECORD_COLUMNS: list[str] = (
-    "backend check seed case batch_start batch_size position row tensor cols_differ max_abs max_ulp rebuild".split()
-)
+RECORD_COLUMNS = [f.name for f in dataclasses.fields(Record)]
 # column -> pandas dtype; nullable ints because a dweight record has no row / position
 _COLUMN_DTYPES = {
     c: "string" if c in ("backend", "check", "case", "tensor", "rebuild") else "float64" if c == "max_abs" else "Int64"

@@ -7,13 +7,11 @@ dx and dz, and dweight equal to the exact sum of single-row dweights and to the 
 from __future__ import annotations
 
 import itertools
-import re
 import traceback
 
 import torch
 from torch import Tensor
 
-from rlnorm.inputs import Case
 from rlnorm.kit.backends import Backend
 from rlnorm.kit.checks.common import NO_TRAIL, Check, Trail, bits
 from rlnorm.kit.results import Gate
@@ -25,11 +23,6 @@ CHUNK_TOKENS = 7
 TAIL_LINES = 20
 # a gate's returncode: ran to the end (the verdict is in its lines), the backend raised, it has no backward
 RAN, RAISED, CANNOT = 0, 1, 3
-
-LINE_RE = re.compile(
-    r"^(?P<kind>\w+) pair=\('(?P<a>[^']*)', '(?P<b>[^']*)'\) tensor=(?P<tensor>\w+) "
-    r"max_abs=(?P<max_abs>\S+) passed=(?P<passed>True|False)$"
-)
 
 
 def _chunks(tokens: list[int], size: int) -> list[list[int]]:
@@ -81,37 +74,28 @@ def format_line(kind: str, a: str, b: str, tensor: str, x: Tensor, y: Tensor) ->
     return f"{kind} pair=('{a}', '{b}') tensor={tensor} max_abs={max_abs:.8e} passed={same}"
 
 
-def parse_line(line: str) -> dict | None:
-    """The fields of a gate line, or None if the line is not one."""
-    m = LINE_RE.match(line.strip())
-    if not m:
-        return None
-    return {**m.groupdict(), "passed": m["passed"] == "True", "max_abs": float(m["max_abs"])}
-
-
-def _case(backend: Backend, opts: OpOptions, device: str, heads: int, d: int, seed: int, trail: Trail) -> Case:
-    check = Check("contract_gates", backend, opts, device, d, torch.float32, trail)
-    return check.case(sum(SAMPLE_TOKENS) * heads, seed, whole=False)
-
-
 def _given(trail: Trail, cell: str, *tensors: Tensor) -> tuple[Tensor, ...]:
     """Mark the call on the trail before the backend sees it (a crash names the gate's cell)."""
     trail.batch({"kind": "gate", "cell": cell, "size": tensors[0].shape[0]})
     return tensors
 
 
-def _by_cell(
-    backend: Backend, opts: OpOptions, case: Case, heads: int, seed: int, trail: Trail, grad: bool
-) -> tuple[list[str], dict[str, Tensor]]:
-    """Each cell's y (or dx and dz) in token order against `BN/full`'s, and the one-call cells' dweights."""
+def gate_lines(
+    backend: Backend, opts: OpOptions, device: str, grad: bool, heads: int, d: int, trail: Trail
+) -> list[str]:
+    """The forward gate's lines (each cell's y in token order against `BN/full`'s), or the gradient gate's (dx and
+    dz so, then dweight against the exact singleton aggregate and the other one-call cells')."""
+    check = Check("contract_gates", backend, opts, device, d, torch.float32, trail)
+    case, cells = check.case(sum(SAMPLE_TOKENS) * heads, 0, whole=False), build_cells(0)
+    inputs = (case.x, case.z, case.dy)  # every call's rows are gathered from these
     names = ("dx", "dz") if grad else ("y",)
     got: dict[str, dict[str, Tensor]] = {}
     dweights: dict[str, Tensor] = {}
-    for cell, calls in build_cells(seed).items():
+    for cell, calls in cells.items():
         mine = got[cell] = {t: torch.full_like(case.x, float("nan")) for t in names}
         for tokens in calls:
             rows = _rows_of(tokens, heads)
-            x, z, dy = _given(trail, cell, *(_gather(t, rows) for t in (case.x, case.z, case.dy)))
+            x, z, dy = _given(trail, cell, *(_gather(t, rows) for t in inputs))
             if not grad:
                 _scatter(mine["y"], rows, backend.forward(x, z, case.w, opts))
                 continue
@@ -124,29 +108,14 @@ def _by_cell(
                     raise RuntimeError(f"{cell}: forward_backward returned no dweight")
                 dweights[cell] = g.dw.detach().to("cpu")
     full = got.pop("BN/full")
-    return [format_line("bitwise", "BN/full", n, t, full[t], o[t]) for n, o in got.items() for t in names], dweights
-
-
-def forward_gate(
-    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
-) -> list[str]:
-    """Every token's forward output bitwise equal across cells."""
-    case = _case(backend, opts, device, heads, d, seed, trail)
-    return _by_cell(backend, opts, case, heads, seed, trail, grad=False)[0]
-
-
-def gradient_gate(
-    backend: Backend, opts: OpOptions, device: str, heads: int = 2, d: int = 128, seed: int = 0, trail: Trail = NO_TRAIL
-) -> list[str]:
-    """dx, dz bitwise equal across cells; dweight against the exact singleton aggregate and one-call cells."""
-    case = _case(backend, opts, device, heads, d, seed, trail)
-    lines, dweights = _by_cell(backend, opts, case, heads, seed, trail, grad=True)
+    lines = [format_line("bitwise", "BN/full", n, t, full[t], o[t]) for n, o in got.items() for t in names]
+    if not grad:
+        return lines
     full_dw = dweights["BN/full"]
     # the backend's dweight against the exact sum of single-row dweights: each row a fresh contiguous tensor in
     # canonical order, then each a one-row view into its chunk in B1/chunked order
-    fresh = [tuple(t[r : r + 1].clone() for t in (case.x, case.z, case.dy)) for r in range(case.x.shape[0])]
-    b1_chunked = build_cells(seed)["B1/chunked"]
-    chunks = [[_gather(t, _rows_of(tokens, heads)) for t in (case.x, case.z, case.dy)] for tokens in b1_chunked]
+    fresh = [tuple(t[r : r + 1].clone() for t in inputs) for r in range(case.x.shape[0])]
+    chunks = [[_gather(t, _rows_of(tokens, heads)) for t in inputs] for tokens in cells["B1/chunked"]]
     views = [tuple(t[i : i + 1] for t in chunk) for chunk in chunks for i in range(chunk[0].shape[0])]
     for name, cell, singles in (("full", "B1-singleton", fresh), ("chunked", "B1-singleton/chunked", views)):
         dws = [backend.forward_backward(*_given(trail, cell, *one[:2]), case.w, one[2], opts).dw for one in singles]
@@ -161,7 +130,7 @@ def gradient_gate(
 
 
 def _gate(lines: list[str], returncode: int, tail: list[str]) -> Gate:
-    failed = [ln for ln in lines if not parse_line(ln)["passed"]]  # type: ignore[index]
+    failed = [ln for ln in lines if ln.endswith(" passed=False")]
     singleton = [ln for ln in lines if ln.startswith("singleton_aggregate ")]
     return Gate(returncode, returncode == RAN and bool(lines) and not failed, failed, singleton, tail, False, lines)
 
@@ -172,12 +141,12 @@ def run_gates(
     """Both gates of `backend`, in its worker: a gate the backend raises in fails with its traceback's tail; the
     gradient gate of a forward-only backend is not taken (returncode 3)."""
     gates: dict[str, Gate] = {}
-    for name, body in (("forward", forward_gate), ("gradient", gradient_gate)):
-        if name == "gradient" and not backend.has_backward:
+    for name, grad in (("forward", False), ("gradient", True)):
+        if grad and not backend.has_backward:
             gates[name] = _gate([], CANNOT, [f"backend {getattr(backend, 'key', '')!r} has no backward"])
             continue
         try:
-            lines = body(backend, opts, device, heads=heads, d=d, trail=trail)
+            lines = gate_lines(backend, opts, device, grad, heads, d, trail)
         except Exception:
             tail = traceback.format_exc().strip().splitlines()[-TAIL_LINES:]
             gates[name] = _gate([], RAISED, tail)

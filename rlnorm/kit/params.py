@@ -20,9 +20,8 @@ import yaml
 
 from rlnorm.checkout import CHECKOUT
 from rlnorm.kit.artifact import DEFAULT_RFC
-from rlnorm.kit.backends import REGISTRY, Backend
+from rlnorm.kit.backends import REGISTRY
 from rlnorm.kit.checks import CHECKS
-from rlnorm.kit.checks.common import CheckOutcome, Trail
 from rlnorm.kit.checks.rows import COVERAGES
 from rlnorm.kit.results import from_json
 from rlnorm.options import ACTIVATIONS, OpOptions
@@ -162,14 +161,6 @@ LIST_KEYS = {name for name, hint in _HINTS.items() if get_origin(hint) is list}
 def check_kwargs(check: Callable[..., Any], params: RunParams) -> dict[str, Any]:
     """The run's value of each parameter `check` names (a check takes its parameters as keywords named as these)."""
     return {k: getattr(params, k) for k in inspect.signature(check).parameters if k in _FIELDS and k != "device"}
-
-
-def run_check(name: str, backend: Backend, params: RunParams, device: str, trail: Trail) -> CheckOutcome:
-    """Check `name` of `backend` on `device` (resolved), with the run's value of each parameter it names."""
-    if name not in CHECKS:
-        raise ValueError(f"name: expected one of {list(CHECKS)}, got {name!r}")
-    check = CHECKS[name]
-    return check(backend, params.op_options(), device, trail=trail, **check_kwargs(check, params))
 
 
 def _default(name: str) -> Any:

@@ -27,7 +27,7 @@ from rlnorm.kit.checks import common
 from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.checks.digests import agreement_output, output_digests
 from rlnorm.kit.checks.launch import LAUNCH_ENV
-from rlnorm.kit.params import RunParams, check_kwargs, load_params, run_check
+from rlnorm.kit.params import RunParams, check_kwargs, load_params
 from rlnorm.kit.process import Child, Ended, run_child
 from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.results import BackendResult, BatchInvariance, Crash, Record, from_json, to_json
@@ -113,7 +113,8 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         elif name == "contract_gates":
             result.contract_gates = gates.run_gates(backend, opts, device, d=params.d, trail=trail)
         else:
-            out = run_check(name, backend, bars, device, trail)
+            check = checks.CHECKS[name]
+            out = check(backend, opts, device, trail=trail, **check_kwargs(check, bars))
             if out.error:
                 errors[name] = out.error
             owner = result.batch_invariance if name in common.INVARIANCE_CHECKS else result

@@ -25,7 +25,7 @@ from rlnorm.kit.checks import accuracy, common
 from rlnorm.kit.checks.common import Check, CheckOutcome, Trail
 from rlnorm.kit.checks.digests import agreement_from_outputs, agreement_output
 from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan, sweep_positions
-from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes, run_check
+from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes
 from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.results import AllRows, BatchInvariance, from_json, to_json
 from rlnorm.numerics import round_once
@@ -219,14 +219,13 @@ def test_the_full_protocol_compares_2188_sampled_sub_batches_and_2520_sweep_rows
         plan = sub_batch_plan(262144, s, "all")
         assert len(plan) == math.ceil(262144 / s) and sum(m for _, m in plan) == 262144 and plan[0][0] == 0
         assert all(a + m == b for (a, m), (b, _) in itertools.pairwise(plan))
-    params = RunParams(coverage="sampled", d=8, progress=False)
-    s = to_json(run_check("full_vs_sub_batches", ForwardOnly(), params, "cpu", Trail()).summary)
+    s = checked("full_vs_sub_batches", ForwardOnly(), coverage="sampled", d=8).summary
     assert s["sub_batches"] == 2188 and s["full_batch"] == 262144 and s["sub_batch_sizes"] == list(sizes)
     assert s["rows_compared"] == 2 * (512 + 512 * 7 + 262144 * 3)
     assert s["fwd_differ"] == 0 and "error" not in s
-    sw = run_check("batch_size_sweep", ForwardOnly(), params, "cpu", Trail()).summary
-    assert sw.comparisons == 2520 and sw.differ == 0 and sw.error is None
-    assert sw.batch_sizes == default_sweep_sizes(4097)
+    sw = checked("batch_size_sweep", ForwardOnly(), d=8).summary
+    assert sw["comparisons"] == 2520 and sw["differ"] == 0 and "error" not in sw
+    assert sw["batch_sizes"] == default_sweep_sizes(4097)
 
 
 def test_correctly_rounded_measure_can_fail() -> None:
@@ -262,7 +261,7 @@ def test_accuracy_summary_fields_and_histograms() -> None:
     assert sum(h["counts"]) + h["zero"] + h["under"] + h["over"] + h["nan"] == n
 
 
-def star_clock(device: str) -> Any:
+def star_clock() -> Any:
     """A clock that says the GPU queue ran dry on every timing but the add's (the first)."""
     calls = itertools.count(1)
 
@@ -276,7 +275,7 @@ def star_clock(device: str) -> Any:
 
 def test_accuracy_latency_records_which_timings_ran_host_bound(monkeypatch: pytest.MonkeyPatch) -> None:
     """A time with host overhead in it is flagged, per timing, never silently reported as GPU time."""
-    monkeypatch.setattr(accuracy, "_clock", star_clock)
+    monkeypatch.setattr(accuracy, "CpuClock", star_clock)  # the check runs on the CPU
     s = checked("accuracy_latency", ReferenceBackend(), accuracy_rows=7, timing_warmup=0, timing_iters=2).summary
     assert s["host_bound"] == {"add": False, "fwd": True, "fwd_bwd": True}
     assert (s["roofline_add_us"], s["fwd_us"], s["fwd_us_p20"], s["fwd_bwd_us"]) == (10.0, 20.0, 18.0, 30.0)

@@ -4,6 +4,7 @@ caught by its gate (a crash or a hang in a gate: tests/kit/test_isolation.py).""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -16,7 +17,6 @@ from rlnorm.kit.gates import (
     SAMPLE_TOKENS,
     build_cells,
     format_line,
-    parse_line,
     run_gates,
 )
 from rlnorm.options import OpOptions
@@ -27,7 +27,7 @@ OPTS = OpOptions()
 
 
 def _failed_pairs(lines: list[str]) -> set[tuple[str, str]]:
-    return {(p["b"], p["tensor"]) for p in map(parse_line, lines) if not p["passed"]}
+    return {re.search(r"'([^']*)'\) tensor=(\w+)", ln).groups() for ln in lines if ln.endswith(" passed=False")}
 
 
 # --- workload ----------------------------------------------------------------------------------------------
@@ -55,11 +55,8 @@ def test_line_format_is_the_seed_report_format():
         format_line("singleton_aggregate", "BN/full", "B1-singleton_aggregate/chunked", "dweight", z, z),
     ]
     assert ours == expected
-    for line in expected:
-        assert parse_line(line)["passed"] is True
     bad = format_line("dweight", "BN/full", "BN/permuted", "dweight", z, z + torch.tensor([0, 2.0**-20, 0, 0]))
-    assert bad.endswith("max_abs=9.53674316e-07 passed=False") and parse_line(bad)["passed"] is False
-    assert parse_line("some stray output") is None
+    assert bad.endswith("max_abs=9.53674316e-07 passed=False")
     assert "passed=False" in format_line("bitwise", "a", "b", "y", z, -z)  # -0.0 == 0.0 but not bitwise
 
 

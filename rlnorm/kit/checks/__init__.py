@@ -2,7 +2,7 @@
 
 Every check takes `(backend, opts, device, *, <its run parameters by their RunParams names>, trail, progress)` and
 returns a `CheckOutcome`: its typed summary, one `Record` per differing (row, tensor), and the error that ended it
-early. `rlnorm.kit.params.run_check` is the one place that maps a run's parameters onto a check.
+early. `rlnorm.kit.params.check_kwargs` is the one place that maps a run's parameters onto a check.
 """
 
 from __future__ import annotations

@@ -23,11 +23,6 @@ ULP_HIST_MAX = 16  # fwd_ulp_hist buckets "0".."15", then "16+"
 ABS_ERR_EDGES = [10.0 ** (k / 4) for k in range(-48, 9)]  # 1e-12 .. 1e2, four per decade
 
 
-def _clock(device: torch.device) -> CpuClock:
-    """CUDA events with the queue primed (flagging where the host outran it), or perf_counter on a CPU."""
-    return CudaClock(str(device)) if device.type == "cuda" else CpuClock()
-
-
 def _ulp_hist(ulp: Tensor) -> dict[str, int]:
     nan = ulp == torch.iinfo(torch.int64).max
     counts = torch.bincount(ulp[~nan].clamp(max=ULP_HIST_MAX), minlength=ULP_HIST_MAX + 1).tolist()
@@ -111,7 +106,7 @@ def accuracy_latency(
         if timing:
             moved = x.numel() * x.element_size()
             out = torch.empty_like(x)
-            clock = _clock(dev)
+            clock = CudaClock(str(dev)) if dev.type == "cuda" else CpuClock()  # primed CUDA events, or perf_counter
             add_t = clock.events(lambda: torch.add(x, z, out=out), iters, warmup)
             t = clock.events(lambda: backend.forward(x, z, w, opts), iters, warmup)
             s.roofline_add_us, s.fwd_us, s.fwd_us_p20, s.fwd_us_p80 = add_t.us, t.us, t.p20, t.p80

@@ -54,9 +54,9 @@ class Trail:
         self.write = write
         self.where: dict[str, Any] = {}
 
-    def case(self, check: str, case_spec: dict[str, Any], opts: OpOptions) -> None:
+    def case(self, where: dict[str, Any]) -> None:
         if self.write is not None:
-            self.where = {"v": REBUILD_VERSION, "check": check, "case": case_spec, "opts": opts.as_dict()}
+            self.where = where
 
     def batch(self, batch_spec: dict[str, Any]) -> None:
         if self.write is not None and self.where:
@@ -127,14 +127,15 @@ class Check:
         self.with_grad = bool(getattr(backend, "has_backward", False))
         self.records: list[Record] = []
         self.dropped = self._noted = 0
-        self.spec: dict[str, Any] = {}
+        self.where: dict[str, Any] = {}
 
     def case(self, rows: int, seed: int, whole: bool = True) -> Case:
         """The check's next seeded case (the one its records are of), named on the trail (`whole`: the full batch
         marked as given next)."""
         wdt = dtype_name(self.wdt)
-        self.spec = {"rows": rows, "d": self.d, "seed": seed, "dtype": dtype_name(X_DTYPE), "weight_dtype": wdt}
-        self.trail.case(self.name, self.spec, self.opts)
+        spec = {"rows": rows, "d": self.d, "seed": seed, "dtype": dtype_name(X_DTYPE), "weight_dtype": wdt}
+        self.where = {"v": REBUILD_VERSION, "check": self.name, "case": spec, "opts": self.opts.as_dict()}
+        self.trail.case(self.where)
         if whole:
             self.trail.batch({"kind": "slice", "start": 0, "size": rows})
         return make_case(rows, self.d, seed, X_DTYPE, self.wdt, self.device)
@@ -171,10 +172,10 @@ class Check:
         if room == 0:
             return
         cols, max_abs, max_ulp = diff_stats(in_batch[:room], alone[:room])
-        opts, seed = self.opts.as_dict(), self.spec["seed"]
+        seed = self.where["case"]["seed"]
         for i, (row, case, start, size, position, batch) in enumerate(places[:room]):
-            spec = {"v": REBUILD_VERSION, "check": self.name, "case": self.spec, "opts": opts, "batch": batch}
-            spec.update(row=-1 if row is None else row, position=-1 if position is None else position, tensor=tensor)
+            spec = {**self.where, "batch": batch, "row": -1 if row is None else row}
+            spec.update(position=-1 if position is None else position, tensor=tensor)
             rebuild = json.dumps(spec | ({} if other is None else {"other": other}), separators=(",", ":"))
             self.records.append(
                 Record(self.key, self.name, seed, case, start, size, position, row, tensor, cols[i], max_abs[i],

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import Backend, describe_error
-from rlnorm.kit.checks.common import NO_TRAIL, Check, Trail, bits, check_int
+from rlnorm.kit.backends import Backend
+from rlnorm.kit.checks.common import NO_TRAIL, Check, Trail, bits, caught, check_int
 from rlnorm.kit.results import Agreement, Digests
 from rlnorm.options import OpOptions
 
@@ -37,15 +37,13 @@ def output_digests(backend: Backend, opts: OpOptions, device: str, *, d: int = 1
     case_text = f"make_case({STANDARD_ROWS}, {d}, seed={STANDARD_SEED}, bfloat16) {opts.as_dict()}"
     case = make_case(STANDARD_ROWS, d, STANDARD_SEED, device=device)
     out = Digests(case=case_text, tensors={})
-    try:
+    with caught(out):  # what was digested stands
         out.tensors["y"] = digest(backend.forward(case.x, case.z, case.w, opts))
         if backend.has_backward:
             g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
             for name, t in (("dx", g.dx), ("dz", g.dz), ("dweight", g.dw)):
                 if t is not None:
                     out.tensors[name] = digest(t)
-    except Exception as exc:  # what was digested stands
-        out.error = describe_error(exc)
     return out
 
 
