@@ -1,18 +1,11 @@
 """The launch configurations a backend's kernels take: a row check sees only those this process happened to take
 (an autotuner that picked the same one for the batch and the row alone hides the other).
 
-`launch` records every kernel launched at a dense ladder of row counts, and which launch parameters change with
-the row count. Seen by: Triton's `launch_enter_hook` on a GPU (Inductor's too, its static launcher off:
-`LAUNCH_ENV`), with `CompiledKernel.launch_metadata` wrapped to hand it the kernel, grid and arguments;
-`torch.profiler` for other CUDA kernels; under Triton's interpreter, a wrapped `InterpretedFunction.run` that records
-the launch and does not execute it; `Autotuner.run` for the key and pick (its benchmarking launches not counted).
-The grid's first axis is the row extent and is left out of a configuration. Integer specialisations that change
-with the row count are recorded; docs/kit.md says why the row checks cover them.
-
-`configurations` forces each value of every such parameter (`Backend.configurations`, docs/spec.md §5) and compares
-the full batch under a bitwise with its rows alone and in sub-batches under b for every ordered pair (a, b),
-dweight too. A parameter no pair changes a bit of is cleared; one whose values cannot all be forced here is
-unexercised, with why.
+`launch` records every kernel launched at a dense ladder of row counts and which launch parameters change with the
+row count (seen by Triton's launch hook on a GPU, torch.profiler for other CUDA kernels, a recording
+`InterpretedFunction.run` under the interpreter; `Autotuner.run` for each pick). `configurations` forces each value
+of every such parameter and compares the full batch under a bitwise with its rows under b, for every pair (a, b):
+a parameter no pair changes a bit of is cleared; one whose values cannot all be forced here is unexercised.
 """
 
 from __future__ import annotations
@@ -240,20 +233,8 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
             rec.add_triton(fn, names, bound, grid, extra, "launch_hook", name=fn_name)
 
         patch(CompiledKernel, "launch_metadata", launch_metadata)
-        chain = knobs.runtime.launch_enter_hook
-        if hasattr(chain, "add"):  # a HookChain
-            chain.add(hook)
-            undo.append(lambda: chain.remove(hook))
-        else:  # one optional callable: ours calls the one installed before it
-            before = chain
-
-            def both(lazy: Any) -> None:
-                hook(lazy)
-                if before is not None:
-                    before(lazy)
-
-            knobs.runtime.launch_enter_hook = both
-            undo.append(lambda: setattr(knobs.runtime, "launch_enter_hook", before))
+        knobs.runtime.launch_enter_hook.add(hook)  # a HookChain (triton >= 3.5): others' hooks keep running
+        undo.append(lambda: knobs.runtime.launch_enter_hook.remove(hook))
     try:
         yield
     finally:
