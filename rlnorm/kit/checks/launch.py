@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import Case
-from rlnorm.kit.backends.pins import Setting
+from rlnorm.kit.backends.pins import Setting, patched
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
     Check,
@@ -156,13 +156,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
     from triton import knobs
     from triton.runtime import autotuner
 
-    undo: list[Any] = []
-
-    def patch(owner: Any, name: str, new: Any) -> None:
-        old = owner.__dict__[name]
-        setattr(owner, name, new)
-        undo.append(lambda: setattr(owner, name, old))
-
+    undo = contextlib.ExitStack()
     tuner_run, tuner_bench = autotuner.Autotuner.run, autotuner.Autotuner._bench
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -183,8 +177,8 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
         finally:
             rec.benchmarking -= 1
 
-    patch(autotuner.Autotuner, "run", run)
-    patch(autotuner.Autotuner, "_bench", bench)
+    undo.enter_context(patched(autotuner.Autotuner, "run", run))
+    undo.enter_context(patched(autotuner.Autotuner, "_bench", bench))
     if interpreted:
         from triton.runtime.interpreter import InterpretedFunction
 
@@ -196,7 +190,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
             rec.add_triton(self, self.arg_names, bound, grid, extra, "jit_hook")
             # recorded, not executed: no output of a launch is read here
 
-        patch(InterpretedFunction, "run", interp_run)
+        undo.enter_context(patched(InterpretedFunction, "run", interp_run))
     else:
         from triton.compiler.compiler import CompiledKernel
 
@@ -232,14 +226,11 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
             rec.triton_names.add(getattr(md, "name", ""))
             rec.add_triton(fn, names, bound, grid, extra, "launch_hook", name=fn_name)
 
-        patch(CompiledKernel, "launch_metadata", launch_metadata)
+        undo.enter_context(patched(CompiledKernel, "launch_metadata", launch_metadata))
         knobs.runtime.launch_enter_hook.add(hook)  # a HookChain (triton >= 3.5): others' hooks keep running
-        undo.append(lambda: knobs.runtime.launch_enter_hook.remove(hook))
-    try:
+        undo.callback(knobs.runtime.launch_enter_hook.remove, hook)
+    with undo:
         yield
-    finally:
-        for u in reversed(undo):
-            u()
 
 
 def _profiled(rec: _Recorder, fn: Any) -> None:
