@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import Case
-from rlnorm.kit.backends.pins import Setting, patched
+from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
     Check,
@@ -98,7 +98,7 @@ class _Recorder:
 
     def add_triton(self, fn: Any, arg_names: list[str], args: dict[str, Any], grid: Any, extra: dict[str, Any],
                    seen_by: str, name: str | None = None) -> None:  # fmt: skip
-        name = name or _qualname(fn)
+        name = name or kernel_name(fn)
         self.triton_names.add(getattr(fn, "__name__", name))
         constexpr, nospec = _kinds(fn, arg_names)
         params = {n: args[n] for n in arg_names if n in constexpr and n in args}
@@ -115,12 +115,6 @@ class _Recorder:
 
 def _word(v: Any) -> str:
     return v.__name__ if callable(v) and hasattr(v, "__name__") else str(getattr(v, "value", v))
-
-
-def _qualname(fn: Any) -> str:
-    inner = getattr(fn, "fn", fn)
-    mod = getattr(inner, "__module__", "") or ""
-    return f"{mod}.{getattr(inner, '__name__', repr(inner))}".lstrip(".")
 
 
 def _kinds(fn: Any, arg_names: list[str]) -> tuple[set[str], set[str]]:
@@ -164,7 +158,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
         if rec.rows and not rec.benchmarking:
             names = dict(zip(self.arg_names, args, strict=False)) | kwargs
             key = {k: _word(names[k]) for k in self.keys if k in names}
-            k = rec.kernels.get(_qualname(self.base_fn))
+            k = rec.kernels.get(kernel_name(self.base_fn))
             if k is not None:
                 k.autotune[rec.rows] = f"key {key} -> {self.best_config}"
                 k.tuned |= set(self.best_config.all_kwargs())
@@ -220,7 +214,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
                       if isinstance(k, str) or len(k) == 1}  # fmt: skip
             md_name = str(getattr(md, "name", fn.__name__))
             # Inductor's generated modules have throwaway names: its kernels go by their own
-            fn_name = f"inductor.{md_name}" if md_name.startswith(INDUCTOR_PREFIXES) else _qualname(fn)
+            fn_name = f"inductor.{md_name}" if md_name.startswith(INDUCTOR_PREFIXES) else kernel_name(fn)
             constexpr, _ = _kinds(fn, names)
             bound.update({n: v for n, v in consts.items() if n in constexpr})
             rec.triton_names.add(getattr(md, "name", ""))
