@@ -314,12 +314,10 @@ def load_backend(spec: str | Backend) -> Backend:
         )
     spec = spec.strip()
     if spec in REGISTRY:  # a built-in that fails to import or construct is unavailable, with the reason
-        try:
-            inst = _adapt(_resolve_path(REGISTRY[spec]), spec)
+        try:  # each built-in's class names its own key
+            return _adapt(_resolve_path(REGISTRY[spec]), spec)
         except ValueError as exc:
             return UnavailableBackend(spec, str(exc))
-        inst.key = spec
-        return inst
     if ":" not in spec:
         raise ValueError(f"backend {spec!r}: not a registered key {sorted(REGISTRY)} and not 'package.module:attr'")
     return _adapt(_resolve_path(spec), spec)
