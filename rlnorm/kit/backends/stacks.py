@@ -230,7 +230,7 @@ class MegatronGdnBatchInvariantBackend(_MegatronRow):
 
 
 # -- vLLM 0.30.0 forward_native --------------------------------------------------------------------------------------
-# a default deployment disables custom ops, so Inductor traces forward_native into the model's graph (docs/vllm.md)
+# Inductor traces forward_native into the model's graph: a default deployment disables custom ops (docs/vllm.md).
 # The rows vLLM's profile run traces the graph at: offline max_num_batched_tokens on an H200 (16384) x
 # Qwen3-Next-80B's 32 value heads over tensor parallel 2 (the norm sees one row per token and head).
 COMPILE_ROWS = 16384 * 16

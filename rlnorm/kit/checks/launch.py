@@ -3,9 +3,10 @@
 
 `launch` records every kernel launched at a dense ladder of row counts and which launch parameters change with the
 row count (seen by Triton's launch hook on a GPU, torch.profiler for other CUDA kernels, a recording
-`InterpretedFunction.run` under the interpreter; `Autotuner.run` for each pick). `configurations` forces each value
-of every such parameter and compares the full batch under a bitwise with its rows under b, for every pair (a, b):
-a parameter no pair changes a bit of is cleared; one whose values cannot all be forced here is unexercised.
+`InterpretedFunction.run` under the interpreter; `Autotuner.run` for each pick; integer specialisations: docs/kit.md).
+`configurations` forces each value of every such parameter and compares the full batch under a bitwise with its rows
+under b, for every pair (a, b): a parameter no pair changes a bit of is cleared; one whose values cannot all be
+forced here is unexercised.
 """
 
 from __future__ import annotations
