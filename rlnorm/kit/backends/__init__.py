@@ -314,12 +314,10 @@ def load_backend(spec: str | Backend) -> Backend:
         )
     spec = spec.strip()
     if spec in REGISTRY:  # a built-in that fails to import or construct is unavailable, with the reason
-        try:
-            inst = _adapt(_resolve_path(REGISTRY[spec]), spec)
+        try:  # each built-in's class names its own key
+            return _adapt(_resolve_path(REGISTRY[spec]), spec)
         except ValueError as exc:
             return UnavailableBackend(spec, str(exc))
-        inst.key = spec
-        return inst
     if ":" not in spec:
         raise ValueError(f"backend {spec!r}: not a registered key {sorted(REGISTRY)} and not 'package.module:attr'")
     return _adapt(_resolve_path(spec), spec)
@@ -341,16 +339,13 @@ class ReferenceBackend(Backend):
         return rms_norm_gated_reference(x, z, w, opts)
 
 
-class ExactReferenceBackend(Backend):
+class ExactReferenceBackend(ReferenceBackend):
     """The reference with the docs/spec.md §2 dweight: exact sum of per-row fp32 contributions, rounded once. Not a
     registered key: the positive control that shows the order-free gate lines can pass (eager autograd's fp32 sum,
     `reference`, fails them), and the base the planted faults build on to break one guarantee each."""
 
     key = "rlnorm.kit.backends:ExactReferenceBackend"
     source = "rlnorm.reference (fp32 math, one rounding) + exact dweight (rlnorm.numerics.exact_sum)"
-
-    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        return rms_norm_gated_reference(x, z, w, opts)
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
         # the weight expanded to one fp32 row per row of x: autograd gives each row's contribution [rows, D], unsummed

@@ -2,10 +2,6 @@
 
 SGLang, Megatron-core and TorchTitan cannot be installed beside the kit's torch, so each row executes the stack's files
 with only the helpers named in `source` stood in, and calls them as the model's layer does (tests/kit/test_stacks.py).
-vLLM's `RMSNormGated.forward_native` is one call, `forward_static(x, z, weight, eps, x.dtype, **options)` (fp32
-PyTorch), read from vLLM's file and run as vLLM runs it (docs/vllm.md): eager, compiled by Inductor (a default
-deployment disables custom ops, so forward_native is traced into the model's graph), and under VLLM_BATCH_INVARIANT=1
-(which changes only its aten::mean.dim).
 """
 
 from __future__ import annotations
@@ -234,6 +230,7 @@ class MegatronGdnBatchInvariantBackend(_MegatronRow):
 
 
 # -- vLLM 0.30.0 forward_native --------------------------------------------------------------------------------------
+# Inductor traces forward_native into the model's graph: a default deployment disables custom ops (docs/vllm.md).
 # The rows vLLM's profile run traces the graph at: offline max_num_batched_tokens on an H200 (16384) x
 # Qwen3-Next-80B's 32 value heads over tensor parallel 2 (the norm sees one row per token and head).
 COMPILE_ROWS = 16384 * 16
@@ -281,10 +278,7 @@ class VllmNativeBackend(_FromVllmFiles):
     what = "RMSNormGated.forward_native, eager (fp32 PyTorch, one rounding)"
 
 
-class VllmNativeCompiledBackend(_FromVllmFiles):
-    """Compiled as vLLM compiles it: fullgraph, dynamic=False, once at the profile run's size with the rows dynamic,
-    every guard dropped (compilation/wrapper.py), Inductor options `vllm_inductor_options`."""
-
+class VllmNativeCompiledBackend(_FromVllmFiles):  # vLLM's compilation/wrapper.py, with `vllm_inductor_options`
     key = "vllm_native_compiled"
     compile_rows = COMPILE_ROWS
     what = (
@@ -339,9 +333,7 @@ def _mean_override(mean: Callable[..., Tensor], dispatch_key: str) -> Iterator[N
         lib._destroy()
 
 
-class VllmNativeBatchInvariantBackend(_FromVllmFiles):
-    """Eager, with VLLM_BATCH_INVARIANT=1's aten::mean.dim override (forward_cuda's kernel makes no aten call)."""
-
+class VllmNativeBatchInvariantBackend(_FromVllmFiles):  # forward_cuda's kernel makes no aten call to override
     key = "vllm_native_batch_invariant"
 
     @property

@@ -187,9 +187,7 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
             return text + interp + _PATH_NOTE
         if self.plan == "none":
             return f"vLLM {self.version or '(not installed)'} RMSNormGated.forward_cuda"
-        return self.describe(f"{self.files.origin}; {self._why}")  # type: ignore[union-attr]
-
-    def describe(self, where: str) -> str:
+        where = f"{self.files.origin}; {self._why}"  # type: ignore[union-attr]
         text = f"vLLM {self.pin.version} {self.what}, from vLLM's own files{sf.interp()} ({where})" + _PATH_NOTE
         return text + "".join(f"; {name} stood in by {self.pin.stood_in[name]}" for name in self.pin.empty)
 

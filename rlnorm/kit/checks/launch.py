@@ -1,18 +1,12 @@
 """The launch configurations a backend's kernels take: a row check sees only those this process happened to take
 (an autotuner that picked the same one for the batch and the row alone hides the other).
 
-`launch` records every kernel launched at a dense ladder of row counts, and which launch parameters change with
-the row count. Seen by: Triton's `launch_enter_hook` on a GPU (Inductor's too, its static launcher off:
-`LAUNCH_ENV`), with `CompiledKernel.launch_metadata` wrapped to hand it the kernel, grid and arguments;
-`torch.profiler` for other CUDA kernels; under Triton's interpreter, a wrapped `InterpretedFunction.run` that records
-the launch and does not execute it; `Autotuner.run` for the key and pick (its benchmarking launches not counted).
-The grid's first axis is the row extent and is left out of a configuration. Integer specialisations that change
-with the row count are recorded; docs/kit.md says why the row checks cover them.
-
-`configurations` forces each value of every such parameter (`Backend.configurations`, docs/spec.md §5) and compares
-the full batch under a bitwise with its rows alone and in sub-batches under b for every ordered pair (a, b),
-dweight too. A parameter no pair changes a bit of is cleared; one whose values cannot all be forced here is
-unexercised, with why.
+`launch` records every kernel launched at a dense ladder of row counts and which launch parameters change with the
+row count (seen by Triton's launch hook on a GPU, torch.profiler for other CUDA kernels, a recording
+`InterpretedFunction.run` under the interpreter; `Autotuner.run` for each pick; integer specialisations: docs/kit.md).
+`configurations` forces each value of every such parameter and compares the full batch under a bitwise with its rows
+under b, for every pair (a, b): a parameter no pair changes a bit of is cleared; one whose values cannot all be
+forced here is unexercised.
 """
 
 from __future__ import annotations
@@ -32,7 +26,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.inputs import Case
-from rlnorm.kit.backends.pins import Setting
+from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.checks.common import (
     NO_TRAIL,
     Check,
@@ -105,7 +99,7 @@ class _Recorder:
 
     def add_triton(self, fn: Any, arg_names: list[str], args: dict[str, Any], grid: Any, extra: dict[str, Any],
                    seen_by: str, name: str | None = None) -> None:  # fmt: skip
-        name = name or _qualname(fn)
+        name = name or kernel_name(fn)
         self.triton_names.add(getattr(fn, "__name__", name))
         constexpr, nospec = _kinds(fn, arg_names)
         params = {n: args[n] for n in arg_names if n in constexpr and n in args}
@@ -122,12 +116,6 @@ class _Recorder:
 
 def _word(v: Any) -> str:
     return v.__name__ if callable(v) and hasattr(v, "__name__") else str(getattr(v, "value", v))
-
-
-def _qualname(fn: Any) -> str:
-    inner = getattr(fn, "fn", fn)
-    mod = getattr(inner, "__module__", "") or ""
-    return f"{mod}.{getattr(inner, '__name__', repr(inner))}".lstrip(".")
 
 
 def _kinds(fn: Any, arg_names: list[str]) -> tuple[set[str], set[str]]:
@@ -163,13 +151,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
     from triton import knobs
     from triton.runtime import autotuner
 
-    undo: list[Any] = []
-
-    def patch(owner: Any, name: str, new: Any) -> None:
-        old = owner.__dict__[name]
-        setattr(owner, name, new)
-        undo.append(lambda: setattr(owner, name, old))
-
+    undo = contextlib.ExitStack()
     tuner_run, tuner_bench = autotuner.Autotuner.run, autotuner.Autotuner._bench
 
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -177,7 +159,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
         if rec.rows and not rec.benchmarking:
             names = dict(zip(self.arg_names, args, strict=False)) | kwargs
             key = {k: _word(names[k]) for k in self.keys if k in names}
-            k = rec.kernels.get(_qualname(self.base_fn))
+            k = rec.kernels.get(kernel_name(self.base_fn))
             if k is not None:
                 k.autotune[rec.rows] = f"key {key} -> {self.best_config}"
                 k.tuned |= set(self.best_config.all_kwargs())
@@ -190,8 +172,8 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
         finally:
             rec.benchmarking -= 1
 
-    patch(autotuner.Autotuner, "run", run)
-    patch(autotuner.Autotuner, "_bench", bench)
+    undo.enter_context(patched(autotuner.Autotuner, "run", run))
+    undo.enter_context(patched(autotuner.Autotuner, "_bench", bench))
     if interpreted:
         from triton.runtime.interpreter import InterpretedFunction
 
@@ -203,7 +185,7 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
             rec.add_triton(self, self.arg_names, bound, grid, extra, "jit_hook")
             # recorded, not executed: no output of a launch is read here
 
-        patch(InterpretedFunction, "run", interp_run)
+        undo.enter_context(patched(InterpretedFunction, "run", interp_run))
     else:
         from triton.compiler.compiler import CompiledKernel
 
@@ -233,32 +215,17 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
                       if isinstance(k, str) or len(k) == 1}  # fmt: skip
             md_name = str(getattr(md, "name", fn.__name__))
             # Inductor's generated modules have throwaway names: its kernels go by their own
-            fn_name = f"inductor.{md_name}" if md_name.startswith(INDUCTOR_PREFIXES) else _qualname(fn)
+            fn_name = f"inductor.{md_name}" if md_name.startswith(INDUCTOR_PREFIXES) else kernel_name(fn)
             constexpr, _ = _kinds(fn, names)
             bound.update({n: v for n, v in consts.items() if n in constexpr})
             rec.triton_names.add(getattr(md, "name", ""))
             rec.add_triton(fn, names, bound, grid, extra, "launch_hook", name=fn_name)
 
-        patch(CompiledKernel, "launch_metadata", launch_metadata)
-        chain = knobs.runtime.launch_enter_hook
-        if hasattr(chain, "add"):  # a HookChain
-            chain.add(hook)
-            undo.append(lambda: chain.remove(hook))
-        else:  # one optional callable: ours calls the one installed before it
-            before = chain
-
-            def both(lazy: Any) -> None:
-                hook(lazy)
-                if before is not None:
-                    before(lazy)
-
-            knobs.runtime.launch_enter_hook = both
-            undo.append(lambda: setattr(knobs.runtime, "launch_enter_hook", before))
-    try:
+        undo.enter_context(patched(CompiledKernel, "launch_metadata", launch_metadata))
+        knobs.runtime.launch_enter_hook.add(hook)  # a HookChain (triton >= 3.5): others' hooks keep running
+        undo.callback(knobs.runtime.launch_enter_hook.remove, hook)
+    with undo:
         yield
-    finally:
-        for u in reversed(undo):
-            u()
 
 
 def _profiled(rec: _Recorder, fn: Any) -> None:
