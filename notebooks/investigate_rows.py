@@ -113,7 +113,8 @@ else:
             )
         )
         if reproduce:
-            display(pd.Series(reproduce_crash(the_run, _key), name=_key).to_frame())
+            _replayed = reproduce_crash(the_run, _key, None if device == "auto" else device)
+            display(pd.Series(_replayed, name=_key).to_frame())
 
 # %% [markdown]
 # ## What differs, per backend and check
