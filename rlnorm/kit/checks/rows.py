@@ -82,7 +82,7 @@ class AloneRunner:
     ) -> None:
         """Each tile's outputs into `outs`, a chunk at a time: eager calls, or a replay of `graph` for k tiles."""
         c, n_tiles = self.check, int(starts.numel())
-        k = len(graph[0].outs) if graph else max(1, 4096 // size)
+        k = len(graph[0].outs) if graph else max(1, self.graph_rows // size)
         if graph:
             cap, static = graph
             static.w.copy_(case.w)
