@@ -1,8 +1,5 @@
-"""Exact rounding, ulp distances and exact sums: the yardsticks every check measures with.
-
-A plain `.to(torch.bfloat16)` of a float64 tensor goes through float32 and so rounds twice;
-`round_once` rounds once. `exact_sum` adds float32 values with no rounding at all (integer
-arithmetic), then rounds once: the definition of the order-independent dweight (docs/spec.md §2).
+"""Exact rounding, ulp distances and exact sums: the yardsticks every check measures with. `.to(torch.bfloat16)` of
+float64 rounds twice (through float32), so `round_once`; `exact_sum` is the order-independent dweight (docs/spec.md §2).
 """
 
 from __future__ import annotations
@@ -39,10 +36,8 @@ def round_to_odd_fp32(y64: torch.Tensor) -> torch.Tensor:
 
 def round_once(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Round float64 values to `dtype` (bf16, fp16, fp32) once, to nearest even."""
-    if dtype == torch.float64:
-        return y64.clone()
-    if dtype == torch.float32:
-        return y64.to(torch.float32)
+    if dtype in (torch.float64, torch.float32):
+        return y64.to(dtype, copy=True)
     if dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"dtype: expected bfloat16, float16, float32 or float64, got {dtype}")
     # round-to-odd to 24 bits, then round-to-nearest-even to <= 11 bits: exact (24 >= 11 + 2)
@@ -60,10 +55,8 @@ def ordered_int(t: torch.Tensor) -> torch.Tensor:
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Number of `a.dtype` values between a and b (0 = bitwise equal up to the sign of zero).
-
-    NaN against anything is reported as the largest int64, so it is never mistaken for close.
-    """
+    """Number of `a.dtype` values between a and b (0: bitwise equal up to the sign of zero; NaN against a number:
+    the largest int64, never mistaken for close)."""
     if a.dtype != b.dtype:
         raise TypeError(f"b: expected dtype {a.dtype} like a, got {b.dtype}")
     dist = (ordered_int(a) - ordered_int(b)).abs()
@@ -96,12 +89,9 @@ def _round_scaled_int(total: int, scale_exp: int, dtype: torch.dtype) -> float:
 
 
 def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Column sums of a [N, D] float32 tensor, computed exactly, rounded once to `dtype`.
-
-    Each finite float32 is m * 2**(e - 149), m < 2**24: mantissas are summed per exponent in int64 (exact below
-    2**39 rows), then combined as Python integers. A column holding NaN or both infinities sums to NaN, one holding
-    an infinity to it, as the kernel's finalize (`_dweight.py`) does.
-    """
+    """Column sums of a [N, D] float32 tensor, exact, rounded once to `dtype`: each finite float32 is m * 2**(e - 149),
+    m < 2**24, so mantissas sum per exponent in int64 (exact below 2**39 rows), then as Python integers. NaN or both
+    infinities sum to NaN, one infinity to itself, as the kernel's finalize (`_dweight.py`) does."""
     if values.dtype != torch.float32:
         raise TypeError(f"values: expected float32, got {values.dtype}")
     if values.dim() != 2:
