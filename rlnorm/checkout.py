@@ -1,8 +1,5 @@
-"""Where the package lives, and the source checkout around it when there is one.
-
-Run folders, notebooks and the commit belong to a checkout (an editable install); a plain install
-has none, and every caller says what it falls back to.
-"""
+"""Where the package lives, and the source checkout (an editable install) around it, which holds run folders,
+notebooks and the commit; a plain install has none, and every caller says what it falls back to."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Clocks shared by the checks and the benchmark: one way to time a call on this device.
-
-`CudaClock.events` brackets each call with CUDA events on a queue primed by `torch.cuda._sleep`, so they measure
-GPU time, not the host's enqueue (`host_bound` where the queue still ran dry); `capture` holds calls in one CUDA
-graph, which `verify_graph` checks against an eager call. `CpuClock`: the same interface, no claims on its numbers.
-"""
+"""Clocks shared by the checks and the benchmark. `CudaClock.events` primes the queue with `torch.cuda._sleep` so its
+events bracket GPU time, not the host's enqueue (`host_bound` where the queue still ran dry); `capture` holds calls in
+one CUDA graph, checked against an eager call by `verify_graph`. `CpuClock`: the same interface, no timing claims."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""The run folder on disk: files written whole or not at all (`write_atomic`), the folder staged beside its place
-and moved there (`place`), so `outputs/NAME/` is absent, the previous run or a complete new one; the artifact,
-validated against `rlnorm/kit/schema/artifact.schema.json` when written and read (it keeps every key of the
-reference B200 report); and `records.csv`, one line per differing (row comparison, tensor).
-"""
+"""The run folder on disk, written whole or not at all (`write_atomic`, `place`): the artifact, validated against
+`rlnorm/kit/schema/artifact.schema.json` when written and read (it keeps every key of the reference B200 report),
+and `records.csv`, one line per differing (row comparison, tensor)."""
 
 from __future__ import annotations
 

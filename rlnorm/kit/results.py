@@ -1,8 +1,5 @@
-"""Typed results: the artifact's dataclasses, and `to_json` / `from_json`, the one place JSON and they meet.
-
-Every reader gets a `RunResult` from `load_run`, from this kit or from the reference report (whose missing fields
-read as None).
-"""
+"""Typed results: the artifact's dataclasses, and `to_json` / `from_json`, the one place JSON and they meet; every
+reader gets a `RunResult` from `load_run`, of this kit or of the reference report (its missing fields read as None)."""
 
 from __future__ import annotations
 
