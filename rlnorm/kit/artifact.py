@@ -34,11 +34,8 @@ def write_atomic(
     """Write `content` (text, bytes, or a function writing to a binary file) to `path`, whole or not at all: a
     fsynced temporary file moved into place (`os.link` when not overwriting: one that appeared is never clobbered)."""
     path = Path(path)
-    if not overwrite and path.exists():
-        raise FileExistsError(f"path: {str(path)!r} already exists; pass overwrite=True to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             if callable(content):
@@ -53,10 +50,10 @@ def write_atomic(
             try:
                 os.link(tmp, path)  # atomic create-if-absent
             except FileExistsError:
-                raise FileExistsError(f"path: {str(path)!r} appeared while writing; pass overwrite=True") from None
+                raise FileExistsError(f"path: {str(path)!r} exists; pass overwrite=True to replace it") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp)
     return path
 
 
