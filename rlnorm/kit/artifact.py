@@ -166,11 +166,8 @@ def load_artifact(path: str | os.PathLike[str]) -> RunResult:
     """An artifact file (ours, or the reference report) as a validated `RunResult`; an invalid one raises naming
     the file and each failing key."""
     path = Path(path)
-    try:
+    try:  # a file that is not JSON raises a ValueError naming it too
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"path: {str(path)!r} is not valid JSON ({exc})") from exc
-    try:
         # ours as written (a misspelled key is caught, which typing would drop); the report once typed
         if ours := isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION:
             validate_artifact(doc)
