@@ -24,14 +24,9 @@ def round_to_odd_fp32(y64: torch.Tensor) -> torch.Tensor:
     rem = y64 - y32.to(torch.float64)  # exact: y32 is one of y64's two float32 neighbours
     bits = y32.view(torch.int32)
     inexact_even = (rem != 0) & ((bits & 1) == 0) & torch.isfinite(y64)
-    # move one ulp towards y64: magnitude up if rem has y32's sign, else down
-    toward_larger_mag = (rem > 0) == (y32 > 0)
-    step = torch.where(toward_larger_mag, 1, -1).to(torch.int32)
-    y32_zero = y32 == 0
-    # y32 == 0 with a remainder: y64 is below half the smallest subnormal; the odd neighbour
-    # is the smallest subnormal with y64's sign
-    fixed = torch.where(y32_zero, torch.where(rem > 0, 1, -2147483647).to(torch.int32), bits + step)
-    return torch.where(inexact_even, fixed, bits).view(torch.float32)
+    # one ulp towards y64: magnitude up where rem has y64's sign (a y32 of +-0 then steps to the smallest subnormal)
+    step = torch.where((rem > 0) == (y64 > 0), 1, -1).to(torch.int32)
+    return torch.where(inexact_even, bits + step, bits).view(torch.float32)
 
 
 def round_once(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
