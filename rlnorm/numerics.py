@@ -10,12 +10,6 @@ import numpy as np
 import torch
 
 _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
-# (precision in bits including the implicit one, smallest normal exponent, largest finite value)
-_FORMAT = {
-    torch.bfloat16: (8, -126, float(torch.finfo(torch.bfloat16).max)),
-    torch.float16: (11, -14, float(torch.finfo(torch.float16).max)),
-    torch.float32: (24, -126, float(torch.finfo(torch.float32).max)),
-}
 
 
 def round_to_odd_fp32(y64: torch.Tensor) -> torch.Tensor:
@@ -60,27 +54,11 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.where(nan & ~both_nan, torch.iinfo(torch.int64).max, torch.where(both_nan, 0, dist))
 
 
-def _round_scaled_int(total: int, scale_exp: int, dtype: torch.dtype) -> float:
-    """total * 2**scale_exp rounded once (nearest even) to `dtype`, returned as a Python float."""
-    p, emin, fmax = _FORMAT[dtype]
-    if total == 0:
-        return 0.0
-    sign = -1.0 if total < 0 else 1.0
-    mag = abs(total)
-    e = mag.bit_length() - 1 + scale_exp  # exponent of the leading bit
-    quantum_exp = max(e, emin) - (p - 1)
-    shift = quantum_exp - scale_exp
-    if shift > 0:
-        q, r = divmod(mag, 1 << shift)
-        half = 1 << (shift - 1)
-        if r > half or (r == half and q & 1):
-            q += 1
-        value = math.ldexp(q, quantum_exp)
-    else:
-        value = math.ldexp(mag, scale_exp)
-    if value > fmax:
-        return sign * math.inf
-    return sign * value
+def _odd_float(total: int) -> float:
+    """total * 2**-149 as a float64 rounded to odd: one more rounding, to 24 bits or fewer, is then exact."""
+    shift = max(0, abs(total).bit_length() - 53)
+    q = abs(total) >> shift
+    return math.copysign(math.ldexp(q | int(q << shift != abs(total)), shift - 149), total)
 
 
 def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -91,7 +69,7 @@ def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
         raise TypeError(f"values: expected float32, got {values.dtype}")
     if values.dim() != 2:
         raise ValueError(f"values: expected a 2-D [rows, columns] tensor, got shape {tuple(values.shape)}")
-    if dtype not in _FORMAT:
+    if dtype not in _INT_VIEW:
         raise TypeError(f"dtype: expected bfloat16, float16 or float32, got {dtype}")
     v = values.detach().cpu().numpy()
     has_nan = np.isnan(v).any(0)
@@ -109,7 +87,7 @@ def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     special = np.where(has_nan | (has_pos & has_neg), np.nan, np.where(has_pos, np.inf, -np.inf))
     out = [
         float(special[j]) if has_nan[j] or has_pos[j] or has_neg[j]
-        else _round_scaled_int(sum(int(per_exp[k, j]) << int(k) for k in np.nonzero(per_exp[:, j])[0]), -149, dtype)
+        else _odd_float(sum(int(per_exp[k, j]) << int(k) for k in np.nonzero(per_exp[:, j])[0]))
         for j in range(v.shape[1])
     ]  # fmt: skip
-    return torch.tensor(out, dtype=torch.float64).to(dtype)
+    return round_once(torch.tensor(out, dtype=torch.float64), dtype)
