@@ -103,16 +103,12 @@ def rebuild_case(record: Mapping[str, Any] | pd.Series | str, device: str | torc
     rows = _batch_rows(case, batch_spec)
     row, position = int(spec.get("row", -1)), int(spec.get("position", -1))
     batch = case.rows(rows).to(device)
-    if row >= 0:
-        if not 0 <= position < len(rows) or int(rows[position]) != row:
-            raise ValueError(f"record: position {position} of the rebuilt batch does not hold row {row}")
-        alone = case.rows(slice(row, row + 1)).to(device)
-    else:
-        alone = batch
+    if row >= 0 and not (0 <= position < len(rows) and int(rows[position]) == row):
+        raise ValueError(f"record: position {position} of the rebuilt batch does not hold row {row}")
+    alone = case.rows(slice(row, row + 1)).to(device) if row >= 0 else batch
     other_spec = spec.get("other")
     if other_spec is None:  # the row alone, or (dweight) the same batch again
-        other, other_position = alone, (0 if row >= 0 else -1)
-        label = "alone" if row >= 0 else "same batch"
+        other, other_position, label = (alone, 0, "alone") if row >= 0 else (batch, -1, "same batch")
     else:
         other_rows = _batch_rows(case, other_spec)
         hits = (other_rows == row).nonzero().flatten()
