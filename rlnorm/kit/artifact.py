@@ -222,10 +222,5 @@ def read_records(path: str | os.PathLike) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path: no records file at {path}")
-    df = pd.read_csv(
-        path,
-        dtype={c: ("string" if t == "string" else None) for c, t in _COLUMN_DTYPES.items()},
-        keep_default_na=False,
-        na_values={c: [""] for c, t in _COLUMN_DTYPES.items() if t != "string"},
-    )
-    return _typed(df, f"path: {path}")
+    numeric = {c: [""] for c, t in _COLUMN_DTYPES.items() if t != "string"}  # empty: NA; a string stays as written
+    return _typed(pd.read_csv(path, dtype=_COLUMN_DTYPES, keep_default_na=False, na_values=numeric), f"path: {path}")
