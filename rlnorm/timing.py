@@ -179,8 +179,7 @@ def _tensors(out: Any) -> list[tuple[str, Tensor]]:
 def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callable[[], None]) -> str:
     """Poison the last captured call's outputs, replay, compare with an eager call: 'bitwise' or 'close';
     GraphMismatch where the replay left an output unwritten or wrote something else."""
-    i = len(calls) - 1
-    if not (got := _tensors(cap.outs[i])):
+    if not (got := _tensors(cap.outs[-1])):
         raise GraphMismatch("the captured call returned no tensor")
     for _, t in got:
         if t.is_floating_point():
@@ -188,7 +187,7 @@ def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callab
     cap.replay()
     sync()
     got = [(n, t.clone()) for n, t in got]  # the eager call may write the same buffers (out=, caches)
-    want = dict(_tensors(calls[i]()))
+    want = dict(_tensors(calls[-1]()))
     sync()
     verdict = "bitwise"
     for name, g in got:
