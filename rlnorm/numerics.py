@@ -49,9 +49,8 @@ def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dtype != b.dtype:
         raise TypeError(f"b: expected dtype {a.dtype} like a, got {b.dtype}")
     dist = (ordered_int(a) - ordered_int(b)).abs()
-    nan = torch.isnan(a) | torch.isnan(b)
-    both_nan = torch.isnan(a) & torch.isnan(b)
-    return torch.where(nan & ~both_nan, torch.iinfo(torch.int64).max, torch.where(both_nan, 0, dist))
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    return torch.where(nan_a != nan_b, torch.iinfo(torch.int64).max, torch.where(nan_a & nan_b, 0, dist))
 
 
 def _odd_float(total: int) -> float:
