@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import importlib.resources
 import json
 import os
 import shutil
@@ -126,8 +125,7 @@ class ArtifactValidationError(ValueError):
 
 @functools.lru_cache(maxsize=1)
 def _validator() -> Any:
-    text = importlib.resources.files("rlnorm.kit").joinpath("schema/artifact.schema.json").read_text(encoding="utf-8")
-    schema = json.loads(text)
+    schema = json.loads((Path(__file__).parent / "schema" / "artifact.schema.json").read_text(encoding="utf-8"))
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
