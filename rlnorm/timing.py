@@ -119,11 +119,9 @@ class CudaClock(CpuClock):
         host_us = (time.perf_counter() - t0) * 1e6
         self.sync()
         ts: list[float] = []
-        host_bound = False
-        left = max(1, reps)
-        while left:
-            n = min(EVENT_CHUNK, left)
-            left -= n
+        host_bound, reps = False, max(1, reps)
+        for start in range(0, reps, EVENT_CHUNK):
+            n = min(EVENT_CHUNK, reps - start)
             ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
             mark = torch.cuda.Event()
             # the GPU sleeps while the host enqueues the chunk, so each event pair brackets GPU work only
