@@ -442,18 +442,12 @@ def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
     version = doc.get("schema_version")
     if version is None:  # the reference report: it lists only backends that ran, and predates the kit's fields
         if missing := [k for k in ("kind", "results") if k not in doc]:
-            raise ValueError(
-                "doc: neither an rlnorm artifact (no schema_version) nor the reference report "
-                f"(no {', '.join(missing)})"
-            )
+            raise ValueError(f"doc: no schema_version, nor the reference report's {' and '.join(missing)}")
         doc["schema_version"] = SEED_SCHEMA_VERSION
         doc.setdefault("commit", doc.get("rl_kernel_commit"))
         doc["results"] = {k: {"status": "ran", "errors": None, **v} for k, v in doc["results"].items()}
     elif version not in (SCHEMA_VERSION, SEED_SCHEMA_VERSION):
-        raise ValueError(
-            f"doc: schema_version {version!r} is not one this rlnorm reads ({SCHEMA_VERSION!r}, "
-            f"{SEED_SCHEMA_VERSION!r}); upgrade rlnorm"
-        )
+        raise ValueError(f"doc: schema_version {version!r} is not this rlnorm's ({SCHEMA_VERSION!r}): upgrade rlnorm")
     _upgrade_trainer_sampler(doc)
     return dataclasses.replace(from_json(RunResult, doc), path=path)
 
