@@ -30,9 +30,7 @@ def open_run(source: str | Path | RunResult) -> RunResult:
         return source
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source: expected a run folder or an artifact path, got {type(source).__name__}")
-    if str(source) == "seed":
-        return load_run(seed_report_path())
-    path = resolve(source)
+    path = resolve(seed_report_path() if str(source) == "seed" else source)
     if not path.exists():
         where = f" (nor under the checkout {CHECKOUT})" if CHECKOUT is not None else ""
         raise ValueError(f"source: {source} does not exist in {Path.cwd()}{where}")
