@@ -1,12 +1,8 @@
-"""Where the package lives, and the source checkout around it when there is one.
-
-Run folders, notebooks and the commit belong to a checkout (an editable install); a plain install
-has none, and every caller says what it falls back to.
-"""
+"""Where the package lives, and the source checkout (an editable install) around it, which holds run folders,
+notebooks and the commit; a plain install has none, and every caller says what it falls back to."""
 
 from __future__ import annotations
 
-import importlib.resources
 from pathlib import Path
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -14,10 +10,8 @@ _ROOT = PACKAGE_DIR.parent
 # an editable install of this repository: the package sits beside pyproject.toml and notebooks/
 CHECKOUT: Path | None = _ROOT if (_ROOT / "pyproject.toml").is_file() and (_ROOT / "notebooks").is_dir() else None
 
-SEED_REPORT_NAME = "rms_norm_gated_b200.json"
-
 
 def seed_report_path() -> Path:
     """The reference B200 report, shipped as package data (pyproject's package-data) so comparisons work from any
     install."""
-    return Path(str(importlib.resources.files("rlnorm").joinpath("data", SEED_REPORT_NAME)))
+    return PACKAGE_DIR / "data" / "rms_norm_gated_b200.json"

@@ -53,10 +53,8 @@ def make_case(
     weight_dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
 ) -> Case:
-    """x = 2*randn, z = randn, then w = 1 + 0.1*randn from one generator; dy = randn from a second.
-
-    Drawn in fp32 on the CPU and cast, so a GPU run sees bit-identical inputs to a CPU run.
-    """
+    """x = 2*randn, z = randn, then w = 1 + 0.1*randn from one generator; dy = randn from a second. Drawn in fp32
+    on the CPU and cast, so a GPU run sees bit-identical inputs to a CPU run."""
     if rows < 0:
         raise ValueError(f"rows: expected >= 0, got {rows}")
     if d <= 0:

@@ -1,8 +1,5 @@
-"""Exact rounding, ulp distances and exact sums: the yardsticks every check measures with.
-
-A plain `.to(torch.bfloat16)` of a float64 tensor goes through float32 and so rounds twice;
-`round_once` rounds once. `exact_sum` adds float32 values with no rounding at all (integer
-arithmetic), then rounds once: the definition of the order-independent dweight (docs/spec.md §2).
+"""Exact rounding, ulp distances and exact sums: the yardsticks every check measures with. `.to(torch.bfloat16)` of
+float64 rounds twice (through float32), so `round_once`; `exact_sum` is the order-independent dweight (docs/spec.md §2).
 """
 
 from __future__ import annotations
@@ -13,12 +10,6 @@ import numpy as np
 import torch
 
 _INT_VIEW = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
-# (precision in bits including the implicit one, smallest normal exponent, largest finite value)
-_FORMAT = {
-    torch.bfloat16: (8, -126, float(torch.finfo(torch.bfloat16).max)),
-    torch.float16: (11, -14, float(torch.finfo(torch.float16).max)),
-    torch.float32: (24, -126, float(torch.finfo(torch.float32).max)),
-}
 
 
 def round_to_odd_fp32(y64: torch.Tensor) -> torch.Tensor:
@@ -27,22 +18,15 @@ def round_to_odd_fp32(y64: torch.Tensor) -> torch.Tensor:
     rem = y64 - y32.to(torch.float64)  # exact: y32 is one of y64's two float32 neighbours
     bits = y32.view(torch.int32)
     inexact_even = (rem != 0) & ((bits & 1) == 0) & torch.isfinite(y64)
-    # move one ulp towards y64: magnitude up if rem has y32's sign, else down
-    toward_larger_mag = (rem > 0) == (y32 > 0)
-    step = torch.where(toward_larger_mag, 1, -1).to(torch.int32)
-    y32_zero = y32 == 0
-    # y32 == 0 with a remainder: y64 is below half the smallest subnormal; the odd neighbour
-    # is the smallest subnormal with y64's sign
-    fixed = torch.where(y32_zero, torch.where(rem > 0, 1, -2147483647).to(torch.int32), bits + step)
-    return torch.where(inexact_even, fixed, bits).view(torch.float32)
+    # one ulp towards y64: magnitude up where rem has y64's sign (a y32 of +-0 then steps to the smallest subnormal)
+    step = torch.where((rem > 0) == (y64 > 0), 1, -1).to(torch.int32)
+    return torch.where(inexact_even, bits + step, bits).view(torch.float32)
 
 
 def round_once(y64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Round float64 values to `dtype` (bf16, fp16, fp32) once, to nearest even."""
-    if dtype == torch.float64:
-        return y64.clone()
-    if dtype == torch.float32:
-        return y64.to(torch.float32)
+    if dtype in (torch.float64, torch.float32):
+        return y64.to(dtype, copy=True)
     if dtype not in (torch.bfloat16, torch.float16):
         raise TypeError(f"dtype: expected bfloat16, float16, float32 or float64, got {dtype}")
     # round-to-odd to 24 bits, then round-to-nearest-even to <= 11 bits: exact (24 >= 11 + 2)
@@ -60,53 +44,31 @@ def ordered_int(t: torch.Tensor) -> torch.Tensor:
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Number of `a.dtype` values between a and b (0 = bitwise equal up to the sign of zero).
-
-    NaN against anything is reported as the largest int64, so it is never mistaken for close.
-    """
+    """Number of `a.dtype` values between a and b (0: bitwise equal up to the sign of zero; NaN against a number:
+    the largest int64, never mistaken for close)."""
     if a.dtype != b.dtype:
         raise TypeError(f"b: expected dtype {a.dtype} like a, got {b.dtype}")
     dist = (ordered_int(a) - ordered_int(b)).abs()
-    nan = torch.isnan(a) | torch.isnan(b)
-    both_nan = torch.isnan(a) & torch.isnan(b)
-    return torch.where(nan & ~both_nan, torch.iinfo(torch.int64).max, torch.where(both_nan, 0, dist))
+    nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+    return torch.where(nan_a != nan_b, torch.iinfo(torch.int64).max, torch.where(nan_a & nan_b, 0, dist))
 
 
-def _round_scaled_int(total: int, scale_exp: int, dtype: torch.dtype) -> float:
-    """total * 2**scale_exp rounded once (nearest even) to `dtype`, returned as a Python float."""
-    p, emin, fmax = _FORMAT[dtype]
-    if total == 0:
-        return 0.0
-    sign = -1.0 if total < 0 else 1.0
-    mag = abs(total)
-    e = mag.bit_length() - 1 + scale_exp  # exponent of the leading bit
-    quantum_exp = max(e, emin) - (p - 1)
-    shift = quantum_exp - scale_exp
-    if shift > 0:
-        q, r = divmod(mag, 1 << shift)
-        half = 1 << (shift - 1)
-        if r > half or (r == half and q & 1):
-            q += 1
-        value = math.ldexp(q, quantum_exp)
-    else:
-        value = math.ldexp(mag, scale_exp)
-    if value > fmax:
-        return sign * math.inf
-    return sign * value
+def _odd_float(total: int) -> float:
+    """total * 2**-149 as a float64 rounded to odd: one more rounding, to 24 bits or fewer, is then exact."""
+    shift = max(0, abs(total).bit_length() - 53)
+    q = abs(total) >> shift
+    return math.copysign(math.ldexp(q | int(q << shift != abs(total)), shift - 149), total)
 
 
 def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Column sums of a [N, D] float32 tensor, computed exactly, rounded once to `dtype`.
-
-    Each finite float32 is m * 2**(e - 149), m < 2**24: mantissas are summed per exponent in int64 (exact below
-    2**39 rows), then combined as Python integers. A column holding NaN or both infinities sums to NaN, one holding
-    an infinity to it, as the kernel's finalize (`_dweight.py`) does.
-    """
+    """Column sums of a [N, D] float32 tensor, exact, rounded once to `dtype`: each finite float32 is m * 2**(e - 149),
+    m < 2**24, so mantissas sum per exponent in int64 (exact below 2**39 rows), then as Python integers. NaN or both
+    infinities sum to NaN, one infinity to itself, as the kernel's finalize (`_dweight.py`) does."""
     if values.dtype != torch.float32:
         raise TypeError(f"values: expected float32, got {values.dtype}")
     if values.dim() != 2:
         raise ValueError(f"values: expected a 2-D [rows, columns] tensor, got shape {tuple(values.shape)}")
-    if dtype not in _FORMAT:
+    if dtype not in _INT_VIEW:
         raise TypeError(f"dtype: expected bfloat16, float16 or float32, got {dtype}")
     v = values.detach().cpu().numpy()
     has_nan = np.isnan(v).any(0)
@@ -124,7 +86,7 @@ def exact_sum(values: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch
     special = np.where(has_nan | (has_pos & has_neg), np.nan, np.where(has_pos, np.inf, -np.inf))
     out = [
         float(special[j]) if has_nan[j] or has_pos[j] or has_neg[j]
-        else _round_scaled_int(sum(int(per_exp[k, j]) << int(k) for k in np.nonzero(per_exp[:, j])[0]), -149, dtype)
+        else _odd_float(sum(int(per_exp[k, j]) << int(k) for k in np.nonzero(per_exp[:, j])[0]))
         for j in range(v.shape[1])
     ]  # fmt: skip
-    return torch.tensor(out, dtype=torch.float64).to(dtype)
+    return round_once(torch.tensor(out, dtype=torch.float64), dtype)

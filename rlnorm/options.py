@@ -21,9 +21,7 @@ class OpOptions:
         # eps = 0 is allowed (FLA's tests use it): a row of all zeros then has rstd = inf
         if not isinstance(self.eps, (int, float)) or isinstance(self.eps, bool) or not self.eps >= 0:
             raise ValueError(f"eps: expected a non-negative float, got {self.eps!r}")
-        if self.group_size is not None and (
-            isinstance(self.group_size, bool) or not isinstance(self.group_size, int) or self.group_size <= 0
-        ):
+        if not (self.group_size is None or (type(self.group_size) is int and self.group_size > 0)):  # a bool is no size
             raise ValueError(f"group_size: expected None or a positive int, got {self.group_size!r}")
         if not isinstance(self.norm_before_gate, bool):
             raise TypeError(f"norm_before_gate: expected a bool, got {self.norm_before_gate!r}")

@@ -1,9 +1,6 @@
-"""Clocks shared by the checks and the benchmark: one way to time a call on this device.
-
-`CudaClock.events` brackets each call with CUDA events on a queue primed by `torch.cuda._sleep`, so they measure
-GPU time, not the host's enqueue (`host_bound` where the queue still ran dry); `capture` holds calls in one CUDA
-graph, which `verify_graph` checks against an eager call. `CpuClock`: the same interface, no claims on its numbers.
-"""
+"""Clocks shared by the checks and the benchmark. `CudaClock.events` primes the queue with `torch.cuda._sleep` so its
+events bracket GPU time, not the host's enqueue (`host_bound` where the queue still ran dry); `capture` holds calls in
+one CUDA graph, checked against an eager call by `verify_graph`. `CpuClock`: the same interface, no timing claims."""
 
 from __future__ import annotations
 
@@ -122,11 +119,9 @@ class CudaClock(CpuClock):
         host_us = (time.perf_counter() - t0) * 1e6
         self.sync()
         ts: list[float] = []
-        host_bound = False
-        left = max(1, reps)
-        while left:
-            n = min(EVENT_CHUNK, left)
-            left -= n
+        host_bound, reps = False, max(1, reps)
+        for start in range(0, reps, EVENT_CHUNK):
+            n = min(EVENT_CHUNK, reps - start)
             ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
             mark = torch.cuda.Event()
             # the GPU sleeps while the host enqueues the chunk, so each event pair brackets GPU work only
@@ -182,8 +177,7 @@ def _tensors(out: Any) -> list[tuple[str, Tensor]]:
 def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callable[[], None]) -> str:
     """Poison the last captured call's outputs, replay, compare with an eager call: 'bitwise' or 'close';
     GraphMismatch where the replay left an output unwritten or wrote something else."""
-    i = len(calls) - 1
-    if not (got := _tensors(cap.outs[i])):
+    if not (got := _tensors(cap.outs[-1])):
         raise GraphMismatch("the captured call returned no tensor")
     for _, t in got:
         if t.is_floating_point():
@@ -191,7 +185,7 @@ def verify_graph(cap: Captured, calls: Sequence[Callable[[], Any]], sync: Callab
     cap.replay()
     sync()
     got = [(n, t.clone()) for n, t in got]  # the eager call may write the same buffers (out=, caches)
-    want = dict(_tensors(calls[i]()))
+    want = dict(_tensors(calls[-1]()))
     sync()
     verdict = "bitwise"
     for name, g in got:

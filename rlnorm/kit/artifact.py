@@ -1,15 +1,12 @@
-"""The run folder on disk: files written whole or not at all (`write_atomic`), the folder staged beside its place
-and moved there (`place`), so `outputs/NAME/` is absent, the previous run or a complete new one; the artifact,
-validated against `rlnorm/kit/schema/artifact.schema.json` when written and read (it keeps every key of the
-reference B200 report); and `records.csv`, one line per differing (row comparison, tensor).
-"""
+"""The run folder on disk, written whole or not at all (`write_atomic`, `place`): the artifact, validated against
+`rlnorm/kit/schema/artifact.schema.json` when written and read (it keeps every key of the reference B200 report),
+and `records.csv`, one line per differing (row comparison, tensor)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import functools
-import importlib.resources
 import json
 import os
 import shutil
@@ -36,11 +33,8 @@ def write_atomic(
     """Write `content` (text, bytes, or a function writing to a binary file) to `path`, whole or not at all: a
     fsynced temporary file moved into place (`os.link` when not overwriting: one that appeared is never clobbered)."""
     path = Path(path)
-    if not overwrite and path.exists():
-        raise FileExistsError(f"path: {str(path)!r} already exists; pass overwrite=True to replace it")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    tmp = Path(tmp_name)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             if callable(content):
@@ -55,10 +49,10 @@ def write_atomic(
             try:
                 os.link(tmp, path)  # atomic create-if-absent
             except FileExistsError:
-                raise FileExistsError(f"path: {str(path)!r} appeared while writing; pass overwrite=True") from None
+                raise FileExistsError(f"path: {str(path)!r} exists; pass overwrite=True to replace it") from None
     finally:
         with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+            os.unlink(tmp)
     return path
 
 
@@ -131,8 +125,7 @@ class ArtifactValidationError(ValueError):
 
 @functools.lru_cache(maxsize=1)
 def _validator() -> Any:
-    text = importlib.resources.files("rlnorm.kit").joinpath("schema/artifact.schema.json").read_text(encoding="utf-8")
-    schema = json.loads(text)
+    schema = json.loads((Path(__file__).parent / "schema" / "artifact.schema.json").read_text(encoding="utf-8"))
     cls = jsonschema.validators.validator_for(schema)
     cls.check_schema(schema)
     return cls(schema)
@@ -171,11 +164,8 @@ def load_artifact(path: str | os.PathLike[str]) -> RunResult:
     """An artifact file (ours, or the reference report) as a validated `RunResult`; an invalid one raises naming
     the file and each failing key."""
     path = Path(path)
-    try:
+    try:  # a file that is not JSON raises a ValueError naming it too
         doc = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"path: {str(path)!r} is not valid JSON ({exc})") from exc
-    try:
         # ours as written (a misspelled key is caught, which typing would drop); the report once typed
         if ours := isinstance(doc, dict) and doc.get("schema_version") == SCHEMA_VERSION:
             validate_artifact(doc)
@@ -230,10 +220,5 @@ def read_records(path: str | os.PathLike) -> pd.DataFrame:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"path: no records file at {path}")
-    df = pd.read_csv(
-        path,
-        dtype={c: ("string" if t == "string" else None) for c, t in _COLUMN_DTYPES.items()},
-        keep_default_na=False,
-        na_values={c: [""] for c, t in _COLUMN_DTYPES.items() if t != "string"},
-    )
-    return _typed(df, f"path: {path}")
+    numeric = {c: [""] for c, t in _COLUMN_DTYPES.items() if t != "string"}  # empty: NA; a string stays as written
+    return _typed(pd.read_csv(path, dtype=_COLUMN_DTYPES, keep_default_na=False, na_values=numeric), f"path: {path}")

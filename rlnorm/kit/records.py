@@ -58,23 +58,19 @@ class RebuiltCase:
     check: str
     spec: dict[str, Any]
 
-    def run(self, backend: Backend) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """Recompute the comparison with `backend`: tensor -> (row inside `batch`, row inside `other`), on CPU
-        (dweight records: "dweight" -> (first run, second run) of the same batch)."""
-        p, q, opts = self.position, self.other_position, self.opts
-        if self.check == "dweight_repeatable":  # the same batch twice
-            a, b = (backend.forward_backward(c.x, c.z, c.w, c.dy, opts) for c in (self.batch, self.batch))
-            if a.dw is None or b.dw is None:
-                raise ValueError("backend: gave no dweight, so a dweight record cannot be recomputed with it")
-            return {"dweight": (a.dw.detach().cpu(), b.dw.detach().cpu())}
-        if backend.has_backward:
-            gb, go = (backend.forward_backward(c.x, c.z, c.w, c.dy, opts) for c in (self.batch, self.other))
-            out = {"y": (gb.y[p].detach().cpu(), go.y[q].detach().cpu()), "dx": (gb.dx[p].cpu(), go.dx[q].cpu())}
-            if gb.dz is not None and go.dz is not None:
-                out["dz"] = (gb.dz[p].cpu(), go.dz[q].cpu())
-            return out
-        yb, yo = (backend.forward(c.x, c.z, c.w, opts) for c in (self.batch, self.other))
-        return {"y": (yb[p].detach().cpu(), yo[q].detach().cpu())}
+    def run(self, backend: Backend, tensor: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """Recompute `tensor` with `backend` as the check called it, on CPU: the row inside `batch` and inside `other`
+        (dweight: the first and second run of the same batch)."""
+        sides, name = (self.batch, self.other), ("dw" if tensor == "dweight" else tensor)
+        if backend.has_backward or tensor != "y":
+            got = [getattr(backend.forward_backward(c.x, c.z, c.w, c.dy, self.opts), name) for c in sides]
+        else:
+            got = [backend.forward(c.x, c.z, c.w, self.opts) for c in sides]
+        if got[0] is None or got[1] is None:
+            raise ValueError(f"backend: gave no {tensor}, so a {tensor} record cannot be recomputed with it")
+        if tensor == "dweight":
+            return got[0].detach().cpu(), got[1].detach().cpu()
+        return got[0][self.position].detach().cpu(), got[1][self.other_position].detach().cpu()
 
 
 def _spec_of(record: Mapping[str, Any] | pd.Series | str) -> dict[str, Any]:
@@ -107,16 +103,12 @@ def rebuild_case(record: Mapping[str, Any] | pd.Series | str, device: str | torc
     rows = _batch_rows(case, batch_spec)
     row, position = int(spec.get("row", -1)), int(spec.get("position", -1))
     batch = case.rows(rows).to(device)
-    if row >= 0:
-        if not 0 <= position < len(rows) or int(rows[position]) != row:
-            raise ValueError(f"record: position {position} of the rebuilt batch does not hold row {row}")
-        alone = case.rows(slice(row, row + 1)).to(device)
-    else:
-        alone = batch
+    if row >= 0 and not (0 <= position < len(rows) and int(rows[position]) == row):
+        raise ValueError(f"record: position {position} of the rebuilt batch does not hold row {row}")
+    alone = case.rows(slice(row, row + 1)).to(device) if row >= 0 else batch
     other_spec = spec.get("other")
     if other_spec is None:  # the row alone, or (dweight) the same batch again
-        other, other_position = alone, (0 if row >= 0 else -1)
-        label = "alone" if row >= 0 else "same batch"
+        other, other_position, label = (alone, 0, "alone") if row >= 0 else (batch, -1, "same batch")
     else:
         other_rows = _batch_rows(case, other_spec)
         hits = (other_rows == row).nonzero().flatten()

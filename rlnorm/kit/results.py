@@ -1,8 +1,5 @@
-"""Typed results: the artifact's dataclasses, and `to_json` / `from_json`, the one place JSON and they meet.
-
-Every reader gets a `RunResult` from `load_run`, from this kit or from the reference report (whose missing fields
-read as None).
-"""
+"""Typed results: the artifact's dataclasses, and `to_json` / `from_json`, the one place JSON and they meet; every
+reader gets a `RunResult` from `load_run`, of this kit or of the reference report (its missing fields read as None)."""
 
 from __future__ import annotations
 
@@ -376,9 +373,10 @@ def from_json(hint: Any, data: Any, where: str = "$") -> Any:
         args = [a for a in args if a is not type(None)]
         return data if data is None or len(args) > 1 else from_json(args[0], data, where)
     if hint is AllRows:  # the batch sizes are the object's keys (strings in JSON), beside `error`
-        sizes = {k: v for k, v in _of(dict, data, where, "an object of batch sizes").items() if k != "error"}
-        error = from_json(str | None, data.get("error"), f"{where}.error")
-        return AllRows(sizes=dict(sorted(from_json(dict[int, RowsAtSize], sizes, where).items())), error=error)
+        if bad := [k for k in _of(dict, data, where, "an object of batch sizes") if k != "error" and not k.isdecimal()]:
+            raise ValueError(f"{where}: expected batch sizes or 'error' as keys, got {bad[0]!r}")
+        sizes = {int(k): from_json(RowsAtSize, v, f"{where}.{k}") for k, v in data.items() if k != "error"}
+        return AllRows(dict(sorted(sizes.items())), from_json(str | None, data.get("error"), f"{where}.error"))
     if dataclasses.is_dataclass(hint):
         hints, kwargs = typing.get_type_hints(hint), {}
         _of(dict, data, where, f"an object for {hint.__name__}")
@@ -391,9 +389,7 @@ def from_json(hint: Any, data: Any, where: str = "$") -> Any:
     if origin is list:
         return [from_json(args[0], v, f"{where}[{i}]") for i, v in enumerate(_of(list, data, where, "a list"))]
     if origin is dict:
-        return {
-            _key(args[0], k, where): from_json(args[1], v, f"{where}.{k}") for k, v in _of(dict, data, where).items()
-        }
+        return {k: from_json(args[1], v, f"{where}.{k}") for k, v in _of(dict, data, where).items()}
     if hint is float and isinstance(data, int) and not isinstance(data, bool):
         return float(data)
     # as the schema: None only under `X | None`, and a bool is no count (to Python, it is an int)
@@ -406,14 +402,6 @@ def _of(kind: type, data: Any, where: str, expected: str = "an object") -> Any:
     if not isinstance(data, kind):
         raise ValueError(f"{where}: expected {expected}, got {type(data).__name__}")
     return data
-
-
-def _key(kind: type, key: str, where: str) -> Any:
-    """A JSON object's key (always a string) as the dict's key type."""
-    try:
-        return kind(key)
-    except ValueError:
-        raise ValueError(f"{where}: expected {kind.__name__} keys, got {key!r}") from None
 
 
 # an older artifact's `trainer_sampler` field: its pair -> that pair of `stack_pairs` (name, stack, trainer, sampler)
@@ -454,18 +442,12 @@ def run_from_doc(doc: dict[str, Any], path: Path | None = None) -> RunResult:
     version = doc.get("schema_version")
     if version is None:  # the reference report: it lists only backends that ran, and predates the kit's fields
         if missing := [k for k in ("kind", "results") if k not in doc]:
-            raise ValueError(
-                "doc: neither an rlnorm artifact (no schema_version) nor the reference report "
-                f"(no {', '.join(missing)})"
-            )
+            raise ValueError(f"doc: no schema_version, nor the reference report's {' and '.join(missing)}")
         doc["schema_version"] = SEED_SCHEMA_VERSION
         doc.setdefault("commit", doc.get("rl_kernel_commit"))
         doc["results"] = {k: {"status": "ran", "errors": None, **v} for k, v in doc["results"].items()}
     elif version not in (SCHEMA_VERSION, SEED_SCHEMA_VERSION):
-        raise ValueError(
-            f"doc: schema_version {version!r} is not one this rlnorm reads ({SCHEMA_VERSION!r}, "
-            f"{SEED_SCHEMA_VERSION!r}); upgrade rlnorm"
-        )
+        raise ValueError(f"doc: schema_version {version!r} is not this rlnorm's ({SCHEMA_VERSION!r}): upgrade rlnorm")
     _upgrade_trainer_sampler(doc)
     return dataclasses.replace(from_json(RunResult, doc), path=path)
 

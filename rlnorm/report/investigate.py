@@ -325,7 +325,7 @@ def explain_dweight(record: Mapping[str, Any] | pd.Series, device: str | None = 
     ok, why = backend.available(device)
     if not ok:
         raise ValueError(f"record: backend {name!r} cannot run on {device}: {why}")
-    first, second = rb.run(backend)["dweight"]
+    first, second = rb.run(backend, "dweight")
     ref = correctly_rounded(batch, rb.opts, "dweight")
     u12, u1r, u2r = ulp_distance(first, second), ulp_distance(first, ref), ulp_distance(second, ref)
     columns = pd.DataFrame({"first_run": _values(first), "second_run": _values(second),

@@ -30,9 +30,7 @@ def open_run(source: str | Path | RunResult) -> RunResult:
         return source
     if not isinstance(source, (str, Path)):
         raise TypeError(f"source: expected a run folder or an artifact path, got {type(source).__name__}")
-    if str(source) == "seed":
-        return load_run(seed_report_path())
-    path = resolve(source)
+    path = resolve(seed_report_path() if str(source) == "seed" else source)
     if not path.exists():
         where = f" (nor under the checkout {CHECKOUT})" if CHECKOUT is not None else ""
         raise ValueError(f"source: {source} does not exist in {Path.cwd()}{where}")
@@ -63,10 +61,9 @@ def param(run: RunResult, name: str, default: Any = None) -> Any:
 
 def run_label(run: RunResult) -> str:
     """'NVIDIA H200 · commit 1a2b3c4 · params quick': where a figure's numbers come from."""
-    gpu = run.device_name
     short = (run.commit or "no commit")[:7] + ("+dirty" if run.tracked_tree_dirty else "")
     what = "B200 reference report" if run.is_seed else f"params {run.param_set or 'unnamed'}"
-    return f"{gpu} · commit {short} · {what}" + (" (quick)" if run.quick and not run.is_seed else "")
+    return f"{run.device_name} · commit {short} · {what}" + (" (quick)" if run.quick and not run.is_seed else "")
 
 
 def check_parameters(namespace: Mapping[str, Any], before: Iterable[str], declared: Iterable[str]) -> None:
