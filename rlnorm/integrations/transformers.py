@@ -17,7 +17,7 @@ from torch import nn
 from rlnorm.kernel.api import RMSNormGated
 from rlnorm.options import ACTIVATIONS
 
-__all__ = ["KNOWN", "QWEN3_NEXT_CLASSES", "Replaced", "Replacements", "UnsupportedGatedNorm"]
+__all__ = ["KNOWN", "Replaced", "Replacements", "UnsupportedGatedNorm"]
 __all__ += ["RlnormFlaFusedRMSNormGated", "RlnormFlaRMSNormGated", "RlnormQwen3NextRMSNormGated"]
 __all__ += ["apply_rlnorm", "apply_rlnorm_to_qwen3_next"]
 
@@ -34,6 +34,7 @@ class _Replacement(RMSNormGated):
     library: str  # whose classes it replaces, for messages
     names: dict[str, str]
     weightless: bool  # the replaced class may hold no weight (FLA's elementwise_affine=False)
+    bias = None  # FLA's modules read it; rlnorm's norm has none
 
     def __init_subclass__(cls, library: str, names: dict[str, str], weightless: bool = False) -> None:
         super().__init_subclass__()
@@ -64,15 +65,11 @@ class RlnormFlaRMSNormGated(
 ):
     """Stands in for FLA's layernorm_gated.RMSNormGated (whose defaults are eps 1e-5 and the gate first)."""
 
-    bias = None
-
 
 class RlnormFlaFusedRMSNormGated(
     _Replacement, library="FLA", names={"eps": "eps", "activation": "activation"}, weightless=True
 ):
     """Stands in for FLA's FusedRMSNormGated; its residual/prenorm form (a residual added inside the kernel) raises."""
-
-    bias = None
 
     def forward(  # type: ignore[override]
         self,
@@ -236,12 +233,9 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
     return Replacements(model, items, skipped)
 
 
-QWEN3_NEXT_CLASSES = ("Qwen3NextRMSNormGated",)
-
-
 def apply_rlnorm_to_qwen3_next(model: nn.Module, *, strict: bool = True) -> Replacements:
     """`apply_rlnorm` for a transformers Qwen3-Next model (its Gated DeltaNet layers' `norm`)."""
-    done = apply_rlnorm(model, only=QWEN3_NEXT_CLASSES, strict=strict)
+    done = apply_rlnorm(model, only=["Qwen3NextRMSNormGated"], strict=strict)
     if not done and not done.skipped:
         raise ValueError(f"model: {type(model).__qualname__} holds no Qwen3NextRMSNormGated (not a Qwen3-Next model?)")
     return done
