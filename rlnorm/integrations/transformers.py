@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 from rlnorm.kernel.api import RMSNormGated
-from rlnorm.options import ACTIVATIONS
 
 __all__ = ["KNOWN", "Replaced", "Replacements", "UnsupportedGatedNorm"]
 __all__ += ["RlnormFlaFusedRMSNormGated", "RlnormFlaRMSNormGated", "RlnormQwen3NextRMSNormGated"]
@@ -130,11 +129,9 @@ def _build(mod: nn.Module, base: type, where: str) -> _Replacement:
     if w is not None and (not isinstance(w, nn.Parameter) or w.dim() != 1):
         raise refuse("weight", f"expected a 1-d nn.Parameter, got {type(w).__name__} {tuple(w.shape)}")
     opts = {option: getattr(mod, attr) for attr, option in replacement.names.items()}
-    if not isinstance(activation := opts.get("activation", "silu"), str) or activation not in ACTIVATIONS:
-        raise refuse(f"activation={activation!r}", f"rlnorm gates with one of {sorted(ACTIVATIONS)}")
     try:
         return replacement(mod.hidden_size if w is None else w.shape[0], w, where, source, **opts)
-    except (ValueError, TypeError) as exc:  # rlnorm's own validation names the option (eps, group_size, width)
+    except (ValueError, TypeError) as exc:  # rlnorm's own validation names the option it refuses
         raise UnsupportedGatedNorm(f"{where} ({source}): rlnorm cannot honour it: {exc}") from exc
 
 
