@@ -169,22 +169,19 @@ class Replacements(tuple[Replaced, ...]):
         """Put every original back, with the weight trained since; changes nothing if another module took a place."""
         if self.undone:
             return
-        places = []
         for item in self:
             parent_name, _, attr = item.name.rpartition(".")
-            parent = self.model.get_submodule(parent_name)
-            now = getattr(parent, attr, None)
+            now = getattr(self.model.get_submodule(parent_name), attr, None)
             if now is not item.replacement:
                 raise RuntimeError(
                     f"{item.name}: holds {type(now).__name__}, not the rlnorm module apply_rlnorm put there; "
                     "nothing was undone"
                 )
-            places.append((parent, attr, item))
-        for parent, attr, item in reversed(places):
+        for item in reversed(self):
             w = getattr(item.replacement, "weight", None)
             if w is not None and getattr(item.original, "weight", None) is not w:
                 item.original.weight = w  # reassigned meanwhile (load_state_dict(assign=True)): keep the new one
-            setattr(parent, attr, item.original)
+            self.model.set_submodule(item.name, item.original)
         self.undone = True
 
     def __enter__(self) -> Replacements:
@@ -225,8 +222,7 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
             else:
                 items.append(Replaced(where, rep.source, child, rep))
     for item in items:  # every module was accepted: now swap, so a refusal never leaves a half-patched model
-        parent_name, _, attr = item.name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attr, item.replacement)
+        model.set_submodule(item.name, item.replacement)
     return Replacements(model, items, skipped)
 
 
