@@ -205,22 +205,20 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
     built: dict[int, _Replacement | str] = {}
     items: list[Replaced] = []
     skipped: list[tuple[str, str]] = []
-    for parent_name, parent in model.named_modules(remove_duplicate=False):
-        for attr, child in parent.named_children():
-            if (base := _known_base(child, only)) is None:
-                continue
-            where = f"{parent_name}.{attr}" if parent_name else attr
-            if id(child) not in built:
-                try:
-                    built[id(child)] = _build(child, base, where)
-                except UnsupportedGatedNorm as exc:
-                    if strict:
-                        raise
-                    built[id(child)] = str(exc)
-            if isinstance(rep := built[id(child)], str):
-                skipped.append((where, rep))
-            else:
-                items.append(Replaced(where, rep.source, child, rep))
+    for where, child in model.named_modules(remove_duplicate=False):  # the model itself is not known: checked above
+        if (base := _known_base(child, only)) is None:
+            continue
+        if id(child) not in built:
+            try:
+                built[id(child)] = _build(child, base, where)
+            except UnsupportedGatedNorm as exc:
+                if strict:
+                    raise
+                built[id(child)] = str(exc)
+        if isinstance(rep := built[id(child)], str):
+            skipped.append((where, rep))
+        else:
+            items.append(Replaced(where, rep.source, child, rep))
     for item in items:  # every module was accepted: now swap, so a refusal never leaves a half-patched model
         model.set_submodule(item.name, item.replacement)
     return Replacements(model, items, skipped)
