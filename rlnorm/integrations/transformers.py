@@ -98,10 +98,8 @@ KNOWN: dict[tuple[str, str], type[_Replacement]] = {
 
 
 def _known_base(mod: nn.Module, names: Collection[str] | None) -> type | None:
-    for cls in type(mod).__mro__:
-        if (cls.__module__, cls.__qualname__) in KNOWN and (names is None or cls.__qualname__ in names):
-            return cls
-    return None
+    known = (c for c in type(mod).__mro__ if (c.__module__, c.__qualname__) in KNOWN)
+    return next((c for c in known if names is None or c.__qualname__ in names), None)
 
 
 def _build(mod: nn.Module, base: type, where: str) -> _Replacement:
