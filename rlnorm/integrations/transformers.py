@@ -15,9 +15,8 @@ import torch
 from torch import nn
 
 from rlnorm.kernel.api import RMSNormGated
-from rlnorm.options import ACTIVATIONS
 
-__all__ = ["KNOWN", "QWEN3_NEXT_CLASSES", "Replaced", "Replacements", "UnsupportedGatedNorm"]
+__all__ = ["KNOWN", "Replaced", "Replacements", "UnsupportedGatedNorm"]
 __all__ += ["RlnormFlaFusedRMSNormGated", "RlnormFlaRMSNormGated", "RlnormQwen3NextRMSNormGated"]
 __all__ += ["apply_rlnorm", "apply_rlnorm_to_qwen3_next"]
 
@@ -34,6 +33,7 @@ class _Replacement(RMSNormGated):
     library: str  # whose classes it replaces, for messages
     names: dict[str, str]
     weightless: bool  # the replaced class may hold no weight (FLA's elementwise_affine=False)
+    bias = None  # FLA's modules read it; rlnorm's norm has none
 
     def __init_subclass__(cls, library: str, names: dict[str, str], weightless: bool = False) -> None:
         super().__init_subclass__()
@@ -64,15 +64,11 @@ class RlnormFlaRMSNormGated(
 ):
     """Stands in for FLA's layernorm_gated.RMSNormGated (whose defaults are eps 1e-5 and the gate first)."""
 
-    bias = None
-
 
 class RlnormFlaFusedRMSNormGated(
     _Replacement, library="FLA", names={"eps": "eps", "activation": "activation"}, weightless=True
 ):
     """Stands in for FLA's FusedRMSNormGated; its residual/prenorm form (a residual added inside the kernel) raises."""
-
-    bias = None
 
     def forward(  # type: ignore[override]
         self,
@@ -102,10 +98,8 @@ KNOWN: dict[tuple[str, str], type[_Replacement]] = {
 
 
 def _known_base(mod: nn.Module, names: Collection[str] | None) -> type | None:
-    for cls in type(mod).__mro__:
-        if (cls.__module__, cls.__qualname__) in KNOWN and (names is None or cls.__qualname__ in names):
-            return cls
-    return None
+    known = (c for c in type(mod).__mro__ if (c.__module__, c.__qualname__) in KNOWN)
+    return next((c for c in known if names is None or c.__qualname__ in names), None)
 
 
 def _build(mod: nn.Module, base: type, where: str) -> _Replacement:
@@ -133,11 +127,9 @@ def _build(mod: nn.Module, base: type, where: str) -> _Replacement:
     if w is not None and (not isinstance(w, nn.Parameter) or w.dim() != 1):
         raise refuse("weight", f"expected a 1-d nn.Parameter, got {type(w).__name__} {tuple(w.shape)}")
     opts = {option: getattr(mod, attr) for attr, option in replacement.names.items()}
-    if not isinstance(activation := opts.get("activation", "silu"), str) or activation not in ACTIVATIONS:
-        raise refuse(f"activation={activation!r}", f"rlnorm gates with one of {sorted(ACTIVATIONS)}")
     try:
         return replacement(mod.hidden_size if w is None else w.shape[0], w, where, source, **opts)
-    except (ValueError, TypeError) as exc:  # rlnorm's own validation names the option (eps, group_size, width)
+    except (ValueError, TypeError) as exc:  # rlnorm's own validation names the option it refuses
         raise UnsupportedGatedNorm(f"{where} ({source}): rlnorm cannot honour it: {exc}") from exc
 
 
@@ -175,22 +167,19 @@ class Replacements(tuple[Replaced, ...]):
         """Put every original back, with the weight trained since; changes nothing if another module took a place."""
         if self.undone:
             return
-        places = []
         for item in self:
             parent_name, _, attr = item.name.rpartition(".")
-            parent = self.model.get_submodule(parent_name)
-            now = getattr(parent, attr, None)
+            now = getattr(self.model.get_submodule(parent_name), attr, None)
             if now is not item.replacement:
                 raise RuntimeError(
                     f"{item.name}: holds {type(now).__name__}, not the rlnorm module apply_rlnorm put there; "
                     "nothing was undone"
                 )
-            places.append((parent, attr, item))
-        for parent, attr, item in reversed(places):
+        for item in reversed(self):
             w = getattr(item.replacement, "weight", None)
             if w is not None and getattr(item.original, "weight", None) is not w:
                 item.original.weight = w  # reassigned meanwhile (load_state_dict(assign=True)): keep the new one
-            setattr(parent, attr, item.original)
+            self.model.set_submodule(item.name, item.original)
         self.undone = True
 
     def __enter__(self) -> Replacements:
@@ -214,34 +203,28 @@ def apply_rlnorm(model: nn.Module, *, only: Collection[str] | None = None, stric
     built: dict[int, _Replacement | str] = {}
     items: list[Replaced] = []
     skipped: list[tuple[str, str]] = []
-    for parent_name, parent in model.named_modules(remove_duplicate=False):
-        for attr, child in parent.named_children():
-            if (base := _known_base(child, only)) is None:
-                continue
-            where = f"{parent_name}.{attr}" if parent_name else attr
-            if id(child) not in built:
-                try:
-                    built[id(child)] = _build(child, base, where)
-                except UnsupportedGatedNorm as exc:
-                    if strict:
-                        raise
-                    built[id(child)] = str(exc)
-            if isinstance(rep := built[id(child)], str):
-                skipped.append((where, rep))
-            else:
-                items.append(Replaced(where, rep.source, child, rep))
+    for where, child in model.named_modules(remove_duplicate=False):  # the model itself is not known: checked above
+        if (base := _known_base(child, only)) is None:
+            continue
+        if id(child) not in built:
+            try:
+                built[id(child)] = _build(child, base, where)
+            except UnsupportedGatedNorm as exc:
+                if strict:
+                    raise
+                built[id(child)] = str(exc)
+        if isinstance(rep := built[id(child)], str):
+            skipped.append((where, rep))
+        else:
+            items.append(Replaced(where, rep.source, child, rep))
     for item in items:  # every module was accepted: now swap, so a refusal never leaves a half-patched model
-        parent_name, _, attr = item.name.rpartition(".")
-        setattr(model.get_submodule(parent_name), attr, item.replacement)
+        model.set_submodule(item.name, item.replacement)
     return Replacements(model, items, skipped)
-
-
-QWEN3_NEXT_CLASSES = ("Qwen3NextRMSNormGated",)
 
 
 def apply_rlnorm_to_qwen3_next(model: nn.Module, *, strict: bool = True) -> Replacements:
     """`apply_rlnorm` for a transformers Qwen3-Next model (its Gated DeltaNet layers' `norm`)."""
-    done = apply_rlnorm(model, only=QWEN3_NEXT_CLASSES, strict=strict)
+    done = apply_rlnorm(model, only=["Qwen3NextRMSNormGated"], strict=strict)
     if not done and not done.skipped:
         raise ValueError(f"model: {type(model).__qualname__} holds no Qwen3NextRMSNormGated (not a Qwen3-Next model?)")
     return done

@@ -189,7 +189,6 @@ def compare_runs(a: str | Path | RunResult, b: str | Path | RunResult, latency_m
     ra, rb = open_run(a), open_run(b)
     la, lb = (f"{side}: {r.device_name}" + (f" ({param(r, 'name')})" if param(r, "name") else "")
               for side, r in (("A", ra), ("B", rb)))  # fmt: skip
-    lb += " (2)" if la == lb else ""
     cmp = Comparison(la, lb, environment_table(ra, rb, la, lb), verdict_table(ra, rb, la, lb), latency_table(ra, rb),
                      _side_by_side(ra, rb, ACCURACY), [], op_differences(ra, rb, la, lb), (ra, rb))  # fmt: skip
     cmp.changes = what_changed(cmp, latency_move, accuracy_move)

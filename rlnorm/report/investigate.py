@@ -119,9 +119,7 @@ def rstd_from_x(case: Case, opts: OpOptions, compute_dtype: torch.dtype) -> torc
     if case.z is not None and not opts.norm_before_gate:
         zf = case.z.detach().cpu().to(compute_dtype)
         xf = xf * (torch.sigmoid(zf) if opts.activation == "sigmoid" else zf * torch.sigmoid(zf))
-    d = xf.shape[-1]
-    g = opts.group_size or d
-    xg = xf.reshape(xf.shape[0], d // g, g)
+    xg = xf.reshape(xf.shape[0], -1, opts.group_size or xf.shape[-1])
     return torch.rsqrt(xg.pow(2).mean(-1) + opts.eps)
 
 

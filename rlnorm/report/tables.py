@@ -11,7 +11,7 @@ import pandas as pd
 
 from rlnorm.kit.params import RunParams
 from rlnorm.kit.results import Accuracy, RunResult
-from rlnorm.report.plots.common import cpu_note, fmt_ratio, fmt_us, roofline_ratio
+from rlnorm.report.plots.common import cpu_note, fmt_ratio, fmt_us
 from rlnorm.report.runs import param, records_of
 from rlnorm.report.verdict import (
     COMPARES,
@@ -89,7 +89,7 @@ def verdict_markdown(run: RunResult) -> str:
         if cr.state in (State.PASSED, State.FAILED):
             parts.append(f"correctly rounded {cr.detail}")
         if acc is not None and acc.fwd_us:
-            ratio = roofline_ratio(acc, "fwd_us")
+            ratio = acc.fwd_roofline_ratio
             star = "*" if acc.ran_host_bound("fwd_us") else ""
             beside = f" = {ratio:.2f}x the torch.add timed beside it" if ratio is not None else ""
             parts.append(f"forward {fmt_us(acc.fwd_us)}{star}{beside}")
@@ -179,13 +179,12 @@ def accuracy_table(run: RunResult) -> pd.DataFrame:
         if acc is None:
             continue
         g, cr = acc.grad_rel_err or {}, acc.fwd_correctly_rounded
-        ratios = [roofline_ratio(acc, f) for f in ("fwd_us", "fwd_bwd_us")]
+        ratios = {"fwd / its add": acc.fwd_roofline_ratio, "fwd+bwd / its add (8/3)": acc.fwd_bwd_roofline_ratio}
         rows.append({"backend": key, "rows": acc.rows, "correctly rounded": "" if cr is None else fraction(cr),
                      "max abs err": "" if acc.fwd_max_abs_err is None else f"{acc.fwd_max_abs_err:.6f}",
                      "grad rel err x / z / w": " / ".join("-" if g.get(t) is None else f"{g[t]:.5f}" for t in "xzw"),
                      "fwd us (p20-p80)": _span(acc, "fwd_us"), "fwd+bwd us (p20-p80)": _span(acc, "fwd_bwd_us"),
-                     **{name: "" if r is None else fmt_ratio(r) for name, r in
-                        zip(("fwd / its add", "fwd+bwd / its add (8/3)"), ratios, strict=True)}})  # fmt: skip
+                     **{name: "" if r is None else fmt_ratio(r) for name, r in ratios.items()}})  # fmt: skip
     return pd.DataFrame(rows).set_index("backend") if rows else pd.DataFrame()
 
 

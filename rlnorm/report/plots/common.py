@@ -8,7 +8,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from rlnorm.kit.results import Accuracy, RunResult
+from rlnorm.kit.results import RunResult
 from rlnorm.report.runs import run_label
 
 MISSING_COLOR = "#888888"
@@ -61,8 +61,3 @@ def cpu_note(run: RunResult) -> str | None:
         return None
     interp = " (Triton interpreted)" if run.environment.get("triton_interpret") == "1" else ""
     return f"CPU run{interp}: times say nothing about GPU speed"
-
-
-def roofline_ratio(acc: Accuracy, field: str) -> float | None:
-    """`field`'s time over this backend's own same-run add, as the accuracy check wrote it beside the times."""
-    return acc.fwd_roofline_ratio if field == "fwd_us" else acc.fwd_bwd_roofline_ratio
