@@ -27,9 +27,6 @@ from rlnorm.options import OpOptions
 from rlnorm.reference import rms_norm_gated_reference
 from rlnorm.timing import describe_error
 
-__all__ = ["REGISTRY", "Backend", "BackendUnavailable", "FunctionBackend", "Grads", "UnavailableBackend"]
-__all__ += ["describe_error", "device_lost", "dist_version", "fresh_function", "load_backend"]
-__all__ += ["load_backends", "only_qwen_options"]
 _CODE_IDS = itertools.count()
 
 

@@ -30,9 +30,6 @@ from torch import Tensor
 from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error, dist_version
 from rlnorm.options import OpOptions
 
-__all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "ForwardOnlyRow", "Pin", "StackFiles", "StackRow", "find"]
-__all__ += ["installed", "interp", "load_file", "read_function", "unpack"]
-
 WHL = Path(__file__).resolve().parents[3] / ".whl"
 _LOCK = threading.Lock()
 

@@ -24,13 +24,6 @@ from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.vllm import VllmBackend
 from rlnorm.options import OpOptions
 
-__all__ = ["COMPILE_ROWS", "MegatronGdnBackend", "MegatronGdnBatchInvariantBackend", "SglangFusedNormGateBackend"]
-__all__ += ["SglangLayernormGatedBackend", "SglangLayernormGatedDeterministicBackend", "TorchtitanBackend"]
-__all__ += ["Vllm033Backend", "VllmNative033Backend", "VllmNativeBackend", "VllmNativeBatchInvariant033Backend"]
-__all__ += ["VllmNativeBatchInvariantBackend", "VllmNativeCompiled033Backend", "VllmNativeCompiledBackend"]
-__all__ += ["native_call", "sglang_modules", "vllm_inductor_options"]
-
-
 # -- SGLang 0.5.23 -----------------------------------------------------------------------------------------------
 _SGL = "sglang.kernels.ops.attention.fla."
 

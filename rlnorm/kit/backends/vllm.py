@@ -26,9 +26,6 @@ from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.process import run_child
 from rlnorm.options import OpOptions
 
-__all__ = ["VllmBackend", "answer_compute_units", "compute_units", "load_layernorm_guard"]
-__all__ += ["prepare_import", "probe", "reason_from_probe", "rmsnorm_call", "run_probe", "vllm_version"]
-
 GUARD = sf.VLLM_GUARD[-1].removesuffix(".py").replace("/", ".")  # layernorm_guard's module name
 _PROBE_MARK = "RLNORM_VLLM_PROBE "
 _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang must still end
