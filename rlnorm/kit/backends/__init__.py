@@ -66,17 +66,6 @@ def dist_version(dist: str) -> str:
         return "?"
 
 
-def only_qwen_options(opts: OpOptions, who: str, activations: tuple[str, ...] = ("silu",)) -> tuple[bool, str]:
-    """`supports` of an implementation with Qwen3-Next's options only: whole rows, the norm first, these gates."""
-    if opts.group_size is not None:
-        return False, f"{who} has no group_size (it normalises the whole row)"
-    if not opts.norm_before_gate:
-        return False, f"{who} only norms before the gate (norm_before_gate=True)"
-    if opts.activation not in activations:
-        return False, f"{who} has no activation {opts.activation} (only {', '.join(activations)})"
-    return True, ""
-
-
 def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` with a code object of its own: dynamo keeps compiled graphs per code object, so graphs compiled for one
     closure (options, mode) never serve another's calls, even where every guard is dropped."""
@@ -102,7 +91,10 @@ class Backend:
     source: str = ""
     has_backward: bool = True
     requires: str = ""  # the module the backend's code lives in: a failed import makes it unavailable, with why
-    needs_gate = False  # no ungated path: a call without z is refused (`_check`, before every call)
+    # names an implementation of Qwen3-Next's options only in its refusals (`_check`, before every call): whole rows,
+    # the norm first, `activations`, and always a gate z (no ungated path)
+    qwen_only = ""
+    activations: tuple[str, ...] = ("silu",)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} defines neither _fn nor forward")
@@ -116,13 +108,21 @@ class Backend:
         return None
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        if not (who := self.qwen_only):
+            return True, ""
+        if opts.group_size is not None:
+            return False, f"{who} has no group_size (it normalises the whole row)"
+        if not opts.norm_before_gate:
+            return False, f"{who} only norms before the gate (norm_before_gate=True)"
+        if opts.activation not in self.activations:
+            return False, f"{who} has no activation {opts.activation} (only {', '.join(self.activations)})"
         return True, ""
 
     def _check(self, z: Tensor | None, opts: OpOptions) -> None:
         ok, why = self.supports(opts)
         if not ok:
             raise BackendUnavailable(f"{self.key}: {why}")
-        if self.needs_gate and z is None:
+        if self.qwen_only and z is None:
             raise BackendUnavailable(f"{self.key}: needs a gate z (the implementation has no ungated path)")
 
     def available(self, device: str) -> tuple[bool, str]:

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, Grads, dist_version, only_qwen_options, pins
+from rlnorm.kit.backends import Backend, Grads, dist_version, pins
 from rlnorm.options import OpOptions
 
 
@@ -20,15 +20,12 @@ class TransformersBackend(Backend):
 
     key = "transformers"
     requires = "transformers.models.qwen3_next.modeling_qwen3_next"
-    needs_gate = True
+    qwen_only = "Qwen3NextRMSNormGated"
     source = f"transformers {dist_version('transformers')} Qwen3NextRMSNormGated"
 
     def __init__(self) -> None:
         super().__init__()
         self._modules: dict[tuple[int, float, str], torch.nn.Module] = {}
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "Qwen3NextRMSNormGated")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
@@ -66,11 +63,9 @@ class FlaFusedNormGateBackend(Backend):
     key = "fla_fused_norm_gate"
     requires = "fla.modules.fused_norm_gate"
     source = f"FLA {dist_version('fla-core')} fused_norm_gate.rms_norm_gated"
-    needs_gate = True
+    qwen_only = "fused_norm_gate"
     _ACTIVATION: ClassVar[dict[str, str]] = {"silu": "swish", "sigmoid": "sigmoid"}
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "fused_norm_gate", tuple(self._ACTIVATION))
+    activations = tuple(_ACTIVATION)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from fla.modules.fused_norm_gate import rms_norm_gated

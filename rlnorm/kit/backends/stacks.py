@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlnorm.kit.backends import BackendUnavailable, describe_error, fresh_function, only_qwen_options
+from rlnorm.kit.backends import BackendUnavailable, describe_error, fresh_function
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.vllm import VllmBackend
 from rlnorm.options import OpOptions
@@ -79,7 +79,8 @@ class SglangFusedNormGateBackend(_SglangRow):
     """Qwen3-Next's gated norm in SGLang: FLA's fused kernel with BT=32, num_warps=4 for D <= 512."""
 
     key = "sglang_fused_norm_gate"
-    needs_gate = True
+    qwen_only = "FusedRMSNormGated"
+    activations = ("silu", "sigmoid")
     writes_input = True  # y = x: layer_norm_gated_fwd stores the output over its input
 
     @property
@@ -88,9 +89,6 @@ class SglangFusedNormGateBackend(_SglangRow):
             "fused_norm_gate.py FusedRMSNormGated(D, eps, activation) as qwen3_next.py builds it, called as its GDN "
             f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{sf.interp()}"
         )
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "FusedRMSNormGated", ("silu", "sigmoid"))
 
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
         cls = self.loaded()["fused_norm_gate"].FusedRMSNormGated
@@ -128,15 +126,12 @@ class TorchtitanBackend(sf.StackRow):
 
     key = "torchtitan"
     pin = sf.PINS["torchtitan"]
-    needs_gate = True
+    qwen_only = "TorchTitan's RMSNormGated"
     what = "models/qwen3_5/model.py RMSNormGated.forward(x, gate), eager, with its weight and Config.eps"
 
     def _load(self) -> Callable[..., Tensor]:
         path = self.files.path("torchtitan/models/qwen3_5/model.py")  # type: ignore[union-attr]
         return sf.read_function(path, "RMSNormGated.forward", {"torch": torch, "F": F})
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "TorchTitan's RMSNormGated")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         return self.loaded()(types.SimpleNamespace(eps=opts.eps, weight=w), x, z)
@@ -156,15 +151,12 @@ class _MegatronRow(sf.StackRow):
     """Megatron's GDN `_apply_gated_norm`: out_norm(x) (the zero-centred weight) * silu(gate.float()), jit-fused."""
 
     pin = sf.PINS["megatron-core"]
-    needs_gate = True
+    qwen_only = "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)"
     jit_fuser: Callable[..., Any] = staticmethod(torch.compile)  # what megatron/core/jit.py sets for torch >= 2.2
 
     def _load(self) -> Any:
         path = self.files.path(_GDN)  # type: ignore[union-attr]
         return sf.read_function(path, "_GDNBase._apply_gated_norm", {"jit_fuser": self.jit_fuser})
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         layer = types.SimpleNamespace(out_norm=self.out_norm(w, opts), act_fn=F.silu)
