@@ -181,18 +181,8 @@ class MegatronGdnBackend(_MegatronRow):
         import transformer_engine.pytorch as te
 
         norm = te.RMSNorm(w.shape[0], eps=opts.eps, zero_centered_gamma=True, params_dtype=w.dtype, device=w.device)
-        return _Holding(norm, zero_centred(w))
-
-
-class _Holding(nn.Module):
-    """`norm` with `weight` as its parameter, in the graph so that dweight reaches the row's w."""
-
-    def __init__(self, norm: nn.Module, weight: Tensor) -> None:
-        super().__init__()
-        self.norm, self.held = norm, weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.func.functional_call(self.norm, {"weight": self.held}, (x,))
+        # the norm called with the held weight as its parameter, in the graph so that dweight reaches the row's w
+        return functools.partial(torch.func.functional_call, norm, {"weight": zero_centred(w)})
 
 
 class MegatronGdnBatchInvariantBackend(_MegatronRow):
