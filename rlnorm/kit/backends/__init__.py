@@ -12,7 +12,7 @@ import importlib.metadata
 import inspect
 import itertools
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,6 +164,13 @@ class Backend:
 
     def device_lost(self, device: str) -> str | None:
         return device_lost(device)
+
+    def _memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """`make()` once per key for this backend: its compiled graphs, built modules and probes."""
+        made: dict[Hashable, Any] = self.__dict__.setdefault("_made", {})
+        if key not in made:
+            made[key] = make()
+        return made[key]
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         self._check(z, opts)
@@ -399,12 +406,9 @@ class TorchCompileBackend(Backend):
     source = f"torch {torch.__version__} torch.compile(rlnorm.reference.rms_norm_gated_reference)"
     GRAPH = "torch.compile(rlnorm.reference.rms_norm_gated_reference)"  # the `configurations` check's kernel
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._compiled: dict[tuple[OpOptions, bool | None], Callable[..., Tensor]] = {}
-        # torch.compile's `dynamic`: None as a user calls it (static shapes, then a dynamic graph once the row count
-        # changes); True / False forced by the `configurations` check
-        self._dynamic: bool | None = None
+    # torch.compile's `dynamic`: None as a user calls it (static shapes, then a dynamic graph once the row count
+    # changes); True / False forced by the `configurations` check
+    _dynamic: bool | None = None
 
     @contextlib.contextmanager
     def _forced(self, dynamic: bool) -> Iterator[None]:
@@ -421,11 +425,9 @@ class TorchCompileBackend(Backend):
         ]
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        key = (opts, self._dynamic)
-        if key not in self._compiled:
-            # options are closed over, so each option set is its own graph (no guard on a dataclass)
-            def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
-                return rms_norm_gated_reference(x, z, w, opts)
+        # options are closed over, so each option set is its own graph (no guard on a dataclass)
+        def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
+            return rms_norm_gated_reference(x, z, w, opts)
 
-            self._compiled[key] = torch.compile(fresh_function(op), dynamic=self._dynamic)
-        return self._compiled[key](x, z, w)
+        compiled = self._memo((opts, self._dynamic), lambda: torch.compile(fresh_function(op), dynamic=self._dynamic))
+        return compiled(x, z, w)

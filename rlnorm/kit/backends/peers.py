@@ -23,17 +23,12 @@ class TransformersBackend(Backend):
     qwen_only = "Qwen3NextRMSNormGated"
     source = f"transformers {dist_version('transformers')} Qwen3NextRMSNormGated"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._modules: dict[tuple[int, float, str], torch.nn.Module] = {}
-
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
 
-        key = (x.shape[-1], opts.eps, str(x.device))
-        if key not in self._modules:
-            self._modules[key] = Qwen3NextRMSNormGated(key[0], eps=opts.eps).to(key[2])
-        return torch.func.functional_call(self._modules[key], {"weight": w}, (x, z))
+        d, device = x.shape[-1], x.device
+        mod = self._memo((d, opts.eps, str(device)), lambda: Qwen3NextRMSNormGated(d, eps=opts.eps).to(device))
+        return torch.func.functional_call(mod, {"weight": w}, (x, z))
 
 
 class FlaLayernormGatedBackend(Backend):

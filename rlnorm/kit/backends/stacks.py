@@ -12,7 +12,6 @@ import os
 import types
 import warnings
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -261,19 +260,14 @@ class VllmNativeCompiledBackend(_FromVllmFiles):  # vLLM's compilation/wrapper.p
         f"dynamic, compiled once at {compile_rows} rows, every guard dropped; alone, not fused with neighbours"
     )
 
-    def __init__(self, files: str | Path | None = None) -> None:
-        super().__init__(files)
-        self._compiled: dict[tuple, Callable[..., Tensor]] = {}
-
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         d = x.shape[-1]
         # every guard is dropped, so nothing but this key may tell two graphs apart
         key = (opts, d, x.dtype, w.dtype, z is None, str(x.device))
-        if key not in self._compiled:
-            self._compiled[key] = self._compile(x, z, w, opts)
+        compiled = self._memo(key, lambda: self._compile(x, z, w, opts))
         x2 = x.reshape(-1, d).contiguous()
         z2 = None if z is None else z.reshape(-1, d).contiguous()
-        return self._compiled[key](x2, z2, w.contiguous()).reshape(x.shape)
+        return compiled(x2, z2, w.contiguous()).reshape(x.shape)
 
     def _compile(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Callable[..., Tensor]:
         forward_static = self.loaded()
