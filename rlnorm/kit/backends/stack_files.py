@@ -307,7 +307,6 @@ class StackRow(Backend):
     def __init__(self, files: str | Path | None = None) -> None:
         super().__init__()
         self.files, self._where = find(self.pin, files)
-        self._loaded: Any = None
 
     @property
     def source(self) -> str:  # type: ignore[override]
@@ -318,11 +317,9 @@ class StackRow(Backend):
         return f"{self.pin.dist} {self.pin.version} {self.what} ({where}; stood in: {stood})"
 
     def loaded(self) -> Any:
-        if self._loaded is None:
-            if self.files is None:
-                raise BackendUnavailable(f"{self.key}: {self._where}")
-            self._loaded = self._load()
-        return self._loaded
+        if self.files is None:
+            raise BackendUnavailable(f"{self.key}: {self._where}")
+        return self._memo("loaded", self._load)
 
     def _import_reason(self) -> str | None:
         if self.files is None:
