@@ -1,9 +1,4 @@
-"""Pinned files of the stacks (vLLM 0.30.0 and 0.33.0, SGLang, Megatron-core, TorchTitan), run without importing them.
-
-`PINS`: each stack's pinned version, the files taken from its wheel and the modules stood in. `find` looks in a path
-given, $RLNORM_<KEY>_SOURCES, the installed package at the pinned version, then `.whl/<key>-src.tar.gz` (packed by
-`tools/stack_sources.py`).
-"""
+"""The stacks' pinned files (vLLM 0.30.0 and 0.33.0, SGLang, Megatron-core, TorchTitan), run without importing them."""
 
 from __future__ import annotations
 
@@ -167,13 +162,13 @@ def unpack(archive: Path) -> Path:
         if not dest.is_dir():  # another process unpacked the same archive first: use its copy
             raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # gone once moved into place
     return dest
 
 
 def find(pin: Pin, given: str | Path | None = None) -> tuple[StackFiles | None, str]:
-    """The pin's files (`given`: a folder or archive), or None and where they were looked for."""
+    """The pin's files, or None and where they were looked for: `given` (a folder or archive), $RLNORM_<KEY>_SOURCES,
+    the installed package at the pinned version, then `.whl/<key>-src.tar.gz` (packed by `tools/stack_sources.py`)."""
     if given is None and os.environ.get(pin.env):
         given = os.environ[pin.env]
         named, origin = f"{pin.env}={given}", f"{given} ({pin.env})"
