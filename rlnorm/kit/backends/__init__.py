@@ -252,20 +252,6 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def _check_function_signature(fn: Callable, spec: str) -> None:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return  # builtins without a signature: trust them, the probe will tell
-    try:
-        sig.bind(None, None, None, **OpOptions().as_dict())  # the call `_fn` makes
-    except TypeError as exc:
-        raise ValueError(
-            f"backend {spec!r}: a function backend must accept f(x, z, w, *, eps, group_size, "
-            f"norm_before_gate, activation); {fn!r} does not ({exc})"
-        ) from None
-
-
 def _adapt(obj: object, spec: str) -> Backend:
     if isinstance(obj, type):
         if not issubclass(obj, Backend):
@@ -277,7 +263,15 @@ def _adapt(obj: object, spec: str) -> Backend:
     elif isinstance(obj, Backend):
         inst = obj
     elif callable(obj):
-        _check_function_signature(obj, spec)
+        try:  # the call `_fn` makes; a builtin without a signature (ValueError) is trusted: the probe will tell
+            inspect.signature(obj).bind(None, None, None, **OpOptions().as_dict())
+        except ValueError:
+            pass
+        except TypeError as exc:
+            raise ValueError(
+                f"backend {spec!r}: a function backend must accept f(x, z, w, *, eps, group_size, "
+                f"norm_before_gate, activation); {obj!r} does not ({exc})"
+            ) from None
         return FunctionBackend(obj, key=spec)
     else:
         raise ValueError(
