@@ -35,38 +35,35 @@ def _no_server_config() -> Any:
     raise ValueError("no server config is published here")
 
 
-def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, types.ModuleType]:
-    """SGLang's norm modules from its files; `batch_invariant`: --enable-deterministic-inference."""
-    common = files.path("sglang/srt/utils/common.py")
-    # device_context's own lines: on a host without a GPU it answers as SGLang's CPU engine (torch.device("cpu"))
-    ctx_scope = {"torch": torch, "contextmanager": contextlib.contextmanager, "is_cpu": lambda: _capability() is None}
-    utils = {name: sf.read_function(common, name, {}) for name in ("cdiv", "next_power_of_2")}
-    utils["device_context"] = sf.read_function(common, "device_context", ctx_scope)
-    arch = {
-        "is_arch_support_pdl": lambda: (_capability() or (0, 0))[0] >= 9 and torch.version.hip is None,
-        "get_jit_cuda_arch": lambda: types.SimpleNamespace(major=_capability()[0], minor=_capability()[1]),  # type: ignore[index]
-    }
-    stand_ins = {
-        "sglang.srt.utils": {**utils, **dict.fromkeys(("is_cpu", "is_npu", "cpu_has_amx_support"), lambda: False)},
-        "sglang.kernels.jit.utils": arch,
-        "sglang.srt.batch_invariant_ops": {"is_batch_invariant_mode_enabled": lambda: batch_invariant},
-        "sglang.srt.runtime_context": {"get_exec": _no_server_config},
-    }
-    norms = [_SGL.replace(".", "/") + f"{m}.py" for m in ("fused_norm_gate", "layernorm_gated")]
-    loaded = sf.load(files, ["sglang/srt/model_executor/cuda_graph_config.py", *norms], stand_ins)
-    lg = loaded[_SGL + "layernorm_gated"]
-    if _capability() is None:  # its torch.cuda query has no answer on a CPU: torch's threads, as vLLM's CPU platform
-        lg._get_sm_count = functools.cache(lambda device: torch.get_num_threads())
-    return {"fused_norm_gate": loaded[_SGL + "fused_norm_gate"], "layernorm_gated": lg}
-
-
 class _SglangRow(sf.ForwardOnlyRow):  # SGLang's autograd Functions define no backward
     pin = sf.PINS["sglang"]
     batch_invariant = False
     writes_input = False
 
-    def _load(self) -> Any:
-        return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
+    def _load(self) -> dict[str, types.ModuleType]:
+        """SGLang's norm modules from its files; `batch_invariant`: --enable-deterministic-inference."""
+        common = self.files.path("sglang/srt/utils/common.py")
+        # device_context's own lines: on a host without a GPU it answers as SGLang's CPU engine (torch.device("cpu"))
+        scope = {"torch": torch, "contextmanager": contextlib.contextmanager, "is_cpu": lambda: _capability() is None}
+        utils = {name: sf.read_function(common, name, {}) for name in ("cdiv", "next_power_of_2")}
+        utils["device_context"] = sf.read_function(common, "device_context", scope)
+        arch = {
+            "is_arch_support_pdl": lambda: (_capability() or (0, 0))[0] >= 9 and torch.version.hip is None,
+            "get_jit_cuda_arch": lambda: types.SimpleNamespace(major=_capability()[0], minor=_capability()[1]),  # type: ignore[index]
+        }
+        stand_ins = {
+            "sglang.srt.utils": {**utils, **dict.fromkeys(("is_cpu", "is_npu", "cpu_has_amx_support"), lambda: False)},
+            "sglang.kernels.jit.utils": arch,
+            "sglang.srt.batch_invariant_ops": {"is_batch_invariant_mode_enabled": lambda: self.batch_invariant},
+            "sglang.srt.runtime_context": {"get_exec": _no_server_config},
+        }
+        norms = [_SGL.replace(".", "/") + f"{m}.py" for m in ("fused_norm_gate", "layernorm_gated")]
+        loaded = sf.load(self.files, ["sglang/srt/model_executor/cuda_graph_config.py", *norms], stand_ins)
+        lg = loaded[_SGL + "layernorm_gated"]
+        # its torch.cuda query has no answer on a CPU: torch's threads, as vLLM's CPU platform
+        if _capability() is None:
+            lg._get_sm_count = functools.cache(lambda device: torch.get_num_threads())
+        return {"fused_norm_gate": loaded[_SGL + "fused_norm_gate"], "layernorm_gated": lg}
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         mod = self._module(x.shape[-1], w, opts)
