@@ -11,7 +11,7 @@ import functools
 import os
 import types
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -286,19 +286,6 @@ class VllmNativeCompiledBackend(_FromVllmFiles):  # vLLM's compilation/wrapper.p
         return fn
 
 
-@contextlib.contextmanager
-def _mean_override(mean: Callable[..., Tensor], dispatch_key: str) -> Iterator[None]:
-    """aten::mean.dim -> `mean` on `dispatch_key` inside the block, as enable_batch_invariant_mode() registers it."""
-    lib = torch.library.Library("aten", "IMPL")
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
-            lib.impl("aten::mean.dim", mean, dispatch_key)
-        yield
-    finally:
-        lib._destroy()
-
-
 class VllmNativeBatchInvariantBackend(_FromVllmFiles):  # forward_cuda's kernel makes no aten call to override
     key = "vllm_native_batch_invariant"
 
@@ -328,8 +315,15 @@ class VllmNativeBatchInvariantBackend(_FromVllmFiles):  # forward_cuda's kernel 
         if key is None:
             raise BackendUnavailable(f"{self.key}: no dispatch key for device {x.device} (expected cuda or cpu)")
         forward_static = self.loaded()
-        with _mean_override(self.mean, key):
+        # aten::mean.dim -> vLLM's mean for this call only, as enable_batch_invariant_mode() registers it
+        lib = torch.library.Library("aten", "IMPL")
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+                lib.impl("aten::mean.dim", self.mean, key)
             return native_call(forward_static, x, z, w, opts)
+        finally:
+            lib._destroy()
 
 
 # -- vLLM 0.33.0, beside the installed 0.30.0: the vLLM rows on its pin ------------------------------------------
