@@ -165,6 +165,10 @@ class Backend:
     def device_lost(self, device: str) -> str | None:
         return device_lost(device)
 
+    def _untimed(self, x: Tensor) -> contextlib.AbstractContextManager[Any]:
+        """Entered around each call and its backward: where autotuners cannot time, a backend pins them here."""
+        return contextlib.nullcontext()
+
     def _memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
         """`make()` once per key for this backend: its compiled graphs, built modules and probes."""
         made: dict[Hashable, Any] = self.__dict__.setdefault("_made", {})
@@ -174,7 +178,7 @@ class Backend:
 
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         self._check(z, opts)
-        with torch.no_grad():
+        with torch.no_grad(), self._untimed(x):
             return self._fn(x, z, w, opts)
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
@@ -185,7 +189,7 @@ class Backend:
         xl = x.detach().requires_grad_(True)
         zl = None if z is None else z.detach().requires_grad_(True)
         wl = w.detach().requires_grad_(True)
-        with torch.enable_grad():
+        with torch.enable_grad(), self._untimed(x):
             y = self._fn(xl, zl, wl, opts)
             if not y.requires_grad:
                 raise BackendUnavailable(f"{self.key}: output has no autograd graph (no backward)")

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, Grads, dist_version, pins
+from rlnorm.kit.backends import Backend, dist_version, pins
 from rlnorm.options import OpOptions
 
 
@@ -80,14 +80,6 @@ class FlaFusedNormGateBackend(Backend):
 
     def _untimed(self, x: Tensor) -> AbstractContextManager[Any]:
         return pins.pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
-
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        with self._untimed(x):
-            return super().forward(x, z, w, opts)
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        with self._untimed(x):
-            return super().forward_backward(x, z, w, dy, opts)
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[pins.Setting]:
         """Every config of the forward's and the backward's autotuner (any may win the timing at a row count)."""
