@@ -91,8 +91,8 @@ class Backend:
     source: str = ""
     has_backward: bool = True
     requires: str = ""  # the module the backend's code lives in: a failed import makes it unavailable, with why
-    # names an implementation of Qwen3-Next's options only in its refusals (`_check`, before every call): whole rows,
-    # the norm first, `activations`, and always a gate z (no ungated path)
+    # set (to its name, for refusals) where the implementation has Qwen3-Next's options only: whole rows, the norm
+    # first, `activations`, and always a gate z (no ungated path); `_check` refuses the rest before every call
     qwen_only = ""
     activations: tuple[str, ...] = ("silu",)
 
