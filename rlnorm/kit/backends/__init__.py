@@ -295,7 +295,7 @@ def _adapt(obj: object, spec: str) -> Backend:
 def _resolve_path(spec: str) -> object:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"backend {spec!r}: expected a registered key or 'package.module:attr'")
+        raise ValueError(f"backend {spec!r}: not a registered key {sorted(REGISTRY)} and not 'package.module:attr'")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
@@ -320,8 +320,6 @@ def load_backend(spec: str | Backend) -> Backend:
             return _adapt(_resolve_path(REGISTRY[spec]), spec)
         except ValueError as exc:
             return UnavailableBackend(spec, str(exc))
-    if ":" not in spec:
-        raise ValueError(f"backend {spec!r}: not a registered key {sorted(REGISTRY)} and not 'package.module:attr'")
     return _adapt(_resolve_path(spec), spec)
 
 
