@@ -12,7 +12,7 @@ import triton.language as tl
 from conftest import REPO_ROOT
 
 from rlnorm.kit.backends import load_backend
-from rlnorm.kit.backends.pins import autotuner, autotuner_settings, pin_autotuner
+from rlnorm.kit.backends.pins import autotuner, autotuner_settings, patched
 from rlnorm.kit.checks import common
 from rlnorm.kit.checks.launch import configurations
 from rlnorm.kit.checks.rows import all_rows, full_vs_sub_batches
@@ -64,7 +64,7 @@ def test_pin_runs_the_pinned_config_and_restores() -> None:
     with pytest.raises(RuntimeError, match="active drivers"):
         _launch()  # no driver to time the configs with under the interpreter
     for cfg in configs:
-        with pin_autotuner(at, cfg):
+        with patched(at, "configs", [cfg]):
             assert _launch() == 2 * cfg.kwargs["V"]
     assert at.configs == configs
     # the interpreter ignores num_warps: one setting per set of constexprs there, each pinned alone

@@ -12,7 +12,7 @@ import importlib.metadata
 import inspect
 import itertools
 import types
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +27,6 @@ from rlnorm.options import OpOptions
 from rlnorm.reference import rms_norm_gated_reference
 from rlnorm.timing import describe_error
 
-__all__ = ["REGISTRY", "Backend", "BackendUnavailable", "FunctionBackend", "Grads", "UnavailableBackend"]
-__all__ += ["describe_error", "device_lost", "dist_version", "fresh_function", "load_backend"]
-__all__ += ["load_backends", "only_qwen_options"]
 _CODE_IDS = itertools.count()
 
 
@@ -69,17 +66,6 @@ def dist_version(dist: str) -> str:
         return "?"
 
 
-def only_qwen_options(opts: OpOptions, who: str, activations: tuple[str, ...] = ("silu",)) -> tuple[bool, str]:
-    """`supports` of an implementation with Qwen3-Next's options only: whole rows, the norm first, these gates."""
-    if opts.group_size is not None:
-        return False, f"{who} has no group_size (it normalises the whole row)"
-    if not opts.norm_before_gate:
-        return False, f"{who} only norms before the gate (norm_before_gate=True)"
-    if opts.activation not in activations:
-        return False, f"{who} has no activation {opts.activation} (only {', '.join(activations)})"
-    return True, ""
-
-
 def fresh_function(fn: Callable[..., Any]) -> Callable[..., Any]:
     """`fn` with a code object of its own: dynamo keeps compiled graphs per code object, so graphs compiled for one
     closure (options, mode) never serve another's calls, even where every guard is dropped."""
@@ -105,7 +91,10 @@ class Backend:
     source: str = ""
     has_backward: bool = True
     requires: str = ""  # the module the backend's code lives in: a failed import makes it unavailable, with why
-    needs_gate = False  # no ungated path: a call without z is refused (`_check`, before every call)
+    # set (to its name, for refusals) where the implementation has Qwen3-Next's options only: whole rows, the norm
+    # first, `activations`, and always a gate z (no ungated path); `_check` refuses the rest before every call
+    qwen_only = ""
+    activations: tuple[str, ...] = ("silu",)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         raise NotImplementedError(f"{type(self).__name__} defines neither _fn nor forward")
@@ -119,13 +108,21 @@ class Backend:
         return None
 
     def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        if not (who := self.qwen_only):
+            return True, ""
+        if opts.group_size is not None:
+            return False, f"{who} has no group_size (it normalises the whole row)"
+        if not opts.norm_before_gate:
+            return False, f"{who} only norms before the gate (norm_before_gate=True)"
+        if opts.activation not in self.activations:
+            return False, f"{who} has no activation {opts.activation} (only {', '.join(self.activations)})"
         return True, ""
 
     def _check(self, z: Tensor | None, opts: OpOptions) -> None:
         ok, why = self.supports(opts)
         if not ok:
             raise BackendUnavailable(f"{self.key}: {why}")
-        if self.needs_gate and z is None:
+        if self.qwen_only and z is None:
             raise BackendUnavailable(f"{self.key}: needs a gate z (the implementation has no ungated path)")
 
     def available(self, device: str) -> tuple[bool, str]:
@@ -168,9 +165,20 @@ class Backend:
     def device_lost(self, device: str) -> str | None:
         return device_lost(device)
 
+    def _untimed(self, x: Tensor) -> contextlib.AbstractContextManager[Any]:
+        """Entered around each call and its backward: where autotuners cannot time, a backend pins them here."""
+        return contextlib.nullcontext()
+
+    def _memo(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        """`make()` once per key for this backend: its compiled graphs, built modules and probes."""
+        made: dict[Hashable, Any] = self.__dict__.setdefault("_made", {})
+        if key not in made:
+            made[key] = make()
+        return made[key]
+
     def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         self._check(z, opts)
-        with torch.no_grad():
+        with torch.no_grad(), self._untimed(x):
             return self._fn(x, z, w, opts)
 
     def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
@@ -181,7 +189,7 @@ class Backend:
         xl = x.detach().requires_grad_(True)
         zl = None if z is None else z.detach().requires_grad_(True)
         wl = w.detach().requires_grad_(True)
-        with torch.enable_grad():
+        with torch.enable_grad(), self._untimed(x):
             y = self._fn(xl, zl, wl, opts)
             if not y.requires_grad:
                 raise BackendUnavailable(f"{self.key}: output has no autograd graph (no backward)")
@@ -248,20 +256,6 @@ REGISTRY: dict[str, str] = {
 }
 
 
-def _check_function_signature(fn: Callable, spec: str) -> None:
-    try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return  # builtins without a signature: trust them, the probe will tell
-    try:
-        sig.bind(None, None, None, **OpOptions().as_dict())  # the call `_fn` makes
-    except TypeError as exc:
-        raise ValueError(
-            f"backend {spec!r}: a function backend must accept f(x, z, w, *, eps, group_size, "
-            f"norm_before_gate, activation); {fn!r} does not ({exc})"
-        ) from None
-
-
 def _adapt(obj: object, spec: str) -> Backend:
     if isinstance(obj, type):
         if not issubclass(obj, Backend):
@@ -273,7 +267,15 @@ def _adapt(obj: object, spec: str) -> Backend:
     elif isinstance(obj, Backend):
         inst = obj
     elif callable(obj):
-        _check_function_signature(obj, spec)
+        try:  # the call `_fn` makes; a builtin without a signature (ValueError) is trusted: the probe will tell
+            inspect.signature(obj).bind(None, None, None, **OpOptions().as_dict())
+        except ValueError:
+            pass
+        except TypeError as exc:
+            raise ValueError(
+                f"backend {spec!r}: a function backend must accept f(x, z, w, *, eps, group_size, "
+                f"norm_before_gate, activation); {obj!r} does not ({exc})"
+            ) from None
         return FunctionBackend(obj, key=spec)
     else:
         raise ValueError(
@@ -293,7 +295,7 @@ def _adapt(obj: object, spec: str) -> Backend:
 def _resolve_path(spec: str) -> object:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
-        raise ValueError(f"backend {spec!r}: expected a registered key or 'package.module:attr'")
+        raise ValueError(f"backend {spec!r}: not a registered key {sorted(REGISTRY)} and not 'package.module:attr'")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
@@ -318,8 +320,6 @@ def load_backend(spec: str | Backend) -> Backend:
             return _adapt(_resolve_path(REGISTRY[spec]), spec)
         except ValueError as exc:
             return UnavailableBackend(spec, str(exc))
-    if ":" not in spec:
-        raise ValueError(f"backend {spec!r}: not a registered key {sorted(REGISTRY)} and not 'package.module:attr'")
     return _adapt(_resolve_path(spec), spec)
 
 
@@ -402,12 +402,9 @@ class TorchCompileBackend(Backend):
     source = f"torch {torch.__version__} torch.compile(rlnorm.reference.rms_norm_gated_reference)"
     GRAPH = "torch.compile(rlnorm.reference.rms_norm_gated_reference)"  # the `configurations` check's kernel
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._compiled: dict[tuple[OpOptions, bool | None], Callable[..., Tensor]] = {}
-        # torch.compile's `dynamic`: None as a user calls it (static shapes, then a dynamic graph once the row count
-        # changes); True / False forced by the `configurations` check
-        self._dynamic: bool | None = None
+    # torch.compile's `dynamic`: None as a user calls it (static shapes, then a dynamic graph once the row count
+    # changes); True / False forced by the `configurations` check
+    _dynamic: bool | None = None
 
     @contextlib.contextmanager
     def _forced(self, dynamic: bool) -> Iterator[None]:
@@ -424,11 +421,9 @@ class TorchCompileBackend(Backend):
         ]
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        key = (opts, self._dynamic)
-        if key not in self._compiled:
-            # options are closed over, so each option set is its own graph (no guard on a dataclass)
-            def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
-                return rms_norm_gated_reference(x, z, w, opts)
+        # options are closed over, so each option set is its own graph (no guard on a dataclass)
+        def op(x: Tensor, z: Tensor | None, w: Tensor) -> Tensor:
+            return rms_norm_gated_reference(x, z, w, opts)
 
-            self._compiled[key] = torch.compile(fresh_function(op), dynamic=self._dynamic)
-        return self._compiled[key](x, z, w)
+        compiled = self._memo((opts, self._dynamic), lambda: torch.compile(fresh_function(op), dynamic=self._dynamic))
+        return compiled(x, z, w)

@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from rlnorm.kit.backends import Backend, Grads, dist_version, only_qwen_options, pins
+from rlnorm.kit.backends import Backend, dist_version, pins
 from rlnorm.options import OpOptions
 
 
@@ -20,23 +20,15 @@ class TransformersBackend(Backend):
 
     key = "transformers"
     requires = "transformers.models.qwen3_next.modeling_qwen3_next"
-    needs_gate = True
+    qwen_only = "Qwen3NextRMSNormGated"
     source = f"transformers {dist_version('transformers')} Qwen3NextRMSNormGated"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._modules: dict[tuple[int, float, str], torch.nn.Module] = {}
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "Qwen3NextRMSNormGated")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
 
-        key = (x.shape[-1], opts.eps, str(x.device))
-        if key not in self._modules:
-            self._modules[key] = Qwen3NextRMSNormGated(key[0], eps=opts.eps).to(key[2])
-        return torch.func.functional_call(self._modules[key], {"weight": w}, (x, z))
+        d, device = x.shape[-1], x.device
+        mod = self._memo((d, opts.eps, str(device)), lambda: Qwen3NextRMSNormGated(d, eps=opts.eps).to(device))
+        return torch.func.functional_call(mod, {"weight": w}, (x, z))
 
 
 class FlaLayernormGatedBackend(Backend):
@@ -66,11 +58,9 @@ class FlaFusedNormGateBackend(Backend):
     key = "fla_fused_norm_gate"
     requires = "fla.modules.fused_norm_gate"
     source = f"FLA {dist_version('fla-core')} fused_norm_gate.rms_norm_gated"
-    needs_gate = True
+    qwen_only = "fused_norm_gate"
     _ACTIVATION: ClassVar[dict[str, str]] = {"silu": "swish", "sigmoid": "sigmoid"}
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "fused_norm_gate", tuple(self._ACTIVATION))
+    activations = tuple(_ACTIVATION)
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         from fla.modules.fused_norm_gate import rms_norm_gated
@@ -90,14 +80,6 @@ class FlaFusedNormGateBackend(Backend):
 
     def _untimed(self, x: Tensor) -> AbstractContextManager[Any]:
         return pins.pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
-
-    def forward(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
-        with self._untimed(x):
-            return super().forward(x, z, w, opts)
-
-    def forward_backward(self, x: Tensor, z: Tensor | None, w: Tensor, dy: Tensor, opts: OpOptions) -> Grads:
-        with self._untimed(x):
-            return super().forward_backward(x, z, w, dy, opts)
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[pins.Setting]:
         """Every config of the forward's and the backward's autotuner (any may win the timing at a row count)."""

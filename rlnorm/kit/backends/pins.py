@@ -63,18 +63,14 @@ def config_words(config: Any) -> str:
     return ", ".join([*parts, f"num_warps={config.num_warps}", f"num_stages={config.num_stages}"])
 
 
-def pin_autotuner(autotuner: Any, config: Any) -> AbstractContextManager[None]:
-    """With a single config an Autotuner launches it untimed; its cache of earlier picks is used again after."""
-    return patched(autotuner, "configs", [config])
-
-
 @contextlib.contextmanager
 def pin_first_configs(autotuners: Iterable[Any]) -> Iterator[None]:
-    """Each autotuner not already pinned runs its first config: where none can time (no active driver)."""
+    """Each autotuner not already pinned runs its first config: where none can time (no active driver). An Autotuner
+    with a single config launches it untimed; its cache of earlier picks is used again after."""
     with contextlib.ExitStack() as stack:
         for at in autotuners:
             if len(at.configs) > 1:
-                stack.enter_context(pin_autotuner(at, at.configs[0]))
+                stack.enter_context(patched(at, "configs", at.configs[:1]))
         yield
 
 
@@ -90,8 +86,8 @@ def patched(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _pinned(autotuner: Any, config: Any, others: list[Any]) -> Iterator[None]:
-    with pin_autotuner(autotuner, config), pin_first_configs(others):
+def _pinned(autotuner: Any, config: Any, autotuners: list[Any]) -> Iterator[None]:
+    with patched(autotuner, "configs", [config]), pin_first_configs(autotuners):  # the others run their first
         yield
 
 
@@ -99,8 +95,7 @@ def autotuner_settings(autotuners: list[Any], distinct_kwargs_only: bool = False
     """One Setting per config of each autotuner, the others pinned to their first; `distinct_kwargs_only` (the Triton
     interpreter ignores num_warps and num_stages): one per set of constexprs."""
     out: list[Setting] = []
-    for i, at in enumerate(autotuners):
-        others = [a for j, a in enumerate(autotuners) if j != i]
+    for at in autotuners:
         seen: set[tuple] = set()
         for cfg in at.configs:
             sig = tuple(sorted(cfg.kwargs.items()))
@@ -108,5 +103,5 @@ def autotuner_settings(autotuners: list[Any], distinct_kwargs_only: bool = False
                 continue
             seen.add(sig)
             words = ", ".join(f"{k}={v}" for k, v in sig) if distinct_kwargs_only else config_words(cfg)
-            out.append(Setting(kernel_name(at), "config", words, functools.partial(_pinned, at, cfg, others)))
+            out.append(Setting(kernel_name(at), "config", words, functools.partial(_pinned, at, cfg, autotuners)))
     return out

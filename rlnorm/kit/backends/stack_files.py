@@ -1,9 +1,4 @@
-"""Pinned files of the stacks (vLLM 0.30.0 and 0.33.0, SGLang, Megatron-core, TorchTitan), run without importing them.
-
-`PINS`: each stack's pinned version, the files taken from its wheel and the modules stood in. `find` looks in a path
-given, $RLNORM_<KEY>_SOURCES, the installed package at the pinned version, then `.whl/<key>-src.tar.gz` (packed by
-`tools/stack_sources.py`).
-"""
+"""The stacks' pinned files (vLLM 0.30.0 and 0.33.0, SGLang, Megatron-core, TorchTitan), run without importing them."""
 
 from __future__ import annotations
 
@@ -29,9 +24,6 @@ from torch import Tensor
 
 from rlnorm.kit.backends import Backend, BackendUnavailable, describe_error, dist_version
 from rlnorm.options import OpOptions
-
-__all__ = ["LAYERNORM", "PINS", "VLLM_GUARD", "WHL", "ForwardOnlyRow", "Pin", "StackFiles", "StackRow", "find"]
-__all__ += ["installed", "interp", "load_file", "read_function", "unpack"]
 
 WHL = Path(__file__).resolve().parents[3] / ".whl"
 _LOCK = threading.Lock()
@@ -170,13 +162,13 @@ def unpack(archive: Path) -> Path:
         if not dest.is_dir():  # another process unpacked the same archive first: use its copy
             raise
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)  # gone once moved into place
     return dest
 
 
 def find(pin: Pin, given: str | Path | None = None) -> tuple[StackFiles | None, str]:
-    """The pin's files (`given`: a folder or archive), or None and where they were looked for."""
+    """The pin's files, or None and where they were looked for: `given` (a folder or archive), $RLNORM_<KEY>_SOURCES,
+    the installed package at the pinned version, then `.whl/<key>-src.tar.gz` (packed by `tools/stack_sources.py`)."""
     if given is None and os.environ.get(pin.env):
         given = os.environ[pin.env]
         named, origin = f"{pin.env}={given}", f"{given} ({pin.env})"
@@ -310,7 +302,6 @@ class StackRow(Backend):
     def __init__(self, files: str | Path | None = None) -> None:
         super().__init__()
         self.files, self._where = find(self.pin, files)
-        self._loaded: Any = None
 
     @property
     def source(self) -> str:  # type: ignore[override]
@@ -321,11 +312,9 @@ class StackRow(Backend):
         return f"{self.pin.dist} {self.pin.version} {self.what} ({where}; stood in: {stood})"
 
     def loaded(self) -> Any:
-        if self._loaded is None:
-            if self.files is None:
-                raise BackendUnavailable(f"{self.key}: {self._where}")
-            self._loaded = self._load()
-        return self._loaded
+        if self.files is None:
+            raise BackendUnavailable(f"{self.key}: {self._where}")
+        return self._memo("loaded", self._load)
 
     def _import_reason(self) -> str | None:
         if self.files is None:

@@ -11,25 +11,17 @@ import functools
 import os
 import types
 import warnings
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rlnorm.kit.backends import BackendUnavailable, describe_error, fresh_function, only_qwen_options
+from rlnorm.kit.backends import BackendUnavailable, describe_error, fresh_function
 from rlnorm.kit.backends import stack_files as sf
 from rlnorm.kit.backends.vllm import VllmBackend
 from rlnorm.options import OpOptions
-
-__all__ = ["COMPILE_ROWS", "MegatronGdnBackend", "MegatronGdnBatchInvariantBackend", "SglangFusedNormGateBackend"]
-__all__ += ["SglangLayernormGatedBackend", "SglangLayernormGatedDeterministicBackend", "TorchtitanBackend"]
-__all__ += ["Vllm033Backend", "VllmNative033Backend", "VllmNativeBackend", "VllmNativeBatchInvariant033Backend"]
-__all__ += ["VllmNativeBatchInvariantBackend", "VllmNativeCompiled033Backend", "VllmNativeCompiledBackend"]
-__all__ += ["native_call", "sglang_modules", "vllm_inductor_options"]
-
 
 # -- SGLang 0.5.23 -----------------------------------------------------------------------------------------------
 _SGL = "sglang.kernels.ops.attention.fla."
@@ -43,38 +35,35 @@ def _no_server_config() -> Any:
     raise ValueError("no server config is published here")
 
 
-def sglang_modules(files: sf.StackFiles, batch_invariant: bool) -> dict[str, types.ModuleType]:
-    """SGLang's norm modules from its files; `batch_invariant`: --enable-deterministic-inference."""
-    common = files.path("sglang/srt/utils/common.py")
-    # device_context's own lines: on a host without a GPU it answers as SGLang's CPU engine (torch.device("cpu"))
-    ctx_scope = {"torch": torch, "contextmanager": contextlib.contextmanager, "is_cpu": lambda: _capability() is None}
-    utils = {name: sf.read_function(common, name, {}) for name in ("cdiv", "next_power_of_2")}
-    utils["device_context"] = sf.read_function(common, "device_context", ctx_scope)
-    arch = {
-        "is_arch_support_pdl": lambda: (_capability() or (0, 0))[0] >= 9 and torch.version.hip is None,
-        "get_jit_cuda_arch": lambda: types.SimpleNamespace(major=_capability()[0], minor=_capability()[1]),  # type: ignore[index]
-    }
-    stand_ins = {
-        "sglang.srt.utils": {**utils, **dict.fromkeys(("is_cpu", "is_npu", "cpu_has_amx_support"), lambda: False)},
-        "sglang.kernels.jit.utils": arch,
-        "sglang.srt.batch_invariant_ops": {"is_batch_invariant_mode_enabled": lambda: batch_invariant},
-        "sglang.srt.runtime_context": {"get_exec": _no_server_config},
-    }
-    norms = [_SGL.replace(".", "/") + f"{m}.py" for m in ("fused_norm_gate", "layernorm_gated")]
-    loaded = sf.load(files, ["sglang/srt/model_executor/cuda_graph_config.py", *norms], stand_ins)
-    lg = loaded[_SGL + "layernorm_gated"]
-    if _capability() is None:  # its torch.cuda query has no answer on a CPU: torch's threads, as vLLM's CPU platform
-        lg._get_sm_count = functools.cache(lambda device: torch.get_num_threads())
-    return {"fused_norm_gate": loaded[_SGL + "fused_norm_gate"], "layernorm_gated": lg}
-
-
 class _SglangRow(sf.ForwardOnlyRow):  # SGLang's autograd Functions define no backward
     pin = sf.PINS["sglang"]
     batch_invariant = False
     writes_input = False
 
-    def _load(self) -> Any:
-        return sglang_modules(self.files, self.batch_invariant)  # type: ignore[arg-type]
+    def _load(self) -> dict[str, types.ModuleType]:
+        """SGLang's norm modules from its files; `batch_invariant`: --enable-deterministic-inference."""
+        common = self.files.path("sglang/srt/utils/common.py")
+        # device_context's own lines: on a host without a GPU it answers as SGLang's CPU engine (torch.device("cpu"))
+        scope = {"torch": torch, "contextmanager": contextlib.contextmanager, "is_cpu": lambda: _capability() is None}
+        utils = {name: sf.read_function(common, name, {}) for name in ("cdiv", "next_power_of_2")}
+        utils["device_context"] = sf.read_function(common, "device_context", scope)
+        arch = {
+            "is_arch_support_pdl": lambda: (_capability() or (0, 0))[0] >= 9 and torch.version.hip is None,
+            "get_jit_cuda_arch": lambda: types.SimpleNamespace(major=_capability()[0], minor=_capability()[1]),  # type: ignore[index]
+        }
+        stand_ins = {
+            "sglang.srt.utils": {**utils, **dict.fromkeys(("is_cpu", "is_npu", "cpu_has_amx_support"), lambda: False)},
+            "sglang.kernels.jit.utils": arch,
+            "sglang.srt.batch_invariant_ops": {"is_batch_invariant_mode_enabled": lambda: self.batch_invariant},
+            "sglang.srt.runtime_context": {"get_exec": _no_server_config},
+        }
+        norms = [_SGL.replace(".", "/") + f"{m}.py" for m in ("fused_norm_gate", "layernorm_gated")]
+        loaded = sf.load(self.files, ["sglang/srt/model_executor/cuda_graph_config.py", *norms], stand_ins)
+        lg = loaded[_SGL + "layernorm_gated"]
+        # its torch.cuda query has no answer on a CPU: torch's threads, as vLLM's CPU platform
+        if _capability() is None:
+            lg._get_sm_count = functools.cache(lambda device: torch.get_num_threads())
+        return {"fused_norm_gate": loaded[_SGL + "fused_norm_gate"], "layernorm_gated": lg}
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         mod = self._module(x.shape[-1], w, opts)
@@ -86,7 +75,8 @@ class SglangFusedNormGateBackend(_SglangRow):
     """Qwen3-Next's gated norm in SGLang: FLA's fused kernel with BT=32, num_warps=4 for D <= 512."""
 
     key = "sglang_fused_norm_gate"
-    needs_gate = True
+    qwen_only = "FusedRMSNormGated"
+    activations = ("silu", "sigmoid")
     writes_input = True  # y = x: layer_norm_gated_fwd stores the output over its input
 
     @property
@@ -95,9 +85,6 @@ class SglangFusedNormGateBackend(_SglangRow):
             "fused_norm_gate.py FusedRMSNormGated(D, eps, activation) as qwen3_next.py builds it, called as its GDN "
             f"layer calls it (self.norm(core_attn_out, z)); it writes over its input, so x goes in copied{sf.interp()}"
         )
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "FusedRMSNormGated", ("silu", "sigmoid"))
 
     def _module(self, d: int, w: Tensor, opts: OpOptions) -> nn.Module:
         cls = self.loaded()["fused_norm_gate"].FusedRMSNormGated
@@ -135,15 +122,12 @@ class TorchtitanBackend(sf.StackRow):
 
     key = "torchtitan"
     pin = sf.PINS["torchtitan"]
-    needs_gate = True
+    qwen_only = "TorchTitan's RMSNormGated"
     what = "models/qwen3_5/model.py RMSNormGated.forward(x, gate), eager, with its weight and Config.eps"
 
     def _load(self) -> Callable[..., Tensor]:
         path = self.files.path("torchtitan/models/qwen3_5/model.py")  # type: ignore[union-attr]
         return sf.read_function(path, "RMSNormGated.forward", {"torch": torch, "F": F})
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "TorchTitan's RMSNormGated")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         return self.loaded()(types.SimpleNamespace(eps=opts.eps, weight=w), x, z)
@@ -163,15 +147,12 @@ class _MegatronRow(sf.StackRow):
     """Megatron's GDN `_apply_gated_norm`: out_norm(x) (the zero-centred weight) * silu(gate.float()), jit-fused."""
 
     pin = sf.PINS["megatron-core"]
-    needs_gate = True
+    qwen_only = "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)"
     jit_fuser: Callable[..., Any] = staticmethod(torch.compile)  # what megatron/core/jit.py sets for torch >= 2.2
 
     def _load(self) -> Any:
         path = self.files.path(_GDN)  # type: ignore[union-attr]
         return sf.read_function(path, "_GDNBase._apply_gated_norm", {"jit_fuser": self.jit_fuser})
-
-    def supports(self, opts: OpOptions) -> tuple[bool, str]:
-        return only_qwen_options(opts, "Megatron's _apply_gated_norm (Qwen3-Next: act_fn = F.silu)")
 
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         layer = types.SimpleNamespace(out_norm=self.out_norm(w, opts), act_fn=F.silu)
@@ -196,18 +177,8 @@ class MegatronGdnBackend(_MegatronRow):
         import transformer_engine.pytorch as te
 
         norm = te.RMSNorm(w.shape[0], eps=opts.eps, zero_centered_gamma=True, params_dtype=w.dtype, device=w.device)
-        return _Holding(norm, zero_centred(w))
-
-
-class _Holding(nn.Module):
-    """`norm` with `weight` as its parameter, in the graph so that dweight reaches the row's w."""
-
-    def __init__(self, norm: nn.Module, weight: Tensor) -> None:
-        super().__init__()
-        self.norm, self.held = norm, weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        return torch.func.functional_call(self.norm, {"weight": self.held}, (x,))
+        # the norm called with the held weight as its parameter, in the graph so that dweight reaches the row's w
+        return functools.partial(torch.func.functional_call, norm, {"weight": zero_centred(w)})
 
 
 class MegatronGdnBatchInvariantBackend(_MegatronRow):
@@ -286,19 +257,14 @@ class VllmNativeCompiledBackend(_FromVllmFiles):  # vLLM's compilation/wrapper.p
         f"dynamic, compiled once at {compile_rows} rows, every guard dropped; alone, not fused with neighbours"
     )
 
-    def __init__(self, files: str | Path | None = None) -> None:
-        super().__init__(files)
-        self._compiled: dict[tuple, Callable[..., Tensor]] = {}
-
     def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
         d = x.shape[-1]
         # every guard is dropped, so nothing but this key may tell two graphs apart
         key = (opts, d, x.dtype, w.dtype, z is None, str(x.device))
-        if key not in self._compiled:
-            self._compiled[key] = self._compile(x, z, w, opts)
+        compiled = self._memo(key, lambda: self._compile(x, z, w, opts))
         x2 = x.reshape(-1, d).contiguous()
         z2 = None if z is None else z.reshape(-1, d).contiguous()
-        return self._compiled[key](x2, z2, w.contiguous()).reshape(x.shape)
+        return compiled(x2, z2, w.contiguous()).reshape(x.shape)
 
     def _compile(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Callable[..., Tensor]:
         forward_static = self.loaded()
@@ -318,19 +284,6 @@ class VllmNativeCompiledBackend(_FromVllmFiles):  # vLLM's compilation/wrapper.p
                 torch._dynamo.mark_dynamic(t, 0)
         fn(xh, zh, w.contiguous())
         return fn
-
-
-@contextlib.contextmanager
-def _mean_override(mean: Callable[..., Tensor], dispatch_key: str) -> Iterator[None]:
-    """aten::mean.dim -> `mean` on `dispatch_key` inside the block, as enable_batch_invariant_mode() registers it."""
-    lib = torch.library.Library("aten", "IMPL")
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
-            lib.impl("aten::mean.dim", mean, dispatch_key)
-        yield
-    finally:
-        lib._destroy()
 
 
 class VllmNativeBatchInvariantBackend(_FromVllmFiles):  # forward_cuda's kernel makes no aten call to override
@@ -362,8 +315,15 @@ class VllmNativeBatchInvariantBackend(_FromVllmFiles):  # forward_cuda's kernel 
         if key is None:
             raise BackendUnavailable(f"{self.key}: no dispatch key for device {x.device} (expected cuda or cpu)")
         forward_static = self.loaded()
-        with _mean_override(self.mean, key):
+        # aten::mean.dim -> vLLM's mean for this call only, as enable_batch_invariant_mode() registers it
+        lib = torch.library.Library("aten", "IMPL")
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="(?s).*Overriding a previously registered kernel")
+                lib.impl("aten::mean.dim", self.mean, key)
             return native_call(forward_static, x, z, w, opts)
+        finally:
+            lib._destroy()
 
 
 # -- vLLM 0.33.0, beside the installed 0.30.0: the vLLM rows on its pin ------------------------------------------

@@ -26,9 +26,6 @@ from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.process import run_child
 from rlnorm.options import OpOptions
 
-__all__ = ["VllmBackend", "answer_compute_units", "compute_units", "load_layernorm_guard"]
-__all__ += ["prepare_import", "probe", "reason_from_probe", "rmsnorm_call", "run_probe", "vllm_version"]
-
 GUARD = sf.VLLM_GUARD[-1].removesuffix(".py").replace("/", ".")  # layernorm_guard's module name
 _PROBE_MARK = "RLNORM_VLLM_PROBE "
 _PROBE_TIMEOUT_S = 600.0  # importing vllm takes ~10-25 s on 2 cores; a hang must still end
@@ -176,8 +173,6 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
         self.given = files is not None
         self.probe_env: dict[str, str] | None = None  # extra environment for the probe child (tests)
         self.last_probe: dict[str, Any] | None = None
-        self._probes: dict[str, dict[str, Any]] = {}
-        self._modules: dict[tuple, Any] = {}
 
     @property
     def source(self) -> str:  # type: ignore[override]
@@ -211,9 +206,7 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
         return "files"
 
     def _probe_child(self, device: str) -> dict[str, Any]:
-        if device not in self._probes:
-            self._probes[device] = run_probe(device, env=self.probe_env)
-        self.last_probe = self._probes[device]  # for the record
+        self.last_probe = self._memo(("probe", device), lambda: run_probe(device, env=self.probe_env))  # for the record
         return self.last_probe
 
     def _probe(self, device: str) -> tuple[bool, str]:
@@ -241,13 +234,13 @@ class VllmBackend(sf.ForwardOnlyRow):  # forward_cuda calls its Triton kernel wi
         return self._module(x, w, opts).forward_cuda(x, z)
 
     def _module(self, x: Tensor, w: Tensor, opts: OpOptions) -> Any:
-        key = (x.shape[-1], w.dtype, str(w.device), opts)
-        if key not in self._modules:
+        def build() -> Any:
             prepare_import(str(x.device))
             if x.device.type == "cpu":
                 answer_compute_units()
-            self._modules[key] = build_module(w, opts)
-        mod = self._modules[key]
+            return build_module(w, opts)
+
+        mod = self._memo((x.shape[-1], w.dtype, str(w.device), opts), build)
         mod.weight = torch.nn.Parameter(w.detach(), requires_grad=False)  # our bits, no copy
         return mod
 
