@@ -24,7 +24,6 @@ from rlnorm.kit import checks, gates
 from rlnorm.kit.artifact import read_json, write_atomic
 from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks import common
-from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.checks.digests import agreement_output, output_digests
 from rlnorm.kit.checks.launch import LAUNCH_ENV
 from rlnorm.kit.params import RunParams, check_kwargs, load_params
@@ -95,7 +94,10 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         return 0
     result, errors = report.result, report.result.errors
     assert errors is not None
-    trail = Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
+
+    def trail(spec: dict[str, Any]) -> None:
+        write_atomic(folder / TRAIL_FILE, json.dumps(spec))
+
     # progress bars redraw a line: not where the output is a file (the command line says so), lines only there
     bars = dataclasses.replace(params, progress=params.progress and os.environ.get(PLAIN_ENV) != "1")
     selected = [c for c in checks.CHECKS if c in params.checks]

@@ -29,7 +29,6 @@ from torch import Tensor
 from rlnorm.inputs import Case
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.kit.checks.common import (
-    NO_TRAIL,
     Check,
     CheckOutcome,
     Trail,
@@ -332,7 +331,7 @@ def launch(
     accuracy_rows: int = 1,
     agreement_rows: int = 1,
     seed: int = 3,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = False,
 ) -> CheckOutcome:
     """The backend's forward (and forward+backward) at each row count of the ladder, every launch recorded."""
@@ -353,7 +352,7 @@ def launch(
             for rows in rows_ladder:
                 case = c.case(rows, seed, whole=False)
                 for name, grad in passes:
-                    trail.batch({"kind": "slice", "start": 0, "size": rows})
+                    c.mark({"kind": "slice", "start": 0, "size": rows})
                     rec.rows, rec.pass_ = rows, name
                     once = functools.partial(c.call, case, grad)
                     _profiled(rec, once) if cuda else once()
@@ -373,7 +372,7 @@ def _run(setting: Setting, c: Check, case: Case, sizes: list[int]) -> _Run:
     assert setting.pin is not None
     rows = case.x.shape[0]
     with setting.pin():
-        c.trail.batch({"kind": "slice", "start": 0, "size": rows})
+        c.mark({"kind": "slice", "start": 0, "size": rows})
         g = c.backend.forward_backward(case.x, case.z, case.w, case.dy, c.opts) if c.with_grad else None
         full = c.call(case, grad=False) if g is None else (g.y, g.dx, g.dz)
         parts = {size: c.pieces(case, sub_batch_plan(rows, size)) for size in sizes}
@@ -402,7 +401,7 @@ def configurations(
     configurations_seed: int,
     d: int,
     weight_dtype: str | torch.dtype,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
 ) -> CheckOutcome:
     """Each launch parameter the backend's kernels pick by row count or autotuner, at each of its values: the

@@ -19,7 +19,6 @@ from tqdm import tqdm
 
 from rlnorm.inputs import Case
 from rlnorm.kit.checks.common import (
-    NO_TRAIL,
     Check,
     CheckOutcome,
     Dweight,
@@ -91,7 +90,7 @@ class AloneRunner:
         with tqdm(total=n_tiles, desc=desc, disable=not c.progress, leave=False) as bar:
             for first in range(0, n_tiles, k):
                 t0 = min(first, n_tiles - k) if graph else first  # a graph's last chunk overlaps the one before
-                c.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
+                c.mark({"kind": "slice", "start": int(starts[t0]), "size": size})
                 if graph:
                     sel = idx[t0 * size : (t0 + k) * size]
                     for name in ("x", "z", "dy"):
@@ -107,7 +106,7 @@ class AloneRunner:
                 bar.update(min(k, n_tiles - first))
 
     def _capture(self, case: Case, starts: Tensor, size: int, k: int) -> _Graph:
-        self.check.trail.batch({"kind": "slice", "start": int(starts[0]), "size": size})
+        self.check.mark({"kind": "slice", "start": int(starts[0]), "size": size})
         static = case.rows((starts[:k].view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(case.x.device))
         static.w = case.w.clone()
         calls = [lambda i=i: self.check.call(static.rows(slice(i * size, (i + 1) * size))) for i in range(k)]
@@ -133,7 +132,7 @@ def all_rows(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
 ) -> CheckOutcome:
     """Every row computed alone vs inside its batch of n, bitwise (output; dx and dz with a backward); per n:
@@ -169,7 +168,7 @@ def dweight_repeatable(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
     repeats: int = 2,
 ) -> CheckOutcome:
@@ -234,7 +233,7 @@ def full_vs_sub_batches(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
     sample_stride: int = 512,
     use_graphs: bool = True,
@@ -288,7 +287,7 @@ def batch_size_sweep(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
 ) -> CheckOutcome:
     """Each probe row at positions {0, (m-1)//2, m-1} among m-1 seeded-random other rows of `sweep_n`, for every
@@ -323,7 +322,7 @@ def batch_size_sweep(
             y = torch.empty(len(plan), d, dtype=case.x.dtype, device=case.x.device)
             in_batch = (y, torch.empty_like(y), torch.empty_like(y)) if c.with_grad else (y, None, None)
             for i, (_m, _p, _name, pos) in enumerate(plan):
-                trail.batch(places[i][5])
+                c.mark(places[i][5])
                 idx = idx_all[offsets[i] : offsets[i + 1]]
                 out = c.call(case.rows(idx))
                 with torch.no_grad():
