@@ -222,20 +222,8 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
             rec.add_triton(fn, names, bound, grid, extra, "launch_hook", name=fn_name)
 
         undo.enter_context(patched(CompiledKernel, "launch_metadata", launch_metadata))
-        chain = knobs.runtime.launch_enter_hook
-        if hasattr(chain, "add"):  # a HookChain: others' hooks keep running
-            chain.add(hook)
-            undo.callback(chain.remove, hook)
-        else:  # one optional callable: ours calls the one installed before it
-            before = chain
-
-            def both(lazy: Any) -> None:
-                hook(lazy)
-                if before is not None:
-                    before(lazy)
-
-            knobs.runtime.launch_enter_hook = both
-            undo.callback(setattr, knobs.runtime, "launch_enter_hook", before)
+        knobs.runtime.launch_enter_hook.add(hook)  # a HookChain (triton >= 3.6): others' hooks keep running
+        undo.callback(knobs.runtime.launch_enter_hook.remove, hook)
     with undo:
         yield
 
