@@ -8,7 +8,6 @@ the eager calls.
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -202,8 +201,6 @@ def dweight_repeatable(
 def sub_batch_plan(full_rows: int, size: int, coverage: str = "all", sample_stride: int = 512) -> list[tuple[int, int]]:
     """(start, size) of each contiguous sub-batch of `size` compared with the full batch: "all" tiles the batch
     (the last one partial); "sampled" (the seed report) starts sizes below `sample_stride` every that many rows."""
-    check_int("full_rows", full_rows, 1)
-    check_int("size", size, 1)
     check_int("sample_stride", sample_stride, 1)
     if coverage not in COVERAGES:
         raise ValueError(f"coverage: expected one of {COVERAGES}, got {coverage!r}")
@@ -315,20 +312,18 @@ def batch_size_sweep(
             ]  # fmt: skip
             # every batch's row indices built on the host first and moved once (no copy/sync per call)
             batch_idx = [sweep_batch_rows(n, m, p, pos, perms[(m, p)]) for m, p, _, pos in plan]
-            offsets = [0, *itertools.accumulate(len(t) for t in batch_idx)]
-            idx_all = torch.cat(batch_idx).to(case.x.device)
+            batches = torch.cat(batch_idx).to(case.x.device).split([len(t) for t in batch_idx])
             # the probe's row out of each batch, copied into preallocated buffers (a view would keep every batch's
             # whole output alive)
             y = torch.empty(len(plan), d, dtype=case.x.dtype, device=case.x.device)
             in_batch = (y, torch.empty_like(y), torch.empty_like(y)) if c.with_grad else (y, None, None)
-            for i, (_m, _p, _name, pos) in enumerate(plan):
-                c.mark(places[i][5])
-                idx = idx_all[offsets[i] : offsets[i + 1]]
+            for i, (idx, place) in enumerate(zip(batches, places, strict=True)):
+                c.mark(place[5])
                 out = c.call(case.rows(idx))
                 with torch.no_grad():
                     for buf, t in zip(in_batch, out, strict=True):
                         if buf is not None and t is not None:
-                            buf[i].copy_(t.detach()[pos])
+                            buf[i].copy_(t.detach()[place[4]])
                 bar.update()
             # each comparison's probe alone (a probe named twice: its last run, as each is run in turn)
             last = {p: i for i, p in enumerate(probes)}
