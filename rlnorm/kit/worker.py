@@ -193,31 +193,27 @@ class BackendWorker:
 
     def finish(self, timeout_s: float) -> WorkerReport:
         """Wait at most `timeout_s` seconds after release; never raises for what the child did."""
-        try:
-            return self._read_back(self.child.wait(timeout_s))
-        finally:
-            self._tmp.cleanup()
+        with self._tmp:
+            ended = self.child.wait(timeout_s)
+            saved = read_json(self.folder / RESULT_FILE)
+            why = "its process exited without writing a result"
+            failed = BackendResult(self.spec, "none", "failed", why, errors={})
+            report = WorkerReport(failed) if saved is None else from_json(WorkerReport, saved)
+            report.seconds = ended.seconds
+            if (self.folder / AGREEMENT_FILE).is_file():
+                try:
+                    report.agreement_output = torch.load(self.folder / AGREEMENT_FILE, map_location="cpu")
+                except Exception as exc:  # one backend's bad file is its missing output, never the run's end
+                    why = f"its agreement output does not load: {describe_error(exc)}"
+                    report.result.errors = {**(report.result.errors or {}), "agreement": why}
+            if not ended.ok:
+                _ended_early(report, read_json(self.folder / TRAIL_FILE), ended)
+            return report
 
     def close(self) -> None:
         """End the worker and its folder, whatever state it is in."""
         self.child.kill()
         self._tmp.cleanup()
-
-    def _read_back(self, ended: Ended) -> WorkerReport:
-        saved = read_json(self.folder / RESULT_FILE)
-        why = "its process exited without writing a result"
-        failed = BackendResult(self.spec, "none", "failed", why, errors={})
-        report = WorkerReport(failed) if saved is None else from_json(WorkerReport, saved)
-        report.seconds = ended.seconds
-        errors = report.result.errors if report.result.errors is not None else {}
-        if (self.folder / AGREEMENT_FILE).is_file():
-            try:
-                report.agreement_output = torch.load(self.folder / AGREEMENT_FILE, map_location="cpu")
-            except Exception as exc:  # one backend's bad file is its missing output, never the run's end
-                errors["agreement"] = f"its agreement output does not load: {describe_error(exc)}"
-        if not ended.ok:
-            _ended_early(report, read_json(self.folder / TRAIL_FILE), ended)
-        return report
 
 
 def _ended_early(report: WorkerReport, trail: dict[str, Any] | None, ended: Ended) -> None:

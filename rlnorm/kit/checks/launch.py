@@ -338,9 +338,8 @@ def launch(
     try:
         with _installed(rec, interpreted):
             for rows in rows_ladder:
-                case = c.case(rows, seed, whole=False)
+                case = c.case(rows, seed)  # one batch, marked once: each pass is given the same
                 for name, grad in passes:
-                    c.mark({"kind": "slice", "start": 0, "size": rows})
                     rec.rows, rec.pass_ = rows, name
                     once = functools.partial(c.call, case, grad)
                     _profiled(rec, once) if cuda else once()
@@ -416,8 +415,6 @@ def configurations(
             if unrun := [s for s in group if s.pin is None]:
                 whys = "; ".join(dict.fromkeys(str(s.why) for s in unrun))
                 summary.unexercised[key] = f"{whys} ({len(unrun)} of its {len(group)} values not run)"
-        if not groups:
-            return c.outcome(summary)
         case = c.case(rows, seed, whole=False)
         for key, group in groups.items():
             pinned = [s for s in group if s.pin is not None]
