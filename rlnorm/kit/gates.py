@@ -55,11 +55,9 @@ def _rows_of(tokens: list[int], heads: int) -> list[int]:
 
 
 def _gather(src: Tensor, rows: list[int]) -> Tensor:
-    """Rows of src, zero rows where the slot is -1 (padding)."""
-    idx = torch.tensor([max(r, 0) for r in rows], dtype=torch.long, device=src.device)
-    out = src.index_select(0, idx)
-    pad = torch.tensor([r < 0 for r in rows], dtype=torch.bool, device=src.device)
-    return torch.where(pad[:, None], torch.zeros((), dtype=src.dtype, device=src.device), out).contiguous()
+    """Rows of src, a zero row where the slot is -1 (padding: -1 indexes the zero row appended last)."""
+    padded = torch.cat([src, src.new_zeros(1, *src.shape[1:])])
+    return padded[torch.tensor(rows, dtype=torch.long, device=src.device)]
 
 
 def _scatter(dst: Tensor, rows: list[int], values: Tensor) -> None:
