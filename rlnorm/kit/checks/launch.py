@@ -138,10 +138,7 @@ def _grid_rest(grid: Any, args: dict[str, Any]) -> dict[str, Any]:
             grid = grid(args)
         except Exception:
             return {}
-    return _grid_axes(tuple(grid) if isinstance(grid, (tuple, list)) else (grid,))
-
-
-def _grid_axes(grid: Any) -> dict[str, Any]:
+    grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
     return {f"grid[{i}]": g for i, g in enumerate(grid) if i > 0 and g != 1}
 
 
@@ -247,7 +244,7 @@ def _profiled(rec: _Recorder, fn: Any) -> None:
         a = e.get("args", {})
         grid, block = list(a.get("grid") or [1]), a.get("block")
         shared = a.get("shared memory", a.get("dynamic shared memory"))
-        params = {**_grid_axes(grid), "block": tuple(block) if block else None, "shared": shared}
+        params = {**_grid_rest(grid, {}), "block": tuple(block) if block else None, "shared": shared}
         name = " ".join(str(e.get("name", "?")).split())
         rec.add(name if len(name) <= 160 else name[:159] + "…", "profiler", params, [])
 
