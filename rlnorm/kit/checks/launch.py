@@ -363,7 +363,7 @@ def _run(setting: Setting, c: Check, case: Case, sizes: list[int]) -> _Run:
     return tuple(None if t is None else t.detach() for t in full), None if g is None else g.dw, parts
 
 
-def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Run) -> ConfigPair:
+def _pair(a: Setting, b: Setting, ra: _Run, rb: _Run) -> ConfigPair:
     """The full batch under a against the rows alone / sub-batches under b; dweight of the full batch a vs b."""
     (full, dw_a, _), (_, dw_b, parts) = ra, rb
     fwd = grad = 0
@@ -372,7 +372,7 @@ def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Ru
         fwd, grad = fwd + int(masks["y"].sum()), grad + int(grad_mask.sum())
     both = a is not b and dw_a is not None and dw_b is not None
     dweight = bool(torch.equal(bits(dw_a), bits(dw_b))) if both else None
-    return ConfigPair(kernel, parameter, a.value, b.value, fwd, None if full[1] is None else grad, dweight)
+    return ConfigPair(a.kernel, a.parameter, a.value, b.value, fwd, None if full[1] is None else grad, dweight)
 
 
 def configurations(
@@ -417,10 +417,8 @@ def configurations(
             pinned = [s for s in group if s.pin is not None]
             if not pinned:
                 continue
-            runs = [_run(s, c, case, sizes) for s in pinned]
-            kernel, parameter = pinned[0].kernel, pinned[0].parameter
-            pairs = [_pair(kernel, parameter, a, b, ra, rb) for a, ra in zip(pinned, runs, strict=True)
-                     for b, rb in zip(pinned, runs, strict=True)]  # fmt: skip
+            ran = [(s, _run(s, c, case, sizes)) for s in pinned]
+            pairs = [_pair(a, b, ra, rb) for a, ra in ran for b, rb in ran]
             summary.pairs += pairs
             clean = all(p.fwd_differ == 0 and not p.rowgrad_differ and p.dweight_equal is not False for p in pairs)
             if clean and key not in summary.unexercised:
