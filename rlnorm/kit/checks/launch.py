@@ -28,16 +28,7 @@ from torch import Tensor
 
 from rlnorm.inputs import Case
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
-from rlnorm.kit.checks.common import (
-    Check,
-    CheckOutcome,
-    Trail,
-    bits,
-    caught,
-    check_int,
-    check_ints,
-    differ_masks,
-)
+from rlnorm.kit.checks.common import Check, CheckOutcome, Trail, bits, caught, check_int, check_ints, differ_masks
 from rlnorm.kit.checks.rows import sub_batch_plan
 from rlnorm.kit.results import ConfigPair, Configurations, KernelLaunches, Launches
 from rlnorm.options import OpOptions
