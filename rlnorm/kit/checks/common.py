@@ -110,7 +110,7 @@ class Check:
         self.key = str(getattr(backend, "key", "") or type(backend).__name__)
         self.with_grad = bool(getattr(backend, "has_backward", False))
         self.records: list[Record] = []
-        self.dropped = self._noted = 0
+        self.dropped = 0  # the differing (row, tensor) pairs `max_records` left unrecorded
         self.where: dict[str, Any] = {}
 
     def case(self, rows: int, seed: int, whole: bool = True) -> Case:
@@ -169,11 +169,6 @@ class Check:
                 Record(self.key, self.name, seed, case, start, size, position, row, tensor, cols[i], max_abs[i],
                        max_ulp[i], rebuild)
             )  # fmt: skip
-
-    def dropped_since(self) -> int | None:
-        """The differing (row, tensor) pairs `max_records` left unrecorded since the last call (None: none)."""
-        new, self._noted = self.dropped - self._noted, self.dropped
-        return new or None
 
     def record_differing(
         self,

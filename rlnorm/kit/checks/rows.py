@@ -145,6 +145,7 @@ def all_rows(
         for n in sizes:
             entry = summary.sizes[n] = RowsAtSize(0, 0, 0 if c.with_grad else None, "eager")
             whole = {"kind": "slice", "start": 0, "size": n}
+            dropped = c.dropped  # before this size's cases
             for seed in seeds:
                 case = c.case(n, seed)
                 batch = c.call(case)
@@ -153,7 +154,7 @@ def all_rows(
                 c.record_differing(batch, alone, lambda r, n=n, w=whole: (r, f"n={n}", 0, n, r, w), entry)
                 entry.rows += n
                 bar.update()
-            entry.records_dropped = c.dropped_since()
+            entry.records_dropped = (c.dropped - dropped) or None
     return c.outcome(summary)
 
 
@@ -194,7 +195,7 @@ def dweight_repeatable(
         for i in differ:  # no row or position: the rebuild is the whole batch against itself
             c.add_rows("dweight", dws[i], dws[0], [(None, f"repeat={i}", 0, rows, None, whole)])
         summary.dweight_repeatable = not differ
-    summary.records_dropped = c.dropped_since()
+    summary.records_dropped = c.dropped or None
     return c.outcome(summary)
 
 
@@ -262,7 +263,7 @@ def full_vs_sub_batches(
                     summary.rows_compared += len(rows)
                 bar.update()
     summary.alone_path = {str(size): path for size, path in runner.paths.items()}
-    summary.records_dropped = c.dropped_since()
+    summary.records_dropped = c.dropped or None
     return c.outcome(summary)
 
 
@@ -331,5 +332,5 @@ def batch_size_sweep(
             ref = tuple(None if t is None else t.index_select(0, pick) for t in alone)
             # "row" i of these tensors is comparison i of the plan
             summary.differ += c.record_differing(in_batch, ref, places.__getitem__, summary)
-    summary.records_dropped = c.dropped_since()
+    summary.records_dropped = c.dropped or None
     return c.outcome(summary)
