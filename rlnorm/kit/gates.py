@@ -72,12 +72,6 @@ def format_line(kind: str, a: str, b: str, tensor: str, x: Tensor, y: Tensor) ->
     return f"{kind} pair=('{a}', '{b}') tensor={tensor} max_abs={max_abs:.8e} passed={same}"
 
 
-def _given(check: Check, cell: str, *tensors: Tensor) -> tuple[Tensor, ...]:
-    """Mark the call on the trail before the backend sees it (a crash names the gate's cell)."""
-    check.mark({"kind": "gate", "cell": cell, "size": tensors[0].shape[0]})
-    return tensors
-
-
 def gate_lines(
     backend: Backend, opts: OpOptions, device: str, grad: bool, heads: int, d: int, trail: Trail | None
 ) -> list[str]:
@@ -93,7 +87,8 @@ def gate_lines(
         mine = got[cell] = {t: torch.full_like(case.x, float("nan")) for t in names}
         for tokens in calls:
             rows = _rows_of(tokens, heads)
-            x, z, dy = _given(check, cell, *(_gather(t, rows) for t in inputs))
+            x, z, dy = (_gather(t, rows) for t in inputs)
+            check.mark({"kind": "gate", "cell": cell, "size": x.shape[0]})  # a crash names the gate's cell
             if not grad:
                 _scatter(mine["y"], rows, backend.forward(x, z, case.w, opts))
                 continue
@@ -116,8 +111,10 @@ def gate_lines(
     chunks = [[_gather(t, _rows_of(tokens, heads)) for t in inputs] for tokens in cells["B1/chunked"]]
     views = [tuple(t[i : i + 1] for t in chunk) for chunk in chunks for i in range(chunk[0].shape[0])]
     for name, cell, singles in (("full", "B1-singleton", fresh), ("chunked", "B1-singleton/chunked", views)):
-        dws = [backend.forward_backward(*_given(check, cell, *one[:2]), case.w, one[2], opts).dw for one in singles]
-        dws = [dw.detach().to("cpu", torch.float32) for dw in dws]
+        dws = []
+        for x, z, dy in singles:
+            check.mark({"kind": "gate", "cell": cell, "size": 1})
+            dws.append(backend.forward_backward(x, z, case.w, dy, opts).dw.detach().to("cpu", torch.float32))
         agg = exact_sum(torch.stack(dws), case.w.dtype).to(full_dw.dtype)
         lines.append(
             format_line("singleton_aggregate", "BN/full", f"B1-singleton_aggregate/{name}", "dweight", full_dw, agg)
