@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import NO_TRAIL, Check, Trail, bits
+from rlnorm.kit.checks.common import Check, Trail, bits
 from rlnorm.kit.results import Gate
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
@@ -55,11 +55,9 @@ def _rows_of(tokens: list[int], heads: int) -> list[int]:
 
 
 def _gather(src: Tensor, rows: list[int]) -> Tensor:
-    """Rows of src, zero rows where the slot is -1 (padding)."""
-    idx = torch.tensor([max(r, 0) for r in rows], dtype=torch.long, device=src.device)
-    out = src.index_select(0, idx)
-    pad = torch.tensor([r < 0 for r in rows], dtype=torch.bool, device=src.device)
-    return torch.where(pad[:, None], torch.zeros((), dtype=src.dtype, device=src.device), out).contiguous()
+    """Rows of src, a zero row where the slot is -1 (padding: -1 indexes the zero row appended last)."""
+    padded = torch.cat([src, src.new_zeros(1, *src.shape[1:])])
+    return padded[torch.tensor(rows, dtype=torch.long, device=src.device)]
 
 
 def _scatter(dst: Tensor, rows: list[int], values: Tensor) -> None:
@@ -74,14 +72,8 @@ def format_line(kind: str, a: str, b: str, tensor: str, x: Tensor, y: Tensor) ->
     return f"{kind} pair=('{a}', '{b}') tensor={tensor} max_abs={max_abs:.8e} passed={same}"
 
 
-def _given(trail: Trail, cell: str, *tensors: Tensor) -> tuple[Tensor, ...]:
-    """Mark the call on the trail before the backend sees it (a crash names the gate's cell)."""
-    trail.batch({"kind": "gate", "cell": cell, "size": tensors[0].shape[0]})
-    return tensors
-
-
 def gate_lines(
-    backend: Backend, opts: OpOptions, device: str, grad: bool, heads: int, d: int, trail: Trail
+    backend: Backend, opts: OpOptions, device: str, grad: bool, heads: int, d: int, trail: Trail | None
 ) -> list[str]:
     """The forward gate's lines (each cell's y in token order against `BN/full`'s), or the gradient gate's (dx and
     dz so, then dweight against the exact singleton aggregate and the other one-call cells')."""
@@ -95,7 +87,8 @@ def gate_lines(
         mine = got[cell] = {t: torch.full_like(case.x, float("nan")) for t in names}
         for tokens in calls:
             rows = _rows_of(tokens, heads)
-            x, z, dy = _given(trail, cell, *(_gather(t, rows) for t in inputs))
+            x, z, dy = (_gather(t, rows) for t in inputs)
+            check.mark({"kind": "gate", "cell": cell, "size": x.shape[0]})  # a crash names the gate's cell
             if not grad:
                 _scatter(mine["y"], rows, backend.forward(x, z, case.w, opts))
                 continue
@@ -118,8 +111,10 @@ def gate_lines(
     chunks = [[_gather(t, _rows_of(tokens, heads)) for t in inputs] for tokens in cells["B1/chunked"]]
     views = [tuple(t[i : i + 1] for t in chunk) for chunk in chunks for i in range(chunk[0].shape[0])]
     for name, cell, singles in (("full", "B1-singleton", fresh), ("chunked", "B1-singleton/chunked", views)):
-        dws = [backend.forward_backward(*_given(trail, cell, *one[:2]), case.w, one[2], opts).dw for one in singles]
-        dws = [dw.detach().to("cpu", torch.float32) for dw in dws]
+        dws = []
+        for x, z, dy in singles:
+            check.mark({"kind": "gate", "cell": cell, "size": 1})
+            dws.append(backend.forward_backward(x, z, case.w, dy, opts).dw.detach().to("cpu", torch.float32))
         agg = exact_sum(torch.stack(dws), case.w.dtype).to(full_dw.dtype)
         lines.append(
             format_line("singleton_aggregate", "BN/full", f"B1-singleton_aggregate/{name}", "dweight", full_dw, agg)
@@ -136,7 +131,7 @@ def _gate(lines: list[str], returncode: int, tail: list[str]) -> Gate:
 
 
 def run_gates(
-    backend: Backend, opts: OpOptions, device: str, *, d: int = 128, heads: int = 2, trail: Trail = NO_TRAIL
+    backend: Backend, opts: OpOptions, device: str, *, d: int = 128, heads: int = 2, trail: Trail | None = None
 ) -> dict[str, Gate]:
     """Both gates of `backend`, in its worker: a gate the backend raises in fails with its traceback's tail; the
     gradient gate of a forward-only backend is not taken (returncode 3)."""

@@ -22,6 +22,7 @@ from rlnorm.checkout import CHECKOUT
 from rlnorm.kit.artifact import DEFAULT_RFC
 from rlnorm.kit.backends import REGISTRY
 from rlnorm.kit.checks import CHECKS
+from rlnorm.kit.checks.launch import ladder
 from rlnorm.kit.checks.rows import COVERAGES
 from rlnorm.kit.results import from_json
 from rlnorm.options import ACTIVATIONS, OpOptions
@@ -48,9 +49,8 @@ _TOP = {"sub_batch_sizes": "sub_batches_rows", "sweep_sizes": "sweep_n", "config
 
 
 def default_sweep_sizes(n: int = 4097) -> list[int]:
-    """1..9 and 2^k-1, 2^k, 2^k+1 for k = 4..12, those <= n (36 sizes for n = 4097: docs/spec.md §5)."""
-    sizes = list(range(1, 10)) + [m for k in range(4, 13) for m in (2**k - 1, 2**k, 2**k + 1)]
-    return [m for m in sizes if m <= n]
+    """The launch check's ladder up to n: 1..9, 2^k-1, 2^k, 2^k+1 (36 sizes for n = 4097: docs/spec.md §5)."""
+    return ladder([], n)
 
 
 def default_probe_rows(n: int = 4097) -> list[int]:

@@ -24,7 +24,6 @@ from rlnorm.kit import checks, gates
 from rlnorm.kit.artifact import read_json, write_atomic
 from rlnorm.kit.backends import Backend, describe_error, load_backend
 from rlnorm.kit.checks import common
-from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.checks.digests import agreement_output, output_digests
 from rlnorm.kit.checks.launch import LAUNCH_ENV
 from rlnorm.kit.params import RunParams, check_kwargs, load_params
@@ -95,7 +94,10 @@ def work(job: dict[str, Any], hold: bool = False) -> int:
         return 0
     result, errors = report.result, report.result.errors
     assert errors is not None
-    trail = Trail(lambda spec: write_atomic(folder / TRAIL_FILE, json.dumps(spec)))
+
+    def trail(spec: dict[str, Any]) -> None:
+        write_atomic(folder / TRAIL_FILE, json.dumps(spec))
+
     # progress bars redraw a line: not where the output is a file (the command line says so), lines only there
     bars = dataclasses.replace(params, progress=params.progress and os.environ.get(PLAIN_ENV) != "1")
     selected = [c for c in checks.CHECKS if c in params.checks]
@@ -191,31 +193,27 @@ class BackendWorker:
 
     def finish(self, timeout_s: float) -> WorkerReport:
         """Wait at most `timeout_s` seconds after release; never raises for what the child did."""
-        try:
-            return self._read_back(self.child.wait(timeout_s))
-        finally:
-            self._tmp.cleanup()
+        with self._tmp:
+            ended = self.child.wait(timeout_s)
+            saved = read_json(self.folder / RESULT_FILE)
+            why = "its process exited without writing a result"
+            failed = BackendResult(self.spec, "none", "failed", why, errors={})
+            report = WorkerReport(failed) if saved is None else from_json(WorkerReport, saved)
+            report.seconds = ended.seconds
+            if (self.folder / AGREEMENT_FILE).is_file():
+                try:
+                    report.agreement_output = torch.load(self.folder / AGREEMENT_FILE, map_location="cpu")
+                except Exception as exc:  # one backend's bad file is its missing output, never the run's end
+                    why = f"its agreement output does not load: {describe_error(exc)}"
+                    report.result.errors = {**(report.result.errors or {}), "agreement": why}
+            if not ended.ok:
+                _ended_early(report, read_json(self.folder / TRAIL_FILE), ended)
+            return report
 
     def close(self) -> None:
         """End the worker and its folder, whatever state it is in."""
         self.child.kill()
         self._tmp.cleanup()
-
-    def _read_back(self, ended: Ended) -> WorkerReport:
-        saved = read_json(self.folder / RESULT_FILE)
-        why = "its process exited without writing a result"
-        failed = BackendResult(self.spec, "none", "failed", why, errors={})
-        report = WorkerReport(failed) if saved is None else from_json(WorkerReport, saved)
-        report.seconds = ended.seconds
-        errors = report.result.errors if report.result.errors is not None else {}
-        if (self.folder / AGREEMENT_FILE).is_file():
-            try:
-                report.agreement_output = torch.load(self.folder / AGREEMENT_FILE, map_location="cpu")
-            except Exception as exc:  # one backend's bad file is its missing output, never the run's end
-                errors["agreement"] = f"its agreement output does not load: {describe_error(exc)}"
-        if not ended.ok:
-            _ended_early(report, read_json(self.folder / TRAIL_FILE), ended)
-        return report
 
 
 def _ended_early(report: WorkerReport, trail: dict[str, Any] | None, ended: Ended) -> None:

@@ -22,7 +22,7 @@ from rlnorm.inputs import make_case
 from rlnorm.kit import checks
 from rlnorm.kit.backends import Backend, ExactReferenceBackend, ReferenceBackend
 from rlnorm.kit.checks import accuracy, common
-from rlnorm.kit.checks.common import Check, CheckOutcome, Trail
+from rlnorm.kit.checks.common import Check, CheckOutcome
 from rlnorm.kit.checks.digests import agreement_from_outputs, agreement_output
 from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan, sweep_positions
 from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes
@@ -432,7 +432,7 @@ def test_accuracy_latency_flags_a_host_bound_forward_on_the_gpu() -> None:
 def test_the_trail_names_each_batch_before_the_backend_gets_it() -> None:
     """The breadcrumb a crashed backend leaves: the last batch named is the one it was given, rebuilt exactly."""
     seen: list[dict[str, Any]] = []
-    kw = {"sub_batches_rows": 10, "sub_batch_sizes": (4,), "sub_batches_seeds": (5,), "trail": Trail(seen.append)}
+    kw = {"sub_batches_rows": 10, "sub_batch_sizes": (4,), "sub_batches_seeds": (5,), "trail": seen.append}
     checked("full_vs_sub_batches", ReferenceBackend(), **kw)
     assert [s["batch"] for s in seen] == [
         {"kind": "slice", "start": s, "size": m} for s, m in ((0, 10), (0, 4), (8, 2))

@@ -11,7 +11,6 @@ import torch
 
 from rlnorm.checkout import seed_report_path
 from rlnorm.kit.backends import ExactReferenceBackend, load_backend
-from rlnorm.kit.checks.common import Trail
 from rlnorm.kit.gates import (
     CHUNK_TOKENS,
     SAMPLE_TOKENS,
@@ -92,7 +91,7 @@ def test_a_planted_fault_fails_its_own_gates_lines_only(spec, fails, passes):
 # --- run_gates: both gates, as the worker runs them ----------------------------------------------------------
 def test_run_gates_exact_reference_passes_and_marks_each_call_on_the_trail():
     marked: list[dict] = []
-    res = run_gates(ExactReferenceBackend(), OPTS, "cpu", d=32, heads=1, trail=Trail(marked.append))
+    res = run_gates(ExactReferenceBackend(), OPTS, "cpu", d=32, heads=1, trail=marked.append)
     for r in res.values():
         assert r.returncode == 0 and r.passed and not r.failed_lines and r.lines
     assert len(res["gradient"].singleton_aggregate) == 2 and res["forward"].singleton_aggregate == []

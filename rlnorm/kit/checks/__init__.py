@@ -15,12 +15,5 @@ from rlnorm.kit.checks.launch import configurations, launch
 from rlnorm.kit.checks.rows import all_rows, batch_size_sweep, dweight_repeatable, full_vs_sub_batches
 
 # the per-backend checks, in the order a run gives them and reports them
-CHECKS: dict[str, Callable[..., CheckOutcome]] = {
-    "all_rows": all_rows,
-    "dweight_repeatable": dweight_repeatable,
-    "full_vs_sub_batches": full_vs_sub_batches,
-    "batch_size_sweep": batch_size_sweep,
-    "launch": launch,
-    "accuracy_latency": accuracy_latency,
-    "configurations": configurations,
-}
+_ORDER = (all_rows, dweight_repeatable, full_vs_sub_batches, batch_size_sweep, launch, accuracy_latency, configurations)
+CHECKS: dict[str, Callable[..., CheckOutcome]] = {check.__name__: check for check in _ORDER}

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from rlnorm.kit.checks.common import NO_TRAIL, Check, CheckOutcome, Trail, caught, check_int
+from rlnorm.kit.checks.common import Check, CheckOutcome, Trail, caught, check_int
 from rlnorm.kit.results import Accuracy
 from rlnorm.numerics import round_once, ulp_distance
 from rlnorm.options import OpOptions
@@ -57,7 +57,7 @@ def accuracy_latency(
     timing_iters: int,
     d: int,
     weight_dtype: str | torch.dtype,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
 ) -> CheckOutcome:
     """Accuracy against fp64 (rounded ONCE for correct rounding) and latency against the same-run

@@ -45,25 +45,9 @@ class CheckOutcome:
     error: str | None = None
 
 
-class Trail:
-    """The breadcrumb: a check names its case, then each batch before the backend sees it, and `write` gets a
-    rebuild spec (`records.rebuild_case`) of the very batch a crashed backend died on. A row-alone pass marks each
-    chunk of calls by its first. Without `write`, marking costs nothing."""
-
-    def __init__(self, write: Callable[[dict[str, Any]], None] | None = None) -> None:
-        self.write = write
-        self.where: dict[str, Any] = {}
-
-    def case(self, where: dict[str, Any]) -> None:
-        if self.write is not None:
-            self.where = where
-
-    def batch(self, batch_spec: dict[str, Any]) -> None:
-        if self.write is not None and self.where:
-            self.write({**self.where, "batch": batch_spec})
-
-
-NO_TRAIL = Trail()  # marks nothing: the default of a check called on its own
+# the breadcrumb: a check hands it the rebuild spec (`records.rebuild_case`) of each batch before the backend sees
+# it, so a crashed backend's last one is the batch it died on; a row-alone pass marks each chunk of calls by its first
+Trail = Callable[[dict[str, Any]], None]
 
 
 @contextlib.contextmanager
@@ -103,7 +87,7 @@ class Check:
         device: Any,
         d: int,
         weight_dtype: Any,
-        trail: Trail = NO_TRAIL,
+        trail: Trail | None = None,
         progress: bool = False,
         max_records: int | None = None,
     ) -> None:
@@ -126,7 +110,7 @@ class Check:
         self.key = str(getattr(backend, "key", "") or type(backend).__name__)
         self.with_grad = bool(getattr(backend, "has_backward", False))
         self.records: list[Record] = []
-        self.dropped = self._noted = 0
+        self.dropped = 0  # the differing (row, tensor) pairs `max_records` left unrecorded
         self.where: dict[str, Any] = {}
 
     def case(self, rows: int, seed: int, whole: bool = True) -> Case:
@@ -135,10 +119,14 @@ class Check:
         wdt = dtype_name(self.wdt)
         spec = {"rows": rows, "d": self.d, "seed": seed, "dtype": dtype_name(X_DTYPE), "weight_dtype": wdt}
         self.where = {"v": REBUILD_VERSION, "check": self.name, "case": spec, "opts": self.opts.as_dict()}
-        self.trail.case(self.where)
         if whole:
-            self.trail.batch({"kind": "slice", "start": 0, "size": rows})
+            self.mark({"kind": "slice", "start": 0, "size": rows})
         return make_case(rows, self.d, seed, X_DTYPE, self.wdt, self.device)
+
+    def mark(self, batch: dict[str, Any]) -> None:
+        """Name the batch on the trail, before the backend sees it, as a rebuild spec of this case."""
+        if self.trail is not None:
+            self.trail({**self.where, "batch": batch})
 
     def bar(self, total: int) -> tqdm:
         return tqdm(total=total, desc=f"{self.key} {self.name}", disable=not self.progress)
@@ -155,7 +143,7 @@ class Check:
         backend sees it: (y, dx, dz) detached, in plan order."""
         got = []
         for s, m in plan:
-            self.trail.batch({"kind": "slice", "start": s, "size": m})
+            self.mark({"kind": "slice", "start": s, "size": m})
             got.append(self.call(case.rows(slice(s, s + m))))
         return tuple(None if got[0][i] is None else torch.cat([g[i].detach() for g in got]) for i in range(3))
 
@@ -181,11 +169,6 @@ class Check:
                 Record(self.key, self.name, seed, case, start, size, position, row, tensor, cols[i], max_abs[i],
                        max_ulp[i], rebuild)
             )  # fmt: skip
-
-    def dropped_since(self) -> int | None:
-        """The differing (row, tensor) pairs `max_records` left unrecorded since the last call (None: none)."""
-        new, self._noted = self.dropped - self._noted, self.dropped
-        return new or None
 
     def record_differing(
         self,

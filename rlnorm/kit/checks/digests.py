@@ -18,7 +18,7 @@ from torch import Tensor
 
 from rlnorm.inputs import make_case
 from rlnorm.kit.backends import Backend
-from rlnorm.kit.checks.common import NO_TRAIL, Check, Trail, bits, caught, check_int
+from rlnorm.kit.checks.common import Check, Trail, bits, caught, check_int
 from rlnorm.kit.results import Agreement, Digests
 from rlnorm.options import OpOptions
 
@@ -73,7 +73,7 @@ def agreement_output(
     agreement_seed: int,
     d: int,
     weight_dtype: str | torch.dtype,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
 ) -> Tensor:
     """The backend's forward output on the agreement inputs, checked for shape and dtype (raises otherwise)."""
     rows = check_int("agreement_rows", agreement_rows, 1)

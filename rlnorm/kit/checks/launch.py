@@ -28,17 +28,7 @@ from torch import Tensor
 
 from rlnorm.inputs import Case
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
-from rlnorm.kit.checks.common import (
-    NO_TRAIL,
-    Check,
-    CheckOutcome,
-    Trail,
-    bits,
-    caught,
-    check_int,
-    check_ints,
-    differ_masks,
-)
+from rlnorm.kit.checks.common import Check, CheckOutcome, Trail, bits, caught, check_int, check_ints, differ_masks
 from rlnorm.kit.checks.rows import sub_batch_plan
 from rlnorm.kit.results import ConfigPair, Configurations, KernelLaunches, Launches
 from rlnorm.options import OpOptions
@@ -139,10 +129,7 @@ def _grid_rest(grid: Any, args: dict[str, Any]) -> dict[str, Any]:
             grid = grid(args)
         except Exception:
             return {}
-    return _grid_axes(tuple(grid) if isinstance(grid, (tuple, list)) else (grid,))
-
-
-def _grid_axes(grid: Any) -> dict[str, Any]:
+    grid = tuple(grid) if isinstance(grid, (tuple, list)) else (grid,)
     return {f"grid[{i}]": g for i, g in enumerate(grid) if i > 0 and g != 1}
 
 
@@ -223,20 +210,8 @@ def _installed(rec: _Recorder, interpreted: bool) -> Iterator[None]:
             rec.add_triton(fn, names, bound, grid, extra, "launch_hook", name=fn_name)
 
         undo.enter_context(patched(CompiledKernel, "launch_metadata", launch_metadata))
-        chain = knobs.runtime.launch_enter_hook
-        if hasattr(chain, "add"):  # a HookChain: others' hooks keep running
-            chain.add(hook)
-            undo.callback(chain.remove, hook)
-        else:  # one optional callable: ours calls the one installed before it
-            before = chain
-
-            def both(lazy: Any) -> None:
-                hook(lazy)
-                if before is not None:
-                    before(lazy)
-
-            knobs.runtime.launch_enter_hook = both
-            undo.callback(setattr, knobs.runtime, "launch_enter_hook", before)
+        knobs.runtime.launch_enter_hook.add(hook)  # a HookChain (triton >= 3.6): others' hooks keep running
+        undo.callback(knobs.runtime.launch_enter_hook.remove, hook)
     with undo:
         yield
 
@@ -260,7 +235,7 @@ def _profiled(rec: _Recorder, fn: Any) -> None:
         a = e.get("args", {})
         grid, block = list(a.get("grid") or [1]), a.get("block")
         shared = a.get("shared memory", a.get("dynamic shared memory"))
-        params = {**_grid_axes(grid), "block": tuple(block) if block else None, "shared": shared}
+        params = {**_grid_rest(grid, {}), "block": tuple(block) if block else None, "shared": shared}
         name = " ".join(str(e.get("name", "?")).split())
         rec.add(name if len(name) <= 160 else name[:159] + "…", "profiler", params, [])
 
@@ -332,7 +307,7 @@ def launch(
     accuracy_rows: int = 1,
     agreement_rows: int = 1,
     seed: int = 3,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = False,
 ) -> CheckOutcome:
     """The backend's forward (and forward+backward) at each row count of the ladder, every launch recorded."""
@@ -351,9 +326,8 @@ def launch(
     try:
         with _installed(rec, interpreted):
             for rows in rows_ladder:
-                case = c.case(rows, seed, whole=False)
+                case = c.case(rows, seed)  # one batch, marked once: each pass is given the same
                 for name, grad in passes:
-                    trail.batch({"kind": "slice", "start": 0, "size": rows})
                     rec.rows, rec.pass_ = rows, name
                     once = functools.partial(c.call, case, grad)
                     _profiled(rec, once) if cuda else once()
@@ -373,14 +347,14 @@ def _run(setting: Setting, c: Check, case: Case, sizes: list[int]) -> _Run:
     assert setting.pin is not None
     rows = case.x.shape[0]
     with setting.pin():
-        c.trail.batch({"kind": "slice", "start": 0, "size": rows})
+        c.mark({"kind": "slice", "start": 0, "size": rows})
         g = c.backend.forward_backward(case.x, case.z, case.w, case.dy, c.opts) if c.with_grad else None
         full = c.call(case, grad=False) if g is None else (g.y, g.dx, g.dz)
         parts = {size: c.pieces(case, sub_batch_plan(rows, size)) for size in sizes}
     return tuple(None if t is None else t.detach() for t in full), None if g is None else g.dw, parts
 
 
-def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Run) -> ConfigPair:
+def _pair(a: Setting, b: Setting, ra: _Run, rb: _Run) -> ConfigPair:
     """The full batch under a against the rows alone / sub-batches under b; dweight of the full batch a vs b."""
     (full, dw_a, _), (_, dw_b, parts) = ra, rb
     fwd = grad = 0
@@ -389,7 +363,7 @@ def _pair(kernel: str, parameter: str, a: Setting, b: Setting, ra: _Run, rb: _Ru
         fwd, grad = fwd + int(masks["y"].sum()), grad + int(grad_mask.sum())
     both = a is not b and dw_a is not None and dw_b is not None
     dweight = bool(torch.equal(bits(dw_a), bits(dw_b))) if both else None
-    return ConfigPair(kernel, parameter, a.value, b.value, fwd, None if full[1] is None else grad, dweight)
+    return ConfigPair(a.kernel, a.parameter, a.value, b.value, fwd, None if full[1] is None else grad, dweight)
 
 
 def configurations(
@@ -402,7 +376,7 @@ def configurations(
     configurations_seed: int,
     d: int,
     weight_dtype: str | torch.dtype,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
 ) -> CheckOutcome:
     """Each launch parameter the backend's kernels pick by row count or autotuner, at each of its values: the
@@ -429,17 +403,13 @@ def configurations(
             if unrun := [s for s in group if s.pin is None]:
                 whys = "; ".join(dict.fromkeys(str(s.why) for s in unrun))
                 summary.unexercised[key] = f"{whys} ({len(unrun)} of its {len(group)} values not run)"
-        if not groups:
-            return c.outcome(summary)
         case = c.case(rows, seed, whole=False)
         for key, group in groups.items():
             pinned = [s for s in group if s.pin is not None]
             if not pinned:
                 continue
-            runs = [_run(s, c, case, sizes) for s in pinned]
-            kernel, parameter = pinned[0].kernel, pinned[0].parameter
-            pairs = [_pair(kernel, parameter, a, b, ra, rb) for a, ra in zip(pinned, runs, strict=True)
-                     for b, rb in zip(pinned, runs, strict=True)]  # fmt: skip
+            ran = [(s, _run(s, c, case, sizes)) for s in pinned]
+            pairs = [_pair(a, b, ra, rb) for a, ra in ran for b, rb in ran]
             summary.pairs += pairs
             clean = all(p.fwd_differ == 0 and not p.rowgrad_differ and p.dweight_equal is not False for p in pairs)
             if clean and key not in summary.unexercised:

@@ -8,7 +8,6 @@ the eager calls.
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -19,7 +18,6 @@ from tqdm import tqdm
 
 from rlnorm.inputs import Case
 from rlnorm.kit.checks.common import (
-    NO_TRAIL,
     Check,
     CheckOutcome,
     Dweight,
@@ -91,7 +89,7 @@ class AloneRunner:
         with tqdm(total=n_tiles, desc=desc, disable=not c.progress, leave=False) as bar:
             for first in range(0, n_tiles, k):
                 t0 = min(first, n_tiles - k) if graph else first  # a graph's last chunk overlaps the one before
-                c.trail.batch({"kind": "slice", "start": int(starts[t0]), "size": size})
+                c.mark({"kind": "slice", "start": int(starts[t0]), "size": size})
                 if graph:
                     sel = idx[t0 * size : (t0 + k) * size]
                     for name in ("x", "z", "dy"):
@@ -107,7 +105,7 @@ class AloneRunner:
                 bar.update(min(k, n_tiles - first))
 
     def _capture(self, case: Case, starts: Tensor, size: int, k: int) -> _Graph:
-        self.check.trail.batch({"kind": "slice", "start": int(starts[0]), "size": size})
+        self.check.mark({"kind": "slice", "start": int(starts[0]), "size": size})
         static = case.rows((starts[:k].view(-1, 1) + torch.arange(size).view(1, -1)).reshape(-1).to(case.x.device))
         static.w = case.w.clone()
         calls = [lambda i=i: self.check.call(static.rows(slice(i * size, (i + 1) * size))) for i in range(k)]
@@ -133,7 +131,7 @@ def all_rows(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
 ) -> CheckOutcome:
     """Every row computed alone vs inside its batch of n, bitwise (output; dx and dz with a backward); per n:
@@ -147,6 +145,7 @@ def all_rows(
         for n in sizes:
             entry = summary.sizes[n] = RowsAtSize(0, 0, 0 if c.with_grad else None, "eager")
             whole = {"kind": "slice", "start": 0, "size": n}
+            dropped = c.dropped  # before this size's cases
             for seed in seeds:
                 case = c.case(n, seed)
                 batch = c.call(case)
@@ -155,7 +154,7 @@ def all_rows(
                 c.record_differing(batch, alone, lambda r, n=n, w=whole: (r, f"n={n}", 0, n, r, w), entry)
                 entry.rows += n
                 bar.update()
-            entry.records_dropped = c.dropped_since()
+            entry.records_dropped = (c.dropped - dropped) or None
     return c.outcome(summary)
 
 
@@ -169,7 +168,7 @@ def dweight_repeatable(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
     repeats: int = 2,
 ) -> CheckOutcome:
@@ -196,15 +195,13 @@ def dweight_repeatable(
         for i in differ:  # no row or position: the rebuild is the whole batch against itself
             c.add_rows("dweight", dws[i], dws[0], [(None, f"repeat={i}", 0, rows, None, whole)])
         summary.dweight_repeatable = not differ
-    summary.records_dropped = c.dropped_since()
+    summary.records_dropped = c.dropped or None
     return c.outcome(summary)
 
 
 def sub_batch_plan(full_rows: int, size: int, coverage: str = "all", sample_stride: int = 512) -> list[tuple[int, int]]:
     """(start, size) of each contiguous sub-batch of `size` compared with the full batch: "all" tiles the batch
     (the last one partial); "sampled" (the seed report) starts sizes below `sample_stride` every that many rows."""
-    check_int("full_rows", full_rows, 1)
-    check_int("size", size, 1)
     check_int("sample_stride", sample_stride, 1)
     if coverage not in COVERAGES:
         raise ValueError(f"coverage: expected one of {COVERAGES}, got {coverage!r}")
@@ -234,7 +231,7 @@ def full_vs_sub_batches(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
     sample_stride: int = 512,
     use_graphs: bool = True,
@@ -266,7 +263,7 @@ def full_vs_sub_batches(
                     summary.rows_compared += len(rows)
                 bar.update()
     summary.alone_path = {str(size): path for size, path in runner.paths.items()}
-    summary.records_dropped = c.dropped_since()
+    summary.records_dropped = c.dropped or None
     return c.outcome(summary)
 
 
@@ -288,7 +285,7 @@ def batch_size_sweep(
     d: int,
     weight_dtype: str | torch.dtype,
     max_records: int | None = None,
-    trail: Trail = NO_TRAIL,
+    trail: Trail | None = None,
     progress: bool = True,
 ) -> CheckOutcome:
     """Each probe row at positions {0, (m-1)//2, m-1} among m-1 seeded-random other rows of `sweep_n`, for every
@@ -316,20 +313,18 @@ def batch_size_sweep(
             ]  # fmt: skip
             # every batch's row indices built on the host first and moved once (no copy/sync per call)
             batch_idx = [sweep_batch_rows(n, m, p, pos, perms[(m, p)]) for m, p, _, pos in plan]
-            offsets = [0, *itertools.accumulate(len(t) for t in batch_idx)]
-            idx_all = torch.cat(batch_idx).to(case.x.device)
+            batches = torch.cat(batch_idx).to(case.x.device).split([len(t) for t in batch_idx])
             # the probe's row out of each batch, copied into preallocated buffers (a view would keep every batch's
             # whole output alive)
             y = torch.empty(len(plan), d, dtype=case.x.dtype, device=case.x.device)
             in_batch = (y, torch.empty_like(y), torch.empty_like(y)) if c.with_grad else (y, None, None)
-            for i, (_m, _p, _name, pos) in enumerate(plan):
-                trail.batch(places[i][5])
-                idx = idx_all[offsets[i] : offsets[i + 1]]
+            for i, (idx, place) in enumerate(zip(batches, places, strict=True)):
+                c.mark(place[5])
                 out = c.call(case.rows(idx))
                 with torch.no_grad():
                     for buf, t in zip(in_batch, out, strict=True):
                         if buf is not None and t is not None:
-                            buf[i].copy_(t.detach()[pos])
+                            buf[i].copy_(t.detach()[place[4]])
                 bar.update()
             # each comparison's probe alone (a probe named twice: its last run, as each is run in turn)
             last = {p: i for i, p in enumerate(probes)}
@@ -337,5 +332,5 @@ def batch_size_sweep(
             ref = tuple(None if t is None else t.index_select(0, pick) for t in alone)
             # "row" i of these tensors is comparison i of the plan
             summary.differ += c.record_differing(in_batch, ref, places.__getitem__, summary)
-    summary.records_dropped = c.dropped_since()
+    summary.records_dropped = c.dropped or None
     return c.outcome(summary)
