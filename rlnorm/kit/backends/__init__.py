@@ -45,20 +45,6 @@ class Grads:
     dw: Tensor | None
 
 
-def device_lost(device: str) -> str | None:
-    """The device's error when this process's device context no longer works, else None. Asked of the device, never
-    read off an error's text: an out-of-memory mentions CUDA and leaves the context usable."""
-    if torch.device(device).type != "cuda":
-        return None
-    try:
-        torch.cuda.synchronize(device)
-        torch.ones(1, device=device).add_(1)  # a tiny allocation and launch: a lost context refuses both
-        torch.cuda.synchronize(device)
-    except Exception as exc:  # a sticky error: every later launch in this process fails with it
-        return describe_error(exc)
-    return None
-
-
 def dist_version(dist: str) -> str:
     """The installed version of `dist`, read without importing it; "?" when not installed."""
     try:
@@ -164,7 +150,17 @@ class Backend:
         return []
 
     def device_lost(self, device: str) -> str | None:
-        return device_lost(device)
+        """The device's error when this process's device context no longer works, else None. Asked of the device,
+        never read off an error's text: an out-of-memory mentions CUDA and leaves the context usable."""
+        if torch.device(device).type != "cuda":
+            return None
+        try:
+            torch.cuda.synchronize(device)
+            torch.ones(1, device=device).add_(1)  # a tiny allocation and launch: a lost context refuses both
+            torch.cuda.synchronize(device)
+        except Exception as exc:  # a sticky error: every later launch in this process fails with it
+            return describe_error(exc)
+        return None
 
     def _untimed(self, x: Tensor) -> contextlib.AbstractContextManager[Any]:
         """Entered around each call and its backward: where autotuners cannot time, a backend pins them here."""
