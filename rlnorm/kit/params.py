@@ -48,11 +48,6 @@ _LEAST = {**dict.fromkeys(_SIZES, 1), **dict.fromkeys(_SEEDS, 0), "max_records":
 _TOP = {"sub_batch_sizes": "sub_batches_rows", "sweep_sizes": "sweep_n", "configurations_sizes": "configurations_rows"}
 
 
-def default_sweep_sizes(n: int = 4097) -> list[int]:
-    """The launch check's ladder up to n: 1..9, 2^k-1, 2^k, 2^k+1 (36 sizes for n = 4097: docs/spec.md §5)."""
-    return ladder([], n)
-
-
 def default_probe_rows(n: int = 4097) -> list[int]:
     """0 and n-1 plus 515, 1027, ..., 3075 (those below n)."""
     return sorted({0, n - 1} | {512 * j + 3 for j in range(1, 7) if 512 * j + 3 < n})
@@ -98,7 +93,7 @@ class RunParams:
     coverage: str = "all"  # all: every row of every sub-batch size; sampled: the report's 2188 sub-batches
     # batch_size_sweep: 36 sizes, 8 probes, 3 positions, 3 seeds (2520 comparisons)
     sweep_n: int = 4097
-    sweep_sizes: list[int] = field(default_factory=lambda: default_sweep_sizes(4097))
+    sweep_sizes: list[int] = field(default_factory=lambda: ladder([], 4097))  # the launch check's ladder
     sweep_probe_rows: list[int] = field(default_factory=lambda: default_probe_rows(4097))
     sweep_seeds: list[int] = field(default_factory=lambda: [3, 4, 5])
     accuracy_rows: int = 262144

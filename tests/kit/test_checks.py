@@ -24,8 +24,9 @@ from rlnorm.kit.backends import Backend, ExactReferenceBackend, ReferenceBackend
 from rlnorm.kit.checks import accuracy, common
 from rlnorm.kit.checks.common import Check, CheckOutcome
 from rlnorm.kit.checks.digests import agreement_from_outputs, agreement_output
+from rlnorm.kit.checks.launch import ladder
 from rlnorm.kit.checks.rows import AloneRunner, sub_batch_plan, sweep_positions
-from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows, default_sweep_sizes
+from rlnorm.kit.params import RunParams, check_kwargs, default_probe_rows
 from rlnorm.kit.records import rebuild_case
 from rlnorm.kit.results import AllRows, BatchInvariance, from_json, to_json
 from rlnorm.numerics import round_once
@@ -57,7 +58,7 @@ def checked(name: str, backend: Backend, opts: OpOptions | None = OPTS, device: 
     """A check as these tests call it: a parameter a test leaves out takes the protocol's value (RunParams' default;
     the sweep's sizes and probes: those of its sweep_n), and the outcome is read back as JSON."""
     if "sweep_n" in kw:
-        kw.setdefault("sweep_sizes", default_sweep_sizes(kw["sweep_n"]))
+        kw.setdefault("sweep_sizes", ladder([], kw["sweep_n"]))
         kw.setdefault("sweep_probe_rows", default_probe_rows(kw["sweep_n"]))
     check = getattr(checks, name)
     out: CheckOutcome = check(backend, opts, device, **{**check_kwargs(check, DEFAULTS), **kw})
@@ -167,7 +168,7 @@ def test_an_output_fault_is_caught_on_exactly_the_rows_its_mask_moves(b: BatchSi
     assert sw.summary["rowgrad_differ"] == 0
     assert all(r["case"].startswith(f"m={r['batch_size']}/") for r in sw.records)
     if isinstance(b, PositionDependentOutput):  # its count follows from the positions alone
-        sizes, probes = default_sweep_sizes(65), default_probe_rows(65)
+        sizes, probes = ladder([], 65), default_probe_rows(65)
         expect = 2 * sum(1 for m in sizes for _ in probes for _, pos in sweep_positions(m) if pos % 3 == 1)
         assert sw.summary["differ"] == expect and all(r["position"] % 3 == 1 for r in sw.records)
     # dweight is exact in these faults: only the forward checks see them
@@ -225,7 +226,7 @@ def test_the_full_protocol_compares_2188_sampled_sub_batches_and_2520_sweep_rows
     assert s["fwd_differ"] == 0 and "error" not in s
     sw = checked("batch_size_sweep", ForwardOnly(), d=8).summary
     assert sw["comparisons"] == 2520 and sw["differ"] == 0 and "error" not in sw
-    assert sw["batch_sizes"] == default_sweep_sizes(4097)
+    assert sw["batch_sizes"] == ladder([], 4097)
 
 
 def test_correctly_rounded_measure_can_fail() -> None:

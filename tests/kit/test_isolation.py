@@ -17,7 +17,7 @@ from conftest import KIT_CHECKS, ROW_CHECKS, SEGFAULT, TINY_SIZES
 
 from rlnorm.kit import steps
 from rlnorm.kit.artifact import load_artifact
-from rlnorm.kit.backends import device_lost
+from rlnorm.kit.backends import Backend
 from rlnorm.kit.params import load_params
 from rlnorm.kit.process import Child, run_child
 from rlnorm.kit.records import rebuild_case
@@ -153,7 +153,7 @@ def test_a_device_error_leaves_the_next_backend_intact(tmp_path: Path) -> None:
     sizes = ref.batch_invariance.all_rows.sizes.values()
     assert ref.status == "ran" and not ref.errors and sizes
     assert all(s.fwd_differ == 0 and s.rowgrad_differ == 0 for s in sizes)
-    assert device_lost("cuda") is None
+    assert Backend().device_lost("cuda") is None
 
 
 def test_a_held_worker_whose_parent_is_gone_runs_no_check(tmp_path: Path) -> None:

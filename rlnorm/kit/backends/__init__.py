@@ -14,13 +14,14 @@ import itertools
 import types
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
 from rlnorm import __version__
 from rlnorm.inputs import make_case
+from rlnorm.kit.backends import pins
 from rlnorm.kit.backends.pins import Setting, kernel_name, patched
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
@@ -42,20 +43,6 @@ class Grads:
     dx: Tensor
     dz: Tensor | None
     dw: Tensor | None
-
-
-def device_lost(device: str) -> str | None:
-    """The device's error when this process's device context no longer works, else None. Asked of the device, never
-    read off an error's text: an out-of-memory mentions CUDA and leaves the context usable."""
-    if torch.device(device).type != "cuda":
-        return None
-    try:
-        torch.cuda.synchronize(device)
-        torch.ones(1, device=device).add_(1)  # a tiny allocation and launch: a lost context refuses both
-        torch.cuda.synchronize(device)
-    except Exception as exc:  # a sticky error: every later launch in this process fails with it
-        return describe_error(exc)
-    return None
 
 
 def dist_version(dist: str) -> str:
@@ -163,7 +150,17 @@ class Backend:
         return []
 
     def device_lost(self, device: str) -> str | None:
-        return device_lost(device)
+        """The device's error when this process's device context no longer works, else None. Asked of the device,
+        never read off an error's text: an out-of-memory mentions CUDA and leaves the context usable."""
+        if torch.device(device).type != "cuda":
+            return None
+        try:
+            torch.cuda.synchronize(device)
+            torch.ones(1, device=device).add_(1)  # a tiny allocation and launch: a lost context refuses both
+            torch.cuda.synchronize(device)
+        except Exception as exc:  # a sticky error: every later launch in this process fails with it
+            return describe_error(exc)
+        return None
 
     def _untimed(self, x: Tensor) -> contextlib.AbstractContextManager[Any]:
         """Entered around each call and its backward: where autotuners cannot time, a backend pins them here."""
@@ -235,9 +232,9 @@ _K, _S = "rlnorm.kit.backends", "rlnorm.kit.backends.stacks:"
 REGISTRY: dict[str, str] = {
     "rlnorm": f"{_K}:RlnormBackend",
     "reference": f"{_K}:ReferenceBackend",
-    "transformers": f"{_K}.peers:TransformersBackend",
-    "fla_layernorm_gated": f"{_K}.peers:FlaLayernormGatedBackend",
-    "fla_fused_norm_gate": f"{_K}.peers:FlaFusedNormGateBackend",
+    "transformers": f"{_K}:TransformersBackend",
+    "fla_layernorm_gated": f"{_K}:FlaLayernormGatedBackend",
+    "fla_fused_norm_gate": f"{_K}:FlaFusedNormGateBackend",
     "vllm": f"{_K}.vllm:VllmBackend",
     "vllm_native": _S + "VllmNativeBackend",
     "vllm_native_compiled": _S + "VllmNativeCompiledBackend",
@@ -427,3 +424,83 @@ class TorchCompileBackend(Backend):
 
         compiled = self._memo((opts, self._dynamic), lambda: torch.compile(fresh_function(op), dynamic=self._dynamic))
         return compiled(x, z, w)
+
+
+# -- the peers' own code, grads from their own autograd; options as their sources say (transformers 5.17, FLA 0.5.2)
+class TransformersBackend(Backend):
+    """`Qwen3NextRMSNormGated(D, eps)` holding w through `functional_call`. It rounds the normalised x before the
+    weight multiply (correctly rounded on only ~65% of elements) and hard-codes silu."""
+
+    key = "transformers"
+    requires = "transformers.models.qwen3_next.modeling_qwen3_next"
+    qwen_only = "Qwen3NextRMSNormGated"
+    source = f"transformers {dist_version('transformers')} Qwen3NextRMSNormGated"
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextRMSNormGated
+
+        d, device = x.shape[-1], x.device
+        mod = self._memo((d, opts.eps, str(device)), lambda: Qwen3NextRMSNormGated(d, eps=opts.eps).to(device))
+        return torch.func.functional_call(mod, {"weight": w}, (x, z))
+
+
+class FlaLayernormGatedBackend(Backend):
+    """FLA `layernorm_gated.rmsnorm_fn`: one program per (row, group); silu only."""
+
+    key = "fla_layernorm_gated"
+    requires = "fla.modules.layernorm_gated"
+    source = f"FLA {dist_version('fla-core')} layernorm_gated.rmsnorm_fn"
+
+    def supports(self, opts: OpOptions) -> tuple[bool, str]:
+        if opts.activation != "silu":
+            return False, f"layernorm_gated hard-codes silu (z * sigmoid(z)), not {opts.activation}"
+        return True, ""
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        from fla.modules.layernorm_gated import rmsnorm_fn
+
+        return rmsnorm_fn(
+            x, w, None, z=z, eps=opts.eps, group_size=opts.group_size, norm_before_gate=opts.norm_before_gate
+        )
+
+
+class FlaFusedNormGateBackend(Backend):
+    """FLA `fused_norm_gate.rms_norm_gated`: autotuned rows-per-program; norm before gate, no groups. Its autotuners
+    need an active driver to time: on a CPU each runs its first config (the `configurations` check runs the others)."""
+
+    key = "fla_fused_norm_gate"
+    requires = "fla.modules.fused_norm_gate"
+    source = f"FLA {dist_version('fla-core')} fused_norm_gate.rms_norm_gated"
+    qwen_only = "fused_norm_gate"
+    _ACTIVATION: ClassVar[dict[str, str]] = {"silu": "swish", "sigmoid": "sigmoid"}
+    activations = tuple(_ACTIVATION)
+
+    def _fn(self, x: Tensor, z: Tensor | None, w: Tensor, opts: OpOptions) -> Tensor:
+        from fla.modules.fused_norm_gate import rms_norm_gated
+
+        return rms_norm_gated(x, z, w, None, activation=self._ACTIVATION[opts.activation], eps=opts.eps)
+
+    @staticmethod
+    def _autotuners(d: int | None = None) -> list[Any]:
+        """The autotuned kernels a call of width d launches (all four without d)."""
+        from fla.modules import fused_norm_gate as fng
+
+        narrow = [fng.layer_norm_gated_fwd_kernel, fng.layer_norm_gated_bwd_kernel]
+        wide = [fng.layer_norm_gated_fwd_kernel1, fng.layer_norm_gated_bwd_kernel1]
+        # the launchers' split: one row per program past 512 columns (layer_norm_gated_fwd / _bwd)
+        kernels = narrow + wide if d is None else narrow if d <= 512 else wide
+        return [pins.autotuner(k) for k in kernels]
+
+    def _untimed(self, x: Tensor) -> contextlib.AbstractContextManager[Any]:
+        return pins.pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
+
+    def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
+        """Every config of the forward's and the backward's autotuner (any may win the timing at a row count)."""
+        tuners = self._autotuners(d)
+        interp = torch.device(device).type == "cpu"
+        out = pins.autotuner_settings(tuners, distinct_kwargs_only=interp)
+        if interp:
+            why = "the Triton interpreter ignores num_warps and num_stages: only a GPU runs them"
+            out += [Setting(kernel_name(at), "config", pins.config_words(c), why=why)
+                    for at in tuners for c in at.configs if c.num_warps != at.configs[0].num_warps]  # fmt: skip
+        return out

@@ -1,8 +1,6 @@
-"""The `vllm` backend: vLLM's `RMSNormGated.forward_cuda`, one Triton call, forward only (docs/vllm.md).
-
-What runs is decided once (`plan`): vLLM imported, else `rmsnorm_fn` from vLLM's own files, else nothing, with the
-reason. vllm is first imported in a CHILD process, so a failing or hanging import is reported with vLLM's own error
-and its import-time patches of torch stay out of the kit's process.
+"""The `vllm` backend: vLLM's `RMSNormGated.forward_cuda`, one Triton call, forward only (docs/vllm.md). vllm is
+first imported in a CHILD process, so a failing or hanging import is reported with vLLM's own error and its
+import-time patches of torch stay out of the kit's process.
 """
 
 from __future__ import annotations

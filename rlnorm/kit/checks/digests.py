@@ -1,11 +1,7 @@
 """Whether backends compute the same bits. Within a run, the agreement matrix: how often two backends give bitwise
 the same output on the same inputs, each output computed in its backend's own process (a crash loses only its row
-and column). Across runs, digests: sha256 of the bytes of a backend's outputs on one standard case, so two runs on
-different machines (a trainer's GPU and a sampler's) say whether they computed the same bits without moving tensors.
-
-The standard case is fixed (`STANDARD_ROWS` rows of the run's width, `STANDARD_SEED`, bf16): only the options and
-width of the run change it, and `Digests.case` says what was computed, so digests are compared only where the cases
-match.
+and column). Across runs, digests: sha256 of a backend's outputs on one standard case, so two runs on different
+machines (a trainer's GPU and a sampler's) say whether they computed the same bits without moving tensors.
 """
 
 from __future__ import annotations

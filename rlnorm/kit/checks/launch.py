@@ -1,13 +1,10 @@
 """The launch configurations a backend's kernels take: a row check sees only those this process happened to take
 (an autotuner that picked the same one for the batch and the row alone hides the other).
 
-`launch` records every kernel launched at a dense ladder of row counts and which launch parameters change with the
-row count (seen by Triton's launch hook on a GPU, torch.profiler for other CUDA kernels, a recording
-`InterpretedFunction.run` under the interpreter; `Autotuner.run` for each pick; integer specialisations:
-docs/spec.md §5.9).
-`configurations` forces each value of every such parameter and compares the full batch under a bitwise with its rows
-under b, for every pair (a, b): a parameter no pair changes a bit of is cleared; one whose values cannot all be
-forced here is unexercised.
+`launch` records which launch parameters change with the row count (Triton's launch hook on a GPU, torch.profiler
+for other CUDA kernels, a recording `InterpretedFunction.run` under the interpreter, `Autotuner.run` for each pick;
+integer specialisations: docs/spec.md §5.9). `configurations` runs each value of every such parameter against each
+other: one no pair changes a bit of is cleared; one whose values cannot all be forced here is unexercised.
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """The batch-invariance checks, whose verdicts make `batch_invariant`: each row inside a batch against the same row
 computed alone (all_rows, batch_size_sweep) or in a contiguous sub-batch (full_vs_sub_batches), and a batch's dweight
-against the same batch's again (dweight_repeatable). `AloneRunner` makes the many small calls affordable: results stay
-on the device in preallocated buffers, and on CUDA many calls replay as one CUDA graph where that replay is bitwise
-the eager calls.
+against the same batch's again (dweight_repeatable).
 """
 
 from __future__ import annotations

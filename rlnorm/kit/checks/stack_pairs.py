@@ -1,10 +1,6 @@
-"""Stack pairs: the same rows through the trainer and the sampler an RL stack deploys, bitwise.
-
-Each pair in `PAIRS` names both backends and where the stack's source (file:line at a pinned version) chooses them.
-The trainer runs the rows as a training step does (one packed batch, forward and backward); the sampler as
-generation does, under inference mode (a prefill, then decode steps: `sampler_plan`). Row r of x is scaled by
-2^-(r mod 16), exactly, so mean squares reach below eps, where a wrong eps shows. `main` runs one pair per process:
-a vLLM import patches torch for the rest of a process, and a crash takes only its own row down.
+"""Stack pairs: the same rows through the trainer and the sampler an RL stack deploys (`PAIRS`), bitwise. Row r of x
+is scaled by 2^-(r mod 16), so mean squares reach below eps, where a wrong eps shows. `main` runs one pair per
+process: a vLLM import patches torch for the rest of a process, and a crash takes only its own row down.
 """
 
 from __future__ import annotations
