@@ -20,7 +20,6 @@ from subprocess import PIPE, STDOUT
 from rlnorm.cli.notebook import execute
 from rlnorm.cli.plan import Combination
 from rlnorm.kit import artifact
-from rlnorm.kit.artifact import ENDED_EARLY
 from rlnorm.kit.results import RunResult, load_run
 from rlnorm.kit.steps import ARTIFACT_FILE
 from rlnorm.report.verdict import State, backend_verdict, summary_lines
@@ -74,7 +73,7 @@ def verdict_status(run: RunResult | None, require: dict[str, str]) -> tuple[int,
     required; EXIT_BACKEND when a backend could not be loaded, died or raised in a check; else 0."""
     results = run.results if run else {}
     problems = [f"  {k}: {r.status}: {r.skip_reason}" for k, r in results.items()
-                if r.status in ("failed", *ENDED_EARLY)]  # fmt: skip
+                if r.status in ("failed", "crashed", "timed_out")]  # fmt: skip
     # a check that raised is no clean exit either: its backend has no verdict from that check
     problems += [f"  {k}: raised in {', '.join(r.errors)}" for k, r in results.items()
                  if r.status == "ran" and r.errors]  # fmt: skip
