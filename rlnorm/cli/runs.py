@@ -40,8 +40,7 @@ REQUIRABLE = ("invariant",)  # what `--require BACKEND=STATE` may ask for
 
 
 def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[str, str]) -> tuple[int, str]:
-    """One run in this process: the notebook executed into a staging folder, placed with its page beside it; its
-    exit status and what to tell about it."""
+    """One run in this process, staged and placed whole with its page: its exit status and what to tell about it."""
     run_dir, staging = combo.folder, None
     # Triton runs on CPU tensors only interpreted, GPU or not
     env = {"TRITON_INTERPRET": "1"} if combo.params.resolved_device() == "cpu" else None
