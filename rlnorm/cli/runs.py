@@ -31,8 +31,7 @@ EXIT_EXISTS = 3  # the run folder exists and --force was not given: nothing ran
 EXIT_BACKEND = 4  # the run is complete, but a backend could not be loaded, crashed, timed out or a check raised
 EXIT_REQUIRED = 5  # the run is complete, but a backend `--require` names is not what it requires
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: nothing was written
-# seconds an interrupted matrix waits for each running combination to end on its own (a terminal's Ctrl-C reached
-# it), then after SIGTERM
+# seconds an interrupted matrix waits for each running combination to end: on its own (Ctrl-C), then after SIGTERM
 INTERRUPT_GRACE_S = (5.0, 60.0)
 # the worst first, for a batch's own exit status
 SEVERITY = (EXIT_INTERRUPTED, EXIT_CELL_FAILED, EXIT_EXISTS, EXIT_REQUIRED, EXIT_BACKEND)
@@ -68,8 +67,7 @@ def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[st
 
 
 def verdict_status(run: RunResult | None, require: dict[str, str]) -> tuple[int, list[str]]:
-    """A complete run's exit status and its summary: EXIT_REQUIRED when a required backend is not what is
-    required; EXIT_BACKEND when a backend could not be loaded, died or raised in a check; else 0."""
+    """A complete run's exit status and summary: EXIT_REQUIRED, else EXIT_BACKEND (failed, died, raised), else 0."""
     results = run.results if run else {}
     problems = [f"  {k}: {r.status}: {r.skip_reason}" for k, r in results.items()
                 if r.status in ("failed", "crashed", "timed_out")]  # fmt: skip
