@@ -111,10 +111,7 @@ def expand(files: Sequence[str], yaml_text: str | None = None, overrides: Sequen
         given = {"name": name or None, "device": device or None, "progress": progress}
         raw.update({k: v for k, v in given.items() if v is not None})
         axes = {k: v for k, v in raw.items() if isinstance(v, list) and k not in LIST_KEYS}
-        empty = [k for k, v in axes.items() if not v]
-        errors += [f"{source}: {k}: an empty list gives no run" for k in empty]
-        if empty:
-            continue
+        errors += [f"{source}: {k}: an empty list gives no run" for k, v in axes.items() if not v]
         base = Path(outputs) / str(raw.get("name", "run"))
         combos = [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
         made = []

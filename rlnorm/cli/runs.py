@@ -20,7 +20,6 @@ from subprocess import PIPE, STDOUT
 from rlnorm.cli.notebook import execute
 from rlnorm.cli.plan import Combination
 from rlnorm.kit import artifact
-from rlnorm.kit.artifact import ENDED_EARLY
 from rlnorm.kit.results import RunResult, load_run
 from rlnorm.kit.steps import ARTIFACT_FILE
 from rlnorm.report.verdict import State, backend_verdict, summary_lines
@@ -32,8 +31,7 @@ EXIT_EXISTS = 3  # the run folder exists and --force was not given: nothing ran
 EXIT_BACKEND = 4  # the run is complete, but a backend could not be loaded, crashed, timed out or a check raised
 EXIT_REQUIRED = 5  # the run is complete, but a backend `--require` names is not what it requires
 EXIT_INTERRUPTED = 130  # Ctrl-C or SIGTERM: nothing was written
-# seconds an interrupted matrix waits for each running combination to end on its own (a terminal's Ctrl-C reached
-# it), then after SIGTERM
+# seconds an interrupted matrix waits for each running combination to end: on its own (Ctrl-C), then after SIGTERM
 INTERRUPT_GRACE_S = (5.0, 60.0)
 # the worst first, for a batch's own exit status
 SEVERITY = (EXIT_INTERRUPTED, EXIT_CELL_FAILED, EXIT_EXISTS, EXIT_REQUIRED, EXIT_BACKEND)
@@ -41,8 +39,7 @@ REQUIRABLE = ("invariant",)  # what `--require BACKEND=STATE` may ask for
 
 
 def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[str, str]) -> tuple[int, str]:
-    """One run in this process: the notebook executed into a staging folder, placed with its page beside it; its
-    exit status and what to tell about it."""
+    """One run in this process, staged and placed whole with its page: its exit status and what to tell about it."""
     run_dir, staging = combo.folder, None
     # Triton runs on CPU tensors only interpreted, GPU or not
     env = {"TRITON_INTERPRET": "1"} if combo.params.resolved_device() == "cpu" else None
@@ -70,11 +67,10 @@ def run_one(combo: Combination, *, force: bool, progress: bool, require: dict[st
 
 
 def verdict_status(run: RunResult | None, require: dict[str, str]) -> tuple[int, list[str]]:
-    """A complete run's exit status and its summary: EXIT_REQUIRED when a required backend is not what is
-    required; EXIT_BACKEND when a backend could not be loaded, died or raised in a check; else 0."""
+    """A complete run's exit status and summary: EXIT_REQUIRED, else EXIT_BACKEND (failed, died, raised), else 0."""
     results = run.results if run else {}
     problems = [f"  {k}: {r.status}: {r.skip_reason}" for k, r in results.items()
-                if r.status in ("failed", *ENDED_EARLY)]  # fmt: skip
+                if r.status in ("failed", "crashed", "timed_out")]  # fmt: skip
     # a check that raised is no clean exit either: its backend has no verdict from that check
     problems += [f"  {k}: raised in {', '.join(r.errors)}" for k, r in results.items()
                  if r.status == "ran" and r.errors]  # fmt: skip

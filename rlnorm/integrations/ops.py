@@ -8,8 +8,6 @@ import torch
 
 from rlnorm.kernel.api import rms_norm_gated
 
-__all__ = ["OP_NAME", "rms_norm_gated_op"]
-
 OP_NAME = "rlnorm::rms_norm_gated"
 _SCHEMA = (
     "(Tensor x, Tensor? z, Tensor? weight, float eps, SymInt? group_size, bool norm_before_gate, str activation)"

@@ -14,8 +14,6 @@ from torch import nn
 
 from rlnorm.integrations.transformers import apply_rlnorm_to_qwen3_next
 
-__all__ = ["sampler_activation", "tiny_config", "torch_delta_rule", "transformers_norm", "vllm_norm"]
-
 
 def tiny_config(*, d: int = 32, eps: float = 1e-6) -> Any:
     """A two-layer Qwen3-Next (linear, then full attention) small enough for a CPU. Its MLPs are dense: the MoE's

@@ -16,10 +16,6 @@ from torch import nn
 
 from rlnorm.kernel.api import RMSNormGated
 
-__all__ = ["KNOWN", "Replaced", "Replacements", "UnsupportedGatedNorm"]
-__all__ += ["RlnormFlaFusedRMSNormGated", "RlnormFlaRMSNormGated", "RlnormQwen3NextRMSNormGated"]
-__all__ += ["apply_rlnorm", "apply_rlnorm_to_qwen3_next"]
-
 
 class UnsupportedGatedNorm(ValueError):
     """A gated norm rlnorm cannot stand in for with the same meaning (the message names module and option)."""

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ENV", "IN_TREE", "enabled_by_env", "is_registered", "register", "register_plugin", "unregister"]
-
 ENV = "RLNORM_VLLM"
 IN_TREE = "RMSNormGated"  # the key vLLM's registry uses: the in-tree class's __name__
 

@@ -12,8 +12,6 @@ from vllm.model_executor.layers.layernorm import RMSNormGated
 from rlnorm.integrations.ops import rms_norm_gated_op
 from rlnorm.options import OpOptions
 
-__all__ = ["RlnormRMSNormGated"]
-
 
 class RlnormRMSNormGated(RMSNormGated):
     """vLLM's RMSNormGated, constructed exactly as vLLM's, with rlnorm's kernel on every dispatch path."""

@@ -105,7 +105,6 @@ def place(staging: Path, run_dir: Path, overwrite: bool = True) -> None:
 
 
 DEFAULT_RFC = "RL-Align/RL-Kernel#428"
-ENDED_EARLY = ("crashed", "timed_out")  # statuses of a backend whose own process ended before its checks did
 
 
 class ArtifactValidationError(ValueError):

@@ -412,8 +412,7 @@ _TRAINER_SAMPLER_PAIRS = {
 
 
 def _upgrade_trainer_sampler(doc: dict[str, Any]) -> None:
-    """An older artifact's `trainer_sampler` summary as its two pairs of `stack_pairs` (in place of any of their
-    names there)."""
+    """An older artifact's `trainer_sampler` as its two pairs of `stack_pairs` (replacing any pairs of those names)."""
     old = doc.pop("trainer_sampler", None)
     if not isinstance(old, dict):
         return  # null or absent: the check did not run

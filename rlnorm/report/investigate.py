@@ -92,8 +92,7 @@ def compute_tensor(backend: Any, case: Case, opts: OpOptions, tensor: str) -> to
         return backend.forward(case.x, case.z, case.w, opts)
     if tensor not in ROW_TENSORS:
         raise ValueError(f"tensor: expected one of {ROW_TENSORS} (a per-row tensor), got {tensor!r}")
-    g = backend.forward_backward(case.x, case.z, case.w, case.dy, opts)
-    out = getattr(g, tensor)
+    out = getattr(backend.forward_backward(case.x, case.z, case.w, case.dy, opts), tensor)
     if out is None:
         raise ValueError(f"tensor: the backend returned no {tensor} (z is None?)")
     return out

@@ -38,8 +38,7 @@ def open_run(source: str | Path | RunResult) -> RunResult:
 
 
 def latest_run() -> Path:
-    """The most recently written run folder holding an artifact: ./outputs, ../outputs (a notebook run from
-    notebooks/), then the checkout's outputs/."""
+    """The most recently written run folder holding an artifact (../outputs: a notebook runs in notebooks/)."""
     roots = [Path("outputs"), Path("..") / "outputs", *([CHECKOUT / "outputs"] if CHECKOUT is not None else [])]
     for r in roots:
         if folders := [p for p in r.glob("*") if p.is_dir() and any(p.glob("*.json"))]:

@@ -96,8 +96,12 @@ def verdict_markdown(run: RunResult) -> str:
         if r.errors and v.overall is not State.RAISED:
             parts.append("errors in " + ", ".join(r.errors))
         lines.append(f"- **{key}**: " + "; ".join(parts))
-    failed = failed_steps_markdown(run)
-    return "\n".join(lines) + (f"\n\n{failed}" if failed else "")
+    failed = []  # the steps after the backends that raised, each with its traceback's tail
+    for f in run.failed_steps or []:
+        tail = "\n".join(f"  {line}" for line in f.traceback[-8:])
+        failed.append(f"- **step `{f.step}` failed**: {f.error} (the results above stand)" +
+                      (f"\n\n  ```\n{tail}\n  ```" if tail else ""))  # fmt: skip
+    return "\n".join(lines) + ("\n\n" + "\n".join(failed) if failed else "")
 
 
 LAUNCH_EXPLANATION = (
@@ -126,16 +130,6 @@ def launch_markdown(run: RunResult) -> str:
             out.append(f"- **{key}**: {v.checks['launch'].detail}")
     unseen = {r.launches.unseen for r in run.results.values() if r.launches is not None and r.launches.unseen}
     return "\n".join(out + [f"\n*Not seen here:* {u}" for u in sorted(unseen)])
-
-
-def failed_steps_markdown(run: RunResult) -> str:
-    """The steps after the backends that raised, each with its traceback's tail ('' when none did)."""
-    out = []
-    for f in run.failed_steps or []:
-        tail = "\n".join(f"  {line}" for line in f.traceback[-8:])
-        out.append(f"- **step `{f.step}` failed**: {f.error} (the results above stand)" +
-                   (f"\n\n  ```\n{tail}\n  ```" if tail else ""))  # fmt: skip
-    return "\n".join(out)
 
 
 def shown(obj: Any) -> Any:
@@ -171,8 +165,7 @@ def _span(acc: Accuracy, field: str) -> str:
 
 
 def accuracy_table(run: RunResult) -> pd.DataFrame:
-    """Accuracy against fp64, and latency against the torch.add timed beside each backend in the same run (the
-    ratios are the artifact's `fwd_roofline_ratio` / `fwd_bwd_roofline_ratio`, as the latency figure prints)."""
+    """Accuracy against fp64, and latency against the torch.add timed beside each backend in the same run."""
     rows = []
     for key, r in run.results.items():
         acc = r.accuracy_latency
@@ -248,8 +241,7 @@ def time_table(timings: dict[str, float]) -> pd.DataFrame:
 
 
 def stack_pairs_table(run: RunResult) -> pd.DataFrame | str:
-    """The trainer/sampler pairs RL stacks deploy: each side's backend, how it ran the rows, where the stack chooses
-    it, and how the outputs differ (the full reason where a pair did not run)."""
+    """The trainer/sampler pairs RL stacks deploy and how their outputs differ (the full reason where one did not)."""
     table = run.stack_pairs
     if table is None:
         return ""

@@ -23,9 +23,8 @@ PLOT_NAMES += ("vs_reference_report",)
 
 
 def make_plots(run: RunResult, folder: Path, records: pd.DataFrame | None = None) -> dict[str, Path]:
-    """Every figure as `folder/<name>.png`; {name: PNG path}. `records`: the per-row records (default: the file the
-    run names). A figure that raises is replaced by a PNG that states the error (and a warning), so one broken
-    figure never costs the others. Nothing else is written: the kit records the paths in the artifact."""
+    """Every figure as `folder/<name>.png`; a figure that raises is replaced by a PNG that states the error (and a
+    warning), so one broken figure never costs the others. The kit records the paths in the artifact."""
     folder = Path(folder)
     records = records if records is not None else records_of(run)
     jobs = {

@@ -24,8 +24,7 @@ def save(fig: Figure, folder: Path | None, name: str) -> Figure:
 
 
 def finish(fig: Figure, folder: Path | None, name: str, what: str, run: RunResult, extra: str | None = None) -> Figure:
-    """Title the figure, then the GPU, commit and parameter set (a PNG pasted alone still says its source), and save
-    it as `<name>.png` in `folder` (if given)."""
+    """Title the figure, then the GPU, commit and parameter set: a PNG pasted alone still says its source."""
     lines = [what, run_label(run), *(extra.split("\n") if extra else [])]
     width = max(int(fig.get_figwidth() * 8.5), 40)  # ~characters of 12pt bold per inch: no clipped titles
     fig.suptitle("\n".join(textwrap.fill(line, width) for line in lines), fontsize=12, fontweight="bold")

@@ -178,8 +178,7 @@ def plot_differing_rows(run: RunResult, records: pd.DataFrame | None, folder: Pa
 
 
 def plot_comparison(cmp: Comparison, folder: Path | None = None) -> Figure:
-    """Latency ratios B/A, the share of outputs not correctly rounded, and the verdict grid with A and B per cell;
-    saved as `vs_reference_report.png` in `folder` (if given)."""
+    """Latency ratios B/A, the share of outputs not correctly rounded, and the verdict grid with A and B per cell."""
     fig = Figure(figsize=(18, 4.8 + 0.25 * len(cmp.latency)), layout="constrained")
     ax_lat, ax_acc, ax_grid = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 1.3]})
     keys = list(cmp.latency.index)
