@@ -47,8 +47,11 @@ def build_tree(base: str, dest: Path) -> tuple[str, str | None]:
         if not (Path(base) / KERNEL / "__init__.py").is_file():
             raise BaseError(f"--base: folder {base!r} holds no rlnorm/kernel/ package")
         shutil.copytree(Path(base) / KERNEL, dest / KERNEL, ignore=ignore)
+        # a folder inside another checkout (a copy carried in .whl/, say) is not that checkout's HEAD
+        top = env.git_output(Path(base), "rev-parse", "--show-toplevel")
         head = env.git_output(Path(base), "rev-parse", "--verify", "HEAD")
-        return base, head.strip() if head else None
+        same = top is not None and Path(top.strip()).resolve() == Path(base).resolve()
+        return base, head.strip() if head and same else None
     rev = _git("rev-parse", "--verify", "--quiet", f"{base}^{{commit}}")
     if rev.returncode != 0:
         raise BaseError(f"--base: {base!r} is not a commit of the repository at {REPO}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import filecmp
 import json
+import shutil
 import subprocess
 
 import pytest
@@ -24,9 +25,14 @@ def test_the_base_tree_is_this_package_with_the_commits_kernel(tmp_path):
     for name in git("ls-tree", "--name-only", "HEAD", f"{kernel}/").split():
         assert (tmp_path / name).read_text() == git("show", f"HEAD:{name}"), name
     assert filecmp.cmp(tmp_path / "rlnorm" / "timing.py", PACKAGE_DIR / "timing.py", shallow=False)
-    # a folder holding rlnorm/kernel/ stands for a commit
-    label, _ = base.build_tree(str(tmp_path), tmp_path / "again")
-    assert (tmp_path / "again" / base.KERNEL / "__init__.py").is_file() and label == str(tmp_path)
+    # a folder holding rlnorm/kernel/ stands for a commit; inside another checkout it is not that checkout's HEAD
+    inside = base.REPO / ".pytest-base-folder"
+    shutil.copytree(tmp_path / "rlnorm", inside / "rlnorm")
+    try:
+        label, commit = base.build_tree(str(inside), tmp_path / "again")
+    finally:
+        shutil.rmtree(inside)
+    assert (tmp_path / "again" / base.KERNEL / "__init__.py").is_file() and label == str(inside) and commit is None
 
 
 @pytest.mark.parametrize("rev", ["no-such-rev", "HEAD:rlnorm"])
