@@ -26,12 +26,14 @@ def test_the_base_tree_is_this_package_with_the_commits_kernel(tmp_path):
         assert (tmp_path / name).read_text() == git("show", f"HEAD:{name}"), name
     assert filecmp.cmp(tmp_path / "rlnorm" / "timing.py", PACKAGE_DIR / "timing.py", shallow=False)
     # a folder holding rlnorm/kernel/ stands for a commit; inside another checkout it is not that checkout's HEAD
-    inside = base.REPO / ".pytest-base-folder"
+    outer = tmp_path / "outer"
+    quiet = {"capture_output": True, "check": True}
+    subprocess.run(["git", "init", "-q", str(outer)], **quiet)
+    subprocess.run(["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "a checkout with a HEAD"], **quiet)  # fmt: skip
+    inside = outer / "carried"
     shutil.copytree(tmp_path / "rlnorm", inside / "rlnorm")
-    try:
-        label, commit = base.build_tree(str(inside), tmp_path / "again")
-    finally:
-        shutil.rmtree(inside)
+    label, commit = base.build_tree(str(inside), tmp_path / "again")
     assert (tmp_path / "again" / base.KERNEL / "__init__.py").is_file() and label == str(inside) and commit is None
 
 
