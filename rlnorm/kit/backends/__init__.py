@@ -21,8 +21,15 @@ from torch import Tensor
 
 from rlnorm import __version__
 from rlnorm.inputs import make_case
-from rlnorm.kit.backends import pins
-from rlnorm.kit.backends.pins import Setting, kernel_name, patched
+from rlnorm.kit.backends.pins import (
+    Setting,
+    autotuner,
+    autotuner_settings,
+    config_words,
+    kernel_name,
+    patched,
+    pin_first_configs,
+)
 from rlnorm.numerics import exact_sum
 from rlnorm.options import OpOptions
 from rlnorm.reference import rms_norm_gated_reference
@@ -489,18 +496,18 @@ class FlaFusedNormGateBackend(Backend):
         wide = [fng.layer_norm_gated_fwd_kernel1, fng.layer_norm_gated_bwd_kernel1]
         # the launchers' split: one row per program past 512 columns (layer_norm_gated_fwd / _bwd)
         kernels = narrow + wide if d is None else narrow if d <= 512 else wide
-        return [pins.autotuner(k) for k in kernels]
+        return [autotuner(k) for k in kernels]
 
     def _untimed(self, x: Tensor) -> contextlib.AbstractContextManager[Any]:
-        return pins.pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
+        return pin_first_configs(self._autotuners()) if x.device.type == "cpu" else contextlib.nullcontext()
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
         """Every config of the forward's and the backward's autotuner (any may win the timing at a row count)."""
         tuners = self._autotuners(d)
         interp = torch.device(device).type == "cpu"
-        out = pins.autotuner_settings(tuners, distinct_kwargs_only=interp)
+        out = autotuner_settings(tuners, distinct_kwargs_only=interp)
         if interp:
             why = "the Triton interpreter ignores num_warps and num_stages: only a GPU runs them"
-            out += [Setting(kernel_name(at), "config", pins.config_words(c), why=why)
+            out += [Setting(kernel_name(at), "config", config_words(c), why=why)
                     for at in tuners for c in at.configs if c.num_warps != at.configs[0].num_warps]  # fmt: skip
         return out
