@@ -15,6 +15,7 @@ from kernel_helpers import BF16, DEFAULT, FP16, FP32, assert_grads_same, assert_
 
 import rlnorm
 from rlnorm.inputs import make_case
+from rlnorm.kernel import _fwd
 from rlnorm.kernel._bwd import tiles_per_program, workspace_numel
 from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
@@ -74,6 +75,15 @@ def pool() -> Pool:
 
 
 def test_rows_alone_equal_rows_in_batches_of_every_size(pool):
+    check_invariance(pool, BATCH_SIZES, seed=1)
+
+
+def test_the_forward_changes_its_tile_past_decode_rows_and_no_bit(pool, monkeypatch):
+    # up to DECODE_ROWS rows one row per program, past it the width's tile (4 rows at D = 128): rows alone (one-row
+    # launches) against batches of the wide tile, which a threshold of 0 gives every batch
+    assert [_fwd.fwd_config(128, BF16, n)[0] for n in (1, _fwd.DECODE_ROWS, _fwd.DECODE_ROWS + 1)] == [1, 1, 4]
+    assert {_fwd.fwd_config(512, BF16, n) for n in (1, _fwd.DECODE_ROWS + 1)} == {(2, 512, 2)}  # one shape past 256
+    monkeypatch.setattr(_fwd, "DECODE_ROWS", 0)
     check_invariance(pool, BATCH_SIZES, seed=1)
 
 
@@ -137,9 +147,12 @@ OPTION_CASES = [  # (d, opts, x dtype, has z, w dtype for the accuracy check)
 
 
 @pytest.mark.parametrize("d,opts,dtype,has_z,wdtype", OPTION_CASES)
-def test_invariance_and_accuracy_for_every_option(d, opts, dtype, has_z, wdtype):
+def test_invariance_and_accuracy_for_every_option(d, opts, dtype, has_z, wdtype, monkeypatch):
     pool = Pool(6 if d <= 256 else 3, d, seed=11, opts=opts, dtype=dtype, has_z=has_z)
     check_invariance(pool, (1, 7, 63) if d <= 256 else (2, 7), seed=5)
+    with monkeypatch.context() as m:  # the wide tile, as past DECODE_ROWS rows, against the one-row launches
+        m.setattr(_fwd, "DECODE_ROWS", 0)
+        check_invariance(pool, (7, 63) if d <= 256 else (2,), seed=6)
     if wdtype is None:
         return
     c = make_case(33, d, seed=11, dtype=dtype, weight_dtype=wdtype)
