@@ -1,7 +1,7 @@
 """Forward kernel of the gated RMSNorm: batch invariant by construction, every output rounded once.
 
 - Batch invariance: one program takes BLOCK_R rows x one group of the row; the tile comes from the group
-  width, and BLOCK_R is 1 in decode-sized launches. No bit depends on that choice: every output is the
+  width, and BLOCK_R is 1 in a GPU's decode-sized launches. No bit depends on that choice: every output is the
   fp64 result rounded once (below), whatever the launch shape, and the threshold T is derived for the
   shape launched. Each output is stored once, by the program that owns its row: no atomics, no sums
   across programs.
@@ -51,9 +51,9 @@ TIER_MAXNREG = {128: 64, 256: 64}
 # a row's sums, minima and rstd then cost each thread one row and one shuffle level fewer.
 SPLIT_CHUNKS = 2
 MAX_BLOCK_R = 64  # the rows of a program that go to the whole-row path are one int64 bitmask
-# Launches of at most this many rows take one row per program: a program in which one element takes the exact
-# tier then holds up one row, not BLOCK_R, and that wait is most of a decode-sized launch's time (docs/kernel.md
-# §4). Larger launches keep the wide tile, whose loads stream at the memory's speed.
+# Launches of at most this many rows take one row per program on a GPU: a program in which one element takes the
+# exact tier then holds up one row, not BLOCK_R, and that wait is most of a decode-sized launch's time
+# (docs/kernel.md §4). Larger launches keep the wide tile, whose loads stream at the memory's speed.
 DECODE_ROWS = 4096
 
 
@@ -529,14 +529,15 @@ def _rms_norm_gated_fwd_kernel(
                 )
 
 
-def fwd_config(group: int, dtype: torch.dtype, rows: int) -> tuple[int, int, int]:
+def fwd_config(group: int, dtype: torch.dtype, rows: int, serial: bool = _INTERPRET) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_G, num_warps): the tile from the group width, and one row per program in launches of at most
     DECODE_ROWS rows of groups of 64 to 256 columns (rounded up to a power of two). There the program stays one
     warp, and T, counted for 16 elements of a row per thread, covers the shorter sums the one-row code compiles to
-    (tests/kernel/test_bound.py reads their depth from the PTX)."""
+    (tests/kernel/test_bound.py reads their depth from the PTX). `serial`: the programs run one after another (the
+    interpreter), where more of them only cost time: the wide tile at every row count, the same bits."""
     block_g = triton.next_power_of_2(group)
     tile = TILE_ELEMENTS if block_g > 256 else TILE_ELEMENTS_NARROW
-    one_row = rows <= DECODE_ROWS and 64 <= block_g <= 256
+    one_row = not serial and rows <= DECODE_ROWS and 64 <= block_g <= 256
     block_r = 1 if one_row else max(1, min(MAX_BLOCK_R, tile // block_g))
     num_warps = max(1, min(16, block_r * block_g // (32 * ELEMENTS_PER_THREAD)))
     return block_r, block_g, num_warps
