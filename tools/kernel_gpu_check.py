@@ -5,16 +5,18 @@
                                      [--bound-elements 8388608]
 
 1. accuracy: on the standard data (seed 11) for the default op, D = 256, the gate first, sigmoid, no gate
-   and a wide z: the fraction of outputs equal to the fp64 result rounded once, and, where the launcher
-   gives them (its `debug` outputs), the fast path's worst error in fp32 ulps against the bound, and the
-   fractions of elements, rows and programs that took the exact path.
+   and a wide z, each as one launch and as launches of DECODE_ROWS rows (one row per program): the fraction
+   of outputs equal to the fp64 result rounded once, and, where the launcher gives them (its `debug`
+   outputs), the fast path's worst error in fp32 ulps against the bound, and the fractions of elements,
+   rows and programs that took the exact path.
 2. invariance: sub-batches of 1, 7, 4097 and 65536 rows, and the rows permuted, against the full batch,
    bit for bit.
 3. timing: the forward through the launcher and through the API, and rlnorm under each --variant
    (default `fwd.EXACT=0`, the fast path alone), against a same-run `torch.add`, by the bench's clocks
    (`rlnorm.timing`: CUDA graphs up to 4096 rows, events on a primed queue above). For the full table
    with the peers: `python -m benchmarks.run --variant ...`.
-4. bound: per width 64..8192 (and group widths), option and input distribution, the fast path's worst error
+4. bound: per width 64..8192 (and group widths), option and input distribution, in both launch shapes (as in
+   1.; the worst of the two, outputs counted in each), the fast path's worst error
    in fp32 ulps of its value against the fp64 result, beside the proven bound B and the threshold T
    (`rlnorm.kernel._bound`), the outputs that differ from the fp64 result rounded once, and the fractions
    flagged; written as bound_table.md and bound_table.csv beside --out (or into $OUT).
@@ -24,6 +26,7 @@ Without a GPU it runs on the CPU in the Triton interpreter (use a few rows): a c
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import sys
@@ -102,6 +105,19 @@ def fwd(x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOption
     return F.rms_norm_gated_fwd(x, z, w, opts.eps, opts.group_size, opts.norm_before_gate, opts.activation, **kw)
 
 
+# the launch shapes the launcher picks: the batch in one launch (the wide tile past DECODE_ROWS rows), and the same
+# rows in consecutive launches of DECODE_ROWS rows (one row per program)
+LAUNCHES = ("wide", "decode")
+
+
+def fwd_as(launch: str, x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOptions, **kw: Any) -> Any:
+    if launch == "wide":
+        return fwd(x, z, w, opts, **kw)
+    n = F.DECODE_ROWS
+    parts = [fwd(x[s : s + n], None if z is None else z[s : s + n], w, opts, **kw) for s in range(0, x.shape[0], n)]
+    return tuple(torch.cat(p) for p in zip(*parts, strict=True)) if kw.get("debug") else torch.cat(parts)
+
+
 def accuracy(ck: Check, rows: int) -> None:
     cases = [
         ("std", 128, OpOptions(), True, 1.0),
@@ -111,17 +127,17 @@ def accuracy(ck: Check, rows: int) -> None:
         ("no_z", 128, OpOptions(), False, 1.0),
         ("wide_z8", 128, OpOptions(), True, 8.0),  # |z| up to ~40
     ]
-    for name, d, opts, has_z, zscale in cases:
+    for (name, d, opts, has_z, zscale), launch in itertools.product(cases, LAUNCHES):
         c = make_case(rows, d, seed=11, device=DEV)
         z = (c.z.float() * zscale).to(c.z.dtype) if has_z else None
-        y = fwd(c.x, z, c.w, opts)
+        y = fwd_as(launch, c.x, z, c.w, opts)
         ref64 = gated_rmsnorm_math(c.x, z, c.w, opts, torch.float64)
         ref = round_once(ref64, torch.bfloat16)
         frac = same_bits(y, ref).double().mean().item()
-        rec: dict[str, Any] = {"case": name, "d": d, "rows": rows, "opts": opts.as_dict(), "has_z": has_z}
-        rec.update(correctly_rounded=frac, wrong=int((~same_bits(y, ref)).sum()))
-        line = f"acc {name:<10} d={d} correct={frac:.9f} wrong={rec['wrong']}"
-        rec.update(_fast_path(c, z, y, opts, ref64, ref, rows, d))
+        rec: dict[str, Any] = {"case": name, "d": d, "rows": rows, "launch": launch, "opts": opts.as_dict()}
+        rec.update(has_z=has_z, correctly_rounded=frac, wrong=int((~same_bits(y, ref)).sum()))
+        line = f"acc {name:<10} d={d} {launch:<6} correct={frac:.9f} wrong={rec['wrong']}"
+        rec.update(_fast_path(c, z, y, opts, ref64, ref, rows, d, launch))
         line += (
             f" fast_alone={rec['fast_path_alone_correctly_rounded']:.6f} err_max={rec['fast_err_ulp32_max']:.2f}"
             f" bound_used={rec['bound_used_max']} rows_exact={rec['flag_rows']:.4f}"
@@ -132,17 +148,19 @@ def accuracy(ck: Check, rows: int) -> None:
         ck.summary.append(line)
 
 
-def _fast_path(c: Any, z: Any, y: Any, opts: OpOptions, ref64: Any, ref: Any, rows: int, d: int) -> dict[str, Any]:
+def _fast_path(
+    c: Any, z: Any, y: Any, opts: OpOptions, ref64: Any, ref: Any, rows: int, d: int, launch: str
+) -> dict[str, Any]:
     """The fast path's error against fp64 and how often the exact path ran (from the launcher's debug outputs)."""
-    y_dbg, fast, flags = fwd(c.x, z, c.w, opts, debug=True)
+    y_dbg, fast, flags = fwd_as(launch, c.x, z, c.w, opts, debug=True)
     _, e = torch.frexp(ref64)
     ulp32 = torch.ldexp(torch.ones_like(ref64), e - 24)  # |ref| in [2**(e-1), 2**e)
     ok = torch.isfinite(ref64) & (ref64 != 0) & (ref64.abs() > 1e-30)
     err = torch.where(ok, (fast.double() - ref64).abs() / ulp32, torch.zeros_like(ref64))
     bound = near_threshold(opts.group_size or d, z is not None, opts.norm_before_gate, opts.activation == "sigmoid")
-    block_r = F.fwd_config(opts.group_size or d, c.x.dtype)[0]
+    block_r = F.fwd_config(opts.group_size or d, c.x.dtype, rows if launch == "wide" else F.DECODE_ROWS)[0]
     row_flag = flags.bool().any(dim=1)
-    n_blocks = (rows + block_r - 1) // block_r
+    n_blocks = (rows + block_r - 1) // block_r  # decode launches hold whole rows: no program spans two launches
     pad = n_blocks * block_r - rows
     tile_flag = torch.cat([row_flag, row_flag.new_zeros(pad)]).view(n_blocks, block_r).any(dim=1)
     return {
@@ -196,9 +214,9 @@ def _compiled_ptx() -> dict[int, str]:
     return out
 
 
-def _launch_depth(group: int) -> int:
-    """The summation depth the bound counts for the default launch at this group width."""
-    block_r, block_g, num_warps = F.fwd_config(group, torch.bfloat16)
+def _launch_depth(group: int, rows: int) -> int:
+    """The summation depth the bound counts for the default launch of this many rows at this group width."""
+    block_r, block_g, num_warps = F.fwd_config(group, torch.bfloat16, rows)
     split = F.SPLIT_CHUNKS if block_g >= 16 * F.SPLIT_CHUNKS else 1
     per_thread = max(8 * split, block_r * block_g // (32 * num_warps)) if block_g >= 32 else block_g
     return sum_depth(block_g, split, per_thread)
@@ -219,10 +237,11 @@ def bound(ck: Check, elements: int) -> None:
             rec: dict[str, Any] = {"d": d, "group": group, "option": name, "bound": round(b, 2), "T": t}
             rec.update(outputs=0, wrong=0, err_max=0.0, err_dist="", flag_elems=0.0, flag_rows=0.0)
             seen = set(_compiled_ptx())
-            for i, dist in enumerate(("standard", "row_scales", "heavy")):
+            depth = {_launch_depth(g, rows if launch == "wide" else F.DECODE_ROWS) for launch in LAUNCHES}
+            for (i, dist), launch in itertools.product(enumerate(("standard", "row_scales", "heavy")), LAUNCHES):
                 x, z, w = _bound_inputs(rows, d, dist, seed=1000 * d + 10 * (group or 0) + i)
                 zz = z if has_z else None
-                y, fast, flags = fwd(x, zz, w, opts, debug=True)
+                y, fast, flags = fwd_as(launch, x, zz, w, opts, debug=True)
                 ref64 = gated_rmsnorm_math(x, zz, w, opts, torch.float64)
                 fast64 = fast.double()
                 # elements the range test lets through: |fast| in [2**-96, inf); the rest go exact by design
@@ -240,7 +259,9 @@ def bound(ck: Check, elements: int) -> None:
             rec["err_over_bound"] = round(rec["err_max"] / b, 3)
             # the depth B counts beside the one this Triton's PTX has (None: no new kernel, or interpreted)
             depths = {ptx_sum_depth(v) for k, v in _compiled_ptx().items() if k not in seen}
-            rec.update(depth=_launch_depth(g), ptx_depth=max(depths, key=lambda v: v or 0) if depths else None)
+            # one depth for both launch shapes (else this reads as the pair, and the table shows it)
+            rec.update(depth=depth.pop() if len(depth) == 1 else sorted(depth))
+            rec.update(ptx_depth=max(depths, key=lambda v: v or 0) if depths else None)
             table.append(rec)
             ck.res["bound"].append(rec)
             print(json.dumps(rec), flush=True)

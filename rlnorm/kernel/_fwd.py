@@ -1,9 +1,10 @@
 """Forward kernel of the gated RMSNorm: batch invariant by construction, every output rounded once.
 
-- Batch invariance: one program takes BLOCK_R rows x one group of the row, and every launch parameter
-  comes from the group width and dtype alone, never from the number of rows, so a row runs the same
-  instructions whatever else is in the batch. Each output is stored once, by the program that owns its
-  row: no atomics, no sums across programs.
+- Batch invariance: one program takes BLOCK_R rows x one group of the row; the tile comes from the group
+  width, and BLOCK_R is 1 in a GPU's decode-sized launches. No bit depends on that choice: every output is the
+  fp64 result rounded once (below), whatever the launch shape, and the threshold T is derived for the
+  shape launched. Each output is stored once, by the program that owns its row: no atomics, no sums
+  across programs.
 - Fast path (fp32): the sum of squares (bf16/fp16 squares are exact in fp32), rstd by rsqrt and one
   Newton step, the gate with an exactly split exp argument, the products; then a test on the result's
   bits folded into two row minima. An output within T fp32 ulps of a rounding midpoint of the output
@@ -36,7 +37,7 @@ from rlnorm.kernel._switches import fwd_fault_keywords, fwd_switches
 MAX_D = 8192  # widest row (and group) one program holds in registers
 _INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"  # read as Triton reads it, once per process
 
-# Launch shape, from the group width alone (timed on the H200; docs/kernel.md §7 lists the alternatives
+# Launch shape, from the group width (timed on the H200; docs/kernel.md §7 lists the alternatives
 # measured against it): 16 elements per thread in one-warp programs (every reduction of the tier's
 # branch is then a warp shuffle), tiles of 512 elements up to 256 columns, 1024 above.
 TILE_ELEMENTS = 1024
@@ -50,6 +51,10 @@ TIER_MAXNREG = {128: 64, 256: 64}
 # a row's sums, minima and rstd then cost each thread one row and one shuffle level fewer.
 SPLIT_CHUNKS = 2
 MAX_BLOCK_R = 64  # the rows of a program that go to the whole-row path are one int64 bitmask
+# Launches of at most this many rows take one row per program on a GPU: a program in which one element takes the
+# exact tier then holds up one row, not BLOCK_R, and that wait is most of a decode-sized launch's time
+# (docs/kernel.md §4). Larger launches keep the wide tile, whose loads stream at the memory's speed.
+DECODE_ROWS = 4096
 
 
 def near_bound(
@@ -524,11 +529,16 @@ def _rms_norm_gated_fwd_kernel(
                 )
 
 
-def fwd_config(group: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_G, num_warps) from the group width alone: never from the number of rows."""
+def fwd_config(group: int, dtype: torch.dtype, rows: int, serial: bool = _INTERPRET) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_G, num_warps): the tile from the group width, and one row per program in launches of at most
+    DECODE_ROWS rows of groups of 64 to 256 columns (rounded up to a power of two). There the program stays one
+    warp, and T, counted for 16 elements of a row per thread, covers the shorter sums the one-row code compiles to
+    (tests/kernel/test_bound.py reads their depth from the PTX). `serial`: the programs run one after another (the
+    interpreter), where more of them only cost time: the wide tile at every row count, the same bits."""
     block_g = triton.next_power_of_2(group)
     tile = TILE_ELEMENTS if block_g > 256 else TILE_ELEMENTS_NARROW
-    block_r = max(1, min(MAX_BLOCK_R, tile // block_g))
+    one_row = not serial and rows <= DECODE_ROWS and 64 <= block_g <= 256
+    block_r = 1 if one_row else max(1, min(MAX_BLOCK_R, tile // block_g))
     num_warps = max(1, min(16, block_r * block_g // (32 * ELEMENTS_PER_THREAD)))
     return block_r, block_g, num_warps
 
@@ -598,7 +608,7 @@ def rms_norm_gated_fwd(
             zero.zero_()
         return (y, dbg, flags) if debug else y
     sw = fwd_switches()
-    block_r, block_g, num_warps = fwd_config(group, x.dtype)
+    block_r, block_g, num_warps = fwd_config(group, x.dtype, rows)
     if sw["BLOCK_R"] is not None:
         block_r = sw["BLOCK_R"]
     if sw["NUM_WARPS"] is not None:

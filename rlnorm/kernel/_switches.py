@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-# None: chosen by the launcher from the width (and the row count, for TILES and STRIPES)
+# None: chosen by the launcher from the width (and the row count: the forward's BLOCK_R, the backward's TILES, STRIPES)
 FWD_DEFAULTS: dict[str, int | None] = dict.fromkeys(
     ("EXACT", "TIER2", "NEAR_T", "SPLIT", "MAXNREG", "BLOCK_R", "NUM_WARPS")
 ) | {"EXACT": 1, "TIER2": 1}

@@ -19,7 +19,7 @@ from kernel_helpers import BF16, FP32, fwd, same
 
 from rlnorm.inputs import make_case
 from rlnorm.kernel._bound import near_threshold, ptx_sum_depth, sum_depth
-from rlnorm.kernel._fwd import fwd_config
+from rlnorm.kernel._fwd import DECODE_ROWS, fwd_config
 from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
 from rlnorm.options import OpOptions
@@ -93,8 +93,10 @@ def test_planted_error_inside_the_threshold_is_repaired_and_past_it_shows(d, opt
 
 
 # Compiles (never runs) the default forward for sm_90 out of the interpreter, in one process of its own (a fake
-# driver reports an sm_90 target: no GPU needed), at these widths and under these switches; prints its PTX and TTGIR.
-_COMPILED = [(64, {}), (128, {}), (1024, {}), (8192, {}), (128, {"SPLIT": 1})]
+# driver reports an sm_90 target: no GPU needed), at these widths, switches and row counts (a decode-sized launch,
+# one row per program, and one past DECODE_ROWS); prints its PTX and TTGIR.
+WIDE = DECODE_ROWS + 1
+_COMPILED = [(d, {}, rows) for d in (64, 128, 256, 1024, 8192) for rows in (8, WIDE)] + [(128, {"SPLIT": 1}, WIDE)]
 _COMPILE_PROGRAM = """
 import json, sys
 sys.path.insert(0, "tools")
@@ -104,8 +106,8 @@ import torch
 from rlnorm.kernel._fwd import rms_norm_gated_fwd
 from rlnorm.kernel.testing import plant
 out = []
-for d, switches in json.loads(sys.argv[1]):
-    x = torch.randn(8, d).bfloat16()
+for d, switches, rows in json.loads(sys.argv[1]):
+    x = torch.randn(rows, d).bfloat16()
     with plant(fwd=switches):
         rms_norm_gated_fwd(x, x, torch.ones(d).bfloat16(), 1e-6, None, True, "silu")
     out.append({"ptx": compiled[-1].asm["ptx"], "ttgir": compiled[-1].asm["ttgir"]})
@@ -114,20 +116,24 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def sm90() -> dict[tuple[int, str], dict[str, str]]:
-    """(width, switches as JSON) -> the forward's PTX and TTGIR for sm_90, compiled by the installed Triton."""
+def sm90() -> dict[tuple[int, str, int], dict[str, str]]:
+    """(width, switches as JSON, rows) -> the forward's PTX and TTGIR for sm_90, compiled by the installed Triton."""
     arg = json.dumps(_COMPILED)
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     proc = subprocess.run([sys.executable, "-c", _COMPILE_PROGRAM, arg], cwd=REPO_ROOT, env=env,
                           capture_output=True, text=True, timeout=900, check=True)  # fmt: skip
-    return {(d, json.dumps(sw)): asm for (d, sw), asm in zip(_COMPILED, json.loads(proc.stdout), strict=True)}
+    return {(d, json.dumps(sw), r): asm for (d, sw, r), asm in zip(_COMPILED, json.loads(proc.stdout), strict=True)}
 
 
 def test_the_bound_counts_the_summation_depth_of_the_compiled_code(sm90):
     # The bound's sum term is the depth of the reduction Triton emits; read it from the PTX of the installed
     # Triton. A reduction with a longer chain (e.g. one chunk of 16 columns per thread) would raise the bound.
-    for d in (64, 128, 1024, 8192):
-        assert ptx_sum_depth(sm90[d, "{}"]["ptx"]) == sum_depth(d), d
+    for d in (64, 128, 256, 1024, 8192):
+        assert ptx_sum_depth(sm90[d, "{}", WIDE]["ptx"]) == sum_depth(d), d
+        # one row per program (64 to 256 columns): a thread holds fewer of the row's columns, the sum is shorter,
+        # and T, counted for 16 per thread, still covers it
+        one_row = ptx_sum_depth(sm90[d, "{}", 8]["ptx"])
+        assert one_row is not None and one_row <= sum_depth(d), (d, one_row)
 
 
 def _layouts(ttgir: str) -> list[dict[str, list[int]]]:
@@ -148,9 +154,10 @@ def _rows_per_thread(layout: dict[str, list[int]], block_r: int) -> int:
 def test_a_thread_holds_sixteen_elements_of_one_row_on_the_installed_triton(sm90):
     # the forward's speed rests on each thread holding 16 columns of ONE row (a 3-D tile gives two on Triton 3.7):
     # the joined 2-D chunks must give one on the installed Triton; the one-chunk layout (SPLIT 1) is the fault
-    block_r = fwd_config(128, torch.bfloat16)[0]
-    joined = [lay for lay in _layouts(sm90[128, "{}"]["ttgir"]) if lay["sizePerThread"][1:] == [8, 2]]
+    # (the wide tile: a one-row program spreads its row thinner, and sums it in fewer steps: the test above)
+    block_r = fwd_config(128, torch.bfloat16, WIDE)[0]
+    joined = [lay for lay in _layouts(sm90[128, "{}", WIDE]["ttgir"]) if lay["sizePerThread"][1:] == [8, 2]]
     assert joined and all(_rows_per_thread(lay, block_r) == 1 for lay in joined), joined
-    one_chunk = _layouts(sm90[128, json.dumps({"SPLIT": 1})]["ttgir"])
+    one_chunk = _layouts(sm90[128, json.dumps({"SPLIT": 1}), WIDE]["ttgir"])
     assert not [lay for lay in one_chunk if lay["sizePerThread"][1:] == [8, 2]]
     assert any(_rows_per_thread(lay, block_r) > 1 for lay in one_chunk if lay["sizePerThread"][1] == 8)

@@ -15,6 +15,7 @@ from kernel_helpers import BF16, DEFAULT, FP16, FP32, assert_grads_same, assert_
 
 import rlnorm
 from rlnorm.inputs import make_case
+from rlnorm.kernel import _fwd
 from rlnorm.kernel._bwd import tiles_per_program, workspace_numel
 from rlnorm.kernel.testing import plant
 from rlnorm.kit.checks.common import bits
@@ -75,6 +76,17 @@ def pool() -> Pool:
 
 def test_rows_alone_equal_rows_in_batches_of_every_size(pool):
     check_invariance(pool, BATCH_SIZES, seed=1)
+
+
+def test_the_forward_changes_its_tile_past_decode_rows_and_no_bit(pool):
+    # on a GPU one row per program up to DECODE_ROWS rows, past it the width's tile (4 rows at D = 128); the
+    # interpreter keeps the wide tile: rows alone in it against batches in one-row launches, bitwise
+    rows = (1, _fwd.DECODE_ROWS, _fwd.DECODE_ROWS + 1)
+    assert [_fwd.fwd_config(128, BF16, n, serial=False)[0] for n in rows] == [1, 1, 4]
+    assert {_fwd.fwd_config(512, BF16, n, serial=False) for n in rows} == {(2, 512, 2)}  # one shape past 256
+    assert {_fwd.fwd_config(128, BF16, n)[0] for n in rows} == {4}
+    with plant(fwd={"BLOCK_R": 1}):
+        check_invariance(pool, BATCH_SIZES, seed=1)
 
 
 def test_invariance_checker_catches_batch_dependent_rows(pool):
@@ -140,6 +152,9 @@ OPTION_CASES = [  # (d, opts, x dtype, has z, w dtype for the accuracy check)
 def test_invariance_and_accuracy_for_every_option(d, opts, dtype, has_z, wdtype):
     pool = Pool(6 if d <= 256 else 3, d, seed=11, opts=opts, dtype=dtype, has_z=has_z)
     check_invariance(pool, (1, 7, 63) if d <= 256 else (2, 7), seed=5)
+    if d <= 256:  # a GPU's decode-sized launches, one row per program, against rows alone in the wide tile
+        with plant(fwd={"BLOCK_R": 1}):
+            check_invariance(pool, (7, 63), seed=6)
     if wdtype is None:
         return
     c = make_case(33, d, seed=11, dtype=dtype, weight_dtype=wdtype)

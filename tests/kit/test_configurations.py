@@ -77,17 +77,20 @@ def test_pin_runs_the_pinned_config_and_restores() -> None:
         autotuner(_launch)
 
 
-def test_rlnorm_backward_partition_is_cleared() -> None:
-    """TILES (with HOT_WIDTH) and STRIPES, each forced to every value the launcher can pick: bitwise the same
-    rows, and the same dweight under each value."""
+def test_rlnorm_row_count_choices_are_cleared() -> None:
+    """The forward's BLOCK_R, the backward's TILES (with HOT_WIDTH) and STRIPES, each forced to every value the
+    launchers can pick: bitwise the same rows, and the same dweight under each value."""
     out = configurations(load_backend("rlnorm"), None, "cpu", progress=False,
                          configurations_rows=8, configurations_sizes=[3], configurations_seed=3, **OP)  # fmt: skip
     assert out.error is None
     kernel = "rlnorm.kernel._bwd._rms_norm_gated_bwd_kernel"
     finalize = "rlnorm.kernel._dweight._dweight_finalize_kernel.STRIPES"  # the same launcher value
+    forward = "rlnorm.kernel._fwd._rms_norm_gated_fwd_kernel.BLOCK_R"
     assert out.summary.values[f"{kernel}.TILES"] == ["1", "2", "4", "8", "16", "31"]
     assert out.summary.values[f"{kernel}.STRIPES"] == out.summary.values[finalize] == ["1", "2", "4", "8"]
-    assert set(out.summary.cleared) == {f"{kernel}.{p}" for p in ("TILES", "HOT_WIDTH", "STRIPES")} | {finalize}
+    assert out.summary.values[forward] == ["1", "4"]  # decode-sized launches, then the wide tile of D = 128
+    backward = {f"{kernel}.{p}" for p in ("TILES", "HOT_WIDTH", "STRIPES")}
+    assert set(out.summary.cleared) == backward | {finalize, forward}
     # every parameter an H100 saw change with the row count (the published run's launches) is cleared here
     h100 = load_run(REPO_ROOT / "outputs/h100-full/kernels").results["rlnorm"]
     assert len(h100.launches.kernels) == 3 and common.uncleared(h100) == {}  # the GPU's own credit, too
@@ -96,7 +99,7 @@ def test_rlnorm_backward_partition_is_cleared() -> None:
     partial = dataclasses.replace(out.summary, cleared=[c for c in out.summary.cleared if c != finalize])
     assert list(common.uncleared(dataclasses.replace(h100, configurations=partial))) == [finalize]
     crossed = [p for p in out.summary.pairs if p.full != p.alone]
-    assert len(crossed) == 6 * 5 + 4 * 3 and all(p.dweight_equal for p in crossed)
+    assert len(crossed) == 6 * 5 + 4 * 3 + 2 * 1 and all(p.dweight_equal for p in crossed)
 
 
 def test_fla_fused_runs_on_a_cpu_and_says_what_it_cannot_run() -> None:

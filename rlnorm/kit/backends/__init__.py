@@ -375,9 +375,10 @@ class RlnormBackend(Backend):
         return rms_norm_gated(x, z, w, **opts.as_dict())
 
     def configurations(self, opts: OpOptions, device: str, d: int) -> list[Setting]:
-        """The backward's row-count choices (the forward makes none), each forced through `plant`: TILES (which fixes
-        HOT_WIDTH) and STRIPES, at every value the launcher can pick at this width."""
-        from rlnorm.kernel import _bwd, _dweight
+        """The launchers' row-count choices, each forced through `plant` at every value they can pick at this width:
+        the forward's BLOCK_R (one row per program in decode-sized launches), the backward's TILES (which fixes
+        HOT_WIDTH) and STRIPES."""
+        from rlnorm.kernel import _bwd, _dweight, _fwd
         from rlnorm.kernel.testing import plant
 
         cfg = _bwd.bwd_config(d, opts.group_size or d)
@@ -396,6 +397,12 @@ class RlnormBackend(Backend):
                     implies={f"{finalize}.STRIPES": str(n)})
             for n in stripes
         ]  # fmt: skip
+        forward = kernel_name(_fwd._rms_norm_gated_fwd_kernel)
+        # a GPU's choices, on any device (the interpreter keeps the wide tile: the same bits, fewer programs)
+        sizes = (1, _fwd.DECODE_ROWS + 1)
+        block_rs = {_fwd.fwd_config(opts.group_size or d, torch.bfloat16, n, serial=False)[0] for n in sizes}
+        if len(block_rs) > 1:  # widths past 256 columns keep one shape
+            out += [Setting(forward, "BLOCK_R", str(b), lambda b=b: plant(fwd={"BLOCK_R": b})) for b in block_rs]
         return out
 
 
