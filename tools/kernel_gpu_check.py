@@ -226,8 +226,10 @@ def bound(ck: Check, elements: int) -> None:
     """The fast path's worst error per width against the proven bound (docs/kernel.md §3)."""
     table: list[dict[str, Any]] = []
     for d, group in BOUND_WIDTHS:
-        # a GPU's one launch must take the wide tile (the interpreter takes it at every row count)
-        rows = max(elements // d, F.DECODE_ROWS + 1 if DEV == "cuda" else 1)
+        rows = max(1, elements // d)
+        wide = F.fwd_config(group or d, torch.bfloat16, F.DECODE_ROWS + 1)
+        if F.fwd_config(group or d, torch.bfloat16, rows) != wide:  # the one launch must take the wide tile
+            rows = F.DECODE_ROWS + 1
         for name, (base, has_z) in BOUND_OPTIONS.items():
             if name != "silu" and (d not in BOUND_ALL_OPTIONS_AT or group is not None):
                 continue
