@@ -217,9 +217,8 @@ def _compiled_ptx() -> dict[int, str]:
 def _launch_depth(group: int, rows: int) -> int:
     """The summation depth the bound counts for the default launch of this many rows at this group width."""
     block_r, block_g, num_warps = F.fwd_config(group, torch.bfloat16, rows)
-    split = F.SPLIT_CHUNKS if block_g >= 16 * F.SPLIT_CHUNKS else 1
-    per_thread = max(8 * split, block_r * block_g // (32 * num_warps)) if block_g >= 32 else block_g
-    return sum_depth(block_g, split, per_thread)
+    split = F.default_split(block_g)
+    return sum_depth(block_g, split, F.row_elements_per_thread(block_r, block_g, num_warps, split))
 
 
 def bound(ck: Check, elements: int) -> None:

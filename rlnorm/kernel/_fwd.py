@@ -543,6 +543,18 @@ def fwd_config(group: int, dtype: torch.dtype, rows: int, serial: bool = _INTERP
     return block_r, block_g, num_warps
 
 
+def default_split(block_g: int) -> int:
+    """The SPLIT switch's default: SPLIT_CHUNKS chunks of a row per thread where the group is wide enough."""
+    return SPLIT_CHUNKS if block_g >= 16 * SPLIT_CHUNKS else 1
+
+
+def row_elements_per_thread(block_r: int, block_g: int, num_warps: int, split: int) -> int:
+    """A row's elements in one thread, as the bound counts them: at least one 16-byte vector per chunk (Triton
+    vectorizes the loads), more where the tile has more elements than threads; a row under 32 columns is taken whole
+    (any order)."""
+    return max(8 * split, block_r * block_g // (32 * num_warps)) if block_g >= 32 else block_g
+
+
 _UNIT_WEIGHTS: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
 
 
@@ -613,13 +625,11 @@ def rms_norm_gated_fwd(
         block_r = sw["BLOCK_R"]
     if sw["NUM_WARPS"] is not None:
         num_warps = sw["NUM_WARPS"]
-    split = sw["SPLIT"] or (SPLIT_CHUNKS if block_g >= 16 * SPLIT_CHUNKS else 1)
+    split = sw["SPLIT"] or default_split(block_g)
     if block_g % split:
         raise ValueError(f"plant: SPLIT {split} does not divide the block width {block_g}")
     if sw["NEAR_T"] is None:  # from the launch's shape: the summation depth is part of the bound
-        # a row's elements in one thread: at least one 16-byte vector per chunk (Triton vectorizes the loads),
-        # more where the tile has more elements than threads; a row under 32 columns is taken whole (any order)
-        per_thread = max(8 * split, block_r * block_g // (32 * num_warps)) if block_g >= 32 else block_g
+        per_thread = row_elements_per_thread(block_r, block_g, num_warps, split)
         sigmoid = activation == "sigmoid"
         near_t = near_bound(group, has_z, norm_before_gate, sigmoid, w.dtype == torch.float32, split, per_thread)
     else:
