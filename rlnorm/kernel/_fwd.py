@@ -51,10 +51,16 @@ TIER_MAXNREG = {128: 64, 256: 64}
 # a row's sums, minima and rstd then cost each thread one row and one shuffle level fewer.
 SPLIT_CHUNKS = 2
 MAX_BLOCK_R = 64  # the rows of a program that go to the whole-row path are one int64 bitmask
-# Launches of at most this many rows take one row per program on a GPU: a program in which one element takes the
-# exact tier then holds up one row, not BLOCK_R, and that wait is most of a decode-sized launch's time
-# (docs/kernel.md §4). Larger launches keep the wide tile, whose loads stream at the memory's speed.
-DECODE_ROWS = 4096
+# Launches of at most this many rows, by BLOCK_G, take one row per program on a GPU: a program in which one element
+# takes the exact tier then holds up one row, not BLOCK_R, and that wait is most of a decode-sized launch's time.
+# Larger launches keep the wide tile, whose loads stream at the memory's speed. Each count is where the two shapes
+# crossed on an H100 (docs/kernel.md §4); wider groups keep one shape.
+DECODE_ROWS = {64: 4096, 128: 4096, 256: 8192}
+
+
+def decode_rows(group: int) -> int:
+    """The most rows a GPU launch at this group width takes one row per program in (0: never)."""
+    return DECODE_ROWS.get(triton.next_power_of_2(group), 0)
 
 
 def near_bound(
@@ -531,13 +537,13 @@ def _rms_norm_gated_fwd_kernel(
 
 def fwd_config(group: int, dtype: torch.dtype, rows: int, serial: bool = _INTERPRET) -> tuple[int, int, int]:
     """(BLOCK_R, BLOCK_G, num_warps): the tile from the group width, and one row per program in launches of at most
-    DECODE_ROWS rows of groups of 64 to 256 columns (rounded up to a power of two). There the program stays one
-    warp, and T, counted for 16 elements of a row per thread, covers the shorter sums the one-row code compiles to
-    (tests/kernel/test_bound.py reads their depth from the PTX). `serial`: the programs run one after another (the
-    interpreter), where more of them only cost time: the wide tile at every row count, the same bits."""
+    `decode_rows(group)` rows (groups of 64 to 256 columns, rounded up to a power of two). There the program stays
+    one warp, and T, counted for 16 elements of a row per thread, covers the shorter sums the one-row code compiles
+    to (tests/kernel/test_bound.py reads their depth from the PTX). `serial`: the programs run one after another
+    (the interpreter), where more of them only cost time: the wide tile at every row count, the same bits."""
     block_g = triton.next_power_of_2(group)
     tile = TILE_ELEMENTS if block_g > 256 else TILE_ELEMENTS_NARROW
-    one_row = not serial and rows <= DECODE_ROWS and 64 <= block_g <= 256
+    one_row = not serial and rows <= decode_rows(group)
     block_r = 1 if one_row else max(1, min(MAX_BLOCK_R, tile // block_g))
     num_warps = max(1, min(16, block_r * block_g // (32 * ELEMENTS_PER_THREAD)))
     return block_r, block_g, num_warps

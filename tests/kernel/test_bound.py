@@ -94,8 +94,8 @@ def test_planted_error_inside_the_threshold_is_repaired_and_past_it_shows(d, opt
 
 # Compiles (never runs) the default forward for sm_90 out of the interpreter, in one process of its own (a fake
 # driver reports an sm_90 target: no GPU needed), at these widths, switches and row counts (a decode-sized launch,
-# one row per program, and one past DECODE_ROWS); prints its PTX and TTGIR.
-WIDE = DECODE_ROWS + 1
+# one row per program, and one past every width's one-row switch); prints its PTX and TTGIR.
+WIDE = max(DECODE_ROWS.values()) + 1
 _COMPILED = [(d, {}, rows) for d in (64, 128, 256, 1024, 8192) for rows in (8, WIDE)] + [(128, {"SPLIT": 1}, WIDE)]
 _COMPILE_PROGRAM = """
 import json, sys

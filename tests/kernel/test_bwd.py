@@ -79,10 +79,12 @@ def test_rows_alone_equal_rows_in_batches_of_every_size(pool):
 
 
 def test_the_forward_changes_its_tile_past_decode_rows_and_no_bit(pool):
-    # on a GPU one row per program up to DECODE_ROWS rows, past it the width's tile (4 rows at D = 128); the
-    # interpreter keeps the wide tile: rows alone in it against batches in one-row launches, bitwise
-    rows = (1, _fwd.DECODE_ROWS, _fwd.DECODE_ROWS + 1)
-    assert [_fwd.fwd_config(128, BF16, n, serial=False)[0] for n in rows] == [1, 1, 4]
+    # on a GPU one row per program up to decode_rows rows, past it the width's tile (4 rows at D = 128, 2 at 256);
+    # the interpreter keeps the wide tile: rows alone in it against batches in one-row launches, bitwise
+    for d, wide in ((64, 8), (128, 4), (192, 2), (256, 2)):
+        rows = (1, _fwd.decode_rows(d), _fwd.decode_rows(d) + 1)
+        assert [_fwd.fwd_config(d, BF16, n, serial=False)[0] for n in rows] == [1, 1, wide], d
+    rows = (1, 4096, 8192, 8193)
     assert {_fwd.fwd_config(512, BF16, n, serial=False) for n in rows} == {(2, 512, 2)}  # one shape past 256
     assert {_fwd.fwd_config(128, BF16, n)[0] for n in rows} == {4}
     with plant(fwd={"BLOCK_R": 1}):

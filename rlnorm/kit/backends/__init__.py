@@ -399,7 +399,7 @@ class RlnormBackend(Backend):
         ]  # fmt: skip
         forward = kernel_name(_fwd._rms_norm_gated_fwd_kernel)
         # a GPU's choices, on any device (the interpreter keeps the wide tile: the same bits, fewer programs)
-        sizes = (1, _fwd.DECODE_ROWS + 1)
+        sizes = (1, _fwd.decode_rows(opts.group_size or d) + 1)
         block_rs = {_fwd.fwd_config(opts.group_size or d, torch.bfloat16, n, serial=False)[0] for n in sizes}
         if len(block_rs) > 1:  # widths past 256 columns keep one shape
             out += [Setting(forward, "BLOCK_R", str(b), lambda b=b: plant(fwd={"BLOCK_R": b})) for b in block_rs]
