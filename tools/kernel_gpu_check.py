@@ -110,15 +110,13 @@ def fwd(x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOption
 LAUNCHES = ("wide", "decode")
 
 
-def decode_launch_rows(group: int, rows: int) -> int:
-    """The rows of each launch of the "decode" shape at this group width."""
-    return F.decode_rows(group) or rows
+def launch_rows(launch: str, group: int, rows: int) -> int:
+    """The rows of each launch when `rows` rows at this group width run as `launch`."""
+    return rows if launch == "wide" else F.decode_rows(group) or rows
 
 
 def fwd_as(launch: str, x: torch.Tensor, z: torch.Tensor | None, w: torch.Tensor, opts: OpOptions, **kw: Any) -> Any:
-    if launch == "wide":
-        return fwd(x, z, w, opts, **kw)
-    n = decode_launch_rows(opts.group_size or x.shape[1], x.shape[0])
+    n = launch_rows(launch, opts.group_size or x.shape[1], x.shape[0])
     parts = [fwd(x[s : s + n], None if z is None else z[s : s + n], w, opts, **kw) for s in range(0, x.shape[0], n)]
     return tuple(torch.cat(p) for p in zip(*parts, strict=True)) if kw.get("debug") else torch.cat(parts)
 
@@ -164,7 +162,7 @@ def _fast_path(
     err = torch.where(ok, (fast.double() - ref64).abs() / ulp32, torch.zeros_like(ref64))
     bound = near_threshold(opts.group_size or d, z is not None, opts.norm_before_gate, opts.activation == "sigmoid")
     g = opts.group_size or d
-    block_r = F.fwd_config(g, c.x.dtype, rows if launch == "wide" else decode_launch_rows(g, rows))[0]
+    block_r = F.fwd_config(g, c.x.dtype, launch_rows(launch, g, rows))[0]
     row_flag = flags.bool().any(dim=1)
     n_blocks = (rows + block_r - 1) // block_r  # decode launches hold whole rows: no program spans two launches
     pad = n_blocks * block_r - rows
@@ -232,9 +230,9 @@ def bound(ck: Check, elements: int) -> None:
     table: list[dict[str, Any]] = []
     for d, group in BOUND_WIDTHS:
         rows = max(1, elements // d)
-        wide = F.fwd_config(group or d, torch.bfloat16, F.decode_rows(group or d) + 1)
-        if F.fwd_config(group or d, torch.bfloat16, rows) != wide:  # the one launch must take the wide tile
-            rows = F.decode_rows(group or d) + 1
+        past = F.decode_rows(group or d) + 1  # the first row count of the wide tile
+        if F.fwd_config(group or d, torch.bfloat16, rows) != F.fwd_config(group or d, torch.bfloat16, past):
+            rows = past  # the one launch must take the wide tile
         for name, (base, has_z) in BOUND_OPTIONS.items():
             if name != "silu" and (d not in BOUND_ALL_OPTIONS_AT or group is not None):
                 continue
@@ -245,7 +243,7 @@ def bound(ck: Check, elements: int) -> None:
             rec: dict[str, Any] = {"d": d, "group": group, "option": name, "bound": round(b, 2), "T": t}
             rec.update(outputs=0, wrong=0, err_max=0.0, err_dist="", flag_elems=0.0, flag_rows=0.0)
             seen = set(_compiled_ptx())
-            depth = {_launch_depth(g, rows if launch == "wide" else decode_launch_rows(g, rows)) for launch in LAUNCHES}
+            depth = {_launch_depth(g, launch_rows(launch, g, rows)) for launch in LAUNCHES}
             for (i, dist), launch in itertools.product(enumerate(("standard", "row_scales", "heavy")), LAUNCHES):
                 x, z, w = _bound_inputs(rows, d, dist, seed=1000 * d + 10 * (group or 0) + i)
                 zz = z if has_z else None

@@ -31,8 +31,8 @@ FWD_SWITCHES: dict[str, str] = {
     "BLOCK_G, is 32 or more, else 1)",
     "MAXNREG": "int 0..255: register cap per thread, 0 = the compiler's choice (default: 64 at 128 and 256 "
     "columns where the tier runs, else 0)",
-    "BLOCK_R": "power of two 1..64: rows per program (default on a GPU: 1 in launches of at most 4096 rows of 64 "
-    "or 128 columns and 8192 of 256 (_fwd.DECODE_ROWS); else 512 or 1024 elements per program)",
+    "BLOCK_R": "power of two 1..64: rows per program (default on a GPU: 1 in launches of at most "
+    "_fwd.DECODE_ROWS[BLOCK_G] rows, 64 to 256 columns; else 512 or 1024 elements per program)",
     "NUM_WARPS": "power of two 1..32: warps per program (default: from the width, 16 elements per thread)",
 }
 BWD_SWITCHES: dict[str, str] = {
