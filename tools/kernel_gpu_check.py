@@ -229,15 +229,14 @@ def bound(ck: Check, elements: int) -> None:
     """The fast path's worst error per width against the proven bound (docs/kernel.md §3)."""
     table: list[dict[str, Any]] = []
     for d, group in BOUND_WIDTHS:
-        rows = max(1, elements // d)
-        past = F.decode_rows(group or d) + 1  # the first row count of the wide tile
-        if F.fwd_config(group or d, torch.bfloat16, rows) != F.fwd_config(group or d, torch.bfloat16, past):
+        g, rows = group or d, max(1, elements // d)
+        past = F.decode_rows(g) + 1  # the first row count of the wide tile
+        if F.fwd_config(g, torch.bfloat16, rows) != F.fwd_config(g, torch.bfloat16, past):
             rows = past  # the one launch must take the wide tile
         for name, (base, has_z) in BOUND_OPTIONS.items():
             if name != "silu" and (d not in BOUND_ALL_OPTIONS_AT or group is not None):
                 continue
             opts = OpOptions(**{**base.as_dict(), "group_size": group})
-            g = group or d
             b = fast_error_ulps(g, has_z, opts.norm_before_gate, opts.activation == "sigmoid")
             t = near_threshold(g, has_z, opts.norm_before_gate, opts.activation == "sigmoid")
             rec: dict[str, Any] = {"d": d, "group": group, "option": name, "bound": round(b, 2), "T": t}
